@@ -1,0 +1,36 @@
+# The two set-up commands (see README.md):
+#   make run   — install what is missing, build, run the supervisor on the simulated node
+#   make test  — install what is missing, build with ASan+UBSan and -Werror, run every test
+# Also: make bench (benchmarks, optimised build), make build, make clean.
+
+RELEASE_DIR ?= build/release
+TEST_DIR    ?= build/asan
+JOBS        ?= $(shell nproc)
+CTEST_JOBS  ?= $(JOBS)
+
+.PHONY: deps build run test bench clean
+
+deps:
+	@tools/install-deps.sh
+
+$(RELEASE_DIR)/build.ninja: | deps
+	cmake -S . -B $(RELEASE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGNS_BUILD_TESTS=OFF -DGNS_BUILD_BENCH=ON
+
+build: deps $(RELEASE_DIR)/build.ninja
+	cmake --build $(RELEASE_DIR) -j $(JOBS)
+
+run: build
+	tools/sim/run-local.sh $(RELEASE_DIR)
+
+$(TEST_DIR)/build.ninja: | deps
+	cmake -S . -B $(TEST_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGNS_SANITIZE=ON -DGNS_WERROR=ON -DGNS_BUILD_BENCH=ON
+
+test: deps $(TEST_DIR)/build.ninja
+	cmake --build $(TEST_DIR) -j $(JOBS)
+	ctest --test-dir $(TEST_DIR) --output-on-failure -j $(CTEST_JOBS)
+
+bench: build
+	tools/run-bench.sh $(RELEASE_DIR)
+
+clean:
+	rm -rf build .run

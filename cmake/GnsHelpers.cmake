@@ -1,0 +1,54 @@
+# Small helpers shared by every CMakeLists.txt of the project.
+
+# gns_add_test(<name> SOURCES <files…> [LIBS <targets…>] [LABELS <labels…>] [TIMEOUT <s>])
+# A GoogleTest binary registered with ctest. Tests find the repository and the build tree
+# through GNS_SOURCE_DIR / GNS_BINARY_DIR in their environment.
+function(gns_add_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  add_test(NAME ${name} COMMAND ${name})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  set_tests_properties(${name} PROPERTIES
+    TIMEOUT ${T_TIMEOUT}
+    LABELS "${T_LABELS}"
+    ENVIRONMENT "GNS_SOURCE_DIR=${PROJECT_SOURCE_DIR};GNS_BINARY_DIR=${PROJECT_BINARY_DIR};GNS_SUPERVISOR_BIN=$<TARGET_FILE:gpu-node-supervisor>")
+endfunction()
+
+# gns_proto_library(<target> PROTOS <files…>)
+# Generates C++ protobuf + gRPC code for .proto files under src/proto and wraps it in a static
+# library. Import paths are relative to src/proto, so `package` lines stay exactly as upstream.
+function(gns_proto_library target)
+  cmake_parse_arguments(P "" "" "PROTOS" ${ARGN})
+  set(proto_root ${PROJECT_SOURCE_DIR}/src/proto)
+  set(out_dir ${PROJECT_BINARY_DIR}/proto)
+  set(generated)
+  foreach(proto ${P_PROTOS})
+    get_filename_component(abs ${proto} ABSOLUTE)
+    file(RELATIVE_PATH rel ${proto_root} ${abs})
+    string(REGEX REPLACE "\\.proto$" "" stem ${rel})
+    set(outs ${out_dir}/${stem}.pb.cc ${out_dir}/${stem}.pb.h
+             ${out_dir}/${stem}.grpc.pb.cc ${out_dir}/${stem}.grpc.pb.h)
+    add_custom_command(
+      OUTPUT ${outs}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${out_dir}
+      COMMAND protobuf::protoc
+        --proto_path=${proto_root}
+        --cpp_out=${out_dir}
+        --grpc_out=${out_dir}
+        --plugin=protoc-gen-grpc=$<TARGET_FILE:gRPC::grpc_cpp_plugin>
+        ${abs}
+      DEPENDS ${abs} protobuf::protoc gRPC::grpc_cpp_plugin
+      COMMENT "protoc ${rel}"
+      VERBATIM)
+    list(APPEND generated ${outs})
+  endforeach()
+  add_library(${target} STATIC ${generated})
+  # Generated code is not ours to fix: keep its warnings out of -Werror.
+  target_compile_options(${target} PRIVATE -w)
+  target_include_directories(${target} SYSTEM PUBLIC ${out_dir})
+  target_link_libraries(${target} PUBLIC gRPC::grpc++ protobuf::libprotobuf)
+endfunction()

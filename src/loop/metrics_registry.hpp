@@ -1,0 +1,92 @@
+#pragma once
+// The process-wide metrics registry (loop thread only). Modules own counters and gauges by
+// name + labels, or add a collector that writes samples at scrape time (for values that are
+// cheaper to read than to track). Rendered in the Prometheus text exposition format 0.0.4.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace gns {
+
+using MetricLabels = std::vector<std::pair<std::string, std::string>>;
+
+enum class MetricType { kCounter, kGauge };
+
+// Writes samples at scrape time.
+class MetricsWriter {
+ public:
+  virtual ~MetricsWriter() = default;
+  virtual void Sample(std::string_view family, MetricType type, std::string_view help,
+                      const MetricLabels& labels, double value) = 0;
+};
+
+class MetricsRegistry {
+ public:
+  static constexpr std::string_view kPrefix = "gpu_node_supervisor_";
+
+  class Series {
+   public:
+    void Inc(double delta = 1.0) { value_ += delta; }
+    void Set(double value) { value_ = value; }
+    double Value() const { return value_; }
+
+   private:
+    double value_ = 0.0;
+  };
+
+  // A stable reference to the series (name must carry kPrefix). Repeated calls with the same
+  // name and labels return the same series.
+  Series& Counter(std::string_view name, std::string_view help, MetricLabels labels = {});
+  Series& Gauge(std::string_view name, std::string_view help, MetricLabels labels = {});
+  // Forgets one series (e.g. a deleted ComputeDomain's), or every series of a family whose
+  // labels contain `match`.
+  void Remove(std::string_view name, const MetricLabels& labels);
+  void RemoveMatching(std::string_view name, const std::pair<std::string, std::string>& match);
+
+  class [[nodiscard]] CollectorHandle {
+   public:
+    CollectorHandle() = default;
+    CollectorHandle(MetricsRegistry* registry, uint64_t id) : registry_(registry), id_(id) {}
+    ~CollectorHandle() { Reset(); }
+    CollectorHandle(CollectorHandle&& o) noexcept : registry_(std::exchange(o.registry_, nullptr)), id_(o.id_) {}
+    CollectorHandle& operator=(CollectorHandle&& o) noexcept {
+      if (this != &o) {
+        Reset();
+        registry_ = std::exchange(o.registry_, nullptr);
+        id_ = o.id_;
+      }
+      return *this;
+    }
+    void Reset();
+
+   private:
+    MetricsRegistry* registry_ = nullptr;
+    uint64_t id_ = 0;
+  };
+  CollectorHandle AddCollector(std::function<void(MetricsWriter&)> collect);
+
+  // The whole exposition text.
+  std::string Render() const;
+
+ private:
+  struct Family {
+    MetricType type;
+    std::string help;
+    std::map<MetricLabels, std::unique_ptr<Series>> series;
+  };
+  Series& GetSeries(std::string_view name, MetricType type, std::string_view help, MetricLabels labels);
+
+  std::map<std::string, Family, std::less<>> families_;
+  std::map<uint64_t, std::function<void(MetricsWriter&)>> collectors_;
+  uint64_t next_collector_ = 1;
+};
+
+// Prometheus label-value escaping (backslash, quote, newline).
+std::string EscapeLabelValue(std::string_view value);
+
+}  // namespace gns

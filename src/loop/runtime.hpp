@@ -1,0 +1,85 @@
+#pragma once
+// The reactor: one io_context on the calling thread, the bus, the blocking pool, the metrics
+// registry and the supervisor. Handles SIGTERM/SIGINT (graceful stop in reverse start order;
+// a second signal or a missed stop deadline stops hard), and speaks sd_notify (READY=1,
+// STOPPING=1, WATCHDOG=1) when NOTIFY_SOCKET is set.
+
+#include "loop/blocking_pool.hpp"
+#include "loop/bus.hpp"
+#include "loop/clock.hpp"
+#include "loop/loop.hpp"
+#include "loop/metrics_registry.hpp"
+#include "loop/services.hpp"
+#include "loop/site_loader.hpp"
+#include "loop/supervisor.hpp"
+
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+
+namespace gns {
+
+// Offered to modules as a service: is the loop turning, and how late do timers fire.
+class LoopHeartbeat {
+ public:
+  Clock::SteadyTime LastTick() const { return last_tick_; }
+  std::chrono::microseconds LastLag() const { return last_lag_; }
+  std::chrono::microseconds MaxLag() const { return max_lag_; }
+  Clock::WallTime StartedAt() const { return started_at_; }
+
+ private:
+  friend class Runtime;
+  Clock::SteadyTime last_tick_{};
+  std::chrono::microseconds last_lag_{0};
+  std::chrono::microseconds max_lag_{0};
+  Clock::WallTime started_at_{};
+};
+
+class Runtime {
+ public:
+  enum ExitCode { kExitOk = 0, kExitHardStop = 1 };
+
+  explicit Runtime(LoadedConfig config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Runs until stopped; returns the process exit code.
+  int Run();
+  // Thread-safe: begin a graceful stop as if SIGTERM arrived.
+  void RequestStop();
+
+  Loop& GetLoop() { return loop_; }
+  Bus& GetBus() { return bus_; }
+  MetricsRegistry& Metrics() { return metrics_; }
+
+ private:
+  void OnSignal(int signal);
+  void BeginStop(const char* why);
+  void Heartbeat();
+  void ArmWatchdog();
+  void RegisterRuntimeMetrics();
+
+  LoadedConfig config_;
+  Loop loop_;
+  SystemClock clock_;
+  Bus bus_{loop_};
+  MetricsRegistry metrics_;
+  Services services_;
+  BlockingPool pool_;
+  std::shared_ptr<LoopHeartbeat> heartbeat_ = std::make_shared<LoopHeartbeat>();
+  std::unique_ptr<Supervisor> supervisor_;
+  boost::asio::signal_set signals_;
+  boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer watchdog_timer_;
+  std::chrono::microseconds watchdog_interval_{0};
+  MetricsRegistry::CollectorHandle runtime_collector_;
+  MetricsRegistry::Series* loop_exceptions_ = nullptr;
+  bool stopping_ = false;
+  int exit_code_ = kExitOk;
+};
+
+}  // namespace gns

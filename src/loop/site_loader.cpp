@@ -1,0 +1,161 @@
+// Site configuration loading and validation.
+#include "loop/site_loader.hpp"
+
+#include <algorithm>
+
+namespace gns {
+
+namespace {
+
+const ModuleDescriptor* FindModule(const std::vector<ModuleDescriptor>& manifest, std::string_view name) {
+  for (const auto& d : manifest)
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+std::string KnownModules(const std::vector<ModuleDescriptor>& manifest) {
+  std::string out;
+  for (const auto& d : manifest) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return out;
+}
+
+std::string AbsolutePath(ConfigMap& section, std::string_view key) {
+  std::string value = section.String(key);
+  if (value.empty() || value.front() != '/') section.Fail(key, "must be an absolute path, got \"" + value + "\"");
+  while (value.size() > 1 && value.back() == '/') value.pop_back();
+  return value;
+}
+
+LoggingConfig ParseLogging(ConfigMap& section) {
+  LoggingConfig out;
+  out.format = section.Enum("format", {"text", "json"}, "text") == "json" ? LoggingConfig::Format::kJson
+                                                                          : LoggingConfig::Format::kText;
+  const std::string level = section.Enum("level", {"trace", "debug", "info", "warn", "error", "critical", "off"}, "info");
+  ParseLogLevel(level, out.level);
+  auto levels = section.Section("levels");
+  for (const auto& name : levels.Keys()) {
+    const std::string value =
+        levels.Enum(name, {"trace", "debug", "info", "warn", "error", "critical", "off"});
+    ParseLogLevel(value, out.levels[name]);
+  }
+  levels.Finish();
+  section.Finish();
+  return out;
+}
+
+RuntimeSettings ParseRuntime(ConfigMap& section) {
+  using std::chrono::milliseconds;
+  RuntimeSettings out;
+  out.supervisor.stop_timeout = section.Duration("stopTimeout", milliseconds(10), milliseconds(600000), milliseconds(5000));
+  out.supervisor.stable_after = section.Duration("stableAfter", milliseconds(0), milliseconds(86400000), milliseconds(60000));
+  auto backoff = section.Section("restartBackoff");
+  out.supervisor.restart_backoff.initial =
+      backoff.Duration("initial", milliseconds(1), milliseconds(3600000), milliseconds(1000));
+  out.supervisor.restart_backoff.max =
+      backoff.Duration("max", out.supervisor.restart_backoff.initial, milliseconds(86400000), milliseconds(60000));
+  out.supervisor.restart_backoff.multiplier = backoff.Double("multiplier", 1.0, 10.0, 2.0);
+  out.supervisor.restart_backoff.jitter = backoff.Double("jitter", 0.0, 1.0, 0.5);
+  backoff.Finish();
+  out.blocking_threads = static_cast<std::size_t>(section.Int("blockingThreads", 1, 64, 2));
+  section.Finish();
+  return out;
+}
+
+}  // namespace
+
+LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const CommandLineOverrides& overrides,
+                            const std::vector<ModuleDescriptor>& manifest) {
+  if (files.empty()) throw ConfigError("no config file given (--config FILE)");
+  ConfigValue root = LoadYamlFile(files.front());
+  for (std::size_t i = 1; i < files.size(); ++i) MergeOverlay(root, LoadYamlFile(files[i]));
+  if (root.kind != ConfigValue::Kind::kMap) {
+    throw ConfigError(root.where, "", "the config file must be a YAML map with `version: v1` at the top");
+  }
+
+  LoadedConfig out;
+  out.site.config_file = files.front();
+  ConfigMap top(root, "");
+  const std::string version = top.Enum("version", {"v1"});
+  (void)version;
+  out.site.node_name = top.String("nodeName");
+  if (out.site.node_name.empty()) top.Fail("nodeName", "must not be empty");
+
+  auto paths = top.Section("paths");
+  out.site.paths.kubelet_dir = AbsolutePath(paths, "kubeletDir");
+  out.site.paths.cdi_dir = AbsolutePath(paths, "cdiDir");
+  out.site.paths.state_dir = AbsolutePath(paths, "stateDir");
+  out.site.paths.host_root = AbsolutePath(paths, "hostRoot");
+  paths.Finish();
+
+  auto gates = top.Section("featureGates");
+  for (const auto& name : gates.Keys()) {
+    if (FeatureGates::Canonical(name).empty()) {
+      std::string known;
+      for (const auto& spec : FeatureGates::Known()) known += (known.empty() ? "" : ", ") + std::string(spec.name);
+      gates.Fail(name, "unknown feature gate (known: " + known + ")");
+    }
+    out.site.gates.Set(name, gates.Bool(name));
+  }
+  gates.Finish();
+  for (const auto& [name, value] : overrides.feature_gates) {
+    if (!out.site.gates.Set(name, value)) throw ConfigError("--feature-gates: unknown feature gate \"" + name + "\"");
+  }
+  out.gate_overrides = out.site.gates.Resolve();
+
+  auto logging = top.Section("logging");
+  out.logging = ParseLogging(logging);
+  if (overrides.log_format) {
+    out.logging.format = *overrides.log_format == "json" ? LoggingConfig::Format::kJson : LoggingConfig::Format::kText;
+  }
+  if (overrides.log_level && !ParseLogLevel(*overrides.log_level, out.logging.level)) {
+    throw ConfigError("--log-level: unknown level \"" + *overrides.log_level + "\"");
+  }
+
+  auto runtime = top.Section("runtime");
+  out.runtime = ParseRuntime(runtime);
+
+  // Every section present is parsed, enabled or not: a typo in a disabled module's section
+  // is still caught before the day someone enables it.
+  std::map<std::string, std::pair<bool, ModuleFactory>> parsed;
+  auto modules = top.Section("modules");
+  for (const auto& name : modules.Keys()) {
+    const ModuleDescriptor* descriptor = FindModule(manifest, name);
+    if (descriptor == nullptr) modules.Fail(name, "unknown module (known: " + KnownModules(manifest) + ")");
+    auto section = modules.Section(name);
+    const bool enabled = section.Bool("enabled");
+    ModuleFactory factory = descriptor->parse(section, out.site);
+    section.Finish();
+    parsed[name] = {enabled, std::move(factory)};
+  }
+  modules.Finish();
+  top.Finish();
+
+  for (const auto& name : overrides.enable) {
+    const ModuleDescriptor* descriptor = FindModule(manifest, name);
+    if (descriptor == nullptr) throw ConfigError("--enable: unknown module \"" + name + "\" (known: " + KnownModules(manifest) + ")");
+    auto it = parsed.find(name);
+    if (it == parsed.end()) {
+      // Enabled on the command line without a section: its defaults, validated the same way.
+      static const ConfigValue kEmpty;
+      ConfigMap section(kEmpty, "modules." + name);
+      it = parsed.emplace(name, std::make_pair(true, descriptor->parse(section, out.site))).first;
+    }
+    it->second.first = true;
+  }
+  for (const auto& name : overrides.disable) {
+    if (FindModule(manifest, name) == nullptr) {
+      throw ConfigError("--disable: unknown module \"" + name + "\" (known: " + KnownModules(manifest) + ")");
+    }
+    if (auto it = parsed.find(name); it != parsed.end()) it->second.first = false;
+  }
+
+  for (const auto& descriptor : manifest) {
+    auto it = parsed.find(std::string(descriptor.name));
+    if (it != parsed.end() && it->second.first) {
+      out.modules.push_back(ModuleSpec{std::string(descriptor.name), std::move(it->second.second)});
+    }
+  }
+  return out;
+}
+
+}  // namespace gns

@@ -1,0 +1,20 @@
+#pragma once
+// Bus messages of the metrics module.
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace gns::metrics {
+
+// Where the HTTP endpoints are served (retained): tests and tools find the port here.
+struct MetricsEndpoint {
+  static constexpr std::string_view kTopic = "metrics.endpoint";
+  static constexpr bool kRetained = true;
+  std::string address;  // "127.0.0.1:9464"
+};
+
+inline void to_json(nlohmann::json& j, const MetricsEndpoint& m) { j = nlohmann::json{{"address", m.address}}; }
+
+}  // namespace gns::metrics

@@ -1,0 +1,169 @@
+// The metrics module.
+#include "modules/metrics/metrics_module.hpp"
+
+#include "loop/runtime.hpp"
+#include "modules/metrics/http_server.hpp"
+#include "modules/metrics/messages.hpp"
+#include "modules/metrics/process_stats.hpp"
+
+#include <charconv>
+
+namespace gns::metrics {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+std::optional<tcp::endpoint> ParseListenAddress(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= text.size()) return std::nullopt;
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  unsigned port = 0;
+  const char* first = text.data() + colon + 1;
+  const char* last = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(first, last, port);
+  if (ec != std::errc() || ptr != last || port > 65535) return std::nullopt;
+  boost::system::error_code addr_ec;
+  const auto address = asio::ip::make_address(host, addr_ec);
+  if (addr_ec) return std::nullopt;
+  return tcp::endpoint(address, static_cast<unsigned short>(port));
+}
+
+MetricsModule::Config MetricsModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
+  using std::chrono::milliseconds;
+  Config config;
+  const std::string listen = section.String("listen", "0.0.0.0:9464");
+  const auto endpoint = ParseListenAddress(listen);
+  if (!endpoint) section.Fail("listen", "expected IP:PORT (e.g. 0.0.0.0:9464 or [::1]:9464), got \"" + listen + "\"");
+  config.listen = *endpoint;
+  config.read_timeout = section.Duration("readTimeout", milliseconds(100), milliseconds(300000), milliseconds(10000));
+  config.max_connections = static_cast<std::size_t>(section.Int("maxConnections", 1, 4096, 64));
+  config.max_heartbeat_age =
+      section.Duration("maxHeartbeatAge", milliseconds(1000), milliseconds(600000), milliseconds(10000));
+  return config;
+}
+
+MetricsModule::MetricsModule(ModuleContext& context, const Config& config) : context_(context), config_(config) {}
+
+MetricsModule::~MetricsModule() = default;
+
+void MetricsModule::Start() {
+  HttpServerOptions options;
+  options.listen = config_.listen;
+  options.read_timeout = config_.read_timeout;
+  options.max_connections = config_.max_connections;
+  server_ = std::make_unique<HttpServer>(context_.GetLoop().Io(), options,
+                                         [this](const HttpRequest& r) { return Handle(r); }, context_.Logger());
+  const auto bound = server_->Start();  // throws if the port is taken: the supervisor retries
+
+  module_states_sub_ =
+      context_.GetBus().Subscribe<ModuleStates>([this](const ModuleStates& states) { module_states_ = states; });
+
+  process_collector_ = context_.Metrics().AddCollector([](MetricsWriter& w) {
+    const auto stats = ReadProcessStats();
+    w.Sample("gpu_node_supervisor_process_resident_memory_bytes", MetricType::kGauge, "Resident set size (VmRSS)",
+             {}, static_cast<double>(stats.vm_rss_bytes));
+    w.Sample("gpu_node_supervisor_process_anon_memory_bytes", MetricType::kGauge,
+             "Private anonymous resident memory (RssAnon)", {}, static_cast<double>(stats.rss_anon_bytes));
+    w.Sample("gpu_node_supervisor_process_cpu_seconds_total", MetricType::kCounter, "User + system CPU time", {},
+             stats.cpu_seconds);
+    w.Sample("gpu_node_supervisor_process_open_fds", MetricType::kGauge, "Open file descriptors", {},
+             static_cast<double>(stats.open_fds));
+    w.Sample("gpu_node_supervisor_process_threads", MetricType::kGauge, "Threads", {},
+             static_cast<double>(stats.threads));
+  });
+
+  std::string address = bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string();
+  address += ":" + std::to_string(bound.port());
+  context_.GetBus().Publish(MetricsEndpoint{address});
+  context_.Log().info("serving /metrics /healthz /readyz /debug/state on http://{}", address);
+}
+
+void MetricsModule::Stop(std::function<void()> done) {
+  process_collector_.Reset();
+  module_states_sub_.Reset();
+  if (!server_) {
+    done();
+    return;
+  }
+  server_->Stop(std::move(done));
+}
+
+HttpResponse MetricsModule::Handle(const HttpRequest& request) {
+  using Endpoint = HttpResponse (MetricsModule::*)();
+  static const std::pair<std::string_view, Endpoint> kEndpoints[] = {
+      {"/metrics", &MetricsModule::Metrics},
+      {"/healthz", &MetricsModule::Healthz},
+      {"/readyz", &MetricsModule::Readyz},
+      {"/debug/state", &MetricsModule::DebugState},
+  };
+  for (const auto& [path, endpoint] : kEndpoints) {
+    if (request.path != path) continue;
+    if (request.method != "GET" && request.method != "HEAD") {
+      HttpResponse r;
+      r.status = 405;
+      r.body = "method not allowed\n";
+      r.headers["Allow"] = "GET, HEAD";
+      return r;
+    }
+    return (this->*endpoint)();
+  }
+  HttpResponse r;
+  r.status = 404;
+  r.body = "not found; try /metrics, /healthz, /readyz or /debug/state\n";
+  return r;
+}
+
+HttpResponse MetricsModule::Metrics() {
+  HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = context_.Metrics().Render();
+  return r;
+}
+
+HttpResponse MetricsModule::Healthz() {
+  HttpResponse r;
+  const auto heartbeat = context_.GetServices().Find<LoopHeartbeat>();
+  if (heartbeat && heartbeat->LastTick() != Clock::SteadyTime{}) {
+    const auto age = context_.GetClock().Now() - heartbeat->LastTick();
+    if (age > config_.max_heartbeat_age) {
+      r.status = 503;
+      r.body = "loop heartbeat is " +
+               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(age).count()) + " ms old\n";
+      return r;
+    }
+  }
+  r.body = "ok\n";
+  return r;
+}
+
+HttpResponse MetricsModule::Readyz() {
+  HttpResponse r;
+  if (!module_states_) {
+    r.status = 503;
+    r.body = "starting\n";
+    return r;
+  }
+  const auto not_ready = module_states_->NotReady();
+  if (not_ready.empty()) {
+    r.body = "ok\n";
+    return r;
+  }
+  r.status = 503;
+  r.body = "not ready:\n";
+  for (const auto* m : not_ready) {
+    r.body += "  " + m->name + ": " + std::string(ToString(m->state)) + ", " + std::string(ToString(m->health));
+    if (!m->detail.empty()) r.body += " (" + m->detail + ")";
+    r.body += "\n";
+  }
+  return r;
+}
+
+HttpResponse MetricsModule::DebugState() {
+  HttpResponse r;
+  r.content_type = "application/json";
+  r.body = context_.GetBus().RetainedState().dump(2) + "\n";
+  return r;
+}
+
+}  // namespace gns::metrics

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# `make run`: the whole supervisor on a simulated node. Every host path lives in a sandbox
+# directory; the fakes of tools/sim/ (API server, kubelet, NVML, journal) are started here as
+# they exist, and everything is torn down on Ctrl-C.
+set -euo pipefail
+
+build_dir=${1:-build/release}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+
+export GNS_SANDBOX=${GNS_SANDBOX:-$repo/.run/sim}
+export NODE_NAME=${NODE_NAME:-sim-node-0}
+export GNS_METRICS_LISTEN=${GNS_METRICS_LISTEN:-127.0.0.1:9464}
+rm -rf "$GNS_SANDBOX"
+mkdir -p "$GNS_SANDBOX"/{var/lib/kubelet/device-plugins,var/lib/kubelet/plugins_registry,var/lib/kubelet/plugins,var/run/cdi,var/lib/gpu-node-supervisor,host/proc}
+chmod 0700 "$GNS_SANDBOX/var/lib/gpu-node-supervisor"
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+echo "simulated node '$NODE_NAME' in $GNS_SANDBOX"
+echo "  metrics:      http://$GNS_METRICS_LISTEN/metrics"
+echo "  health:       http://$GNS_METRICS_LISTEN/healthz  http://$GNS_METRICS_LISTEN/readyz"
+echo "  debug state:  http://$GNS_METRICS_LISTEN/debug/state"
+echo "Ctrl-C stops everything."
+
+"$build_dir/src/gpu-node-supervisor" run --config config/local.yaml &
+supervisor=$!
+pids+=("$supervisor")
+# Forward Ctrl-C/SIGTERM to the supervisor so it stops its modules gracefully.
+trap 'kill -TERM $supervisor 2>/dev/null || true' INT TERM
+wait "$supervisor" || true
+wait "$supervisor" 2>/dev/null || true
