@@ -227,6 +227,11 @@ void ConfigMap::Fail(std::string_view key, std::string_view what) const {
   throw ConfigError(v ? v->where : where_, KeyPath(key), what);
 }
 
+void ConfigMap::FailKey(std::string_view key, std::string_view what) const {
+  const ConfigEntry* e = value_->FindEntry(key);
+  throw ConfigError(e ? e->key_where : where_, KeyPath(key), what);
+}
+
 bool ConfigMap::Has(std::string_view key) const { return value_->Find(key) != nullptr; }
 
 void ConfigMap::Skip(std::string_view key) { consumed_.emplace(key); }

@@ -111,7 +111,10 @@ class ConfigMap {
   // Throws for the first key that no accessor consumed.
   void Finish() const;
 
+  // Throws an error pointing at the key's value (a bad value) or at the key itself (a key
+  // that should not be there).
   [[noreturn]] void Fail(std::string_view key, std::string_view what) const;
+  [[noreturn]] void FailKey(std::string_view key, std::string_view what) const;
 
  private:
   const ConfigValue& Required(std::string_view key);

@@ -92,7 +92,7 @@ LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const Command
     if (FeatureGates::Canonical(name).empty()) {
       std::string known;
       for (const auto& spec : FeatureGates::Known()) known += (known.empty() ? "" : ", ") + std::string(spec.name);
-      gates.Fail(name, "unknown feature gate (known: " + known + ")");
+      gates.FailKey(name, "unknown feature gate (known: " + known + ")");
     }
     out.site.gates.Set(name, gates.Bool(name));
   }
@@ -120,7 +120,7 @@ LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const Command
   auto modules = top.Section("modules");
   for (const auto& name : modules.Keys()) {
     const ModuleDescriptor* descriptor = FindModule(manifest, name);
-    if (descriptor == nullptr) modules.Fail(name, "unknown module (known: " + KnownModules(manifest) + ")");
+    if (descriptor == nullptr) modules.FailKey(name, "unknown module (known: " + KnownModules(manifest) + ")");
     auto section = modules.Section(name);
     const bool enabled = section.Bool("enabled");
     ModuleFactory factory = descriptor->parse(section, out.site);

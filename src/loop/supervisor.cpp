@@ -106,7 +106,6 @@ void Supervisor::StartSlot(Slot& slot) {
     slot.instance = slot.factory(*slot.context);
     slot.instance->Start();
   } catch (const std::exception& e) {
-    slot.context->Log().error("start failed: {}", e.what());
     OnFailure(slot, generation, std::string("start failed: ") + e.what());
     return;
   }

@@ -1,0 +1,174 @@
+// The real binary: command line, config errors with positions and exit code 2, serving the
+// endpoints, sd_notify, and a graceful SIGTERM.
+#include "support/http_client.hpp"
+#include "support/prometheus.hpp"
+#include "support/subprocess.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+namespace gns {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
+std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
+
+class BinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("gns-binary-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    const auto path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::string SiteYaml(const std::string& modules) {
+    return "version: v1\nnodeName: n1\npaths:\n  kubeletDir: " + dir_.string() + "/kubelet\n  cdiDir: " + dir_.string() +
+           "/cdi\n  stateDir: " + dir_.string() + "/state\n  hostRoot: /\nmodules:\n" + modules;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(BinaryTest, ValidateConfigAcceptsBothShippedConfigs) {
+  auto [code, out] = test::RunToCompletion({Binary(), "validate-config", "--config", Source("config/example.yaml")},
+                                           {{"NODE_NAME", "gpu-node-1"}});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("config ok: node gpu-node-1, modules enabled: metrics"), std::string::npos) << out;
+  std::tie(code, out) = test::RunToCompletion({Binary(), "validate-config", "--config", Source("config/local.yaml")},
+                                              {{"GNS_SANDBOX", dir_.string()}});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("forcing ComputeDomainCliques=false"), std::string::npos) << out;
+}
+
+TEST_F(BinaryTest, ConfigErrorsExitTwoWithFileLineColumnAndKeyPath) {
+  const auto bad = Write("bad.yaml", SiteYaml("  metrics:\n    enabled: true\n    bogus: 1\n"));
+  for (const char* cmd : {"validate-config", "run"}) {
+    const auto [code, out] = test::RunToCompletion({Binary(), cmd, "--config", bad});
+    EXPECT_EQ(code, 2) << cmd << ": " << out;
+    EXPECT_NE(out.find("error: " + bad + ":11:5: modules.metrics.bogus: unknown key"), std::string::npos) << out;
+  }
+  const auto wrong_type = Write("type.yaml", SiteYaml("  metrics:\n    enabled: true\n    maxConnections: many\n"));
+  const auto [code, out] = test::RunToCompletion({Binary(), "validate-config", "--config", wrong_type});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find(wrong_type + ":11:21: modules.metrics.maxConnections: expected an integer, got \"many\""),
+            std::string::npos)
+      << out;
+}
+
+TEST_F(BinaryTest, BadCommandLineExitsTwo) {
+  const auto ok = Write("ok.yaml", SiteYaml("  metrics:\n    enabled: true\n"));
+  EXPECT_EQ(test::RunToCompletion({Binary(), "run", "--config", ok, "--frobnicate"}).first, 2);
+  EXPECT_EQ(test::RunToCompletion({Binary(), "run", "--config", ok, "--log-format", "xml"}).first, 2);
+  const auto [code, out] = test::RunToCompletion({Binary(), "run", "--config", ok, "--feature-gates", "Nope=true"});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("--feature-gates: unknown feature gate \"Nope\""), std::string::npos) << out;
+  const auto version = test::RunToCompletion({Binary(), "version"});
+  EXPECT_EQ(version.first, 0);
+  EXPECT_EQ(version.second.rfind("gpu-node-supervisor ", 0), 0u);
+}
+
+// A unix datagram socket standing in for systemd's NOTIFY_SOCKET.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    timeval tv{20, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~NotifySocket() { ::close(fd_); }
+  std::string Receive() {
+    char buf[512];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+TEST_F(BinaryTest, ServesEndpointsNotifiesSystemdAndStopsGracefullyOnSigterm) {
+  const auto config = Write("site.yaml", SiteYaml("  metrics:\n    enabled: true\n    listen: 127.0.0.1:0\n"));
+  NotifySocket notify((dir_ / "notify.sock").string());
+  test::Subprocess proc({Binary(), "run", "--config", config, "--log-format", "json"},
+                        {{"NOTIFY_SOCKET", (dir_ / "notify.sock").string()}});
+  EXPECT_EQ(notify.Receive(), "READY=1");
+  const auto line = proc.WaitForLine("serving /metrics");
+  ASSERT_TRUE(line) << proc.Output();
+  const auto json = nlohmann::json::parse(*line);  // JSON log lines are JSON
+  EXPECT_EQ(json.at("logger"), "metrics");
+  std::smatch m;
+  const std::string msg = json.at("msg");
+  ASSERT_TRUE(std::regex_search(msg, m, std::regex(R"(http://127\.0\.0\.1:(\d+))")));
+  const auto port = static_cast<unsigned short>(std::stoi(m[1]));
+
+  const auto metrics = test::HttpRequest("127.0.0.1", port, "GET", "/metrics");
+  ASSERT_EQ(metrics.status, 200) << metrics.error;
+  const auto scrape = test::ParsePrometheus(metrics.body);
+  EXPECT_EQ(scrape.Value("gpu_node_supervisor_module_up{module=\"metrics\"}"), 1);
+  EXPECT_GT(scrape.Value("gpu_node_supervisor_process_resident_memory_bytes"), 0);
+  EXPECT_GE(scrape.Value("gpu_node_supervisor_bus_published_total{topic=\"supervisor.module-states\"}"), 2);
+  EXPECT_EQ(test::HttpRequest("127.0.0.1", port, "GET", "/readyz").status, 200);
+  EXPECT_EQ(test::HttpRequest("127.0.0.1", port, "GET", "/healthz").status, 200);
+  const auto state = nlohmann::json::parse(test::HttpRequest("127.0.0.1", port, "GET", "/debug/state").body);
+  EXPECT_EQ(state.at("supervisor.module-states").at("metrics").at("state"), "running");
+
+  proc.Signal(SIGTERM);
+  EXPECT_EQ(notify.Receive(), "STOPPING=1");
+  EXPECT_EQ(proc.Wait(), 0) << proc.Output();
+  const auto out = proc.Output();
+  const auto stopping = out.find("stopping module metrics");
+  const auto stopped = out.find("all modules stopped");
+  EXPECT_NE(stopping, std::string::npos) << out;
+  EXPECT_NE(stopped, std::string::npos) << out;
+  EXPECT_LT(stopping, stopped);
+}
+
+TEST_F(BinaryTest, ModuleThatCannotStartIsRetriedWhileTheProcessStaysUp) {
+  // Hold a port so the metrics module's bind fails; the supervisor keeps retrying it.
+  const auto blocker = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(blocker, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(blocker, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(blocker, reinterpret_cast<sockaddr*>(&addr), &len);
+  const auto port = ntohs(addr.sin_port);
+  const auto config = Write("site.yaml", SiteYaml("  metrics:\n    enabled: true\n    listen: 127.0.0.1:" +
+                                                  std::to_string(port) + "\n") +
+                                         "runtime:\n  restartBackoff: {initial: 10ms, max: 50ms}\n");
+  test::Subprocess proc(std::vector<std::string>{Binary(), "run", "--config", config});
+  ASSERT_TRUE(proc.WaitForLine("start failed")) << proc.Output();
+  ASSERT_TRUE(proc.WaitForLine("restarts in")) << proc.Output();
+  ::close(blocker);  // the port frees up: the next attempt succeeds
+  ASSERT_TRUE(proc.WaitForLine("serving /metrics")) << proc.Output();
+  proc.Signal(SIGINT);
+  EXPECT_EQ(proc.Wait(), 0) << proc.Output();
+}
+
+}  // namespace
+}  // namespace gns

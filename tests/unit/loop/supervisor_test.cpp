@@ -1,0 +1,200 @@
+// Supervision: restart with backoff, isolation of the other modules, stop order, deadlines,
+// health and readiness reporting.
+#include "loop/supervisor.hpp"
+#include "support/loop_harness.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gns {
+namespace {
+
+using std::chrono::milliseconds;
+
+// What a scripted test module does, shared between its successive instances.
+struct Script {
+  std::vector<std::string>* journal = nullptr;
+  int fail_starts = 0;     // throw from Start() this many times
+  bool hang_on_stop = false;
+  int starts = 0;
+  int stops = 0;
+  ModuleContext* live = nullptr;  // the context of the running instance
+};
+
+class ScriptedModule final : public Module {
+ public:
+  ScriptedModule(ModuleContext& context, Script& script) : context_(context), script_(script) {}
+  ~ScriptedModule() override {
+    if (script_.live == &context_) script_.live = nullptr;
+  }
+  void Start() override {
+    ++script_.starts;
+    script_.journal->push_back("start " + context_.Name());
+    if (script_.fail_starts > 0) {
+      --script_.fail_starts;
+      throw std::runtime_error("scripted start failure");
+    }
+    script_.live = &context_;
+  }
+  void Stop(std::function<void()> done) override {
+    ++script_.stops;
+    script_.journal->push_back("stop " + context_.Name());
+    if (script_.hang_on_stop) return;  // never calls done
+    done();
+  }
+
+ private:
+  ModuleContext& context_;
+  Script& script_;
+};
+
+class SupervisorTest : public ::testing::Test {
+ protected:
+  ModuleSpec Spec(const std::string& name, Script& script) {
+    script.journal = &journal_;
+    return ModuleSpec{name, [&script](ModuleContext& c) { return std::make_unique<ScriptedModule>(c, script); }};
+  }
+
+  std::unique_ptr<Supervisor> Make(std::vector<ModuleSpec> specs, milliseconds stop_timeout = milliseconds(2000)) {
+    SupervisorSettings settings;
+    settings.stop_timeout = stop_timeout;
+    settings.restart_backoff = {milliseconds(2), milliseconds(8), 2.0, 0.0};
+    auto sup = std::make_unique<Supervisor>(h_.Parts(), settings, std::move(specs), [] { return 1.0; });
+    states_sub_ = h_.bus.Subscribe<ModuleStates>([this](const ModuleStates& s) { history_.push_back(s); });
+    return sup;
+  }
+
+  const ModuleStatus& StatusOf(Supervisor& sup, const std::string& name) {
+    static thread_local ModuleStates snapshot;
+    snapshot = sup.Snapshot();
+    for (const auto& m : snapshot.modules)
+      if (m.name == name) return m;
+    throw std::runtime_error("no module " + name);
+  }
+
+  test::LoopHarness h_;
+  std::vector<std::string> journal_;
+  std::vector<ModuleStates> history_;
+  Subscription states_sub_;
+};
+
+TEST_F(SupervisorTest, ModuleThatFailsToStartIsRestartedWithBackoffWhileOthersKeepRunning) {
+  Script steady, flaky;
+  flaky.fail_starts = 3;
+  auto sup = Make({Spec("steady", steady), Spec("flaky", flaky)});
+  sup->StartAll();
+  ASSERT_TRUE(h_.RunUntil([&] { return StatusOf(*sup, "flaky").state == ModuleState::kRunning; }));
+  EXPECT_EQ(flaky.starts, 4);
+  EXPECT_EQ(StatusOf(*sup, "flaky").restarts, 3);
+  EXPECT_EQ(steady.starts, 1);
+  EXPECT_EQ(steady.stops, 0);
+  EXPECT_EQ(StatusOf(*sup, "steady").state, ModuleState::kRunning);
+  EXPECT_EQ(h_.metrics.Counter("gpu_node_supervisor_module_restarts_total", "", {{"module", "flaky"}}).Value(), 3);
+  EXPECT_EQ(h_.metrics.Gauge("gpu_node_supervisor_module_up", "", {{"module", "flaky"}}).Value(), 1);
+}
+
+TEST_F(SupervisorTest, ModuleThatReportsFailureLaterIsStoppedAndRestartedAsANewInstance) {
+  Script steady, worker;
+  auto sup = Make({Spec("steady", steady), Spec("worker", worker)});
+  sup->StartAll();
+  h_.Drain();
+  ASSERT_NE(worker.live, nullptr);
+  ModuleContext* first = worker.live;
+  first->ReportFailure("lost its socket");
+  ASSERT_TRUE(h_.RunUntil([&] { return worker.starts == 2 && worker.live != nullptr; }));
+  EXPECT_EQ(worker.stops, 1);
+  EXPECT_EQ(StatusOf(*sup, "worker").state, ModuleState::kRunning);
+  EXPECT_EQ(StatusOf(*sup, "worker").restarts, 1);
+  EXPECT_EQ(steady.starts, 1);
+  EXPECT_EQ(steady.stops, 0);
+
+  // The failure was visible on the bus (retained module states) while it happened.
+  h_.Drain();
+  bool saw_backoff = false;
+  for (const auto& states : history_)
+    for (const auto& m : states.modules)
+      if (m.name == "worker" && m.state == ModuleState::kBackoff && m.detail == "lost its socket") saw_backoff = true;
+  EXPECT_TRUE(saw_backoff);
+}
+
+TEST_F(SupervisorTest, StaleFailureReportFromAReplacedInstanceIsIgnored) {
+  Script worker;
+  auto sup = Make({Spec("worker", worker)});
+  sup->StartAll();
+  h_.Drain();
+  worker.live->ReportFailure("first");
+  worker.live->ReportFailure("again, same instance");
+  ASSERT_TRUE(h_.RunUntil([&] { return worker.starts == 2 && StatusOf(*sup, "worker").state == ModuleState::kRunning; }));
+  h_.RunUntil([] { return false; }, milliseconds(50));
+  EXPECT_EQ(worker.starts, 2);
+  EXPECT_EQ(StatusOf(*sup, "worker").restarts, 1);
+}
+
+TEST_F(SupervisorTest, StopAllStopsInReverseStartOrder) {
+  Script a, b, c;
+  auto sup = Make({Spec("a", a), Spec("b", b), Spec("c", c)});
+  sup->StartAll();
+  h_.Drain();
+  std::optional<bool> graceful;
+  sup->StopAll([&](bool g) { graceful = g; });
+  ASSERT_TRUE(h_.RunUntil([&] { return graceful.has_value(); }));
+  EXPECT_TRUE(*graceful);
+  EXPECT_EQ(journal_, (std::vector<std::string>{"start a", "start b", "start c", "stop c", "stop b", "stop a"}));
+  for (const auto& m : sup->Snapshot().modules) EXPECT_EQ(m.state, ModuleState::kStopped);
+}
+
+TEST_F(SupervisorTest, MissedStopDeadlineReportsAHardStop) {
+  Script a, stuck;
+  stuck.hang_on_stop = true;
+  auto sup = Make({Spec("a", a), Spec("stuck", stuck)}, milliseconds(30));
+  sup->StartAll();
+  h_.Drain();
+  std::optional<bool> graceful;
+  sup->StopAll([&](bool g) { graceful = g; });
+  ASSERT_TRUE(h_.RunUntil([&] { return graceful.has_value(); }));
+  EXPECT_FALSE(*graceful);
+  EXPECT_EQ(a.stops, 0);  // stopping went no further than the stuck module
+}
+
+TEST_F(SupervisorTest, ModuleInBackoffDuringShutdownIsNotRestarted) {
+  Script flaky;
+  flaky.fail_starts = 100;
+  SupervisorSettings settings;
+  settings.restart_backoff = {milliseconds(10000), milliseconds(10000), 2.0, 0.0};
+  Supervisor sup(h_.Parts(), settings, {Spec("flaky", flaky)}, [] { return 1.0; });
+  sup.StartAll();
+  ASSERT_TRUE(h_.RunUntil([&] { return sup.Snapshot().modules[0].state == ModuleState::kBackoff; }));
+  std::optional<bool> graceful;
+  sup.StopAll([&](bool g) { graceful = g; });
+  ASSERT_TRUE(h_.RunUntil([&] { return graceful.has_value(); }));
+  EXPECT_TRUE(*graceful);
+  EXPECT_EQ(flaky.starts, 1);
+}
+
+TEST_F(SupervisorTest, UnhealthyModuleIsNotReady) {
+  Script a;
+  auto sup = Make({Spec("a", a)});
+  sup->StartAll();
+  h_.Drain();
+  a.live->SetHealth(ModuleHealth::kUnhealthy, "NVML not loaded");
+  h_.Drain();
+  const auto* states = h_.bus.Latest<ModuleStates>();
+  ASSERT_NE(states, nullptr);
+  const auto not_ready = states->NotReady();
+  ASSERT_EQ(not_ready.size(), 1u);
+  EXPECT_EQ(not_ready[0]->name, "a");
+  EXPECT_EQ(not_ready[0]->detail, "NVML not loaded");
+  EXPECT_EQ(h_.metrics.Gauge("gpu_node_supervisor_module_up", "", {{"module", "a"}}).Value(), 0);
+  a.live->SetHealth(ModuleHealth::kDegraded, "slow");
+  h_.Drain();
+  EXPECT_TRUE(h_.bus.Latest<ModuleStates>()->NotReady().empty());
+}
+
+}  // namespace
+}  // namespace gns
