@@ -385,6 +385,37 @@ std::vector<std::string> ConfigMap::StringList(std::string_view key,
   return out;
 }
 
+std::vector<int64_t> ConfigMap::IntList(std::string_view key, int64_t min, int64_t max,
+                                        std::optional<std::vector<int64_t>> fallback) {
+  const ConfigValue* v = Lookup(key);
+  if (v == nullptr) {
+    if (fallback) return *fallback;
+    throw ConfigError(where_, KeyPath(key), "required key is missing");
+  }
+  if (v->kind != ConfigValue::Kind::kSequence) {
+    throw ConfigError(v->where, KeyPath(key),
+                      "expected a list of integers, got a " + std::string(ConfigValue::KindName(v->kind)));
+  }
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < v->items.size(); ++i) {
+    const auto& item = v->items[i];
+    const std::string item_path = KeyPath(key) + "[" + std::to_string(i) + "]";
+    if (item.kind != ConfigValue::Kind::kScalar) throw ConfigError(item.where, item_path, "expected an integer");
+    int64_t number = 0;
+    const auto [ptr, ec] = std::from_chars(item.scalar.data(), item.scalar.data() + item.scalar.size(), number);
+    if (ec != std::errc() || ptr != item.scalar.data() + item.scalar.size()) {
+      throw ConfigError(item.where, item_path, "expected an integer, got \"" + item.scalar + "\"");
+    }
+    if (number < min || number > max) {
+      throw ConfigError(item.where, item_path,
+                        "value " + item.scalar + " is out of range [" + std::to_string(min) + ", " +
+                            std::to_string(max) + "]");
+    }
+    out.push_back(number);
+  }
+  return out;
+}
+
 std::map<std::string, std::string> ConfigMap::StringMap(std::string_view key) {
   std::map<std::string, std::string> out;
   const ConfigValue* v = Lookup(key);

@@ -100,6 +100,8 @@ class ConfigMap {
                    std::optional<std::string> fallback = std::nullopt);
   std::vector<std::string> StringList(std::string_view key,
                                       std::optional<std::vector<std::string>> fallback = std::nullopt);
+  std::vector<int64_t> IntList(std::string_view key, int64_t min, int64_t max,
+                               std::optional<std::vector<int64_t>> fallback = std::nullopt);
   std::map<std::string, std::string> StringMap(std::string_view key);
   // A nested map section; missing reads as empty. The caller must Finish() it.
   ConfigMap Section(std::string_view key);

@@ -1,0 +1,113 @@
+#pragma once
+// Bus messages of the `gpu-inventory` module: what GPUs this node has (retained), the node's
+// NVLink clique (retained), XIDs that NVML reported (events), and the request to let go of
+// NVML for a GPU reset and to take it back.
+
+#include <nlohmann/json.hpp>
+
+#include <compare>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::gpu_inventory {
+
+// PCI location compared numerically: "0000:3b:00.0", "00000000:3B:00.0" and "3b:00" (kernel
+// log forms) name the same device.
+struct PciAddress {
+  uint32_t domain = 0;
+  uint32_t bus = 0;
+  uint32_t device = 0;
+  uint32_t function = 0;
+  auto operator<=>(const PciAddress&) const = default;
+  // "0000:3b:00.0" (the kernel's sysfs form).
+  std::string ToString() const;
+  // Accepts "DDDD:BB:DD.F", "DDDDDDDD:BB:DD.F", "BB:DD.F" and "BB:DD" (hex, any case), and
+  // the kernel's Xid-line "DDDD:BB:DD" (no function: read as function 0).
+  static std::optional<PciAddress> Parse(std::string_view text);
+};
+
+struct FabricInfo {
+  std::string cluster_uuid;  // canonical 8-4-4-4-12 lower-case form
+  uint32_t clique_id = 0;
+  uint32_t state = 0;   // NVML_GPU_FABRIC_STATE_*: 3 = completed
+  uint32_t status = 0;  // nvmlReturn_t, meaningful when state is completed
+  // Fabric-attached (counts for the clique): registration completed with success.
+  bool Attached() const { return state == 3 && status == 0; }
+  bool operator==(const FabricInfo&) const = default;
+};
+
+struct GpuInfo {
+  uint32_t index = 0;
+  std::string uuid;        // "GPU-…"
+  std::string name;        // "NVIDIA H200"
+  std::string pci_bus_id;  // as NVML reports it, e.g. "00000000:3B:00.0"
+  PciAddress pci;
+  uint32_t minor = 0;      // /dev/nvidia<minor>
+  uint64_t memory_total_bytes = 0;
+  int numa_node = -1;      // -1: unknown
+  std::vector<std::string> nvlink_peers;  // UUIDs of local GPUs on the far end of an active NVLink
+  // Set when NVML reports fabric info (any state); nullopt when the GPU has no fabric support.
+  // Only Attached() ones count for the clique.
+  std::optional<FabricInfo> fabric;
+  bool operator==(const GpuInfo&) const = default;
+};
+
+// The node's GPUs. `available` is false while NVML cannot be used (not loaded, failing, or
+// released for a reset): consumers must then treat every device as unavailable. While
+// unavailable, `gpus` and `driver_version` are the last known ones (empty if NVML was never
+// read), so a consumer can still name the devices it marks unhealthy.
+struct GpuInventory {
+  static constexpr std::string_view kTopic = "gpu-inventory.devices";
+  static constexpr bool kRetained = true;
+  bool available = false;
+  std::string error;  // why not available
+  std::string driver_version;
+  std::vector<GpuInfo> gpus;
+
+  const GpuInfo* FindByUuid(std::string_view uuid) const;
+  // Matches domain, bus and device (a GPU is function 0; kernel lines omit the function).
+  const GpuInfo* FindByPci(const PciAddress& pci) const;
+  bool operator==(const GpuInventory&) const = default;
+};
+
+// "<clusterUuid>.<cliqueId>" when the node's GPUs are fabric-attached and agree; empty
+// otherwise, with the reason (never a silent empty string: seed 000 §13). The clique is a
+// property of the fabric, not of our NVML session: once read, it is kept while NVML is
+// released or failing, and re-read when NVML is back.
+struct NodeClique {
+  static constexpr std::string_view kTopic = "gpu-inventory.clique";
+  static constexpr bool kRetained = true;
+  std::string clique_id;
+  std::string reason;  // why clique_id is empty
+  bool operator==(const NodeClique&) const = default;
+};
+
+// An XID reported by NVML's event API (the kernel log is read by gpu-health).
+struct XidObservation {
+  static constexpr std::string_view kTopic = "gpu-inventory.xid";
+  std::string uuid;
+  uint64_t xid = 0;
+  uint32_t gpu_instance = 0xFFFFFFFF;      // MIG attribution; 0xFFFFFFFF when none
+  uint32_t compute_instance = 0xFFFFFFFF;
+  int64_t observed_unix_ms = 0;
+};
+
+// Ask gpu-inventory to shut NVML down and stop waiting on events (release = true), so a GPU
+// reset can run while the supervisor stays up; release = false takes NVML back.
+struct NvmlReleaseRequest {
+  static constexpr std::string_view kTopic = "gpu-inventory.release-request";
+  bool release = true;
+  std::string reason;
+};
+
+void to_json(nlohmann::json& j, const PciAddress& p);
+void to_json(nlohmann::json& j, const FabricInfo& f);
+void to_json(nlohmann::json& j, const GpuInfo& g);
+void to_json(nlohmann::json& j, const GpuInventory& inv);
+void to_json(nlohmann::json& j, const NodeClique& c);
+void to_json(nlohmann::json& j, const XidObservation& x);
+
+}  // namespace gns::gpu_inventory

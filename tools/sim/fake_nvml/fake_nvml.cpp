@@ -1,0 +1,962 @@
+// A fake libnvidia-ml.so.1 for the simulated node: it exports the versioned NVML symbols that
+// src/modules/gpu_inventory/nvml_abi.hpp lists, with NVML's exact C ABI, and serves GPUs
+// described by the JSON file named in FAKE_NVML_CONFIG. Xid events and failures can be injected
+// in-process (fake_nvml_control.h) or, when FAKE_NVML_CONTROL names a path, through a unix
+// datagram socket created by nvmlInit (fakenvmlctl.py sends the commands).
+//
+// NVML is a process-wide C library, so this fake keeps process-wide state (one FakeNvml
+// object); everything behind one mutex, which is plenty for a handful of fake GPUs.
+#include "fake_nvml_control.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "modules/gpu_inventory/nvml_abi.hpp"
+
+#define FAKE_NVML_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace gns::sim::fake_nvml {
+namespace {
+
+namespace nvml = gns::nvml;
+using nvml::Return;
+using Json = nlohmann::json;
+
+// ---- Configuration -------------------------------------------------------------------------
+
+// H200 SXM: PCI device id 0x2335, vendor 0x10DE, combined as NVML reports it.
+constexpr unsigned int kDefaultPciDeviceId = 0x233510DEu;
+constexpr const char* kDefaultName = "NVIDIA H200";
+constexpr const char* kDefaultDriverVersion = "550.90.07";
+constexpr int kDefaultCudaDriverVersion = 12040;
+constexpr unsigned long long kDefaultSupportedEvents =
+    nvml::kEventTypeSingleBitEccError | nvml::kEventTypeDoubleBitEccError | nvml::kEventTypePState |
+    nvml::kEventTypeXidCriticalError | nvml::kEventTypeClock;
+
+struct PciAddress {
+  unsigned int domain = 0;
+  unsigned int bus = 0;
+  unsigned int device = 0;
+  unsigned int function = 0;
+};
+
+struct Fabric {
+  bool present = false;
+  std::array<unsigned char, nvml::kGpuFabricUuidLen> cluster_uuid{};
+  Return status = nvml::kSuccess;
+  unsigned int clique_id = 0;
+  nvml::GpuFabricState state = nvml::kGpuFabricStateNotSupported;
+  unsigned int health_mask = 0;
+  unsigned char health_summary = 0;
+};
+
+struct Gpu {
+  std::string uuid;
+  std::string name;
+  PciAddress address;
+  nvml::PciInfo pci{};
+  unsigned int minor = 0;
+  unsigned long long memory_total = 0;
+  unsigned long long memory_reserved = 0;
+  unsigned long long memory_used = 0;
+  int numa_node = -1;
+  std::vector<std::string> nvlink_peer_names;  // as configured, resolved into nvlink_remote
+  std::vector<nvml::PciInfo> nvlink_remote;    // one entry per active link, in link order
+  Fabric fabric;
+  unsigned long long supported_events = kDefaultSupportedEvents;
+};
+
+struct Config {
+  std::string driver_version = kDefaultDriverVersion;
+  int cuda_driver_version = kDefaultCudaDriverVersion;
+  std::vector<Gpu> gpus;
+};
+
+// A config error: nvmlInit prints `message` and returns `code`.
+struct ConfigError : std::runtime_error {
+  ConfigError(Return code, const std::string& message) : std::runtime_error(message), code(code) {}
+  Return code;
+};
+
+bool ParseHex(std::string_view text, unsigned int* value) {
+  if (text.empty()) return false;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *value, 16);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+// Accepts what NVML's nvmlDeviceGetHandleByPciBusId accepts: "domain:bus:device.function" (any
+// domain width), "domain:bus:device" and "bus:device.function", in hex.
+std::optional<PciAddress> ParsePciBusId(std::string_view text) {
+  PciAddress address;
+  std::vector<std::string_view> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t colon = text.find(':', start);
+    parts.push_back(text.substr(start, colon - start));
+    if (colon == std::string_view::npos) break;
+    start = colon + 1;
+  }
+  if (parts.size() < 2 || parts.size() > 3) return std::nullopt;
+  std::size_t i = 0;
+  if (parts.size() == 3 && !ParseHex(parts[i++], &address.domain)) return std::nullopt;
+  if (!ParseHex(parts[i++], &address.bus)) return std::nullopt;
+  std::string_view device = parts[i];
+  if (const std::size_t dot = device.find('.'); dot != std::string_view::npos) {
+    if (!ParseHex(device.substr(dot + 1), &address.function)) return std::nullopt;
+    device = device.substr(0, dot);
+  }
+  if (!ParseHex(device, &address.device)) return std::nullopt;
+  if (address.bus > 0xFF || address.device > 0x1F || address.function > 7) return std::nullopt;
+  return address;
+}
+
+nvml::PciInfo MakePciInfo(const PciAddress& address, unsigned int device_id, unsigned int subsystem_id) {
+  nvml::PciInfo pci{};
+  pci.domain = address.domain;
+  pci.bus = address.bus;
+  pci.device = address.device;
+  pci.pciDeviceId = device_id;
+  pci.pciSubSystemId = subsystem_id;
+  // NVML_DEVICE_PCI_BUS_ID_FMT / _LEGACY_FMT: the function is always printed as 0.
+  std::snprintf(pci.busId, sizeof(pci.busId), "%08X:%02X:%02X.0", address.domain, address.bus,
+                address.device);
+  std::snprintf(pci.busIdLegacy, sizeof(pci.busIdLegacy), "%04X:%02X:%02X.0",
+                address.domain & 0xFFFFu, address.bus, address.device);
+  return pci;
+}
+
+bool ParseUuidBytes(std::string_view text, std::array<unsigned char, nvml::kGpuFabricUuidLen>* out) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '-') continue;
+    unsigned int byte = 0;
+    if (i + 1 >= text.size() || n >= out->size() || !ParseHex(text.substr(i, 2), &byte)) return false;
+    (*out)[n++] = static_cast<unsigned char>(byte);
+    ++i;
+  }
+  return n == out->size();
+}
+
+// Rejects keys we do not know, so a typo in a config fails loudly instead of being ignored.
+void CheckKeys(const Json& object, std::initializer_list<std::string_view> known, const std::string& where) {
+  if (!object.is_object()) throw ConfigError(nvml::kErrorUnknown, where + " must be a JSON object");
+  for (const auto& [key, value] : object.items()) {
+    bool found = false;
+    for (const auto k : known) found = found || key == k;
+    if (!found) throw ConfigError(nvml::kErrorUnknown, where + ": unknown key \"" + key + "\"");
+  }
+}
+
+nvml::GpuFabricState ParseFabricState(const Json& value) {
+  if (value.is_number_unsigned() && value.get<unsigned int>() <= nvml::kGpuFabricStateCompleted) {
+    return static_cast<nvml::GpuFabricState>(value.get<unsigned int>());
+  }
+  if (value.is_string()) {
+    const auto s = value.get<std::string>();
+    if (s == "notSupported") return nvml::kGpuFabricStateNotSupported;
+    if (s == "notStarted") return nvml::kGpuFabricStateNotStarted;
+    if (s == "inProgress") return nvml::kGpuFabricStateInProgress;
+    if (s == "completed") return nvml::kGpuFabricStateCompleted;
+  }
+  throw ConfigError(nvml::kErrorUnknown,
+                    "fabric.state must be 0-3 or notSupported|notStarted|inProgress|completed");
+}
+
+Return ParseReturnCode(const Json& value, const std::string& where) {
+  if (value.is_number_integer()) return value.get<Return>();
+  if (value.is_string() && value.get<std::string>() == "success") return nvml::kSuccess;
+  throw ConfigError(nvml::kErrorUnknown, where + " must be an NVML return code or \"success\"");
+}
+
+Gpu ParseGpu(const Json& j, std::size_t index) {
+  const std::string where = "gpus[" + std::to_string(index) + "]";
+  CheckKeys(j,
+            {"uuid", "name", "pciBusId", "minor", "memoryTotalBytes", "memoryReservedBytes",
+             "memoryUsedBytes", "numaNode", "nvlinkPeers", "fabric", "pciDeviceId",
+             "pciSubSystemId", "supportedEventTypes"},
+            where);
+  Gpu gpu;
+  gpu.uuid = j.at("uuid").get<std::string>();
+  if (gpu.uuid.empty()) throw ConfigError(nvml::kErrorUnknown, where + ".uuid is empty");
+  gpu.name = j.value("name", std::string(kDefaultName));
+  const auto bus_id = j.at("pciBusId").get<std::string>();
+  const auto address = ParsePciBusId(bus_id);
+  if (!address) throw ConfigError(nvml::kErrorUnknown, where + ".pciBusId \"" + bus_id + "\" is not a PCI address");
+  gpu.address = *address;
+  gpu.pci = MakePciInfo(*address, j.value("pciDeviceId", kDefaultPciDeviceId), j.value("pciSubSystemId", 0u));
+  gpu.minor = j.at("minor").get<unsigned int>();
+  gpu.memory_total = j.at("memoryTotalBytes").get<unsigned long long>();
+  gpu.memory_reserved = j.value("memoryReservedBytes", 0ULL);
+  gpu.memory_used = j.value("memoryUsedBytes", gpu.memory_reserved);
+  if (gpu.memory_used > gpu.memory_total || gpu.memory_reserved > gpu.memory_used) {
+    throw ConfigError(nvml::kErrorUnknown, where + ": need memoryReservedBytes <= memoryUsedBytes <= memoryTotalBytes");
+  }
+  gpu.numa_node = j.value("numaNode", -1);
+  gpu.nvlink_peer_names = j.value("nvlinkPeers", std::vector<std::string>{});
+  if (gpu.nvlink_peer_names.size() > nvml::kNvLinkMaxLinks) {
+    throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkPeers has more than 18 links");
+  }
+  gpu.supported_events = j.value("supportedEventTypes", kDefaultSupportedEvents);
+  if (j.contains("fabric")) {
+    const Json& f = j.at("fabric");
+    CheckKeys(f, {"clusterUuid", "cliqueId", "state", "status", "healthMask", "healthSummary"}, where + ".fabric");
+    gpu.fabric.present = true;
+    const auto cluster = f.at("clusterUuid").get<std::string>();
+    if (!ParseUuidBytes(cluster, &gpu.fabric.cluster_uuid)) {
+      throw ConfigError(nvml::kErrorUnknown, where + ".fabric.clusterUuid \"" + cluster + "\" is not a UUID");
+    }
+    gpu.fabric.clique_id = f.at("cliqueId").get<unsigned int>();
+    gpu.fabric.state = ParseFabricState(f.at("state"));
+    gpu.fabric.status = ParseReturnCode(f.value("status", Json("success")), where + ".fabric.status");
+    gpu.fabric.health_mask = f.value("healthMask", 0u);
+    gpu.fabric.health_summary = f.value("healthSummary", static_cast<unsigned char>(0));
+  }
+  return gpu;
+}
+
+// Turns each nvlinkPeers entry (a GPU UUID or a PCI bus id) into what
+// nvmlDeviceGetNvLinkRemotePciInfo_v2 reports: the remote's PCI info without pciSubSystemId.
+void ResolvePeers(Config& config) {
+  for (std::size_t i = 0; i < config.gpus.size(); ++i) {
+    Gpu& gpu = config.gpus[i];
+    for (const std::string& name : gpu.nvlink_peer_names) {
+      const Gpu* peer = nullptr;
+      const auto address = ParsePciBusId(name);
+      for (const Gpu& other : config.gpus) {
+        const bool same_bus = address && other.address.domain == address->domain &&
+                              other.address.bus == address->bus && other.address.device == address->device;
+        if (other.uuid == name || same_bus) peer = &other;
+      }
+      if (peer == nullptr && !address) {
+        throw ConfigError(nvml::kErrorUnknown, "gpus[" + std::to_string(i) + "].nvlinkPeers: \"" + name +
+                                                   "\" is neither a configured GPU UUID nor a PCI bus id");
+      }
+      // A PCI address that is no configured GPU stands for another device (e.g. an NVSwitch).
+      gpu.nvlink_remote.push_back(peer != nullptr ? MakePciInfo(peer->address, peer->pci.pciDeviceId, 0)
+                                                  : MakePciInfo(*address, 0, 0));
+    }
+  }
+}
+
+Config LoadConfig() {
+  const char* path = std::getenv("FAKE_NVML_CONFIG");
+  if (path == nullptr || *path == '\0') {
+    throw ConfigError(nvml::kErrorDriverNotLoaded, "FAKE_NVML_CONFIG is not set (it names the GPU description JSON file)");
+  }
+  const std::string file = path;
+  std::ifstream in(file);
+  if (!in) {
+    throw ConfigError(nvml::kErrorDriverNotLoaded, "cannot read FAKE_NVML_CONFIG file " + file + ": " + std::strerror(errno));
+  }
+  try {
+    const Json j = Json::parse(in);
+    CheckKeys(j, {"driverVersion", "cudaDriverVersion", "gpus"}, "top level");
+    Config config;
+    config.driver_version = j.value("driverVersion", std::string(kDefaultDriverVersion));
+    config.cuda_driver_version = j.value("cudaDriverVersion", kDefaultCudaDriverVersion);
+    const Json& gpus = j.at("gpus");
+    if (!gpus.is_array()) throw ConfigError(nvml::kErrorUnknown, "gpus must be an array");
+    for (std::size_t i = 0; i < gpus.size(); ++i) config.gpus.push_back(ParseGpu(gpus[i], i));
+    std::set<std::string> uuids;
+    std::set<std::string> bus_ids;
+    std::set<unsigned int> minors;
+    for (const Gpu& gpu : config.gpus) {
+      if (!uuids.insert(gpu.uuid).second) throw ConfigError(nvml::kErrorUnknown, "duplicate uuid " + gpu.uuid);
+      if (!bus_ids.insert(gpu.pci.busId).second) throw ConfigError(nvml::kErrorUnknown, std::string("duplicate pciBusId ") + gpu.pci.busId);
+      if (!minors.insert(gpu.minor).second) throw ConfigError(nvml::kErrorUnknown, "duplicate minor " + std::to_string(gpu.minor));
+    }
+    ResolvePeers(config);
+    return config;
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.code, "invalid FAKE_NVML_CONFIG file " + file + ": " + e.what());
+  } catch (const Json::exception& e) {
+    throw ConfigError(nvml::kErrorUnknown, "invalid FAKE_NVML_CONFIG file " + file + ": " + e.what());
+  }
+}
+
+Return CopyString(const std::string& value, char* out, unsigned int length) {
+  if (out == nullptr) return nvml::kErrorInvalidArgument;
+  if (value.size() + 1 > length) return nvml::kErrorInsufficientSize;
+  std::memcpy(out, value.c_str(), value.size() + 1);
+  return nvml::kSuccess;
+}
+
+bool IsKnownFunction(std::string_view name) {
+  for (const auto& symbol : nvml::kSymbols) {
+    if (symbol.name == name) return true;
+  }
+  return false;
+}
+
+// ---- Control socket -------------------------------------------------------------------------
+
+// A unix datagram socket at FAKE_NVML_CONTROL; one JSON command per datagram. A sender that
+// bound its own address (fakenvmlctl.py binds an abstract one) gets a JSON reply.
+class ControlServer {
+ public:
+  using Handler = std::string (*)(std::string_view command);
+
+  static std::unique_ptr<ControlServer> Start(const std::string& path, Handler handler, std::string* error) {
+    std::unique_ptr<ControlServer> server(new ControlServer(path, handler));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path)) {
+      *error = "control socket path " + path + " is too long";
+      return nullptr;
+    }
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    server->sock_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (server->sock_fd_ < 0 || server->wake_fd_ < 0) {
+      *error = std::string("cannot create control socket: ") + std::strerror(errno);
+      return nullptr;
+    }
+    // A socket left behind by a crashed run would make bind fail with EADDRINUSE.
+    ::unlink(path.c_str());
+    if (::bind(server->sock_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+      *error = "cannot bind control socket " + path + ": " + std::strerror(errno);
+      return nullptr;
+    }
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      server->inode_ = st.st_ino;
+      server->dev_ = st.st_dev;
+    }
+    server->thread_ = std::thread([s = server.get()] { s->Run(); });
+    return server;
+  }
+
+  ~ControlServer() {
+    if (thread_.joinable()) {
+      const std::uint64_t one = 1;
+      // Ignoring a short write is safe: the eventfd counter cannot overflow from one write.
+      [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+      thread_.join();
+    }
+    if (sock_fd_ >= 0) ::close(sock_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    // Remove the socket only if it is still ours: a newer nvmlInit may already have bound a
+    // fresh socket at the same path while this one was shutting down.
+    struct stat st {};
+    if (inode_ != 0 && ::stat(path_.c_str(), &st) == 0 && st.st_ino == inode_ && st.st_dev == dev_) {
+      ::unlink(path_.c_str());
+    }
+  }
+
+  ControlServer(const ControlServer&) = delete;
+  ControlServer& operator=(const ControlServer&) = delete;
+
+ private:
+  ControlServer(std::string path, Handler handler) : path_(std::move(path)), handler_(handler) {}
+
+  void Run() {
+    std::vector<char> buffer(64 * 1024);
+    while (true) {
+      pollfd fds[2] = {{sock_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        std::fprintf(stderr, "fake_nvml: control socket poll failed: %s\n", std::strerror(errno));
+        return;
+      }
+      if (fds[1].revents != 0) return;
+      if (fds[0].revents == 0) continue;
+      sockaddr_un from{};
+      socklen_t from_len = sizeof(from);
+      const ssize_t n = ::recvfrom(sock_fd_, buffer.data(), buffer.size(), MSG_DONTWAIT,
+                                   reinterpret_cast<sockaddr*>(&from), &from_len);
+      if (n < 0) continue;  // EAGAIN after a spurious wake-up
+      const std::string reply = handler_(std::string_view(buffer.data(), static_cast<std::size_t>(n)));
+      if (from_len > sizeof(sa_family_t)) {
+        // Best effort: a client that stopped listening must not stall the fake.
+        ::sendto(sock_fd_, reply.data(), reply.size(), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&from), from_len);
+      }
+    }
+  }
+
+  std::string path_;
+  Handler handler_;
+  int sock_fd_ = -1;
+  int wake_fd_ = -1;
+  ino_t inode_ = 0;
+  dev_t dev_ = 0;
+  std::thread thread_;
+};
+
+// ---- The fake library state ---------------------------------------------------------------------
+
+struct EventSetState {
+  std::map<std::size_t, unsigned long long> registered;  // GPU index -> event mask
+  std::deque<nvml::EventData> queue;
+  bool closed = false;
+  std::condition_variable cv;
+};
+
+class FakeNvml {
+ public:
+  ~FakeNvml() {
+    // At exit or dlclose: stop the control thread before the state it uses goes away.
+    std::unique_ptr<ControlServer> control;
+    {
+      std::lock_guard lock(mu_);
+      control = std::move(control_);
+    }
+  }
+
+  Return Init(std::string_view function, unsigned int flags) {
+    std::unique_lock lock(mu_);
+    if (const auto failure = Failure(function)) return *failure;
+    if (init_count_ > 0) {
+      ++init_count_;  // reference counted, as documented for nvmlInit_v2
+      return nvml::kSuccess;
+    }
+    Config config;
+    try {
+      config = LoadConfig();
+    } catch (const ConfigError& e) {
+      std::fprintf(stderr, "fake_nvml: %.*s failed: %s\n", static_cast<int>(function.size()), function.data(), e.what());
+      return e.code;
+    }
+    if (config.gpus.empty() && (flags & nvml::kInitFlagNoGpus) == 0) {
+      std::fprintf(stderr, "fake_nvml: %s lists no GPUs; init fails without NVML_INIT_FLAG_NO_GPUS\n",
+                   std::getenv("FAKE_NVML_CONFIG"));
+      return nvml::kErrorDriverNotLoaded;
+    }
+    if (const char* control_path = std::getenv("FAKE_NVML_CONTROL"); control_path != nullptr && *control_path != '\0') {
+      std::string error;
+      control_ = ControlServer::Start(control_path, &FakeNvml::HandleCommand, &error);
+      if (!control_) {
+        std::fprintf(stderr, "fake_nvml: FAKE_NVML_CONTROL: %s\n", error.c_str());
+        return nvml::kErrorUnknown;
+      }
+    }
+    config_ = std::move(config);
+    ++generation_;
+    init_count_ = 1;
+    return nvml::kSuccess;
+  }
+
+  Return Shutdown(std::string_view function) {
+    std::unique_ptr<ControlServer> stopping;
+    {
+      std::lock_guard lock(mu_);
+      if (const auto failure = Failure(function)) return *failure;
+      // "For backwards compatibility, no error is reported if nvmlShutdown() is called more
+      // times than nvmlInit()."
+      if (init_count_ == 0 || --init_count_ > 0) return nvml::kSuccess;
+      for (auto& [id, set] : event_sets_) {
+        set->closed = true;
+        set->cv.notify_all();
+      }
+      event_sets_.clear();
+      config_ = Config{};
+      stopping = std::move(control_);
+    }
+    // Joined outside the lock: the control thread may be waiting for it in a command.
+    stopping.reset();
+    return nvml::kSuccess;
+  }
+
+  // Runs `body(config)` for an initialized library after failure injection.
+  template <typename Body>
+  Return WithInit(std::string_view function, Body&& body) {
+    std::lock_guard lock(mu_);
+    if (const auto failure = Failure(function)) return *failure;
+    if (init_count_ == 0) return nvml::kErrorUninitialized;
+    return body(config_);
+  }
+
+  // Runs `body(gpu, index)` for a valid device handle of the current init generation.
+  template <typename Body>
+  Return WithGpu(std::string_view function, nvml::Device device, Body&& body) {
+    return WithInit(function, [&](const Config& config) {
+      const auto index = IndexOf(device, config);
+      if (!index) return nvml::kErrorInvalidArgument;
+      return body(config.gpus[*index], *index);
+    });
+  }
+
+  // Handles encode (init generation, GPU index) instead of pointing at memory, so a handle kept
+  // across nvmlShutdown is rejected instead of dereferenced.
+  nvml::Device HandleOf(std::size_t index) const {
+    return reinterpret_cast<nvml::Device>(static_cast<std::uintptr_t>((generation_ << 16) | (index + 1)));
+  }
+
+  std::optional<std::size_t> IndexOf(nvml::Device device, const Config& config) const {
+    const auto value = reinterpret_cast<std::uintptr_t>(device);
+    const std::size_t index = (value & 0xFFFFu) - 1;
+    if ((value >> 16) != generation_ || (value & 0xFFFFu) == 0 || index >= config.gpus.size()) return std::nullopt;
+    return index;
+  }
+
+  Return EventSetCreate(std::string_view function, nvml::EventSet* set) {
+    return WithInit(function, [&](const Config&) {
+      if (set == nullptr) return nvml::kErrorInvalidArgument;
+      const std::uintptr_t id = next_event_set_id_++;
+      event_sets_.emplace(id, std::make_shared<EventSetState>());
+      *set = reinterpret_cast<nvml::EventSet>(id);
+      return nvml::kSuccess;
+    });
+  }
+
+  Return RegisterEvents(std::string_view function, nvml::Device device, unsigned long long types, nvml::EventSet set) {
+    return WithGpu(function, device, [&](const Gpu& gpu, std::size_t index) {
+      const auto it = event_sets_.find(reinterpret_cast<std::uintptr_t>(set));
+      if (it == event_sets_.end()) return nvml::kErrorInvalidArgument;
+      // "If function reports NVML_ERROR_NOT_SUPPORTED ... None of the requested eventTypes are
+      // registered in that case."
+      if ((types & ~gpu.supported_events) != 0) return nvml::kErrorNotSupported;
+      it->second->registered[index] |= types;
+      return nvml::kSuccess;
+    });
+  }
+
+  Return EventSetWait(std::string_view function, nvml::EventSet set, nvml::EventData* data, unsigned int timeout_ms) {
+    std::unique_lock lock(mu_);
+    if (const auto failure = Failure(function)) return *failure;
+    if (init_count_ == 0) return nvml::kErrorUninitialized;
+    const auto it = event_sets_.find(reinterpret_cast<std::uintptr_t>(set));
+    if (it == event_sets_.end() || data == nullptr) return nvml::kErrorInvalidArgument;
+    // Held while waiting: nvmlEventSetFree or nvmlShutdown may drop the set meanwhile.
+    const std::shared_ptr<EventSetState> state = it->second;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (true) {
+      if (state->closed) return init_count_ == 0 ? nvml::kErrorUninitialized : nvml::kErrorInvalidArgument;
+      if (!state->queue.empty()) {
+        *data = state->queue.front();
+        state->queue.pop_front();
+        return nvml::kSuccess;
+      }
+      // A failure injected while we wait (say GPU_IS_LOST) ends the wait, like a real error.
+      if (const auto failure = Failure(function)) return *failure;
+      if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout && state->queue.empty() &&
+          !state->closed && !Failure(function)) {
+        return nvml::kErrorTimeout;
+      }
+    }
+  }
+
+  Return EventSetFree(std::string_view function, nvml::EventSet set) {
+    return WithInit(function, [&](const Config&) {
+      const auto it = event_sets_.find(reinterpret_cast<std::uintptr_t>(set));
+      if (it == event_sets_.end()) return nvml::kErrorInvalidArgument;
+      it->second->closed = true;
+      it->second->cv.notify_all();
+      event_sets_.erase(it);
+      return nvml::kSuccess;
+    });
+  }
+
+  // Returns the NVML code and, through `delivered`, how many event sets got the event.
+  Return InjectXid(std::string_view gpu_name, unsigned long long xid, std::size_t* delivered) {
+    std::lock_guard lock(mu_);
+    *delivered = 0;
+    if (init_count_ == 0) return nvml::kErrorUninitialized;
+    const auto address = ParsePciBusId(gpu_name);
+    std::optional<std::size_t> index;
+    for (std::size_t i = 0; i < config_.gpus.size(); ++i) {
+      const PciAddress& a = config_.gpus[i].address;
+      const bool same_bus = address && a.domain == address->domain && a.bus == address->bus && a.device == address->device;
+      if (config_.gpus[i].uuid == gpu_name || same_bus) index = i;
+    }
+    if (!index) return nvml::kErrorNotFound;
+    for (auto& [id, set] : event_sets_) {
+      const auto reg = set->registered.find(*index);
+      if (reg == set->registered.end() || (reg->second & nvml::kEventTypeXidCriticalError) == 0) continue;
+      set->queue.push_back(nvml::EventData{HandleOf(*index), nvml::kEventTypeXidCriticalError, xid,
+                                           nvml::kInstanceIdNone, nvml::kInstanceIdNone});
+      set->cv.notify_all();
+      ++*delivered;
+    }
+    return nvml::kSuccess;
+  }
+
+  Return SetFailure(std::string_view function, Return code) {
+    if (function != "*" && !IsKnownFunction(function)) return nvml::kErrorInvalidArgument;
+    std::lock_guard lock(mu_);
+    failures_[std::string(function)] = code;
+    WakeAllWaiters();
+    return nvml::kSuccess;
+  }
+
+  Return ClearFailures() {
+    std::lock_guard lock(mu_);
+    failures_.clear();
+    return nvml::kSuccess;
+  }
+
+ private:
+  // Caller holds mu_.
+  std::optional<Return> Failure(std::string_view function) const {
+    if (failures_.empty()) return std::nullopt;
+    if (const auto it = failures_.find(function); it != failures_.end()) return it->second;
+    if (const auto it = failures_.find("*"); it != failures_.end()) return it->second;
+    return std::nullopt;
+  }
+
+  void WakeAllWaiters() {
+    for (auto& [id, set] : event_sets_) set->cv.notify_all();
+  }
+
+  static std::string HandleCommand(std::string_view text);
+
+  mutable std::mutex mu_;
+  int init_count_ = 0;
+  std::uintptr_t generation_ = 0;
+  Config config_;
+  std::uintptr_t next_event_set_id_ = 1;
+  std::map<std::uintptr_t, std::shared_ptr<EventSetState>> event_sets_;
+  std::map<std::string, Return, std::less<>> failures_;
+  // Last member: destroyed (thread joined) first.
+  std::unique_ptr<ControlServer> control_;
+};
+
+FakeNvml& Fake() {
+  static FakeNvml fake;
+  return fake;
+}
+
+// One control-socket command: {"injectXid":{"uuid":"GPU-…","xid":79}},
+// {"fail":{"function":"*","return":999}}, {"clearFailures":true} or {"ping":true}. Several keys
+// in one object run in order. The reply is {"ok":true} or {"ok":false,"error":"…"}.
+std::string FakeNvml::HandleCommand(std::string_view text) {
+  Json reply = {{"ok", true}};
+  try {
+    const Json command = Json::parse(text);
+    if (!command.is_object() || command.empty()) throw std::runtime_error("a command must be a non-empty JSON object");
+    for (const auto& [key, value] : command.items()) {
+      if (key == "injectXid") {
+        std::size_t delivered = 0;
+        const auto gpu = value.at("uuid").get<std::string>();
+        const Return rc = Fake().InjectXid(gpu, value.at("xid").get<unsigned long long>(), &delivered);
+        if (rc != nvml::kSuccess) throw std::runtime_error("injectXid " + gpu + ": NVML error " + std::to_string(rc));
+        reply["delivered"] = delivered;
+      } else if (key == "fail") {
+        const auto function = value.at("function").get<std::string>();
+        if (Fake().SetFailure(function, value.at("return").get<Return>()) != nvml::kSuccess) {
+          throw std::runtime_error("fail: unknown NVML function \"" + function + "\"");
+        }
+      } else if (key == "clearFailures") {
+        Fake().ClearFailures();
+      } else if (key != "ping") {
+        throw std::runtime_error("unknown command \"" + key + "\"");
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fake_nvml: control command %.*s: %s\n", static_cast<int>(text.size()), text.data(), e.what());
+    reply = {{"ok", false}, {"error", e.what()}};
+  }
+  return reply.dump();
+}
+
+const char* ErrorString(Return code) {
+  switch (code) {
+    case nvml::kSuccess: return "Success";
+    case nvml::kErrorUninitialized: return "Uninitialized";
+    case nvml::kErrorInvalidArgument: return "Invalid Argument";
+    case nvml::kErrorNotSupported: return "Not Supported";
+    case nvml::kErrorNoPermission: return "Insufficient Permissions";
+    case nvml::kErrorAlreadyInitialized: return "Already Initialized";
+    case nvml::kErrorNotFound: return "Not Found";
+    case nvml::kErrorInsufficientSize: return "Insufficient Size";
+    case nvml::kErrorInsufficientPower: return "Insufficient External Power";
+    case nvml::kErrorDriverNotLoaded: return "Driver Not Loaded";
+    case nvml::kErrorTimeout: return "Timeout";
+    case nvml::kErrorIrqIssue: return "Interrupt Request Issue";
+    case nvml::kErrorLibraryNotFound: return "NVML Shared Library Not Found";
+    case nvml::kErrorFunctionNotFound: return "Function Not Found";
+    case nvml::kErrorCorruptedInforom: return "Corrupted infoROM";
+    case nvml::kErrorGpuIsLost: return "GPU is lost";
+    case nvml::kErrorResetRequired: return "GPU requires restart";
+    case nvml::kErrorOperatingSystem: return "The operating system has blocked the request";
+    case nvml::kErrorLibRmVersionMismatch: return "RM has detected an NVML/RM version mismatch";
+    case nvml::kErrorInUse: return "In use by another client";
+    case nvml::kErrorMemory: return "Insufficient Memory";
+    case nvml::kErrorNoData: return "No Data";
+    case nvml::kErrorArgumentVersionMismatch: return "Argument version mismatch";
+    case nvml::kErrorDeprecated: return "Deprecated";
+    case nvml::kErrorNotReady: return "Not Ready";
+    case nvml::kErrorUnknown: return "Unknown Error";
+    default: return "Unknown Error";
+  }
+}
+
+}  // namespace
+}  // namespace gns::sim::fake_nvml
+
+// ---- Exported NVML entry points (exact C ABI; __func__ names the injected-failure key) --------
+
+namespace fake = gns::sim::fake_nvml;
+namespace nvml = gns::nvml;
+using nvml::Return;
+
+FAKE_NVML_EXPORT Return nvmlInit_v2() { return fake::Fake().Init(__func__, 0); }
+
+FAKE_NVML_EXPORT Return nvmlInitWithFlags(unsigned int flags) { return fake::Fake().Init(__func__, flags); }
+
+FAKE_NVML_EXPORT Return nvmlShutdown() { return fake::Fake().Shutdown(__func__); }
+
+FAKE_NVML_EXPORT const char* nvmlErrorString(Return result) { return fake::ErrorString(result); }
+
+FAKE_NVML_EXPORT Return nvmlSystemGetDriverVersion(char* version, unsigned int length) {
+  return fake::Fake().WithInit(__func__, [&](const fake::Config& c) { return fake::CopyString(c.driver_version, version, length); });
+}
+
+FAKE_NVML_EXPORT Return nvmlSystemGetCudaDriverVersion_v2(int* cuda_driver_version) {
+  return fake::Fake().WithInit(__func__, [&](const fake::Config& c) {
+    if (cuda_driver_version == nullptr) return nvml::kErrorInvalidArgument;
+    *cuda_driver_version = c.cuda_driver_version;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetCount_v2(unsigned int* device_count) {
+  return fake::Fake().WithInit(__func__, [&](const fake::Config& c) {
+    if (device_count == nullptr) return nvml::kErrorInvalidArgument;
+    *device_count = static_cast<unsigned int>(c.gpus.size());
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvml::Device* device) {
+  return fake::Fake().WithInit(__func__, [&](const fake::Config& c) {
+    if (device == nullptr || index >= c.gpus.size()) return nvml::kErrorInvalidArgument;
+    *device = fake::Fake().HandleOf(index);
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetHandleByUUID(const char* uuid, nvml::Device* device) {
+  return fake::Fake().WithInit(__func__, [&](const fake::Config& c) {
+    if (uuid == nullptr || device == nullptr) return nvml::kErrorInvalidArgument;
+    for (std::size_t i = 0; i < c.gpus.size(); ++i) {
+      if (c.gpus[i].uuid == uuid) {
+        *device = fake::Fake().HandleOf(i);
+        return nvml::kSuccess;
+      }
+    }
+    return nvml::kErrorNotFound;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetHandleByPciBusId_v2(const char* pci_bus_id, nvml::Device* device) {
+  return fake::Fake().WithInit(__func__, [&](const fake::Config& c) {
+    if (pci_bus_id == nullptr || device == nullptr) return nvml::kErrorInvalidArgument;
+    const auto address = fake::ParsePciBusId(pci_bus_id);
+    if (!address) return nvml::kErrorInvalidArgument;
+    for (std::size_t i = 0; i < c.gpus.size(); ++i) {
+      const fake::PciAddress& a = c.gpus[i].address;
+      if (a.domain == address->domain && a.bus == address->bus && a.device == address->device &&
+          a.function == address->function) {
+        *device = fake::Fake().HandleOf(i);
+        return nvml::kSuccess;
+      }
+    }
+    return nvml::kErrorNotFound;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetUUID(nvml::Device device, char* uuid, unsigned int length) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) { return fake::CopyString(g.uuid, uuid, length); });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetName(nvml::Device device, char* name, unsigned int length) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) { return fake::CopyString(g.name, name, length); });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetPciInfo_v3(nvml::Device device, nvml::PciInfo* pci) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (pci == nullptr) return nvml::kErrorInvalidArgument;
+    *pci = g.pci;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMinorNumber(nvml::Device device, unsigned int* minor_number) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (minor_number == nullptr) return nvml::kErrorInvalidArgument;
+    *minor_number = g.minor;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMemoryInfo(nvml::Device device, nvml::Memory* memory) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (memory == nullptr) return nvml::kErrorInvalidArgument;
+    *memory = nvml::Memory{g.memory_total, g.memory_total - g.memory_used, g.memory_used};
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMemoryInfo_v2(nvml::Device device, nvml::Memory_v2* memory) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (memory == nullptr) return nvml::kErrorInvalidArgument;
+    if (memory->version != nvml::kMemoryV2Version) return nvml::kErrorArgumentVersionMismatch;
+    memory->total = g.memory_total;
+    memory->reserved = g.memory_reserved;
+    memory->free = g.memory_total - g.memory_used;
+    memory->used = g.memory_used;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMemoryAffinity(nvml::Device device, unsigned int node_set_size,
+                                                    unsigned long* node_set, nvml::AffinityScope scope) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (node_set == nullptr || node_set_size == 0 ||
+        (scope != nvml::kAffinityScopeNode && scope != nvml::kAffinityScopeSocket)) {
+      return nvml::kErrorInvalidArgument;
+    }
+    if (g.numa_node < 0) return nvml::kErrorNotSupported;
+    constexpr unsigned int kBitsPerWord = 8 * sizeof(unsigned long);
+    const auto node = static_cast<unsigned int>(g.numa_node);
+    if (node / kBitsPerWord >= node_set_size) return nvml::kErrorInsufficientSize;
+    std::fill(node_set, node_set + node_set_size, 0UL);
+    node_set[node / kBitsPerWord] = 1UL << (node % kBitsPerWord);
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetNumaNodeId(nvml::Device device, unsigned int* node) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (node == nullptr) return nvml::kErrorInvalidArgument;
+    if (g.numa_node < 0) return nvml::kErrorNotSupported;
+    *node = static_cast<unsigned int>(g.numa_node);
+    return nvml::kSuccess;
+  });
+}
+
+// A GPU configured without nvlinkPeers has no NVLink (NOT_SUPPORTED, like a PCIe card); links
+// past the configured ones are inactive.
+FAKE_NVML_EXPORT Return nvmlDeviceGetNvLinkState(nvml::Device device, unsigned int link, nvml::EnableState* is_active) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (is_active == nullptr || link >= nvml::kNvLinkMaxLinks) return nvml::kErrorInvalidArgument;
+    if (g.nvlink_remote.empty()) return nvml::kErrorNotSupported;
+    *is_active = link < g.nvlink_remote.size() ? nvml::kFeatureEnabled : nvml::kFeatureDisabled;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetNvLinkRemotePciInfo_v2(nvml::Device device, unsigned int link, nvml::PciInfo* pci) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (pci == nullptr || link >= nvml::kNvLinkMaxLinks) return nvml::kErrorInvalidArgument;
+    if (link >= g.nvlink_remote.size()) return nvml::kErrorNotSupported;
+    *pci = g.nvlink_remote[link];
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetGpuFabricInfo(nvml::Device device, nvml::GpuFabricInfo* info) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (info == nullptr) return nvml::kErrorInvalidArgument;
+    if (!g.fabric.present) return nvml::kErrorNotSupported;
+    std::memcpy(info->clusterUuid, g.fabric.cluster_uuid.data(), nvml::kGpuFabricUuidLen);
+    info->status = g.fabric.status;
+    info->cliqueId = g.fabric.clique_id;
+    info->state = g.fabric.state;
+    return nvml::kSuccess;
+  });
+}
+
+// The caller picks the layout through `version`; v2 callers may pass a v2-sized buffer, so only
+// v2's bytes are written for the v2 tag.
+FAKE_NVML_EXPORT Return nvmlDeviceGetGpuFabricInfoV(nvml::Device device, nvml::GpuFabricInfoV* info) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (info == nullptr) return nvml::kErrorInvalidArgument;
+    if (!g.fabric.present) return nvml::kErrorNotSupported;
+    auto fill = [&](auto* out) {
+      std::memcpy(out->clusterUuid, g.fabric.cluster_uuid.data(), nvml::kGpuFabricUuidLen);
+      out->status = g.fabric.status;
+      out->cliqueId = g.fabric.clique_id;
+      out->state = g.fabric.state;
+      out->healthMask = g.fabric.health_mask;
+    };
+    if (info->version == nvml::kGpuFabricInfoV3Version) {
+      fill(info);
+      info->healthSummary = g.fabric.health_summary;
+      return nvml::kSuccess;
+    }
+    if (info->version == nvml::kGpuFabricInfoV2Version) {
+      fill(reinterpret_cast<nvml::GpuFabricInfo_v2*>(info));
+      return nvml::kSuccess;
+    }
+    return nvml::kErrorArgumentVersionMismatch;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlEventSetCreate(nvml::EventSet* set) { return fake::Fake().EventSetCreate(__func__, set); }
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetSupportedEventTypes(nvml::Device device, unsigned long long* event_types) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (event_types == nullptr) return nvml::kErrorInvalidArgument;
+    *event_types = g.supported_events;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceRegisterEvents(nvml::Device device, unsigned long long event_types, nvml::EventSet set) {
+  return fake::Fake().RegisterEvents(__func__, device, event_types, set);
+}
+
+FAKE_NVML_EXPORT Return nvmlEventSetWait_v2(nvml::EventSet set, nvml::EventData* data, unsigned int timeout_ms) {
+  return fake::Fake().EventSetWait(__func__, set, data, timeout_ms);
+}
+
+FAKE_NVML_EXPORT Return nvmlEventSetFree(nvml::EventSet set) { return fake::Fake().EventSetFree(__func__, set); }
+
+// ---- Control entry points -------------------------------------------------------------------
+
+FAKE_NVML_EXPORT int fakeNvmlInjectXid(const char* uuid, unsigned long long xid) {
+  if (uuid == nullptr) return nvml::kErrorInvalidArgument;
+  std::size_t delivered = 0;
+  return fake::Fake().InjectXid(uuid, xid, &delivered);
+}
+
+FAKE_NVML_EXPORT int fakeNvmlSetFailure(const char* function_name, int nvml_return) {
+  if (function_name == nullptr) return nvml::kErrorInvalidArgument;
+  return fake::Fake().SetFailure(function_name, nvml_return);
+}
+
+FAKE_NVML_EXPORT int fakeNvmlClearFailures() { return fake::Fake().ClearFailures(); }
+
+// Every symbol the daemon resolves is exported here with exactly the type nvml_abi.hpp gives it.
+#define GNS_FAKE_NVML_CHECK(symbol, type, required) \
+  static_assert(std::is_same_v<decltype(&::symbol), nvml::type>, #symbol " does not match nvml_abi.hpp");
+GNS_NVML_FUNCTIONS(GNS_FAKE_NVML_CHECK)
+#undef GNS_FAKE_NVML_CHECK
+
+static_assert(std::is_same_v<decltype(&::fakeNvmlInjectXid), fakeNvmlInjectXid_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlSetFailure), fakeNvmlSetFailure_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlClearFailures), fakeNvmlClearFailures_t>);

@@ -1,0 +1,103 @@
+#!/usr/bin/python3
+"""Send commands to a running fake NVML (tools/sim/fake_nvml) through its control socket.
+
+The fake creates a unix datagram socket at $FAKE_NVML_CONTROL when the process using it calls
+nvmlInit. Each command is one JSON datagram; this tool binds an abstract address so the fake can
+reply, and exits 0 when the reply says ok, 1 when it reports an error, 2 on no reply.
+
+Examples:
+  fakenvmlctl.py inject-xid GPU-3f8a1c52-7e00-4b9d-9c1e-5a7d2e8f6b10 79
+  fakenvmlctl.py fail '*' UNKNOWN          # every NVML call returns 999
+  fakenvmlctl.py fail nvmlEventSetWait_v2 GPU_IS_LOST
+  fakenvmlctl.py clear-failures
+  fakenvmlctl.py raw '{"ping": true}'
+
+Standard library only (run with /usr/bin/python3).
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+# NVML return codes by name (nvml.h nvmlReturn_t), for `fail`.
+RETURN_CODES = {
+    "SUCCESS": 0, "UNINITIALIZED": 1, "INVALID_ARGUMENT": 2, "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4, "ALREADY_INITIALIZED": 5, "NOT_FOUND": 6, "INSUFFICIENT_SIZE": 7,
+    "INSUFFICIENT_POWER": 8, "DRIVER_NOT_LOADED": 9, "TIMEOUT": 10, "IRQ_ISSUE": 11,
+    "LIBRARY_NOT_FOUND": 12, "FUNCTION_NOT_FOUND": 13, "CORRUPTED_INFOROM": 14,
+    "GPU_IS_LOST": 15, "RESET_REQUIRED": 16, "OPERATING_SYSTEM": 17,
+    "LIB_RM_VERSION_MISMATCH": 18, "IN_USE": 19, "MEMORY": 20, "NO_DATA": 21,
+    "ARGUMENT_VERSION_MISMATCH": 25, "NOT_READY": 27, "UNKNOWN": 999,
+}
+
+
+def return_code(text):
+    name = text.upper().removeprefix("NVML_").removeprefix("ERROR_")
+    if name in RETURN_CODES:
+        return RETURN_CODES[name]
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an NVML return code: {text}")
+
+
+def build_command(args):
+    if args.command == "inject-xid":
+        return {"injectXid": {"uuid": args.gpu, "xid": args.xid}}
+    if args.command == "fail":
+        return {"fail": {"function": args.function, "return": args.code}}
+    if args.command == "clear-failures":
+        return {"clearFailures": True}
+    if args.command == "ping":
+        return {"ping": True}
+    return json.loads(args.json)
+
+
+def send(path, command, timeout, wait):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        if wait:
+            # An abstract address (leading NUL): nothing to clean up on the file system.
+            sock.bind("\0fakenvmlctl-%d-%s" % (os.getpid(), os.urandom(4).hex()))
+        sock.settimeout(timeout)
+        sock.sendto(json.dumps(command).encode(), path)
+        if not wait:
+            return None
+        return json.loads(sock.recv(65536).decode())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", default=os.environ.get("FAKE_NVML_CONTROL"),
+                        help="control socket path (default: $FAKE_NVML_CONTROL)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
+    parser.add_argument("--no-wait", action="store_true", help="send without waiting for a reply")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inject-xid", help="queue an Xid event for a GPU (UUID or PCI bus id)")
+    p.add_argument("gpu")
+    p.add_argument("xid", type=int)
+    p = sub.add_parser("fail", help="make an NVML function ('*' = all) return an error")
+    p.add_argument("function")
+    p.add_argument("code", type=return_code, help="NVML return code: number or name (GPU_IS_LOST)")
+    sub.add_parser("clear-failures", help="remove every injected failure")
+    sub.add_parser("ping", help="check that the fake is listening")
+    p = sub.add_parser("raw", help="send a JSON command as is")
+    p.add_argument("json")
+    args = parser.parse_args(argv)
+
+    if not args.socket:
+        parser.error("no control socket: pass --socket or set FAKE_NVML_CONTROL")
+    try:
+        reply = send(args.socket, build_command(args), args.timeout, not args.no_wait)
+    except (OSError, ValueError) as e:
+        print(f"fakenvmlctl: {args.socket}: {e}", file=sys.stderr)
+        return 2
+    if reply is None:
+        return 0
+    print(json.dumps(reply))
+    return 0 if reply.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
