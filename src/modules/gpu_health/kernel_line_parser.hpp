@@ -1,0 +1,128 @@
+// Classifies one kernel log message (journald MESSAGE) for the gpu-health module: NVRM Xid
+// reports, the "GPU at PCI:… GPU-<uuid>" line that teaches PCI → UUID, "fallen off the bus"
+// reports and the GPU reset acknowledgement written by the reset job.
+//
+// The parser is pure and framework-free (no Asio, no logging) so the fuzz target can compile
+// it alone. It never throws on input and never allocates except for the strings it returns,
+// whose sizes are capped (kMax*Bytes), so a hostile or corrupted message cannot make it grow.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+namespace gns::gpu_health {
+
+// Caps on what a parsed line may carry. Longer text is cut at a UTF-8 boundary and flagged.
+inline constexpr std::size_t kMaxDetailBytes = 1024;
+inline constexpr std::size_t kMaxProcessNameBytes = 256;
+// "GPU-" + 36 characters is what drivers print today; leave room for longer forms.
+inline constexpr std::size_t kMaxUuidBytes = 64;
+
+// A PCI bus address. Kernel Xid lines print domain:bus:device without the function
+// ("0000:3b:00"); NVML prints an 8-digit domain and the function ("00000000:3B:00.0").
+// Compare GPUs with SameDevice()/DeviceKey(), never by text.
+struct PciAddress {
+  uint32_t domain = 0;
+  uint8_t bus = 0;
+  uint8_t device = 0;
+  uint8_t function = 0;
+  bool has_function = false;
+
+  // True when domain, bus and device match. The function is ignored on purpose: the Xid
+  // line never prints it, and a GPU is function 0 anyway.
+  [[nodiscard]] bool SameDevice(const PciAddress& other) const noexcept;
+  // (domain, bus, device) packed into one integer, for maps keyed by GPU.
+  [[nodiscard]] uint64_t DeviceKey() const noexcept;
+  // "dddd:bb:dd" in lowercase hex (domain at least 4 digits): the form Xid lines use and
+  // NVSentinel reports as the PCI entity.
+  [[nodiscard]] std::string ToString() const;
+};
+
+// Parses a whole string as "domain:bus:device[.function]" (hex, any case, domain 1–8 digits)
+// or lspci's short "bus:device.function". Returns nullopt for anything else.
+[[nodiscard]] std::optional<PciAddress> ParsePciAddress(std::string_view text) noexcept;
+
+enum class LineKind : uint8_t {
+  kUnrelated,     // not one of ours: the common case
+  kXid,           // NVRM: Xid (PCI:…): N, …
+  kGpuUuid,       // NVRM: GPU at PCI:…: GPU-<uuid>
+  kFallenOffBus,  // NVRM: GPU … has fallen off the bus / … fallen off the bus and is not responding
+  kResetAck,      // GPU reset executed|occurred: GPU-<uuid>[, success: true|false]
+  kMalformed,     // began like one of the above but did not parse
+};
+
+[[nodiscard]] std::string_view LineKindName(LineKind kind) noexcept;
+
+struct XidLine {
+  PciAddress pci;
+  uint32_t xid = 0;
+  // Absent when the driver printed pid='<unknown>' or an old format without pid=.
+  std::optional<uint32_t> pid;
+  // Absent when the driver printed name=<unknown> or an old format without name=.
+  // Cut at the first ", " (the driver does not escape it); sanitised to printable UTF-8.
+  std::optional<std::string> process_name;
+  // MIG attribution ("GPU-I:nn", "GPU-CI:nn") when the driver printed it.
+  std::optional<uint32_t> gpu_instance;
+  std::optional<uint32_t> compute_instance;
+  // The free text after the fixed fields, up to the end of the line, sanitised.
+  std::string detail;
+  bool detail_truncated = false;
+};
+
+struct GpuUuidLine {
+  PciAddress pci;
+  std::string uuid;  // "GPU-…"
+};
+
+struct FallenOffBusLine {
+  // Absent when only the continuation line "NVRM: fallen off the bus and is not responding
+  // to commands." arrived (a syslog forwarder split the message).
+  std::optional<PciAddress> pci;
+};
+
+struct ResetAckLine {
+  std::string uuid;  // "GPU-…"
+  // The reset job's newer form says ", success: true|false"; the older forms say nothing.
+  std::optional<bool> success;
+};
+
+struct MalformedLine {
+  LineKind attempted = LineKind::kXid;  // what the line started like
+  std::size_t offset = 0;               // byte offset in the message where parsing stopped
+  std::string_view expected;            // static text: what should have been there
+  // "Xid line, byte 23: expected ':' after the PCI domain"
+  [[nodiscard]] std::string Reason() const;
+};
+
+struct ParsedLine {
+  std::variant<std::monostate, XidLine, GpuUuidLine, FallenOffBusLine, ResetAckLine, MalformedLine>
+      payload;
+
+  [[nodiscard]] LineKind kind() const noexcept;
+  [[nodiscard]] const XidLine* xid() const noexcept { return std::get_if<XidLine>(&payload); }
+  [[nodiscard]] const GpuUuidLine* gpu_uuid() const noexcept {
+    return std::get_if<GpuUuidLine>(&payload);
+  }
+  [[nodiscard]] const FallenOffBusLine* fallen_off_bus() const noexcept {
+    return std::get_if<FallenOffBusLine>(&payload);
+  }
+  [[nodiscard]] const ResetAckLine* reset_ack() const noexcept {
+    return std::get_if<ResetAckLine>(&payload);
+  }
+  [[nodiscard]] const MalformedLine* malformed() const noexcept {
+    return std::get_if<MalformedLine>(&payload);
+  }
+};
+
+// Classifies one message. The markers are searched, not anchored, because the text may
+// carry a "[  123.456] " or syslog prefix. A message holding several NVRM lines (journald
+// keeps a multi-line printk together) is classified by its first Xid line if it has one.
+// noexcept: every allocation is bounded by the caps above; running out of memory for a
+// kilobyte string terminates, like everywhere else in the daemon.
+[[nodiscard]] ParsedLine ParseKernelLine(std::string_view message) noexcept;
+
+}  // namespace gns::gpu_health

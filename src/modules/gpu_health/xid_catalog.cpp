@@ -1,0 +1,482 @@
+// Loading and validating the XID catalog and the site overrides with yaml-cpp. Values are
+// read from the scalar text rather than through Node::as<T>(), so that "13" in quotes, 0x0d,
+// 13.0 or "yes" are reported as mistakes instead of being converted behind the user's back.
+#include "modules/gpu_health/xid_catalog.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+namespace gns::gpu_health {
+namespace {
+
+struct ActionNameEntry {
+  RecommendedAction action;
+  std::string_view name;
+};
+
+constexpr std::array<ActionNameEntry, 10> kActionNames{{
+    {RecommendedAction::kNone, "NONE"},
+    {RecommendedAction::kComponentReset, "COMPONENT_RESET"},
+    {RecommendedAction::kContactSupport, "CONTACT_SUPPORT"},
+    {RecommendedAction::kRunFieldDiag, "RUN_FIELDDIAG"},
+    {RecommendedAction::kRestartVm, "RESTART_VM"},
+    {RecommendedAction::kRestartBm, "RESTART_BM"},
+    {RecommendedAction::kReplaceVm, "REPLACE_VM"},
+    {RecommendedAction::kRunDcgmEud, "RUN_DCGMEUD"},
+    {RecommendedAction::kRestartApp, "RESTART_APP"},
+    {RecommendedAction::kUnknown, "UNKNOWN"},
+}};
+
+constexpr std::string_view kActionChoices =
+    "NONE, COMPONENT_RESET, CONTACT_SUPPORT, RUN_FIELDDIAG, RESTART_VM, RESTART_BM, REPLACE_VM, "
+    "RUN_DCGMEUD, RESTART_APP";
+
+std::string Join(std::string_view prefix, std::string_view key) {
+  if (prefix.empty()) return std::string(key);
+  std::string out(prefix);
+  out += '.';
+  out += key;
+  return out;
+}
+
+std::string Index(std::string_view prefix, std::size_t i) {
+  std::string out(prefix);
+  out += '[';
+  out += std::to_string(i);
+  out += ']';
+  return out;
+}
+
+std::string Quoted(std::string_view text) {
+  constexpr std::size_t kMax = 40;
+  std::string out = "'";
+  out += text.substr(0, kMax);
+  if (text.size() > kMax) out += "...";
+  out += "'";
+  return out;
+}
+
+std::string Describe(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "nothing";
+  if (node.IsSequence()) return "a sequence";
+  if (node.IsMap()) return "a mapping";
+  if (node.Tag() == "!") return "the quoted string " + Quoted(node.Scalar());
+  return Quoted(node.Scalar());
+}
+
+// Reads typed values out of one YAML document and turns every problem into a ConfigError
+// that points at the node responsible.
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void Fail(const YAML::Mark& mark, std::string_view path, std::string message) const {
+    // A node without a position is the (empty) document itself: point at its start.
+    const bool known = !mark.is_null();
+    throw ConfigError(source_, known ? mark.line + 1 : 1, known ? mark.column + 1 : 1,
+                      path.empty() ? std::string("(root)") : std::string(path),
+                      std::move(message));
+  }
+  [[noreturn]] void Fail(const YAML::Node& at, std::string_view path, std::string message) const {
+    Fail(at.Mark(), path, std::move(message));
+  }
+
+  void RequireMap(const YAML::Node& node, std::string_view path) const {
+    if (!node.IsMap()) Fail(node, path, "expected a mapping, got " + Describe(node));
+  }
+  void RequireSequence(const YAML::Node& node, std::string_view path) const {
+    if (!node.IsSequence()) Fail(node, path, "expected a sequence, got " + Describe(node));
+  }
+
+  // The entries of a mapping by key, after rejecting non-scalar, duplicate and unknown keys.
+  struct Field {
+    YAML::Node key;
+    YAML::Node value;
+  };
+  std::map<std::string, Field> Fields(const YAML::Node& map, std::string_view path,
+                                      std::initializer_list<std::string_view> allowed) const {
+    RequireMap(map, path);
+    std::map<std::string, Field> out;
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const YAML::Node key = it->first;
+      if (!key.IsScalar()) Fail(key, path, "keys must be plain strings, got " + Describe(key));
+      const std::string name = key.Scalar();
+      const std::string key_path = Join(path, name);
+      bool ok = false;
+      for (std::string_view a : allowed) ok = ok || a == name;
+      if (!ok) {
+        std::string list;
+        for (std::string_view a : allowed) {
+          if (!list.empty()) list += ", ";
+          list += a;
+        }
+        Fail(key, key_path, "unknown key (allowed: " + list + ")");
+      }
+      if (auto seen = out.find(name); seen != out.end()) {
+        Fail(key, key_path,
+             "duplicate key (first at line " + std::to_string(seen->second.key.Mark().line + 1) +
+                 ")");
+      }
+      out.emplace(name, Field{key, it->second});
+    }
+    return out;
+  }
+
+  const Field& Require(const std::map<std::string, Field>& fields, const YAML::Node& map,
+                       std::string_view path, const std::string& name) const {
+    auto it = fields.find(name);
+    if (it == fields.end()) Fail(map, Join(path, name), "missing required key");
+    return it->second;
+  }
+
+  uint32_t Uint(const YAML::Node& node, std::string_view path, uint64_t min, uint64_t max,
+                std::string_view noun) const {
+    if (!node.IsScalar() || node.Tag() == "!") {
+      Fail(node, path, "expected an integer, got " + Describe(node));
+    }
+    const std::string& text = node.Scalar();
+    uint64_t value = 0;
+    const char* first = text.data();
+    const char* last = first + text.size();
+    auto [ptr, ec] = std::from_chars(first, last, value, 10);
+    if (text.empty() || ptr != last || ec == std::errc::invalid_argument) {
+      Fail(node, path, "expected an integer, got " + Quoted(text));
+    }
+    if (ec == std::errc::result_out_of_range || value < min || value > max) {
+      Fail(node, path,
+           std::string(noun) + " " + text + " is out of range (" + std::to_string(min) + "-" +
+               std::to_string(max) + ")");
+    }
+    return static_cast<uint32_t>(value);
+  }
+
+  uint32_t Xid(const YAML::Node& node, std::string_view path) const {
+    return Uint(node, path, 1, kMaxXid, "XID");
+  }
+
+  bool Bool(const YAML::Node& node, std::string_view path) const {
+    if (node.IsScalar() && node.Tag() != "!") {
+      const std::string& s = node.Scalar();
+      if (s == "true" || s == "True" || s == "TRUE") return true;
+      if (s == "false" || s == "False" || s == "FALSE") return false;
+    }
+    Fail(node, path, "expected true or false, got " + Describe(node));
+  }
+
+  std::string String(const YAML::Node& node, std::string_view path) const {
+    if (!node.IsScalar() || node.Scalar().empty()) {
+      Fail(node, path, "expected a non-empty string, got " + Describe(node));
+    }
+    return node.Scalar();
+  }
+
+  RecommendedAction Action(const YAML::Node& node, std::string_view path) const {
+    const std::string name = String(node, path);
+    auto action = ParseActionName(name);
+    if (!action || *action == RecommendedAction::kUnknown) {
+      Fail(node, path,
+           "unknown action " + Quoted(name) + " (expected one of " + std::string(kActionChoices) +
+               ")");
+    }
+    return *action;
+  }
+
+  std::chrono::milliseconds Duration(const YAML::Node& node, std::string_view path) const {
+    if (node.IsScalar()) {
+      if (auto d = ParseDuration(node.Scalar())) return *d;
+    }
+    Fail(node, path,
+         "expected a duration like 30s, 10m or 1h30m (more than 0, at most 7 days), got " +
+             Describe(node));
+  }
+
+ private:
+  std::string source_;
+};
+
+YAML::Node ParseDocument(std::string_view yaml, const std::string& source) {
+  try {
+    return YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    const bool known = !e.mark.is_null();
+    throw ConfigError(source, known ? e.mark.line + 1 : 0, known ? e.mark.column + 1 : 0,
+                      "(syntax)", e.msg);
+  }
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path, 0, 0, "(file)", std::string("cannot open: ") + std::strerror(errno));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw ConfigError(path, 0, 0, "(file)", "read error");
+  return buf.str();
+}
+
+}  // namespace
+
+std::string_view ActionName(RecommendedAction action) noexcept {
+  for (const auto& entry : kActionNames) {
+    if (entry.action == action) return entry.name;
+  }
+  return "UNKNOWN";
+}
+
+std::optional<RecommendedAction> ParseActionName(std::string_view name) noexcept {
+  for (const auto& entry : kActionNames) {
+    if (entry.name == name) return entry.action;
+  }
+  return std::nullopt;
+}
+
+bool ActsOnDevice(RecommendedAction action) noexcept {
+  switch (action) {
+    case RecommendedAction::kNone:
+    case RecommendedAction::kRestartApp:
+    case RecommendedAction::kUnknown:
+      return false;
+    default:
+      return true;
+  }
+}
+
+ConfigError::ConfigError(std::string file, int line, int column, std::string key_path,
+                         std::string message)
+    : std::runtime_error(file + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " +
+                         key_path + ": " + message),
+      file_(std::move(file)),
+      line_(line),
+      column_(column),
+      key_path_(std::move(key_path)),
+      message_(std::move(message)) {}
+
+XidCatalog XidCatalog::LoadFile(const std::string& path) {
+  return LoadString(ReadWholeFile(path), path);
+}
+
+XidCatalog XidCatalog::LoadString(std::string_view yaml, std::string_view source_name) {
+  const std::string source(source_name);
+  const Reader r(source);
+  const YAML::Node root = ParseDocument(yaml, source);
+  if (!root.IsMap()) r.Fail(root, "", "expected a mapping with version and xids, got " + Describe(root));
+
+  const auto fields = r.Fields(root, "", {"version", "source", "xids"});
+  const auto& version = r.Require(fields, root, "", "version");
+  if (r.Uint(version.value, "version", 0, std::numeric_limits<uint32_t>::max(), "version") != 1) {
+    r.Fail(version.value, "version", "unsupported version (expected 1)");
+  }
+
+  XidCatalog catalog;
+  if (auto it = fields.find("source"); it != fields.end()) {
+    catalog.source_ = r.String(it->second.value, "source");
+  }
+
+  const auto& xids = r.Require(fields, root, "", "xids");
+  r.RequireSequence(xids.value, "xids");
+  if (xids.value.size() == 0) r.Fail(xids.value, "xids", "the catalog has no entries");
+
+  std::map<uint32_t, int> first_line;
+  for (std::size_t i = 0; i < xids.value.size(); ++i) {
+    const YAML::Node item = xids.value[i];
+    const std::string path = Index("xids", i);
+    const auto f = r.Fields(item, path,
+                            {"xid", "mnemonic", "description", "fatal", "action", "nvidia_bucket"});
+    XidInfo info;
+    const auto& xid = r.Require(f, item, path, "xid");
+    info.xid = r.Xid(xid.value, Join(path, "xid"));
+    if (auto seen = first_line.find(info.xid); seen != first_line.end()) {
+      r.Fail(xid.value, Join(path, "xid"),
+             "duplicate XID " + std::to_string(info.xid) + " (first defined at line " +
+                 std::to_string(seen->second) + ")");
+    }
+    first_line.emplace(info.xid, xid.value.Mark().line + 1);
+    info.mnemonic = r.String(r.Require(f, item, path, "mnemonic").value, Join(path, "mnemonic"));
+    info.description =
+        r.String(r.Require(f, item, path, "description").value, Join(path, "description"));
+    info.fatal = r.Bool(r.Require(f, item, path, "fatal").value, Join(path, "fatal"));
+    const auto& action = r.Require(f, item, path, "action");
+    info.action = r.Action(action.value, Join(path, "action"));
+    if (info.fatal && !ActsOnDevice(info.action)) {
+      r.Fail(action.value, Join(path, "action"),
+             "a fatal XID needs an action that acts on the device, not " +
+                 std::string(ActionName(info.action)));
+    }
+    if (auto it = f.find("nvidia_bucket"); it != f.end()) {
+      info.nvidia_bucket = r.String(it->second.value, Join(path, "nvidia_bucket"));
+    }
+    catalog.entries_.emplace(info.xid, std::move(info));
+  }
+  return catalog;
+}
+
+XidLookup XidCatalog::Lookup(uint32_t xid) const noexcept {
+  XidLookup out;
+  out.xid = xid;
+  if (const XidInfo* info = Find(xid)) {
+    out.known = true;
+    out.fatal = info->fatal;
+    out.action = info->action;
+    out.mnemonic = info->mnemonic;
+    out.description = info->description;
+    return out;
+  }
+  out.known = false;
+  out.fatal = true;
+  out.action = RecommendedAction::kContactSupport;
+  out.mnemonic = "UNKNOWN_XID";
+  out.description = "XID not in the catalog";
+  return out;
+}
+
+const XidInfo* XidCatalog::Find(uint32_t xid) const noexcept {
+  auto it = entries_.find(xid);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source_name,
+                                 std::string_view key_prefix) {
+  SiteOverrides out;
+  if (!node.IsDefined() || node.IsNull()) return out;
+  const Reader r{std::string(source_name)};
+  const auto fields = r.Fields(node, key_prefix, {"ignore", "critical", "thresholds", "dedup_window"});
+
+  // Where each XID was first listed, to reject one XID in two lists.
+  struct Listed {
+    std::string list;
+    int line;
+  };
+  std::map<uint32_t, Listed> listed;
+  auto claim = [&](uint32_t xid, const YAML::Node& at, const std::string& path,
+                   const std::string& list) {
+    if (auto it = listed.find(xid); it != listed.end()) {
+      const std::string where =
+          it->second.list == list ? "already listed" : "also listed in " + it->second.list;
+      r.Fail(at, path,
+             "XID " + std::to_string(xid) + " is " + where + " (line " +
+                 std::to_string(it->second.line) +
+                 "); an XID may appear once, in one of ignore, critical and thresholds");
+    }
+    listed.emplace(xid, Listed{list, at.Mark().line + 1});
+  };
+
+  if (auto it = fields.find("ignore"); it != fields.end()) {
+    const std::string path = Join(key_prefix, "ignore");
+    const YAML::Node seq = it->second.value;
+    r.RequireSequence(seq, path);
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      const std::string item_path = Index(path, i);
+      const uint32_t xid = r.Xid(seq[i], item_path);
+      claim(xid, seq[i], item_path, "ignore");
+      out.ignore.insert(xid);
+    }
+  }
+
+  if (auto it = fields.find("critical"); it != fields.end()) {
+    const std::string path = Join(key_prefix, "critical");
+    const YAML::Node seq = it->second.value;
+    r.RequireSequence(seq, path);
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      const YAML::Node item = seq[i];
+      const std::string item_path = Index(path, i);
+      uint32_t xid = 0;
+      std::optional<RecommendedAction> action;
+      YAML::Node xid_node = item;
+      std::string xid_path = item_path;
+      if (item.IsMap()) {
+        const auto f = r.Fields(item, item_path, {"xid", "action"});
+        xid_node = r.Require(f, item, item_path, "xid").value;
+        xid_path = Join(item_path, "xid");
+        xid = r.Xid(xid_node, xid_path);
+        if (auto a = f.find("action"); a != f.end()) {
+          const std::string action_path = Join(item_path, "action");
+          action = r.Action(a->second.value, action_path);
+          if (!ActsOnDevice(*action)) {
+            r.Fail(a->second.value, action_path,
+                   "a critical XID needs an action that acts on the device, not " +
+                       std::string(ActionName(*action)));
+          }
+        }
+      } else {
+        xid = r.Xid(item, item_path);
+      }
+      claim(xid, xid_node, xid_path, "critical");
+      out.critical.emplace(xid, action);
+    }
+  }
+
+  if (auto it = fields.find("thresholds"); it != fields.end()) {
+    const std::string path = Join(key_prefix, "thresholds");
+    const YAML::Node seq = it->second.value;
+    r.RequireSequence(seq, path);
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      const YAML::Node item = seq[i];
+      const std::string item_path = Index(path, i);
+      const auto f = r.Fields(item, item_path, {"xid", "count", "window"});
+      const YAML::Node xid_node = r.Require(f, item, item_path, "xid").value;
+      const uint32_t xid = r.Xid(xid_node, Join(item_path, "xid"));
+      XidThreshold t;
+      t.count = r.Uint(r.Require(f, item, item_path, "count").value, Join(item_path, "count"), 1,
+                       kMaxThresholdCount, "count");
+      t.window = r.Duration(r.Require(f, item, item_path, "window").value, Join(item_path, "window"));
+      claim(xid, xid_node, Join(item_path, "xid"), "thresholds");
+      out.thresholds.emplace(xid, t);
+    }
+  }
+
+  if (auto it = fields.find("dedup_window"); it != fields.end()) {
+    out.dedup_window = r.Duration(it->second.value, Join(key_prefix, "dedup_window"));
+  }
+  return out;
+}
+
+SiteOverrides LoadSiteOverridesString(std::string_view yaml, std::string_view source_name) {
+  const std::string source(source_name);
+  return ParseSiteOverrides(ParseDocument(yaml, source), source, "");
+}
+
+std::optional<std::chrono::milliseconds> ParseDuration(std::string_view text) noexcept {
+  if (text.empty()) return std::nullopt;
+  int64_t total_ms = 0;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    int64_t value = 0;
+    std::size_t digits = 0;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+      if (++digits > 9) return std::nullopt;  // keeps the sum far from overflow
+      value = value * 10 + (text[i] - '0');
+      ++i;
+    }
+    if (digits == 0) return std::nullopt;
+    int64_t unit_ms = 0;
+    if (text.substr(i).starts_with("ms")) {
+      unit_ms = 1;
+      i += 2;
+    } else if (i < text.size() && text[i] == 's') {
+      unit_ms = 1000;
+      ++i;
+    } else if (i < text.size() && text[i] == 'm') {
+      unit_ms = 60 * 1000;
+      ++i;
+    } else if (i < text.size() && text[i] == 'h') {
+      unit_ms = 60 * 60 * 1000;
+      ++i;
+    } else {
+      return std::nullopt;
+    }
+    total_ms += value * unit_ms;
+    if (total_ms > kMaxWindow.count()) return std::nullopt;
+  }
+  if (total_ms <= 0) return std::nullopt;
+  return std::chrono::milliseconds(total_ms);
+}
+
+}  // namespace gns::gpu_health

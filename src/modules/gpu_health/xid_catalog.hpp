@@ -1,0 +1,163 @@
+// What each XID means for the device and what to do about it (config/xid-catalog.yaml), plus
+// the site overrides a cluster operator layers on top. Loading validates everything and
+// reports each problem as "file:line:column: key path: what is wrong" (ConfigError), so a bad
+// file stops the daemon at start-up with a message that points at the offending character.
+//
+// Catalog file shape (all keys required unless marked optional; unknown keys are errors):
+//
+//   version: 1
+//   source: "free text"                  # optional: where the entries come from
+//   xids:
+//     - xid: 48                          # 1..kMaxXid, unique
+//       mnemonic: ROBUST_CHANNEL_GPU_ECC_DBE
+//       description: "Double Bit ECC Error"
+//       fatal: true                      # true: the device must be marked Unhealthy
+//       action: COMPONENT_RESET          # RecommendedAction name (NVSentinel's vocabulary)
+//       nvidia_bucket: WORKFLOW_XID_48   # optional: NVIDIA's own resolution bucket
+//
+// Site overrides shape (a YAML mapping; every key optional; unknown keys are errors):
+//
+//   ignore: [43, 63]                     # never act on, count or report these XIDs
+//   critical:                            # fatal on the first occurrence
+//     - 31                               #   action: the catalog's if it acts on the
+//     - {xid: 94, action: RESTART_BM}    #   device, else COMPONENT_RESET; or as given
+//   thresholds:                          # fatal once `count` occurrences on one GPU fall
+//     - {xid: 13, count: 3, window: 10m} # within `window`; below that they are only counted
+//   dedup_window: 5m                     # identical (GPU, XID) decisions are emitted at most
+//                                        # once per window (default 5m)
+//
+// An XID may appear in at most one of ignore, critical and thresholds. Durations are
+// <integer><unit> groups with units ms, s, m, h ("90s", "1h30m"), > 0 and at most 7 days.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace YAML {
+class Node;
+}
+
+namespace gns::gpu_health {
+
+// Largest XID number the catalog and overrides accept. NVIDIA's catalog ends in the 170s;
+// the margin leaves room for new drivers without accepting obvious garbage.
+inline constexpr uint32_t kMaxXid = 1023;
+// Largest `count` of a threshold: the policy keeps that many timestamps per (GPU, XID).
+inline constexpr uint32_t kMaxThresholdCount = 100;
+inline constexpr std::chrono::milliseconds kMaxWindow = std::chrono::hours(24 * 7);
+inline constexpr std::chrono::milliseconds kDefaultDedupWindow = std::chrono::minutes(5);
+
+// NVSentinel's HealthEvent RecommendedAction (data-models/protobufs/health_event.proto);
+// the numbers are the proto enum values so they can be sent as they are.
+enum class RecommendedAction : int {
+  kNone = 0,
+  kComponentReset = 2,
+  kContactSupport = 5,
+  kRunFieldDiag = 6,
+  kRestartVm = 15,
+  kRestartBm = 24,
+  kReplaceVm = 25,
+  kRunDcgmEud = 26,
+  kRestartApp = 39,
+  kUnknown = 99,
+};
+
+// "COMPONENT_RESET" etc. — the proto enum value names.
+[[nodiscard]] std::string_view ActionName(RecommendedAction action) noexcept;
+[[nodiscard]] std::optional<RecommendedAction> ParseActionName(std::string_view name) noexcept;
+// True for actions that take the device (or the machine) out of service; false for NONE,
+// RESTART_APP and UNKNOWN, which leave the GPU usable.
+[[nodiscard]] bool ActsOnDevice(RecommendedAction action) noexcept;
+
+// Every configuration problem. what() is "file:line:column: key path: message".
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string file, int line, int column, std::string key_path, std::string message);
+
+  [[nodiscard]] const std::string& file() const noexcept { return file_; }
+  [[nodiscard]] int line() const noexcept { return line_; }      // 1-based
+  [[nodiscard]] int column() const noexcept { return column_; }  // 1-based
+  [[nodiscard]] const std::string& key_path() const noexcept { return key_path_; }
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::string file_;
+  int line_;
+  int column_;
+  std::string key_path_;
+  std::string message_;
+};
+
+struct XidInfo {
+  uint32_t xid = 0;
+  std::string mnemonic;
+  std::string description;
+  bool fatal = false;
+  RecommendedAction action = RecommendedAction::kNone;
+  std::string nvidia_bucket;  // empty when the file does not say
+};
+
+// The answer to "what is XID n?". Views point into the catalog that produced it.
+struct XidLookup {
+  uint32_t xid = 0;
+  bool known = false;
+  bool fatal = false;
+  RecommendedAction action = RecommendedAction::kContactSupport;
+  std::string_view mnemonic;
+  std::string_view description;
+};
+
+class XidCatalog {
+ public:
+  XidCatalog() = default;
+
+  // Throws ConfigError (also when the file cannot be read).
+  static XidCatalog LoadFile(const std::string& path);
+  // `source_name` stands for the file name in error messages.
+  static XidCatalog LoadString(std::string_view yaml, std::string_view source_name);
+
+  // Unknown XIDs come back known=false, action CONTACT_SUPPORT, fatal: a driver that reports
+  // an XID we have no entry for is newer than our catalog, and a human should look.
+  [[nodiscard]] XidLookup Lookup(uint32_t xid) const noexcept;
+  [[nodiscard]] const XidInfo* Find(uint32_t xid) const noexcept;
+  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  [[nodiscard]] const std::string& source() const noexcept { return source_; }
+
+ private:
+  std::map<uint32_t, XidInfo> entries_;
+  std::string source_;
+};
+
+struct XidThreshold {
+  uint32_t count = 1;
+  std::chrono::milliseconds window{0};
+};
+
+struct SiteOverrides {
+  std::set<uint32_t> ignore;
+  // nullopt: use the catalog's action when it acts on the device, else COMPONENT_RESET.
+  std::map<uint32_t, std::optional<RecommendedAction>> critical;
+  std::map<uint32_t, XidThreshold> thresholds;
+  std::chrono::milliseconds dedup_window = kDefaultDedupWindow;
+};
+
+// `node` is the overrides mapping inside a larger document (a null node means "no
+// overrides"); `key_prefix` is its key path there (e.g. "modules.gpu_health.xid") and
+// prefixes every key path in errors. Throws ConfigError.
+[[nodiscard]] SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source_name,
+                                               std::string_view key_prefix);
+// The overrides as a document of their own (tests, a drop-in file).
+[[nodiscard]] SiteOverrides LoadSiteOverridesString(std::string_view yaml,
+                                                    std::string_view source_name);
+
+// "90s", "10m", "1h30m", "250ms" → milliseconds; nullopt when malformed, zero or above
+// kMaxWindow.
+[[nodiscard]] std::optional<std::chrono::milliseconds> ParseDuration(std::string_view text) noexcept;
+
+}  // namespace gns::gpu_health

@@ -1,0 +1,124 @@
+// Decides what one XID occurrence on one GPU means, given the catalog and the site overrides:
+// ignore it, count it below a threshold, report it as non-fatal, or declare the device
+// Unhealthy with a recommended action. It also rate-limits: a flood of identical (GPU, XID)
+// occurrences yields the first decision, then at most one per dedup window (carrying how
+// many were swallowed), plus an immediate one when the verdict escalates.
+//
+// Pure: time comes in with each call (no clock reads), nothing is logged or published; not
+// thread-safe (one owner, the module's loop). Memory is bounded: at most kMaxTrackedKeys
+// (GPU, XID) states, each holding at most the threshold's `count` timestamps, whatever the
+// input rate.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "modules/gpu_health/xid_catalog.hpp"
+
+namespace gns::gpu_health {
+
+// Microseconds since any fixed epoch (journald's __REALTIME_TIMESTAMP or
+// __MONOTONIC_TIMESTAMP both fit); only differences matter. A timestamp older than one already
+// seen for the same (GPU, XID) is treated as equal to it, so a clock step back cannot reopen
+// a window.
+using Timestamp = std::chrono::microseconds;
+
+enum class Verdict : uint8_t {
+  kIgnored,         // listed in the site's ignore list: no state, no event
+  kBelowThreshold,  // counted; not (yet) enough occurrences within the window
+  kNonFatal,        // reported; the device stays healthy (application error, informational)
+  kFatal,           // the device must be marked Unhealthy; `action` says what fixes it
+};
+
+[[nodiscard]] std::string_view VerdictName(Verdict verdict) noexcept;
+
+struct XidDecision {
+  Verdict verdict = Verdict::kIgnored;
+  RecommendedAction action = RecommendedAction::kNone;
+  bool known_xid = true;        // false: not in the catalog (CONTACT_SUPPORT, fatal)
+  std::string_view mnemonic;    // from the catalog; valid while the policy lives
+  uint32_t threshold = 0;       // the XID's threshold count, 0 when it has none
+  uint32_t count_in_window = 0; // occurrences inside the threshold window, this one included
+  bool emit = false;            // publish an event for this occurrence
+  uint64_t suppressed_before = 0;  // identical occurrences swallowed since the last emission
+};
+
+class XidPolicy {
+ public:
+  static constexpr std::size_t kMaxTrackedKeys = 1024;
+
+  XidPolicy(XidCatalog catalog, SiteOverrides overrides);
+  // lru_ points into states_: a copy would point into the original.
+  XidPolicy(const XidPolicy&) = delete;
+  XidPolicy& operator=(const XidPolicy&) = delete;
+  XidPolicy(XidPolicy&&) = default;
+  XidPolicy& operator=(XidPolicy&&) = default;
+
+  // `gpu_id` is whatever the caller keys devices by (UUID, or PCI address until the UUID is
+  // known); it is copied only when a new (GPU, XID) state is created.
+  XidDecision Decide(std::string_view gpu_id, uint32_t xid, Timestamp at);
+
+  // Drops every state of one GPU (after a successful reset: counts start again).
+  void ForgetGpu(std::string_view gpu_id);
+
+  [[nodiscard]] const XidCatalog& catalog() const noexcept { return catalog_; }
+  [[nodiscard]] const SiteOverrides& overrides() const noexcept { return overrides_; }
+  // Introspection for tests and metrics.
+  [[nodiscard]] std::size_t TrackedKeys() const noexcept { return states_.size(); }
+  [[nodiscard]] std::size_t TrackedTimestamps() const noexcept;
+  [[nodiscard]] uint64_t Evictions() const noexcept { return evictions_; }
+
+ private:
+  struct Key {
+    std::string gpu;
+    uint32_t xid;
+  };
+  struct KeyView {
+    std::string_view gpu;
+    uint32_t xid;
+  };
+  // Orders by GPU, then XID, so one GPU's states are contiguous (ForgetGpu); transparent so
+  // lookups by KeyView do not allocate.
+  struct KeyLess {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const noexcept {
+      const std::string_view ga(a.gpu);
+      const std::string_view gb(b.gpu);
+      if (ga != gb) return ga < gb;
+      return a.xid < b.xid;
+    }
+  };
+  struct State {
+    Timestamp latest{};
+    Timestamp last_emit{};
+    Verdict last_emitted = Verdict::kIgnored;
+    bool emitted = false;
+    uint64_t suppressed = 0;
+    // Ring of the most recent occurrence times, capacity = the threshold count.
+    std::vector<Timestamp> ring;
+    std::size_t head = 0;  // oldest entry
+    std::size_t size = 0;
+    // This state's place in lru_ (front = least recently used).
+    std::list<const Key*>::iterator lru;
+  };
+
+  State& StateFor(std::string_view gpu_id, uint32_t xid, Timestamp at);
+  static uint32_t CountWithin(State& s, Timestamp at, std::chrono::milliseconds window);
+
+  XidCatalog catalog_;
+  SiteOverrides overrides_;
+  std::map<Key, State, KeyLess> states_;
+  // Keys in order of last use, so eviction at the cap is O(log n) even under a flood of
+  // distinct keys. Map keys do not move, so pointers to them stay valid until erased.
+  std::list<const Key*> lru_;
+  uint64_t evictions_ = 0;
+};
+
+}  // namespace gns::gpu_health

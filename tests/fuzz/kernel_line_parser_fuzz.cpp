@@ -1,0 +1,77 @@
+// libFuzzer target for the kernel-line parser: any byte string must parse without a crash,
+// a sanitizer report or a broken invariant (capped, printable UTF-8 strings; offsets inside
+// the message). Built by run-fuzz.sh with clang++-14 -fsanitize=fuzzer,address,undefined.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "modules/gpu_health/kernel_line_parser.hpp"
+
+namespace {
+
+using gns::gpu_health::ParsedLine;
+
+// Well-formed UTF-8 with no control characters, as the parser promises for its strings.
+bool PrintableUtf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t len = 0;
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7F) return false;
+      len = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (std::size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+void Check(bool ok) {
+  if (!ok) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  const std::string_view message(reinterpret_cast<const char*>(data), size);
+  const ParsedLine parsed = gns::gpu_health::ParseKernelLine(message);
+
+  if (const auto* x = parsed.xid()) {
+    Check(x->detail.size() <= gns::gpu_health::kMaxDetailBytes);
+    Check(PrintableUtf8(x->detail));
+    if (x->process_name) {
+      Check(x->process_name->size() <= gns::gpu_health::kMaxProcessNameBytes);
+      Check(PrintableUtf8(*x->process_name));
+    }
+    Check(x->pci.device <= 0x1F && x->pci.function <= 7);
+  }
+  if (const auto* u = parsed.gpu_uuid()) {
+    Check(u->uuid.size() <= gns::gpu_health::kMaxUuidBytes && u->uuid.starts_with("GPU-"));
+  }
+  if (const auto* r = parsed.reset_ack()) {
+    Check(r->uuid.size() <= gns::gpu_health::kMaxUuidBytes && r->uuid.starts_with("GPU-"));
+  }
+  if (const auto* m = parsed.malformed()) {
+    Check(m->offset <= size && !m->expected.empty());
+    Check(!m->Reason().empty());
+  }
+
+  // The address parser on its own, and its round trip.
+  if (auto pci = gns::gpu_health::ParsePciAddress(message)) {
+    auto again = gns::gpu_health::ParsePciAddress(pci->ToString());
+    Check(again.has_value() && again->SameDevice(*pci));
+  }
+  return 0;
+}
