@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 
 namespace gns::test {
 
@@ -36,6 +37,15 @@ class LoopHarness {
   bool RunUntil(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20));
   // Runs every handler that is ready now (and those they make ready), without waiting.
   void Drain();
+
+  // Runs `fn` on another thread while this one turns the loop (for blocking clients of
+  // servers that live on the loop); returns its result.
+  template <typename Fn>
+  auto OffLoop(Fn fn, std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+    auto future = std::async(std::launch::async, std::move(fn));
+    RunUntil([&] { return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }, limit);
+    return future.get();
+  }
 };
 
 }  // namespace gns::test

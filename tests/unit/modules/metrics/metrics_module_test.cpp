@@ -8,7 +8,6 @@
 
 #include <gtest/gtest.h>
 
-#include <future>
 
 namespace gns::metrics {
 namespace {
@@ -36,12 +35,9 @@ class MetricsModuleTest : public ::testing::Test {
     module_.reset();
   }
 
-  // Runs the request on another thread while this one turns the loop.
   template <typename Fn>
   auto OffLoop(Fn fn) {
-    auto future = std::async(std::launch::async, fn);
-    EXPECT_TRUE(h_.RunUntil([&] { return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }));
-    return future.get();
+    return h_.OffLoop(std::move(fn));
   }
 
   test::HttpResult Get(const std::string& target, const std::string& method = "GET") {
