@@ -1,0 +1,452 @@
+// The gpu-inventory module: the loop side of NVML (state machine, publishing, metrics, logs).
+#include "modules/gpu_inventory/gpu_inventory_module.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace gns::gpu_inventory {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// A session that ran this long before failing was a success: its failure starts the backoff
+// from the beginning again.
+constexpr auto kStableSession = std::chrono::seconds(60);
+// The same error, or the same XID on the same GPU, is logged at most this often.
+constexpr auto kLogInterval = std::chrono::seconds(60);
+
+std::string Describe(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+GpuInventoryModule::Config GpuInventoryModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
+  Config config;
+  config.nvml_library = section.String("nvmlLibrary", std::string(nvml::kLibraryName));
+  if (config.nvml_library.empty()) section.Fail("nvmlLibrary", "must not be empty");
+  config.event_wait_timeout =
+      section.Duration("eventWaitTimeout", milliseconds(100), milliseconds(30000), milliseconds(5000));
+  {
+    auto backoff = section.Section("retryBackoff");
+    config.retry_backoff.initial =
+        backoff.Duration("initial", milliseconds(10), milliseconds(600000), milliseconds(1000));
+    config.retry_backoff.max = backoff.Duration("max", milliseconds(10), milliseconds(3600000), milliseconds(60000));
+    if (config.retry_backoff.max < config.retry_backoff.initial) {
+      backoff.Fail("max", "must not be less than retryBackoff.initial");
+    }
+    backoff.Finish();
+  }
+  config.refresh_interval =
+      section.Duration("refreshInterval", milliseconds(1000), milliseconds(3600000), milliseconds(60000));
+  return config;
+}
+
+GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& config)
+    : context_(context),
+      config_(config),
+      backoff_(config.retry_backoff),
+      retry_timer_(context.GetLoop().Io()),
+      refresh_timer_(context.GetLoop().Io()),
+      gpus_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_gpus",
+                                           "GPUs NVML reports (0 while NVML is unavailable)")),
+      nvml_up_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_nvml_up", "1 while NVML is loaded and usable")),
+      inventory_reads_(&context.Metrics().Counter("gpu_node_supervisor_nvml_inventory_reads_total",
+                                                  "Reads of every GPU through NVML (opens and refreshes)")) {}
+
+GpuInventoryModule::~GpuInventoryModule() {
+  *alive_ = false;
+  // Normally Stop() handed the session to the pool already. If not, close it there too: closing
+  // joins the waiter, which may block for one wait timeout.
+  if (session_) {
+    context_.Pool().Execute([session = std::move(session_)]() mutable { session.reset(); });
+  }
+}
+
+void GpuInventoryModule::Start() {
+  GNS_ASSERT_ON_LOOP(context_.GetLoop());
+  nvml_up_gauge_->Set(0);
+  gpus_gauge_->Set(0);
+  context_.SetHealth(ModuleHealth::kUnhealthy, "opening NVML");
+  release_sub_ = context_.GetBus().Subscribe<NvmlReleaseRequest>(
+      [this](const NvmlReleaseRequest& request) { OnReleaseRequest(request); });
+  Reconcile();
+}
+
+void GpuInventoryModule::Stop(std::function<void()> done) {
+  GNS_ASSERT_ON_LOOP(context_.GetLoop());
+  stopping_ = true;
+  release_sub_.Reset();
+  CancelRetry();
+  ++refresh_seq_;
+  refresh_timer_.cancel();
+  // Hands an idle session to the pool for closing. The close (joining the waiter, up to one
+  // wait timeout) is not waited for, so Stop always fits the supervisor's stop deadline; the
+  // runtime joins the pool before the process exits, so NVML is still shut down cleanly.
+  Reconcile();
+  PublishUnavailable("gpu-inventory stopped");
+  nvml_up_gauge_->Set(0);
+  gpus_gauge_->Set(0);
+  done();
+}
+
+void GpuInventoryModule::Reconcile() {
+  GNS_ASSERT_ON_LOOP(context_.GetLoop());
+  if (task_in_flight_) return;  // its completion calls back here
+  if (session_) {
+    if (stopping_ || released_ || session_failed_) StartClose();
+    return;
+  }
+  if (stopping_) return;
+  if (released_) {
+    if (!release_published_) {
+      release_published_ = true;
+      PublishUnavailable("released: " + release_reason_);
+      nvml_up_gauge_->Set(0);
+      gpus_gauge_->Set(0);
+      context_.SetHealth(ModuleHealth::kDegraded, "NVML released: " + release_reason_);
+      context_.Log().info("NVML released ({})", release_reason_);
+    }
+    return;
+  }
+  if (retry_pending_) return;
+  if (retry_due_) {
+    ScheduleRetry();
+    return;
+  }
+  StartOpen();
+}
+
+XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
+  // These run on the waiter thread: they only post, and the posted work checks that the module
+  // still exists before touching it.
+  Loop& loop = context_.GetLoop();
+  auto alive = alive_;
+  XidWaiter::Callbacks callbacks;
+  callbacks.armed = [&loop, alive, generation, this] {
+    loop.Post([alive, generation, this] {
+      if (*alive) OnArmed(generation);
+    });
+  };
+  callbacks.xid = [&loop, alive, this](XidEvent event) {
+    loop.Post([alive, event = std::move(event), this]() mutable {
+      if (*alive) OnXid(std::move(event));
+    });
+  };
+  callbacks.failed = [&loop, alive, generation, this](nvml::Return, std::string message) {
+    loop.Post([alive, generation, message = std::move(message), this]() mutable {
+      if (*alive) OnWaiterFailed(generation, std::move(message));
+    });
+  };
+  return callbacks;
+}
+
+void GpuInventoryModule::StartOpen() {
+  task_in_flight_ = true;
+  const uint64_t generation = ++generation_;
+  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, config_.event_wait_timeout};
+  BlockingPool* pool = &context_.Pool();
+  context_.Pool().Run(
+      [options = std::move(options)] { return NvmlSession::Open(options); },
+      [this, alive = alive_, pool, generation](NvmlSession::Opened opened, std::exception_ptr error) {
+        if (!*alive) {
+          // The module is gone: close what was opened for it, off the loop.
+          if (opened.session) pool->Execute([session = std::move(opened.session)]() mutable { session.reset(); });
+          return;
+        }
+        OnOpened(generation, std::move(opened), error);
+      });
+}
+
+void GpuInventoryModule::OnOpened(uint64_t generation, NvmlSession::Opened opened, std::exception_ptr error) {
+  task_in_flight_ = false;
+  if (error) opened.read.error = "opening NVML threw: " + Describe(error);
+  CountErrors(opened.read.failed_functions);
+  LogWarnings(opened.read.warnings);
+  if (opened.session) {
+    inventory_reads_->Inc();
+    session_ = std::move(opened.session);
+    session_failed_ = false;
+    armed_ = false;
+    pending_read_ = std::move(opened.read);
+    if (!stopping_ && !released_) {
+      try {
+        session_->StartWaiter(WaiterCallbacks(generation));
+      } catch (const std::exception& e) {  // std::thread could not start
+        session_failed_ = true;
+        RecordFailure(std::string("cannot start the NVML event thread: ") + e.what());
+      }
+    }
+    context_.Log().debug("NVML open (attempt {}): {} GPUs, waiting for the event set", generation,
+                         pending_read_.inventory.gpus.size());
+  } else if (!stopping_ && !released_) {
+    RecordFailure(opened.read.error);
+  }
+  Reconcile();
+}
+
+void GpuInventoryModule::OnArmed(uint64_t generation) {
+  if (generation != generation_ || !session_ || armed_ || session_failed_ || stopping_ || released_) return;
+  armed_ = true;
+  armed_at_ = context_.GetClock().Now();
+  PublishAvailable(pending_read_);
+  const auto& inventory = pending_read_.inventory;
+  context_.Log().info("NVML up ({}): {} GPUs, driver {}, clique {}", config_.nvml_library, inventory.gpus.size(),
+                      inventory.driver_version,
+                      pending_read_.clique.clique_id.empty() ? "none (" + pending_read_.clique.reason + ")"
+                                                             : pending_read_.clique.clique_id);
+  pending_read_ = {};
+  last_error_.clear();
+  suppressed_errors_ = 0;
+  context_.SetHealth(ModuleHealth::kOk);
+  ScheduleRefresh();
+}
+
+void GpuInventoryModule::OnXid(XidEvent event) {
+  if (stopping_) return;
+  XidObservation observation;
+  observation.uuid = std::move(event.uuid);
+  observation.xid = event.xid;
+  observation.gpu_instance = event.gpu_instance;
+  observation.compute_instance = event.compute_instance;
+  observation.observed_unix_ms =
+      std::chrono::duration_cast<milliseconds>(context_.GetClock().WallNow().time_since_epoch()).count();
+  context_.Metrics()
+      .Counter("gpu_node_supervisor_nvml_xid_events_total", "XID events reported by NVML",
+               {{"gpu", observation.uuid}, {"xid", std::to_string(observation.xid)}})
+      .Inc();
+
+  // An XID storm (say XID 13 from a faulting application) must not flood the log.
+  const auto now = context_.GetClock().Now();
+  auto& [logged_at, suppressed] = xid_log_[observation.uuid + "/" + std::to_string(observation.xid)];
+  if (logged_at == Clock::SteadyTime{} || now - logged_at >= kLogInterval) {
+    if (suppressed > 0) {
+      context_.Log().warn("XID {} on {} (and {} more since the last report)", observation.xid, observation.uuid,
+                          suppressed);
+    } else {
+      context_.Log().warn("XID {} on {}", observation.xid, observation.uuid);
+    }
+    logged_at = now;
+    suppressed = 0;
+  } else {
+    ++suppressed;
+  }
+  context_.GetBus().Publish(std::move(observation));
+}
+
+void GpuInventoryModule::OnWaiterFailed(uint64_t generation, std::string message) {
+  if (generation != generation_ || !session_ || session_failed_) return;
+  CountErrors({"nvmlEventSetWait_v2"});
+  session_failed_ = true;
+  if (!stopping_ && !released_) RecordFailure(message);
+  Reconcile();
+}
+
+void GpuInventoryModule::StartClose() {
+  task_in_flight_ = true;
+  auto session = std::move(session_);
+  session_failed_ = false;
+  armed_ = false;
+  pending_read_ = {};
+  ++refresh_seq_;
+  refresh_timer_.cancel();
+  context_.Pool().Run([session = std::move(session)] { return session->Close(); },
+                      [this, alive = alive_](NvmlSession::Closed closed, std::exception_ptr error) {
+                        if (!*alive) return;
+                        if (error) closed.warnings.push_back("closing NVML threw: " + Describe(error));
+                        OnClosed(std::move(closed));
+                      });
+}
+
+void GpuInventoryModule::OnClosed(NvmlSession::Closed closed) {
+  task_in_flight_ = false;
+  CountErrors(closed.failed_functions);
+  // Rare (nvmlEventSetFree / nvmlShutdown failing) and at most once per backoff step.
+  for (const auto& warning : closed.warnings) context_.Log().warn("{}", warning);
+  Reconcile();
+}
+
+void GpuInventoryModule::ScheduleRetry() {
+  retry_due_ = false;
+  retry_pending_ = true;
+  const auto delay = backoff_.Next();
+  context_.Log().debug("opening NVML again in {} ms (attempt {})", delay.count(), backoff_.Attempts());
+  const uint64_t seq = ++retry_seq_;
+  retry_timer_.expires_after(delay);
+  retry_timer_.async_wait([this, alive = alive_, seq](const boost::system::error_code& ec) {
+    if (!*alive || ec || seq != retry_seq_) return;
+    retry_pending_ = false;
+    Reconcile();
+  });
+}
+
+void GpuInventoryModule::CancelRetry() {
+  ++retry_seq_;
+  retry_pending_ = false;
+  retry_due_ = false;
+  retry_timer_.cancel();
+}
+
+void GpuInventoryModule::ScheduleRefresh() {
+  const uint64_t seq = ++refresh_seq_;
+  refresh_timer_.expires_after(config_.refresh_interval);
+  refresh_timer_.async_wait([this, alive = alive_, seq](const boost::system::error_code& ec) {
+    if (!*alive || ec || seq != refresh_seq_) return;
+    StartRefresh();
+  });
+}
+
+void GpuInventoryModule::StartRefresh() {
+  if (!session_ || !armed_ || session_failed_ || stopping_ || released_) return;
+  if (task_in_flight_) {
+    ScheduleRefresh();
+    return;
+  }
+  task_in_flight_ = true;
+  const uint64_t generation = generation_;
+  // The task holds its own reference: Read() and the waiter may use NVML at the same time
+  // (NVML is thread-safe), but Close() never overlaps Read() since only one task runs.
+  context_.Pool().Run([session = session_] { return session->Read(); },
+                      [this, alive = alive_, generation](ReadResult read, std::exception_ptr error) {
+                        if (!*alive) return;
+                        OnRefreshed(generation, std::move(read), error);
+                      });
+}
+
+void GpuInventoryModule::OnRefreshed(uint64_t generation, ReadResult read, std::exception_ptr error) {
+  task_in_flight_ = false;
+  if (error) {
+    read.ok = false;
+    read.error = "reading NVML threw: " + Describe(error);
+  }
+  inventory_reads_->Inc();
+  CountErrors(read.failed_functions);
+  LogWarnings(read.warnings);
+  if (generation == generation_ && session_ && armed_ && !session_failed_ && !stopping_ && !released_) {
+    if (read.ok) {
+      PublishAvailable(read);
+      ScheduleRefresh();
+    } else {
+      session_failed_ = true;
+      RecordFailure(read.error);
+    }
+  }
+  Reconcile();
+}
+
+void GpuInventoryModule::OnReleaseRequest(const NvmlReleaseRequest& request) {
+  if (stopping_) return;
+  if (request.release) {
+    if (released_ && release_reason_ == request.reason) return;
+    context_.Log().info("releasing NVML: {}", request.reason);
+    released_ = true;
+    release_reason_ = request.reason;
+    release_published_ = false;
+    CancelRetry();
+  } else {
+    if (!released_) return;
+    context_.Log().info("taking NVML back{}", request.reason.empty() ? "" : ": " + request.reason);
+    released_ = false;
+    release_published_ = false;
+    CancelRetry();
+    backoff_.Reset();
+    context_.SetHealth(ModuleHealth::kUnhealthy, "opening NVML");
+  }
+  Reconcile();
+}
+
+void GpuInventoryModule::RecordFailure(const std::string& error) {
+  const auto now = context_.GetClock().Now();
+  if (armed_ && now - armed_at_ >= kStableSession) backoff_.Reset();
+  armed_ = false;
+  retry_due_ = true;
+  PublishUnavailable(error);
+  nvml_up_gauge_->Set(0);
+  gpus_gauge_->Set(0);
+  context_.SetHealth(ModuleHealth::kUnhealthy, error);
+  LogFailure(error);
+}
+
+void GpuInventoryModule::PublishAvailable(const ReadResult& read) {
+  GpuInventory inventory = read.inventory;
+  inventory.available = true;
+  inventory.error.clear();
+  last_gpus_ = inventory.gpus;
+  last_driver_version_ = inventory.driver_version;
+  gpus_gauge_->Set(static_cast<double>(inventory.gpus.size()));
+  nvml_up_gauge_->Set(1);
+  PublishInventory(std::move(inventory));
+  clique_known_ = true;
+  PublishClique(read.clique);
+}
+
+void GpuInventoryModule::PublishUnavailable(const std::string& error) {
+  GpuInventory inventory;
+  inventory.available = false;
+  inventory.error = error;
+  inventory.gpus = last_gpus_;
+  inventory.driver_version = last_driver_version_;
+  PublishInventory(std::move(inventory));
+  // A clique once read stays: NVML being away does not move the node to another clique.
+  if (!clique_known_) PublishClique(NodeClique{"", "NVML unavailable: " + error});
+}
+
+void GpuInventoryModule::PublishInventory(GpuInventory inventory) {
+  if (published_inventory_ && *published_inventory_ == inventory) return;
+  published_inventory_ = inventory;
+  context_.GetBus().Publish(std::move(inventory));
+}
+
+void GpuInventoryModule::PublishClique(NodeClique clique) {
+  if (published_clique_ && *published_clique_ == clique) return;
+  if (published_clique_ && clique_known_ && published_clique_->clique_id != clique.clique_id) {
+    context_.Log().info("clique changed from \"{}\" to \"{}\"{}", published_clique_->clique_id, clique.clique_id,
+                        clique.reason.empty() ? "" : " (" + clique.reason + ")");
+  }
+  published_clique_ = clique;
+  context_.GetBus().Publish(std::move(clique));
+}
+
+void GpuInventoryModule::CountErrors(const std::vector<std::string>& functions) {
+  for (const auto& function : functions) {
+    context_.Metrics()
+        .Counter("gpu_node_supervisor_nvml_errors_total", "NVML calls that failed", {{"function", function}})
+        .Inc();
+  }
+}
+
+void GpuInventoryModule::LogWarnings(const std::vector<std::string>& warnings) {
+  // Refreshes repeat the same warnings every interval: log a set only when it changes.
+  if (warnings == last_warnings_) return;
+  last_warnings_ = warnings;
+  constexpr std::size_t kMaxLines = 8;
+  for (std::size_t i = 0; i < std::min(warnings.size(), kMaxLines); ++i) context_.Log().warn("{}", warnings[i]);
+  if (warnings.size() > kMaxLines) context_.Log().warn("… and {} more NVML warnings", warnings.size() - kMaxLines);
+}
+
+void GpuInventoryModule::LogFailure(const std::string& error) {
+  const auto now = context_.GetClock().Now();
+  if (error != last_error_ || now - last_error_at_ >= kLogInterval) {
+    if (suppressed_errors_ > 0) {
+      context_.Log().error("NVML unavailable: {} (repeated {} times since the last report)", error,
+                           suppressed_errors_);
+    } else {
+      context_.Log().error("NVML unavailable: {}", error);
+    }
+    last_error_ = error;
+    last_error_at_ = now;
+    suppressed_errors_ = 0;
+  } else {
+    ++suppressed_errors_;
+    context_.Log().debug("NVML unavailable: {}", error);
+  }
+}
+
+}  // namespace gns::gpu_inventory

@@ -1,0 +1,125 @@
+#pragma once
+// The `gpu-inventory` module: loads NVML with dlopen (never linked, so the daemon starts on
+// nodes without a driver), publishes the node's GPUs (GpuInventory) and NVLink clique
+// (NodeClique) as retained state, and NVML XID events (XidObservation). NVML trouble never
+// fails the module: the inventory becomes unavailable, the module unhealthy, and NVML is opened
+// again with jittered backoff. NvmlReleaseRequest lets go of NVML for a GPU reset and takes it
+// back.
+//
+// Threads: NVML calls run on the blocking pool, one task at a time, and on one waiter thread
+// (XidWaiter) that blocks in nvmlEventSetWait_v2; both hand the loop plain values through
+// posts. Module state lives on the loop thread only.
+
+#include "loop/backoff.hpp"
+#include "loop/module.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/gpu_inventory/nvml_session.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gns::gpu_inventory {
+
+class GpuInventoryModule final : public Module {
+ public:
+  static constexpr std::string_view kName = "gpu-inventory";
+  static constexpr std::string_view kSummary = "GPUs, NVLink peers, fabric clique and XID events from NVML";
+
+  struct Config {
+    // dlopen'd as is: a soname searched like the dynamic linker does, or a path.
+    std::string nvml_library = nvml::kLibraryName;
+    // How long one nvmlEventSetWait_v2 blocks. An event wakes it at once; the timeout only
+    // bounds how long a release (and the join after Stop) waits for the waiter thread.
+    std::chrono::milliseconds event_wait_timeout{5000};
+    // Between attempts to open NVML again after it failed or was missing.
+    BackoffPolicy retry_backoff{std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), 2.0, 0.5};
+    // How often the inventory is read again (fabric registration completes after boot).
+    std::chrono::milliseconds refresh_interval{60000};
+  };
+  static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
+
+  GpuInventoryModule(ModuleContext& context, const Config& config);
+  ~GpuInventoryModule() override;
+
+  void Start() override;
+  void Stop(std::function<void()> done) override;
+
+ private:
+  // Decides the next step from the state below; the one place that starts pool tasks.
+  void Reconcile();
+  void StartOpen();
+  void OnOpened(uint64_t generation, NvmlSession::Opened opened, std::exception_ptr error);
+  void OnArmed(uint64_t generation);
+  void OnXid(XidEvent event);
+  void OnWaiterFailed(uint64_t generation, std::string message);
+  void StartClose();
+  void OnClosed(NvmlSession::Closed closed);
+  void ScheduleRetry();
+  void CancelRetry();
+  void ScheduleRefresh();
+  void StartRefresh();
+  void OnRefreshed(uint64_t generation, ReadResult read, std::exception_ptr error);
+  void OnReleaseRequest(const NvmlReleaseRequest& request);
+
+  void RecordFailure(const std::string& error);
+  void PublishAvailable(const ReadResult& read);
+  void PublishUnavailable(const std::string& error);
+  void PublishInventory(GpuInventory inventory);
+  void PublishClique(NodeClique clique);
+  void CountErrors(const std::vector<std::string>& functions);
+  void LogWarnings(const std::vector<std::string>& warnings);
+  void LogFailure(const std::string& error);
+  XidWaiter::Callbacks WaiterCallbacks(uint64_t generation);
+
+  ModuleContext& context_;
+  Config config_;
+  Backoff backoff_;
+  boost::asio::steady_timer retry_timer_;
+  boost::asio::steady_timer refresh_timer_;
+  uint64_t retry_seq_ = 0;    // invalidates a retry timer that was cancelled
+  uint64_t refresh_seq_ = 0;  // same for the refresh timer
+
+  // The open NVML, if any (null while a task owns it or none is open).
+  std::shared_ptr<NvmlSession> session_;
+  uint64_t generation_ = 0;       // of the newest open attempt; stale waiter reports are dropped
+  bool task_in_flight_ = false;   // a pool task (open, refresh, close) runs: at most one
+  bool session_failed_ = false;   // session_ failed: close it, then retry
+  bool armed_ = false;            // session_'s waiter works and its inventory is published
+  Clock::SteadyTime armed_at_{};
+  ReadResult pending_read_;       // read at open, published once the waiter is armed
+  bool retry_due_ = false;        // the last attempt failed: back off before the next
+  bool retry_pending_ = false;    // the retry timer runs
+  bool released_ = false;         // NvmlReleaseRequest{release=true} is in force
+  bool release_published_ = false;
+  std::string release_reason_;
+  bool stopping_ = false;
+
+  // What was published last (republish only on change) and the last good read.
+  std::optional<GpuInventory> published_inventory_;
+  std::optional<NodeClique> published_clique_;
+  std::vector<GpuInfo> last_gpus_;
+  std::string last_driver_version_;
+  bool clique_known_ = false;
+
+  // Log rate limits.
+  std::string last_error_;
+  Clock::SteadyTime last_error_at_{};
+  int suppressed_errors_ = 0;
+  std::vector<std::string> last_warnings_;
+  std::map<std::string, std::pair<Clock::SteadyTime, int>> xid_log_;  // "uuid/xid" → last logged, suppressed
+
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  MetricsRegistry::Series* gpus_gauge_;
+  MetricsRegistry::Series* nvml_up_gauge_;
+  MetricsRegistry::Series* inventory_reads_;
+  Subscription release_sub_;
+};
+
+}  // namespace gns::gpu_inventory

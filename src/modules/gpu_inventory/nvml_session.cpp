@@ -1,0 +1,353 @@
+// NVML reads, the event set and the session lifecycle (worker side).
+#include "modules/gpu_inventory/nvml_session.hpp"
+
+#include "modules/gpu_inventory/clique.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <utility>
+
+namespace gns::gpu_inventory {
+
+namespace {
+
+// 16 words of 64 NUMA nodes each: more than any machine has.
+constexpr unsigned int kNodeSetWords = 16;
+
+// A read that also remembers the handles it used (worker side only).
+struct RawRead {
+  ReadResult result;
+  std::vector<nvml::Device> handles;  // parallel to result.inventory.gpus
+};
+
+class Reader {
+ public:
+  Reader(const NvmlLibrary& library, const std::string& host_root)
+      : library_(library), api_(library.Api()), host_root_(host_root) {}
+
+  RawRead Run() {
+    RawRead raw;
+    if (!ReadAll(raw)) {
+      raw.result.ok = false;
+      raw.result.inventory = {};
+      raw.handles.clear();
+      return raw;
+    }
+    raw.result.ok = true;
+    raw.result.inventory.available = true;
+    return raw;
+  }
+
+ private:
+  // Records a failed call for the error counter.
+  void Count(const char* function, nvml::Return rc) {
+    if (rc != nvml::kSuccess) out_->failed_functions.emplace_back(function);
+  }
+
+  bool Fatal(const char* function, nvml::Return rc, const std::string& what = {}) {
+    Count(function, rc);
+    out_->error = std::string(function) + " failed" + what + ": " + library_.Describe(rc);
+    return false;
+  }
+
+  void Warn(const char* function, nvml::Return rc, const std::string& uuid) {
+    Count(function, rc);
+    out_->warnings.push_back(std::string(function) + " failed for " + uuid + ": " + library_.Describe(rc));
+  }
+
+  bool ReadAll(RawRead& raw) {
+    out_ = &raw.result;
+    GpuInventory& inventory = raw.result.inventory;
+
+    char driver[nvml::kSystemDriverVersionBufferSize] = {};
+    nvml::Return rc = api_.nvmlSystemGetDriverVersion(driver, sizeof(driver));
+    if (rc != nvml::kSuccess) return Fatal("nvmlSystemGetDriverVersion", rc);
+    inventory.driver_version = driver;
+
+    unsigned int count = 0;
+    rc = api_.nvmlDeviceGetCount_v2(&count);
+    if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetCount_v2", rc);
+
+    // Far end of each active NVLink, per GPU, resolved to local UUIDs once all GPUs are known.
+    std::vector<std::vector<PciAddress>> remotes(count);
+    std::vector<std::string> fabric_errors;
+    for (unsigned int i = 0; i < count; ++i) {
+      const std::string which = " for GPU " + std::to_string(i);
+      nvml::Device device = nullptr;
+      rc = api_.nvmlDeviceGetHandleByIndex_v2(i, &device);
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetHandleByIndex_v2", rc, which);
+
+      GpuInfo gpu;
+      gpu.index = i;
+      char uuid[nvml::kDeviceUuidV2BufferSize] = {};
+      rc = api_.nvmlDeviceGetUUID(device, uuid, sizeof(uuid));
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetUUID", rc, which);
+      gpu.uuid = uuid;
+
+      nvml::PciInfo pci{};
+      rc = api_.nvmlDeviceGetPciInfo_v3(device, &pci);
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetPciInfo_v3", rc, " for " + gpu.uuid);
+      gpu.pci_bus_id = std::string(pci.busId, strnlen(pci.busId, sizeof(pci.busId)));
+      // NVML always prints function 0 in busId; the numeric fields are the source of truth.
+      gpu.pci = PciAddress{pci.domain, pci.bus, pci.device, 0};
+
+      rc = api_.nvmlDeviceGetMinorNumber(device, &gpu.minor);
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetMinorNumber", rc, " for " + gpu.uuid);
+
+      char name[nvml::kDeviceNameV2BufferSize] = {};
+      rc = api_.nvmlDeviceGetName(device, name, sizeof(name));
+      if (rc == nvml::kSuccess) {
+        gpu.name = name;
+      } else {
+        Warn("nvmlDeviceGetName", rc, gpu.uuid);
+      }
+
+      nvml::Memory memory{};
+      rc = api_.nvmlDeviceGetMemoryInfo(device, &memory);
+      if (rc == nvml::kSuccess) {
+        gpu.memory_total_bytes = memory.total;
+      } else {
+        Warn("nvmlDeviceGetMemoryInfo", rc, gpu.uuid);
+      }
+
+      gpu.numa_node = NumaNode(device, gpu);
+      remotes[i] = NvLinkRemotes(device, gpu.uuid);
+      if (auto fabric = Fabric(device, gpu.uuid, fabric_errors)) gpu.fabric = std::move(*fabric);
+
+      inventory.gpus.push_back(std::move(gpu));
+      raw.handles.push_back(device);
+    }
+
+    for (std::size_t i = 0; i < inventory.gpus.size(); ++i) {
+      auto& peers = inventory.gpus[i].nvlink_peers;
+      for (const auto& remote : remotes[i]) {
+        // Remotes that are no local GPU (NVSwitches) are not peers.
+        const GpuInfo* peer = inventory.FindByPci(remote);
+        if (peer == nullptr || peer->index == inventory.gpus[i].index) continue;
+        if (std::find(peers.begin(), peers.end(), peer->uuid) == peers.end()) peers.push_back(peer->uuid);
+      }
+    }
+    raw.result.clique = ComputeClique(inventory.gpus, fabric_errors);
+    if (!fabric_error_.empty()) raw.result.clique.reason += " (first error: " + fabric_error_ + ")";
+    return true;
+  }
+
+  // nvmlDeviceGetNumaNodeId (where the driver has it), then the NODE-scope memory affinity, then
+  // the PCI device's numa_node in sysfs; -1 when none knows.
+  int NumaNode(nvml::Device device, const GpuInfo& gpu) {
+    if (api_.nvmlDeviceGetNumaNodeId != nullptr) {
+      unsigned int node = 0;
+      const nvml::Return rc = api_.nvmlDeviceGetNumaNodeId(device, &node);
+      if (rc == nvml::kSuccess) return static_cast<int>(node);
+      if (rc != nvml::kErrorNotSupported) Count("nvmlDeviceGetNumaNodeId", rc);
+    }
+    if (api_.nvmlDeviceGetMemoryAffinity != nullptr) {
+      unsigned long node_set[kNodeSetWords] = {};
+      const nvml::Return rc =
+          api_.nvmlDeviceGetMemoryAffinity(device, kNodeSetWords, node_set, nvml::kAffinityScopeNode);
+      if (rc == nvml::kSuccess) {
+        // Exactly one node is an answer; several (or none) say the GPU is not local to one node.
+        int total = 0;
+        int node = -1;
+        for (unsigned int w = 0; w < kNodeSetWords; ++w) {
+          const int bits = std::popcount(node_set[w]);
+          if (bits > 0 && node < 0) node = static_cast<int>(w * 64 + std::countr_zero(node_set[w]));
+          total += bits;
+        }
+        if (total == 1) return node;
+      } else if (rc != nvml::kErrorNotSupported) {
+        Count("nvmlDeviceGetMemoryAffinity", rc);
+      }
+    }
+    const auto path = std::filesystem::path(host_root_.empty() ? "/" : host_root_) / "sys/bus/pci/devices" /
+                      gpu.pci.ToString() / "numa_node";
+    std::ifstream in(path);
+    int node = -1;
+    if (in >> node && node >= 0) return node;
+    return -1;
+  }
+
+  std::vector<PciAddress> NvLinkRemotes(nvml::Device device, const std::string& uuid) {
+    std::vector<PciAddress> out;
+    for (unsigned int link = 0; link < nvml::kNvLinkMaxLinks; ++link) {
+      nvml::EnableState active = nvml::kFeatureDisabled;
+      nvml::Return rc = api_.nvmlDeviceGetNvLinkState(device, link, &active);
+      // NOT_SUPPORTED / INVALID_ARGUMENT: no NVLink at all, or a link this GPU does not have.
+      if (rc == nvml::kErrorNotSupported || rc == nvml::kErrorInvalidArgument) continue;
+      if (rc != nvml::kSuccess) {
+        Warn("nvmlDeviceGetNvLinkState", rc, uuid);
+        break;
+      }
+      if (active != nvml::kFeatureEnabled) continue;
+      nvml::PciInfo remote{};
+      rc = api_.nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, &remote);
+      if (rc == nvml::kErrorNotSupported) continue;
+      if (rc != nvml::kSuccess) {
+        Warn("nvmlDeviceGetNvLinkRemotePciInfo_v2", rc, uuid);
+        break;
+      }
+      out.push_back(PciAddress{remote.domain, remote.bus, remote.device, 0});
+    }
+    return out;
+  }
+
+  // The V API with the v3 tag, then v2 (a driver that does not know v3 answers
+  // ARGUMENT_VERSION_MISMATCH), then the v1 function. nullopt when the GPU has no fabric.
+  std::optional<FabricInfo> Fabric(nvml::Device device, const std::string& uuid,
+                                    std::vector<std::string>& fabric_errors) {
+    auto from = [](const auto& info) {
+      return FabricInfo{FormatClusterUuid(info.clusterUuid, nvml::kGpuFabricUuidLen), info.cliqueId,
+                        static_cast<uint32_t>(info.state), static_cast<uint32_t>(info.status)};
+    };
+    auto failed = [&](const char* function, nvml::Return rc) {
+      Warn(function, rc, uuid);
+      fabric_errors.push_back(uuid);
+      if (fabric_error_.empty()) fabric_error_ = std::string(function) + ": " + library_.Describe(rc);
+      return std::nullopt;
+    };
+    if (api_.nvmlDeviceGetGpuFabricInfoV != nullptr) {
+      nvml::GpuFabricInfoV info{};
+      info.version = nvml::kGpuFabricInfoV3Version;
+      nvml::Return rc = api_.nvmlDeviceGetGpuFabricInfoV(device, &info);
+      if (rc == nvml::kErrorArgumentVersionMismatch) {
+        // The v2 fields sit at the same offsets as v3's, so the same buffer reads both.
+        info = {};
+        info.version = nvml::kGpuFabricInfoV2Version;
+        rc = api_.nvmlDeviceGetGpuFabricInfoV(device, &info);
+      }
+      if (rc == nvml::kSuccess) return from(info);
+      if (rc == nvml::kErrorNotSupported) return std::nullopt;
+      if (rc != nvml::kErrorArgumentVersionMismatch && rc != nvml::kErrorFunctionNotFound) {
+        return failed("nvmlDeviceGetGpuFabricInfoV", rc);
+      }
+      if (api_.nvmlDeviceGetGpuFabricInfo == nullptr) return failed("nvmlDeviceGetGpuFabricInfoV", rc);
+    }
+    if (api_.nvmlDeviceGetGpuFabricInfo == nullptr) return std::nullopt;  // a driver before fabric
+    nvml::GpuFabricInfo info{};
+    const nvml::Return rc = api_.nvmlDeviceGetGpuFabricInfo(device, &info);
+    if (rc == nvml::kSuccess) return from(info);
+    if (rc == nvml::kErrorNotSupported) return std::nullopt;
+    return failed("nvmlDeviceGetGpuFabricInfo", rc);
+  }
+
+  const NvmlLibrary& library_;
+  const nvml::Api& api_;
+  const std::string& host_root_;
+  ReadResult* out_ = nullptr;
+  std::string fabric_error_;  // the first fabric read error, for the clique's reason
+};
+
+void Append(std::vector<std::string>& to, const std::vector<std::string>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
+}  // namespace
+
+ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root) {
+  return Reader(library, host_root).Run().result;
+}
+
+NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
+  Opened out;
+  std::string error;
+  auto library = NvmlLibrary::Open(options.library, error);
+  if (!library) {
+    out.read.error = std::move(error);
+    return out;
+  }
+  const auto& api = library->Api();
+  nvml::Return rc = api.nvmlInit_v2();
+  if (rc != nvml::kSuccess) {
+    out.read.failed_functions.emplace_back("nvmlInit_v2");
+    out.read.error = "nvmlInit_v2 failed (" + options.library + "): " + library->Describe(rc);
+    return out;
+  }
+  std::shared_ptr<NvmlSession> session(new NvmlSession(library, options));
+  session->initialized_ = true;
+
+  RawRead raw = Reader(*library, options.host_root).Run();
+  out.read = std::move(raw.result);
+  auto fail = [&](const char* function, nvml::Return code, const std::string& what) {
+    out.read.ok = false;
+    out.read.inventory = {};
+    out.read.failed_functions.emplace_back(function);
+    out.read.error = std::string(function) + " failed" + what + ": " + library->Describe(code);
+    const auto closed = session->Close();
+    Append(out.read.failed_functions, closed.failed_functions);
+    Append(out.read.warnings, closed.warnings);
+    return std::move(out);
+  };
+  if (!out.read.ok) {
+    const auto closed = session->Close();
+    Append(out.read.failed_functions, closed.failed_functions);
+    Append(out.read.warnings, closed.warnings);
+    return out;
+  }
+
+  rc = api.nvmlEventSetCreate(&session->event_set_);
+  if (rc != nvml::kSuccess) {
+    session->event_set_ = nullptr;
+    return fail("nvmlEventSetCreate", rc, "");
+  }
+  const auto& gpus = out.read.inventory.gpus;
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    session->devices_.emplace_back(raw.handles[i], gpus[i].uuid);
+    // Only XIDs: SBE/DBE counters are not our business, and registering a type the GPU does
+    // not support fails the whole call.
+    unsigned long long supported = 0;
+    rc = api.nvmlDeviceGetSupportedEventTypes(raw.handles[i], &supported);
+    if (rc != nvml::kSuccess) return fail("nvmlDeviceGetSupportedEventTypes", rc, " for " + gpus[i].uuid);
+    if ((supported & nvml::kEventTypeXidCriticalError) == 0) {
+      out.read.warnings.push_back(gpus[i].uuid + " does not report XID events through NVML");
+      continue;
+    }
+    rc = api.nvmlDeviceRegisterEvents(raw.handles[i], nvml::kEventTypeXidCriticalError, session->event_set_);
+    if (rc == nvml::kErrorNotSupported) {
+      out.read.warnings.push_back(gpus[i].uuid + ": nvmlDeviceRegisterEvents: " + library->Describe(rc));
+      continue;
+    }
+    if (rc != nvml::kSuccess) return fail("nvmlDeviceRegisterEvents", rc, " for " + gpus[i].uuid);
+  }
+  out.session = std::move(session);
+  return out;
+}
+
+void NvmlSession::StartWaiter(XidWaiter::Callbacks callbacks) {
+  if (waiter_ || event_set_ == nullptr) return;
+  waiter_ = std::make_unique<XidWaiter>(library_, event_set_, devices_, options_.wait_timeout, std::move(callbacks));
+}
+
+NvmlSession::~NvmlSession() { Close(); }
+
+NvmlSession::Closed NvmlSession::Close() {
+  Closed closed;
+  const auto& api = library_->Api();
+  if (waiter_) {
+    waiter_->RequestStop();
+    waiter_->Join();
+    waiter_.reset();
+  }
+  if (event_set_ != nullptr) {
+    const nvml::Return rc = api.nvmlEventSetFree(event_set_);
+    event_set_ = nullptr;
+    if (rc != nvml::kSuccess) {
+      closed.failed_functions.emplace_back("nvmlEventSetFree");
+      closed.warnings.push_back("nvmlEventSetFree failed: " + library_->Describe(rc));
+    }
+  }
+  if (initialized_) {
+    initialized_ = false;
+    const nvml::Return rc = api.nvmlShutdown();
+    if (rc != nvml::kSuccess) {
+      closed.failed_functions.emplace_back("nvmlShutdown");
+      closed.warnings.push_back("nvmlShutdown failed: " + library_->Describe(rc));
+    }
+  }
+  return closed;
+}
+
+}  // namespace gns::gpu_inventory

@@ -1,0 +1,448 @@
+// The gpu-inventory module on the test loop against the fake libnvidia-ml.so.1
+// (tools/sim/fake_nvml), which the module dlopens by path exactly as it would the real one.
+// Events and failures are injected through the fake's in-process control functions.
+#include "loop/supervisor_messages.hpp"
+#include "modules/gpu_inventory/gpu_inventory_module.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "support/loop_harness.hpp"
+
+#include "fake_nvml_control.h"
+
+#include <dlfcn.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace gns::gpu_inventory {
+namespace {
+
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+
+constexpr const char* kLibraryPath = GNS_FAKE_NVML_LIBRARY;
+constexpr const char* kGpus8Path = GNS_FAKE_NVML_GPUS8;
+constexpr const char* kClique = "c9a0f3d2-41b7-4e6a-9d58-2f1e7b3c8a64.32766";
+
+// NVML return codes the tests inject or expect.
+constexpr int kUninitialized = 1;
+constexpr int kNotSupported = 3;
+constexpr int kGpuIsLost = 15;
+constexpr int kArgumentVersionMismatch = 25;
+constexpr int kUnknown = 999;
+
+std::string Uuid(int i) {
+  return "GPU-3f8a1c52-7e0" + std::to_string(i) + "-4b9d-9c1e-5a7d2e8f6b1" + std::to_string(i);
+}
+
+class GpuInventoryModuleTest : public ::testing::Test {
+ protected:
+  // The fake's state is process-wide, like NVML's. The test's own dlopen keeps it loaded while
+  // the module opens and closes it; the module resolves the same object by the same path.
+  static void SetUpTestSuite() {
+    library_ = dlopen(kLibraryPath, RTLD_NOW | RTLD_GLOBAL);
+    ASSERT_NE(library_, nullptr) << dlerror();
+    inject_xid_ = reinterpret_cast<fakeNvmlInjectXid_t>(dlsym(library_, "fakeNvmlInjectXid"));
+    set_failure_ = reinterpret_cast<fakeNvmlSetFailure_t>(dlsym(library_, "fakeNvmlSetFailure"));
+    clear_failures_ = reinterpret_cast<fakeNvmlClearFailures_t>(dlsym(library_, "fakeNvmlClearFailures"));
+  }
+
+  void SetUp() override {
+    ASSERT_NE(library_, nullptr);
+    ASSERT_NE(inject_xid_, nullptr);
+    ASSERT_NE(set_failure_, nullptr);
+    ASSERT_NE(clear_failures_, nullptr);
+    setenv("FAKE_NVML_CONFIG", kGpus8Path, 1);
+    unsetenv("FAKE_NVML_CONTROL");
+    clear_failures_();
+    char dir_template[] = "/tmp/gpu_inventory_test.XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    temp_dir_ = dir_template;
+  }
+
+  void TearDown() override {
+    StopModule();
+    clear_failures_();
+    std::filesystem::remove_all(temp_dir_);
+  }
+
+  static GpuInventoryModule::Config TestConfig() {
+    GpuInventoryModule::Config config;
+    config.nvml_library = kLibraryPath;
+    config.event_wait_timeout = milliseconds(100);
+    config.retry_backoff = BackoffPolicy{milliseconds(10), milliseconds(50), 2.0, 0.5};
+    config.refresh_interval = std::chrono::hours(1);
+    return config;
+  }
+
+  void StartModule(const GpuInventoryModule::Config& config = TestConfig()) {
+    context_ = std::make_unique<ModuleContext>(
+        h_.Parts(), "gpu-inventory", [this](std::string why) { failures_.push_back(std::move(why)); },
+        [this](ModuleHealth health, std::string detail) {
+          health_ = health;
+          health_detail_ = std::move(detail);
+        });
+    inventory_sub_ = h_.bus.Subscribe<GpuInventory>([this](const GpuInventory& i) { inventories_.push_back(i); });
+    clique_sub_ = h_.bus.Subscribe<NodeClique>([this](const NodeClique& c) { cliques_.push_back(c); });
+    xid_sub_ = h_.bus.Subscribe<XidObservation>([this](const XidObservation& x) { xids_.push_back(x); });
+    module_ = std::make_unique<GpuInventoryModule>(*context_, config);
+    module_->Start();
+  }
+
+  void StopModule() {
+    if (!module_) return;
+    bool stopped = false;
+    module_->Stop([&] { stopped = true; });
+    EXPECT_TRUE(stopped) << "Stop must not wait for NVML";
+    module_.reset();
+    h_.Drain();
+    EXPECT_TRUE(failures_.empty()) << "NVML trouble must never ReportFailure: " << failures_.front();
+  }
+
+  const GpuInventory* Inventory() { return h_.bus.Latest<GpuInventory>(); }
+  const NodeClique* Clique() { return h_.bus.Latest<NodeClique>(); }
+
+  // Latest() changes at publish time; Drain() then delivers to the test's subscribers too.
+  bool WaitAvailable() {
+    const bool ok =
+        h_.RunUntil([&] { return Inventory() != nullptr && Inventory()->available && health_ == ModuleHealth::kOk; });
+    h_.Drain();
+    return ok;
+  }
+  bool WaitUnavailable() {
+    const bool ok = h_.RunUntil([&] { return Inventory() != nullptr && !Inventory()->available; });
+    h_.Drain();
+    return ok;
+  }
+
+  double Metric(std::string_view name, MetricLabels labels = {}) {
+    return h_.metrics.Counter(name, "", std::move(labels)).Value();
+  }
+  double GaugeValue(std::string_view name) { return h_.metrics.Gauge(name, "").Value(); }
+
+  // Writes a variant of gpus-8.json (edited by `edit`) and points the fake at it.
+  void UseVariant(const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(kGpus8Path);
+    nlohmann::json config = nlohmann::json::parse(in);
+    edit(config);
+    const std::string path = temp_dir_ + "/gpus.json";
+    std::ofstream(path) << config.dump(2);
+    setenv("FAKE_NVML_CONFIG", path.c_str(), 1);
+  }
+
+  static inline void* library_ = nullptr;
+  static inline fakeNvmlInjectXid_t inject_xid_ = nullptr;
+  static inline fakeNvmlSetFailure_t set_failure_ = nullptr;
+  static inline fakeNvmlClearFailures_t clear_failures_ = nullptr;
+
+  test::LoopHarness h_;
+  std::string temp_dir_;
+  std::unique_ptr<ModuleContext> context_;
+  std::unique_ptr<GpuInventoryModule> module_;
+  ModuleHealth health_ = ModuleHealth::kOk;
+  std::string health_detail_;
+  std::vector<std::string> failures_;
+  std::vector<GpuInventory> inventories_;
+  std::vector<NodeClique> cliques_;
+  std::vector<XidObservation> xids_;
+  Subscription inventory_sub_;
+  Subscription clique_sub_;
+  Subscription xid_sub_;
+};
+
+TEST_F(GpuInventoryModuleTest, PublishesTheFullInventoryOfEightGpus) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable()) << health_detail_;
+  const GpuInventory& inventory = *Inventory();
+  EXPECT_EQ(inventory.error, "");
+  EXPECT_EQ(inventory.driver_version, "550.90.07");
+  ASSERT_EQ(inventory.gpus.size(), 8u);
+  const char* bus_ids[] = {"00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
+                           "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"};
+  for (int i = 0; i < 8; ++i) {
+    const GpuInfo& gpu = inventory.gpus[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(gpu.index, static_cast<uint32_t>(i));
+    EXPECT_EQ(gpu.uuid, Uuid(i));
+    EXPECT_EQ(gpu.name, "NVIDIA H200");
+    EXPECT_EQ(gpu.pci_bus_id, bus_ids[i]);
+    EXPECT_EQ(gpu.pci, *PciAddress::Parse(bus_ids[i]));
+    EXPECT_EQ(gpu.minor, static_cast<uint32_t>(i));
+    EXPECT_EQ(gpu.memory_total_bytes, 150754820096u);
+    EXPECT_EQ(gpu.numa_node, i < 4 ? 0 : 1);
+    // Two links to the pair's other GPU: one peer, listed once.
+    EXPECT_EQ(gpu.nvlink_peers, std::vector<std::string>{Uuid(i ^ 1)});
+    ASSERT_TRUE(gpu.fabric);
+    EXPECT_EQ(gpu.fabric->cluster_uuid, "c9a0f3d2-41b7-4e6a-9d58-2f1e7b3c8a64");
+    EXPECT_EQ(gpu.fabric->clique_id, 32766u);
+    EXPECT_TRUE(gpu.fabric->Attached());
+  }
+  EXPECT_EQ(inventory.FindByPci(*PciAddress::Parse("0000:5d:00"))->uuid, Uuid(3));
+
+  h_.Drain();
+  ASSERT_NE(Clique(), nullptr);
+  EXPECT_EQ(Clique()->clique_id, kClique);
+  EXPECT_EQ(Clique()->reason, "");
+  // Published once each: nothing unavailable first, nothing repeated.
+  EXPECT_EQ(inventories_.size(), 1u);
+  EXPECT_EQ(cliques_.size(), 1u);
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_gpus"), 8);
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_nvml_up"), 1);
+
+  const auto state = h_.bus.RetainedState();
+  EXPECT_EQ(state.at("gpu-inventory.clique").at("cliqueId"), kClique);
+  EXPECT_EQ(state.at("gpu-inventory.devices").at("gpus").size(), 8u);
+}
+
+TEST_F(GpuInventoryModuleTest, NvmlXidEventsReachTheBus) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  ASSERT_EQ(inject_xid_(Uuid(3).c_str(), 79), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return xids_.size() == 1; }));
+  EXPECT_EQ(xids_[0].uuid, Uuid(3));
+  EXPECT_EQ(xids_[0].xid, 79u);
+  EXPECT_EQ(xids_[0].gpu_instance, 0xFFFFFFFFu);
+  EXPECT_EQ(xids_[0].compute_instance, 0xFFFFFFFFu);
+  EXPECT_GT(xids_[0].observed_unix_ms, 1'600'000'000'000);
+
+  // By PCI bus id too, and every XID is published (none is "ignored" here).
+  ASSERT_EQ(inject_xid_("00000000:DB:00.0", 13), 0);
+  ASSERT_EQ(inject_xid_(Uuid(3).c_str(), 79), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return xids_.size() == 3; }));
+  EXPECT_EQ(xids_[1].uuid, Uuid(7));
+  EXPECT_EQ(xids_[1].xid, 13u);
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_xid_events_total", {{"gpu", Uuid(3)}, {"xid", "79"}}), 2);
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_xid_events_total", {{"gpu", Uuid(7)}, {"xid", "13"}}), 1);
+  EXPECT_TRUE(Inventory()->available);
+}
+
+TEST_F(GpuInventoryModuleTest, EventWaitFailureMakesTheInventoryUnavailableThenRecovers) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  const std::size_t published_before = inventories_.size();
+  ASSERT_EQ(set_failure_("nvmlEventSetWait_v2", kGpuIsLost), 0);
+
+  ASSERT_TRUE(h_.RunUntil(
+      [&] { return Inventory() && !Inventory()->available && health_ == ModuleHealth::kUnhealthy; }));
+  EXPECT_THAT(Inventory()->error, HasSubstr("nvmlEventSetWait_v2 failed: GPU is lost (15)"));
+  EXPECT_THAT(health_detail_, HasSubstr("GPU is lost"));
+  // The last known GPUs stay listed, so consumers can mark each of them unhealthy.
+  EXPECT_EQ(Inventory()->gpus.size(), 8u);
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_nvml_up"), 0);
+  // The clique is the fabric's, not the session's: kept.
+  EXPECT_EQ(Clique()->clique_id, kClique);
+
+  // It keeps retrying (each attempt opens NVML and fails on the first wait) without flapping
+  // to available: the inventory is only announced once the event set has proven to work.
+  ASSERT_TRUE(h_.RunUntil(
+      [&] { return Metric("gpu_node_supervisor_nvml_errors_total", {{"function", "nvmlEventSetWait_v2"}}) >= 4; }));
+  for (std::size_t i = published_before; i < inventories_.size(); ++i) EXPECT_FALSE(inventories_[i].available) << i;
+
+  ASSERT_EQ(clear_failures_(), 0);
+  ASSERT_TRUE(WaitAvailable());
+  EXPECT_EQ(Inventory()->gpus.size(), 8u);
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_nvml_up"), 1);
+  // And events flow again on the new session.
+  ASSERT_EQ(inject_xid_(Uuid(0).c_str(), 48), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return !xids_.empty(); }));
+  EXPECT_EQ(xids_.back().xid, 48u);
+}
+
+TEST_F(GpuInventoryModuleTest, MissingLibraryIsAClearErrorNotACrash) {
+  auto config = TestConfig();
+  config.nvml_library = temp_dir_ + "/no-such-dir/libnvidia-ml.so.1";
+  StartModule(config);
+  ASSERT_TRUE(WaitUnavailable());
+  EXPECT_THAT(Inventory()->error, HasSubstr("cannot load NVML library " + config.nvml_library));
+  EXPECT_THAT(Inventory()->error, HasSubstr("No such file"));
+  EXPECT_TRUE(Inventory()->gpus.empty());
+  EXPECT_EQ(health_, ModuleHealth::kUnhealthy);
+  EXPECT_THAT(health_detail_, HasSubstr("cannot load NVML library"));
+  h_.Drain();
+  ASSERT_NE(Clique(), nullptr);
+  EXPECT_EQ(Clique()->clique_id, "");
+  EXPECT_THAT(Clique()->reason, HasSubstr("NVML unavailable: cannot load NVML library"));
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_nvml_up"), 0);
+}
+
+TEST_F(GpuInventoryModuleTest, InitFailureNamesTheNvmlErrorAndRetriesUntilItWorks) {
+  unsetenv("FAKE_NVML_CONFIG");  // the fake's nvmlInit then answers DRIVER_NOT_LOADED
+  StartModule();
+  ASSERT_TRUE(WaitUnavailable());
+  EXPECT_THAT(Inventory()->error, HasSubstr("nvmlInit_v2 failed"));
+  EXPECT_THAT(Inventory()->error, HasSubstr("Driver Not Loaded (9)"));
+  EXPECT_EQ(health_, ModuleHealth::kUnhealthy);
+  ASSERT_TRUE(h_.RunUntil(
+      [&] { return Metric("gpu_node_supervisor_nvml_errors_total", {{"function", "nvmlInit_v2"}}) >= 2; }));
+
+  setenv("FAKE_NVML_CONFIG", kGpus8Path, 1);  // the driver "loads"
+  ASSERT_TRUE(WaitAvailable());
+  EXPECT_EQ(Inventory()->gpus.size(), 8u);
+  h_.Drain();
+  EXPECT_EQ(Clique()->clique_id, kClique);
+}
+
+TEST_F(GpuInventoryModuleTest, ReleaseShutsNvmlDownAndTakeBackRepublishes) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.bus.Publish(NvmlReleaseRequest{true, "gpu reset of GPU-3"});
+  ASSERT_TRUE(h_.RunUntil([&] { return !Inventory()->available; }));
+  EXPECT_EQ(Inventory()->error, "released: gpu reset of GPU-3");
+  EXPECT_EQ(Inventory()->gpus.size(), 8u);
+  EXPECT_EQ(health_, ModuleHealth::kDegraded);
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_nvml_up"), 0);
+  // Announced only after nvmlShutdown: nobody in the process holds NVML now.
+  EXPECT_EQ(inject_xid_(Uuid(0).c_str(), 79), kUninitialized);
+  EXPECT_EQ(Clique()->clique_id, kClique);
+
+  h_.bus.Publish(NvmlReleaseRequest{false, "reset done"});
+  ASSERT_TRUE(WaitAvailable());
+  EXPECT_EQ(Inventory()->error, "");
+  EXPECT_EQ(Inventory()->gpus.size(), 8u);
+  ASSERT_EQ(inject_xid_(Uuid(0).c_str(), 79), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return xids_.size() == 1; }));
+  EXPECT_EQ(xids_[0].uuid, Uuid(0));
+}
+
+TEST_F(GpuInventoryModuleTest, ReleaseWhileFailingStopsRetryingUntilTakenBack) {
+  ASSERT_EQ(set_failure_("nvmlEventSetWait_v2", kUnknown), 0);
+  StartModule();
+  ASSERT_TRUE(WaitUnavailable());
+  h_.bus.Publish(NvmlReleaseRequest{true, "maintenance"});
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory()->error == "released: maintenance"; }));
+  ASSERT_EQ(clear_failures_(), 0);
+  h_.bus.Publish(NvmlReleaseRequest{false, ""});
+  ASSERT_TRUE(WaitAvailable());
+}
+
+TEST_F(GpuInventoryModuleTest, FabricDisagreementGivesAnEmptyCliqueWithTheReason) {
+  UseVariant([](nlohmann::json& config) {
+    for (int i = 4; i < 8; ++i) config["gpus"][i]["fabric"]["cliqueId"] = 1;
+  });
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.Drain();
+  ASSERT_NE(Clique(), nullptr);
+  EXPECT_EQ(Clique()->clique_id, "");
+  EXPECT_THAT(Clique()->reason, HasSubstr("disagree"));
+  EXPECT_THAT(Clique()->reason, HasSubstr(std::string(kClique) + " (" + Uuid(0) + ", " + Uuid(1)));
+  EXPECT_THAT(Clique()->reason, HasSubstr("c9a0f3d2-41b7-4e6a-9d58-2f1e7b3c8a64.1 (" + Uuid(4) + ", " + Uuid(5)));
+  EXPECT_EQ(Inventory()->gpus[5].fabric->clique_id, 1u);
+}
+
+TEST_F(GpuInventoryModuleTest, NoFabricAttachedGpuGivesAnEmptyCliqueWithTheReason) {
+  UseVariant([](nlohmann::json& config) {
+    for (int i = 0; i < 4; ++i) config["gpus"][i].erase("fabric");
+    for (int i = 4; i < 8; ++i) config["gpus"][i]["fabric"]["state"] = "inProgress";
+  });
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.Drain();
+  EXPECT_EQ(Clique()->clique_id, "");
+  EXPECT_THAT(Clique()->reason, HasSubstr("no fabric-attached GPU"));
+  EXPECT_THAT(Clique()->reason, HasSubstr("no fabric support: 4 of 8"));
+  EXPECT_THAT(Clique()->reason, HasSubstr("fabric in progress: 4 of 8"));
+  EXPECT_FALSE(Inventory()->gpus[0].fabric);
+  ASSERT_TRUE(Inventory()->gpus[4].fabric);
+  EXPECT_EQ(Inventory()->gpus[4].fabric->state, 2u);
+}
+
+TEST_F(GpuInventoryModuleTest, FabricInfoFallsBackFromTheVApiToV1) {
+  // A driver whose V entry point knows neither the v3 nor the v2 tag.
+  ASSERT_EQ(set_failure_("nvmlDeviceGetGpuFabricInfoV", kArgumentVersionMismatch), 0);
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.Drain();
+  EXPECT_EQ(Clique()->clique_id, kClique);
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_errors_total", {{"function", "nvmlDeviceGetGpuFabricInfoV"}}), 0);
+}
+
+TEST_F(GpuInventoryModuleTest, UnreadableFabricInfoMakesTheCliqueUnknown) {
+  ASSERT_EQ(set_failure_("nvmlDeviceGetGpuFabricInfoV", kUnknown), 0);
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.Drain();
+  EXPECT_EQ(Clique()->clique_id, "");
+  EXPECT_THAT(Clique()->reason, HasSubstr("fabric info unreadable: " + Uuid(0) + ", " + Uuid(1)));
+  EXPECT_THAT(Clique()->reason, HasSubstr("(first error: nvmlDeviceGetGpuFabricInfoV: Unknown Error (999))"));
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_errors_total", {{"function", "nvmlDeviceGetGpuFabricInfoV"}}), 8);
+}
+
+TEST_F(GpuInventoryModuleTest, NumaFallsBackToMemoryAffinity) {
+  ASSERT_EQ(set_failure_("nvmlDeviceGetNumaNodeId", kNotSupported), 0);  // as on x86 drivers
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(Inventory()->gpus[i].numa_node, i < 4 ? 0 : 1) << i;
+}
+
+TEST_F(GpuInventoryModuleTest, NumaFallsBackToSysfsUnderTheHostRoot) {
+  ASSERT_EQ(set_failure_("nvmlDeviceGetNumaNodeId", kNotSupported), 0);
+  ASSERT_EQ(set_failure_("nvmlDeviceGetMemoryAffinity", kNotSupported), 0);
+  const auto device_dir = std::filesystem::path(temp_dir_) / "sys/bus/pci/devices/0000:2a:00.0";
+  std::filesystem::create_directories(device_dir);
+  std::ofstream(device_dir / "numa_node") << "3\n";
+  h_.site.paths.host_root = temp_dir_;
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  EXPECT_EQ(Inventory()->gpus[1].numa_node, 3);
+  EXPECT_EQ(Inventory()->gpus[0].numa_node, -1);  // no file: unknown, not 0
+}
+
+TEST_F(GpuInventoryModuleTest, RefreshRepublishesOnlyOnChange) {
+  auto config = TestConfig();
+  config.refresh_interval = milliseconds(20);
+  StartModule(config);
+  ASSERT_TRUE(WaitAvailable());
+  ASSERT_TRUE(h_.RunUntil([&] { return Metric("gpu_node_supervisor_nvml_inventory_reads_total") >= 4; }));
+  EXPECT_EQ(inventories_.size(), 1u);
+  EXPECT_EQ(cliques_.size(), 1u);
+
+  // Fabric info goes away (as if the fabric manager lost the GPUs): the next refresh says so.
+  ASSERT_EQ(set_failure_("nvmlDeviceGetGpuFabricInfoV", kNotSupported), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return Clique()->clique_id.empty(); }));
+  EXPECT_THAT(Clique()->reason, HasSubstr("no fabric support: 8 of 8"));
+  EXPECT_FALSE(Inventory()->gpus[0].fabric);
+  EXPECT_TRUE(Inventory()->available);
+
+  ASSERT_EQ(clear_failures_(), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return Clique()->clique_id == kClique; }));
+  h_.Drain();
+  EXPECT_EQ(cliques_.size(), 3u);
+}
+
+TEST_F(GpuInventoryModuleTest, RefreshFailureMakesTheInventoryUnavailable) {
+  auto config = TestConfig();
+  config.refresh_interval = milliseconds(20);
+  StartModule(config);
+  ASSERT_TRUE(WaitAvailable());
+  ASSERT_EQ(set_failure_("nvmlDeviceGetCount_v2", kGpuIsLost), 0);
+  ASSERT_TRUE(WaitUnavailable());
+  EXPECT_THAT(Inventory()->error, HasSubstr("nvmlDeviceGetCount_v2 failed: GPU is lost (15)"));
+  ASSERT_EQ(clear_failures_(), 0);
+  ASSERT_TRUE(WaitAvailable());
+}
+
+TEST_F(GpuInventoryModuleTest, StopPublishesUnavailableAndShutsNvmlDown) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  StopModule();
+  EXPECT_FALSE(Inventory()->available);
+  EXPECT_EQ(Inventory()->error, "gpu-inventory stopped");
+  // The close runs on the pool (joining the waiter), then NVML is down.
+  EXPECT_TRUE(h_.RunUntil([&] { return inject_xid_(Uuid(0).c_str(), 79) == kUninitialized; }));
+}
+
+TEST_F(GpuInventoryModuleTest, StopWhileOpeningIsSafe) {
+  StartModule();
+  StopModule();  // the open is still on the pool: its session is closed off the loop when it lands
+  EXPECT_TRUE(h_.RunUntil([&] { return inject_xid_(Uuid(0).c_str(), 79) == kUninitialized; }));
+}
+
+}  // namespace
+}  // namespace gns::gpu_inventory
