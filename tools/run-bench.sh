@@ -20,3 +20,31 @@ PY
 echo
 echo "== process start and idle memory (bench/macro/startup_bench)"
 "$build_dir/bench/macro/startup_bench" --binary "$build_dir/src/gpu-node-supervisor"
+
+echo
+echo "== device plugin on 8 fake GPUs (bench/macro/device_plugin_bench)"
+"$build_dir/bench/macro/device_plugin_bench" --fake-nvml "$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1" \
+  --gpus tools/sim/fake_nvml/gpus-8.json
+
+echo
+echo "== whole binary with gpu-inventory + device-plugin serving 8 fake GPUs to the kubelet simulator"
+sandbox=$(mktemp -d /tmp/gns-bench-XXXXXX)
+mkdir -p "$sandbox/var/lib/kubelet" "$sandbox/host"
+"$build_dir/tools/sim/kubelet/gns-sim-kubelet" --kubelet-dir "$sandbox/var/lib/kubelet" > /dev/null 2>&1 &
+kubelet_pid=$!
+cat > "$sandbox/site.yaml" <<YAML
+version: v1
+nodeName: bench
+paths: {kubeletDir: $sandbox/var/lib/kubelet, cdiDir: $sandbox, stateDir: $sandbox, hostRoot: $sandbox/host}
+logging: {level: warn}
+modules:
+  metrics: {enabled: true, listen: 127.0.0.1:0}
+  gpu-inventory: {enabled: true, nvmlLibrary: $PWD/$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1, eventWaitTimeout: 1s}
+  device-plugin: {enabled: true}
+YAML
+FAKE_NVML_CONFIG=$PWD/tools/sim/fake_nvml/gpus-8.json "$build_dir/bench/macro/startup_bench" \
+  --binary "$build_dir/src/gpu-node-supervisor" --config "$sandbox/site.yaml" --label "8 GPUs, device plugin serving" \
+  --runs 5 --idle-ms 2000
+kill "$kubelet_pid" 2>/dev/null || true
+wait "$kubelet_pid" 2>/dev/null || true
+rm -rf "$sandbox"

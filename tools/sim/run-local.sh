@@ -22,10 +22,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The fake NVML (8 H200-like GPUs, two NUMA nodes, NVLink pairs, one clique), loaded by the
+# real dlopen path; XIDs can be injected with tools/sim/fake_nvml/fakenvmlctl.py.
+export FAKE_NVML_CONFIG=${FAKE_NVML_CONFIG:-$repo/tools/sim/fake_nvml/gpus-8.json}
+export FAKE_NVML_CONTROL=$GNS_SANDBOX/fake-nvml.sock
+export GNS_NVML_LIBRARY=$repo/$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1
+
+# The kubelet simulator: device-plugin registration + ListAndWatch, plugin watcher, DRA calls.
+"$build_dir/tools/sim/kubelet/gns-sim-kubelet" --kubelet-dir "$GNS_SANDBOX/var/lib/kubelet" \
+  --control-socket "$GNS_SANDBOX/kubelet-control.sock" 2>&1 | sed -u 's/^/[kubelet-sim] /' &
+pids+=($!)
+
 echo "simulated node '$NODE_NAME' in $GNS_SANDBOX"
 echo "  metrics:      http://$GNS_METRICS_LISTEN/metrics"
 echo "  health:       http://$GNS_METRICS_LISTEN/healthz  http://$GNS_METRICS_LISTEN/readyz"
 echo "  debug state:  http://$GNS_METRICS_LISTEN/debug/state"
+echo "  inject an XID:  tools/sim/fake_nvml/fakenvmlctl.py --socket $FAKE_NVML_CONTROL inject-xid GPU-… 79"
+echo "  kubelet:        tools/sim/kubelet/kubeletctl.py --socket $GNS_SANDBOX/kubelet-control.sock state"
 echo "Ctrl-C stops everything."
 
 "$build_dir/src/gpu-node-supervisor" run --config config/local.yaml &

@@ -17,11 +17,6 @@ namespace gns::device_plugin {
 
 namespace {
 
-// XIDs that make a GPU unusable until it is reset (NVIDIA's XID catalog: double-bit ECC,
-// GSP/PMU halts, fallen off the bus, NVLink, row-remap and contained/uncontained ECC). Used
-// only until the gpu-health module publishes per-device health.
-const std::vector<int64_t> kDefaultCriticalXids = {48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140};
-
 bool IsExtendedResourceName(const std::string& name) {
   const auto slash = name.find('/');
   if (slash == std::string::npos || slash == 0 || slash + 1 == name.size()) return false;
@@ -65,9 +60,10 @@ DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, c
   if (config.allocation.cdi_kind.find('/') == std::string::npos) {
     section.Fail("cdiKind", "must be vendor/class, e.g. nvidia.com/gpu");
   }
-  for (const auto xid : section.IntList("criticalXids", 1, 100000, kDefaultCriticalXids)) {
-    config.critical_xids.insert(static_cast<uint64_t>(xid));
-  }
+  const std::vector<int64_t> defaults(config.critical_xids.begin(), config.critical_xids.end());
+  const auto xids = section.IntList("criticalXids", 1, 100000, defaults);
+  config.critical_xids.clear();
+  for (const auto xid : xids) config.critical_xids.insert(static_cast<uint64_t>(xid));
   config.register_timeout = section.Duration("registerTimeout", milliseconds(100), milliseconds(60000), milliseconds(5000));
   auto backoff = section.Section("registerBackoff");
   config.register_backoff.initial = backoff.Duration("initial", milliseconds(1), milliseconds(60000), milliseconds(200));

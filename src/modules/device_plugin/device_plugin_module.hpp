@@ -30,7 +30,10 @@ class DevicePluginModule final : public Module {
     std::string resource_name = "nvidia.com/gpu";
     std::string socket_name = "nvidia-gpu.sock";
     AllocationSettings allocation;
-    std::set<uint64_t> critical_xids;
+    // XIDs that make a GPU unusable until it is reset (NVIDIA's XID catalog: double-bit
+    // ECC, GSP/PMU halts, fallen off the bus, NVLink, row-remap and contained/uncontained
+    // ECC). Used until the gpu-health module publishes per-device health.
+    std::set<uint64_t> critical_xids{48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140};
     std::chrono::milliseconds register_timeout{5000};
     BackoffPolicy register_backoff{std::chrono::milliseconds(200), std::chrono::milliseconds(10000), 2.0, 0.5};
   };

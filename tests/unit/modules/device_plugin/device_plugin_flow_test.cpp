@@ -1,0 +1,265 @@
+// The device plugin and the kubelet simulator through real gRPC on unix sockets:
+// registration, ListAndWatch with live health, Allocate, GetPreferredAllocation, kubelet
+// restarts, NVML down, and starting before the kubelet.
+#include "kubelet_sim.h"
+#include "modules/device_plugin/device_plugin_module.hpp"
+#include "modules/device_plugin/messages.hpp"
+#include "modules/gpu_health/messages.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "support/loop_harness.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sys/stat.h>
+
+namespace gns::device_plugin {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr const char* kResource = "nvidia.com/gpu";
+
+gpu_inventory::GpuInventory EightGpus() {
+  gpu_inventory::GpuInventory inv;
+  inv.available = true;
+  for (uint32_t i = 0; i < 8; ++i) {
+    gpu_inventory::GpuInfo g;
+    g.index = i;
+    g.uuid = "GPU-0000000" + std::to_string(i);
+    g.minor = i;
+    g.numa_node = i < 4 ? 0 : 1;
+    g.pci.bus = 0x10 * (i + 1);
+    g.nvlink_peers = {"GPU-0000000" + std::to_string(i ^ 1)};
+    inv.gpus.push_back(g);
+  }
+  return inv;
+}
+
+class DevicePluginFlowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gnsdp-XXXXXX";  // unix socket paths must stay short
+    dir_ = ::mkdtemp(tmpl);
+    h_.site.paths.kubelet_dir = dir_ + "/kubelet";
+    h_.site.paths.host_root = dir_ + "/host";
+    fs::create_directories(h_.site.paths.kubelet_dir);
+    sim::KubeletSimOptions options;
+    options.kubelet_dir = h_.site.paths.kubelet_dir;
+    sim_ = std::make_unique<sim::KubeletSim>(options);
+  }
+
+  void TearDown() override {
+    StopModule();
+    sim_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void StartModule(DevicePluginModule::Config config = {}) {
+    context_ = std::make_unique<ModuleContext>(
+        h_.Parts(), "device-plugin", [this](std::string why) { failures_.push_back(why); },
+        [](ModuleHealth, std::string) {});
+    module_ = std::make_unique<DevicePluginModule>(*context_, config);
+    module_->Start();
+    h_.Drain();
+  }
+
+  void StopModule() {
+    if (!module_) return;
+    bool stopped = false;
+    module_->Stop([&] { stopped = true; });
+    EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
+    module_.reset();
+    context_.reset();
+  }
+
+  // Waits on the simulator from another thread while the loop serves the plugin.
+  bool Await(std::function<bool(sim::KubeletSim&)> wait) {
+    return h_.OffLoop([&] { return wait(*sim_); });
+  }
+
+  bool AwaitHealth(const std::string& id, const std::string& health) {
+    return Await([&](sim::KubeletSim& s) { return s.WaitForDeviceHealth(kResource, id, health, seconds(20)); });
+  }
+
+  test::LoopHarness h_;
+  std::string dir_;
+  std::unique_ptr<sim::KubeletSim> sim_;
+  std::unique_ptr<ModuleContext> context_;
+  std::unique_ptr<DevicePluginModule> module_;
+  std::vector<std::string> failures_;
+};
+
+TEST_F(DevicePluginFlowTest, RegistersAndAdvertisesEveryGpuWithNumaTopology) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
+  ASSERT_TRUE(Await([](auto& s) {
+    return s.WaitForDevices(kResource, [](const auto& d) { return d.size() == 8; }, seconds(20));
+  }));
+  const auto devices = sim_->Devices(kResource);
+  for (const auto& d : devices) {
+    EXPECT_EQ(d.health, "Healthy");
+    const int index = d.id.back() - '0';
+    EXPECT_EQ(d.numa_nodes, std::vector<int64_t>{index < 4 ? 0 : 1}) << d.id;
+  }
+  const auto options = sim_->LastOptions(kResource);
+  ASSERT_TRUE(options);
+  EXPECT_TRUE(options->get_preferred_allocation_available);
+  EXPECT_FALSE(options->pre_start_required);
+  // The socket is ours alone.
+  struct stat st {};
+  ASSERT_EQ(::stat((h_.site.paths.kubelet_dir + "/device-plugins/nvidia-gpu.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(DevicePluginFlowTest, CriticalXidTurnsTheDeviceUnhealthyAndHealthRecoveryTurnsItBack) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
+  h_.bus.Publish(gpu_inventory::XidObservation{"GPU-00000003", 13});  // application error: ignored
+  h_.bus.Publish(gpu_inventory::XidObservation{"GPU-00000003", 79});
+  ASSERT_TRUE(AwaitHealth("GPU-00000003", "Unhealthy"));
+  EXPECT_EQ(sim_->Resource(kResource)->devices.size(), 8u);
+  EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
+
+  gpu_health::DeviceHealth recovered;
+  recovered.uuid = "GPU-00000003";
+  recovered.healthy = true;
+  recovered.reason = "GPU reset occurred";
+  h_.bus.Publish(recovered);
+  ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
+  const auto* state = h_.bus.Latest<DevicePluginState>();
+  ASSERT_NE(state, nullptr);
+  EXPECT_TRUE(state->registered);
+}
+
+TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHealthy) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(AwaitHealth("GPU-00000000", "Healthy"));
+  gpu_inventory::GpuInventory down;
+  down.available = false;
+  down.error = "nvmlEventSetWait_v2: Unknown Error";
+  h_.bus.Publish(down);
+  ASSERT_TRUE(Await([](auto& s) {
+    return s.WaitForDevices(
+        kResource,
+        [](const auto& devices) {
+          return devices.size() == 8 &&
+                 std::all_of(devices.begin(), devices.end(), [](const auto& d) { return d.health == "Unhealthy"; });
+        },
+        seconds(20));
+  }));
+  h_.bus.Publish(EightGpus());
+  ASSERT_TRUE(Await([](auto& s) {
+    return s.WaitForDevices(kResource, [](const auto& d) {
+      return std::all_of(d.begin(), d.end(), [](const auto& x) { return x.health == "Healthy"; });
+    }, seconds(20));
+  }));
+}
+
+TEST_F(DevicePluginFlowTest, KubeletRestartsAreFollowedByServingAndRegisteringAgain) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
+  for (int restart = 1; restart <= 5; ++restart) {
+    h_.OffLoop([&] { sim_->Restart(); return 0; });
+    ASSERT_TRUE(Await([&](auto& s) { return s.WaitForRegistrations(kResource, restart + 1, seconds(20)); }))
+        << "restart " << restart;
+    ASSERT_TRUE(Await([](auto& s) {
+      return s.WaitFor([](const sim::KubeletState& st) {
+        const auto* r = st.FindResource(kResource);
+        return r != nullptr && r->connected && r->devices.size() == 8;
+      }, seconds(20));
+    })) << "restart " << restart;
+  }
+  // And the plugin still answers on the new connection.
+  const auto result = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000001"}}); });
+  EXPECT_TRUE(result.ok()) << result.status.ToString();
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(DevicePluginFlowTest, StartsBeforeTheKubeletAndRegistersOnceKubeletSockAppears) {
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  h_.RunUntil([] { return false; }, milliseconds(100));
+  EXPECT_FALSE(h_.bus.Latest<DevicePluginState>()->registered);
+  h_.OffLoop([&] { sim_->Start(); return 0; });
+  ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return h_.bus.Latest<DevicePluginState>()->registered; }));
+}
+
+TEST_F(DevicePluginFlowTest, AllocateAnswersPerStrategyAndRejectsBadIds) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  DevicePluginModule::Config config;
+  config.allocation.strategy = DeviceListStrategy::kCdiCri;
+  config.allocation.pass_device_specs = true;
+  fs::create_directories(h_.site.paths.host_root + "/dev");
+  std::ofstream(h_.site.paths.host_root + "/dev/nvidiactl") << "";
+  config.critical_xids = {79};
+  StartModule(config);
+  ASSERT_TRUE(AwaitHealth("GPU-00000002", "Healthy"));
+
+  auto ok = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000002", "GPU-00000003"}, {"GPU-00000005"}}); });
+  ASSERT_TRUE(ok.ok()) << ok.status.ToString();
+  ASSERT_EQ(ok.response.container_responses_size(), 2);
+  const auto& first = ok.response.container_responses(0);
+  ASSERT_EQ(first.cdi_devices_size(), 2);
+  EXPECT_EQ(first.cdi_devices(0).name(), "nvidia.com/gpu=GPU-00000002");
+  ASSERT_EQ(first.devices_size(), 3);
+  EXPECT_EQ(first.devices(0).host_path(), "/dev/nvidia2");
+  EXPECT_EQ(first.devices(2).container_path(), "/dev/nvidiactl");
+  EXPECT_TRUE(first.envs().empty());
+
+  auto unknown = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000002", "GPU-nope"}}); });
+  EXPECT_EQ(unknown.status.code, grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(unknown.status.message, "unknown device IDs: GPU-nope");
+
+  h_.bus.Publish(gpu_inventory::XidObservation{"GPU-00000005", 79});
+  ASSERT_TRUE(AwaitHealth("GPU-00000005", "Unhealthy"));
+  auto sick = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000005"}}); });
+  EXPECT_EQ(sick.status.code, grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(sick.status.message, "unhealthy device IDs: GPU-00000005");
+}
+
+TEST_F(DevicePluginFlowTest, PreferredAllocationThroughTheKubelet) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(AwaitHealth("GPU-00000000", "Healthy"));
+  std::vector<std::string> all;
+  for (int i = 0; i < 8; ++i) all.push_back("GPU-0000000" + std::to_string(i));
+  auto pair = h_.OffLoop([&] { return sim_->GetPreferredAllocation(kResource, all, {"GPU-00000004"}, 2); });
+  ASSERT_TRUE(pair.ok()) << pair.status.ToString();
+  ASSERT_EQ(pair.response.container_responses_size(), 1);
+  const auto& ids = pair.response.container_responses(0).deviceids();
+  EXPECT_EQ(std::vector<std::string>(ids.begin(), ids.end()), (std::vector<std::string>{"GPU-00000004", "GPU-00000005"}));
+}
+
+TEST_F(DevicePluginFlowTest, StopRemovesOurSocket) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
+  StopModule();
+  EXPECT_FALSE(fs::exists(h_.site.paths.kubelet_dir + "/device-plugins/nvidia-gpu.sock"));
+  ASSERT_TRUE(Await([](auto& s) {
+    return s.WaitFor([](const sim::KubeletState& st) {
+      const auto* r = st.FindResource(kResource);
+      return r != nullptr && !r->connected;
+    }, seconds(20));
+  }));
+}
+
+}  // namespace
+}  // namespace gns::device_plugin
