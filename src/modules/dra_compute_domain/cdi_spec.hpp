@@ -1,0 +1,61 @@
+#pragma once
+// The per-claim CDI spec that puts /dev/nvidia-caps-imex-channels/channel0 into the workload's
+// containers (WIRE-FACTS §6 for the format, §9.1 for the node). Names follow the upstream
+// compute-domain kubelet plugin, so tools that know its files recognise ours: vendor
+// "k8s.compute-domain.nvidia.com", class "claim", device "<claimUID>-channel-0", file
+// "k8s.compute-domain.nvidia.com-claim_<claimUID>.json" in paths.cdiDir. The container runtime
+// creates the node from type/major/minor, so the host's channel0 file need not exist (§13).
+
+#include "loop/atomic_file.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::dra {
+
+inline constexpr std::string_view kCdiVendor = "k8s.compute-domain.nvidia.com";
+inline constexpr std::string_view kCdiClass = "claim";
+inline constexpr std::string_view kCdiKind = "k8s.compute-domain.nvidia.com/claim";
+inline constexpr std::string_view kChannelPath = "/dev/nvidia-caps-imex-channels/channel0";
+inline constexpr uint32_t kChannelMinor = 0;
+// The mode the upstream plugin gives the channel node (S_IFCHR | 0666): any container user.
+inline constexpr uint32_t kChannelFileMode = 0666;
+// Spec files are read by the container runtime (root) and by operators' tools: no secrets.
+inline constexpr mode_t kCdiSpecFileMode = 0644;
+
+// Kubernetes UIDs are UUIDs. We accept [A-Za-z0-9-], 1..64 characters, starting and ending with
+// a letter or digit: safe in a file name and a valid CDI device name.
+bool IsValidClaimUid(std::string_view uid);
+
+std::string CdiSpecFileName(std::string_view claim_uid);   // "k8s.compute-domain.nvidia.com-claim_<uid>.json"
+std::string CdiDeviceName(std::string_view claim_uid);     // "<uid>-channel-0"
+std::string CdiQualifiedDeviceId(std::string_view claim_uid);  // "<kind>=<uid>-channel-0"
+
+// The lowest cdiVersion that can carry a spec with this device name: a name that does not start
+// with a letter needs 0.5.0, otherwise 0.3.0 (WIRE-FACTS §6; declaring less makes it invalid).
+std::string_view MinimumCdiVersion(std::string_view device_name);
+
+// The spec for one claim. `claim_uid` must satisfy IsValidClaimUid.
+nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_major);
+
+// Writes the spec atomically (mode 0644), creating cdi_dir (0755) if missing. Blocking.
+FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major);
+
+// Removes the claim's spec; a missing file is success (Unprepare is idempotent). Blocking.
+FileWriteResult DeleteCdiSpec(const std::string& cdi_dir, std::string_view claim_uid);
+
+struct CdiListing {
+  bool ok = true;
+  std::string error;
+  std::vector<std::string> claim_uids;  // sorted; only files named by CdiSpecFileName
+};
+// Our spec files in cdi_dir, for the startup reconcile against the checkpoint. A missing
+// directory lists as empty. Blocking.
+CdiListing ListCdiSpecClaimUids(const std::string& cdi_dir);
+
+}  // namespace gns::dra

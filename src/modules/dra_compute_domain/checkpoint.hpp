@@ -1,0 +1,90 @@
+#pragma once
+// The DRA driver's node-local record of prepared claims, kept in
+// <stateDir>/dra-compute-domain/checkpoint.json (mode 0600, directory 0700). It is what makes
+// Prepare idempotent, what detects a second claim on channel-0 (seed 000 §7.2 step 5), and what
+// Unprepare and the startup reconcile clean up from. The file is versioned and checksummed; a
+// file we cannot trust is never half-used: Load reports it as corrupt, the caller moves it aside
+// (checkpoint.json.corrupt-<unix-ts>), tells the operator, and starts clean.
+
+#include "loop/atomic_file.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::dra {
+
+inline constexpr int kCheckpointVersion = 1;
+
+enum class ClaimState { kPrepareStarted, kPrepareCompleted };
+std::string_view ToString(ClaimState state);
+std::optional<ClaimState> ParseClaimState(std::string_view text);
+
+struct PreparedClaim {
+  std::string uid;
+  std::string namespace_name;
+  std::string name;
+  ClaimState state = ClaimState::kPrepareStarted;
+  std::string domain_uid;                  // the ComputeDomain's metadata.uid (opaque domainID)
+  std::string device;                      // "channel-0"
+  std::string pool_name;                   // the node name
+  std::vector<std::string> request_names;  // the claim requests the device serves
+  std::string cdi_spec_file;               // file name inside paths.cdiDir
+  std::string cdi_device_id;               // fully qualified, as returned to the kubelet
+  int64_t started_unix_ms = 0;
+  int64_t completed_unix_ms = 0;           // 0 until PrepareCompleted
+  bool operator==(const PreparedClaim&) const = default;
+};
+
+struct Checkpoint {
+  std::map<std::string, PreparedClaim> claims;  // by claim UID
+  bool operator==(const Checkpoint&) const = default;
+
+  const PreparedClaim* Find(std::string_view uid) const;
+  // A PrepareCompleted entry of a claim other than `except_uid` holding `device`, or nullptr.
+  const PreparedClaim* CompletedHolderOf(std::string_view device, std::string_view except_uid) const;
+};
+
+enum class CheckpointStatus {
+  kLoaded,      // parsed and verified
+  kMissing,     // no file: a fresh node, start empty
+  kCorrupt,     // bad JSON, bad checksum, unknown version or wrong shape: move aside, start empty
+  kUnreadable,  // exists but cannot be read (permissions, I/O): fail the start, retry later
+};
+std::string_view ToString(CheckpointStatus status);
+
+struct CheckpointLoadResult {
+  CheckpointStatus status = CheckpointStatus::kMissing;
+  Checkpoint checkpoint;  // empty unless kLoaded
+  std::string error;      // why, for kCorrupt and kUnreadable
+};
+
+// The file's bytes. Deterministic: the same checkpoint always serializes the same way.
+std::string SerializeCheckpoint(const Checkpoint& checkpoint);
+// kLoaded or kCorrupt; never throws.
+CheckpointLoadResult ParseCheckpoint(std::string_view text);
+
+// Blocking (run on the BlockingPool). Never throws.
+CheckpointLoadResult LoadCheckpoint(const std::string& path);
+// Creates the directory (0700) if missing, then writes through WriteFileAtomically (0600).
+FileWriteResult SaveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
+
+struct MoveAsideResult {
+  bool ok = false;
+  std::string moved_to;  // "<path>.corrupt-<unix_seconds>"
+  std::string error;
+};
+// Renames a corrupt checkpoint out of the way, keeping it for the operator. Never throws.
+MoveAsideResult MoveCorruptCheckpointAside(const std::string& path, int64_t unix_seconds);
+
+// CRC-32 (IEEE 802.3, as zlib's crc32) of `data`; the checksum over the serialized `data` member.
+uint32_t Crc32(std::string_view data);
+
+void to_json(nlohmann::json& j, const PreparedClaim& claim);
+
+}  // namespace gns::dra

@@ -1,0 +1,70 @@
+// Names and host paths of the compute-domain DRA driver.
+#include "modules/dra_compute_domain/driver_paths.hpp"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace gns::dra {
+
+std::string JoinPath(std::string_view dir, std::string_view name) {
+  std::string out(dir);
+  while (!name.empty() && name.front() == '/') name.remove_prefix(1);
+  if (out.empty()) return "/" + std::string(name);
+  if (out.back() != '/') out.push_back('/');
+  out.append(name);
+  return out;
+}
+
+DriverPaths MakeDriverPaths(const SitePaths& site) {
+  DriverPaths paths;
+  const std::string driver(kDriverName);
+  paths.plugins_registry_dir = JoinPath(site.kubelet_dir, "plugins_registry");
+  paths.registration_socket = JoinPath(paths.plugins_registry_dir, driver + "-reg.sock");
+  paths.plugin_dir = JoinPath(JoinPath(site.kubelet_dir, "plugins"), driver);
+  paths.dra_socket = JoinPath(paths.plugin_dir, "dra.sock");
+  paths.state_dir = JoinPath(site.state_dir, "dra-compute-domain");
+  paths.checkpoint_file = JoinPath(paths.state_dir, "checkpoint.json");
+  paths.cdi_dir = site.cdi_dir;
+  paths.proc_devices = JoinPath(site.host_root.empty() ? "/" : site.host_root, "proc/devices");
+  return paths;
+}
+
+bool EnsureDirectory(const std::string& path, mode_t mode, std::string& error) {
+  if (path.empty()) {
+    error = "mkdir: empty path";
+    return false;
+  }
+  // Walk the components from the root so every missing parent gets `mode` too.
+  std::size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    const std::string prefix = path.substr(0, pos);
+    if (prefix.empty()) continue;
+    struct stat st {};
+    if (::stat(prefix.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) {
+        error = "mkdir: " + prefix + ": exists and is not a directory";
+        return false;
+      }
+      continue;
+    }
+    if (errno != ENOENT) {
+      error = "stat: " + prefix + ": " + std::strerror(errno);
+      return false;
+    }
+    if (::mkdir(prefix.c_str(), mode) != 0 && errno != EEXIST) {
+      error = "mkdir: " + prefix + ": " + std::strerror(errno);
+      return false;
+    }
+    // mkdir applies the umask; set the mode we promise on what we created.
+    if (::chmod(prefix.c_str(), mode) != 0) {
+      error = "chmod: " + prefix + ": " + std::strerror(errno);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace gns::dra

@@ -1,0 +1,107 @@
+#pragma once
+// The decision for one NodePrepareResources claim under HostManagedIMEX, as a pure function over
+// plain inputs: the ResourceClaim as fetched from the API, the UID the kubelet asked for, the
+// ComputeDomain lookup, the node's clique ID and the checkpoint. No I/O: the module fetches,
+// then decides, then writes the checkpoint (PrepareStarted), the CDI spec and the checkpoint
+// again (PrepareCompleted).
+//
+// Order (seed 000 §7.2, with the upstream plugin's two preliminaries):
+//   0. the same claim already PrepareCompleted in the checkpoint → its stored result (idempotent);
+//      the claim's metadata.uid must be the UID the kubelet asked for; gate off → not supported;
+//   1. decode our opaque configs (a daemon config → "daemon claims are disabled");
+//   2. exactly one allocation result of our driver (device channel-0, pool = this node);
+//   3. allocationMode is "" or "Single" (an allowlist: "All", "foo"… are rejected);
+//   4. (the config state: the domain UID)
+//   5. channel-0 not PrepareCompleted for another claim (retryable: the other may be unpreparing);
+//   6. the ComputeDomain with that UID exists, in the claim's namespace;
+//   7. the node has a clique ID.
+// Permanent errors are not retried by the module within the kubelet's call; retryable ones are.
+
+#include "modules/dra_compute_domain/checkpoint.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::dra {
+
+inline constexpr std::string_view kNoCliqueMessage =
+    "host-managed IMEX requires an NVLink clique on this node; NVML reports none";
+inline constexpr std::string_view kDaemonDisabledMessage = "daemon claims are disabled under HostManagedIMEX";
+inline constexpr std::string_view kDriverManagedUnsupportedMessage =
+    "driver-managed IMEX (HostManagedIMEX=false) is not supported by this build; enable the HostManagedIMEX "
+    "feature gate";
+
+struct ComputeDomainInfo {
+  std::string uid;
+  std::string namespace_name;
+  std::string name;
+};
+
+// What the module's ComputeDomain lookup (informer cache or GET) found for a UID.
+struct DomainLookup {
+  enum class Kind { kFound, kNotFound, kError };
+  Kind kind = Kind::kNotFound;
+  ComputeDomainInfo domain;  // kFound
+  std::string error;         // kError: the API could not answer (retryable)
+
+  static DomainLookup Found(ComputeDomainInfo domain) { return {Kind::kFound, std::move(domain), {}}; }
+  static DomainLookup NotFound() { return {Kind::kNotFound, {}, {}}; }
+  static DomainLookup Error(std::string why) { return {Kind::kError, {}, std::move(why)}; }
+};
+using DomainLookupFn = std::function<DomainLookup(std::string_view domain_uid)>;
+
+struct PrepareContext {
+  std::string node_name;      // pool name and the pool results must come from
+  std::string clique_id;      // NodeClique::clique_id; empty when the node has none
+  bool host_managed = true;   // the HostManagedIMEX gate
+  const Checkpoint* checkpoint = nullptr;  // nullptr reads as empty
+};
+
+enum class PrepareOutcome {
+  kPrepare,          // go ahead: record PrepareStarted, write the CDI spec, record PrepareCompleted
+  kAlreadyPrepared,  // the claim is PrepareCompleted: answer with `existing`, touch nothing
+  kPermanentError,
+  kRetryableError,
+};
+std::string_view ToString(PrepareOutcome outcome);
+
+struct PrepareDecision {
+  PrepareOutcome outcome = PrepareOutcome::kPermanentError;
+  std::string error;  // for the two error outcomes; starts with the claim's namespace/name
+  // kPrepare:
+  std::string domain_uid;
+  std::string device_name;                 // "channel-0"
+  std::vector<std::string> request_names;  // of the allocation result
+  std::string pool_name;                   // = node name
+  std::string claim_namespace;
+  std::string claim_name;
+  // kAlreadyPrepared:
+  PreparedClaim existing;
+
+  bool ok() const { return outcome == PrepareOutcome::kPrepare || outcome == PrepareOutcome::kAlreadyPrepared; }
+};
+
+// The checkpoint short-cut alone (step 0), so the module can answer a repeated Prepare without
+// fetching the claim: set when `claim_uid` is PrepareCompleted.
+std::optional<PreparedClaim> CompletedPrepare(const Checkpoint& checkpoint, std::string_view claim_uid);
+
+// The decision. `lookup` is called at most once, and only when steps 0–5 passed.
+PrepareDecision DecidePrepare(const nlohmann::json& claim, std::string_view expected_uid, const PrepareContext& context,
+                              const DomainLookupFn& lookup);
+
+// The domain UID the claim's config names, for the module to fetch the ComputeDomain before
+// deciding; empty when steps 0–3 would already fail (DecidePrepare then says why).
+std::string DomainUidOf(const nlohmann::json& claim);
+
+struct UnprepareDecision {
+  bool known = false;      // false: nothing of ours to clean up; answer success (idempotent)
+  PreparedClaim existing;  // known: delete its CDI spec, then drop the checkpoint entry
+};
+UnprepareDecision DecideUnprepare(const Checkpoint& checkpoint, std::string_view claim_uid);
+
+}  // namespace gns::dra

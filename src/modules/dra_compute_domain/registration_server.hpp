@@ -1,0 +1,66 @@
+#pragma once
+// The kubelet plugin-watcher side of the DRA driver: pluginregistration.Registration on
+// <kubeletDir>/plugins_registry/compute-domain.nvidia.com-reg.sock (WIRE-FACTS §2, §3.4). The
+// kubelet finds the socket, calls GetInfo (and keeps calling it as a liveness probe on newer
+// kubelets, so it answers for the server's whole life), then NotifyRegistrationStatus. Start the
+// DRA server first: the kubelet dials PluginInfo.endpoint as soon as it has registered us.
+//
+// Threading as in device_plugin/plugin_server: GetInfo answers from immutable data on the gRPC
+// thread; NotifyRegistrationStatus posts to the loop, which reports it and finishes the RPC.
+
+#include "loop/blocking_pool.hpp"
+#include "loop/loop.hpp"
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gns::dra {
+
+// DRA services we serve, in preference order (the kubelet takes the first it supports).
+inline const std::vector<std::string>& DefaultSupportedVersions() {
+  static const std::vector<std::string> kVersions{"v1.DRAPlugin", "v1beta1.DRAPlugin"};
+  return kVersions;
+}
+
+class RegistrationServer {
+ public:
+  struct Info {
+    std::string driver_name;   // PluginInfo.name (= ResourceSlice.spec.driver)
+    std::string endpoint;      // absolute path of the DRA socket
+    std::vector<std::string> supported_versions = DefaultSupportedVersions();
+  };
+  // Loop thread: what the kubelet told us about the registration.
+  using StatusSink = std::function<void(bool registered, const std::string& error)>;
+
+  RegistrationServer(Loop& loop, Info info, StatusSink on_status);
+  ~RegistrationServer();
+  RegistrationServer(const RegistrationServer&) = delete;
+  RegistrationServer& operator=(const RegistrationServer&) = delete;
+
+  // Serves on `socket_path` (parents created 0750 if missing, a stale socket replaced, the socket
+  // chmod 0600). Throws std::runtime_error on failure.
+  void Start(const std::string& socket_path);
+  // Stops answering, removes our socket (the kubelet deregisters on its removal), shuts the server
+  // down off the loop; `done` runs on the loop.
+  void Shutdown(BlockingPool& pool, std::function<void()> done);
+
+  struct Shared;
+
+ private:
+  class Service;
+  Loop& loop_;
+  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string socket_path_;
+};
+
+// Shared by both servers: makes the socket's directory (0750) and removes a stale socket left
+// by a previous instance (only a socket: never another kind of file). Throws std::runtime_error.
+void PrepareSocketPath(const std::string& socket_path);
+
+}  // namespace gns::dra

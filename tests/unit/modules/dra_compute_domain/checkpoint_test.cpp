@@ -1,0 +1,263 @@
+// The checkpoint: round trip through the file, modes, and every kind of file we must not trust
+// (truncated, bad checksum, unknown version, wrong shapes) read as "corrupt: move aside".
+#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <functional>
+
+namespace gns::dra {
+namespace {
+
+using nlohmann::json;
+
+PreparedClaim Completed(const std::string& uid) {
+  PreparedClaim claim;
+  claim.uid = uid;
+  claim.namespace_name = "default";
+  claim.name = "train-a-imex-channel-x7k2p";
+  claim.state = ClaimState::kPrepareCompleted;
+  claim.domain_uid = "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60";
+  claim.device = "channel-0";
+  claim.pool_name = "node-a";
+  claim.request_names = {"channel"};
+  claim.cdi_spec_file = "k8s.compute-domain.nvidia.com-claim_" + uid + ".json";
+  claim.cdi_device_id = "k8s.compute-domain.nvidia.com/claim=" + uid + "-channel-0";
+  claim.started_unix_ms = 1767225600000;
+  claim.completed_unix_ms = 1767225600123;
+  return claim;
+}
+
+Checkpoint TwoClaims() {
+  Checkpoint checkpoint;
+  checkpoint.claims["a1b2c3d4-0000-4000-8000-000000000001"] = Completed("a1b2c3d4-0000-4000-8000-000000000001");
+  PreparedClaim started = Completed("a1b2c3d4-0000-4000-8000-000000000002");
+  started.state = ClaimState::kPrepareStarted;
+  started.completed_unix_ms = 0;
+  started.name = "ünïcode-is-kept";  // names are DNS labels, but the file must not care
+  checkpoint.claims[started.uid] = started;
+  return checkpoint;
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+void WriteRaw(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// Recomputes the checksum after editing `data`, so a test reaches the check behind it.
+std::string Resealed(json file) {
+  file["checksum"] = Crc32(file["data"].dump());
+  return file.dump();
+}
+
+TEST(CheckpointTest, Crc32MatchesTheIeeeCheckValue) {
+  EXPECT_EQ(Crc32("123456789"), 0xCBF43926u);
+  EXPECT_EQ(Crc32(""), 0u);
+}
+
+TEST(CheckpointTest, RoundTripsThroughTheFileWithPrivateModes) {
+  test::TempDir dir;
+  const DriverPaths paths = MakeDriverPaths(SitePaths{"", "", dir / "state", "/"});
+  const Checkpoint original = TwoClaims();
+  const auto saved = SaveCheckpoint(paths.checkpoint_file, original);
+  ASSERT_TRUE(saved) << saved.error;
+  EXPECT_EQ(paths.checkpoint_file, dir / "state/dra-compute-domain/checkpoint.json");
+  EXPECT_EQ(ModeOf(paths.checkpoint_file), 0600u);
+  EXPECT_EQ(ModeOf(paths.state_dir), 0700u);
+
+  const auto loaded = LoadCheckpoint(paths.checkpoint_file);
+  ASSERT_EQ(loaded.status, CheckpointStatus::kLoaded) << loaded.error;
+  EXPECT_EQ(loaded.checkpoint, original);
+
+  // Saving again replaces the file atomically and leaves no temp file behind.
+  Checkpoint smaller = original;
+  smaller.claims.erase(smaller.claims.begin());
+  ASSERT_TRUE(SaveCheckpoint(paths.checkpoint_file, smaller));
+  EXPECT_EQ(LoadCheckpoint(paths.checkpoint_file).checkpoint, smaller);
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(paths.state_dir)) ++files;
+  EXPECT_EQ(files, 1);
+}
+
+TEST(CheckpointTest, SerializationIsDeterministicAndVersioned) {
+  const std::string text = SerializeCheckpoint(TwoClaims());
+  EXPECT_EQ(text, SerializeCheckpoint(TwoClaims()));
+  const json file = json::parse(text);
+  EXPECT_EQ(file["version"], kCheckpointVersion);
+  EXPECT_EQ(file["kind"], "gns-dra-compute-domain-checkpoint");
+  const json& entry = file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"];
+  EXPECT_EQ(entry["state"], "PrepareCompleted");
+  EXPECT_EQ(entry["device"], "channel-0");
+  EXPECT_EQ(entry["domainUID"], "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60");
+  EXPECT_EQ(entry["cdiDeviceID"], "k8s.compute-domain.nvidia.com/claim=a1b2c3d4-0000-4000-8000-000000000001-channel-0");
+  EXPECT_EQ(ParseCheckpoint(SerializeCheckpoint(Checkpoint{})).status, CheckpointStatus::kLoaded);
+}
+
+TEST(CheckpointTest, MissingFileIsAnEmptyStart) {
+  test::TempDir dir;
+  const auto loaded = LoadCheckpoint(dir / "nope/checkpoint.json");
+  EXPECT_EQ(loaded.status, CheckpointStatus::kMissing);
+  EXPECT_TRUE(loaded.checkpoint.claims.empty());
+}
+
+TEST(CheckpointTest, ADirectoryInItsPlaceIsUnreadableNotCorrupt) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir / "checkpoint.json");
+  const auto loaded = LoadCheckpoint(dir / "checkpoint.json");
+  EXPECT_EQ(loaded.status, CheckpointStatus::kUnreadable);
+  EXPECT_NE(loaded.error.find("not a regular file"), std::string::npos) << loaded.error;
+}
+
+struct CorruptCase {
+  const char* name;
+  std::function<std::string(const std::string& good)> make;
+  const char* mentions;
+};
+
+class CorruptCheckpointTest : public ::testing::TestWithParam<CorruptCase> {};
+
+TEST_P(CorruptCheckpointTest, ReadsAsCorruptAndCanBeMovedAside) {
+  const CorruptCase& c = GetParam();
+  test::TempDir dir;
+  const std::string path = dir / "checkpoint.json";
+  WriteRaw(path, c.make(SerializeCheckpoint(TwoClaims())));
+
+  const auto loaded = LoadCheckpoint(path);
+  EXPECT_EQ(loaded.status, CheckpointStatus::kCorrupt) << c.name;
+  EXPECT_TRUE(loaded.checkpoint.claims.empty());
+  EXPECT_NE(loaded.error.find(c.mentions), std::string::npos) << loaded.error;
+  EXPECT_NE(loaded.error.find(path), std::string::npos) << "names the file: " << loaded.error;
+
+  const auto moved = MoveCorruptCheckpointAside(path, 1767225600);
+  ASSERT_TRUE(moved.ok) << moved.error;
+  EXPECT_EQ(moved.moved_to, path + ".corrupt-1767225600");
+  EXPECT_TRUE(std::filesystem::exists(moved.moved_to));
+  EXPECT_EQ(LoadCheckpoint(path).status, CheckpointStatus::kMissing);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, CorruptCheckpointTest,
+    ::testing::Values(
+        CorruptCase{"Empty", [](const std::string&) { return std::string(); }, "not valid JSON"},
+        CorruptCase{"Truncated", [](const std::string& good) { return good.substr(0, good.size() / 2); },
+                    "not valid JSON"},
+        CorruptCase{"Garbage", [](const std::string&) { return std::string("\x7f" "ELF\x02\x01\x01", 7); },
+                    "not valid JSON"},
+        CorruptCase{"TopLevelArray", [](const std::string&) { return std::string("[]"); }, "top level is array"},
+        CorruptCase{"BadChecksum",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"]["device"] = "channel-1";
+                      return file.dump();  // content changed, checksum not
+                    },
+                    "checksum mismatch"},
+        CorruptCase{"ChecksumNotANumber",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["checksum"] = "abc";
+                      return file.dump();
+                    },
+                    "checksum"},
+        CorruptCase{"UnknownVersion",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["version"] = 2;
+                      return file.dump();
+                    },
+                    "unknown version 2"},
+        CorruptCase{"ForeignKind",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["kind"] = "something-else";
+                      return file.dump();
+                    },
+                    "kind is"},
+        CorruptCase{"StateNotAString",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"]["state"] = 3;
+                      return Resealed(file);
+                    },
+                    ".state: expected a string"},
+        CorruptCase{"UnknownState",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"]["state"] = "Prepared";
+                      return Resealed(file);
+                    },
+                    "unknown state \"Prepared\""},
+        CorruptCase{"MissingDevice",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"].erase("device");
+                      return Resealed(file);
+                    },
+                    ".device: missing"},
+        CorruptCase{"TimestampAString",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"]["startedAtUnixMs"] = "now";
+                      return Resealed(file);
+                    },
+                    ".startedAtUnixMs: expected an integer"},
+        CorruptCase{"RequestNamesNotStrings",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"]["requestNames"] =
+                          json::array({1});
+                      return Resealed(file);
+                    },
+                    "requestNames[]"},
+        CorruptCase{"EntryNotAnObject",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"] = "x";
+                      return Resealed(file);
+                    },
+                    "expected an object"},
+        CorruptCase{"ClaimsNotAnObject",
+                    [](const std::string& good) {
+                      json file = json::parse(good);
+                      file["data"]["preparedClaims"] = json::array();
+                      return Resealed(file);
+                    },
+                    "data.preparedClaims: expected an object"}),
+    [](const ::testing::TestParamInfo<CorruptCase>& info) { return std::string(info.param.name); });
+
+TEST(CheckpointTest, FindsTheCompletedHolderOfADeviceOtherThanTheAsker) {
+  const Checkpoint checkpoint = TwoClaims();
+  const PreparedClaim* holder = checkpoint.CompletedHolderOf("channel-0", "someone-else");
+  ASSERT_NE(holder, nullptr);
+  EXPECT_EQ(holder->uid, "a1b2c3d4-0000-4000-8000-000000000001");
+  // The holder itself is not in conflict with itself, and a started entry holds nothing.
+  EXPECT_EQ(checkpoint.CompletedHolderOf("channel-0", "a1b2c3d4-0000-4000-8000-000000000001"), nullptr);
+  EXPECT_EQ(checkpoint.CompletedHolderOf("channel-1", ""), nullptr);
+}
+
+TEST(CheckpointTest, MoveAsideOfAMissingFileReportsWhy) {
+  test::TempDir dir;
+  const auto moved = MoveCorruptCheckpointAside(dir / "checkpoint.json", 1);
+  EXPECT_FALSE(moved.ok);
+  EXPECT_NE(moved.error.find("No such file"), std::string::npos) << moved.error;
+}
+
+TEST(CheckpointTest, SaveFailsCleanlyWhenTheDirectoryCannotBeMade) {
+  test::TempDir dir;
+  WriteRaw(dir / "file", "x");
+  const auto saved = SaveCheckpoint(dir / "file/sub/checkpoint.json", TwoClaims());
+  EXPECT_FALSE(saved);
+  EXPECT_NE(saved.error.find("not a directory"), std::string::npos) << saved.error;
+}
+
+}  // namespace
+}  // namespace gns::dra
