@@ -1,0 +1,201 @@
+#pragma once
+// The Kubernetes API client every cluster-facing module uses (offered by the `kube` module as a
+// service: `context.GetServices().Find<KubeClient>()`). HTTP/1.1 over TLS (Beast + OpenSSL,
+// kept out of this header), keep-alive connections, a deadline on every request, a client-side
+// token bucket, bearer tokens re-read from their file every minute and on a 401, or client
+// certificates. Completion callbacks run on the loop. Objects are nlohmann JSON; a
+// resourceVersion is an opaque string compared for equality only.
+
+#include "loop/clock.hpp"
+#include "loop/loop.hpp"
+#include "loop/metrics_registry.hpp"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/logger.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace gns::kube {
+
+// The outcome of one request. http_status is 0 when no HTTP answer arrived (connect, TLS,
+// deadline, decode); `error` is empty on success and otherwise says what went wrong (for API
+// errors: the Status message).
+struct Result {
+  int http_status = 0;
+  nlohmann::json object;
+  std::string error;
+  bool Ok() const { return http_status >= 200 && http_status < 300 && error.empty(); }
+};
+
+enum class PatchType { kMerge, kJson, kApply };
+
+struct ListOptions {
+  std::string label_selector;
+  std::string field_selector;
+  int64_t limit = 500;  // page size; 0 = everything in one response
+};
+
+struct Preconditions {
+  std::string uid;
+  std::string resource_version;
+};
+
+struct WatchOptions {
+  std::string resource_version;
+  std::string label_selector;
+  std::string field_selector;
+  bool bookmarks = true;
+  int64_t timeout_seconds = 0;  // 0: the server's own limit
+  // No byte for this long means the connection is dead: the watch ends with an error.
+  std::chrono::milliseconds idle_timeout{300000};
+};
+
+// How a watch stream ended.
+struct WatchEnd {
+  int http_status = 0;   // 200 once the stream opened; the status of a refused watch; 0: none
+  bool clean = false;    // the server ended the stream properly (last chunk)
+  bool decode_error = false;  // the stream could not be framed (line too long, bad content type)
+  std::string error;
+  nlohmann::json status;  // the Status body of a refused watch, if any
+};
+
+struct WatchCallbacks {
+  // One complete line of the stream (one JSON object as text, newline stripped).
+  std::function<void(std::string_view line)> on_line;
+  // Exactly once, unless the handle was stopped first.
+  std::function<void(const WatchEnd&)> on_end;
+};
+
+// Stops its watch when stopped or destroyed; no callback runs after that.
+class WatchHandle {
+ public:
+  virtual ~WatchHandle() = default;
+  virtual void Stop() = 0;
+};
+
+// Where and how to reach the API server (from a kubeconfig or the in-cluster environment).
+struct ClientConfig {
+  std::string server;  // https://host:port
+  std::string ca_pem;  // trusted CA certificates (PEM); required: verification is never off
+  std::string token;   // a static bearer token (kubeconfig `token`)
+  std::string token_file;  // re-read every token_refresh and after a 401
+  std::string client_cert_pem;
+  std::string client_key_pem;
+  double qps = 20.0;
+  int burst = 40;
+  std::chrono::milliseconds request_timeout{30000};
+  std::chrono::milliseconds token_refresh{60000};
+  std::size_t max_response_bytes = 64 * 1024 * 1024;
+  std::size_t max_watch_line_bytes = 16 * 1024 * 1024;
+  std::size_t max_idle_connections = 4;
+  std::string user_agent = "gpu-node-supervisor";
+};
+
+// The in-cluster service-account files (overridable so tests can point them at a temp dir).
+struct InClusterPaths {
+  std::string token = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+  std::string ca = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+  std::string ns = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+};
+
+// Reads KUBERNETES_SERVICE_HOST/PORT and the service-account files; throws std::runtime_error
+// naming what is missing.
+ClientConfig InClusterConfig(const InClusterPaths& paths = {});
+// Reads a kubeconfig (current context, or `context` if given): server, CA file or data, token,
+// tokenFile, client certificate/key as files or data. Throws std::runtime_error.
+ClientConfig LoadKubeconfig(const std::string& path, const std::string& context = {});
+
+// Builds API paths: core ("" group, "v1") or grouped, namespaced or cluster-scoped.
+struct ResourcePath {
+  std::string group;  // "" for core
+  std::string version = "v1";
+  std::string resource;  // plural: "nodes", "leases"
+  std::string ns;        // empty: cluster-scoped (or all namespaces)
+
+  // /api/v1/nodes, /apis/coordination.k8s.io/v1/namespaces/ns/leases
+  std::string Collection() const;
+  // Collection() + "/" + name (+ "/" + subresource)
+  std::string Object(std::string_view name, std::string_view subresource = {}) const;
+
+  static ResourcePath Core(std::string resource, std::string ns = {});
+  static ResourcePath Grouped(std::string group, std::string version, std::string resource, std::string ns = {});
+};
+
+// Percent-encodes a query parameter value.
+std::string QueryEscape(std::string_view value);
+
+// Small typed views of what modules read.
+struct ObjectMeta {
+  std::string name;
+  std::string ns;
+  std::string uid;
+  std::string resource_version;
+  // nullopt when `object` has no metadata.name (a malformed object).
+  static std::optional<ObjectMeta> From(const nlohmann::json& object);
+  // "ns/name", or "name" for cluster-scoped objects (the informer cache key).
+  std::string Key() const { return ns.empty() ? name : ns + "/" + name; }
+};
+
+class KubeClient {
+ public:
+  using Callback = std::function<void(Result)>;
+
+  struct Deps {
+    Loop& loop;
+    const Clock& clock;
+    MetricsRegistry& metrics;
+    std::shared_ptr<spdlog::logger> log;
+  };
+
+  // Throws std::runtime_error for an unusable config (bad URL, bad PEM).
+  KubeClient(Deps deps, ClientConfig config);
+  ~KubeClient();
+  KubeClient(const KubeClient&) = delete;
+  KubeClient& operator=(const KubeClient&) = delete;
+
+  void Get(const std::string& path, Callback cb);
+  // Follows continue tokens; the result object is {"metadata":{"resourceVersion"},"items":[...]}.
+  void List(const std::string& path, const ListOptions& options, Callback cb);
+  void Create(const std::string& collection_path, const nlohmann::json& object, Callback cb);
+  void Update(const std::string& path, const nlohmann::json& object, Callback cb);
+  // kApply needs a field manager (the module's name); `force` takes over conflicting fields.
+  void Patch(const std::string& path, PatchType type, const nlohmann::json& body, const std::string& field_manager,
+             Callback cb, bool force = false);
+  void Delete(const std::string& path, const Preconditions& preconditions, Callback cb);
+  void UpdateStatus(const std::string& path, const nlohmann::json& object, Callback cb);
+  void PatchStatus(const std::string& path, PatchType type, const nlohmann::json& body,
+                   const std::string& field_manager, Callback cb, bool force = false);
+  // A streaming GET of `collection_path?watch=1&...`; lines arrive on the loop.
+  std::unique_ptr<WatchHandle> Watch(const std::string& collection_path, const WatchOptions& options,
+                                     WatchCallbacks callbacks);
+
+  // A raw request (method, target with query, body, content type), for what the verbs above
+  // do not cover. `verb` labels the metrics.
+  void Request(std::string_view verb, std::string_view method, std::string target, std::string body,
+               std::string content_type, Callback cb);
+
+  // Closes every connection and watch; pending and later requests complete with an error.
+  void Shutdown();
+  // Re-reads the token file now (also done on a timer and after a 401).
+  void ReloadToken();
+
+  struct Stats {
+    uint64_t requests = 0;
+    uint64_t connections_opened = 0;
+    uint64_t token_reloads = 0;
+  };
+  Stats GetStats() const;
+
+  class Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace gns::kube

@@ -1,0 +1,139 @@
+#pragma once
+// Shared informers, in the manner of client-go: list, then watch from the list's
+// resourceVersion with bookmarks; resume from the last seen resourceVersion when a watch ends;
+// on 410 Gone (HTTP or in-stream) re-list and publish the difference, deletions included;
+// jittered backoff on errors; a read-idle timeout that reconnects. One informer per
+// (resource path, label selector, field selector), however many modules acquire it.
+// Changes go on the bus as ResourceEvent (messages.hpp); the cache can be read directly.
+
+#include "loop/backoff.hpp"
+#include "loop/bus.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/messages.hpp"
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
+
+namespace gns::kube {
+
+struct InformerSpec {
+  std::string path;  // the collection, e.g. ResourcePath::Core("nodes").Collection()
+  std::string label_selector;
+  std::string field_selector;
+  // "<path>?l=<label>&f=<field>": the informer_key of its bus messages.
+  std::string Key() const;
+};
+
+struct InformerOptions {
+  std::chrono::milliseconds idle_timeout{300000};
+  BackoffPolicy backoff{std::chrono::milliseconds(500), std::chrono::milliseconds(30000), 2.0, 0.5};
+  int64_t page_size = 500;
+  // Watches ask the server to end them after a random time in [min, 2*min] (as client-go), so
+  // connections spread over API servers; 0 leaves it to the server.
+  std::chrono::seconds min_watch_timeout{300};
+  Backoff::RandomSource random;  // tests inject it; empty: a real source
+};
+
+class Informer {
+ public:
+  struct Stats {
+    uint64_t lists = 0;       // successful lists (the first one and relists)
+    uint64_t relists = 0;     // lists after the first
+    uint64_t watch_starts = 0;
+    uint64_t watch_restarts = 0;  // resumes after a watch ended
+    uint64_t decode_errors = 0;
+    uint64_t errors = 0;  // every error of any kind
+  };
+
+  Informer(const InformerSpec& spec, std::shared_ptr<KubeClient> client, Bus& bus, boost::asio::io_context& io,
+           MetricsRegistry& metrics, std::shared_ptr<spdlog::logger> log, InformerOptions options);
+  ~Informer();
+  Informer(const Informer&) = delete;
+  Informer& operator=(const Informer&) = delete;
+
+  void Start();
+  void Stop();
+
+  const std::string& Key() const { return key_; }
+  const InformerSpec& Spec() const { return spec_; }
+  bool Synced() const { return synced_; }
+  const std::string& ResourceVersion() const { return resource_version_; }
+  // nullptr when not cached. The key is "namespace/name" or "name" (cluster-scoped).
+  std::shared_ptr<const nlohmann::json> Get(const std::string& key) const;
+  const std::unordered_map<std::string, std::shared_ptr<const nlohmann::json>>& Items() const { return items_; }
+  std::size_t Size() const { return items_.size(); }
+  const Stats& GetStats() const { return stats_; }
+
+  // Applies one watch line as if it came from the server (the benchmark drives this).
+  // Returns false if the line was not usable (the informer then relists).
+  // `client` may be null for an informer driven only by these two (never Start()ed).
+  bool HandleLineForTest(std::string_view line) { return HandleLine(line); }
+  // Replaces the cache with a list's items and publishes the difference (as a relist does).
+  void ReplaceForTest(nlohmann::json items, std::string resource_version) {
+    Replace(items, std::move(resource_version));
+  }
+
+ private:
+  void List();
+  void StartWatch();
+  bool HandleLine(std::string_view line);
+  void OnWatchEnd(const WatchEnd& end);
+  void Relist(const std::string& why);
+  void Retry(const std::string& why, void (Informer::*what)());
+  void Replace(nlohmann::json& items, std::string resource_version);
+  void Upsert(std::shared_ptr<const nlohmann::json> object, const std::string& key);
+  void Remove(const std::string& key, std::shared_ptr<const nlohmann::json> last);
+  void PublishSynced();
+  void CountError(const char* counter, const std::string& why);
+
+  InformerSpec spec_;
+  std::string key_;
+  std::shared_ptr<KubeClient> client_;
+  Bus& bus_;
+  MetricsRegistry& metrics_;
+  std::shared_ptr<spdlog::logger> log_;
+  InformerOptions options_;
+  Backoff backoff_;
+  std::unique_ptr<class InformerTimer> timer_;
+  std::unique_ptr<WatchHandle> watch_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  bool running_ = false;
+  bool synced_ = false;
+  bool watch_saw_events_ = false;
+  std::string resource_version_;
+  std::unordered_map<std::string, std::shared_ptr<const nlohmann::json>> items_;
+  Stats stats_;
+};
+
+// Hands out one informer per spec; an informer stops when its last handle is dropped.
+class InformerRegistry {
+ public:
+  InformerRegistry(std::shared_ptr<KubeClient> client, Bus& bus, boost::asio::io_context& io,
+                   MetricsRegistry& metrics, std::shared_ptr<spdlog::logger> log, InformerOptions options = {});
+  ~InformerRegistry();
+
+  // The informer for `spec`, started if new. Loop thread only.
+  std::shared_ptr<Informer> Acquire(const InformerSpec& spec);
+  std::size_t Active() const;
+  // Stops every informer (their handles stay valid but go quiet).
+  void StopAll();
+
+ private:
+  std::shared_ptr<KubeClient> client_;
+  Bus& bus_;
+  boost::asio::io_context& io_;
+  MetricsRegistry& metrics_;
+  std::shared_ptr<spdlog::logger> log_;
+  InformerOptions options_;
+  std::map<std::string, std::weak_ptr<Informer>> informers_;
+  bool stopped_ = false;
+};
+
+}  // namespace gns::kube

@@ -1,0 +1,270 @@
+// Lease-based leader election (see leader_election.hpp).
+#include "modules/kube/leader_election.hpp"
+
+#include "modules/kube/messages.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <ctime>
+
+namespace gns::kube {
+
+namespace asio = boost::asio;
+
+class ElectorTimer {
+ public:
+  explicit ElectorTimer(asio::io_context& io) : timer_(io) {}
+  asio::steady_timer timer_;
+};
+
+std::string FormatMicroTime(Clock::WallTime time) {
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(time.time_since_epoch()).count();
+  const std::time_t seconds = static_cast<std::time_t>(micros / 1000000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[64];
+  std::snprintf(out, sizeof out, "%s.%06lldZ", buf, static_cast<long long>(micros % 1000000));
+  return out;
+}
+
+std::string DefaultIdentity() {
+  if (const char* pod = std::getenv("POD_NAME"); pod && *pod) return pod;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0 && host[0]) return host;
+  return "unknown";
+}
+
+LeaderElector::LeaderElector(std::shared_ptr<KubeClient> client, asio::io_context& io, const Clock& clock, Bus* bus,
+                             MetricsRegistry& metrics, std::shared_ptr<spdlog::logger> log,
+                             LeaderElectionConfig config, Callbacks callbacks)
+    : client_(std::move(client)),
+      clock_(clock),
+      bus_(bus),
+      metrics_(metrics),
+      log_(std::move(log)),
+      config_(std::move(config)),
+      callbacks_(std::move(callbacks)),
+      timer_(std::make_unique<ElectorTimer>(io)) {}
+
+LeaderElector::~LeaderElector() {
+  *alive_ = false;
+  timer_->timer_.cancel();
+  metrics_.Remove("gpu_node_supervisor_kube_leader", {{"lease", config_.ns + "/" + config_.lease_name}});
+}
+
+std::string LeaderElector::LeasePath() const {
+  return ResourcePath::Grouped("coordination.k8s.io", "v1", "leases", config_.ns).Object(config_.lease_name);
+}
+
+void LeaderElector::Start() {
+  if (running_) return;
+  running_ = true;
+  Publish();
+  Tick();
+}
+
+void LeaderElector::Schedule(std::chrono::milliseconds delay) {
+  if (!running_) return;
+  timer_->timer_.expires_after(delay);
+  timer_->timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](const boost::system::error_code& ec) {
+    const auto a = alive.lock();
+    if (ec || !a || !*a || !running_) return;
+    Tick();
+  });
+}
+
+void LeaderElector::Tick() {
+  if (!running_ || in_flight_) return;
+  if (leading_ && lease_.is_object()) {
+    Renew();
+    return;
+  }
+  in_flight_ = true;
+  client_->Get(LeasePath(), [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
+    const auto a = alive.lock();
+    if (!a || !*a) return;
+    in_flight_ = false;
+    if (!running_) return AfterStop(nullptr);
+    OnLease(std::move(r));
+  });
+}
+
+void LeaderElector::OnLease(Result r) {
+  const auto now = clock_.Now();
+  if (r.http_status == 404) {
+    const auto wall = FormatMicroTime(clock_.WallNow());
+    nlohmann::json lease = {
+        {"apiVersion", "coordination.k8s.io/v1"},
+        {"kind", "Lease"},
+        {"metadata", {{"name", config_.lease_name}, {"namespace", config_.ns}}},
+        {"spec",
+         {{"holderIdentity", config_.identity},
+          {"leaseDurationSeconds",
+           std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(config_.lease_duration).count())},
+          {"acquireTime", wall},
+          {"renewTime", wall},
+          {"leaseTransitions", 0}}}};
+    in_flight_ = true;
+    client_->Create(ResourcePath::Grouped("coordination.k8s.io", "v1", "leases", config_.ns).Collection(), lease,
+                    [this, alive = std::weak_ptr<bool>(alive_)](Result created) {
+                      const auto a = alive.lock();
+                      if (!a || !*a) return;
+                      in_flight_ = false;
+                      if (!running_) return AfterStop(&created);
+                      if (created.Ok()) {
+                        Succeeded(created.object);
+                      } else {
+                        Failed("create lease: " + created.error);
+                      }
+                    });
+    return;
+  }
+  if (!r.Ok() || !r.object.is_object()) {
+    Failed("get lease: " + r.error);
+    return;
+  }
+  const auto& spec = r.object.value("spec", nlohmann::json::object());
+  const std::string holder = spec.value("holderIdentity", "");
+  const auto meta = ObjectMeta::From(r.object);
+  const std::string record = holder + "|" + spec.value("renewTime", "") + "|" + (meta ? meta->resource_version : "");
+  if (record != observed_record_) {
+    observed_record_ = record;
+    observed_time_ = now;
+  }
+  if (holder != observed_holder_) {
+    observed_holder_ = holder;
+    if (callbacks_.on_new_leader) callbacks_.on_new_leader(holder);
+    Publish();
+  }
+  const bool held_by_other = !holder.empty() && holder != config_.identity;
+  if (held_by_other && observed_time_ + config_.lease_duration > now) {
+    if (leading_) SetLeading(false);  // someone else holds a live lease
+    Schedule(config_.retry_period);
+    return;
+  }
+  TryUpdate(std::move(r.object), holder != config_.identity);
+}
+
+void LeaderElector::TryUpdate(nlohmann::json lease, bool taking_over) {
+  const auto wall = FormatMicroTime(clock_.WallNow());
+  auto& spec = lease["spec"];
+  if (!spec.is_object()) spec = nlohmann::json::object();
+  if (taking_over) {
+    spec["acquireTime"] = wall;
+    spec["leaseTransitions"] = spec.value("leaseTransitions", 0) + 1;
+  }
+  spec["holderIdentity"] = config_.identity;
+  spec["leaseDurationSeconds"] =
+      std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(config_.lease_duration).count());
+  spec["renewTime"] = wall;
+  in_flight_ = true;
+  // The lease carries the resourceVersion we read: a concurrent writer makes this a 409.
+  client_->Update(LeasePath(), lease, [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
+    const auto a = alive.lock();
+    if (!a || !*a) return;
+    in_flight_ = false;
+    if (!running_) return AfterStop(&r);
+    if (r.Ok()) {
+      Succeeded(r.object);
+    } else {
+      if (r.http_status == 409) lease_ = nullptr;  // somebody else wrote: read again
+      Failed("update lease: " + r.error);
+    }
+  });
+}
+
+void LeaderElector::Renew() { TryUpdate(lease_, false); }
+
+void LeaderElector::Succeeded(const nlohmann::json& lease) {
+  lease_ = lease;
+  last_renew_ = clock_.Now();
+  const auto meta = ObjectMeta::From(lease);
+  observed_record_ = config_.identity + "|" + lease["spec"].value("renewTime", "") + "|" +
+                     (meta ? meta->resource_version : "");
+  observed_time_ = last_renew_;
+  if (observed_holder_ != config_.identity) {
+    observed_holder_ = config_.identity;
+    if (callbacks_.on_new_leader) callbacks_.on_new_leader(observed_holder_);
+  }
+  if (!leading_) SetLeading(true);
+  Schedule(config_.retry_period);
+}
+
+void LeaderElector::Failed(const std::string& why) {
+  if (leading_) {
+    log_->warn("lease {}/{}: renew failed: {}", config_.ns, config_.lease_name, why);
+    if (clock_.Now() - last_renew_ > config_.renew_deadline) {
+      log_->error("lease {}/{}: not renewed within {} ms; stopping leading", config_.ns, config_.lease_name,
+                  config_.renew_deadline.count());
+      SetLeading(false);
+      lease_ = nullptr;
+    }
+  } else {
+    log_->debug("lease {}/{}: {}", config_.ns, config_.lease_name, why);
+  }
+  Schedule(leading_ ? config_.retry_period / 2 : config_.retry_period);
+}
+
+void LeaderElector::SetLeading(bool leading) {
+  if (leading_ == leading) return;
+  leading_ = leading;
+  if (!leading) lease_ = nullptr;
+  log_->info("lease {}/{}: {} ({})", config_.ns, config_.lease_name, leading ? "started leading" : "stopped leading",
+             config_.identity);
+  metrics_.Gauge("gpu_node_supervisor_kube_leader", "1 while this process holds the lease",
+                 {{"lease", config_.ns + "/" + config_.lease_name}})
+      .Set(leading ? 1 : 0);
+  Publish();
+  if (leading && callbacks_.on_started_leading) callbacks_.on_started_leading();
+  if (!leading && callbacks_.on_stopped_leading) callbacks_.on_stopped_leading();
+}
+
+void LeaderElector::Publish() {
+  if (!bus_) return;
+  bus_->Publish(LeaderStatus{config_.ns + "/" + config_.lease_name, config_.identity, leading_, observed_holder_});
+}
+
+void LeaderElector::Stop(std::function<void()> done, bool release) {
+  running_ = false;
+  timer_->timer_.cancel();
+  if (!leading_ || !release || !lease_.is_object()) {
+    SetLeading(false);
+    done();
+    return;
+  }
+  // Stop the work first, then hand the lease back (holder cleared, 1 s duration, as client-go).
+  // A renew still in flight would change the resourceVersion under the release: wait for it.
+  release_lease_ = lease_;
+  release_done_ = std::move(done);
+  SetLeading(false);
+  if (!in_flight_) ReleaseNow();
+}
+
+void LeaderElector::AfterStop(const Result* written) {
+  if (!release_done_) return;
+  if (written && written->Ok() && written->object.is_object()) release_lease_ = written->object;
+  ReleaseNow();
+}
+
+void LeaderElector::ReleaseNow() {
+  auto done = std::move(release_done_);
+  release_done_ = nullptr;
+  if (!done) return;
+  nlohmann::json lease = std::move(release_lease_);
+  release_lease_ = nullptr;
+  lease["spec"]["holderIdentity"] = "";
+  lease["spec"]["leaseDurationSeconds"] = 1;
+  lease["spec"]["renewTime"] = FormatMicroTime(clock_.WallNow());
+  client_->Update(LeasePath(), lease, [this, alive = std::weak_ptr<bool>(alive_), done = std::move(done)](Result r) {
+    const auto a = alive.lock();
+    if (a && *a && !r.Ok()) log_->warn("lease {}/{}: release failed: {}", config_.ns, config_.lease_name, r.error);
+    done();
+  });
+}
+
+}  // namespace gns::kube

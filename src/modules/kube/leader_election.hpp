@@ -1,0 +1,98 @@
+#pragma once
+// Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection: the holder
+// renews every retryPeriod; a candidate takes the lease over only when the record it observes
+// has not changed for leaseDuration (judged on its own clock, never by comparing clocks);
+// every write is a PUT carrying the resourceVersion read (optimistic concurrency). A leader
+// that cannot renew within renewDeadline stops leading before anyone else may take over.
+
+#include "loop/bus.hpp"
+#include "loop/clock.hpp"
+#include "modules/kube/client.hpp"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
+
+namespace gns::kube {
+
+struct LeaderElectionConfig {
+  std::string ns = "kube-system";
+  std::string lease_name;
+  std::string identity;  // the pod name (default POD_NAME, else the hostname)
+  std::chrono::milliseconds lease_duration{15000};
+  std::chrono::milliseconds renew_deadline{10000};
+  std::chrono::milliseconds retry_period{2000};
+};
+
+// RFC 3339 with microseconds, as a Kubernetes MicroTime.
+std::string FormatMicroTime(Clock::WallTime time);
+// POD_NAME, else the hostname.
+std::string DefaultIdentity();
+
+class LeaderElector {
+ public:
+  struct Callbacks {
+    std::function<void()> on_started_leading;
+    std::function<void()> on_stopped_leading;
+    std::function<void(const std::string& holder)> on_new_leader;  // optional
+  };
+
+  // `bus` may be null; otherwise LeaderStatus is published on every change.
+  LeaderElector(std::shared_ptr<KubeClient> client, boost::asio::io_context& io, const Clock& clock, Bus* bus,
+                MetricsRegistry& metrics, std::shared_ptr<spdlog::logger> log, LeaderElectionConfig config,
+                Callbacks callbacks);
+  ~LeaderElector();
+  LeaderElector(const LeaderElector&) = delete;
+  LeaderElector& operator=(const LeaderElector&) = delete;
+
+  void Start();
+  // Stops trying. When leading and `release`: clears the holder so another candidate takes
+  // over at once. on_stopped_leading runs (if leading) before `done`.
+  void Stop(std::function<void()> done, bool release = true);
+
+  bool IsLeader() const { return leading_; }
+  const std::string& Holder() const { return observed_holder_; }
+  const LeaderElectionConfig& Config() const { return config_; }
+
+ private:
+  void Tick();
+  void Schedule(std::chrono::milliseconds delay);
+  void OnLease(Result r);
+  void TryUpdate(nlohmann::json lease, bool taking_over);
+  void Renew();
+  void Succeeded(const nlohmann::json& lease);
+  void Failed(const std::string& why);
+  void SetLeading(bool leading);
+  void Publish();
+  std::string LeasePath() const;
+  // Called when a request completes after Stop: hands the lease back if Stop asked for it.
+  void AfterStop(const Result* written);
+  void ReleaseNow();
+
+  std::shared_ptr<KubeClient> client_;
+  const Clock& clock_;
+  Bus* bus_;
+  MetricsRegistry& metrics_;
+  std::shared_ptr<spdlog::logger> log_;
+  LeaderElectionConfig config_;
+  Callbacks callbacks_;
+  std::unique_ptr<class ElectorTimer> timer_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  bool running_ = false;
+  bool leading_ = false;
+  bool in_flight_ = false;
+  nlohmann::json lease_;  // the last lease we wrote or read
+  std::string observed_holder_;
+  std::string observed_record_;  // holder + renewTime + resourceVersion, to see change
+  Clock::SteadyTime observed_time_{};
+  Clock::SteadyTime last_renew_{};
+  std::function<void()> release_done_;  // set by Stop(release) while a request was in flight
+  nlohmann::json release_lease_;
+};
+
+}  // namespace gns::kube

@@ -1,0 +1,705 @@
+// KubeClient's network side: the only translation unit of the module with Beast, Asio SSL and
+// coroutines. Requests share a small pool of keep-alive TLS connections; every watch has its
+// own connection. Everything runs on the loop thread.
+#include "modules/kube/client.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace gns::kube {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr auto kAwait = asio::use_awaitable;
+constexpr std::size_t kStatusBodyLimit = 64 * 1024;
+
+struct Conn {
+  Conn(asio::io_context& io, ssl::context& ctx) : stream(io, ctx) {}
+  beast::ssl_stream<beast::tcp_stream> stream;
+  beast::flat_buffer buffer;
+};
+
+void CloseConn(Conn& conn) {
+  beast::error_code ec;
+  // Abrupt close on purpose: a TLS close_notify would need another round trip, and the peer
+  // treats a closed socket the same way.
+  beast::get_lowest_layer(conn.stream).socket().close(ec);
+}
+
+std::string Describe(const beast::error_code& ec) {
+  if (ec == beast::error::timeout) return "deadline exceeded";
+  if (ec.category() == asio::error::get_ssl_category()) return "TLS: " + ec.message();
+  return ec.message();
+}
+
+bool IsJson(std::string_view content_type) { return content_type.rfind("application/json", 0) == 0; }
+
+// The message of a Status object, or a generic text.
+std::string StatusMessage(int status, const nlohmann::json& body) {
+  if (body.is_object()) {
+    const auto it = body.find("message");
+    if (it != body.end() && it->is_string() && !it->get<std::string>().empty()) {
+      return "HTTP " + std::to_string(status) + ": " + it->get<std::string>();
+    }
+  }
+  return "HTTP " + std::to_string(status);
+}
+
+}  // namespace
+
+class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
+ public:
+  struct Call {
+    std::string verb;
+    http::verb method;
+    std::string target;
+    std::string body;
+    std::string content_type;
+    Callback cb;
+    bool retried_after_401 = false;
+    Clock::SteadyTime start;
+  };
+
+  struct Watch {
+    WatchCallbacks callbacks;
+    std::string target;
+    std::chrono::milliseconds idle_timeout{300000};
+    bool stopped = false;
+    Conn* conn = nullptr;
+  };
+
+  Impl(Deps deps, ClientConfig config)
+      : deps_(deps),
+        config_(std::move(config)),
+        limiter_timer_(deps.loop.Io()),
+        token_timer_(deps.loop.Io()) {
+    ParseServer();
+    ctx_.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                     ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+    ctx_.set_verify_mode(ssl::verify_peer);
+    if (config_.ca_pem.empty()) throw std::runtime_error("no CA certificate: server verification cannot be disabled");
+    beast::error_code ec;
+    ctx_.add_certificate_authority(asio::buffer(config_.ca_pem), ec);
+    if (ec) throw std::runtime_error("CA certificate: " + Describe(ec));
+    if (!config_.client_cert_pem.empty()) {
+      ctx_.use_certificate_chain(asio::buffer(config_.client_cert_pem), ec);
+      if (ec) throw std::runtime_error("client certificate: " + Describe(ec));
+      ctx_.use_private_key(asio::buffer(config_.client_key_pem), ssl::context::pem, ec);
+      if (ec) throw std::runtime_error("client key: " + Describe(ec));
+    }
+    if (config_.qps <= 0 || config_.burst < 1) throw std::runtime_error("qps and burst must be positive");
+    tokens_ = config_.burst;
+    last_refill_ = deps_.clock.Now();
+    token_ = config_.token;
+    if (!config_.token_file.empty()) ReadTokenFile();
+  }
+
+  void StartTimers() {
+    if (!config_.token_file.empty()) ArmTokenTimer();
+  }
+
+  void ParseServer() {
+    std::string_view url = config_.server;
+    if (url.rfind("https://", 0) != 0) throw std::runtime_error("server must be https://, got \"" + config_.server + "\"");
+    url.remove_prefix(8);
+    if (const auto slash = url.find('/'); slash != std::string_view::npos) url = url.substr(0, slash);
+    if (!url.empty() && url.front() == '[') {
+      const auto close = url.find(']');
+      if (close == std::string_view::npos) throw std::runtime_error("bad server URL " + config_.server);
+      host_ = std::string(url.substr(1, close - 1));
+      url.remove_prefix(close + 1);
+      port_ = url.size() > 1 && url.front() == ':' ? std::string(url.substr(1)) : "443";
+    } else {
+      const auto colon = url.rfind(':');
+      host_ = std::string(url.substr(0, colon));
+      port_ = colon == std::string_view::npos ? "443" : std::string(url.substr(colon + 1));
+    }
+    if (host_.empty()) throw std::runtime_error("bad server URL " + config_.server);
+    beast::error_code ec;
+    asio::ip::make_address(host_, ec);
+    host_is_ip_ = !ec;
+    host_header_ = host_is_ip_ && host_.find(':') != std::string::npos ? "[" + host_ + "]:" + port_ : host_ + ":" + port_;
+  }
+
+  // --- tokens
+
+  void ReadTokenFile() {
+    // A few bytes from a tmpfs-backed projected volume: read inline, as client-go does.
+    std::ifstream in(config_.token_file, std::ios::binary);
+    std::ostringstream text;
+    if (in) text << in.rdbuf();
+    std::string token = text.str();
+    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+    ++stats_.token_reloads;
+    if (!in || token.empty()) {
+      deps_.log->warn("cannot read the token file {}; keeping the previous token", config_.token_file);
+      return;
+    }
+    token_ = std::move(token);
+  }
+
+  void ArmTokenTimer() {
+    token_timer_.expires_after(config_.token_refresh);
+    token_timer_.async_wait([weak = weak_from_this()](const beast::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->stopped_) return;
+      self->ReadTokenFile();
+      self->ArmTokenTimer();
+    });
+  }
+
+  // --- rate limit (token bucket)
+
+  void Admit(std::function<void()> go) {
+    waiting_.push_back(std::move(go));
+    Pump();
+  }
+
+  void Pump() {
+    const auto now = deps_.clock.Now();
+    const double elapsed = std::chrono::duration<double>(now - last_refill_).count();
+    last_refill_ = now;
+    tokens_ = std::min<double>(config_.burst, tokens_ + elapsed * config_.qps);
+    while (!waiting_.empty() && tokens_ >= 1.0 && !stopped_) {
+      tokens_ -= 1.0;
+      auto go = std::move(waiting_.front());
+      waiting_.pop_front();
+      go();
+    }
+    if (waiting_.empty() || limiter_armed_ || stopped_) return;
+    limiter_armed_ = true;
+    const auto wait = std::chrono::duration<double>((1.0 - tokens_) / config_.qps);
+    limiter_timer_.expires_after(std::chrono::duration_cast<std::chrono::microseconds>(wait) +
+                                 std::chrono::microseconds(100));
+    limiter_timer_.async_wait([weak = weak_from_this()](const beast::error_code& ec) {
+      auto self = weak.lock();
+      if (!self) return;
+      self->limiter_armed_ = false;
+      if (!ec) self->Pump();
+    });
+  }
+
+  // --- requests
+
+  void Submit(std::shared_ptr<Call> call) {
+    call->start = deps_.clock.Now();
+    if (stopped_) {
+      deps_.loop.Post([call] { call->cb(Result{0, nullptr, "client stopped"}); });
+      return;
+    }
+    Admit([self = shared_from_this(), call] { asio::co_spawn(self->deps_.loop.Io(), Exchange(self, call), asio::detached); });
+  }
+
+  static asio::awaitable<void> Exchange(std::shared_ptr<Impl> self, std::shared_ptr<Call> call) {
+    Result result = co_await self->RoundTrip(*call);
+    if (result.http_status == 401 && !call->retried_after_401 && !self->stopped_ && !self->config_.token_file.empty()) {
+      // The token may have been rotated under us: re-read it and try once more.
+      call->retried_after_401 = true;
+      self->ReadTokenFile();
+      result = co_await self->RoundTrip(*call);
+    }
+    if (self->stopped_) result = Result{0, nullptr, "client stopped"};
+    self->Record(call->verb, result.http_status, call->start);
+    auto cb = std::move(call->cb);
+    cb(std::move(result));
+  }
+
+  void Record(const std::string& verb, int status, Clock::SteadyTime start) {
+    ++stats_.requests;
+    deps_.metrics
+        .Counter("gpu_node_supervisor_kube_requests_total", "API requests by verb and HTTP status (0: no answer)",
+                 {{"verb", verb}, {"code", std::to_string(status)}})
+        .Inc();
+    const double seconds = std::chrono::duration<double>(deps_.clock.Now() - start).count();
+    deps_.metrics
+        .Counter("gpu_node_supervisor_kube_request_duration_seconds_sum", "Total API request latency", {{"verb", verb}})
+        .Inc(seconds);
+    deps_.metrics
+        .Counter("gpu_node_supervisor_kube_request_duration_seconds_count", "API requests timed", {{"verb", verb}})
+        .Inc();
+  }
+
+  void CountDecodeError(std::string_view what) {
+    deps_.metrics
+        .Counter("gpu_node_supervisor_kube_decode_errors_total", "Responses or watch lines that could not be decoded",
+                 {{"what", std::string(what)}})
+        .Inc();
+  }
+
+  http::request<http::string_body> BuildRequest(http::verb method, const std::string& target, const std::string& body,
+                                                const std::string& content_type) {
+    http::request<http::string_body> req{method, target, 11};
+    req.set(http::field::host, host_header_);
+    req.set(http::field::user_agent, config_.user_agent);
+    req.set(http::field::accept, "application/json");
+    if (!token_.empty()) req.set(http::field::authorization, "Bearer " + token_);
+    if (!body.empty() || method == http::verb::post || method == http::verb::put || method == http::verb::patch) {
+      req.set(http::field::content_type, content_type.empty() ? "application/json" : content_type);
+      req.body() = body;
+    }
+    req.keep_alive(true);
+    req.prepare_payload();
+    return req;
+  }
+
+  asio::awaitable<std::unique_ptr<Conn>> Connect(Clock::SteadyTime deadline, beast::error_code& ec, Watch* watch) {
+    (void)deadline;
+    tcp::resolver resolver(deps_.loop.Io());
+    auto endpoints = co_await resolver.async_resolve(host_, port_, asio::redirect_error(kAwait, ec));
+    if (ec || stopped_ || (watch && watch->stopped)) co_return nullptr;
+    auto conn = std::make_unique<Conn>(deps_.loop.Io(), ctx_);
+    active_.insert(conn.get());
+    if (watch) watch->conn = conn.get();
+    auto& lowest = beast::get_lowest_layer(conn->stream);
+    lowest.expires_after(config_.request_timeout);
+    co_await lowest.async_connect(endpoints, asio::redirect_error(kAwait, ec));
+    if (!ec) {
+      if (!host_is_ip_) SSL_set_tlsext_host_name(conn->stream.native_handle(), host_.c_str());
+      conn->stream.set_verify_mode(ssl::verify_peer);
+      conn->stream.set_verify_callback(ssl::host_name_verification(host_));
+      co_await conn->stream.async_handshake(ssl::stream_base::client, asio::redirect_error(kAwait, ec));
+    }
+    active_.erase(conn.get());
+    if (watch) watch->conn = nullptr;
+    if (ec) co_return nullptr;
+    ++stats_.connections_opened;
+    co_return conn;
+  }
+
+  asio::awaitable<Result> RoundTrip(Call& call) {
+    for (int attempt = 0;; ++attempt) {
+      if (stopped_) co_return Result{0, nullptr, "client stopped"};
+      beast::error_code ec;
+      std::unique_ptr<Conn> conn;
+      const bool reused = !idle_.empty();
+      if (reused) {
+        conn = std::move(idle_.back());
+        idle_.pop_back();
+      } else {
+        conn = co_await Connect(deps_.clock.Now() + config_.request_timeout, ec, nullptr);
+        if (!conn) co_return Result{0, nullptr, stopped_ ? "client stopped" : "connect to " + host_header_ + ": " + Describe(ec)};
+      }
+      active_.insert(conn.get());
+      auto req = BuildRequest(call.method, call.target, call.body, call.content_type);
+      beast::get_lowest_layer(conn->stream).expires_after(config_.request_timeout);
+      co_await http::async_write(conn->stream, req, asio::redirect_error(kAwait, ec));
+      http::response_parser<http::string_body> parser;
+      parser.body_limit(config_.max_response_bytes);
+      parser.header_limit(256 * 1024);
+      if (!ec) co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(kAwait, ec));
+      active_.erase(conn.get());
+      if (stopped_) co_return Result{0, nullptr, "client stopped"};
+      if (ec) {
+        CloseConn(*conn);
+        // A kept-alive connection the server closed while idle fails before any answer: that
+        // request never reached the server, so it is safe to send it once more.
+        if (reused && attempt == 0 && !parser.got_some()) continue;
+        if (ec == http::error::body_limit) {
+          CountDecodeError("too-large");
+          co_return Result{0, nullptr, "response larger than " + std::to_string(config_.max_response_bytes) + " bytes"};
+        }
+        co_return Result{0, nullptr, Describe(ec)};
+      }
+      auto& res = parser.get();
+      if (res.keep_alive() && idle_.size() < config_.max_idle_connections) {
+        idle_.push_back(std::move(conn));
+      } else {
+        CloseConn(*conn);
+      }
+      co_return Decode(res);
+    }
+  }
+
+  Result Decode(http::response<http::string_body>& res) {
+    Result result;
+    result.http_status = res.result_int();
+    const std::string content_type(res[http::field::content_type]);
+    if (result.http_status >= 300 && result.http_status < 400) {
+      result.error = "redirect (HTTP " + std::to_string(result.http_status) + ") to \"" +
+                     std::string(res[http::field::location]) + "\" not followed";
+      return result;
+    }
+    const bool ok = result.http_status >= 200 && result.http_status < 300;
+    if (!res.body().empty()) {
+      if (IsJson(content_type)) {
+        result.object = nlohmann::json::parse(res.body(), nullptr, false);
+        if (result.object.is_discarded()) {
+          result.object = nullptr;
+          CountDecodeError("json");
+          result.error = "malformed JSON in the response";
+          return result;
+        }
+      } else if (ok) {
+        CountDecodeError("content-type");
+        result.error = "unexpected content type \"" + content_type + "\"";
+        return result;
+      }
+    }
+    if (!ok) result.error = StatusMessage(result.http_status, result.object);
+    return result;
+  }
+
+  // --- watches
+
+  static asio::awaitable<void> RunWatch(std::shared_ptr<Impl> self, std::shared_ptr<Watch> w) {
+    auto end = [&](WatchEnd e) {
+      if (w->stopped) return;
+      w->stopped = true;
+      auto on_end = std::move(w->callbacks.on_end);
+      w->callbacks = {};
+      if (self->stopped_ && e.error.empty()) e.error = "client stopped";
+      on_end(e);
+    };
+    const auto start = self->deps_.clock.Now();
+    beast::error_code ec;
+    auto conn = co_await self->Connect(start + self->config_.request_timeout, ec, w.get());
+    if (w->stopped) co_return;
+    if (!conn) {
+      self->Record("watch", 0, start);
+      end(WatchEnd{0, false, false, self->stopped_ ? "client stopped" : "connect: " + Describe(ec), nullptr});
+      co_return;
+    }
+    w->conn = conn.get();
+    self->active_.insert(conn.get());
+    struct Untrack {
+      Impl* impl;
+      Watch* w;
+      Conn* c;
+      ~Untrack() {
+        impl->active_.erase(c);
+        w->conn = nullptr;
+      }
+    } untrack{self.get(), w.get(), conn.get()};
+
+    auto& lowest = beast::get_lowest_layer(conn->stream);
+    auto req = self->BuildRequest(http::verb::get, w->target, {}, {});
+    lowest.expires_after(self->config_.request_timeout);
+    co_await http::async_write(conn->stream, req, asio::redirect_error(kAwait, ec));
+    http::response_parser<http::buffer_body> parser;
+    // A watch is an endless body. Not boost::none: Beast 1.74 compares a Content-Length with
+    // the optional limit as `len > none`, which is always true (every 410 body fails).
+    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+    parser.header_limit(256 * 1024);
+    if (!ec) co_await http::async_read_header(conn->stream, conn->buffer, parser, asio::redirect_error(kAwait, ec));
+    if (w->stopped) co_return;
+    if (ec) {
+      self->Record("watch", 0, start);
+      end(WatchEnd{0, false, false, Describe(ec), nullptr});
+      co_return;
+    }
+    const int status = parser.get().result_int();
+    self->Record("watch", status, start);
+    const std::string content_type(parser.get()[http::field::content_type]);
+    std::vector<char> buf(64 * 1024);
+    std::string pending;
+
+    if (status != 200) {
+      // Collect a bounded Status body to say why.
+      while (!parser.is_done() && pending.size() < kStatusBodyLimit) {
+        parser.get().body().data = buf.data();
+        parser.get().body().size = buf.size();
+        lowest.expires_after(self->config_.request_timeout);
+        co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(kAwait, ec));
+        if (ec == http::error::need_buffer) ec = {};
+        pending.append(buf.data(), buf.size() - parser.get().body().size);
+        if (ec || w->stopped) break;
+      }
+      if (w->stopped) co_return;
+      WatchEnd e{status, false, false, {}, nullptr};
+      if (IsJson(content_type)) {
+        e.status = nlohmann::json::parse(pending, nullptr, false);
+        if (e.status.is_discarded()) e.status = nullptr;
+      }
+      e.error = status >= 300 && status < 400
+                    ? "redirect (HTTP " + std::to_string(status) + ") not followed"
+                    : StatusMessage(status, e.status);
+      CloseConn(*conn);
+      end(std::move(e));
+      co_return;
+    }
+    if (!IsJson(content_type)) {
+      self->CountDecodeError("content-type");
+      CloseConn(*conn);
+      end(WatchEnd{200, false, true, "unexpected watch content type \"" + content_type + "\"", nullptr});
+      co_return;
+    }
+
+    for (;;) {
+      parser.get().body().data = buf.data();
+      parser.get().body().size = buf.size();
+      lowest.expires_after(w->idle_timeout);
+      // read_some, not read: async_read would hold lines back until the buffer is full.
+      co_await http::async_read_some(conn->stream, conn->buffer, parser, asio::redirect_error(kAwait, ec));
+      if (w->stopped) co_return;
+      if (ec == http::error::need_buffer) ec = {};
+      const std::size_t n = buf.size() - parser.get().body().size;
+      // Split into lines; a line may span any number of chunks and reads.
+      std::size_t from = 0;
+      const char* data = buf.data();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (data[i] != '\n') continue;
+        std::string_view line;
+        if (pending.empty()) {
+          line = std::string_view(data + from, i - from);
+        } else {
+          pending.append(data + from, i - from);
+          line = pending;
+        }
+        from = i + 1;
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        if (!line.empty()) {
+          w->callbacks.on_line(line);
+          if (w->stopped) co_return;
+        }
+        pending.clear();
+      }
+      pending.append(data + from, n - from);
+      if (pending.size() > self->config_.max_watch_line_bytes) {
+        self->CountDecodeError("too-large");
+        CloseConn(*conn);
+        end(WatchEnd{200, false, true,
+                     "watch line longer than " + std::to_string(self->config_.max_watch_line_bytes) + " bytes",
+                     nullptr});
+        co_return;
+      }
+      if (ec) {
+        CloseConn(*conn);
+        end(WatchEnd{200, false, false,
+                     ec == beast::error::timeout ? "read idle timeout" : Describe(ec), nullptr});
+        co_return;
+      }
+      if (parser.is_done()) {
+        CloseConn(*conn);
+        end(WatchEnd{200, pending.empty(), !pending.empty(),
+                     pending.empty() ? std::string() : "stream ended inside a line", nullptr});
+        co_return;
+      }
+    }
+  }
+
+  void Shutdown() {
+    if (stopped_) return;
+    stopped_ = true;
+    beast::error_code ec;
+    limiter_timer_.cancel();
+    token_timer_.cancel();
+    for (auto& conn : idle_) CloseConn(*conn);
+    idle_.clear();
+    for (auto* conn : active_) CloseConn(*conn);
+    // Queued (rate-limited) requests still complete, with an error.
+    auto waiting = std::move(waiting_);
+    waiting_.clear();
+    for (auto& go : waiting) go();
+  }
+
+  Deps deps_;
+  ClientConfig config_;
+  ssl::context ctx_{ssl::context::tls_client};
+  std::string host_, port_, host_header_;
+  bool host_is_ip_ = false;
+  std::string token_;
+  std::vector<std::unique_ptr<Conn>> idle_;
+  std::set<Conn*> active_;
+  bool stopped_ = false;
+  double tokens_ = 0;
+  Clock::SteadyTime last_refill_;
+  std::deque<std::function<void()>> waiting_;
+  asio::steady_timer limiter_timer_;
+  bool limiter_armed_ = false;
+  asio::steady_timer token_timer_;
+  Stats stats_;
+};
+
+namespace {
+
+class WatchHandleImpl final : public WatchHandle {
+ public:
+  WatchHandleImpl(std::shared_ptr<KubeClient::Impl::Watch> w) : w_(std::move(w)) {}
+  ~WatchHandleImpl() override { Stop(); }
+  void Stop() override {
+    if (w_->stopped) return;
+    w_->stopped = true;
+    // Do not destroy the callbacks here: Stop may be called from inside one of them. The
+    // coroutine drops them when it sees the flag.
+    if (w_->conn) CloseConn(*w_->conn);
+  }
+
+ private:
+  std::shared_ptr<KubeClient::Impl::Watch> w_;
+};
+
+std::string Join(std::string path, std::string_view query) {
+  if (query.empty()) return path;
+  return path + (path.find('?') == std::string::npos ? "?" : "&") + std::string(query);
+}
+
+}  // namespace
+
+KubeClient::KubeClient(Deps deps, ClientConfig config) : impl_(std::make_shared<Impl>(deps, std::move(config))) {
+  impl_->StartTimers();
+}
+
+KubeClient::~KubeClient() { impl_->Shutdown(); }
+
+void KubeClient::Shutdown() { impl_->Shutdown(); }
+void KubeClient::ReloadToken() { impl_->ReadTokenFile(); }
+KubeClient::Stats KubeClient::GetStats() const { return impl_->stats_; }
+
+void KubeClient::Request(std::string_view verb, std::string_view method, std::string target, std::string body,
+                         std::string content_type, Callback cb) {
+  auto call = std::make_shared<Impl::Call>();
+  call->verb = std::string(verb);
+  call->method = http::string_to_verb(beast::string_view(method.data(), method.size()));
+  call->target = std::move(target);
+  call->body = std::move(body);
+  call->content_type = std::move(content_type);
+  call->cb = std::move(cb);
+  impl_->Submit(std::move(call));
+}
+
+void KubeClient::Get(const std::string& path, Callback cb) { Request("get", "GET", path, {}, {}, std::move(cb)); }
+
+void KubeClient::List(const std::string& path, const ListOptions& options, Callback cb) {
+  struct Pages {
+    std::string base;
+    nlohmann::json items = nlohmann::json::array();
+    std::string resource_version;
+    Callback cb;
+  };
+  auto pages = std::make_shared<Pages>();
+  std::string query;
+  if (!options.label_selector.empty()) query += "&labelSelector=" + QueryEscape(options.label_selector);
+  if (!options.field_selector.empty()) query += "&fieldSelector=" + QueryEscape(options.field_selector);
+  if (options.limit > 0) query += "&limit=" + std::to_string(options.limit);
+  pages->base = Join(path, query.empty() ? query : std::string_view(query).substr(1));
+  pages->cb = std::move(cb);
+  auto next = std::make_shared<std::function<void(std::string)>>();
+  // `next` refers to itself only through a weak pointer held by the callback chain's captures.
+  *next = [this, pages, weak_next = std::weak_ptr<std::function<void(std::string)>>(next)](std::string token) {
+    auto keep = weak_next.lock();
+    std::string target = token.empty() ? pages->base : Join(pages->base, "continue=" + QueryEscape(token));
+    Request("list", "GET", std::move(target), {}, {}, [pages, keep](Result r) {
+      if (!r.Ok()) {
+        pages->cb(std::move(r));
+        return;
+      }
+      auto& object = r.object;
+      const auto items = object.find("items");
+      const auto meta = object.find("metadata");
+      if (!object.is_object() || items == object.end() || !(items->is_array() || items->is_null()) ||
+          meta == object.end() || !meta->is_object()) {
+        pages->cb(Result{r.http_status, nullptr, "list response without items or metadata"});
+        return;
+      }
+      if (items->is_array()) {
+        for (auto& item : *items) pages->items.push_back(std::move(item));
+      }
+      if (pages->resource_version.empty()) pages->resource_version = meta->value("resourceVersion", "");
+      const std::string cont = meta->value("continue", "");
+      if (!cont.empty()) {
+        (*keep)(cont);
+        return;
+      }
+      nlohmann::json out = {{"metadata", {{"resourceVersion", pages->resource_version}}}, {"items", std::move(pages->items)}};
+      pages->cb(Result{r.http_status, std::move(out), {}});
+    });
+  };
+  (*next)({});
+}
+
+void KubeClient::Create(const std::string& collection_path, const nlohmann::json& object, Callback cb) {
+  Request("create", "POST", collection_path, object.dump(), "application/json", std::move(cb));
+}
+
+void KubeClient::Update(const std::string& path, const nlohmann::json& object, Callback cb) {
+  Request("update", "PUT", path, object.dump(), "application/json", std::move(cb));
+}
+
+void KubeClient::Patch(const std::string& path, PatchType type, const nlohmann::json& body,
+                       const std::string& field_manager, Callback cb, bool force) {
+  std::string content_type = type == PatchType::kMerge  ? "application/merge-patch+json"
+                             : type == PatchType::kJson ? "application/json-patch+json"
+                                                        : "application/apply-patch+yaml";
+  if (type == PatchType::kApply && field_manager.empty()) {
+    impl_->deps_.loop.Post([cb = std::move(cb)] { cb(Result{0, nullptr, "server-side apply needs a field manager"}); });
+    return;
+  }
+  std::string query;
+  if (!field_manager.empty()) query = "fieldManager=" + QueryEscape(field_manager);
+  if (type == PatchType::kApply && force) query += "&force=true";
+  Request(type == PatchType::kApply ? "apply" : "patch", "PATCH", Join(path, query), body.dump(), content_type,
+          std::move(cb));
+}
+
+void KubeClient::Delete(const std::string& path, const Preconditions& preconditions, Callback cb) {
+  std::string body;
+  if (!preconditions.uid.empty() || !preconditions.resource_version.empty()) {
+    nlohmann::json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}, {"preconditions", nlohmann::json::object()}};
+    if (!preconditions.uid.empty()) options["preconditions"]["uid"] = preconditions.uid;
+    if (!preconditions.resource_version.empty()) {
+      options["preconditions"]["resourceVersion"] = preconditions.resource_version;
+    }
+    body = options.dump();
+  }
+  std::string content_type = body.empty() ? std::string() : "application/json";
+  Request("delete", "DELETE", path, std::move(body), std::move(content_type), std::move(cb));
+}
+
+void KubeClient::UpdateStatus(const std::string& path, const nlohmann::json& object, Callback cb) {
+  Update(path + "/status", object, std::move(cb));
+}
+
+void KubeClient::PatchStatus(const std::string& path, PatchType type, const nlohmann::json& body,
+                             const std::string& field_manager, Callback cb, bool force) {
+  Patch(path + "/status", type, body, field_manager, std::move(cb), force);
+}
+
+std::unique_ptr<WatchHandle> KubeClient::Watch(const std::string& collection_path, const WatchOptions& options,
+                                               WatchCallbacks callbacks) {
+  auto w = std::make_shared<Impl::Watch>();
+  w->callbacks = std::move(callbacks);
+  w->idle_timeout = options.idle_timeout;
+  std::string query = "watch=1";
+  if (options.bookmarks) query += "&allowWatchBookmarks=true";
+  if (!options.resource_version.empty()) query += "&resourceVersion=" + QueryEscape(options.resource_version);
+  if (!options.label_selector.empty()) query += "&labelSelector=" + QueryEscape(options.label_selector);
+  if (!options.field_selector.empty()) query += "&fieldSelector=" + QueryEscape(options.field_selector);
+  if (options.timeout_seconds > 0) query += "&timeoutSeconds=" + std::to_string(options.timeout_seconds);
+  w->target = Join(collection_path, query);
+  auto impl = impl_;
+  if (impl->stopped_) {
+    impl->deps_.loop.Post([w] {
+      if (w->stopped) return;
+      w->stopped = true;
+      w->callbacks.on_end(WatchEnd{0, false, false, "client stopped", nullptr});
+    });
+  } else {
+    impl->Admit([impl, w] {
+      if (w->stopped) return;
+      asio::co_spawn(impl->deps_.loop.Io(), Impl::RunWatch(impl, w), asio::detached);
+    });
+  }
+  return std::make_unique<WatchHandleImpl>(std::move(w));
+}
+
+}  // namespace gns::kube

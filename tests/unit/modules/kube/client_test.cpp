@@ -1,0 +1,335 @@
+// KubeClient against the simulated API server: verbs, paging, patches, apply, preconditions,
+// the status subresource, tokens (401 → re-read), kubeconfig and in-cluster auth, TLS
+// verification, deadlines, connection reuse and the rate limit.
+#include "kube_test_util.hpp"
+
+#include <cstdlib>
+#include <fstream>
+
+namespace gns::kube {
+namespace {
+
+using test::KubeTestBase;
+using nlohmann::json;
+
+class KubeClientTest : public KubeTestBase {};
+
+TEST_F(KubeClientTest, CreateGetUpdateAndConflicts) {
+  auto client = MakeClient(BaseConfig());
+  const auto nodes = ResourcePath::Core("nodes");
+  auto created = Wait([&](auto cb) { client->Create(nodes.Collection(), Node("n1", {{"a", "1"}}), cb); });
+  ASSERT_TRUE(created.Ok()) << created.error;
+  EXPECT_EQ(created.http_status, 201);
+  const auto rv = created.object["metadata"]["resourceVersion"].get<std::string>();
+
+  auto got = Wait([&](auto cb) { client->Get(nodes.Object("n1"), cb); });
+  ASSERT_TRUE(got.Ok()) << got.error;
+  EXPECT_EQ(got.object["metadata"]["labels"]["a"], "1");
+
+  json updated = got.object;
+  updated["metadata"]["labels"]["a"] = "2";
+  auto put = Wait([&](auto cb) { client->Update(nodes.Object("n1"), updated, cb); });
+  ASSERT_TRUE(put.Ok()) << put.error;
+  EXPECT_NE(put.object["metadata"]["resourceVersion"].get<std::string>(), rv);
+
+  // The same stale resourceVersion again: optimistic concurrency says no.
+  auto stale = Wait([&](auto cb) { client->Update(nodes.Object("n1"), updated, cb); });
+  EXPECT_EQ(stale.http_status, 409);
+  EXPECT_FALSE(stale.error.empty());
+
+  auto missing = Wait([&](auto cb) { client->Get(nodes.Object("nope"), cb); });
+  EXPECT_EQ(missing.http_status, 404);
+  EXPECT_NE(missing.error.find("not found"), std::string::npos) << missing.error;
+
+  auto duplicate = Wait([&](auto cb) { client->Create(nodes.Collection(), Node("n1"), cb); });
+  EXPECT_EQ(duplicate.http_status, 409);
+}
+
+TEST_F(KubeClientTest, ListFollowsContinueTokensWithSelectors) {
+  auto client = MakeClient(BaseConfig());
+  json seed = json::array();
+  for (int i = 0; i < 25; ++i) {
+    seed.push_back(Node("node-" + std::to_string(i), {{"gpu", i % 5 == 0 ? "yes" : "no"}}));
+  }
+  server_->Seed(seed);
+  server_->ResetRequestCounts();
+  const auto path = ResourcePath::Core("nodes").Collection();
+  auto all = Wait([&](auto cb) { client->List(path, ListOptions{"", "", 10}, cb); });
+  ASSERT_TRUE(all.Ok()) << all.error;
+  EXPECT_EQ(all.object["items"].size(), 25u);
+  EXPECT_FALSE(all.object["metadata"]["resourceVersion"].get<std::string>().empty());
+  EXPECT_EQ(server_->RequestCount("list"), 3u);
+
+  auto selected = Wait([&](auto cb) { client->List(path, ListOptions{"gpu=yes", "", 2}, cb); });
+  ASSERT_TRUE(selected.Ok()) << selected.error;
+  EXPECT_EQ(selected.object["items"].size(), 5u);
+
+  auto by_field = Wait([&](auto cb) { client->List(path, ListOptions{"", "metadata.name=node-7", 0}, cb); });
+  ASSERT_TRUE(by_field.Ok()) << by_field.error;
+  ASSERT_EQ(by_field.object["items"].size(), 1u);
+  EXPECT_EQ(by_field.object["items"][0]["metadata"]["name"], "node-7");
+}
+
+TEST_F(KubeClientTest, MergeJsonPatchAndServerSideApply) {
+  auto client = MakeClient(BaseConfig());
+  const auto cms = ResourcePath::Core("configmaps", "default");
+  json cm = {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "c"}}}, {"data", {{"a", "1"}}}};
+  ASSERT_TRUE(Wait([&](auto cb) { client->Create(cms.Collection(), cm, cb); }).Ok());
+
+  auto merged = Wait([&](auto cb) {
+    client->Patch(cms.Object("c"), PatchType::kMerge, json{{"data", {{"b", "2"}}}}, "", cb);
+  });
+  ASSERT_TRUE(merged.Ok()) << merged.error;
+  EXPECT_EQ(merged.object["data"], (json{{"a", "1"}, {"b", "2"}}));
+
+  auto patched = Wait([&](auto cb) {
+    client->Patch(cms.Object("c"), PatchType::kJson, json::array({{{"op", "remove"}, {"path", "/data/a"}}}), "", cb);
+  });
+  ASSERT_TRUE(patched.Ok()) << patched.error;
+  EXPECT_EQ(patched.object["data"], (json{{"b", "2"}}));
+
+  const json applied = {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "c"}}}, {"data", {{"x", "y"}}}};
+  auto apply = Wait([&](auto cb) { client->Patch(cms.Object("c"), PatchType::kApply, applied, "kube-test", cb); });
+  ASSERT_TRUE(apply.Ok()) << apply.error;
+  EXPECT_EQ(apply.object["data"]["x"], "y");
+  bool managed = false;
+  for (const auto& entry : apply.object["metadata"]["managedFields"]) {
+    managed |= entry.value("manager", "") == "kube-test" && entry.value("operation", "") == "Apply";
+  }
+  EXPECT_TRUE(managed) << apply.object.dump();
+
+  // Another manager setting the same field conflicts unless it forces.
+  const json other = {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "c"}}}, {"data", {{"x", "z"}}}};
+  auto conflict = Wait([&](auto cb) { client->Patch(cms.Object("c"), PatchType::kApply, other, "other", cb); });
+  EXPECT_EQ(conflict.http_status, 409);
+  auto forced = Wait([&](auto cb) { client->Patch(cms.Object("c"), PatchType::kApply, other, "other", cb, true); });
+  ASSERT_TRUE(forced.Ok()) << forced.error;
+  EXPECT_EQ(forced.object["data"]["x"], "z");
+
+  auto no_manager = Wait([&](auto cb) { client->Patch(cms.Object("c"), PatchType::kApply, other, "", cb); });
+  EXPECT_FALSE(no_manager.Ok());
+}
+
+TEST_F(KubeClientTest, DeleteHonoursPreconditions) {
+  auto client = MakeClient(BaseConfig());
+  const auto nodes = ResourcePath::Core("nodes");
+  auto created = Wait([&](auto cb) { client->Create(nodes.Collection(), Node("d1"), cb); });
+  ASSERT_TRUE(created.Ok());
+  const auto meta = *ObjectMeta::From(created.object);
+
+  auto wrong_uid = Wait([&](auto cb) { client->Delete(nodes.Object("d1"), Preconditions{"not-the-uid", ""}, cb); });
+  EXPECT_EQ(wrong_uid.http_status, 409) << wrong_uid.error;
+  auto wrong_rv = Wait([&](auto cb) { client->Delete(nodes.Object("d1"), Preconditions{"", "1"}, cb); });
+  EXPECT_EQ(wrong_rv.http_status, 409) << wrong_rv.error;
+  auto ok = Wait([&](auto cb) {
+    client->Delete(nodes.Object("d1"), Preconditions{meta.uid, meta.resource_version}, cb);
+  });
+  EXPECT_TRUE(ok.Ok()) << ok.error;
+  EXPECT_EQ(server_->Call("GET", nodes.Object("d1")).status, 404);
+  auto again = Wait([&](auto cb) { client->Delete(nodes.Object("d1"), Preconditions{}, cb); });
+  EXPECT_EQ(again.http_status, 404);
+}
+
+TEST_F(KubeClientTest, StatusSubresource) {
+  auto client = MakeClient(BaseConfig());
+  const auto nodes = ResourcePath::Core("nodes");
+  ASSERT_TRUE(Wait([&](auto cb) { client->Create(nodes.Collection(), Node("s1"), cb); }).Ok());
+
+  // Status written through the main resource is ignored; through /status it sticks.
+  auto got = Wait([&](auto cb) { client->Get(nodes.Object("s1"), cb); });
+  json with_status = got.object;
+  with_status["status"] = {{"phase", "Running"}};
+  auto main_put = Wait([&](auto cb) { client->Update(nodes.Object("s1"), with_status, cb); });
+  ASSERT_TRUE(main_put.Ok()) << main_put.error;
+  EXPECT_FALSE(main_put.object.contains("status") && main_put.object["status"].contains("phase"));
+
+  with_status["metadata"]["resourceVersion"] = main_put.object["metadata"]["resourceVersion"];
+  auto status_put = Wait([&](auto cb) { client->UpdateStatus(nodes.Object("s1"), with_status, cb); });
+  ASSERT_TRUE(status_put.Ok()) << status_put.error;
+  EXPECT_EQ(status_put.object["status"]["phase"], "Running");
+
+  auto status_patch = Wait([&](auto cb) {
+    client->PatchStatus(nodes.Object("s1"), PatchType::kMerge, json{{"status", {{"capacity", {{"cpu", "4"}}}}}},
+                        "kube-test", cb);
+  });
+  ASSERT_TRUE(status_patch.Ok()) << status_patch.error;
+  const auto stored = server_->Call("GET", nodes.Object("s1")).Json();
+  EXPECT_EQ(stored["status"]["capacity"]["cpu"], "4");
+  EXPECT_EQ(stored["status"]["phase"], "Running");
+}
+
+TEST_F(KubeClientTest, RotatedTokenIsReReadAfterA401) {
+  auto client = MakeClient(BaseConfig());
+  const auto path = ResourcePath::Core("nodes").Collection();
+  ASSERT_TRUE(Wait([&](auto cb) { client->List(path, {}, cb); }).Ok());
+  const auto reloads = client->GetStats().token_reloads;
+
+  // The server rotates: the file has the new token, the client still holds the old one.
+  server_->RotateToken();
+  auto after = Wait([&](auto cb) { client->List(path, {}, cb); });
+  EXPECT_TRUE(after.Ok()) << after.error;
+  EXPECT_GT(client->GetStats().token_reloads, reloads);
+  EXPECT_EQ(server_->RequestCounts()["list"], 3u);  // ok, 401, retried ok
+
+  // A token the server rejects until rotation: 401 (after one retry), then fine once rotated.
+  server_->RejectTokenUntilRotated();
+  auto rejected = Wait([&](auto cb) { client->Get(ResourcePath::Core("nodes").Object("x"), cb); });
+  EXPECT_EQ(rejected.http_status, 401);
+  server_->RotateToken();
+  auto recovered = Wait([&](auto cb) { client->List(path, {}, cb); });
+  EXPECT_TRUE(recovered.Ok()) << recovered.error;
+}
+
+TEST_F(KubeClientTest, KubeconfigWithTokenFileAndWithClientCertificate) {
+  const auto kubeconfig = (dir_ / "state" / "kubeconfig").string();
+  auto token_config = LoadKubeconfig(kubeconfig);
+  EXPECT_EQ(token_config.server, server_->BaseUrl());
+  EXPECT_FALSE(token_config.token_file.empty());
+  auto client = MakeClient(token_config);
+  auto listed = Wait([&](auto cb) { client->List("/api/v1/nodes", {}, cb); });
+  EXPECT_TRUE(listed.Ok()) << listed.error;
+
+  auto cert_config = LoadKubeconfig(kubeconfig, "gns-sim-cert");
+  EXPECT_TRUE(cert_config.token.empty());
+  EXPECT_TRUE(cert_config.token_file.empty());
+  EXPECT_FALSE(cert_config.client_cert_pem.empty());
+  auto cert_client = MakeClient(cert_config);
+  auto cert_listed = Wait([&](auto cb) { cert_client->List("/api/v1/nodes", {}, cb); });
+  EXPECT_TRUE(cert_listed.Ok()) << cert_listed.error;
+
+  // Without any credential the server says 401.
+  ClientConfig anonymous = cert_config;
+  anonymous.client_cert_pem.clear();
+  anonymous.client_key_pem.clear();
+  auto anon_client = MakeClient(anonymous);
+  EXPECT_EQ(Wait([&](auto cb) { anon_client->List("/api/v1/nodes", {}, cb); }).http_status, 401);
+
+  // Inline data variants and a static token.
+  const auto inline_path = (dir_ / "inline.kubeconfig").string();
+  auto b64 = [](const std::string& in) {
+    static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    int val = 0, bits = -6;
+    for (unsigned char c : in) {
+      val = (val << 8) + c;
+      bits += 8;
+      while (bits >= 0) {
+        out.push_back(t[(val >> bits) & 0x3F]);
+        bits -= 6;
+      }
+    }
+    if (bits > -6) out.push_back(t[((val << 8) >> (bits + 8)) & 0x3F]);
+    while (out.size() % 4) out.push_back('=');
+    return out;
+  };
+  std::ofstream(inline_path) << "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                             << "clusters:\n- name: k\n  cluster:\n    server: " << server_->BaseUrl()
+                             << "\n    certificate-authority-data: " << b64(server_->CaPem()) << "\n"
+                             << "users:\n- name: u\n  user:\n    token: " << server_->Token() << "\n"
+                             << "contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n";
+  auto inline_client = MakeClient(LoadKubeconfig(inline_path));
+  EXPECT_TRUE(Wait([&](auto cb) { inline_client->List("/api/v1/nodes", {}, cb); }).Ok());
+
+  EXPECT_THROW(LoadKubeconfig((dir_ / "missing").string()), std::runtime_error);
+  EXPECT_THROW(LoadKubeconfig(kubeconfig, "no-such-context"), std::runtime_error);
+}
+
+TEST_F(KubeClientTest, InClusterConfigFromEnvironmentAndServiceAccountFiles) {
+  const auto state = dir_ / "state";
+  ::setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1", 1);
+  ::setenv("KUBERNETES_SERVICE_PORT", std::to_string(server_->Port()).c_str(), 1);
+  InClusterPaths paths{(state / "token").string(), (state / "ca.crt").string(), (state / "namespace").string()};
+  auto config = InClusterConfig(paths);
+  EXPECT_EQ(config.server, server_->BaseUrl());
+  auto client = MakeClient(config);
+  EXPECT_TRUE(Wait([&](auto cb) { client->List("/api/v1/nodes", {}, cb); }).Ok());
+
+  ::unsetenv("KUBERNETES_SERVICE_PORT");
+  EXPECT_THROW(InClusterConfig(paths), std::runtime_error);
+  ::unsetenv("KUBERNETES_SERVICE_HOST");
+}
+
+TEST_F(KubeClientTest, WrongCaFailsVerification) {
+  sim::ApiServer other;
+  other.Start();
+  auto config = BaseConfig();
+  config.ca_pem = other.CaPem();
+  auto client = MakeClient(config);
+  auto result = Wait([&](auto cb) { client->Get("/api/v1/nodes", cb); });
+  EXPECT_EQ(result.http_status, 0);
+  EXPECT_NE(result.error.find("certificate verify failed"), std::string::npos) << result.error;
+  other.Stop();
+
+  config.ca_pem = "not a certificate";
+  EXPECT_THROW(MakeClient(config), std::runtime_error);
+  config.ca_pem.clear();
+  EXPECT_THROW(MakeClient(config), std::runtime_error);
+}
+
+TEST_F(KubeClientTest, DeadlineServerErrorsAndConnectionReuse) {
+  auto config = BaseConfig();
+  config.request_timeout = std::chrono::milliseconds(300);
+  auto client = MakeClient(config);
+  const auto path = ResourcePath::Core("nodes").Collection();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Wait([&](auto cb) { client->List(path, {}, cb); }).Ok());
+  EXPECT_EQ(client->GetStats().connections_opened, 1u);
+
+  server_->FailNextRequests(503, 1);
+  auto unavailable = Wait([&](auto cb) { client->List(path, {}, cb); });
+  EXPECT_EQ(unavailable.http_status, 503);
+  EXPECT_FALSE(unavailable.error.empty());
+
+  server_->SetResponseDelay(std::chrono::milliseconds(1500));
+  auto slow = Wait([&](auto cb) { client->List(path, {}, cb); });
+  EXPECT_EQ(slow.http_status, 0);
+  EXPECT_EQ(slow.error, "deadline exceeded");
+  server_->SetResponseDelay(std::chrono::milliseconds(0));
+  EXPECT_TRUE(Wait([&](auto cb) { client->List(path, {}, cb); }).Ok());
+  EXPECT_GE(h_.metrics.Counter("gpu_node_supervisor_kube_requests_total", "", {{"verb", "list"}, {"code", "200"}})
+                .Value(),
+            6);
+}
+
+TEST_F(KubeClientTest, RateLimitSpacesRequests) {
+  auto config = BaseConfig();
+  config.qps = 20;
+  config.burst = 2;
+  auto client = MakeClient(config);
+  int done = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 6; ++i) client->Get("/api/v1/nodes", [&](Result) { ++done; });
+  ASSERT_TRUE(h_.RunUntil([&] { return done == 6; }));
+  // Two at once, then one every 50 ms.
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(180));
+}
+
+TEST_F(KubeClientTest, ShutdownCompletesPendingRequestsWithAnError) {
+  auto client = MakeClient(BaseConfig());
+  server_->SetResponseDelay(std::chrono::milliseconds(2000));
+  std::optional<Result> result;
+  client->Get("/api/v1/nodes", [&](Result r) { result = std::move(r); });
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
+  client->Shutdown();
+  ASSERT_TRUE(h_.RunUntil([&] { return result.has_value(); }));
+  EXPECT_EQ(result->error, "client stopped");
+  std::optional<Result> later;
+  client->Get("/api/v1/nodes", [&](Result r) { later = std::move(r); });
+  ASSERT_TRUE(h_.RunUntil([&] { return later.has_value(); }));
+  EXPECT_FALSE(later->Ok());
+  server_->SetResponseDelay(std::chrono::milliseconds(0));
+}
+
+TEST(ResourcePathTest, BuildsCoreGroupedNamespacedAndClusterPaths) {
+  EXPECT_EQ(ResourcePath::Core("nodes").Object("n1", "status"), "/api/v1/nodes/n1/status");
+  EXPECT_EQ(ResourcePath::Core("pods", "default").Collection(), "/api/v1/namespaces/default/pods");
+  EXPECT_EQ(ResourcePath::Grouped("coordination.k8s.io", "v1", "leases", "kube-system").Object("x"),
+            "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x");
+  EXPECT_EQ(ResourcePath::Grouped("resource.k8s.io", "v1", "resourceslices").Collection(),
+            "/apis/resource.k8s.io/v1/resourceslices");
+  EXPECT_EQ(QueryEscape("spec.nodeName=a b"), "spec.nodeName%3Da%20b");
+  EXPECT_FALSE(ObjectMeta::From(json{{"metadata", {{"namespace", "x"}}}}));
+  EXPECT_EQ(ObjectMeta::From(json{{"metadata", {{"name", "a"}, {"namespace", "b"}}}})->Key(), "b/a");
+}
+
+}  // namespace
+}  // namespace gns::kube

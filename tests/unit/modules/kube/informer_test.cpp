@@ -1,0 +1,257 @@
+// Shared informers against the simulated API server: list, watch, bookmarks, and every fault
+// an API server does to a long watch; after each, the cache must equal the server's state.
+#include "kube_test_util.hpp"
+#include "modules/kube/informer.hpp"
+
+namespace gns::kube {
+namespace {
+
+using nlohmann::json;
+
+class InformerTest : public test::KubeTestBase {
+ protected:
+  void SetUp() override {
+    KubeTestBase::SetUp();
+    client_ = MakeClient(BaseConfig());
+    InformerOptions options;
+    options.backoff = BackoffPolicy{std::chrono::milliseconds(20), std::chrono::milliseconds(200), 2.0, 0.5};
+    options.idle_timeout = std::chrono::milliseconds(3000);
+    options.page_size = 7;
+    registry_ = std::make_unique<InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, test::TestLogger(),
+                                                   options);
+    events_sub_ = h_.bus.Subscribe<ResourceEvent>([this](const ResourceEvent& e) { events_.push_back(e); });
+    json seed = json::array();
+    for (int i = 0; i < 10; ++i) seed.push_back(Node("node-" + std::to_string(i), {{"pool", i < 5 ? "a" : "b"}}));
+    server_->Seed(seed);
+  }
+
+  void TearDown() override {
+    informer_.reset();
+    registry_.reset();
+    events_sub_.Reset();
+    KubeTestBase::TearDown();
+  }
+
+  std::shared_ptr<Informer> AcquireNodes(std::string label_selector = {}) {
+    informer_ = registry_->Acquire(InformerSpec{nodes_.Collection(), std::move(label_selector), ""});
+    EXPECT_TRUE(h_.RunUntil([&] { return informer_->Synced(); }));
+    return informer_;
+  }
+
+  std::map<std::string, std::string> CacheState(const Informer& informer) {
+    std::map<std::string, std::string> out;
+    for (const auto& [key, object] : informer.Items()) out[key] = ObjectMeta::From(*object)->resource_version;
+    return out;
+  }
+
+  // Waits until the cache equals the server (and one watch is open again).
+  void ExpectConverged(const std::string& server_path = "/api/v1/nodes") {
+    const bool converged = h_.RunUntil([&] {
+      return CacheState(*informer_) == ServerState(server_path) && server_->OpenWatches().size() == 1;
+    });
+    h_.Drain();  // bus deliveries of the changes that got us here
+    EXPECT_TRUE(converged) << "cache " << json(CacheState(*informer_)).dump() << "\nserver "
+                           << json(ServerState(server_path)).dump();
+  }
+
+  int Count(ResourceEvent::Type type, const std::string& name) {
+    int n = 0;
+    for (const auto& e : events_) n += e.type == type && (*e.object)["metadata"]["name"] == name;
+    return n;
+  }
+
+  void Modify(const std::string& name, const std::string& value) {
+    const auto r = server_->Call("PATCH", nodes_.Object(name), json{{"metadata", {{"labels", {{"x", value}}}}}}.dump(),
+                                 "application/merge-patch+json");
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+
+  void Remove(const std::string& name) { ASSERT_EQ(server_->Call("DELETE", nodes_.Object(name)).status, 200); }
+
+  void Add(const std::string& name) {
+    ASSERT_EQ(server_->Call("POST", nodes_.Collection(), Node(name).dump()).status, 201);
+  }
+
+  const ResourcePath nodes_ = ResourcePath::Core("nodes");
+  std::shared_ptr<KubeClient> client_;
+  std::unique_ptr<InformerRegistry> registry_;
+  std::shared_ptr<Informer> informer_;
+  std::vector<ResourceEvent> events_;
+  Subscription events_sub_;
+};
+
+TEST_F(InformerTest, ListsThenWatchesAndPublishesChanges) {
+  auto informer = AcquireNodes();
+  EXPECT_EQ(informer->Size(), 10u);
+  EXPECT_EQ(server_->RequestCount("list"), 2u);  // 10 items in pages of 7
+  EXPECT_EQ(CacheState(*informer), ServerState("/api/v1/nodes"));
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  const auto watch = server_->OpenWatches()[0];
+  EXPECT_TRUE(watch.bookmarks);
+  EXPECT_FALSE(watch.resource_version.empty());
+  const auto& synced = h_.bus.LatestByKey<InformerSynced>().at(informer->Key());
+  EXPECT_TRUE(synced.synced);
+
+  h_.Drain();
+  EXPECT_EQ(Count(ResourceEvent::Type::kAdded, "node-3"), 1);
+  Add("new-node");
+  Modify("node-1", "m");
+  Remove("node-2");
+  ASSERT_TRUE(h_.RunUntil([&] { return Count(ResourceEvent::Type::kDeleted, "node-2") == 1; }));
+  EXPECT_EQ(Count(ResourceEvent::Type::kAdded, "new-node"), 1);
+  EXPECT_EQ(Count(ResourceEvent::Type::kModified, "node-1"), 1);
+  EXPECT_EQ((*informer->Get("node-1"))["metadata"]["labels"]["x"], "m");
+  EXPECT_EQ(informer->Get("node-2"), nullptr);
+  ExpectConverged();
+  EXPECT_EQ(h_.metrics.Gauge("gpu_node_supervisor_kube_informer_objects", "", {{"informer", informer->Key()}}).Value(),
+            10);
+}
+
+TEST_F(InformerTest, BookmarksAdvanceTheResumeVersion) {
+  auto informer = AcquireNodes("pool=a");
+  EXPECT_EQ(informer->Size(), 5u);
+  // A change the selector filters out moves the server's version; a bookmark carries it.
+  Modify("node-7", "z");
+  const auto target = server_->ResourceVersion();
+  ASSERT_TRUE(h_.RunUntil([&] { return informer->ResourceVersion() == target; }));
+  EXPECT_EQ(informer->Size(), 5u);
+  EXPECT_EQ(server_->OpenWatches().at(0).label_selector, "pool=a");
+}
+
+TEST_F(InformerTest, CutWatchResumesFromLastVersionWithoutRelist) {
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  server_->ResetRequestCounts();
+  server_->CutWatches();
+  Modify("node-4", "while-cut");
+  Add("added-while-cut");
+  ExpectConverged();
+  EXPECT_EQ(server_->RequestCount("list"), 0u);
+  EXPECT_GE(server_->RequestCount("watch"), 1u);
+  EXPECT_EQ(informer->GetStats().relists, 0u);
+  EXPECT_GE(informer->GetStats().watch_restarts, 1u);
+  EXPECT_EQ(Count(ResourceEvent::Type::kAdded, "added-while-cut"), 1);
+}
+
+TEST_F(InformerTest, ExpiredResumeInStreamRelistsAndPublishesMissedDeletions) {
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  server_->CutWatches();
+  Remove("node-0");
+  Remove("node-9");
+  Modify("node-5", "missed");
+  Add("added-while-away");
+  server_->Compact();  // the resume version is gone: the server answers 410 in the stream
+  ExpectConverged();
+  EXPECT_EQ(informer->GetStats().relists, 1u);
+  EXPECT_EQ(Count(ResourceEvent::Type::kDeleted, "node-0"), 1);
+  EXPECT_EQ(Count(ResourceEvent::Type::kDeleted, "node-9"), 1);
+  EXPECT_EQ(Count(ResourceEvent::Type::kModified, "node-5"), 1);
+  EXPECT_EQ(Count(ResourceEvent::Type::kAdded, "added-while-away"), 1);
+  EXPECT_EQ(Count(ResourceEvent::Type::kModified, "node-3"), 0);  // unchanged objects stay quiet
+}
+
+TEST_F(InformerTest, ExpireWatchesOnAnOpenWatchRelists) {
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  server_->ExpireWatches();
+  ASSERT_TRUE(h_.RunUntil([&] { return informer->GetStats().relists == 1; }));
+  Modify("node-1", "after");
+  ExpectConverged();
+}
+
+TEST_F(InformerTest, HttpGoneOnResumeRelists) {
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  server_->SetExpiredWatchMode(sim::ExpiredWatchMode::kHttpStatus);
+  server_->CutWatches();
+  Remove("node-1");
+  server_->Compact();
+  ExpectConverged();
+  EXPECT_EQ(informer->GetStats().relists, 1u);
+  EXPECT_EQ(Count(ResourceEvent::Type::kDeleted, "node-1"), 1);
+
+  // An injected 410 on the next watch request, too.
+  server_->CutWatches();
+  Remove("node-2");
+  server_->FailNextRequests(410, 1, "/api/v1/nodes");
+  ExpectConverged();
+  EXPECT_EQ(informer->GetStats().relists, 2u);
+  EXPECT_EQ(Count(ResourceEvent::Type::kDeleted, "node-2"), 1);
+}
+
+TEST_F(InformerTest, SplitEventsAcrossChunksAreJoined) {
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  server_->SplitNextWatchEvent();
+  Modify("node-6", "split");
+  ASSERT_TRUE(h_.RunUntil([&] { return Count(ResourceEvent::Type::kModified, "node-6") == 1; }));
+  ExpectConverged();
+  EXPECT_EQ(informer->GetStats().decode_errors, 0u);
+  EXPECT_EQ(informer->GetStats().relists, 0u);
+}
+
+TEST_F(InformerTest, MalformedLineIsCountedAndRecoveredByRelist) {
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  server_->MalformedNextWatchLine();
+  Modify("node-8", "after-garbage");
+  Remove("node-3");
+  ExpectConverged();
+  EXPECT_GE(informer->GetStats().decode_errors, 1u);
+  EXPECT_GE(informer->GetStats().relists, 1u);
+  EXPECT_EQ(informer->Get("node-3"), nullptr);
+  EXPECT_GE(h_.metrics.Counter("gpu_node_supervisor_kube_informer_decode_errors_total", "",
+                               {{"informer", informer->Key()}}).Value(), 1);
+}
+
+TEST_F(InformerTest, ServerErrorsAreRetriedWithBackoff) {
+  server_->FailNextRequests(500, 2, "/api/v1/nodes");
+  auto informer = AcquireNodes();  // the first list fails twice, then succeeds
+  EXPECT_GE(informer->GetStats().errors, 2u);
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+
+  server_->ResetRequestCounts();
+  server_->CutWatches();
+  server_->FailNextRequests(503, 3, "/api/v1/nodes");
+  Modify("node-2", "after-503");
+  ExpectConverged();
+  EXPECT_EQ(server_->RequestCount("list"), 0u);  // resumed, not relisted
+  EXPECT_GE(server_->RequestCount("watch"), 4u);
+  EXPECT_EQ(informer->GetStats().relists, 0u);
+}
+
+TEST_F(InformerTest, ReadIdleTimeoutReconnects) {
+  // A watch that hears nothing (no events, bookmarks rarer than the idle limit) reconnects.
+  InformerOptions options;
+  options.backoff = BackoffPolicy{std::chrono::milliseconds(20), std::chrono::milliseconds(200), 2.0, 0.5};
+  options.idle_timeout = std::chrono::milliseconds(100);  // bookmarks come every 200 ms
+  InformerRegistry registry(client_, h_.bus, h_.loop.Io(), h_.metrics, test::TestLogger(), options);
+  auto informer = registry.Acquire(InformerSpec{nodes_.Collection(), "", ""});
+  ASSERT_TRUE(h_.RunUntil([&] { return informer->GetStats().watch_restarts >= 2; }));
+  EXPECT_EQ(informer->GetStats().relists, 0u);
+  informer_ = informer;
+  ExpectConverged();
+}
+
+TEST_F(InformerTest, OneInformerPerSpecAndNoRequestsInSteadyState) {
+  auto first = AcquireNodes();
+  auto second = registry_->Acquire(InformerSpec{nodes_.Collection(), "", ""});
+  EXPECT_EQ(first.get(), second.get());
+  auto other = registry_->Acquire(InformerSpec{nodes_.Collection(), "pool=b", ""});
+  EXPECT_NE(other.get(), first.get());
+  ASSERT_TRUE(h_.RunUntil([&] { return other->Synced() && server_->OpenWatches().size() == 2; }));
+  EXPECT_EQ(registry_->Active(), 2u);
+
+  server_->ResetRequestCounts();
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(1500));  // several bookmark intervals
+  EXPECT_EQ(server_->TotalRequests(), 0u) << json(server_->RequestCounts()).dump();
+  EXPECT_EQ(server_->OpenWatches().size(), 2u);
+
+  other.reset();  // the last handle gone: the informer stops its watch
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  EXPECT_EQ(registry_->Active(), 1u);
+}
+
+}  // namespace
+}  // namespace gns::kube
