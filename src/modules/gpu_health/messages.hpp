@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace gns::gpu_health {
 
@@ -19,6 +20,7 @@ struct DeviceHealth {
   uint64_t xid = 0;    // the XID that made it unhealthy (0 if none)
   std::string recommended_action;  // NVSentinel vocabulary, e.g. COMPONENT_RESET
   int64_t since_unix_ms = 0;
+  std::string pci;  // "0000:3b:00" when known (added by gpu-health)
   std::string RetainKey() const { return uuid; }
 };
 
@@ -27,6 +29,79 @@ inline void to_json(nlohmann::json& j, const DeviceHealth& h) {
   if (!h.reason.empty()) j["reason"] = h.reason;
   if (h.xid != 0) j["xid"] = h.xid;
   if (!h.recommended_action.empty()) j["recommendedAction"] = h.recommended_action;
+  if (!h.pci.empty()) j["pci"] = h.pci;
+}
+
+// One impacted entity of a HealthEvent: "PCI" ("0000:3b:00") or "GPU_UUID" ("GPU-…").
+struct ImpactedEntity {
+  std::string type;
+  std::string value;
+  bool operator==(const ImpactedEntity&) const = default;
+};
+
+// A health event with the fields of NVSentinel's HealthEvent (seed 003): an XID that was
+// reported (unhealthy), or a device that recovered (healthy: reset acknowledged, new boot,
+// operator). An event without entities concerns every GPU of the check (a new boot).
+struct HealthEvent {
+  static constexpr std::string_view kTopic = "gpu-health.event";
+  std::string agent = "gpu-node-supervisor";
+  std::string component_class = "GPU";
+  std::string check_name = "SysLogsXIDError";
+  bool is_fatal = false;
+  bool is_healthy = false;
+  std::string message;
+  int recommended_action = 0;            // NVSentinel's RecommendedAction enum value
+  std::string recommended_action_name;   // its name, e.g. COMPONENT_RESET
+  std::vector<std::string> error_code;   // the XID as text, e.g. {"48"}
+  std::vector<ImpactedEntity> entities_impacted;
+  std::string node_name;
+  int64_t generated_seconds = 0;
+  int32_t generated_nanos = 0;
+  // Ours: where it came from ("kernel", "nvml", "reset-ack", "boot", "operator") and how many
+  // identical occurrences the rate limit swallowed before this one.
+  std::string source;
+  uint64_t suppressed_before = 0;
+};
+
+inline void to_json(nlohmann::json& j, const HealthEvent& e) {
+  nlohmann::json entities = nlohmann::json::array();
+  for (const auto& entity : e.entities_impacted) {
+    entities.push_back({{"entityType", entity.type}, {"entityValue", entity.value}});
+  }
+  j = nlohmann::json{{"agent", e.agent},
+                     {"componentClass", e.component_class},
+                     {"checkName", e.check_name},
+                     {"isFatal", e.is_fatal},
+                     {"isHealthy", e.is_healthy},
+                     {"message", e.message},
+                     {"recommendedAction", e.recommended_action},
+                     {"recommendedActionName", e.recommended_action_name},
+                     {"errorCode", e.error_code},
+                     {"entitiesImpacted", entities},
+                     {"nodeName", e.node_name},
+                     {"generatedTimestamp", {{"seconds", e.generated_seconds}, {"nanos", e.generated_nanos}}},
+                     {"source", e.source}};
+  if (e.suppressed_before != 0) j["suppressedBefore"] = e.suppressed_before;
+}
+
+// Retained: the gpu-health module's view for /debug/state.
+struct GpuHealthState {
+  static constexpr std::string_view kTopic = "gpu-health.state";
+  static constexpr bool kRetained = true;
+  std::string boot_id;
+  std::string catalog_source;
+  std::vector<DeviceHealth> devices;       // every device the module has a verdict for
+  std::vector<HealthEvent> recent_events;  // newest last, bounded
+  std::vector<std::pair<std::string, std::string>> pci_to_uuid;  // learned from the kernel log
+};
+
+inline void to_json(nlohmann::json& j, const GpuHealthState& s) {
+  nlohmann::json devices = nlohmann::json::object();
+  for (const auto& d : s.devices) devices[d.uuid] = d;
+  nlohmann::json pci = nlohmann::json::object();
+  for (const auto& [p, u] : s.pci_to_uuid) pci[p] = u;
+  j = nlohmann::json{{"bootId", s.boot_id},   {"catalog", s.catalog_source}, {"devices", devices},
+                     {"recentEvents", s.recent_events}, {"pciToUuid", pci}};
 }
 
 }  // namespace gns::gpu_health

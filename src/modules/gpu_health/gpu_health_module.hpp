@@ -1,0 +1,144 @@
+#pragma once
+// The `gpu-health` module: turns kernel lines (journald) and NVML XIDs (gpu-inventory) into
+// per-device health. Each NVRM line is parsed (kernel_line_parser), its PCI address mapped to
+// a GPU (the inventory, or "GPU at PCI:… GPU-<uuid>" lines, compared numerically), classified
+// with the XID catalog and the site overrides, and rate-limited per (GPU, XID) (XidPolicy).
+// A fatal XID makes the device Unhealthy (retained DeviceHealth, which the device plugin
+// advertises); a reset acknowledgement for that GPU, a new boot or an operator's set-healthy
+// (admin socket, or the Node annotation) makes it Healthy again.
+//
+// Every decision that is emitted becomes a HealthEvent (seed 003's fields) on the bus, an
+// aggregated Kubernetes Event on the Node, a change of the Node condition of the check (one
+// condition, not one per XID), an entry in /debug/state and metrics.
+
+#include "loop/module.hpp"
+#include "modules/gpu_health/kernel_line_parser.hpp"
+#include "modules/gpu_health/messages.hpp"
+#include "modules/gpu_health/xid_catalog.hpp"
+#include "modules/gpu_health/xid_policy.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/journald/messages.hpp"
+#include "modules/journald/rate_limited_log.hpp"
+#include "modules/kube/messages.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gns::kube {
+class Informer;
+class NodeConditions;
+}  // namespace gns::kube
+
+namespace gns::gpu_health {
+
+class AdminSocket;
+
+class GpuHealthModule final : public Module {
+ public:
+  static constexpr std::string_view kName = "gpu-health";
+  static constexpr std::string_view kSummary = "XID classification, per-device health, recovery, Node condition and Events";
+  static constexpr std::string_view kDefaultCatalog = "/etc/gpu-node-supervisor/xid-catalog.yaml";
+  static constexpr std::string_view kSetHealthyAnnotation = "gpu-node-supervisor.nvidia.com/set-healthy";
+
+  struct Config {
+    std::string catalog_path{kDefaultCatalog};
+    XidCatalog catalog;  // loaded from catalog_path by ParseConfig
+    SiteOverrides overrides;
+    std::string check_name = "SysLogsXIDError";
+    std::string condition_type = "GpuXidHealthy";
+    std::string agent = "gpu-node-supervisor";
+    bool admin_socket = true;          // <stateDir>/admin.sock
+    bool watch_annotation = true;      // the set-healthy Node annotation, when kube is there
+    std::size_t recent_events = 32;    // kept for /debug/state
+  };
+  static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
+
+  GpuHealthModule(ModuleContext& context, const Config& config);
+  ~GpuHealthModule() override;
+
+  void Start() override;
+  void Stop(std::function<void()> done) override;
+
+  // set-healthy <uuid>|all: what the admin socket and the annotation call. Returns the answer.
+  std::string SetHealthy(std::string_view target, std::string_view who);
+  // The admin request line handler.
+  std::string HandleAdminLine(std::string_view line);
+  const std::string& AdminSocketPath() const { return admin_path_; }
+
+ private:
+  struct Device {
+    DeviceHealth health;
+    bool published = false;
+  };
+
+  void OnInventory(const gpu_inventory::GpuInventory& inventory);
+  void OnKernelLine(const journald::JournalLine& line, bool acknowledgement);
+  void OnNvmlXid(const gpu_inventory::XidObservation& xid);
+  void OnBoot(const std::string& boot_id);
+  void HandleXid(const std::string& uuid, const std::optional<PciAddress>& pci, uint32_t xid, Timestamp at,
+                 std::string_view source, std::string_view detail);
+  void HandleResetAck(const std::string& uuid, std::optional<bool> success);
+  std::string UuidForPci(const PciAddress& pci) const;
+  std::string PciForUuid(const std::string& uuid) const;
+  void Learn(const PciAddress& pci, const std::string& uuid);
+  bool MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
+                     RecommendedAction action);
+  bool MarkHealthy(const std::string& uuid, const std::string& reason);
+  void Emit(HealthEvent event, bool kube_event, std::string_view k8s_type, std::string_view k8s_reason);
+  HealthEvent NewEvent(std::string_view source) const;
+  void Bad(std::string_view kind, std::string_view what);
+  MetricsRegistry::Series& XidCounter(const std::string& gpu, uint32_t xid);
+  void UpdateGauges();
+  void PublishState();
+  void UpdateCondition();
+  void WatchAnnotation();
+  void OnNodeEvent(const kube::ResourceEvent& event);
+
+  ModuleContext& context_;
+  Config config_;
+  XidPolicy policy_;
+  journald::RateLimitedLog warn_;
+  std::vector<gpu_inventory::GpuInfo> gpus_;
+  std::map<uint64_t, std::string> learned_;      // PCI device key → UUID (kernel log)
+  std::map<uint64_t, std::string> learned_pci_;  // same key → "0000:3b:00"
+  struct Pending {
+    PciAddress address;
+    std::string pci;
+    std::string reason;
+    uint32_t xid = 0;
+    RecommendedAction action = RecommendedAction::kNone;
+  };
+  std::map<uint64_t, Pending> pending_;  // fatal XIDs on a PCI address not yet mapped to a GPU
+  std::map<std::string, Device> devices_;
+  std::deque<HealthEvent> recent_;
+  std::map<std::pair<std::string, uint32_t>, MetricsRegistry::Series*> xid_series_;
+  std::string boot_id_;
+  std::string admin_path_;
+  std::unique_ptr<AdminSocket> admin_;
+  std::shared_ptr<kube::NodeConditions> conditions_;
+  std::shared_ptr<kube::Informer> node_informer_;
+  std::string informer_key_;
+  std::string last_annotation_;
+  bool condition_in_flight_ = false;
+  bool condition_dirty_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  MetricsRegistry::Series* healthy_gauge_;
+  MetricsRegistry::Series* unhealthy_gauge_;
+  MetricsRegistry::Series* events_total_;
+  MetricsRegistry::Series* suppressed_total_;
+  MetricsRegistry::Series* recoveries_total_;
+  Subscription inventory_sub_;
+  Subscription kernel_sub_;
+  Subscription unit_sub_;
+  Subscription journal_state_sub_;
+  Subscription nvml_sub_;
+  Subscription node_sub_;
+};
+
+}  // namespace gns::gpu_health

@@ -1,0 +1,460 @@
+// The gpu-health module: kernel lines → DeviceHealth, HealthEvents and metrics (bus), the
+// 1M-line flood, new boot, operator set-healthy through the admin socket and the CLI client,
+// the Node condition and Events in the API simulator, and the whole chain journal file →
+// journald → gpu-health → device plugin → kubelet simulator.
+#include "admin_client.hpp"
+#include "apiserver.h"
+#include "journal_writer.h"
+#include "kubelet_sim.h"
+#include "modules/device_plugin/device_plugin_module.hpp"
+#include "modules/gpu_health/gpu_health_module.hpp"
+#include "modules/journald/journald_module.hpp"
+#include "modules/kube/events.hpp"
+#include "modules/kube/informer.hpp"
+#include "support/loop_harness.hpp"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/null_sink.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sys/stat.h>
+
+namespace gns::gpu_health {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::seconds;
+
+constexpr const char* kUuid = "GPU-455d8f70-2051-db6c-0430-ffc457bff834";
+constexpr const char* kOther = "GPU-00000000-0000-0000-0000-000000000002";
+
+std::string SourceDir() {
+  const char* dir = std::getenv("GNS_SOURCE_DIR");
+  return dir ? dir : GNS_TEST_SOURCE_DIR;
+}
+
+gpu_inventory::GpuInventory TwoGpus() {
+  gpu_inventory::GpuInventory inv;
+  inv.available = true;
+  gpu_inventory::GpuInfo a;
+  a.uuid = kUuid;
+  a.pci_bus_id = "00000000:03:00.0";
+  a.pci = *gpu_inventory::PciAddress::Parse("00000000:03:00.0");
+  gpu_inventory::GpuInfo b;
+  b.index = 1;
+  b.uuid = kOther;
+  b.minor = 1;
+  b.pci_bus_id = "00000000:3B:00.0";
+  b.pci = *gpu_inventory::PciAddress::Parse("00000000:3B:00.0");
+  inv.gpus = {a, b};
+  return inv;
+}
+
+journald::KernelLine Kernel(const std::string& message, const std::string& boot = std::string(32, 'a'),
+                            uint64_t realtime = 1'700'000'000'000'000) {
+  journald::KernelLine line;
+  line.message = message;
+  line.boot_id = boot;
+  line.realtime_usec = realtime;
+  return line;
+}
+
+journald::UnitLine Ack(const std::string& uuid, const std::string& boot = std::string(32, 'a')) {
+  journald::UnitLine line;
+  line.message = sim::ResetAckMessage(uuid);
+  line.boot_id = boot;
+  line.identifier = "gpu-reset";
+  line.acknowledgement = true;
+  return line;
+}
+
+class GpuHealthModuleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gnsgh-XXXXXX";  // unix socket paths must stay short
+    dir_ = ::mkdtemp(tmpl);
+    h_.site.paths.state_dir = dir_ + "/state";
+    h_.site.node_name = "node1";
+    fs::create_directories(h_.site.paths.state_dir);
+    config_.catalog_path = SourceDir() + "/config/xid-catalog.yaml";
+    config_.catalog = XidCatalog::LoadFile(config_.catalog_path);
+    health_sub_ = h_.bus.Subscribe<DeviceHealth>([this](const DeviceHealth& d) { health_.push_back(d); });
+    event_sub_ = h_.bus.Subscribe<HealthEvent>([this](const HealthEvent& e) { events_.push_back(e); });
+  }
+
+  void TearDown() override {
+    StopModule();
+    health_sub_.Reset();
+    event_sub_.Reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  void StartModule() {
+    context_ = std::make_unique<ModuleContext>(
+        h_.Parts(), "gpu-health", [this](std::string why) { failures_.push_back(why); },
+        [](ModuleHealth, std::string) {});
+    module_ = std::make_unique<GpuHealthModule>(*context_, config_);
+    module_->Start();
+    h_.Drain();
+  }
+
+  void StopModule() {
+    if (!module_) return;
+    bool stopped = false;
+    module_->Stop([&] { stopped = true; });
+    EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
+    module_.reset();
+    context_.reset();
+  }
+
+  const DeviceHealth* Health(const std::string& uuid) {
+    const auto& all = h_.bus.LatestByKey<DeviceHealth>();
+    const auto it = all.find(uuid);
+    return it == all.end() ? nullptr : &it->second;
+  }
+
+  bool IsHealthy(const std::string& uuid) {
+    const auto* h = Health(uuid);
+    return h != nullptr && h->healthy;
+  }
+  bool IsUnhealthy(const std::string& uuid) {
+    const auto* h = Health(uuid);
+    return h != nullptr && !h->healthy;
+  }
+
+  double Metric(const std::string& text) {
+    const auto rendered = h_.metrics.Render();
+    const auto at = rendered.find("\n" + text + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(rendered.substr(at + text.size() + 2));
+  }
+
+  test::LoopHarness h_;
+  std::string dir_;
+  GpuHealthModule::Config config_;
+  std::unique_ptr<ModuleContext> context_;
+  std::unique_ptr<GpuHealthModule> module_;
+  std::vector<std::string> failures_;
+  std::vector<DeviceHealth> health_;
+  std::vector<HealthEvent> events_;
+  Subscription health_sub_;
+  Subscription event_sub_;
+};
+
+TEST_F(GpuHealthModuleTest, FatalXidMakesTheDeviceUnhealthyAndTheResetAckHealthyAgain) {
+  StartModule();
+  // No inventory: the GPU-UUID line teaches PCI → UUID (seed 003's example).
+  h_.bus.Publish(Kernel(sim::GpuUuidMessage("0000:03:00", kUuid)));
+  h_.bus.Publish(Kernel("NVRM: Xid (PCI:0000:03:00): 48, pid=91237, name=nv-hostengine, Ch 00000076, errorString "
+                        "CTX SWITCH TIMEOUT, Info 0x3c046"));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
+  const auto* h = Health(kUuid);
+  EXPECT_EQ(h->xid, 48u);
+  EXPECT_EQ(h->recommended_action, "COMPONENT_RESET");
+  EXPECT_EQ(h->pci, "0000:03:00");
+  EXPECT_NE(h->reason.find("ROBUST_CHANNEL_GPU_ECC_DBE"), std::string::npos) << h->reason;
+  ASSERT_TRUE(h_.RunUntil([&] { return !events_.empty(); }));
+  const HealthEvent& e = events_.front();
+  EXPECT_EQ(e.agent, "gpu-node-supervisor");
+  EXPECT_EQ(e.component_class, "GPU");
+  EXPECT_EQ(e.check_name, "SysLogsXIDError");
+  EXPECT_TRUE(e.is_fatal);
+  EXPECT_FALSE(e.is_healthy);
+  EXPECT_EQ(e.recommended_action, 2);
+  EXPECT_EQ(e.error_code, std::vector<std::string>{"48"});
+  EXPECT_EQ(e.entities_impacted,
+            (std::vector<ImpactedEntity>{{"PCI", "0000:03:00"}, {"GPU_UUID", kUuid}}));
+  EXPECT_EQ(e.node_name, "node1");
+  EXPECT_GT(e.generated_seconds, 0);
+  const nlohmann::json j = e;
+  EXPECT_EQ(j["entitiesImpacted"][1]["entityValue"], kUuid);
+  EXPECT_TRUE(j.contains("generatedTimestamp"));
+
+  h_.bus.Publish(Ack(kUuid));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+  EXPECT_EQ(Health(kUuid)->reason, "GPU reset occurred");
+  ASSERT_TRUE(h_.RunUntil([&] { return events_.size() == 2; }));
+  EXPECT_TRUE(events_[1].is_healthy);
+  EXPECT_EQ(events_[1].entities_impacted,
+            (std::vector<ImpactedEntity>{{"PCI", "0000:03:00"}, {"GPU_UUID", kUuid}}));
+  EXPECT_EQ(Metric("gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"48\"}"), 1);
+  // /debug/state holds the module's view.
+  const auto state = h_.bus.RetainedState();
+  EXPECT_TRUE(state.contains("gpu-health.state")) << state.dump();
+}
+
+TEST_F(GpuHealthModuleTest, InventoryMapsPciNumericallyNonFatalAndUnknownXids) {
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel("[ 12.5] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=python3, Graphics Exception"));
+  h_.bus.Publish(Kernel("NVRM: Xid (PCI:0000:3b:00): 999, pid='<unknown>', name=<unknown>, new"));
+  h_.bus.Publish(Kernel("NVRM: Xid (PCI:0000:99:00): 48, pid='<unknown>', name=<unknown>, not ours"));
+  h_.bus.Publish(Kernel("NVRM: Xid (PCI:zz"));
+  ASSERT_TRUE(h_.RunUntil([&] { return events_.size() >= 3; }));
+  EXPECT_FALSE(events_[0].is_fatal);  // 13: application error
+  EXPECT_EQ(events_[0].entities_impacted[1].value, kOther);
+  EXPECT_TRUE(events_[1].is_fatal);   // unknown → CONTACT_SUPPORT, fatal
+  EXPECT_EQ(events_[1].recommended_action_name, "CONTACT_SUPPORT");
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kOther); }));
+  EXPECT_EQ(Health(kUuid), nullptr);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_bad_input_total{kind=\"unknown_xid\"}"), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_bad_input_total{kind=\"unknown_pci\"}"), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_bad_input_total{kind=\"malformed_xid\"}"), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_devices{health=\"Unhealthy\"}"), 1);
+  // NVML's own XID reports go through the same policy.
+  h_.bus.Publish(gpu_inventory::XidObservation{kUuid, 79});
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
+  EXPECT_EQ(Health(kUuid)->pci, "0000:03:00");
+}
+
+TEST_F(GpuHealthModuleTest, AMillionIdenticalXidLinesStayBounded) {
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  const std::string line = "NVRM: Xid (PCI:0000:03:00): 48, pid='<unknown>', name=<unknown>, flood";
+  constexpr int kLines = 1'000'000;
+  constexpr int kChunk = 10'000;
+  for (int sent = 0; sent < kLines; sent += kChunk) {
+    for (int i = 0; i < kChunk; ++i) {
+      // One second of journal time per 1000 lines: the flood spans ~17 minutes.
+      h_.bus.Publish(Kernel(line, std::string(32, 'a'), 1'700'000'000'000'000 + static_cast<uint64_t>(sent + i) * 1000));
+    }
+    h_.Drain();
+  }
+  EXPECT_EQ(Metric("gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"48\"}"), kLines);
+  // One event per dedup window (5 minutes by default), however many lines.
+  EXPECT_LE(events_.size(), 5u);
+  EXPECT_GE(events_.size(), 1u);
+  EXPECT_EQ(health_.size(), 1u);  // published once: Unhealthy
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_suppressed_total"), kLines - static_cast<double>(events_.size()));
+  const auto* state = h_.bus.Latest<GpuHealthState>();
+  ASSERT_NE(state, nullptr);
+  EXPECT_LE(state->recent_events.size(), config_.recent_events);
+}
+
+TEST_F(GpuHealthModuleTest, NewBootMakesEveryDeviceHealthy) {
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48)));
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:3b:00", 79)));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid) && IsUnhealthy(kOther); }));
+  h_.bus.Publish(Kernel("Linux version 6.1", std::string(32, 'b')));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid) && IsHealthy(kOther); }));
+  EXPECT_EQ(Health(kUuid)->reason, "new boot");
+  ASSERT_TRUE(h_.RunUntil([&] { return !events_.empty() && events_.back().is_healthy; }));
+  EXPECT_TRUE(events_.back().is_healthy);
+  EXPECT_TRUE(events_.back().entities_impacted.empty());  // all entities of the check
+}
+
+TEST_F(GpuHealthModuleTest, OperatorSetHealthyThroughTheAdminSocket) {
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  const std::string socket = h_.site.paths.state_dir + "/admin.sock";
+  struct stat st {};
+  ASSERT_EQ(::stat(socket.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48)));
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:3b:00", 48)));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid) && IsUnhealthy(kOther); }));
+
+  EXPECT_EQ(h_.OffLoop([&] { return RunSetHealthy(h_.site.paths.state_dir, kUuid); }), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+  EXPECT_TRUE(IsUnhealthy(kOther));
+  EXPECT_NE(Health(kUuid)->reason.find("admin socket"), std::string::npos);
+
+  std::string answer;
+  std::string error;
+  ASSERT_TRUE(h_.OffLoop([&] { return AdminRequest(socket, "set-healthy bogus", answer, error); })) << error;
+  EXPECT_EQ(answer.rfind("error", 0), 0u) << answer;
+  EXPECT_EQ(h_.OffLoop([&] { return RunSetHealthy(h_.site.paths.state_dir, "bogus"); }), 1);
+  EXPECT_TRUE(h_.OffLoop([&] { return AdminRequest(socket, "what", answer, error); }));
+  EXPECT_EQ(answer.rfind("error", 0), 0u) << answer;
+  EXPECT_TRUE(h_.OffLoop([&] { return AdminRequest(socket, std::string(10000, 'x'), answer, error); }) == false ||
+              answer.rfind("error", 0) == 0);
+
+  EXPECT_EQ(h_.OffLoop([&] { return RunSetHealthy(h_.site.paths.state_dir, "all"); }), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kOther); }));
+  // After set-healthy the same XID counts afresh: it makes the device Unhealthy again at once.
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48)));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
+  EXPECT_EQ(RunSetHealthy(dir_ + "/nowhere", "all"), 3);
+}
+
+TEST_F(GpuHealthModuleTest, ConfigOverridesAndBadCatalog) {
+  const auto yaml = ParseYaml("catalog: " + SourceDir() +
+                                  "/config/xid-catalog.yaml\noverrides:\n  ignore: [48]\n  critical: [13]\n"
+                                  "  thresholds:\n    - {xid: 31, count: 3, window: 10m}\n",
+                              "site.yaml");
+  ConfigMap section(yaml, "modules.gpu-health");
+  const auto config = GpuHealthModule::ParseConfig(section, h_.site);
+  section.Finish();
+  EXPECT_TRUE(config.overrides.ignore.count(48));
+  EXPECT_TRUE(config.overrides.critical.count(13));
+  EXPECT_EQ(config.overrides.thresholds.at(31).count, 3u);
+  const auto missing = ParseYaml("catalog: /nonexistent/xid.yaml\n", "site.yaml");
+  ConfigMap missing_section(missing, "modules.gpu-health");
+  EXPECT_THROW(GpuHealthModule::ParseConfig(missing_section, h_.site), gns::ConfigError);
+  const auto bad = ParseYaml("catalog: " + SourceDir() + "/config/xid-catalog.yaml\noverrides:\n  ignore: [x]\n",
+                             "site.yaml");
+  ConfigMap bad_section(bad, "modules.gpu-health");
+  EXPECT_THROW(GpuHealthModule::ParseConfig(bad_section, h_.site), gns::ConfigError);
+}
+
+// --- the API simulator: Node condition, Events and the set-healthy annotation -------------
+
+class GpuHealthKubeTest : public GpuHealthModuleTest {
+ protected:
+  void SetUp() override {
+    GpuHealthModuleTest::SetUp();
+    sim::ApiServerOptions options;
+    options.state_dir = fs::path(dir_) / "api";
+    server_ = std::make_unique<sim::ApiServer>(options);
+    server_->Start();
+    server_->Seed(nlohmann::json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node1"}}}});
+    kube::ClientConfig config;
+    config.server = server_->BaseUrl();
+    config.ca_pem = server_->CaPem();
+    config.token_file = (fs::path(dir_) / "api" / "token").string();
+    config.qps = 1000;
+    config.burst = 1000;
+    auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
+    kube::EventRecorderConfig events;
+    events.reporting_instance = "node1";
+    recorder_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, log, events);
+    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, log);
+    h_.services.Provide<kube::KubeClient>(client_);
+    h_.services.Provide<kube::EventRecorder>(recorder_);
+    h_.services.Provide<kube::InformerRegistry>(informers_);
+  }
+
+  void TearDown() override {
+    StopModule();
+    informers_->StopAll();
+    client_->Shutdown();
+    h_.Drain();
+    h_.services.Withdraw<kube::KubeClient>();
+    h_.services.Withdraw<kube::EventRecorder>();
+    h_.services.Withdraw<kube::InformerRegistry>();
+    recorder_.reset();
+    informers_.reset();
+    client_.reset();
+    server_->Stop();
+    GpuHealthModuleTest::TearDown();
+  }
+
+  nlohmann::json Condition() {
+    const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
+    for (const auto& c : node.value("/status/conditions"_json_pointer, nlohmann::json::array())) {
+      if (c.value("type", "") == "GpuXidHealthy") return c;
+    }
+    return nullptr;
+  }
+
+  std::vector<nlohmann::json> Events() {
+    std::vector<nlohmann::json> out;
+    const auto list = server_->Call("GET", "/apis/events.k8s.io/v1/namespaces/default/events").Json();
+    for (const auto& e : list.value("items", nlohmann::json::array())) out.push_back(e);
+    return out;
+  }
+
+  std::unique_ptr<sim::ApiServer> server_;
+  std::shared_ptr<kube::KubeClient> client_;
+  std::shared_ptr<kube::EventRecorder> recorder_;
+  std::shared_ptr<kube::InformerRegistry> informers_;
+};
+
+TEST_F(GpuHealthKubeTest, NodeConditionEventsAndTheSetHealthyAnnotation) {
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return !Condition().is_null() && Condition()["status"] == "True"; }));
+  for (int i = 0; i < 3; ++i) h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48)));
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79)));
+  ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "False"; }));
+  const auto condition = Condition();
+  EXPECT_EQ(condition["reason"], "FatalXid");
+  EXPECT_NE(condition["message"].get<std::string>().find(kUuid), std::string::npos) << condition.dump();
+  ASSERT_TRUE(h_.RunUntil([&] { return Events().size() >= 2; }));
+  bool saw_48 = false;
+  for (const auto& e : Events()) {
+    EXPECT_EQ(e["regarding"]["name"], "node1");
+    EXPECT_EQ(e["type"], "Warning");
+    if (e["note"].get<std::string>().find("ROBUST_CHANNEL_GPU_ECC_DBE") != std::string::npos) saw_48 = true;
+  }
+  EXPECT_TRUE(saw_48);
+
+  // Remote set-healthy: annotate the Node.
+  const auto patched = server_->Call(
+      "PATCH", "/api/v1/nodes/node1",
+      R"({"metadata":{"annotations":{"gpu-node-supervisor.nvidia.com/set-healthy":"all"}}})",
+      "application/merge-patch+json");
+  ASSERT_EQ(patched.status, 200) << patched.body;
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "True"; }));
+  // The annotation is taken off once acted upon.
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
+    return !node["metadata"].contains("annotations") ||
+           !node["metadata"]["annotations"].contains("gpu-node-supervisor.nvidia.com/set-healthy");
+  }));
+}
+
+// --- the whole chain through a real journal file and the kubelet simulator -----------------
+
+TEST_F(GpuHealthModuleTest, JournalXidToUnhealthyAtTheKubeletAndResetAckBackToHealthy) {
+  const std::string journal_dir = dir_ + "/journal";
+  fs::create_directories(journal_dir);
+  h_.site.paths.kubelet_dir = dir_ + "/kubelet";
+  h_.site.paths.host_root = dir_ + "/host";
+  fs::create_directories(h_.site.paths.kubelet_dir);
+  sim::KubeletSimOptions kubelet_options;
+  kubelet_options.kubelet_dir = h_.site.paths.kubelet_dir;
+  auto kubelet = std::make_unique<sim::KubeletSim>(kubelet_options);
+  kubelet->Start();
+  h_.bus.Publish(TwoGpus());
+
+  auto noop_failure = [](std::string) {};
+  auto noop_health = [](ModuleHealth, std::string) {};
+  ModuleContext dp_context(h_.Parts(), "device-plugin", noop_failure, noop_health);
+  device_plugin::DevicePluginModule::Config dp_config;
+  dp_config.critical_xids.clear();  // only gpu-health decides
+  auto dp = std::make_unique<device_plugin::DevicePluginModule>(dp_context, dp_config);
+  dp->Start();
+  StartModule();
+  ModuleContext journal_context(h_.Parts(), "journald", noop_failure, noop_health);
+  journald::JournaldModule::Config journal_config;
+  journal_config.directory = journal_dir;
+  auto journal = std::make_unique<journald::JournaldModule>(journal_context, journal_config);
+  sim::JournalWriter writer(journal_dir);
+  writer.Append(sim::JournalWriter::Kernel("Linux version 6.1.0"));
+  journal->Start();
+
+  auto await_health = [&](const std::string& health) {
+    return h_.OffLoop([&] {
+      return kubelet->WaitForDeviceHealth("nvidia.com/gpu", kUuid, health, seconds(20));
+    });
+  };
+  ASSERT_TRUE(await_health("Healthy"));
+  writer.Append({sim::JournalWriter::Kernel(sim::GpuUuidMessage("0000:03:00", kUuid)),
+                 sim::JournalWriter::Kernel(sim::XidMessage("0000:03:00", 48))});
+  ASSERT_TRUE(await_health("Unhealthy"));
+  writer.Append(sim::JournalWriter::Syslog("gpu-reset", sim::ResetAckMessage(kUuid)));
+  ASSERT_TRUE(await_health("Healthy"));
+
+  for (Module* m : std::initializer_list<Module*>{journal.get(), dp.get()}) {
+    bool stopped = false;
+    m->Stop([&] { stopped = true; });
+    ASSERT_TRUE(h_.RunUntil([&] { return stopped; }));
+  }
+  journal.reset();
+  dp.reset();
+  StopModule();
+  h_.OffLoop([&] {
+    kubelet.reset();
+    return 0;
+  });
+}
+
+}  // namespace
+}  // namespace gns::gpu_health

@@ -1,0 +1,288 @@
+// The journald module against real journal files written by systemd-journal-remote: live
+// append while tailing, restart without loss or duplication, the cursor rotated away, a new
+// boot, a corrupt cursor file, enormous and binary fields.
+#include "journal_writer.h"
+#include "modules/journald/journald_module.hpp"
+#include "modules/journald/messages.hpp"
+#include "support/loop_harness.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace gns::journald {
+namespace {
+
+namespace fs = std::filesystem;
+using sim::JournalWriter;
+
+class JournaldModuleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::random_device rd;
+    dir_ = fs::temp_directory_path() / ("gns-journald-" + std::to_string(rd()));
+    fs::create_directories(dir_ / "journal");
+    fs::create_directories(dir_ / "state");
+    h_.site.paths.state_dir = (dir_ / "state").string();
+    config_.directory = (dir_ / "journal").string();
+    config_.units = {"nvidia-imex.service"};
+    config_.cursor_flush_interval = std::chrono::milliseconds(20);
+    kernel_sub_ = h_.bus.Subscribe<KernelLine>([this](const KernelLine& l) { kernel_.push_back(l); });
+    unit_sub_ = h_.bus.Subscribe<UnitLine>([this](const UnitLine& l) { units_.push_back(l); });
+  }
+
+  void TearDown() override {
+    StopModule();
+    kernel_sub_.Reset();
+    unit_sub_.Reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  void StartModule() {
+    context_ = std::make_unique<ModuleContext>(
+        h_.Parts(), "journald", [this](std::string why) { failures_.push_back(why); },
+        [](ModuleHealth, std::string) {});
+    module_ = std::make_unique<JournaldModule>(*context_, config_);
+    module_->Start();
+  }
+
+  void StopModule() {
+    if (!module_) return;
+    bool stopped = false;
+    module_->Stop([&] { stopped = true; });
+    EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
+    module_.reset();
+    context_.reset();
+  }
+
+  bool Live() {
+    const auto* s = h_.bus.Latest<JournalState>();
+    return s != nullptr && s->live;
+  }
+
+  std::vector<std::string> KernelMessages() const {
+    std::vector<std::string> out;
+    for (const auto& l : kernel_) out.push_back(l.message);
+    return out;
+  }
+
+  static std::vector<sim::JournalEntry> Kernel(const std::string& prefix, int n) {
+    std::vector<sim::JournalEntry> out;
+    for (int i = 0; i < n; ++i) out.push_back(JournalWriter::Kernel(prefix + std::to_string(i)));
+    return out;
+  }
+
+  double Metric(const std::string& text) {
+    const auto rendered = h_.metrics.Render();
+    const auto at = rendered.find("\n" + text + " ");
+    if (at == std::string::npos) return 0;
+    return std::stod(rendered.substr(at + text.size() + 2));
+  }
+
+  test::LoopHarness h_;
+  fs::path dir_;
+  JournaldModule::Config config_;
+  std::unique_ptr<ModuleContext> context_;
+  std::unique_ptr<JournaldModule> module_;
+  std::vector<std::string> failures_;
+  std::vector<KernelLine> kernel_;
+  std::vector<UnitLine> units_;
+  Subscription kernel_sub_;
+  Subscription unit_sub_;
+};
+
+TEST_F(JournaldModuleTest, PublishesWhatIsThereThenFollowsLiveAppends) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append(Kernel("boot line ", 2));
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 2 && Live(); }));
+  EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"boot line 0", "boot line 1"}));
+  EXPECT_EQ(kernel_[0].boot_id, writer.BootId());
+  EXPECT_EQ(kernel_[0].priority, 3);
+  EXPECT_GT(kernel_[1].realtime_usec, kernel_[0].realtime_usec);
+  EXPECT_GT(kernel_[1].monotonic_usec, kernel_[0].monotonic_usec);
+  EXPECT_FALSE(kernel_[0].cursor.empty());
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "boot-head");
+
+  // Appended while the module waits on the journal's fd: each arrives without polling.
+  writer.Append({JournalWriter::Kernel(sim::XidMessage("0000:3b:00", 79)),
+                 JournalWriter::Syslog("gpu-reset", sim::ResetAckMessage("GPU-1")),
+                 JournalWriter::Unit("nvidia-imex.service", "IMEX daemon started"),
+                 JournalWriter::Unit("sshd.service", "not ours"),
+                 JournalWriter::Syslog("cron", "not ours either")});
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 3 && units_.size() == 2; }));
+  EXPECT_EQ(kernel_[2].message, sim::XidMessage("0000:3b:00", 79));
+  EXPECT_TRUE(units_[0].acknowledgement);
+  EXPECT_EQ(units_[0].identifier, "gpu-reset");
+  EXPECT_EQ(units_[0].message, "GPU reset occurred: GPU-1");
+  EXPECT_FALSE(units_[1].acknowledgement);
+  EXPECT_EQ(units_[1].unit, "nvidia-imex.service");
+  // A few more appends, one at a time.
+  for (int i = 0; i < 5; ++i) {
+    writer.Append(JournalWriter::Kernel("live " + std::to_string(i)));
+    ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == static_cast<std::size_t>(4 + i); })) << i;
+  }
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(50));
+  EXPECT_EQ(units_.size(), 2u);  // sshd and cron never matched
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(JournaldModuleTest, RestartResumesAfterTheCursorWithoutLossOrDuplication) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append(Kernel("first ", 5));
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 5 && Live(); }));
+  StopModule();
+  ASSERT_TRUE(fs::exists(dir_ / "state" / "journald" / "cursor.json"));
+  std::string error;
+  std::ifstream in(dir_ / "state" / "journald" / "cursor.json");
+  const std::string saved((std::istreambuf_iterator<char>(in)), {});
+  const auto position = ParseSavedPosition(saved, error);
+  ASSERT_TRUE(position) << error;
+  EXPECT_EQ(position->cursor, kernel_.back().cursor);
+  EXPECT_EQ(position->boot_id, writer.BootId());
+
+  writer.Append(Kernel("while down ", 3));
+  kernel_.clear();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() >= 3 && Live(); }));
+  EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"while down 0", "while down 1", "while down 2"}));
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "cursor");
+  // And it keeps tailing after the resume; a restart with nothing new publishes nothing.
+  writer.Append(JournalWriter::Kernel("after resume"));
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 4; }));
+  StopModule();
+  kernel_.clear();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return Live(); }));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(50));
+  EXPECT_TRUE(kernel_.empty());
+}
+
+TEST_F(JournaldModuleTest, CursorRotatedAwayCountsAGapAndResumesAfterItsTimeInTheBoot) {
+  JournalWriter writer((dir_ / "journal").string(), "old.journal");
+  writer.Append(Kernel("old ", 3));
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 3 && Live(); }));
+  StopModule();
+  // Vacuumed: the file holding the cursor is gone; the same boot goes on in a new file.
+  fs::remove(dir_ / "journal" / "old.journal");
+  writer.SetFile("new.journal");
+  writer.Append(Kernel("new ", 2));
+  kernel_.clear();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() >= 2 && Live(); }));
+  EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"new 0", "new 1"}));
+  const auto* state = h_.bus.Latest<JournalState>();
+  EXPECT_EQ(state->start_mode, "gap");
+  EXPECT_EQ(state->gaps, 1u);
+  EXPECT_EQ(Metric("gpu_node_supervisor_journald_cursor_gaps_total"), 1);
+}
+
+TEST_F(JournaldModuleTest, RotationWhileTailingLosesNothing) {
+  JournalWriter writer((dir_ / "journal").string(), "a.journal");
+  writer.Append(Kernel("a ", 2));
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 2 && Live(); }));
+  fs::remove(dir_ / "journal" / "a.journal");
+  writer.SetFile("b.journal");
+  writer.Append(Kernel("b ", 2));
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 4; }));
+  EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"a 0", "a 1", "b 0", "b 1"}));
+}
+
+TEST_F(JournaldModuleTest, NewBootIsReadFromItsHead) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append(Kernel("boot A ", 3));
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 3 && Live(); }));
+  const std::string boot_a = writer.BootId();
+  StopModule();
+  writer.SetBootId(JournalWriter::NewBootId());
+  writer.Append(Kernel("boot B ", 2));
+  kernel_.clear();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() >= 2 && Live(); }));
+  EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"boot B 0", "boot B 1"}));
+  EXPECT_EQ(kernel_[0].boot_id, writer.BootId());
+  EXPECT_NE(kernel_[0].boot_id, boot_a);
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "new-boot");
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->boot_id, writer.BootId());
+}
+
+TEST_F(JournaldModuleTest, NewBootWhileTailingIsFollowed) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append(Kernel("A ", 1));
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 1 && Live(); }));
+  writer.SetBootId(JournalWriter::NewBootId());
+  writer.Append(Kernel("B ", 1));
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 2; }));
+  EXPECT_EQ(kernel_[1].boot_id, writer.BootId());
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->boot_id, writer.BootId());
+}
+
+TEST_F(JournaldModuleTest, CorruptCursorFileIsCountedAndTheBootReadFromItsHead) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append(Kernel("line ", 2));
+  for (const std::string& garbage : {std::string("{not json"), std::string("\0\xff\xfe garbage", 12),
+                                    std::string(R"({"version":1,"bootId":"xyz","cursor":"s=1"})")}) {
+    fs::create_directories(dir_ / "state" / "journald");
+    std::ofstream(dir_ / "state" / "journald" / "cursor.json", std::ios::binary | std::ios::trunc) << garbage;
+    kernel_.clear();
+    StartModule();
+    ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 2 && Live(); }));
+    EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "boot-head");
+    StopModule();
+  }
+  EXPECT_EQ(Metric("gpu_node_supervisor_journald_bad_input_total{kind=\"corrupt_cursor_file\"}"), 3);
+  // The stop wrote a good one again.
+  std::ifstream in(dir_ / "state" / "journald" / "cursor.json");
+  const std::string saved((std::istreambuf_iterator<char>(in)), {});
+  std::string error;
+  EXPECT_TRUE(ParseSavedPosition(saved, error)) << error;
+}
+
+TEST_F(JournaldModuleTest, EnormousAndBinaryMessagesAreBoundedNeverACrash) {
+  config_.max_message_bytes = 1024;
+  JournalWriter writer((dir_ / "journal").string());
+  std::string binary = "NVRM: Xid (PCI:0000:3b";
+  binary += std::string("\0\n\xff\x01", 4);
+  binary += "): 79, trunc";
+  writer.Append({JournalWriter::Kernel(std::string(200000, 'x')), JournalWriter::Kernel(binary),
+                 sim::JournalEntry{{{"_TRANSPORT", "kernel"}, {"PRIORITY", "garbage"}}},  // no MESSAGE
+                 JournalWriter::Kernel("after")});
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 3 && Live(); }));
+  EXPECT_EQ(kernel_[0].message.size(), 1024u);
+  EXPECT_TRUE(kernel_[0].truncated);
+  EXPECT_EQ(kernel_[1].message, binary);
+  EXPECT_EQ(kernel_[2].message, "after");
+  EXPECT_EQ(kernel_[2].priority, 3);
+  EXPECT_EQ(Metric("gpu_node_supervisor_journald_truncated_total"), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_journald_bad_input_total{kind=\"entry_without_message\"}"), 1);
+}
+
+TEST_F(JournaldModuleTest, ConfigDefaultsAndBadValues) {
+  ConfigValue empty;
+  ConfigMap section(empty, "modules.journald");
+  const auto config = JournaldModule::ParseConfig(section, h_.site);
+  section.Finish();
+  EXPECT_TRUE(config.directory.empty());
+  EXPECT_TRUE(config.kernel);
+  EXPECT_EQ(config.ack_identifier, "gpu-reset");
+  EXPECT_EQ(config.max_message_bytes, 16384u);
+
+  const auto bad = ParseYaml("kernel: false\nackIdentifier: \"\"\n", "site.yaml");
+  ConfigMap bad_section(bad, "modules.journald");
+  EXPECT_THROW(JournaldModule::ParseConfig(bad_section, h_.site), ConfigError);
+  const auto small = ParseYaml("maxMessageBytes: 3\n", "site.yaml");
+  ConfigMap small_section(small, "modules.journald");
+  EXPECT_THROW(JournaldModule::ParseConfig(small_section, h_.site), ConfigError);
+}
+
+}  // namespace
+}  // namespace gns::journald
