@@ -1,0 +1,216 @@
+// The compute-domain-controller module: config, leader gating, the work queue and metrics.
+#include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
+
+#include "loop/feature_gates.hpp"
+#include "modules/kube/events.hpp"
+#include "modules/kube/messages.hpp"
+
+#include <stdexcept>
+
+namespace gns::cd_controller {
+
+using std::chrono::milliseconds;
+
+namespace {
+constexpr std::string_view kErrorsFamily = "gpu_node_supervisor_compute_domain_reconcile_errors_total";
+}  // namespace
+
+ComputeDomainControllerModule::Config ComputeDomainControllerModule::ParseConfig(ConfigMap& section,
+                                                                                const SiteConfig& site) {
+  Config config;
+  const auto api = section.Enum("resourceApiVersion", {"v1", "v1beta2", "v1beta1"}, "v1");
+  config.resource_api = api == "v1beta1"   ? ResourceApi::kV1beta1
+                        : api == "v1beta2" ? ResourceApi::kV1beta2
+                                           : ResourceApi::kV1;
+  config.workers = static_cast<std::size_t>(section.Int("workers", 1, 64, 4));
+  config.conflict_retries = static_cast<int>(section.Int("conflictRetries", 0, 100, 5));
+
+  auto backoff = section.Section("retryBackoff");
+  config.retry.initial = backoff.Duration("initial", milliseconds(1), milliseconds(60000), milliseconds(500));
+  config.retry.max = backoff.Duration("max", config.retry.initial, milliseconds(3600000), milliseconds(60000));
+  backoff.Finish();
+
+  auto le = section.Section("leaderElection");
+  config.lease.ns = le.String("namespace", "kube-system");
+  config.lease.lease_name = le.String("leaseName", "gpu-node-supervisor-compute-domain-controller");
+  if (config.lease.ns.empty()) le.Fail("namespace", "must not be empty");
+  if (config.lease.lease_name.empty()) le.Fail("leaseName", "must not be empty");
+  config.lease.lease_duration = le.Duration("leaseDuration", milliseconds(100), milliseconds(600000), milliseconds(15000));
+  config.lease.renew_deadline = le.Duration("renewDeadline", milliseconds(50), milliseconds(600000), milliseconds(10000));
+  config.lease.retry_period = le.Duration("retryPeriod", milliseconds(10), milliseconds(600000), milliseconds(2000));
+  if (config.lease.renew_deadline >= config.lease.lease_duration) {
+    le.Fail("renewDeadline", "must be shorter than leaseDuration (a leader must give up before others take over)");
+  }
+  if (config.lease.retry_period >= config.lease.renew_deadline) {
+    le.Fail("retryPeriod", "must be shorter than renewDeadline");
+  }
+  config.lease.identity = le.OptionalString("identity").value_or("");
+  if (config.lease.identity.empty()) config.lease.identity = kube::DefaultIdentity();
+  le.Finish();
+  (void)site;
+  return config;
+}
+
+ComputeDomainControllerModule::ComputeDomainControllerModule(ModuleContext& context, const Config& config)
+    : context_(context), config_(config) {}
+
+ComputeDomainControllerModule::~ComputeDomainControllerModule() {
+  *alive_ = false;
+  elector_.reset();  // before the queue and reconciler its callbacks reach
+}
+
+void ComputeDomainControllerModule::Start() {
+  auto& services = context_.GetServices();
+  auto client = services.Find<kube::KubeClient>();
+  registry_ = services.Find<kube::InformerRegistry>();
+  if (!client || !registry_) throw std::runtime_error("no Kubernetes client: the kube module is not running");
+  auto events = services.Find<kube::EventRecorder>();  // optional: no Events without it
+
+  host_managed_ = context_.Site().gates.Enabled(gates::kHostManagedIMEX);
+  ReconcileSettings settings;
+  settings.host_managed = host_managed_;
+  settings.resource_api = config_.resource_api;
+  settings.conflict_retries = config_.conflict_retries;
+  settings.field_manager = std::string(kName);
+  reconciler_ = std::make_unique<Reconciler>(client, events, context_.Logger(), settings);
+  queue_ = std::make_unique<WorkQueue>(context_.GetLoop().Io(), config_.retry, config_.workers,
+                                       [this](const std::string& key, std::function<void(bool)> done) {
+                                         Work(key, std::move(done));
+                                       });
+
+  auto& m = context_.Metrics();
+  latency_sum_ = &m.Counter("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_sum",
+                            "Time spent in ComputeDomain reconciles (finished ones)");
+  latency_count_ = &m.Counter("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_count",
+                              "ComputeDomain reconciles finished");
+  collector_ = m.AddCollector([this](MetricsWriter& w) {
+    std::map<std::string, int> by_status{{"Ready", 0}, {"NotReady", 0}};
+    for (const auto& [key, status] : domain_state_) ++by_status[status];
+    for (const auto& [status, count] : by_status) {
+      w.Sample("gpu_node_supervisor_compute_domains", MetricType::kGauge,
+               "ComputeDomains by status, as last reconciled (reported by the leader only)", {{"status", status}},
+               count);
+    }
+    w.Sample("gpu_node_supervisor_compute_domain_controller_leading", MetricType::kGauge,
+             "1 while this process runs the ComputeDomain controller", {}, leading_ ? 1 : 0);
+  });
+
+  kube::LeaderElector::Callbacks callbacks;
+  callbacks.on_started_leading = [this] { OnStartedLeading(); };
+  callbacks.on_stopped_leading = [this] { OnStoppedLeading(); };
+  elector_ = std::make_unique<kube::LeaderElector>(client, context_.GetLoop().Io(), context_.GetClock(),
+                                                   &context_.GetBus(), context_.Metrics(), context_.Logger(),
+                                                   config_.lease, std::move(callbacks));
+  if (!host_managed_) {
+    context_.Log().warn(
+        "HostManagedIMEX is off: driver-managed IMEX is not supported by this build; ComputeDomains will be "
+        "marked NotReady with an Event saying so");
+  }
+  context_.Log().info("candidate for lease {}/{} as {}", config_.lease.ns, config_.lease.lease_name,
+                      config_.lease.identity);
+  elector_->Start();
+}
+
+void ComputeDomainControllerModule::Stop(std::function<void()> done) {
+  if (!elector_) {
+    StopWork();
+    done();
+    return;
+  }
+  // Stops the work first (on_stopped_leading), then hands the lease back so a peer takes over.
+  elector_->Stop(
+      [this, alive = std::weak_ptr<bool>(alive_), done = std::move(done)] {
+        const auto a = alive.lock();
+        if (a && *a) StopWork();
+        done();
+      },
+      /*release=*/true);
+}
+
+void ComputeDomainControllerModule::OnStartedLeading() {
+  leading_ = true;
+  context_.Log().info("leading: reconciling ComputeDomains in all namespaces ({} mode)",
+                      host_managed_ ? "host-managed IMEX" : "driver-managed, unsupported");
+  const kube::InformerSpec spec{
+      kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kResource)).Collection(),
+      {}, {}};
+  informer_key_ = spec.Key();
+  auto& bus = context_.GetBus();
+  events_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) {
+    if (!leading_ || e.informer_key != informer_key_ || !e.object) return;
+    Enqueue(*e.object);
+  });
+  // Also covers an informer that another holder had already synced (its ADDED events are past).
+  synced_sub_ = bus.Subscribe<kube::InformerSynced>([this](const kube::InformerSynced& s) {
+    if (!leading_ || s.informer_key != informer_key_ || !s.synced || !informer_) return;
+    for (const auto& [key, object] : informer_->Items()) queue_->Add(key);
+  });
+  informer_ = registry_->Acquire(spec);
+}
+
+void ComputeDomainControllerModule::OnStoppedLeading() {
+  const bool was = leading_;
+  leading_ = false;
+  StopWork();
+  if (was) context_.Log().info("stopped leading: ComputeDomain work stopped");
+}
+
+void ComputeDomainControllerModule::StopWork() {
+  events_sub_.Reset();
+  synced_sub_.Reset();
+  informer_.reset();
+  if (reconciler_) reconciler_->Cancel();
+  if (queue_) queue_->Clear();
+  // Domain state is the leader's to report.
+  domain_state_.clear();
+}
+
+void ComputeDomainControllerModule::Enqueue(const nlohmann::json& object) {
+  const auto meta = kube::ObjectMeta::From(object);
+  if (meta && !meta->ns.empty()) queue_->Add(meta->Key());
+}
+
+void ComputeDomainControllerModule::Work(const std::string& key, std::function<void(bool)> done) {
+  const auto start = context_.GetClock().Now();
+  reconciler_->Reconcile(key, [this, key, start, done = std::move(done)](Outcome outcome) {
+    const double seconds = std::chrono::duration<double>(context_.GetClock().Now() - start).count();
+    Record(key, outcome, seconds);
+    done(outcome.ok);
+  });
+}
+
+void ComputeDomainControllerModule::Record(const std::string& key, const Outcome& outcome, double seconds) {
+  latency_sum_->Inc(seconds);
+  latency_count_->Inc();
+  if (!outcome.ok) {
+    context_.Metrics()
+        .Counter(std::string(kErrorsFamily), "ComputeDomain reconciles that failed and will be retried",
+                 {{"domain", key}, {"reason", outcome.reason}})
+        .Inc();
+    context_.Log().warn("{}: reconcile failed ({}): {}; retrying after backoff (attempt {})", key, outcome.reason,
+                        outcome.error, queue_->Failures(key) + 1);
+  }
+  switch (outcome.state) {
+    case Outcome::State::kReady:
+      domain_state_.insert_or_assign(key, "Ready");
+      break;
+    case Outcome::State::kNotReady:
+      if (outcome.ok || outcome.reason == "ResourceClaimTemplateConflict") {
+        domain_state_.insert_or_assign(key, "NotReady");
+      } else {
+        domain_state_.try_emplace(key, "NotReady");
+      }
+      break;
+    case Outcome::State::kDeleted:
+    case Outcome::State::kGone:
+      Forget(key);
+      break;
+  }
+}
+
+void ComputeDomainControllerModule::Forget(const std::string& key) {
+  domain_state_.erase(key);
+  context_.Metrics().RemoveMatching(kErrorsFamily, {"domain", key});
+}
+
+}  // namespace gns::cd_controller

@@ -1,0 +1,82 @@
+#pragma once
+// The `compute-domain-controller` module: the cluster-wide ComputeDomain controller (seed 000
+// §6) inside the node DaemonSet, active on exactly one node at a time. It runs its own
+// LeaderElector on its own Lease (not the kube module's optional one: the controller needs the
+// start/stop callbacks, and the node-local modules must not depend on who leads). While it
+// leads it watches ComputeDomains in all namespaces and reconciles them through a keyed work
+// queue; when the lease is lost (or the module stops) it stops at once: the queue is cleared,
+// the reconcile in flight is abandoned (answers to requests already sent are ignored), the
+// watch is dropped. A reconcile reads everything fresh, so the next leader just runs it again.
+
+#include "loop/backoff.hpp"
+#include "loop/bus.hpp"
+#include "loop/module.hpp"
+#include "modules/compute_domain_controller/reconciler.hpp"
+#include "modules/compute_domain_controller/work_queue.hpp"
+#include "modules/kube/informer.hpp"
+#include "modules/kube/leader_election.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace gns::cd_controller {
+
+class ComputeDomainControllerModule final : public Module {
+ public:
+  static constexpr std::string_view kName = "compute-domain-controller";
+  static constexpr std::string_view kSummary =
+      "leader-elected ComputeDomain controller: finalizer, workload ResourceClaimTemplate, status";
+
+  struct Config {
+    kube::LeaderElectionConfig lease;
+    BackoffPolicy retry{std::chrono::milliseconds(500), std::chrono::milliseconds(60000), 2.0, 0.5};
+    std::size_t workers = 4;
+    int conflict_retries = 5;
+    ResourceApi resource_api = ResourceApi::kV1;
+  };
+  static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
+
+  ComputeDomainControllerModule(ModuleContext& context, const Config& config);
+  ~ComputeDomainControllerModule() override;
+
+  void Start() override;
+  void Stop(std::function<void()> done) override;
+
+  // For tests and /debug.
+  bool Leading() const { return leading_; }
+  const Reconciler* GetReconciler() const { return reconciler_.get(); }
+  const WorkQueue* Queue() const { return queue_.get(); }
+  bool Watching() const { return informer_ != nullptr; }
+
+ private:
+  void OnStartedLeading();
+  void OnStoppedLeading();
+  void StopWork();
+  void Enqueue(const nlohmann::json& object);
+  void Work(const std::string& key, std::function<void(bool)> done);
+  void Record(const std::string& key, const Outcome& outcome, double seconds);
+  void Forget(const std::string& key);
+
+  ModuleContext& context_;
+  Config config_;
+  bool host_managed_ = true;
+  bool leading_ = false;
+  std::shared_ptr<kube::InformerRegistry> registry_;
+  std::unique_ptr<Reconciler> reconciler_;
+  std::unique_ptr<WorkQueue> queue_;
+  std::unique_ptr<kube::LeaderElector> elector_;
+  std::shared_ptr<kube::Informer> informer_;
+  std::string informer_key_;
+  std::map<std::string, std::string, std::less<>> domain_state_;  // key -> Ready/NotReady/Deleting
+  MetricsRegistry::Series* latency_sum_ = nullptr;
+  MetricsRegistry::Series* latency_count_ = nullptr;
+  MetricsRegistry::CollectorHandle collector_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Subscription events_sub_;
+  Subscription synced_sub_;
+};
+
+}  // namespace gns::cd_controller

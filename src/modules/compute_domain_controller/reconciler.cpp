@@ -1,0 +1,429 @@
+// One ComputeDomain reconcile as a chain of API calls (see reconciler.hpp).
+#include "modules/compute_domain_controller/reconciler.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace gns::cd_controller {
+
+using nlohmann::json;
+
+namespace {
+
+// The string at a path of object keys; empty when any step is missing or not an object/string.
+std::string StringAt(const json& j, std::initializer_list<const char*> path) {
+  const json* at = &j;
+  for (const char* key : path) {
+    if (!at->is_object()) return {};
+    const auto it = at->find(key);
+    if (it == at->end()) return {};
+    at = &*it;
+  }
+  return at->is_string() ? at->get<std::string>() : std::string();
+}
+
+bool Deleting(const json& object) {
+  const auto meta = object.find("metadata");
+  return meta != object.end() && meta->is_object() && meta->contains("deletionTimestamp") &&
+         !(*meta)["deletionTimestamp"].is_null();
+}
+
+std::vector<std::string> Finalizers(const json& object) {
+  std::vector<std::string> out;
+  const auto meta = object.find("metadata");
+  if (meta == object.end() || !meta->is_object()) return out;
+  const auto list = meta->find("finalizers");
+  if (list == meta->end() || !list->is_array()) return out;
+  for (const auto& f : *list) {
+    if (f.is_string()) out.push_back(f.get<std::string>());
+  }
+  return out;
+}
+
+bool HasFinalizer(const json& object, std::string_view finalizer) {
+  const auto list = Finalizers(object);
+  return std::find(list.begin(), list.end(), finalizer) != list.end();
+}
+
+json WithFinalizer(json object, std::string_view finalizer, bool present) {
+  auto list = Finalizers(object);
+  list.erase(std::remove(list.begin(), list.end(), finalizer), list.end());
+  if (present) list.emplace_back(finalizer);
+  object["metadata"]["finalizers"] = list;
+  return object;
+}
+
+// True when the domain's status already says NotReady for `reason`.
+bool SaysNotReady(const json& domain, std::string_view reason) {
+  if (StringAt(domain, {"status", "status"}) != "NotReady") return false;
+  const auto& status = domain["status"];
+  if (!status.contains("conditions") || !status["conditions"].is_array()) return false;
+  for (const auto& c : status["conditions"]) {
+    if (StringAt(c, {"type"}) == "Ready" && StringAt(c, {"reason"}) == reason) return true;
+  }
+  return false;
+}
+
+std::string JoinList(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+}  // namespace
+
+std::string_view ResourceApiVersion(ResourceApi api) {
+  switch (api) {
+    case ResourceApi::kV1: return "v1";
+    case ResourceApi::kV1beta2: return "v1beta2";
+    case ResourceApi::kV1beta1: return "v1beta1";
+  }
+  return "v1";
+}
+
+std::string_view ToString(Outcome::State state) {
+  switch (state) {
+    case Outcome::State::kReady: return "Ready";
+    case Outcome::State::kNotReady: return "NotReady";
+    case Outcome::State::kDeleted: return "Deleted";
+    case Outcome::State::kGone: return "Gone";
+  }
+  return "Unknown";
+}
+
+json WorkloadTemplate(ResourceApi api, const std::string& ns, const std::string& name, const std::string& domain_uid,
+                      const std::string& allocation_mode) {
+  json request = {{"name", kChannelRequest}};
+  if (api == ResourceApi::kV1beta1) {
+    request["deviceClassName"] = kChannelDeviceClass;  // v1beta1: DeviceRequest is flat
+  } else {
+    request["exactly"] = {{"deviceClassName", kChannelDeviceClass}};
+  }
+  json parameters = {{"apiVersion", std::string(kGroup) + "/" + std::string(kVersion)},
+                     {"kind", kChannelConfigKind},
+                     {"domainID", domain_uid}};
+  if (!allocation_mode.empty()) parameters["allocationMode"] = allocation_mode;
+  return json{
+      {"apiVersion", "resource.k8s.io/" + std::string(ResourceApiVersion(api))},
+      {"kind", "ResourceClaimTemplate"},
+      {"metadata",
+       {{"name", name},
+        {"namespace", ns},
+        {"labels", {{kDomainLabel, domain_uid}, {kTargetLabel, kTargetWorkload}}},
+        {"finalizers", json::array({kTemplateFinalizer})}}},
+      {"spec",
+       {{"spec",
+         {{"devices",
+           {{"requests", json::array({request})},
+            {"config", json::array({{{"requests", json::array({kChannelRequest})},
+                                     {"opaque", {{"driver", kDriverName}, {"parameters", parameters}}}}})}}}}}}}};
+}
+
+bool MadeForDomain(const json& tmpl, const std::string& domain_uid) {
+  return !domain_uid.empty() && StringAt(tmpl, {"metadata", "labels", std::string(kDomainLabel).c_str()}) == domain_uid &&
+         StringAt(tmpl, {"metadata", "labels", std::string(kTargetLabel).c_str()}) == kTargetWorkload;
+}
+
+struct Reconciler::Run {
+  std::string key;
+  std::string ns;
+  std::string name;
+  uint64_t epoch = 0;
+  std::function<void(Outcome)> done;
+  int conflicts = 0;
+  int template_steps = 0;
+  json domain;
+  std::string uid;
+  std::string template_name;
+  std::string allocation_mode;
+
+  std::string DomainPath() const {
+    return kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kResource), ns)
+        .Object(name);
+  }
+};
+
+Reconciler::Reconciler(std::shared_ptr<kube::KubeClient> client, std::shared_ptr<kube::EventRecorder> events,
+                       std::shared_ptr<spdlog::logger> log, ReconcileSettings settings)
+    : client_(std::move(client)), events_(std::move(events)), log_(std::move(log)), settings_(std::move(settings)) {}
+
+Reconciler::~Reconciler() { *alive_ = false; }
+
+void Reconciler::Cancel() {
+  ++epoch_;
+  stats_.abandoned += runs_.size();
+  runs_.clear();
+}
+
+bool Reconciler::Current(const RunPtr& run) const { return run->epoch == epoch_; }
+
+template <typename Send>
+void Reconciler::Call(const RunPtr& run, Send send, std::function<void(kube::Result)> next) {
+  send([this, run, alive = std::weak_ptr<bool>(alive_), next = std::move(next)](kube::Result r) {
+    const auto a = alive.lock();
+    if (!a || !*a || !Current(run)) return;  // cancelled (lease lost) or gone: drop the answer
+    next(std::move(r));
+  });
+}
+
+void Reconciler::Reconcile(const std::string& key, std::function<void(Outcome)> done) {
+  auto run = std::make_shared<Run>();
+  run->key = key;
+  const auto slash = key.find('/');
+  run->ns = slash == std::string::npos ? std::string() : key.substr(0, slash);
+  run->name = slash == std::string::npos ? key : key.substr(slash + 1);
+  run->epoch = epoch_;
+  run->done = std::move(done);
+  ++stats_.started;
+  runs_.insert(run.get());
+  if (run->ns.empty() || run->name.empty()) {
+    Finish(run, Outcome{true, Outcome::State::kGone, "InvalidKey", "not a namespace/name key: " + key});
+    return;
+  }
+  FetchDomain(run);
+}
+
+void Reconciler::Finish(const RunPtr& run, Outcome outcome) {
+  runs_.erase(run.get());
+  ++stats_.finished;
+  auto done = std::move(run->done);
+  run->done = nullptr;
+  if (done) done(std::move(outcome));
+}
+
+void Reconciler::Fail(const RunPtr& run, std::string reason, std::string error) {
+  Finish(run, Outcome{false, Outcome::State::kNotReady, std::move(reason), std::move(error)});
+}
+
+void Reconciler::Restart(const RunPtr& run, const kube::Result& r, std::string_view what) {
+  if (r.http_status == 409) {
+    ++stats_.conflicts;
+    if (++run->conflicts <= settings_.conflict_retries) {
+      log_->debug("{}: {}: conflict, reading again: {}", run->key, what, r.error);
+      FetchDomain(run);
+      return;
+    }
+    Fail(run, "Conflict", std::string(what) + ": " + r.error);
+    return;
+  }
+  Fail(run, "ApiError",
+       std::string(what) + ": " + (r.error.empty() ? "HTTP " + std::to_string(r.http_status) : r.error));
+}
+
+void Reconciler::FetchDomain(const RunPtr& run) {
+  Call(run, [&](auto cb) { client_->Get(run->DomainPath(), std::move(cb)); },
+       [this, run](kube::Result r) { OnDomain(run, std::move(r)); });
+}
+
+void Reconciler::OnDomain(const RunPtr& run, kube::Result r) {
+  if (r.http_status == 404) {
+    Finish(run, Outcome{true, Outcome::State::kGone, {}, {}});
+    return;
+  }
+  if (!r.Ok() || !r.object.is_object()) {
+    Restart(run, r, "get ComputeDomain");
+    return;
+  }
+  run->domain = std::move(r.object);
+  run->uid = StringAt(run->domain, {"metadata", "uid"});
+  run->template_name = StringAt(run->domain, {"spec", "channel", "resourceClaimTemplate", "name"});
+  run->allocation_mode = StringAt(run->domain, {"spec", "channel", "allocationMode"});
+  run->template_steps = 0;
+  if (Deleting(run->domain)) {
+    if (!HasFinalizer(run->domain, kFinalizer)) {
+      Finish(run, Outcome{true, Outcome::State::kDeleted, {}, {}});
+      return;
+    }
+    DeleteTemplateStep(run);
+    return;
+  }
+  if (!settings_.host_managed) {
+    DriverManaged(run);
+    return;
+  }
+  if (run->template_name.empty()) {
+    NotReady(run, "InvalidSpec", "spec.channel.resourceClaimTemplate.name is required", false);
+    return;
+  }
+  EnsureFinalizer(run);
+}
+
+// --- add/update (§6.1)
+
+void Reconciler::EnsureFinalizer(const RunPtr& run) {
+  if (HasFinalizer(run->domain, kFinalizer)) {
+    EnsureTemplate(run);
+    return;
+  }
+  Call(run, [&](auto cb) { client_->Update(run->DomainPath(), WithFinalizer(run->domain, kFinalizer, true), std::move(cb)); },
+       [this, run](kube::Result r) {
+         if (!r.Ok()) return Restart(run, r, "add ComputeDomain finalizer");
+         run->domain = std::move(r.object);
+         EnsureTemplate(run);
+       });
+}
+
+void Reconciler::EnsureTemplate(const RunPtr& run) {
+  const auto path = kube::ResourcePath::Grouped("resource.k8s.io", std::string(ResourceApiVersion(settings_.resource_api)),
+                                                "resourceclaimtemplates", run->ns)
+                        .Object(run->template_name);
+  Call(run, [&](auto cb) { client_->Get(path, std::move(cb)); }, [this, run](kube::Result r) {
+    if (r.http_status == 404) return CreateTemplate(run);
+    if (!r.Ok()) return Restart(run, r, "get ResourceClaimTemplate");
+    if (!MadeForDomain(r.object, run->uid)) {
+      NotReady(run, "ResourceClaimTemplateConflict",
+               "ResourceClaimTemplate " + run->ns + "/" + run->template_name +
+                   " exists but was not made for this ComputeDomain (labels " + std::string(kDomainLabel) + "=" +
+                   run->uid + ", " + std::string(kTargetLabel) + "=" + std::string(kTargetWorkload) +
+                   " expected); it is left as it is",
+               true);
+      return;
+    }
+    if (Deleting(r.object)) {
+      Fail(run, "ResourceClaimTemplateTerminating",
+           "ResourceClaimTemplate " + run->ns + "/" + run->template_name + " is being deleted");
+      return;
+    }
+    WriteStatus(run, true, {}, {}, [this, run] { Finish(run, Outcome{true, Outcome::State::kReady, {}, {}}); });
+  });
+}
+
+void Reconciler::CreateTemplate(const RunPtr& run) {
+  const auto collection = kube::ResourcePath::Grouped(
+                              "resource.k8s.io", std::string(ResourceApiVersion(settings_.resource_api)),
+                              "resourceclaimtemplates", run->ns)
+                              .Collection();
+  auto object = WorkloadTemplate(settings_.resource_api, run->ns, run->template_name, run->uid, run->allocation_mode);
+  Call(run, [&](auto cb) { client_->Create(collection, object, std::move(cb)); }, [this, run](kube::Result r) {
+    // 409 AlreadyExists: someone (a previous leader) created it meanwhile: read it again.
+    if (!r.Ok()) return Restart(run, r, "create ResourceClaimTemplate");
+    ++stats_.templates_created;
+    log_->info("{}: created workload ResourceClaimTemplate {}/{} (domain {})", run->key, run->ns, run->template_name,
+               run->uid);
+    WriteStatus(run, true, {}, {}, [this, run] { Finish(run, Outcome{true, Outcome::State::kReady, {}, {}}); });
+  });
+}
+
+void Reconciler::WriteStatus(const RunPtr& run, bool ready, std::string reason, std::string message,
+                             std::function<void()> then) {
+  json current = run->domain.contains("status") && run->domain["status"].is_object() ? run->domain["status"]
+                                                                                      : json::object();
+  json desired = current;
+  if (ready) {
+    desired["status"] = "Ready";
+    desired.erase("conditions");
+  } else {
+    desired["status"] = "NotReady";
+    desired["conditions"] = json::array(
+        {{{"type", "Ready"}, {"status", "False"}, {"reason", std::move(reason)}, {"message", std::move(message)}}});
+  }
+  if (desired == current) {
+    then();
+    return;
+  }
+  json object = run->domain;
+  object["status"] = desired;
+  Call(run, [&](auto cb) { client_->UpdateStatus(run->DomainPath(), object, std::move(cb)); },
+       [this, run, then = std::move(then)](kube::Result r) {
+         if (!r.Ok()) return Restart(run, r, "update ComputeDomain status");
+         ++stats_.status_writes;
+         run->domain = std::move(r.object);
+         then();
+       });
+}
+
+void Reconciler::NotReady(const RunPtr& run, std::string reason, std::string message, bool retry) {
+  // A new state is announced; a conflict that persists is repeated (the recorder aggregates it).
+  if (!SaysNotReady(run->domain, reason) || retry) Event(run, "Warning", reason, message);
+  log_->warn("{}: {}: {}", run->key, reason, message);
+  WriteStatus(run, false, reason, message, [this, run, reason, message, retry] {
+    Finish(run, Outcome{!retry, Outcome::State::kNotReady, reason, retry ? message : std::string()});
+  });
+}
+
+void Reconciler::DriverManaged(const RunPtr& run) {
+  static constexpr std::string_view kMessage =
+      "driver-managed IMEX (HostManagedIMEX=false) is not supported by this build: enable the HostManagedIMEX "
+      "feature gate and run IMEX on the hosts; nothing was created for this ComputeDomain";
+  if (warned_driver_managed_.insert(run->uid).second) {
+    log_->warn("{}: {}", run->key, kMessage);
+  }
+  if (!SaysNotReady(run->domain, "DriverManagedModeNotSupported")) Event(run, "Warning", "DriverManagedModeNotSupported", kMessage);
+  WriteStatus(run, false, "DriverManagedModeNotSupported", std::string(kMessage), [this, run] {
+    Finish(run, Outcome{true, Outcome::State::kNotReady, "DriverManagedModeNotSupported", {}});
+  });
+}
+
+// --- delete (§6.2)
+
+void Reconciler::DeleteTemplateStep(const RunPtr& run) {
+  if (run->template_name.empty()) {
+    RemoveDomainFinalizer(run);
+    return;
+  }
+  // GET → DELETE → GET → PUT (finalizer off) → GET (404) is the longest honest path.
+  if (++run->template_steps > 8) {
+    Fail(run, "ResourceClaimTemplateNotGone",
+         "ResourceClaimTemplate " + run->ns + "/" + run->template_name + " did not go away");
+    return;
+  }
+  const auto path = kube::ResourcePath::Grouped("resource.k8s.io", std::string(ResourceApiVersion(settings_.resource_api)),
+                                                "resourceclaimtemplates", run->ns)
+                        .Object(run->template_name);
+  Call(run, [&](auto cb) { client_->Get(path, std::move(cb)); }, [this, run, path](kube::Result r) {
+    if (r.http_status == 404) return RemoveDomainFinalizer(run);  // confirmed gone
+    if (!r.Ok()) return Restart(run, r, "get ResourceClaimTemplate");
+    if (!MadeForDomain(r.object, run->uid)) {
+      log_->info("{}: ResourceClaimTemplate {}/{} was not made for this domain: left alone", run->key, run->ns,
+                 run->template_name);
+      return RemoveDomainFinalizer(run);
+    }
+    const std::string template_uid = StringAt(r.object, {"metadata", "uid"});
+    if (!Deleting(r.object)) {
+      Call(run, [&](auto cb) { client_->Delete(path, kube::Preconditions{template_uid, {}}, std::move(cb)); },
+           [this, run](kube::Result d) {
+             // 404: already gone; 409: replaced meanwhile (uid precondition): look again.
+             if (d.Ok()) ++stats_.templates_deleted;
+             if (d.Ok() || d.http_status == 404 || d.http_status == 409) return DeleteTemplateStep(run);
+             Restart(run, d, "delete ResourceClaimTemplate");
+           });
+      return;
+    }
+    if (HasFinalizer(r.object, kTemplateFinalizer)) {
+      Call(run, [&](auto cb) { client_->Update(path, WithFinalizer(r.object, kTemplateFinalizer, false), std::move(cb)); },
+           [this, run](kube::Result u) {
+             if (u.Ok() || u.http_status == 404 || u.http_status == 409) return DeleteTemplateStep(run);
+             Restart(run, u, "remove ResourceClaimTemplate finalizer");
+           });
+      return;
+    }
+    Fail(run, "ResourceClaimTemplateNotGone",
+         "ResourceClaimTemplate " + run->ns + "/" + run->template_name + " is still held by finalizers [" +
+             JoinList(Finalizers(r.object)) + "]");
+  });
+}
+
+void Reconciler::RemoveDomainFinalizer(const RunPtr& run) {
+  Call(run,
+       [&](auto cb) { client_->Update(run->DomainPath(), WithFinalizer(run->domain, kFinalizer, false), std::move(cb)); },
+       [this, run](kube::Result r) {
+         if (r.http_status == 404) return Finish(run, Outcome{true, Outcome::State::kGone, {}, {}});
+         if (!r.Ok()) return Restart(run, r, "remove ComputeDomain finalizer");
+         log_->info("{}: deleted (template and finalizers removed)", run->key);
+         warned_driver_managed_.erase(run->uid);
+         Finish(run, Outcome{true, Outcome::State::kDeleted, {}, {}});
+       });
+}
+
+void Reconciler::Event(const RunPtr& run, std::string_view type, std::string_view reason, std::string_view note) {
+  if (!events_) return;
+  kube::ObjectReference regarding;
+  regarding.api_version = std::string(kGroup) + "/" + std::string(kVersion);
+  regarding.kind = "ComputeDomain";
+  regarding.ns = run->ns;
+  regarding.name = run->name;
+  regarding.uid = run->uid;
+  events_->Record(regarding, type, reason, "Reconcile", note);
+}
+
+}  // namespace gns::cd_controller

@@ -1,0 +1,434 @@
+// The ComputeDomain controller module against the simulated API server (seed 000 §14.1): the
+// add path creates only the workload template and sets Ready with the finalizer; the delete
+// path removes template, finalizers and metrics; a foreign template is reported, not
+// overwritten; driver-managed mode says it is unsupported; only the leader reconciles; losing
+// the lease mid-reconcile stops the work, and the next leader finishes it.
+#include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
+#include "modules/compute_domain_controller/work_queue.hpp"
+#include "modules/kube/events.hpp"
+#include "modules/kube/informer.hpp"
+#include "modules/kube/leader_election.hpp"
+#include "support/prometheus.hpp"
+#include "unit/modules/kube/kube_test_util.hpp"
+
+#include <gtest/gtest.h>
+
+namespace gns::cd_controller {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+constexpr const char* kDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team/computedomains";
+constexpr const char* kTemplates = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates";
+constexpr const char* kLease = "/apis/coordination.k8s.io/v1/namespaces/default/leases/cdc-test";
+
+// One supervisor process as far as the controller can tell: its own client, informers, events,
+// services, bus, metrics and site; the loop and the simulator are shared.
+struct Supervisor {
+  explicit Supervisor(Loop& loop) : bus(loop) {}
+  Bus bus;
+  MetricsRegistry metrics;
+  Services services;
+  SiteConfig site;
+  std::shared_ptr<kube::InformerRegistry> informers;
+  std::unique_ptr<ModuleContext> context;
+  std::unique_ptr<ComputeDomainControllerModule> module;
+  bool stopped = false;
+
+  const Reconciler::Stats& Stats() const { return module->GetReconciler()->GetStats(); }
+  double Metric(const std::string& series) const {
+    const auto scrape = test::ParsePrometheus(metrics.Render());
+    const auto it = scrape.samples.find(series);
+    return it == scrape.samples.end() ? -1 : it->second;
+  }
+};
+
+class ControllerTest : public kube::test::KubeTestBase {
+ protected:
+  void TearDown() override {
+    for (auto& s : supervisors_) StopSupervisor(*s);
+    for (auto& s : supervisors_) {
+      if (s->informers) s->informers->StopAll();
+    }
+    KubeTestBase::TearDown();
+    supervisors_.clear();
+  }
+
+  ComputeDomainControllerModule::Config ControllerConfig(const std::string& identity) {
+    ComputeDomainControllerModule::Config config;
+    config.lease.ns = "default";
+    config.lease.lease_name = "cdc-test";
+    config.lease.identity = identity;
+    config.lease.lease_duration = milliseconds(1000);
+    config.lease.renew_deadline = milliseconds(700);
+    config.lease.retry_period = milliseconds(100);
+    config.retry.initial = milliseconds(50);
+    config.retry.max = milliseconds(400);
+    return config;
+  }
+
+  Supervisor& StartSupervisor(const std::string& identity, bool host_managed = true,
+                              std::optional<ComputeDomainControllerModule::Config> config = std::nullopt) {
+    auto s = std::make_unique<Supervisor>(h_.loop);
+    s->site.node_name = identity;
+    s->site.gates.Set(gates::kHostManagedIMEX, host_managed);
+    auto client = MakeClient(BaseConfig());
+    kube::InformerOptions options;
+    options.backoff = BackoffPolicy{milliseconds(50), milliseconds(500), 2.0, 0.5};
+    s->informers = std::make_shared<kube::InformerRegistry>(client, s->bus, h_.loop.Io(), s->metrics,
+                                                            kube::test::TestLogger(), options);
+    kube::EventRecorderConfig events;
+    events.qps = 100;
+    events.burst = 100;
+    events.reporting_instance = identity;
+    s->services.Provide<kube::KubeClient>(client);
+    s->services.Provide<kube::InformerRegistry>(s->informers);
+    s->services.Provide<kube::EventRecorder>(std::make_shared<kube::EventRecorder>(
+        client, h_.clock, s->metrics, kube::test::TestLogger(), events));
+    RuntimeParts parts{h_.loop, s->bus, h_.pool, h_.clock, s->site, s->metrics, s->services};
+    s->context = std::make_unique<ModuleContext>(parts, std::string(ComputeDomainControllerModule::kName),
+                                                 [](std::string) {}, [](ModuleHealth, std::string) {});
+    s->module = std::make_unique<ComputeDomainControllerModule>(*s->context, config.value_or(ControllerConfig(identity)));
+    s->module->Start();
+    supervisors_.push_back(std::move(s));
+    return *supervisors_.back();
+  }
+
+  void StopSupervisor(Supervisor& s) {
+    if (s.stopped || !s.module) return;
+    s.stopped = true;
+    bool done = false;
+    s.module->Stop([&] { done = true; });
+    EXPECT_TRUE(h_.RunUntil([&] { return done; }));
+  }
+
+  static json Domain(const std::string& name, const std::string& tmpl, const std::string& mode = "Single",
+                     int num_nodes = 0) {
+    return {{"apiVersion", "resource.nvidia.com/v1beta1"},
+            {"kind", "ComputeDomain"},
+            {"metadata", {{"name", name}, {"namespace", "team"}}},
+            {"spec",
+             {{"numNodes", num_nodes},
+              {"channel", {{"resourceClaimTemplate", {{"name", tmpl}}}, {"allocationMode", mode}}}}}};
+  }
+
+  json CreateDomain(const json& domain) {
+    const auto r = server_->Call("POST", kDomains, domain.dump());
+    EXPECT_EQ(r.status, 201) << r.body;
+    return r.Json();
+  }
+
+  sim::SimResponse Get(const std::string& path) { return server_->Call("GET", path); }
+  json GetDomain(const std::string& name) { return Get(std::string(kDomains) + "/" + name).Json(); }
+  int DomainStatusCode(const std::string& name) { return Get(std::string(kDomains) + "/" + name).status; }
+  int TemplateStatusCode(const std::string& name) { return Get(std::string(kTemplates) + "/" + name).status; }
+
+  bool IsReady(const std::string& name) {
+    const auto r = Get(std::string(kDomains) + "/" + name);
+    if (r.status != 200) return false;
+    const auto d = r.Json();
+    return d.contains("status") && d["status"].value("status", "") == "Ready";
+  }
+
+  std::string ConditionReason(const std::string& name) {
+    const auto d = GetDomain(name);
+    if (!d.contains("status") || !d["status"].contains("conditions")) return {};
+    return d["status"]["conditions"][0].value("reason", "");
+  }
+
+  std::size_t Count(const std::string& collection) {
+    const auto r = Get(collection);
+    return r.status == 200 ? r.Json()["items"].size() : 0;
+  }
+
+  std::vector<json> EventsFor(const std::string& name) {
+    std::vector<json> out;
+    const auto list = Get("/apis/events.k8s.io/v1/namespaces/team/events").Json();
+    for (const auto& e : list["items"]) {
+      if (e["regarding"].value("name", "") == name && e["regarding"].value("kind", "") == "ComputeDomain") {
+        out.push_back(e);
+      }
+    }
+    return out;
+  }
+
+  std::vector<std::unique_ptr<Supervisor>> supervisors_;
+};
+
+TEST_F(ControllerTest, AddPathCreatesOnlyTheWorkloadTemplateAndSetsReadyWithTheFinalizer) {
+  auto& s = StartSupervisor("node-a");
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  const auto created = CreateDomain(Domain("train-a", "train-a-imex-channel", "Single", /*num_nodes=*/4));
+  const std::string uid = created["metadata"]["uid"];
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
+
+  const auto domain = GetDomain("train-a");
+  EXPECT_EQ(domain["metadata"]["finalizers"], json::array({"resource.nvidia.com/computeDomain"}));
+  EXPECT_EQ(domain["status"], json({{"status", "Ready"}}));
+  EXPECT_EQ(domain["spec"]["numNodes"], 4);  // ignored, never rejected or rewritten
+
+  const auto tmpl = Get(std::string(kTemplates) + "/train-a-imex-channel").Json();
+  EXPECT_EQ(tmpl["metadata"]["labels"], json({{"resource.nvidia.com/computeDomain", uid},
+                                              {"resource.nvidia.com/computeDomainTarget", "Workload"}}));
+  EXPECT_EQ(tmpl["metadata"]["finalizers"], json::array({"resource.nvidia.com/computeDomain"}));
+  const json expected_spec = json::parse(R"({"spec": {"devices": {
+      "requests": [{"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}],
+      "config": [{"requests": ["channel"], "opaque": {"driver": "compute-domain.nvidia.com", "parameters": {
+          "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
+          "domainID": ")" + uid + R"(", "allocationMode": "Single"}}}]}}})");
+  EXPECT_EQ(tmpl["spec"], expected_spec);
+
+  // Nothing else: one template in the whole cluster, no DaemonSets, no node labels, no cliques.
+  EXPECT_EQ(Count("/apis/resource.k8s.io/v1/resourceclaimtemplates"), 1u);
+  EXPECT_EQ(Count("/apis/apps/v1/daemonsets"), 0u);
+  EXPECT_EQ(Count("/api/v1/nodes"), 0u);
+  EXPECT_EQ(Count("/apis/resource.nvidia.com/v1beta1/computedomaincliques"), 0u);
+  EXPECT_EQ(s.Stats().templates_created, 1u);
+  EXPECT_TRUE(h_.RunUntil([&] { return s.Metric("gpu_node_supervisor_compute_domains{status=\"Ready\"}") == 1; }));
+  EXPECT_GE(s.Metric("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_count"), 1);
+
+  // Idempotent under a restart (a new leader): it reads, finds everything in place, writes nothing.
+  StopSupervisor(s);
+  auto& again = StartSupervisor("node-b");
+  ASSERT_TRUE(h_.RunUntil([&] { return again.module->Leading() && again.Stats().finished >= 1; }));
+  h_.RunUntil([&] { return again.module->Queue()->InFlight() == 0 && again.module->Queue()->Queued() == 0; });
+  EXPECT_EQ(again.Stats().templates_created, 0u);
+  EXPECT_EQ(again.Stats().status_writes, 0u);
+  EXPECT_EQ(Count("/apis/resource.k8s.io/v1/resourceclaimtemplates"), 1u);
+  EXPECT_TRUE(IsReady("train-a"));
+}
+
+TEST_F(ControllerTest, DeletePathRemovesTemplateFinalizersAndMetrics) {
+  auto& s = StartSupervisor("node-a");
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  // The first template read fails: an error series for this domain exists before the delete.
+  server_->FailNextRequests(500, 1, "resourceclaimtemplates");
+  CreateDomain(Domain("train-a", "train-a-channel"));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
+  EXPECT_EQ(s.Metric("gpu_node_supervisor_compute_domain_reconcile_errors_total{domain=\"team/train-a\",reason="
+                     "\"ApiError\"}"),
+            1);
+
+  ASSERT_EQ(server_->Call("DELETE", std::string(kDomains) + "/train-a").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return DomainStatusCode("train-a") == 404; }));
+  EXPECT_EQ(TemplateStatusCode("train-a-channel"), 404);
+  EXPECT_EQ(s.Stats().templates_deleted, 1u);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Metric("gpu_node_supervisor_compute_domains{status=\"Ready\"}") == 0; }));
+  EXPECT_EQ(s.metrics.Render().find("team/train-a"), std::string::npos) << s.metrics.Render();
+}
+
+TEST_F(ControllerTest, ATemplateNotMadeForTheDomainIsReportedAndNotOverwritten) {
+  const json foreign = json::parse(R"({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+      "metadata": {"name": "shared-channel", "namespace": "team", "labels": {"app": "mine"}},
+      "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})");
+  ASSERT_EQ(server_->Call("POST", kTemplates, foreign.dump()).status, 201);
+  const auto before = Get(std::string(kTemplates) + "/shared-channel").Json();
+
+  auto& s = StartSupervisor("node-a");
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  CreateDomain(Domain("train-a", "shared-channel"));
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return ConditionReason("train-a") == "ResourceClaimTemplateConflict" && !EventsFor("train-a").empty();
+  }));
+  const auto domain = GetDomain("train-a");
+  EXPECT_EQ(domain["status"]["status"], "NotReady");
+  const auto events = EventsFor("train-a");
+  EXPECT_EQ(events[0]["type"], "Warning");
+  EXPECT_EQ(events[0]["reason"], "ResourceClaimTemplateConflict");
+  // Retried with backoff, never written.
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Queue()->Failures("team/train-a") >= 2; }));
+  EXPECT_EQ(Get(std::string(kTemplates) + "/shared-channel").Json(), before);
+  EXPECT_EQ(s.Stats().templates_created, 0u);
+
+  // Deleting the domain leaves the foreign template alone.
+  ASSERT_EQ(server_->Call("DELETE", std::string(kDomains) + "/train-a").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return DomainStatusCode("train-a") == 404; }));
+  EXPECT_EQ(Get(std::string(kTemplates) + "/shared-channel").Json(), before);
+}
+
+TEST_F(ControllerTest, WithoutTheGateTheDomainSaysDriverManagedModeIsNotSupported) {
+  auto& s = StartSupervisor("node-a", /*host_managed=*/false);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  CreateDomain(Domain("train-a", "train-a-channel"));
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return ConditionReason("train-a") == "DriverManagedModeNotSupported" && !EventsFor("train-a").empty();
+  }));
+  const auto domain = GetDomain("train-a");
+  EXPECT_EQ(domain["status"]["status"], "NotReady");
+  EXPECT_NE(domain["status"]["conditions"][0]["message"].get<std::string>().find("not supported by this build"),
+            std::string::npos);
+  EXPECT_FALSE(domain["metadata"].contains("finalizers") && !domain["metadata"]["finalizers"].empty());
+  const auto events = EventsFor("train-a");
+  EXPECT_EQ(events[0]["type"], "Warning");
+  EXPECT_NE(events[0]["note"].get<std::string>().find("not supported by this build"), std::string::npos);
+  EXPECT_EQ(Count(kTemplates), 0u);
+  // The status write's own MODIFIED event reconciles once more: no second Event, no write.
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().finished >= 2 && s.module->Queue()->InFlight() == 0; }));
+  EXPECT_EQ(s.Stats().status_writes, 1u);
+  EXPECT_EQ(EventsFor("train-a").size(), 1u);
+}
+
+TEST_F(ControllerTest, TwoSupervisorsOnlyTheLeaderReconciles) {
+  auto& a = StartSupervisor("node-a");
+  auto& b = StartSupervisor("node-b");
+  ASSERT_TRUE(h_.RunUntil([&] { return a.module->Leading() || b.module->Leading(); }));
+  auto* leader = a.module->Leading() ? &a : &b;
+  auto* follower = leader == &a ? &b : &a;
+  for (const char* name : {"d1", "d2", "d3"}) CreateDomain(Domain(name, std::string(name) + "-channel"));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("d1") && IsReady("d2") && IsReady("d3"); }));
+  EXPECT_FALSE(follower->module->Leading());
+  EXPECT_FALSE(follower->module->Watching());
+  EXPECT_EQ(follower->Stats().started, 0u);
+  EXPECT_EQ(leader->Stats().templates_created, 3u);
+  std::size_t domain_watches = 0;
+  for (const auto& w : server_->OpenWatches()) {
+    if (w.path.find("computedomains") != std::string::npos) ++domain_watches;
+  }
+  EXPECT_EQ(domain_watches, 1u);
+  EXPECT_EQ(follower->Metric("gpu_node_supervisor_compute_domains{status=\"Ready\"}"), 0);
+
+  // The leader stops (hands the lease back): the other takes over and carries on.
+  StopSupervisor(*leader);
+  ASSERT_TRUE(h_.RunUntil([&] { return follower->module->Leading(); }));
+  CreateDomain(Domain("d4", "d4-channel"));
+  ASSERT_EQ(server_->Call("DELETE", std::string(kDomains) + "/d1").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("d4") && DomainStatusCode("d1") == 404; }));
+  EXPECT_EQ(TemplateStatusCode("d1-channel"), 404);
+  EXPECT_EQ(follower->Stats().templates_created, 1u);
+  EXPECT_EQ(Count("/apis/resource.k8s.io/v1/resourceclaimtemplates"), 3u);
+}
+
+TEST_F(ControllerTest, LosingTheLeaseMidReconcileStopsTheWorkAndTheNextLeaderFinishesIt) {
+  auto config = ControllerConfig("node-a");
+  config.lease.lease_duration = milliseconds(1500);
+  config.lease.renew_deadline = milliseconds(1000);
+  auto& s = StartSupervisor("node-a", true, config);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+
+  // Every request now takes 300 ms: a reconcile (5 requests) outlives the lease.
+  server_->SetResponseDelay(milliseconds(300));
+  CreateDomain(Domain("train-a", "train-a-channel"));
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().started >= 1; }));
+
+  // Another candidate takes the lease (as if this one had stalled): the next renew fails.
+  auto lease = Get(kLease).Json();
+  lease["spec"]["holderIdentity"] = "node-thief";
+  lease["spec"]["renewTime"] = kube::FormatMicroTime(h_.clock.WallNow());
+  ASSERT_EQ(server_->Call("PUT", kLease, lease.dump()).status, 200);
+
+  ASSERT_TRUE(h_.RunUntil([&] { return !s.module->Leading(); }));
+  EXPECT_EQ(s.Stats().abandoned, 1u);  // the reconcile in flight was dropped mid-way
+  EXPECT_EQ(s.Stats().finished, 0u);
+  EXPECT_FALSE(s.module->Watching());
+  EXPECT_EQ(s.module->Queue()->InFlight(), 0u);
+  EXPECT_EQ(s.module->Queue()->Queued(), 0u);
+  EXPECT_FALSE(IsReady("train-a"));
+
+  // Nothing moves while nobody leads: no template appears and the status stays unset.
+  bool progressed = false;
+  server_->SetResponseDelay(milliseconds(0));
+  ASSERT_TRUE(h_.RunUntil([&] {
+    if (!s.module->Leading() && (IsReady("train-a") || TemplateStatusCode("train-a-channel") == 200)) progressed = true;
+    return s.module->Leading();
+  }));
+  EXPECT_FALSE(progressed);
+  EXPECT_EQ(s.Stats().templates_created, 0u);
+
+  // The thief never renewed: node-a leads again and finishes the domain from where it was.
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
+  EXPECT_EQ(TemplateStatusCode("train-a-channel"), 200);
+  EXPECT_EQ(GetDomain("train-a")["metadata"]["finalizers"], json::array({"resource.nvidia.com/computeDomain"}));
+  EXPECT_EQ(Count("/apis/resource.k8s.io/v1/resourceclaimtemplates"), 1u);
+}
+
+// Config: defaults, a full section, and bad values rejected with their key.
+TEST(ControllerConfigTest, DefaultsFullSectionAndBadValues) {
+  using Module = ComputeDomainControllerModule;
+  SiteConfig site;
+  const auto parse = [&](const std::string& text) {
+    const auto value = ParseYaml(text, "site.yaml");
+    ConfigMap section(value, "modules.compute-domain-controller");
+    auto config = Module::ParseConfig(section, site);
+    section.Finish();
+    return config;
+  };
+  const auto defaults = parse("{}");
+  EXPECT_EQ(defaults.lease.ns, "kube-system");
+  EXPECT_EQ(defaults.lease.lease_name, "gpu-node-supervisor-compute-domain-controller");
+  EXPECT_EQ(defaults.lease.lease_duration, milliseconds(15000));
+  EXPECT_FALSE(defaults.lease.identity.empty());
+  EXPECT_EQ(defaults.resource_api, ResourceApi::kV1);
+  EXPECT_EQ(defaults.workers, 4u);
+  EXPECT_EQ(defaults.retry.initial, milliseconds(500));
+
+  const auto full = parse(R"(
+resourceApiVersion: v1beta1
+workers: 2
+conflictRetries: 3
+retryBackoff: {initial: 1s, max: 2m}
+leaderElection: {namespace: gns, leaseName: cdc, leaseDuration: 20s, renewDeadline: 15s, retryPeriod: 3s, identity: pod-1}
+)");
+  EXPECT_EQ(full.resource_api, ResourceApi::kV1beta1);
+  EXPECT_EQ(full.workers, 2u);
+  EXPECT_EQ(full.conflict_retries, 3);
+  EXPECT_EQ(full.retry.max, milliseconds(120000));
+  EXPECT_EQ(full.lease.ns, "gns");
+  EXPECT_EQ(full.lease.identity, "pod-1");
+
+  EXPECT_THROW(parse("resourceApiVersion: v2"), ConfigError);
+  EXPECT_THROW(parse("leaderElection: {leaseDuration: 5s, renewDeadline: 10s}"), ConfigError);
+  EXPECT_THROW(parse("leaderElection: {namespace: \"\"}"), ConfigError);
+  EXPECT_THROW(parse("retryBackoff: {initial: 2s, max: 1s}"), ConfigError);
+  EXPECT_THROW(parse("surprise: 1"), ConfigError);
+}
+
+// The workload template in the v1beta1 shape: flat requests.
+TEST(WorkloadTemplateTest, V1beta1RequestsAreFlatAndAnEmptyModeIsLeftOut) {
+  const auto t = WorkloadTemplate(ResourceApi::kV1beta1, "ns", "t", "uid-1", "");
+  EXPECT_EQ(t["apiVersion"], "resource.k8s.io/v1beta1");
+  EXPECT_EQ(t["spec"]["spec"]["devices"]["requests"][0],
+            json({{"name", "channel"}, {"deviceClassName", "compute-domain-default-channel.nvidia.com"}}));
+  EXPECT_FALSE(t["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"].contains("allocationMode"));
+  EXPECT_TRUE(MadeForDomain(t, "uid-1"));
+  EXPECT_FALSE(MadeForDomain(t, "uid-2"));
+}
+
+// The work queue on its own: one run per key at a time, re-run when added meanwhile, backoff.
+TEST(WorkQueueTest, OneRunPerKeyAtATimeAndBackoffAfterFailure) {
+  gns::test::LoopHarness h;
+  std::map<std::string, int> runs;
+  std::vector<std::function<void(bool)>> pending;
+  WorkQueue queue(h.loop.Io(), BackoffPolicy{milliseconds(20), milliseconds(100), 2.0, 0.0}, 2,
+                  [&](const std::string& key, std::function<void(bool)> done) {
+                    ++runs[key];
+                    pending.push_back(std::move(done));
+                  });
+  queue.Add("a");
+  queue.Add("a");
+  h.Drain();
+  EXPECT_EQ(runs["a"], 1);
+  queue.Add("a");  // while running: once more afterwards
+  h.Drain();
+  EXPECT_EQ(runs["a"], 1);
+  auto first = std::move(pending.back());
+  pending.clear();
+  first(true);
+  h.Drain();
+  EXPECT_EQ(runs["a"], 2);
+  auto second = std::move(pending.back());
+  pending.clear();
+  second(false);  // retried after the backoff
+  EXPECT_EQ(queue.WaitingRetry(), 1u);
+  ASSERT_TRUE(h.RunUntil([&] { return runs["a"] == 3; }));
+  EXPECT_EQ(queue.Failures("a"), 1);
+  // Cleared: the run in flight no longer counts.
+  queue.Clear();
+  pending.back()(false);
+  h.Drain();
+  EXPECT_EQ(queue.WaitingRetry(), 0u);
+  EXPECT_EQ(queue.InFlight(), 0u);
+}
+
+}  // namespace
+}  // namespace gns::cd_controller
