@@ -1,0 +1,880 @@
+// The dra-compute-domain module.
+#include "modules/dra_compute_domain/dra_module.hpp"
+
+#include "modules/dra_compute_domain/cdi_spec.hpp"
+#include "modules/dra_compute_domain/messages.hpp"
+#include "modules/dra_compute_domain/proc_devices.hpp"
+#include "modules/dra_compute_domain/registration_server.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/events.hpp"
+#include "modules/kube/informer.hpp"
+#include "modules/kube/messages.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace gns::dra {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+// One NodePrepareResources call, claim by claim.
+struct PrepareBatch {
+  std::vector<ClaimRef> claims;
+  std::size_t next = 0;
+  PrepareResults results;
+  std::function<void(PrepareResults)> done;
+  std::function<void()> finished;  // lets the next job run
+};
+
+struct UnprepareBatch {
+  std::vector<ClaimRef> claims;
+  std::size_t next = 0;
+  UnprepareResults results;
+  std::function<void(UnprepareResults)> done;
+  std::function<void()> finished;
+};
+
+namespace {
+
+constexpr milliseconds kFirstRetryDelay{200};
+constexpr milliseconds kMaxRetryDelay{2000};
+constexpr milliseconds kSliceRetryInitial{500};
+constexpr milliseconds kSliceRetryMax{30000};
+
+std::string_view VersionOnly(ResourceApiVersion version) {
+  switch (version) {
+    case ResourceApiVersion::kV1: return "v1";
+    case ResourceApiVersion::kV1beta2: return "v1beta2";
+    case ResourceApiVersion::kV1beta1: return "v1beta1";
+  }
+  return "v1";
+}
+
+// Worth another try within the prepare deadline: no answer, throttled, or a server error.
+bool IsTransient(const kube::Result& result) {
+  return result.http_status == 0 || result.http_status == 429 || result.http_status >= 500;
+}
+
+std::string Ref(const ClaimRef& claim) { return "ResourceClaim " + claim.namespace_name + "/" + claim.name; }
+
+PrepareResult ResultFrom(const PreparedClaim& entry) {
+  PrepareResult result;
+  result.devices.push_back(PreparedDevice{entry.request_names, entry.pool_name, entry.device, {entry.cdi_device_id}});
+  return result;
+}
+
+PrepareResult ErrorResult(std::string error) {
+  PrepareResult result;
+  result.error = std::move(error);
+  return result;
+}
+
+int64_t UnixMillis(const Clock& clock) {
+  return std::chrono::duration_cast<milliseconds>(clock.WallNow().time_since_epoch()).count();
+}
+
+std::string StringAt(const json& object, const char* pointer) {
+  const json::json_pointer ptr(pointer);
+  if (!object.contains(ptr)) return {};
+  const auto& value = object.at(ptr);
+  return value.is_string() ? value.get<std::string>() : std::string{};
+}
+
+// What the pool reports back from the three prepare writes.
+struct WriteOutcome {
+  int stage = 0;  // 0: nothing saved, 1: PrepareStarted saved, 2: PrepareCompleted saved
+  std::string error;
+};
+
+}  // namespace
+
+DraComputeDomainModule::Config DraComputeDomainModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
+  Config config;
+  if (section.Has("driverName")) {
+    // Accepted only as documentation: the kubelet, the ResourceSlice and the DeviceClasses all
+    // name the driver, so another value could only break the install.
+    const auto name = section.String("driverName");
+    if (name != kDriverName) {
+      section.Fail("driverName", "is fixed to " + std::string(kDriverName) + " and cannot be changed, got \"" + name +
+                                     "\"");
+    }
+  }
+  const auto version = section.Enum("resourceApiVersion", {"v1", "v1beta2", "v1beta1"}, "v1");
+  config.api_version = version == "v1beta1"   ? ResourceApiVersion::kV1beta1
+                       : version == "v1beta2" ? ResourceApiVersion::kV1beta2
+                                              : ResourceApiVersion::kV1;
+  // Below the kubelet's 45 s per-call deadline, so the kubelet always gets our answer.
+  config.prepare_timeout =
+      section.Duration("prepareTimeout", milliseconds(100), milliseconds(40000), milliseconds(20000));
+  config.slice_resync =
+      section.Duration("sliceResync", milliseconds(1000), milliseconds(86400000), milliseconds(600000));
+  config.node_events_on_corrupt_checkpoint = section.Bool("nodeEventsOnCorruptCheckpoint", true);
+  return config;
+}
+
+DraComputeDomainModule::DraComputeDomainModule(ModuleContext& context, const Config& config)
+    : context_(context),
+      config_(config),
+      paths_(MakeDriverPaths(context.Site().paths)),
+      node_name_(context.Site().node_name),
+      slice_retry_timer_(context.GetLoop().Io()),
+      resync_timer_(context.GetLoop().Io()) {
+  auto& m = context_.Metrics();
+  const auto prepares = [&m](const char* result) -> MetricsRegistry::Series& {
+    return m.Counter("gpu_node_supervisor_dra_prepares_total", "Claims answered in NodePrepareResources, by result",
+                     {{"driver", std::string(kDriverName)}, {"result", result}});
+  };
+  prepares_ok_ = &prepares("ok");
+  prepares_already_ = &prepares("already_prepared");
+  prepares_permanent_ = &prepares("permanent_error");
+  prepares_retryable_ = &prepares("retryable_error");
+  const auto unprepares = [&m](const char* result) -> MetricsRegistry::Series& {
+    return m.Counter("gpu_node_supervisor_dra_unprepares_total", "Claims answered in NodeUnprepareResources, by result",
+                     {{"driver", std::string(kDriverName)}, {"result", result}});
+  };
+  unprepares_ok_ = &unprepares("ok");
+  unprepares_unknown_ = &unprepares("unknown_claim");
+  unprepares_error_ = &unprepares("error");
+  checkpoint_entries_ = &m.Gauge("gpu_node_supervisor_dra_checkpoint_entries", "Claims in the DRA checkpoint",
+                                 {{"driver", std::string(kDriverName)}});
+  const auto slices = [&m](const char* result) -> MetricsRegistry::Series& {
+    return m.Counter("gpu_node_supervisor_dra_slice_publishes_total", "ResourceSlice writes, by result",
+                     {{"driver", std::string(kDriverName)}, {"result", result}});
+  };
+  slice_created_ = &slices("created");
+  slice_updated_ = &slices("updated");
+  slice_errors_ = &slices("error");
+  const auto reconciled = [&m](const char* action) -> MetricsRegistry::Series& {
+    return m.Counter("gpu_node_supervisor_dra_reconciled_total",
+                     "Start-up reconcile of checkpoint and CDI specs, by action", {{"action", action}});
+  };
+  reconcile_rollbacks_ = &reconciled("rollback_prepare_started");
+  reconcile_orphans_ = &reconciled("delete_orphan_spec");
+  reconcile_respecs_ = &reconciled("rewrite_missing_spec");
+  corrupt_checkpoints_ = &m.Counter("gpu_node_supervisor_dra_corrupt_checkpoints_total",
+                                    "Corrupt checkpoints moved aside at start");
+}
+
+DraComputeDomainModule::~DraComputeDomainModule() { *alive_ = false; }
+
+// ---------------------------------------------------------------------------------- start
+
+void DraComputeDomainModule::LogGates() {
+  const auto& gates = context_.Site().gates;
+  std::string line;
+  for (const auto& [name, value] : gates.Values()) {
+    if (!line.empty()) line += ", ";
+    line += name + "=" + (value ? "true" : "false");
+  }
+  context_.Log().info("feature gates (resolved): {}", line);
+  if (host_managed_) {
+    context_.Log().info("HostManagedIMEX is on: {}={}, {}={} (forced off when the gates were resolved); channel-0 "
+                        "only, no IMEX daemons, no node labels",
+                        gates::kIMEXDaemonsWithDNSNames, gates.Enabled(gates::kIMEXDaemonsWithDNSNames),
+                        gates::kComputeDomainCliques, gates.Enabled(gates::kComputeDomainCliques));
+  } else {
+    context_.Log().warn("HostManagedIMEX is off: driver-managed IMEX is not supported by this build; every prepare "
+                        "fails with a permanent error saying so");
+  }
+}
+
+void DraComputeDomainModule::Start() {
+  stopping_ = false;
+  host_managed_ = context_.Site().gates.Enabled(gates::kHostManagedIMEX);
+  LogGates();
+  if (node_name_.empty()) throw std::runtime_error("the node name is not set; it names the ResourceSlice pool");
+
+  auto& services = context_.GetServices();
+  client_ = services.Find<kube::KubeClient>();
+  const auto informers = services.Find<kube::InformerRegistry>();
+  if (!client_ || !informers) {
+    throw std::runtime_error("the kube module's client is not available (is the `kube` module enabled?)");
+  }
+  events_ = services.Find<kube::EventRecorder>();
+
+  // Seed 000 §11: without the channel major there is nothing to inject; fail the start, the
+  // supervisor retries with backoff once the driver is loaded.
+  const auto major = ReadImexChannelMajor(paths_.proc_devices);
+  if (!major.ok()) throw std::runtime_error("cannot start without the IMEX channel major: " + major.error);
+  channel_major_ = *major.major;
+  context_.Log().info("IMEX channel major {} (from {})", channel_major_, paths_.proc_devices);
+
+  LoadAndReconcile();
+
+  auto& bus = context_.GetBus();
+  if (const auto* clique = bus.Latest<gpu_inventory::NodeClique>()) clique_id_ = clique->clique_id;
+  clique_sub_ = bus.Subscribe<gpu_inventory::NodeClique>([this](const gpu_inventory::NodeClique& clique) {
+    if (clique.clique_id == clique_id_) return;
+    context_.Log().info("node clique {} → {}{}", clique_id_.empty() ? "(none)" : clique_id_,
+                        clique.clique_id.empty() ? "(none)" : clique.clique_id,
+                        clique.clique_id.empty() ? " (" + clique.reason + ")" : std::string{});
+    clique_id_ = clique.clique_id;
+    PublishState();
+    PublishSlice();
+  });
+
+  // The DRA service first: the kubelet dials it as soon as it has registered us.
+  dra_server_ = std::make_unique<DraServer>(context_.GetLoop(), static_cast<DraHandler&>(*this));
+  dra_server_->Start(paths_.dra_socket);
+  registration_server_ = std::make_unique<RegistrationServer>(
+      context_.GetLoop(), RegistrationServer::Info{std::string(kDriverName), paths_.dra_socket},
+      [this, alive = alive_](bool registered, const std::string& error) {
+        if (!*alive) return;
+        registered_ = registered;
+        registration_error_ = error;
+        if (registered) {
+          context_.Log().info("registered with the kubelet as {}", kDriverName);
+          context_.SetHealth(ModuleHealth::kOk);
+        } else {
+          context_.Log().warn("the kubelet refused the registration: {}", error);
+          context_.SetHealth(ModuleHealth::kUnhealthy, "kubelet refused the registration: " + error);
+        }
+        PublishState();
+      });
+  registration_server_->Start(paths_.registration_socket);
+  context_.SetHealth(ModuleHealth::kUnhealthy, "waiting for the kubelet's plugin watcher");
+  context_.Log().info("serving DRA v1/v1beta1 on {}, registration on {}", paths_.dra_socket,
+                      paths_.registration_socket);
+
+  // Keep the ResourceSlice true: the kubelet deletes a node's slices when it starts.
+  const kube::InformerSpec spec{SliceCollection(), "",
+                                "spec.nodeName=" + node_name_ + ",spec.driver=" + std::string(kDriverName)};
+  slice_informer_key_ = spec.Key();
+  slice_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& event) {
+    if (event.informer_key != slice_informer_key_ || !event.object) return;
+    if (StringAt(*event.object, "/metadata/name") != ResourceSliceName(node_name_)) return;
+    if (event.type == kube::ResourceEvent::Type::kDeleted) {
+      context_.Log().warn("ResourceSlice {} was deleted (a kubelet start wipes the node's slices): recreating it",
+                          ResourceSliceName(node_name_));
+      PublishSlice();
+    } else if (!node_uid_.empty() && SliceNeedsUpdate(*event.object, DesiredSlice(0))) {
+      PublishSlice();
+    }
+  });
+  slice_informer_ = informers->Acquire(spec);
+  if (!corrupt_note_.empty()) RecordCorruptCheckpointEvent();
+  PublishSlice();
+  ScheduleResync();
+  PublishState();
+}
+
+void DraComputeDomainModule::LoadAndReconcile() {
+  checkpoint_ = {};
+  corrupt_note_.clear();
+  const auto& path = paths_.checkpoint_file;
+  auto loaded = LoadCheckpoint(path);
+  switch (loaded.status) {
+    case CheckpointStatus::kLoaded:
+      checkpoint_ = std::move(loaded.checkpoint);
+      context_.Log().info("checkpoint {}: {} claim(s)", path, checkpoint_.claims.size());
+      break;
+    case CheckpointStatus::kMissing:
+      context_.Log().info("no checkpoint at {}: starting with no prepared claims", path);
+      break;
+    case CheckpointStatus::kCorrupt: {
+      const auto now_s = UnixMillis(context_.GetClock()) / 1000;
+      const auto moved = MoveCorruptCheckpointAside(path, now_s);
+      if (!moved.ok) {
+        throw std::runtime_error("checkpoint " + path + " is corrupt (" + loaded.error +
+                                 ") and cannot be moved aside: " + moved.error);
+      }
+      corrupt_checkpoints_->Inc();
+      corrupt_note_ = "DRA checkpoint " + path + " was corrupt (" + loaded.error + "); moved to " + moved.moved_to +
+                      "; starting with no prepared claims";
+      context_.Log().error("{}", corrupt_note_);
+      last_error_ = corrupt_note_;
+      break;
+    }
+    case CheckpointStatus::kUnreadable:
+      throw std::runtime_error("cannot read checkpoint " + path + ": " + loaded.error);
+  }
+
+  // Finish or roll back what a crash interrupted.
+  bool changed = false;
+  for (auto it = checkpoint_.claims.begin(); it != checkpoint_.claims.end();) {
+    const PreparedClaim& entry = it->second;
+    if (entry.state == ClaimState::kPrepareStarted) {
+      // The kubelet never got an answer for it, so it will call Prepare again: roll back.
+      const auto deleted = DeleteCdiSpec(paths_.cdi_dir, entry.uid);
+      if (!deleted) throw std::runtime_error("reconcile: " + deleted.error);
+      context_.Log().warn("reconcile: rolled back claim {}/{} (uid {}) left in PrepareStarted: CDI spec deleted, "
+                          "checkpoint entry removed; the kubelet's retry prepares it again",
+                          entry.namespace_name, entry.name, entry.uid);
+      reconcile_rollbacks_->Inc();
+      it = checkpoint_.claims.erase(it);
+      changed = true;
+      continue;
+    }
+    const std::string spec_file = JoinPath(paths_.cdi_dir, CdiSpecFileName(entry.uid));
+    if (::access(spec_file.c_str(), F_OK) != 0) {
+      // PrepareCompleted but the spec is gone (someone cleaned the CDI dir): the kubelet still
+      // hands out the device id, so write it again.
+      const auto written = WriteChannelCdiSpec(paths_.cdi_dir, entry.uid, channel_major_);
+      if (!written) throw std::runtime_error("reconcile: " + written.error);
+      context_.Log().warn("reconcile: rewrote the missing CDI spec of prepared claim {}/{} (uid {})",
+                          entry.namespace_name, entry.name, entry.uid);
+      reconcile_respecs_->Inc();
+    }
+    ++it;
+  }
+  if (changed) {
+    const auto saved = SaveCheckpoint(path, checkpoint_);
+    if (!saved) throw std::runtime_error("reconcile: " + saved.error);
+  }
+
+  const auto listing = ListCdiSpecClaimUids(paths_.cdi_dir);
+  if (!listing.ok) throw std::runtime_error("reconcile: " + listing.error);
+  for (const auto& uid : listing.claim_uids) {
+    if (checkpoint_.Find(uid) != nullptr) continue;
+    if (!corrupt_note_.empty()) {
+      // With the record lost, a spec may still serve a running pod's container restarts: keep
+      // it. An Unprepare of that claim removes it (Unprepare of an unknown claim deletes by UID).
+      context_.Log().warn("reconcile: keeping CDI spec of claim uid {} (the checkpoint was corrupt)", uid);
+      continue;
+    }
+    const auto deleted = DeleteCdiSpec(paths_.cdi_dir, uid);
+    if (!deleted) throw std::runtime_error("reconcile: " + deleted.error);
+    context_.Log().warn("reconcile: deleted orphan CDI spec of claim uid {} (no checkpoint entry)", uid);
+    reconcile_orphans_->Inc();
+  }
+  UpdateCheckpointGauge();
+}
+
+void DraComputeDomainModule::RecordCorruptCheckpointEvent() {
+  if (!config_.node_events_on_corrupt_checkpoint) return;
+  if (!events_) {
+    context_.Log().warn("no event recorder: the corrupt-checkpoint Node Event is not sent");
+    return;
+  }
+  kube::ObjectReference node;
+  node.name = node_name_;
+  node.uid = node_uid_;
+  events_->Record(node, "Warning", "CorruptCheckpoint", "LoadCheckpoint", corrupt_note_);
+}
+
+// ---------------------------------------------------------------------------------- stop
+
+void DraComputeDomainModule::Stop(std::function<void()> done) {
+  stopping_ = true;
+  slice_retry_timer_.cancel();
+  resync_timer_.cancel();
+  clique_sub_.Reset();
+  slice_sub_.Reset();
+  slice_informer_.reset();
+  jobs_.clear();  // their calls are failed by the DRA server's shutdown
+  auto finish = [this, alive = alive_, done = std::move(done)] {
+    if (*alive) {
+      dra_server_.reset();
+      registration_server_.reset();
+      registered_ = false;
+      PublishState();
+    }
+    done();
+  };
+  auto stop_dra = [this, alive = alive_, finish = std::move(finish)]() mutable {
+    if (*alive && dra_server_) {
+      dra_server_->Shutdown(context_.Pool(), std::move(finish));
+    } else {
+      finish();
+    }
+  };
+  // Registration first: removing its socket deregisters us before the DRA socket goes.
+  if (registration_server_) {
+    registration_server_->Shutdown(context_.Pool(), std::move(stop_dra));
+  } else {
+    stop_dra();
+  }
+}
+
+// ---------------------------------------------------------------------------------- jobs
+
+void DraComputeDomainModule::Enqueue(Job job) {
+  jobs_.push_back(std::move(job));
+  if (!job_running_) RunNextJob();
+}
+
+void DraComputeDomainModule::RunNextJob() {
+  if (stopping_ || jobs_.empty()) {
+    job_running_ = false;
+    return;
+  }
+  job_running_ = true;
+  Job job = std::move(jobs_.front());
+  jobs_.pop_front();
+  job([this, alive = alive_] {
+    if (!*alive) return;
+    // Through the loop, so a long run of immediate answers does not recurse.
+    context_.GetLoop().Post([this, alive] {
+      if (*alive) RunNextJob();
+    });
+  });
+}
+
+void DraComputeDomainModule::After(milliseconds delay, std::function<void()> fn) {
+  auto timer = std::make_shared<boost::asio::steady_timer>(context_.GetLoop().Io(), delay);
+  timer->async_wait([timer, alive = alive_, fn = std::move(fn)](const boost::system::error_code& ec) {
+    if (ec || !*alive) return;
+    fn();
+  });
+}
+
+void DraComputeDomainModule::FetchWithRetry(bool list, std::string path, std::chrono::steady_clock::time_point deadline,
+                                            milliseconds delay, std::function<void(kube::Result)> done) {
+  auto on_result = [this, alive = alive_, list, path, deadline, delay, done](kube::Result result) mutable {
+    if (!*alive) return;
+    if (IsTransient(result) && !stopping_ && std::chrono::steady_clock::now() + delay < deadline) {
+      context_.Log().debug("{} {}: {} (HTTP {}); retrying in {} ms", list ? "list" : "get", path, result.error,
+                           result.http_status, delay.count());
+      After(delay, [this, list, path, deadline, delay, done = std::move(done)]() mutable {
+        FetchWithRetry(list, std::move(path), deadline, std::min(delay * 2, kMaxRetryDelay), std::move(done));
+      });
+      return;
+    }
+    done(std::move(result));
+  };
+  if (list) {
+    kube::ListOptions options;
+    client_->List(path, options, std::move(on_result));
+  } else {
+    client_->Get(path, std::move(on_result));
+  }
+}
+
+// ---------------------------------------------------------------------------------- prepare
+
+void DraComputeDomainModule::Prepare(std::vector<ClaimRef> claims, std::function<void(PrepareResults)> done) {
+  Enqueue([this, claims = std::move(claims), done = std::move(done)](std::function<void()> finished) mutable {
+    auto batch = std::make_shared<PrepareBatch>();
+    batch->claims = std::move(claims);
+    batch->done = std::move(done);
+    batch->finished = std::move(finished);
+    PrepareNext(std::move(batch));
+  });
+}
+
+void DraComputeDomainModule::PrepareNext(std::shared_ptr<PrepareBatch> batch) {
+  if (stopping_) return;  // the DRA server's shutdown answers the call
+  if (batch->next == batch->claims.size()) {
+    batch->done(std::move(batch->results));
+    batch->finished();
+    return;
+  }
+  const ClaimRef claim = batch->claims[batch->next++];
+  PrepareOne(claim, [this, alive = alive_, batch, uid = claim.uid](PrepareResult result) {
+    if (!*alive) return;
+    batch->results[uid] = std::move(result);
+    PrepareNext(batch);
+  });
+}
+
+void DraComputeDomainModule::PrepareOne(const ClaimRef& claim, std::function<void(PrepareResult)> done) {
+  // A repeated Prepare (the kubelet lost our answer, or restarted) answers from the checkpoint.
+  if (auto existing = CompletedPrepare(checkpoint_, claim.uid)) {
+    prepares_already_->Inc();
+    done(ResultFrom(*existing));
+    return;
+  }
+  if (!IsValidClaimUid(claim.uid) || claim.namespace_name.empty() || claim.name.empty()) {
+    prepares_permanent_->Inc();
+    done(ErrorResult(Ref(claim) + ": the kubelet sent an invalid claim reference (uid \"" + claim.uid + "\")"));
+    return;
+  }
+  FetchClaim(claim, std::chrono::steady_clock::now() + config_.prepare_timeout, std::move(done));
+}
+
+void DraComputeDomainModule::FetchClaim(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
+                                        std::function<void(PrepareResult)> done) {
+  const std::string path =
+      kube::ResourcePath::Grouped("resource.k8s.io", std::string(VersionOnly(config_.api_version)), "resourceclaims",
+                                  claim.namespace_name)
+          .Object(claim.name);
+  FetchWithRetry(false, path, deadline, kFirstRetryDelay,
+                 [this, claim, deadline, done = std::move(done)](kube::Result result) mutable {
+                   if (stopping_) return;
+                   if (result.http_status == 404) {
+                     prepares_permanent_->Inc();
+                     SetError(Ref(claim) + ": not found");
+                     done(ErrorResult(Ref(claim) + ": not found (deleted?)"));
+                     return;
+                   }
+                   if (!result.Ok()) {
+                     prepares_retryable_->Inc();
+                     SetError(Ref(claim) + ": cannot fetch: " + result.error);
+                     done(ErrorResult(Ref(claim) + ": cannot fetch the claim: " + result.error));
+                     return;
+                   }
+                   std::string domain_uid = host_managed_ ? DomainUidOf(result.object) : std::string{};
+                   if (domain_uid.empty()) {
+                     // DecidePrepare fails before it needs the ComputeDomain.
+                     DecideAndWrite(claim, result.object, DomainLookup::Error("not looked up"), std::move(done));
+                     return;
+                   }
+                   LookUpDomain(claim, std::move(result.object), std::move(domain_uid), deadline, std::move(done));
+                 });
+}
+
+// The ComputeDomain by UID: a list of the claim's namespace, matched on metadata.uid. A list
+// per prepare (not an informer): prepares are rare, and the module then needs no cluster-wide
+// watch on ComputeDomains. A domain in another namespace is therefore "not found" here.
+void DraComputeDomainModule::LookUpDomain(const ClaimRef& claim, json object, std::string domain_uid,
+                                          std::chrono::steady_clock::time_point deadline,
+                                          std::function<void(PrepareResult)> done) {
+  const std::string path =
+      kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", claim.namespace_name)
+          .Collection();
+  FetchWithRetry(true, path, deadline, kFirstRetryDelay,
+                 [this, claim, object = std::move(object), domain_uid,
+                  done = std::move(done)](kube::Result result) mutable {
+                   if (stopping_) return;
+                   DomainLookup lookup = DomainLookup::NotFound();
+                   if (result.http_status == 404) {
+                     lookup = DomainLookup::Error("the ComputeDomain resource (resource.nvidia.com/v1beta1) is not "
+                                                  "served; is the CRD installed?");
+                   } else if (!result.Ok()) {
+                     lookup = DomainLookup::Error(result.error);
+                   } else if (result.object.contains("items") && result.object["items"].is_array()) {
+                     for (const auto& item : result.object["items"]) {
+                       if (StringAt(item, "/metadata/uid") != domain_uid) continue;
+                       lookup = DomainLookup::Found({domain_uid, StringAt(item, "/metadata/namespace"),
+                                                     StringAt(item, "/metadata/name")});
+                       if (lookup.domain.namespace_name.empty()) lookup.domain.namespace_name = claim.namespace_name;
+                       break;
+                     }
+                   }
+                   DecideAndWrite(claim, object, lookup, std::move(done));
+                 });
+}
+
+void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& object, const DomainLookup& domain,
+                                            std::function<void(PrepareResult)> done) {
+  PrepareContext prepare_context;
+  prepare_context.node_name = node_name_;
+  prepare_context.clique_id = clique_id_;
+  prepare_context.host_managed = host_managed_;
+  prepare_context.checkpoint = &checkpoint_;
+  const PrepareDecision decision =
+      DecidePrepare(object, claim.uid, prepare_context, [&domain](std::string_view) { return domain; });
+  switch (decision.outcome) {
+    case PrepareOutcome::kAlreadyPrepared:
+      prepares_already_->Inc();
+      done(ResultFrom(decision.existing));
+      return;
+    case PrepareOutcome::kPermanentError:
+    case PrepareOutcome::kRetryableError: {
+      const bool permanent = decision.outcome == PrepareOutcome::kPermanentError;
+      (permanent ? prepares_permanent_ : prepares_retryable_)->Inc();
+      context_.Log().warn("prepare {} (uid {}) failed ({}): {}", claim.namespace_name + "/" + claim.name, claim.uid,
+                          permanent ? "permanent" : "retryable", decision.error);
+      SetError(decision.error);
+      done(ErrorResult(decision.error));
+      return;
+    }
+    case PrepareOutcome::kPrepare:
+      break;
+  }
+
+  PreparedClaim entry;
+  entry.uid = claim.uid;
+  entry.namespace_name = decision.claim_namespace;
+  entry.name = decision.claim_name;
+  entry.state = ClaimState::kPrepareStarted;
+  entry.domain_uid = decision.domain_uid;
+  entry.device = decision.device_name;
+  entry.pool_name = decision.pool_name;
+  entry.request_names = decision.request_names;
+  entry.cdi_spec_file = CdiSpecFileName(claim.uid);
+  entry.cdi_device_id = CdiQualifiedDeviceId(claim.uid);
+  entry.started_unix_ms = UnixMillis(context_.GetClock());
+  Checkpoint started = checkpoint_;
+  started.claims[claim.uid] = entry;
+  Checkpoint completed = started;
+  completed.claims[claim.uid].state = ClaimState::kPrepareCompleted;
+  completed.claims[claim.uid].completed_unix_ms = UnixMillis(context_.GetClock());
+
+  // PrepareStarted → CDI spec → PrepareCompleted, in this order, off the loop.
+  context_.Pool().Run(
+      [checkpoint_file = paths_.checkpoint_file, cdi_dir = paths_.cdi_dir, uid = claim.uid, major = channel_major_,
+       started, completed]() {
+        WriteOutcome out;
+        if (auto r = SaveCheckpoint(checkpoint_file, started); !r) {
+          out.error = "cannot record PrepareStarted: " + r.error;
+          return out;
+        }
+        out.stage = 1;
+        if (auto r = WriteChannelCdiSpec(cdi_dir, uid, major); !r) {
+          out.error = "cannot write the CDI spec: " + r.error;
+          return out;
+        }
+        if (auto r = SaveCheckpoint(checkpoint_file, completed); !r) {
+          out.error = "cannot record PrepareCompleted: " + r.error;
+          return out;
+        }
+        out.stage = 2;
+        return out;
+      },
+      [this, alive = alive_, claim, started, completed, done = std::move(done)](WriteOutcome out,
+                                                                                  std::exception_ptr error) {
+        if (!*alive) return;
+        // The loop's checkpoint follows the disk.
+        if (out.stage == 1) checkpoint_ = started;
+        if (out.stage == 2) checkpoint_ = completed;
+        UpdateCheckpointGauge();
+        if (error && out.error.empty()) {
+          try {
+            std::rethrow_exception(error);
+          } catch (const std::exception& e) {
+            out.error = e.what();
+          }
+        }
+        if (out.stage != 2) {
+          prepares_retryable_->Inc();
+          const std::string message = Ref(claim) + ": " + out.error;
+          context_.Log().error("prepare {} (uid {}) failed: {}", claim.namespace_name + "/" + claim.name, claim.uid,
+                               out.error);
+          SetError(message);
+          done(ErrorResult(message));
+        } else {
+          prepares_ok_->Inc();
+          const PreparedClaim& entry = completed.claims.at(claim.uid);
+          context_.Log().info("prepared {} (uid {}) for ComputeDomain {}: {}",
+                              claim.namespace_name + "/" + claim.name, claim.uid, entry.domain_uid,
+                              entry.cdi_device_id);
+          done(ResultFrom(entry));
+        }
+        PublishState();
+      });
+}
+
+// ---------------------------------------------------------------------------------- unprepare
+
+void DraComputeDomainModule::Unprepare(std::vector<ClaimRef> claims, std::function<void(UnprepareResults)> done) {
+  Enqueue([this, claims = std::move(claims), done = std::move(done)](std::function<void()> finished) mutable {
+    auto batch = std::make_shared<UnprepareBatch>();
+    batch->claims = std::move(claims);
+    batch->done = std::move(done);
+    batch->finished = std::move(finished);
+    UnprepareNext(std::move(batch));
+  });
+}
+
+void DraComputeDomainModule::UnprepareNext(std::shared_ptr<UnprepareBatch> batch) {
+  if (stopping_) return;
+  if (batch->next == batch->claims.size()) {
+    batch->done(std::move(batch->results));
+    batch->finished();
+    return;
+  }
+  const ClaimRef claim = batch->claims[batch->next++];
+  UnprepareOne(claim, [this, alive = alive_, batch, uid = claim.uid](UnprepareResult result) {
+    if (!*alive) return;
+    batch->results[uid] = std::move(result);
+    UnprepareNext(batch);
+  });
+}
+
+void DraComputeDomainModule::UnprepareOne(const ClaimRef& claim, std::function<void(UnprepareResult)> done) {
+  const UnprepareDecision decision = DecideUnprepare(checkpoint_, claim.uid);
+  if (!decision.known && !IsValidClaimUid(claim.uid)) {
+    unprepares_unknown_->Inc();
+    done({});
+    return;
+  }
+  Checkpoint without = checkpoint_;
+  without.claims.erase(claim.uid);
+  const bool known = decision.known;
+  // An unknown claim still gets its spec deleted by UID (idempotent): after a corrupt
+  // checkpoint, specs of claims we no longer know about are kept until their Unprepare.
+  context_.Pool().Run(
+      [checkpoint_file = paths_.checkpoint_file, cdi_dir = paths_.cdi_dir, uid = claim.uid, known, without]() {
+        if (auto r = DeleteCdiSpec(cdi_dir, uid); !r) return "cannot delete the CDI spec: " + r.error;
+        if (!known) return std::string{};
+        if (auto r = SaveCheckpoint(checkpoint_file, without); !r) {
+          return "cannot remove the checkpoint entry: " + r.error;
+        }
+        return std::string{};
+      },
+      [this, alive = alive_, claim, known, without, done = std::move(done)](std::string error,
+                                                                           std::exception_ptr exception) {
+        if (!*alive) return;
+        if (exception && error.empty()) error = "unexpected failure";
+        UnprepareResult result;
+        if (!error.empty()) {
+          unprepares_error_->Inc();
+          result.error = Ref(claim) + ": " + error;
+          context_.Log().error("unprepare {} (uid {}) failed: {}", claim.namespace_name + "/" + claim.name, claim.uid,
+                               error);
+          SetError(result.error);
+        } else if (known) {
+          checkpoint_ = without;
+          unprepares_ok_->Inc();
+          context_.Log().info("unprepared {} (uid {})", claim.namespace_name + "/" + claim.name, claim.uid);
+        } else {
+          unprepares_unknown_->Inc();
+        }
+        UpdateCheckpointGauge();
+        PublishState();
+        done(std::move(result));
+      });
+}
+
+// ---------------------------------------------------------------------------------- slice
+
+std::string DraComputeDomainModule::SliceCollection() const {
+  return kube::ResourcePath::Grouped("resource.k8s.io", std::string(VersionOnly(config_.api_version)),
+                                     "resourceslices")
+      .Collection();
+}
+
+json DraComputeDomainModule::DesiredSlice(int64_t generation) const {
+  SliceInputs inputs;
+  inputs.node_name = node_name_;
+  inputs.node_uid = node_uid_;
+  inputs.clique_id = clique_id_;
+  inputs.host_managed = host_managed_;
+  inputs.generation = std::max<int64_t>(generation, 1);
+  inputs.api_version = config_.api_version;
+  return BuildResourceSlice(inputs);
+}
+
+void DraComputeDomainModule::PublishSlice() {
+  if (stopping_ || !client_) return;
+  if (slice_busy_) {
+    slice_again_ = true;
+    return;
+  }
+  slice_busy_ = true;
+  slice_retry_timer_.cancel();
+  if (!node_uid_.empty()) {
+    PublishSliceWithNode();
+    return;
+  }
+  // The slice is owned by the Node (garbage-collected with it): its UID first.
+  client_->Get(kube::ResourcePath::Core("nodes").Object(node_name_), [this, alive = alive_](kube::Result result) {
+    if (!*alive || stopping_) return;
+    if (!result.Ok()) {
+      SliceDone(false, "cannot read Node " + node_name_ + ": " + result.error);
+      return;
+    }
+    node_uid_ = StringAt(result.object, "/metadata/uid");
+    PublishSliceWithNode();
+  });
+}
+
+void DraComputeDomainModule::PublishSliceWithNode() {
+  const std::string name = ResourceSliceName(node_name_);
+  const std::string path = SliceCollection() + "/" + name;
+  client_->Get(path, [this, alive = alive_, name, path](kube::Result current) {
+    if (!*alive || stopping_) return;
+    if (current.http_status == 404) {
+      // A new slice starts a new pool generation, above any we wrote before.
+      const int64_t generation = slice_generation_ + 1;
+      client_->Create(SliceCollection(), DesiredSlice(generation),
+                      [this, alive, name, generation](kube::Result created) {
+                        if (!*alive || stopping_) return;
+                        if (!created.Ok()) {
+                          SliceDone(false, "cannot create ResourceSlice " + name + ": " + created.error);
+                          return;
+                        }
+                        slice_generation_ = generation;
+                        slice_created_->Inc();
+                        context_.Log().info("created ResourceSlice {} (pool generation {}, clique {})", name,
+                                            generation, clique_id_.empty() ? "(none)" : clique_id_);
+                        SliceDone(true, {});
+                      });
+      return;
+    }
+    if (!current.Ok()) {
+      SliceDone(false, "cannot read ResourceSlice " + name + ": " + current.error);
+      return;
+    }
+    const json gen_ptr = current.object.value(json::json_pointer("/spec/pool/generation"), json(0));
+    const int64_t current_generation = gen_ptr.is_number_integer() ? gen_ptr.get<int64_t>() : 0;
+    if (!SliceNeedsUpdate(current.object, DesiredSlice(current_generation))) {
+      slice_generation_ = current_generation;
+      SliceDone(true, {});
+      return;
+    }
+    const int64_t generation = std::max(current_generation, slice_generation_) + 1;
+    json desired = DesiredSlice(generation);
+    desired["metadata"]["resourceVersion"] = StringAt(current.object, "/metadata/resourceVersion");
+    client_->Update(path, desired, [this, alive, name, generation](kube::Result updated) {
+      if (!*alive || stopping_) return;
+      if (!updated.Ok()) {
+        SliceDone(false, "cannot update ResourceSlice " + name + ": " + updated.error);
+        return;
+      }
+      slice_generation_ = generation;
+      slice_updated_->Inc();
+      context_.Log().info("updated ResourceSlice {} (pool generation {}, clique {})", name, generation,
+                          clique_id_.empty() ? "(none)" : clique_id_);
+      SliceDone(true, {});
+    });
+  });
+}
+
+void DraComputeDomainModule::SliceDone(bool ok, const std::string& error) {
+  slice_busy_ = false;
+  if (ok) {
+    ++slice_publishes_;
+    slice_retry_delay_ = kSliceRetryInitial;
+  } else {
+    slice_errors_->Inc();
+    context_.Log().warn("{}; retrying in {} ms", error, slice_retry_delay_.count());
+    SetError(error);
+    if (!slice_again_) ScheduleSliceRetry();
+  }
+  if (slice_again_) {
+    slice_again_ = false;
+    PublishSlice();
+  }
+  PublishState();
+}
+
+void DraComputeDomainModule::ScheduleSliceRetry() {
+  slice_retry_timer_.expires_after(slice_retry_delay_);
+  slice_retry_delay_ = std::min(slice_retry_delay_ * 2, kSliceRetryMax);
+  slice_retry_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (ec || !*alive) return;
+    PublishSlice();
+  });
+}
+
+void DraComputeDomainModule::ScheduleResync() {
+  resync_timer_.expires_after(config_.slice_resync);
+  resync_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (ec || !*alive || stopping_) return;
+    PublishSlice();
+    ScheduleResync();
+  });
+}
+
+// ---------------------------------------------------------------------------------- state
+
+void DraComputeDomainModule::UpdateCheckpointGauge() {
+  checkpoint_entries_->Set(static_cast<double>(checkpoint_.claims.size()));
+}
+
+void DraComputeDomainModule::SetError(std::string error) { last_error_ = std::move(error); }
+
+void DraComputeDomainModule::PublishState() {
+  DraComputeDomainState state;
+  state.host_managed = host_managed_;
+  state.registered = registered_;
+  state.registration_error = registration_error_;
+  state.channel_major = channel_major_;
+  state.clique_id = clique_id_;
+  for (const auto& [uid, entry] : checkpoint_.claims) {
+    state.prepared_claims.push_back(
+        {uid, entry.namespace_name, entry.name, std::string(ToString(entry.state)), entry.domain_uid});
+  }
+  state.slice_generation = slice_generation_;
+  state.slice_publishes = slice_publishes_;
+  state.last_error = last_error_;
+  context_.GetBus().Publish(std::move(state));
+}
+
+}  // namespace gns::dra

@@ -1,0 +1,168 @@
+#pragma once
+// The `dra-compute-domain` module: the DRA kubelet plugin for compute-domain.nvidia.com under
+// HostManagedIMEX (seed 000 §5, §7, §11, §13; issue #5). It wires the core library (checkpoint,
+// CDI spec, prepare decision, ResourceSlice, the two gRPC servers) to the kube services, the
+// bus (NodeClique in, DraComputeDomainState out) and the supervisor.
+//
+// Start (throws → the supervisor retries with backoff): the IMEX channel major from
+// <hostRoot>/proc/devices, the checkpoint (corrupt → moved aside + Node Event, start clean),
+// the reconcile of checkpoint and CDI specs, the DRA server, then the registration server; the
+// ResourceSlice is published and kept true asynchronously. Prepare and Unprepare run one
+// operation at a time per node (a FIFO of jobs), so the checkpoint never races; file work runs
+// on the BlockingPool with copies of the checkpoint, and the loop's copy follows what reached
+// the disk.
+
+#include "loop/module.hpp"
+#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "modules/dra_compute_domain/dra_server.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "modules/dra_compute_domain/prepare.hpp"
+#include "modules/dra_compute_domain/resource_slice.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gns::kube {
+class KubeClient;
+class Informer;
+class EventRecorder;
+struct Result;
+}  // namespace gns::kube
+
+namespace gns::dra {
+
+class RegistrationServer;
+struct PrepareBatch;
+struct UnprepareBatch;
+
+class DraComputeDomainModule final : public Module, private DraHandler {
+ public:
+  static constexpr std::string_view kName = "dra-compute-domain";
+  static constexpr std::string_view kSummary =
+      "DRA kubelet plugin for compute-domain.nvidia.com (IMEX channel 0, HostManagedIMEX)";
+
+  struct Config {
+    ResourceApiVersion api_version = ResourceApiVersion::kV1;
+    // How long a claim's API look-ups (ResourceClaim, ComputeDomain) are retried on transport
+    // errors, 429 and 5xx before the claim is answered with a retryable error; below the
+    // kubelet's 45 s call deadline so the kubelet gets an answer, not a timeout.
+    std::chrono::milliseconds prepare_timeout{20000};
+    // Period of the ResourceSlice check (read it back, write it if it drifted); the informer
+    // catches deletions at once, this catches anything the watch missed.
+    std::chrono::milliseconds slice_resync{600000};
+    bool node_events_on_corrupt_checkpoint = true;
+  };
+  static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
+
+  DraComputeDomainModule(ModuleContext& context, const Config& config);
+  ~DraComputeDomainModule() override;
+
+  void Start() override;
+  void Stop(std::function<void()> done) override;
+
+ private:
+  // DraHandler (loop thread).
+  void Prepare(std::vector<ClaimRef> claims, std::function<void(PrepareResults)> done) override;
+  void Unprepare(std::vector<ClaimRef> claims, std::function<void(UnprepareResults)> done) override;
+
+  // Start steps (blocking, small files).
+  void LoadAndReconcile();
+  void LogGates();
+
+  // The per-node serialisation of prepares and unprepares.
+  using Job = std::function<void(std::function<void()> finished)>;
+  void Enqueue(Job job);
+  void RunNextJob();
+
+  void PrepareNext(std::shared_ptr<PrepareBatch> batch);
+  void PrepareOne(const ClaimRef& claim, std::function<void(PrepareResult)> done);
+  void FetchClaim(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
+                  std::function<void(PrepareResult)> done);
+  void LookUpDomain(const ClaimRef& claim, nlohmann::json object, std::string domain_uid,
+                    std::chrono::steady_clock::time_point deadline, std::function<void(PrepareResult)> done);
+  void DecideAndWrite(const ClaimRef& claim, const nlohmann::json& object, const DomainLookup& domain,
+                      std::function<void(PrepareResult)> done);
+  void UnprepareNext(std::shared_ptr<UnprepareBatch> batch);
+  void UnprepareOne(const ClaimRef& claim, std::function<void(UnprepareResult)> done);
+  // A GET retried on transport errors, 429 and 5xx until `deadline`.
+  void FetchWithRetry(bool list, std::string path, std::chrono::steady_clock::time_point deadline,
+                      std::chrono::milliseconds delay, std::function<void(kube::Result)> done);
+  void After(std::chrono::milliseconds delay, std::function<void()> fn);
+
+  // The ResourceSlice.
+  void PublishSlice();
+  void PublishSliceWithNode();
+  void SliceDone(bool ok, const std::string& error);
+  void ScheduleSliceRetry();
+  void ScheduleResync();
+  nlohmann::json DesiredSlice(int64_t generation) const;
+  std::string SliceCollection() const;
+
+  void RecordCorruptCheckpointEvent();
+  void UpdateCheckpointGauge();
+  void SetError(std::string error);
+  void PublishState();
+
+  ModuleContext& context_;
+  Config config_;
+  DriverPaths paths_;
+  std::string node_name_;
+  bool host_managed_ = false;
+  uint32_t channel_major_ = 0;
+  std::string clique_id_;
+  Checkpoint checkpoint_;
+  std::string corrupt_note_;  // set when the checkpoint was moved aside; the Node Event's note
+
+  std::shared_ptr<kube::KubeClient> client_;
+  std::shared_ptr<kube::EventRecorder> events_;
+  std::shared_ptr<kube::Informer> slice_informer_;
+  std::string slice_informer_key_;
+  std::unique_ptr<DraServer> dra_server_;
+  std::unique_ptr<RegistrationServer> registration_server_;
+
+  std::deque<Job> jobs_;
+  bool job_running_ = false;
+  bool stopping_ = false;
+
+  // Slice publishing: one write in flight; a request during it is remembered.
+  std::string node_uid_;
+  bool slice_busy_ = false;
+  bool slice_again_ = false;
+  int64_t slice_generation_ = 0;
+  uint64_t slice_publishes_ = 0;
+  std::chrono::milliseconds slice_retry_delay_{500};
+  boost::asio::steady_timer slice_retry_timer_;
+  boost::asio::steady_timer resync_timer_;
+
+  bool registered_ = false;
+  std::string registration_error_;
+  std::string last_error_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+
+  MetricsRegistry::Series* prepares_ok_;
+  MetricsRegistry::Series* prepares_already_;
+  MetricsRegistry::Series* prepares_permanent_;
+  MetricsRegistry::Series* prepares_retryable_;
+  MetricsRegistry::Series* unprepares_ok_;
+  MetricsRegistry::Series* unprepares_unknown_;
+  MetricsRegistry::Series* unprepares_error_;
+  MetricsRegistry::Series* checkpoint_entries_;
+  MetricsRegistry::Series* slice_created_;
+  MetricsRegistry::Series* slice_updated_;
+  MetricsRegistry::Series* slice_errors_;
+  MetricsRegistry::Series* reconcile_rollbacks_;
+  MetricsRegistry::Series* reconcile_orphans_;
+  MetricsRegistry::Series* reconcile_respecs_;
+  MetricsRegistry::Series* corrupt_checkpoints_;
+  Subscription clique_sub_;
+  Subscription slice_sub_;
+};
+
+}  // namespace gns::dra

@@ -1,0 +1,671 @@
+// The dra-compute-domain module end to end: the kubelet simulator's plugin watcher and DRA calls
+// through real gRPC on unix sockets, the API simulator serving the Node, the ComputeDomain, the
+// ResourceClaims, the ResourceSlice and Events, and the files on disk (checkpoint, CDI specs).
+// Covers seed 000 §14.1 kubelet-side items and the §13 rows the driver owns, idempotency, the
+// crash-between-PrepareStarted-and-PrepareCompleted reconcile, a corrupt checkpoint, and §11.
+#include "apiserver.h"
+#include "kubelet_sim.h"
+#include "loop/config.hpp"
+#include "modules/dra_compute_domain/cdi_spec.hpp"
+#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "modules/dra_compute_domain/dra_module.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "modules/dra_compute_domain/messages.hpp"
+#include "modules/dra_compute_domain/prepare.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/events.hpp"
+#include "modules/kube/informer.hpp"
+#include "support/loop_harness.hpp"
+#include "temp_dir.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <sstream>
+
+namespace gns::dra {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using std::chrono::seconds;
+
+constexpr const char* kNode = "gb200-node-07";
+constexpr const char* kNs = "team-a";
+constexpr const char* kClique = "7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.32766";
+constexpr uint32_t kMajor = 509;
+const std::string kDriver(kDriverName);
+const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
+const std::string kDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
+const std::string kSlices = "/apis/resource.k8s.io/v1/resourceslices";
+
+std::shared_ptr<spdlog::logger> TestLogger() {
+  static auto logger = [] {
+    // GNS_TEST_LOG=1 shows the module's log lines when a test needs explaining.
+    if (std::getenv("GNS_TEST_LOG")) {
+      auto l = spdlog::default_logger()->clone("dra-test");
+      l->set_level(spdlog::level::debug);
+      return l;
+    }
+    return std::make_shared<spdlog::logger>("dra-test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  }();
+  return logger;
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::string ProcDevices(bool with_imex) {
+  std::string text = "Character devices:\n  1 mem\n195 nvidia\n";
+  if (with_imex) text += std::to_string(kMajor) + " nvidia-caps-imex-channels\n";
+  text += "510 nvidia-caps\n\nBlock devices:\n  8 sd\n";
+  return text;
+}
+
+json ChannelParams(const std::string& domain_uid, json allocation_mode = "Single") {
+  json params{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "ComputeDomainChannelConfig"},
+              {"domainID", domain_uid}};
+  if (!allocation_mode.is_null()) params["allocationMode"] = std::move(allocation_mode);
+  return params;
+}
+
+// A channel claim as the controller's claim template produces it, allocated on kNode.
+json ChannelClaim(const std::string& name, const json& parameters) {
+  return json{
+      {"apiVersion", "resource.k8s.io/v1"},
+      {"kind", "ResourceClaim"},
+      {"metadata", {{"name", name}, {"namespace", kNs}}},
+      {"spec",
+       {{"devices",
+         {{"requests",
+           json::array({{{"name", "channel"},
+                         {"exactly", {{"deviceClassName", "compute-domain-default-channel.nvidia.com"}}}}})}}}}},
+      {"status",
+       {{"allocation",
+         {{"devices",
+           {{"results", json::array({{{"request", "channel"},
+                                      {"driver", kDriverName},
+                                      {"pool", kNode},
+                                      {"device", "channel-0"}}})},
+            {"config", json::array({{{"source", "FromClaim"},
+                                     {"requests", json::array({"channel"})},
+                                     {"opaque", {{"driver", kDriverName}, {"parameters", parameters}}}}})}}}}}}}};
+}
+
+class DraModuleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    h_.site.node_name = kNode;
+    h_.site.paths.kubelet_dir = dir_ / "k";
+    h_.site.paths.cdi_dir = dir_ / "cdi";
+    h_.site.paths.state_dir = dir_ / "s";
+    h_.site.paths.host_root = dir_ / "h";
+    h_.site.gates.Set(gates::kHostManagedIMEX, true);
+    h_.site.gates.Resolve();
+    paths_ = MakeDriverPaths(h_.site.paths);
+    WriteFile(paths_.proc_devices, ProcDevices(true));
+
+    sim::ApiServerOptions api_options;
+    api_options.state_dir = dir_ / "api";
+    api_options.bookmark_interval = std::chrono::milliseconds(200);
+    api_ = std::make_unique<sim::ApiServer>(api_options);
+    api_->Start();
+    kube::ClientConfig config;
+    config.server = api_->BaseUrl();
+    config.ca_pem = api_->CaPem();
+    config.token_file = dir_ / "api/token";
+    config.qps = 1000;
+    config.burst = 1000;
+    config.request_timeout = std::chrono::milliseconds(5000);
+    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
+                                                 config);
+    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, TestLogger());
+    events_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, TestLogger(),
+                                                    kube::EventRecorderConfig{});
+    h_.services.Provide<kube::KubeClient>(client_);
+    h_.services.Provide<kube::InformerRegistry>(informers_);
+    h_.services.Provide<kube::EventRecorder>(events_);
+
+    api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
+    node_uid_ = Get("/api/v1/nodes/" + std::string(kNode))["metadata"]["uid"].get<std::string>();
+    api_->Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                    {"kind", "ComputeDomain"},
+                    {"metadata", {{"name", "train-a"}, {"namespace", kNs}}},
+                    {"spec", {{"numNodes", 0}, {"channel", {{"allocationMode", "Single"}}}}},
+                    {"_resource", kDomains}});
+    domain_uid_ = Get(kDomains + "/train-a")["metadata"]["uid"].get<std::string>();
+    h_.bus.Publish(gpu_inventory::NodeClique{kClique, ""});
+
+    sim::KubeletSimOptions sim_options;
+    sim_options.kubelet_dir = h_.site.paths.kubelet_dir;
+    sim_options.registration_retry_initial = std::chrono::milliseconds(50);
+    sim_ = std::make_unique<sim::KubeletSim>(sim_options);
+  }
+
+  void TearDown() override {
+    StopModule();
+    sim_.reset();
+    informers_->StopAll();
+    client_->Shutdown();
+    h_.Drain();
+    api_->Stop();
+  }
+
+  json Get(const std::string& path) {
+    const auto response = api_->Call("GET", path);
+    EXPECT_EQ(response.status, 200) << path << ": " << response.body;
+    return response.Json();
+  }
+
+  // Seeds a claim and returns its UID (the simulator assigns it).
+  std::string SeedClaim(const json& claim) {
+    api_->Seed(claim);
+    return Get(kClaims + "/" + claim["metadata"]["name"].get<std::string>())["metadata"]["uid"].get<std::string>();
+  }
+
+  sim::DraClaim SeedChannelClaim(const std::string& name, json allocation_mode = "Single") {
+    const auto uid = SeedClaim(ChannelClaim(name, ChannelParams(domain_uid_, std::move(allocation_mode))));
+    return sim::DraClaim{kNs, uid, name};
+  }
+
+  void StartModule(DraComputeDomainModule::Config config = {}) {
+    context_ = std::make_unique<ModuleContext>(
+        h_.Parts(), "dra-compute-domain", [this](std::string why) { failures_.push_back(why); },
+        [](ModuleHealth, std::string) {});
+    module_ = std::make_unique<DraComputeDomainModule>(*context_, config);
+    module_->Start();
+    h_.Drain();
+  }
+
+  // Starts the kubelet simulator and the module and waits for the plugin watcher's registration.
+  void StartAndRegister() {
+    sim_->Start();
+    StartModule();
+    ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+    ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered; }));
+  }
+
+  void StopModule() {
+    if (!module_) return;
+    bool stopped = false;
+    module_->Stop([&] { stopped = true; });
+    EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
+    module_.reset();
+    context_.reset();
+  }
+
+  const DraComputeDomainState* State() { return h_.bus.Latest<DraComputeDomainState>(); }
+
+  sim::DraPrepareResult Prepare(const std::vector<sim::DraClaim>& claims) {
+    return h_.OffLoop([&] { return sim_->NodePrepareResources(kDriver, claims); });
+  }
+  sim::DraPrepareResult Prepare(const std::vector<sim::DraClaim>& claims, sim::DraVersion version) {
+    return h_.OffLoop([&] { return sim_->NodePrepareResources(kDriver, claims, version); });
+  }
+  sim::DraUnprepareResult Unprepare(const std::vector<sim::DraClaim>& claims) {
+    return h_.OffLoop([&] { return sim_->NodeUnprepareResources(kDriver, claims); });
+  }
+
+  // The per-claim error of a one-claim prepare ("" on success).
+  std::string PrepareError(const sim::DraClaim& claim) {
+    const auto result = Prepare({claim});
+    EXPECT_TRUE(result.ok()) << result.status.ToString();
+    const auto it = result.claims.find(claim.uid);
+    if (it == result.claims.end()) return "<no entry>";
+    return it->second.error;
+  }
+
+  std::string SpecPath(const std::string& uid) const { return JoinPath(paths_.cdi_dir, CdiSpecFileName(uid)); }
+
+  double Metric(const char* name, MetricLabels labels) {
+    return h_.metrics.Counter(name, "", std::move(labels)).Value();
+  }
+  double Prepares(const char* result) {
+    return Metric("gpu_node_supervisor_dra_prepares_total", {{"driver", kDriver}, {"result", result}});
+  }
+
+  dra::test::TempDir tmp_;
+  fs::path dir_{tmp_.Path()};
+  gns::test::LoopHarness h_;
+  DriverPaths paths_;
+  std::unique_ptr<sim::ApiServer> api_;
+  std::shared_ptr<kube::KubeClient> client_;
+  std::shared_ptr<kube::InformerRegistry> informers_;
+  std::shared_ptr<kube::EventRecorder> events_;
+  std::unique_ptr<sim::KubeletSim> sim_;
+  std::unique_ptr<ModuleContext> context_;
+  std::unique_ptr<DraComputeDomainModule> module_;
+  std::vector<std::string> failures_;
+  std::string node_uid_;
+  std::string domain_uid_;
+};
+
+// ------------------------------------------------------------------------------ registration
+
+TEST_F(DraModuleTest, RegistersThroughThePluginWatcherWithV1First) {
+  StartAndRegister();
+  const auto driver = sim_->DraDriver(kDriver);
+  ASSERT_TRUE(driver && driver->Latest());
+  EXPECT_EQ(driver->Latest()->service, "v1.DRAPlugin");
+  EXPECT_EQ(driver->Latest()->endpoint, paths_.dra_socket);
+  EXPECT_EQ(driver->Latest()->supported_versions, (std::vector<std::string>{"v1.DRAPlugin", "v1beta1.DRAPlugin"}));
+  EXPECT_TRUE(State()->host_managed);
+  EXPECT_EQ(State()->channel_major, kMajor);
+
+  StopModule();
+  EXPECT_FALSE(fs::exists(paths_.dra_socket));
+  EXPECT_FALSE(fs::exists(paths_.registration_socket));
+}
+
+TEST_F(DraModuleTest, AV1beta1OnlyKubeletRegistersAndPrepares) {
+  sim::KubeletSimOptions options;
+  options.kubelet_dir = h_.site.paths.kubelet_dir;
+  options.dra_services = {std::string(sim::kDraV1beta1Service)};
+  sim_ = std::make_unique<sim::KubeletSim>(options);
+  StartAndRegister();
+  EXPECT_EQ(sim_->DraDriver(kDriver)->Latest()->service, "v1beta1.DRAPlugin");
+  const auto claim = SeedChannelClaim("old-kubelet");
+  const auto result = Prepare({claim});
+  ASSERT_TRUE(result.ok()) << result.status.ToString();
+  EXPECT_EQ(result.service, "v1beta1.DRAPlugin");
+  ASSERT_EQ(result.claims.at(claim.uid).error, "");
+  EXPECT_EQ(result.claims.at(claim.uid).devices.at(0).cdi_device_ids,
+            std::vector<std::string>{CdiQualifiedDeviceId(claim.uid)});
+  const auto unprepared = Unprepare({claim});
+  ASSERT_TRUE(unprepared.ok());
+  EXPECT_EQ(unprepared.claims.at(claim.uid), "");
+}
+
+// ------------------------------------------------------------------------------ ResourceSlice
+
+TEST_F(DraModuleTest, PublishesChannelZeroWithCliqueAndRecreatesTheSliceAfterDeletion) {
+  StartAndRegister();
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes >= 1 && State()->slice_generation >= 1; }));
+  const std::string path = kSlices + "/" + ResourceSliceName(kNode);
+  const json slice = Get(path);
+  EXPECT_EQ(slice["spec"]["driver"], kDriver);
+  EXPECT_EQ(slice["spec"]["nodeName"], kNode);
+  EXPECT_EQ(slice["spec"]["pool"]["name"], kNode);
+  ASSERT_EQ(slice["spec"]["devices"].size(), 1u) << slice.dump();  // no daemon device under the gate
+  const json& device = slice["spec"]["devices"][0];
+  EXPECT_EQ(device["name"], "channel-0");
+  EXPECT_EQ(device["attributes"]["type"]["string"], "channel");
+  EXPECT_EQ(device["attributes"]["id"]["int"], 0);
+  EXPECT_EQ(device["attributes"]["cliqueID"]["string"], kClique);
+  EXPECT_EQ(slice["metadata"]["ownerReferences"][0]["uid"], node_uid_);
+  const int64_t generation = slice["spec"]["pool"]["generation"];
+
+  // The kubelet wipes the node's slices when it starts: the informer sees the deletion.
+  ASSERT_EQ(api_->Call("DELETE", path).status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes >= 2; }));
+  const json again = Get(path);
+  EXPECT_GT(again["spec"]["pool"]["generation"].get<int64_t>(), generation);
+  EXPECT_EQ(Metric("gpu_node_supervisor_dra_slice_publishes_total", {{"driver", kDriver}, {"result", "created"}}), 2);
+  EXPECT_EQ(again["spec"]["devices"][0]["attributes"]["cliqueID"]["string"], kClique);
+
+  // A clique change is republished with a higher generation.
+  const auto publishes = State()->slice_publishes;
+  h_.bus.Publish(gpu_inventory::NodeClique{"7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.1", ""});
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes > publishes; }));
+  const json changed = Get(path);
+  EXPECT_EQ(changed["spec"]["devices"][0]["attributes"]["cliqueID"]["string"],
+            "7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.1");
+  EXPECT_GT(changed["spec"]["pool"]["generation"].get<int64_t>(), again["spec"]["pool"]["generation"].get<int64_t>());
+}
+
+// ------------------------------------------------------------------------------ prepare / unprepare
+
+TEST_F(DraModuleTest, PrepareWritesTheCdiSpecAndCheckpointAndReturnsTheCdiId) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("train-a-pod-0-imex");
+  const auto result = Prepare({claim});
+  ASSERT_TRUE(result.ok()) << result.status.ToString();
+  EXPECT_EQ(result.service, "v1.DRAPlugin");
+  const auto& answer = result.claims.at(claim.uid);
+  ASSERT_EQ(answer.error, "");
+  ASSERT_EQ(answer.devices.size(), 1u);
+  EXPECT_EQ(answer.devices[0].pool_name, kNode);
+  EXPECT_EQ(answer.devices[0].device_name, "channel-0");
+  EXPECT_EQ(answer.devices[0].request_names, std::vector<std::string>{"channel"});
+  EXPECT_EQ(answer.devices[0].cdi_device_ids, std::vector<std::string>{CdiQualifiedDeviceId(claim.uid)});
+
+  const json spec = json::parse(ReadFile(SpecPath(claim.uid)));
+  EXPECT_EQ(spec["kind"], "k8s.compute-domain.nvidia.com/claim");
+  EXPECT_EQ(spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"], "/dev/nvidia-caps-imex-channels/channel0");
+  EXPECT_EQ(spec["devices"][0]["containerEdits"]["deviceNodes"][0]["major"], kMajor);
+
+  const auto loaded = LoadCheckpoint(paths_.checkpoint_file);
+  ASSERT_EQ(loaded.status, CheckpointStatus::kLoaded);
+  const auto* entry = loaded.checkpoint.Find(claim.uid);
+  ASSERT_NE(entry, nullptr);
+  EXPECT_EQ(entry->state, ClaimState::kPrepareCompleted);
+  EXPECT_EQ(entry->domain_uid, domain_uid_);
+  EXPECT_EQ(entry->namespace_name, kNs);
+
+  // §14.1: no node labels under the gate.
+  EXPECT_FALSE(Get("/api/v1/nodes/" + std::string(kNode))["metadata"].contains("labels"));
+  EXPECT_EQ(Prepares("ok"), 1);
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->prepared_claims.size() == 1; }));
+  EXPECT_EQ(State()->prepared_claims[0].state, "PrepareCompleted");
+  // As /debug/state shows it.
+  const json state = *State();
+  EXPECT_EQ(state["preparedClaims"][claim.uid]["state"], "PrepareCompleted");
+  EXPECT_EQ(state["preparedClaims"][claim.uid]["claim"], "team-a/train-a-pod-0-imex");
+  EXPECT_EQ(state["registered"], true);
+  EXPECT_EQ(h_.metrics.Gauge("gpu_node_supervisor_dra_checkpoint_entries", "", {{"driver", kDriver}}).Value(), 1);
+}
+
+TEST_F(DraModuleTest, PrepareIsIdempotentAndAnswersFromTheCheckpoint) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("idem");
+  const auto first = Prepare({claim});
+  ASSERT_EQ(first.claims.at(claim.uid).error, "");
+  // Even with the claim gone from the API, a repeated Prepare answers the same from the
+  // checkpoint (the kubelet lost our answer) without a request.
+  ASSERT_EQ(api_->Call("DELETE", kClaims + "/idem").status, 200);
+  api_->ResetRequestCounts();
+  const auto second = Prepare({claim}, sim::DraVersion::kV1beta1);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second.claims.at(claim.uid).error, "");
+  EXPECT_EQ(second.claims.at(claim.uid).devices.at(0).cdi_device_ids,
+            first.claims.at(claim.uid).devices.at(0).cdi_device_ids);
+  EXPECT_EQ(api_->RequestCount("get"), 0u);
+  EXPECT_EQ(Prepares("already_prepared"), 1);
+}
+
+TEST_F(DraModuleTest, UnprepareRemovesSpecAndEntryAndIsIdempotent) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("unprep");
+  ASSERT_EQ(PrepareError(claim), "");
+  ASSERT_TRUE(fs::exists(SpecPath(claim.uid)));
+
+  auto result = Unprepare({claim});
+  ASSERT_TRUE(result.ok()) << result.status.ToString();
+  EXPECT_EQ(result.claims.at(claim.uid), "");
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.Find(claim.uid), nullptr);
+
+  result = Unprepare({claim});  // again: nothing left, still success
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result.claims.at(claim.uid), "");
+  const sim::DraClaim never{kNs, "0b0b0b0b-0000-4000-8000-00000000abcd", "never-prepared"};
+  result = Unprepare({never});
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result.claims.at(never.uid), "");
+
+  // Channel 0 is free again: another claim prepares.
+  EXPECT_EQ(PrepareError(SeedChannelClaim("next", nullptr)), "");  // allocationMode absent is Single
+}
+
+// ------------------------------------------------------------------------------ §13 / §14.1
+
+TEST_F(DraModuleTest, AllocationModeAllAndUnknownModesArePermanentErrors) {
+  StartAndRegister();
+  const auto all = SeedChannelClaim("mode-all", "All");
+  const auto error_all = PrepareError(all);
+  EXPECT_NE(error_all.find("allocationMode: \"All\" is not supported under HostManagedIMEX"), std::string::npos)
+      << error_all;
+  const auto foo = SeedChannelClaim("mode-foo", "foo");
+  const auto error_foo = PrepareError(foo);
+  EXPECT_NE(error_foo.find("allocationMode: \"foo\" is not supported"), std::string::npos) << error_foo;
+  EXPECT_EQ(Prepares("permanent_error"), 2);
+  EXPECT_TRUE(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.empty());
+  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.claims.size(), 0u);
+}
+
+TEST_F(DraModuleTest, EmptyCliqueIsAPermanentErrorNamingTheMissingClique) {
+  StartAndRegister();
+  h_.bus.Publish(gpu_inventory::NodeClique{"", "GPU 0 fabric state is not completed"});
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->clique_id.empty(); }));
+  const auto claim = SeedChannelClaim("no-clique");
+  const auto error = PrepareError(claim);
+  EXPECT_NE(error.find(kNoCliqueMessage), std::string::npos) << error;
+  EXPECT_NE(error.find("ResourceClaim team-a/no-clique"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  EXPECT_EQ(Prepares("permanent_error"), 1);
+}
+
+TEST_F(DraModuleTest, DaemonConfigIsAPermanentError) {
+  StartAndRegister();
+  json daemon{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "ComputeDomainDaemonConfig"},
+              {"domainID", domain_uid_}};
+  json claim = ChannelClaim("daemon-claim", daemon);
+  claim["status"]["allocation"]["devices"]["results"][0]["device"] = "daemon-0";
+  const auto uid = SeedClaim(claim);
+  const auto error = PrepareError({kNs, uid, "daemon-claim"});
+  EXPECT_NE(error.find(kDaemonDisabledMessage), std::string::npos) << error;
+}
+
+TEST_F(DraModuleTest, ASecondChannelClaimOnTheNodeConflicts) {
+  StartAndRegister();
+  const auto first = SeedChannelClaim("first");
+  const auto second = SeedChannelClaim("second");
+  ASSERT_EQ(PrepareError(first), "");
+  const auto error = PrepareError(second);
+  EXPECT_NE(error.find("channel-0 is already prepared for claim team-a/first"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(SpecPath(second.uid)));
+  EXPECT_EQ(Prepares("retryable_error"), 1);
+  // Both in one call: the first is answered from the checkpoint, the second conflicts.
+  const auto both = Prepare({first, second});
+  EXPECT_EQ(both.claims.at(first.uid).error, "");
+  EXPECT_NE(both.claims.at(second.uid).error, "");
+}
+
+TEST_F(DraModuleTest, ConcurrentPreparesAreSerialisedSoOnlyOneClaimGetsTheChannel) {
+  StartAndRegister();
+  const auto a = SeedChannelClaim("race-a");
+  const auto b = SeedChannelClaim("race-b");
+  // Two kubelet calls at once (two pods admitted together): one at a time per node, so the
+  // second sees the first's checkpoint entry and conflicts.
+  const auto [ra, rb] = h_.OffLoop([&] {
+    auto fa = std::async(std::launch::async, [&] { return sim_->NodePrepareResources(kDriver, {a}); });
+    auto fb = std::async(std::launch::async, [&] { return sim_->NodePrepareResources(kDriver, {b}); });
+    return std::make_pair(fa.get(), fb.get());
+  });
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  const std::string ea = ra.claims.at(a.uid).error;
+  const std::string eb = rb.claims.at(b.uid).error;
+  EXPECT_TRUE(ea.empty() != eb.empty()) << "a: " << ea << "\nb: " << eb;
+  EXPECT_NE((ea.empty() ? eb : ea).find("already prepared for claim"), std::string::npos);
+  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.claims.size(), 1u);
+  EXPECT_EQ(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.size(), 1u);
+}
+
+TEST_F(DraModuleTest, AMissingComputeDomainOrClaimIsAnError) {
+  StartAndRegister();
+  const auto orphan =
+      SeedClaim(ChannelClaim("no-domain", ChannelParams("d0d0d0d0-0000-4000-8000-0000000000ff")));
+  const auto error = PrepareError({kNs, orphan, "no-domain"});
+  EXPECT_NE(error.find("ComputeDomain with UID d0d0d0d0-0000-4000-8000-0000000000ff not found"), std::string::npos)
+      << error;
+
+  const sim::DraClaim missing{kNs, "0b0b0b0b-0000-4000-8000-00000000ffff", "not-there"};
+  const auto missing_error = PrepareError(missing);
+  EXPECT_NE(missing_error.find("ResourceClaim team-a/not-there: not found"), std::string::npos) << missing_error;
+
+  // A claim recreated under the same name is not the one the kubelet asked for.
+  const auto stale = SeedChannelClaim("recreated");
+  const auto uid_error = PrepareError({kNs, "0b0b0b0b-0000-4000-8000-00000000eeee", "recreated"});
+  EXPECT_NE(uid_error.find("metadata.uid is \"" + stale.uid + "\""), std::string::npos) << uid_error;
+  EXPECT_TRUE(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.empty());
+}
+
+TEST_F(DraModuleTest, WithoutTheGateEveryPrepareFailsLoudly) {
+  h_.site.gates.Set(gates::kHostManagedIMEX, false);
+  StartAndRegister();
+  EXPECT_FALSE(State()->host_managed);
+  const auto claim = SeedChannelClaim("gate-off");
+  const auto error = PrepareError(claim);
+  EXPECT_NE(error.find(kDriverManagedUnsupportedMessage), std::string::npos) << error;
+}
+
+// ------------------------------------------------------------------------------ restart paths
+
+TEST_F(DraModuleTest, ACrashBetweenPrepareStartedAndCompletedIsRolledBackOnStart) {
+  const auto claim = SeedChannelClaim("crashed");
+  // What a crash after "save PrepareStarted → write CDI spec" leaves behind, plus an orphan spec.
+  Checkpoint checkpoint;
+  PreparedClaim entry;
+  entry.uid = claim.uid;
+  entry.namespace_name = kNs;
+  entry.name = "crashed";
+  entry.state = ClaimState::kPrepareStarted;
+  entry.domain_uid = domain_uid_;
+  entry.device = "channel-0";
+  entry.pool_name = kNode;
+  entry.request_names = {"channel"};
+  entry.cdi_spec_file = CdiSpecFileName(claim.uid);
+  entry.cdi_device_id = CdiQualifiedDeviceId(claim.uid);
+  entry.started_unix_ms = 1;
+  checkpoint.claims[claim.uid] = entry;
+  ASSERT_TRUE(SaveCheckpoint(paths_.checkpoint_file, checkpoint));
+  ASSERT_TRUE(WriteChannelCdiSpec(paths_.cdi_dir, claim.uid, kMajor));
+  const std::string orphan = "0b0b0b0b-0000-4000-8000-000000000a11";
+  ASSERT_TRUE(WriteChannelCdiSpec(paths_.cdi_dir, orphan, kMajor));
+
+  StartAndRegister();
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  EXPECT_FALSE(fs::exists(SpecPath(orphan)));
+  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.claims.size(), 0u);
+  EXPECT_EQ(Metric("gpu_node_supervisor_dra_reconciled_total", {{"action", "rollback_prepare_started"}}), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_dra_reconciled_total", {{"action", "delete_orphan_spec"}}), 1);
+
+  // The kubelet retries the prepare it never got an answer for.
+  EXPECT_EQ(PrepareError(claim), "");
+  EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
+  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.Find(claim.uid)->state, ClaimState::kPrepareCompleted);
+}
+
+TEST_F(DraModuleTest, ACompletedClaimSurvivesARestart) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("survivor");
+  ASSERT_EQ(PrepareError(claim), "");
+  StopModule();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
+  EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
+  ASSERT_TRUE(h_.OffLoop([&] {
+    return sim_->WaitFor([](const sim::KubeletState& s) {
+      const auto* d = s.FindDraDriver(kDriverName);
+      return d != nullptr && d->registrations >= 2;
+    }, seconds(20));
+  }));
+  EXPECT_EQ(PrepareError(claim), "");
+  EXPECT_EQ(Prepares("already_prepared"), 1);
+}
+
+TEST_F(DraModuleTest, ACorruptCheckpointIsMovedAsideReportedAndTheModuleStartsClean) {
+  WriteFile(paths_.checkpoint_file, "{\"version\": 1, \"data\": {\"claims\": {}}, \"checksum\": 12");
+  StartAndRegister();
+  EXPECT_FALSE(fs::exists(paths_.checkpoint_file));
+  bool moved = false;
+  for (const auto& file : fs::directory_iterator(paths_.state_dir)) {
+    if (file.path().filename().string().starts_with("checkpoint.json.corrupt-")) moved = true;
+  }
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(Metric("gpu_node_supervisor_dra_corrupt_checkpoints_total", {}), 1);
+  // The Node Event, as the API holds it.
+  json event;
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto list = api_->Call("GET", "/apis/events.k8s.io/v1/namespaces/default/events").Json();
+    for (const auto& item : list["items"]) {
+      if (item.value("reason", "") == "CorruptCheckpoint") event = item;
+    }
+    return !event.is_null();
+  }));
+  EXPECT_EQ(event["type"], "Warning");
+  EXPECT_EQ(event["regarding"]["kind"], "Node");
+  EXPECT_EQ(event["regarding"]["name"], kNode);
+  EXPECT_NE(event["note"].get<std::string>().find("moved to"), std::string::npos);
+  EXPECT_TRUE(failures_.empty());
+  // Clean start: prepares work.
+  EXPECT_EQ(PrepareError(SeedChannelClaim("after-corrupt")), "");
+}
+
+TEST_F(DraModuleTest, AMissingChannelMajorFailsTheStartClearly) {
+  WriteFile(paths_.proc_devices, ProcDevices(false));
+  context_ = std::make_unique<ModuleContext>(h_.Parts(), "dra-compute-domain", [](std::string) {},
+                                             [](ModuleHealth, std::string) {});
+  module_ = std::make_unique<DraComputeDomainModule>(*context_, DraComputeDomainModule::Config{});
+  try {
+    module_->Start();
+    FAIL() << "Start did not throw";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("nvidia-caps-imex-channels"), std::string::npos) << what;
+    EXPECT_NE(what.find(paths_.proc_devices), std::string::npos) << what;
+  }
+  EXPECT_FALSE(fs::exists(paths_.dra_socket));
+  EXPECT_FALSE(fs::exists(paths_.registration_socket));
+  module_.reset();
+  context_.reset();
+  fs::remove(paths_.proc_devices);
+  context_ = std::make_unique<ModuleContext>(h_.Parts(), "dra-compute-domain", [](std::string) {},
+                                             [](ModuleHealth, std::string) {});
+  module_ = std::make_unique<DraComputeDomainModule>(*context_, DraComputeDomainModule::Config{});
+  EXPECT_THROW(module_->Start(), std::runtime_error);
+  module_.reset();
+  context_.reset();
+}
+
+// ------------------------------------------------------------------------------ config
+
+DraComputeDomainModule::Config Parse(const std::string& yaml) {
+  const ConfigValue value = ParseYaml(yaml, "site.yaml");
+  ConfigMap section(value, "modules.dra-compute-domain");
+  auto config = DraComputeDomainModule::ParseConfig(section, SiteConfig{});
+  section.Finish();
+  return config;
+}
+
+TEST(DraModuleConfigTest, DefaultsAndValues) {
+  const auto defaults = Parse("");
+  EXPECT_EQ(defaults.api_version, ResourceApiVersion::kV1);
+  EXPECT_EQ(defaults.prepare_timeout, std::chrono::seconds(20));
+  EXPECT_EQ(defaults.slice_resync, std::chrono::minutes(10));
+  EXPECT_TRUE(defaults.node_events_on_corrupt_checkpoint);
+  const auto set = Parse(
+      "driverName: compute-domain.nvidia.com\nresourceApiVersion: v1beta1\nprepareTimeout: 5s\nsliceResync: 1m\n"
+      "nodeEventsOnCorruptCheckpoint: false\n");
+  EXPECT_EQ(set.api_version, ResourceApiVersion::kV1beta1);
+  EXPECT_EQ(set.prepare_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(set.slice_resync, std::chrono::minutes(1));
+  EXPECT_FALSE(set.node_events_on_corrupt_checkpoint);
+}
+
+TEST(DraModuleConfigTest, BadValuesAreRejectedWithTheirPosition) {
+  const auto error_of = [](const std::string& yaml) {
+    try {
+      Parse(yaml);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_NE(error_of("driverName: gpu.nvidia.com\n").find("site.yaml:1:13: modules.dra-compute-domain.driverName: is "
+                                                         "fixed to compute-domain.nvidia.com"),
+            std::string::npos)
+      << error_of("driverName: gpu.nvidia.com\n");
+  EXPECT_NE(error_of("resourceApiVersion: v1alpha3\n").find("resourceApiVersion"), std::string::npos);
+  EXPECT_NE(error_of("prepareTimeout: 50s\n").find("prepareTimeout"), std::string::npos);
+  EXPECT_NE(error_of("unknownKey: 1\n").find("unknownKey"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gns::dra
