@@ -3,10 +3,12 @@
 //   gpu-node-supervisor run --config FILE [--config OVERLAY]… [--enable m1,m2] [--disable m3]
 //                           [--feature-gates K=V,…] [--log-format text|json] [--log-level LEVEL]
 //   gpu-node-supervisor validate-config --config FILE [--config OVERLAY]…
+//   gpu-node-supervisor set-healthy --gpu UUID|all [--state-dir DIR]
 //   gpu-node-supervisor version
 //
 // Exit codes: 0 ok, 1 hard stop, 2 bad command line or config.
 
+#include "admin_client.hpp"
 #include "loop/feature_gates.hpp"
 #include "loop/logging.hpp"
 #include "loop/runtime.hpp"
@@ -68,6 +70,11 @@ int main(int argc, char** argv) {
   auto* validate = app.add_subcommand("validate-config", "Check a site config (and overlays) and exit");
   AddConfigOptions(validate, validate_options);
   auto* version = app.add_subcommand("version", "Print the version");
+  std::string set_healthy_state_dir = "/var/lib/gpu-node-supervisor";
+  std::string set_healthy_gpu;
+  auto* set_healthy = app.add_subcommand("set-healthy", "Mark a GPU (or all) Healthy again in the running supervisor");
+  set_healthy->add_option("--gpu", set_healthy_gpu, "GPU UUID (GPU-…) or all")->required();
+  set_healthy->add_option("--state-dir", set_healthy_state_dir, "The supervisor's state directory (holds admin.sock)");
 
   try {
     app.parse(argc, argv);
@@ -80,6 +87,8 @@ int main(int argc, char** argv) {
     std::cout << "gpu-node-supervisor " << GNS_VERSION << "\n";
     return 0;
   }
+
+  if (set_healthy->parsed()) return gns::RunSetHealthy(set_healthy_state_dir, set_healthy_gpu);
 
   if (validate->parsed()) {
     try {

@@ -1,8 +1,13 @@
 // Start order: providers before consumers; `metrics` first so health is visible early.
 #include "modules/manifest.hpp"
 
+#include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
 #include "modules/device_plugin/device_plugin_module.hpp"
+#include "modules/dra_compute_domain/dra_module.hpp"
+#include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
+#include "modules/journald/journald_module.hpp"
+#include "modules/kube/kube_module.hpp"
 #include "modules/metrics/metrics_module.hpp"
 
 namespace gns {
@@ -10,8 +15,13 @@ namespace gns {
 const std::vector<ModuleDescriptor>& ModuleManifest() {
   static const std::vector<ModuleDescriptor> manifest = {
       DescribeModule<metrics::MetricsModule>(),
+      DescribeModule<kube::KubeModule>(),
+      DescribeModule<cd_controller::ComputeDomainControllerModule>(),
       DescribeModule<gpu_inventory::GpuInventoryModule>(),
+      DescribeModule<journald::JournaldModule>(),
+      DescribeModule<gpu_health::GpuHealthModule>(),
       DescribeModule<device_plugin::DevicePluginModule>(),
+      DescribeModule<dra::DraComputeDomainModule>(),
   };
   return manifest;
 }

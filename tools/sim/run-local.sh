@@ -11,8 +11,9 @@ cd "$repo"
 export GNS_SANDBOX=${GNS_SANDBOX:-$repo/.run/sim}
 export NODE_NAME=${NODE_NAME:-sim-node-0}
 export GNS_METRICS_LISTEN=${GNS_METRICS_LISTEN:-127.0.0.1:9464}
+export GNS_XID_CATALOG=$repo/config/xid-catalog.yaml
 rm -rf "$GNS_SANDBOX"
-mkdir -p "$GNS_SANDBOX"/{var/lib/kubelet/device-plugins,var/lib/kubelet/plugins_registry,var/lib/kubelet/plugins,var/run/cdi,var/lib/gpu-node-supervisor,host/proc}
+mkdir -p "$GNS_SANDBOX"/{var/lib/kubelet/device-plugins,var/lib/kubelet/plugins_registry,var/lib/kubelet/plugins,var/run/cdi,var/lib/gpu-node-supervisor,host/proc,journal}
 chmod 0700 "$GNS_SANDBOX/var/lib/gpu-node-supervisor"
 
 pids=()
@@ -28,9 +29,30 @@ export FAKE_NVML_CONFIG=${FAKE_NVML_CONFIG:-$repo/tools/sim/fake_nvml/gpus-8.jso
 export FAKE_NVML_CONTROL=$GNS_SANDBOX/fake-nvml.sock
 export GNS_NVML_LIBRARY=$repo/$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1
 
+# The host as the supervisor sees it through hostRoot: the IMEX channel major is registered.
+cat > "$GNS_SANDBOX/host/proc/devices" <<DEVICES
+Character devices:
+  1 mem
+195 nvidia-frontend
+234 nvidia-caps
+509 nvidia-caps-imex-channels
+510 nvidia-uvm
+
+Block devices:
+  8 sd
+DEVICES
+
+# The API-server simulator (HTTPS, its own CA; writes kubeconfig, ca.crt and token).
+mkdir -p "$GNS_SANDBOX/apiserver"
+"$build_dir/tools/sim/apiserver/gns-sim-apiserver" --listen 127.0.0.1:0 --state-dir "$GNS_SANDBOX/apiserver" \
+  --seed tools/sim/seed/sim-node.yaml > >(sed -u 's/^/[apiserver-sim] /') 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] && break; sleep 0.1; done
+[[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] || { echo "the API-server simulator did not start" >&2; exit 1; }
+
 # The kubelet simulator: device-plugin registration + ListAndWatch, plugin watcher, DRA calls.
 "$build_dir/tools/sim/kubelet/gns-sim-kubelet" --kubelet-dir "$GNS_SANDBOX/var/lib/kubelet" \
-  --control-socket "$GNS_SANDBOX/kubelet-control.sock" 2>&1 | sed -u 's/^/[kubelet-sim] /' &
+  --control-socket "$GNS_SANDBOX/kubelet-control.sock" > >(sed -u 's/^/[kubelet-sim] /') 2>&1 &
 pids+=($!)
 
 echo "simulated node '$NODE_NAME' in $GNS_SANDBOX"
