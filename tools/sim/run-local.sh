@@ -66,7 +66,12 @@ echo "Ctrl-C stops everything."
 "$build_dir/src/gpu-node-supervisor" run --config config/local.yaml &
 supervisor=$!
 pids+=("$supervisor")
-# Forward Ctrl-C/SIGTERM to the supervisor so it stops its modules gracefully.
-trap 'kill -TERM $supervisor 2>/dev/null || true' INT TERM
+# The walk-through of every module (prints [demo] lines); the supervisor keeps running after it.
+[[ ${GNS_DEMO:-1} == 1 ]] && { /usr/bin/python3 tools/sim/demo.py & pids+=($!); }
+# Ctrl-C reaches every process of the foreground group, the supervisor included: the script
+# only waits (forwarding it too would be a second signal, which stops the supervisor hard).
+# A SIGTERM sent to this script alone is passed on.
+trap ':' INT
+trap 'kill -TERM $supervisor 2>/dev/null || true' TERM
 wait "$supervisor" || true
 wait "$supervisor" 2>/dev/null || true

@@ -1,0 +1,172 @@
+#!/usr/bin/python3
+"""The `make run` walk-through: drives the simulated node through every module once and prints
+what the supervisor did, as an operator would see it from the outside (kubelet simulator,
+API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the supervisor.
+
+  1. device plugin: 8 GPUs advertised to the kubelet;
+  2. an NVRM Xid line in the journal turns a GPU Unhealthy at the kubelet, a reset ack heals it;
+  3. a ComputeDomain becomes Ready with its workload ResourceClaimTemplate (controller);
+  4. a channel claim is prepared (CDI spec for channel 0) and unprepared by the kubelet (DRA);
+  5. the ComputeDomain is deleted cleanly (template and finalizers gone).
+
+Standard library only. Waits are bounded; every step says what it waited for if it gives up.
+"""
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SANDBOX = os.environ["GNS_SANDBOX"]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+METRICS = os.environ.get("GNS_METRICS_LISTEN", "127.0.0.1:9464")
+NODE = os.environ.get("NODE_NAME", "sim-node-0")
+KUBELET_CTL = [sys.executable, os.path.join(REPO, "tools/sim/kubelet/kubeletctl.py"),
+               "--socket", os.path.join(SANDBOX, "kubelet-control.sock")]
+JOURNAL_SIM = [os.path.join(REPO, "tools/sim/journal/journal-sim.sh"), os.path.join(SANDBOX, "journal")]
+API_DIR = os.path.join(SANDBOX, "apiserver")
+NS = "team-a"
+DRIVER = "compute-domain.nvidia.com"
+GPU_UUID = "GPU-3f8a1c52-7e00-4b9d-9c1e-5a7d2e8f6b10"
+GPU_PCI = "0000:18:00"
+
+
+def say(step, text):
+    print(f"[demo] {step}: {text}", flush=True)
+
+
+def wait_for(what, check, timeout=30.0, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"[demo] gave up waiting for {what}")
+        time.sleep(interval)
+
+
+def http_get(path):
+    try:
+        with urllib.request.urlopen(f"http://{METRICS}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def server_url():
+    with open(os.path.join(API_DIR, "kubeconfig")) as f:
+        for line in f:
+            if line.strip().startswith("server:"):
+                return line.split("server:", 1)[1].strip().strip("\"'")
+    raise SystemExit("[demo] no server in the simulator's kubeconfig")
+
+
+class Api:
+    def __init__(self):
+        self.base = server_url()
+        self.ctx = ssl.create_default_context(cafile=os.path.join(API_DIR, "ca.crt"))
+
+    def call(self, method, path, body=None, content_type="application/json"):
+        with open(os.path.join(API_DIR, "token")) as f:
+            token = f.read().strip()
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", "Bearer " + token)
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=10) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+
+def kubelet(*args):
+    out = subprocess.run(KUBELET_CTL + list(args), capture_output=True, text=True)
+    return json.loads(out.stdout) if out.stdout.strip() else {}
+
+
+def device_health(uuid):
+    resource = kubelet("state").get("resources", {}).get("nvidia.com/gpu", {})
+    for device in resource.get("devices", []):
+        if device.get("id") == uuid:
+            return device.get("health")
+    return None
+
+
+def main():
+    wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
+    status, body = http_get("/debug/state")
+    plugin = json.loads(body).get("device-plugin.state", {})
+    healthy = sum(1 for d in plugin.get("devices", {}).values() if d.get("health") == "Healthy")
+    say("device plugin", f"{len(plugin.get('devices', {}))} GPUs advertised to the kubelet, {healthy} Healthy, "
+        f"registered={plugin.get('registered')}")
+
+    subprocess.run(JOURNAL_SIM + ["uuid", GPU_PCI, GPU_UUID], check=True)
+    subprocess.run(JOURNAL_SIM + ["xid", GPU_PCI, "48", "DBE (double bit error) ECC error"], check=True)
+    wait_for(f"{GPU_UUID} Unhealthy at the kubelet", lambda: device_health(GPU_UUID) == "Unhealthy")
+    say("gpu health", f"kernel log 'NVRM: Xid (PCI:{GPU_PCI}): 48' -> {GPU_UUID} Unhealthy at the kubelet")
+    subprocess.run(JOURNAL_SIM + ["reset", GPU_UUID], check=True)
+    wait_for(f"{GPU_UUID} Healthy again", lambda: device_health(GPU_UUID) == "Healthy")
+    say("gpu health", f"'GPU reset occurred: {GPU_UUID}' -> Healthy again at the kubelet")
+
+    api = Api()
+    domains = f"/apis/resource.nvidia.com/v1beta1/namespaces/{NS}/computedomains"
+    domain = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+              "metadata": {"name": "train-a", "namespace": NS},
+              "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "train-a-channel"},
+                                                   "allocationMode": "Single"}}}
+    code, created = api.call("POST", domains, domain)
+    if code != 201:
+        raise SystemExit(f"[demo] creating the ComputeDomain failed: {code} {created}")
+    domain_uid = created["metadata"]["uid"]
+    ready = wait_for("ComputeDomain Ready", lambda: (lambda r: r[1] if r[0] == 200 and (r[1].get("status") or {})
+                                                     .get("status") == "Ready" else None)(api.call("GET", domains + "/train-a")))
+    template_path = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates/train-a-channel"
+    code, template = api.call("GET", template_path)
+    say("controller", f"ComputeDomain {NS}/train-a is {ready['status']['status']} with finalizers "
+        f"{ready['metadata'].get('finalizers')}; workload template {NS}/train-a-channel exists: {code == 200}")
+
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+    params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
+              "domainID": domain_uid, "allocationMode": "Single"}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "train-a-pod-0-channel", "namespace": NS},
+             "spec": {"devices": {"requests": [{"name": "channel", "exactly": {
+                 "deviceClassName": "compute-domain-default-channel.nvidia.com"}}]}}}
+    code, created_claim = api.call("POST", claims, claim)
+    if code != 201:
+        raise SystemExit(f"[demo] creating the ResourceClaim failed: {code} {created_claim}")
+    created_claim["status"] = {"allocation": {"devices": {
+        "results": [{"request": "channel", "driver": DRIVER, "pool": NODE, "device": "channel-0"}],
+        "config": [{"source": "FromClaim", "requests": ["channel"],
+                    "opaque": {"driver": DRIVER, "parameters": params}}]}}}
+    code, allocated = api.call("PUT", claims + "/train-a-pod-0-channel/status", created_claim)
+    if code != 200:
+        raise SystemExit(f"[demo] allocating the ResourceClaim failed: {code} {allocated}")
+    claim_ref = json.dumps({"namespace": NS, "uid": created_claim["metadata"]["uid"], "name": "train-a-pod-0-channel"})
+    wait_for("the DRA plugin registered with the kubelet",
+             lambda: kubelet("state").get("dra_drivers", {}).get(DRIVER, {}).get("registered"))
+    prepared = kubelet("prepare", DRIVER, claim_ref)
+    say("dra", f"NodePrepareResources via {prepared.get('service')} -> {json.dumps(prepared.get('claims'))[:400]}")
+    specs = sorted(os.listdir(os.path.join(SANDBOX, "var/run/cdi")))
+    say("dra", f"CDI specs on the node: {specs}")
+    unprepared = kubelet("unprepare", DRIVER, claim_ref)
+    say("dra", f"NodeUnprepareResources -> {json.dumps(unprepared.get('claims'))[:300]}; "
+        f"CDI specs now: {sorted(os.listdir(os.path.join(SANDBOX, 'var/run/cdi')))}")
+
+    api.call("DELETE", domains + "/train-a")
+    wait_for("ComputeDomain gone", lambda: api.call("GET", domains + "/train-a")[0] == 404)
+    say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
+    say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
+
+
+if __name__ == "__main__":
+    main()
