@@ -31,21 +31,7 @@ ComputeDomainControllerModule::Config ComputeDomainControllerModule::ParseConfig
   backoff.Finish();
 
   auto le = section.Section("leaderElection");
-  config.lease.ns = le.String("namespace", "kube-system");
-  config.lease.lease_name = le.String("leaseName", "gpu-node-supervisor-compute-domain-controller");
-  if (config.lease.ns.empty()) le.Fail("namespace", "must not be empty");
-  if (config.lease.lease_name.empty()) le.Fail("leaseName", "must not be empty");
-  config.lease.lease_duration = le.Duration("leaseDuration", milliseconds(100), milliseconds(600000), milliseconds(15000));
-  config.lease.renew_deadline = le.Duration("renewDeadline", milliseconds(50), milliseconds(600000), milliseconds(10000));
-  config.lease.retry_period = le.Duration("retryPeriod", milliseconds(10), milliseconds(600000), milliseconds(2000));
-  if (config.lease.renew_deadline >= config.lease.lease_duration) {
-    le.Fail("renewDeadline", "must be shorter than leaseDuration (a leader must give up before others take over)");
-  }
-  if (config.lease.retry_period >= config.lease.renew_deadline) {
-    le.Fail("retryPeriod", "must be shorter than renewDeadline");
-  }
-  config.lease.identity = le.OptionalString("identity").value_or("");
-  if (config.lease.identity.empty()) config.lease.identity = kube::DefaultIdentity();
+  config.lease = kube::ParseLeaderElectionConfig(le, "gpu-node-supervisor-compute-domain-controller");
   le.Finish();
   (void)site;
   return config;

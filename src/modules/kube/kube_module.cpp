@@ -25,21 +25,7 @@ KubeModule::Config KubeModule::ParseConfig(ConfigMap& section, const SiteConfig&
 
   auto le = section.Section("leaderElection");
   config.leader_election = le.Bool("enabled", false);
-  config.lease.ns = le.String("namespace", "kube-system");
-  config.lease.lease_name = le.String("leaseName", "gpu-node-supervisor");
-  if (config.lease.ns.empty()) le.Fail("namespace", "must not be empty");
-  if (config.lease.lease_name.empty()) le.Fail("leaseName", "must not be empty");
-  config.lease.lease_duration = le.Duration("leaseDuration", milliseconds(100), milliseconds(600000), milliseconds(15000));
-  config.lease.renew_deadline = le.Duration("renewDeadline", milliseconds(50), milliseconds(600000), milliseconds(10000));
-  config.lease.retry_period = le.Duration("retryPeriod", milliseconds(10), milliseconds(600000), milliseconds(2000));
-  if (config.lease.renew_deadline >= config.lease.lease_duration) {
-    le.Fail("renewDeadline", "must be shorter than leaseDuration (a leader must give up before others take over)");
-  }
-  if (config.lease.retry_period >= config.lease.renew_deadline) {
-    le.Fail("retryPeriod", "must be shorter than renewDeadline");
-  }
-  config.lease.identity = le.OptionalString("identity").value_or("");
-  if (config.lease.identity.empty()) config.lease.identity = DefaultIdentity();
+  config.lease = ParseLeaderElectionConfig(le, "gpu-node-supervisor");
   le.Finish();
 
   auto events = section.Section("events");

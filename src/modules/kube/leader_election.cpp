@@ -32,6 +32,25 @@ std::string FormatMicroTime(Clock::WallTime time) {
   return out;
 }
 
+LeaderElectionConfig ParseLeaderElectionConfig(ConfigMap& le, const std::string& default_lease_name) {
+  using std::chrono::milliseconds;
+  LeaderElectionConfig lease;
+  lease.ns = le.String("namespace", "kube-system");
+  lease.lease_name = le.String("leaseName", default_lease_name);
+  if (lease.ns.empty()) le.Fail("namespace", "must not be empty");
+  if (lease.lease_name.empty()) le.Fail("leaseName", "must not be empty");
+  lease.lease_duration = le.Duration("leaseDuration", milliseconds(100), milliseconds(600000), milliseconds(15000));
+  lease.renew_deadline = le.Duration("renewDeadline", milliseconds(50), milliseconds(600000), milliseconds(10000));
+  lease.retry_period = le.Duration("retryPeriod", milliseconds(10), milliseconds(600000), milliseconds(2000));
+  if (lease.renew_deadline >= lease.lease_duration) {
+    le.Fail("renewDeadline", "must be shorter than leaseDuration (a leader must give up before others take over)");
+  }
+  if (lease.retry_period >= lease.renew_deadline) le.Fail("retryPeriod", "must be shorter than renewDeadline");
+  lease.identity = le.OptionalString("identity").value_or("");
+  if (lease.identity.empty()) lease.identity = DefaultIdentity();
+  return lease;
+}
+
 std::string DefaultIdentity() {
   if (const char* pod = std::getenv("POD_NAME"); pod && *pod) return pod;
   char host[256] = {};

@@ -7,6 +7,7 @@
 
 #include "loop/bus.hpp"
 #include "loop/clock.hpp"
+#include "loop/config.hpp"
 #include "modules/kube/client.hpp"
 
 #include <chrono>
@@ -33,6 +34,11 @@ struct LeaderElectionConfig {
 std::string FormatMicroTime(Clock::WallTime time);
 // POD_NAME, else the hostname.
 std::string DefaultIdentity();
+
+// Reads a `leaderElection` section's lease keys (namespace, leaseName, leaseDuration,
+// renewDeadline, retryPeriod, identity) with their cross-checks. Other keys of the section
+// (such as `enabled`) are the caller's, and so is Finish().
+LeaderElectionConfig ParseLeaderElectionConfig(ConfigMap& section, const std::string& default_lease_name);
 
 class LeaderElector {
  public:
