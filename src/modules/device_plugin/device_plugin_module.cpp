@@ -324,10 +324,7 @@ void DevicePluginModule::Stop(std::function<void()> done) {
     return;
   }
   server_->Shutdown(context_.Pool(), [this, alive = alive_, done = std::move(done)] {
-    if (*alive) {
-      server_.reset();
-      ::unlink(socket_path_.c_str());  // the kubelet must not dial a dead socket
-    }
+    if (*alive) server_.reset();  // the socket is already gone: the kubelet cannot dial a dead one
     done();
   });
 }

@@ -1,8 +1,6 @@
 // gRPC callback service for the device plugin.
 #include "modules/device_plugin/plugin_server.hpp"
 
-#include <sys/stat.h>
-
 #include <stdexcept>
 
 namespace gns::device_plugin {
@@ -157,24 +155,11 @@ PluginServer::PluginServer(Loop& loop, Handlers handlers) : loop_(loop), shared_
   shared_->handlers = std::move(handlers);
 }
 
-PluginServer::~PluginServer() {
-  shared_->alive = false;
-  if (server_) {
-    // Not shut down through Shutdown(): do it here, bounded, so no RPC outlives the service.
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-  }
-}
+PluginServer::~PluginServer() { shared_->alive = false; }
 
 void PluginServer::Start(const std::string& path) {
-  service_ = std::make_unique<Service>(loop_, shared_);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
-  builder.RegisterService(service_.get());
-  server_ = builder.BuildAndStart();
-  if (!server_) throw std::runtime_error("cannot serve the device plugin on " + path);
-  // The kubelet (root) is the only client.
-  ::chmod(path.c_str(), 0600);
+  service_ = std::make_shared<Service>(loop_, shared_);
+  server_.Start(path, {service_.get()}, "the device plugin");
 }
 
 void PluginServer::Broadcast(const v1beta1::ListAndWatchResponse& list) {
@@ -185,25 +170,7 @@ std::size_t PluginServer::OpenStreams() const { return shared_->streams.size(); 
 
 void PluginServer::Shutdown(BlockingPool& pool, std::function<void()> done) {
   shared_->alive = false;
-  if (!server_) {
-    loop_.Post(std::move(done));
-    return;
-  }
-  // Shutdown and Wait block until every RPC is done, and finishing RPCs needs the loop: run
-  // them on the pool. The server and service die there too, after the last RPC.
-  struct Running {
-    std::unique_ptr<grpc::Server> server;
-    std::unique_ptr<Service> service;
-  };
-  auto running = std::make_shared<Running>(Running{std::move(server_), std::move(service_)});
-  pool.Run(
-      [running] {
-        running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-        running->server->Wait();
-        running->server.reset();
-        running->service.reset();
-      },
-      [done = std::move(done)](std::exception_ptr) { done(); });
+  server_.Shutdown(pool, loop_, std::move(service_), std::move(done));
 }
 
 void RegisterWithKubelet(Loop& loop, const std::string& kubelet_socket, const v1beta1::RegisterRequest& request,

@@ -6,6 +6,7 @@
 
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
+#include "loop/unix_grpc_server.hpp"
 
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 
@@ -49,8 +50,8 @@ class PluginServer {
   class Service;
   Loop& loop_;
   std::shared_ptr<Shared> shared_;
-  std::unique_ptr<Service> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<Service> service_;
+  UnixGrpcServer server_;
 };
 
 // Calls v1beta1.Registration/Register on `kubelet_socket`; `done(status)` runs on the loop.

@@ -186,30 +186,11 @@ DraServer::~DraServer() {
   shared_->alive = false;
   for (auto& [id, reactor] : shared_->pending) reactor->Finish(kStopping);
   shared_->pending.clear();
-  if (server_) {
-    // Not shut down through Shutdown(): do it here, bounded, so no RPC outlives the service.
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-  }
 }
 
 void DraServer::Start(const std::string& socket_path) {
-  PrepareSocketPath(socket_path);
-  services_ = std::make_unique<Services>(loop_, shared_);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + socket_path, grpc::InsecureServerCredentials());
-  builder.RegisterService(&services_->v1);
-  builder.RegisterService(&services_->v1beta1);
-  server_ = builder.BuildAndStart();
-  if (!server_) {
-    services_.reset();
-    throw std::runtime_error("cannot serve the DRA plugin on " + socket_path);
-  }
-  socket_path_ = socket_path;
-  // The kubelet (root) is the only client.
-  if (::chmod(socket_path.c_str(), 0600) != 0) {
-    throw std::runtime_error("chmod 0600 " + socket_path + ": " + std::strerror(errno));
-  }
+  services_ = std::make_shared<Services>(loop_, shared_);
+  server_.Start(socket_path, {&services_->v1, &services_->v1beta1}, "the DRA plugin");
 }
 
 std::size_t DraServer::PendingCalls() const { return shared_->pending.size(); }
@@ -220,25 +201,7 @@ void DraServer::Shutdown(BlockingPool& pool, std::function<void()> done) {
   // Calls the handler has not answered would hold Server::Wait forever: fail them now.
   for (auto& [id, reactor] : shared_->pending) reactor->Finish(kStopping);
   shared_->pending.clear();
-  if (!server_) {
-    loop_.Post(std::move(done));
-    return;
-  }
-  ::unlink(socket_path_.c_str());  // ours; a missing file is fine
-  struct Running {
-    std::unique_ptr<grpc::Server> server;
-    std::unique_ptr<Services> services;
-  };
-  auto running = std::make_shared<Running>(Running{std::move(server_), std::move(services_)});
-  pool.Run(
-      [running] {
-        // Calls posted to the loop but not run yet finish there with UNAVAILABLE (the gate).
-        running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-        running->server->Wait();
-        running->server.reset();
-        running->services.reset();
-      },
-      [done = std::move(done)](std::exception_ptr) { done(); });
+  server_.Shutdown(pool, loop_, std::move(services_), std::move(done));
 }
 
 }  // namespace gns::dra

@@ -13,6 +13,7 @@
 
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
+#include "loop/unix_grpc_server.hpp"
 
 #include <grpcpp/grpcpp.h>
 
@@ -87,9 +88,8 @@ class DraServer {
   struct Services;
   Loop& loop_;
   std::shared_ptr<Shared> shared_;
-  std::unique_ptr<Services> services_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string socket_path_;
+  std::shared_ptr<Services> services_;
+  UnixGrpcServer server_;
 };
 
 }  // namespace gns::dra

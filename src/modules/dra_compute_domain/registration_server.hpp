@@ -10,6 +10,7 @@
 
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
+#include "loop/unix_grpc_server.hpp"
 
 #include <grpcpp/grpcpp.h>
 
@@ -54,13 +55,9 @@ class RegistrationServer {
   class Service;
   Loop& loop_;
   std::shared_ptr<Shared> shared_;
-  std::unique_ptr<Service> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string socket_path_;
+  std::shared_ptr<Service> service_;
+  UnixGrpcServer server_;
 };
 
-// Shared by both servers: makes the socket's directory (0750) and removes a stale socket left
-// by a previous instance (only a socket: never another kind of file). Throws std::runtime_error.
-void PrepareSocketPath(const std::string& socket_path);
 
 }  // namespace gns::dra

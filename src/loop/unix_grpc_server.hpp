@@ -1,0 +1,49 @@
+#pragma once
+// A gRPC server on a unix socket for services whose work runs on the loop (device plugin, DRA
+// plugin, plugin registration). Two rules every such server shares live here once:
+//  - the socket: a stale socket at the path is replaced, anything else there is refused, the
+//    directory is created 0750 when missing, the socket is 0600 (the kubelet is the client);
+//  - shutting down: grpc::Server::Shutdown and Wait block until every RPC is finished, and
+//    finishing RPCs needs the loop, so they run on the blocking pool; the services are released
+//    there, after the server.
+// Library gns_grpc_server (gRPC stays out of gns_loop).
+
+#include "loop/blocking_pool.hpp"
+
+#include <grpcpp/server.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns {
+
+class UnixGrpcServer {
+ public:
+  UnixGrpcServer() = default;
+  // Still running (a failed start, a test): a bounded, blocking shutdown here.
+  ~UnixGrpcServer();
+  UnixGrpcServer(const UnixGrpcServer&) = delete;
+  UnixGrpcServer& operator=(const UnixGrpcServer&) = delete;
+
+  // Serves `services` on `socket_path`. Throws std::runtime_error naming `what` and the path.
+  void Start(const std::string& socket_path, const std::vector<grpc::Service*>& services, std::string_view what);
+  // Removes the socket (how the kubelet learns we are gone), then shuts the server down on the
+  // pool, releases `keep_alive` (the services) there, and runs `done` on the loop.
+  void Shutdown(BlockingPool& pool, Loop& loop, std::shared_ptr<void> keep_alive, std::function<void()> done);
+
+  bool Running() const { return server_ != nullptr; }
+  const std::string& SocketPath() const { return socket_path_; }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  std::string socket_path_;
+};
+
+// The socket rules alone: parent directory (0750 when created), stale socket removed, any other
+// file refused. Throws std::runtime_error.
+void PrepareUnixSocketPath(const std::string& socket_path);
+
+}  // namespace gns
