@@ -27,6 +27,14 @@ echo "== device plugin on 8 fake GPUs (bench/macro/device_plugin_bench)"
   --gpus tools/sim/fake_nvml/gpus-8.json
 
 echo
+echo "== dra-compute-domain prepare/unprepare through the kubelet and API simulators (bench/macro/dra_prepare_bench)"
+"$build_dir/bench/macro/dra_prepare_bench"
+
+echo
+echo "== journal -> gpu-health -> device plugin: classify rate, append -> Unhealthy, 1M-line flood (bench/macro/journal_health_bench)"
+"$build_dir/bench/macro/journal_health_bench" --catalog config/xid-catalog.yaml --gpus tools/sim/fake_nvml/gpus-8.json
+
+echo
 echo "== whole binary with gpu-inventory + device-plugin serving 8 fake GPUs to the kubelet simulator"
 sandbox=$(mktemp -d /tmp/gns-bench-XXXXXX)
 mkdir -p "$sandbox/var/lib/kubelet" "$sandbox/host"

@@ -1,0 +1,366 @@
+// Issue #5 figures, in one process: the real dra-compute-domain module (HostManagedIMEX) on its
+// own loop thread with the kube module's KubeClient / InformerRegistry / EventRecorder against
+// the API simulator (its own thread), and the kubelet simulator on its threads calling the
+// plugin through real gRPC on unix sockets.
+//  - NodePrepareResources and NodeUnprepareResources latency through the kubelet simulator
+//    (the claim and its ComputeDomain served by the API simulator), beside one fsync'd atomic
+//    write (gns::WriteFileAtomically) of a checkpoint-sized file in the checkpoint's directory,
+//    interleaved in the same run: the ratios of the medians (target prepare ≤ 1.5× the write);
+//  - 1000 sequential prepare/unprepare cycles: total, p50/p99 per cycle, and at the end the
+//    checkpoint is empty and no CDI spec is left.
+//
+//   dra_prepare_bench [--rounds N] [--cycles N]
+#include "apiserver.h"
+#include "kubelet_sim.h"
+#include "loop/atomic_file.hpp"
+#include "loop/blocking_pool.hpp"
+#include "loop/bus.hpp"
+#include "loop/clock.hpp"
+#include "loop/feature_gates.hpp"
+#include "loop/logging.hpp"
+#include "loop/loop.hpp"
+#include "loop/metrics_registry.hpp"
+#include "loop/services.hpp"
+#include "modules/dra_compute_domain/cdi_spec.hpp"
+#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "modules/dra_compute_domain/dra_module.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "modules/dra_compute_domain/messages.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/events.hpp"
+#include "modules/kube/informer.hpp"
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+using std::chrono::seconds;
+
+namespace {
+
+constexpr const char* kNode = "bench-node";
+constexpr const char* kNs = "bench";
+constexpr const char* kClique = "7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.32766";
+const std::string kDriver(gns::dra::kDriverName);
+const std::string kClaims = std::string("/apis/resource.k8s.io/v1/namespaces/") + kNs + "/resourceclaims";
+const std::string kDomains = std::string("/apis/resource.nvidia.com/v1beta1/namespaces/") + kNs + "/computedomains";
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+double At(const std::vector<double>& sorted, double p) {
+  return sorted[std::min(sorted.size() - 1, static_cast<std::size_t>(p * sorted.size()))];
+}
+
+// Prints one line and returns the median.
+double Report(const char* what, std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  std::printf("%s over %zu samples: p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, max %.3f ms\n", what, samples.size(),
+              At(samples, 0.50), At(samples, 0.90), At(samples, 0.99), samples.back());
+  return At(samples, 0.50);
+}
+
+// Runs `fn` on the loop thread and waits for it.
+template <typename Fn>
+void OnLoop(gns::Loop& loop, Fn fn) {
+  std::promise<void> done;
+  loop.Post([&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+// A channel claim as the controller's claim template produces it, allocated on kNode.
+json ChannelClaim(const std::string& name, const std::string& domain_uid) {
+  const json parameters{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                        {"kind", "ComputeDomainChannelConfig"},
+                        {"domainID", domain_uid},
+                        {"allocationMode", "Single"}};
+  return json{
+      {"apiVersion", "resource.k8s.io/v1"},
+      {"kind", "ResourceClaim"},
+      {"metadata", {{"name", name}, {"namespace", kNs}}},
+      {"spec",
+       {{"devices",
+         {{"requests",
+           json::array({{{"name", "channel"},
+                         {"exactly", {{"deviceClassName", "compute-domain-default-channel.nvidia.com"}}}}})}}}}},
+      {"status",
+       {{"allocation",
+         {{"devices",
+           {{"results", json::array({{{"request", "channel"},
+                                      {"driver", kDriver},
+                                      {"pool", kNode},
+                                      {"device", std::string(gns::dra::kChannelDeviceName)}}})},
+            {"config", json::array({{{"source", "FromClaim"},
+                                     {"requests", json::array({"channel"})},
+                                     {"opaque", {{"driver", kDriver}, {"parameters", parameters}}}}})}}}}}}}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 300, cycles = 1000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    else if (a == "--cycles" && i + 1 < argc) cycles = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: dra_prepare_bench [--rounds N] [--cycles N]\n");
+      return 2;
+    }
+  }
+  if (rounds < 1 || cycles < 1) {
+    std::fprintf(stderr, "--rounds and --cycles must be at least 1\n");
+    return 2;
+  }
+  gns::LoggingConfig logging;
+  logging.level = spdlog::level::err;  // the figures, not a thousand prepare lines
+  gns::SetupLogging(logging);
+  auto quiet = std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
+  char tmpl[] = "/tmp/gnsbench-XXXXXX";  // unix socket paths must stay short
+  const std::string dir = ::mkdtemp(tmpl);
+
+  gns::Loop loop;
+  gns::SystemClock clock;
+  gns::Bus bus(loop);
+  gns::MetricsRegistry metrics;
+  gns::Services services;
+  gns::SiteConfig site;
+  site.node_name = kNode;
+  site.paths.kubelet_dir = dir + "/kubelet";
+  site.paths.cdi_dir = dir + "/cdi";
+  site.paths.state_dir = dir + "/state";
+  site.paths.host_root = dir + "/host";
+  site.gates.Set(gns::gates::kHostManagedIMEX, true);
+  site.gates.Resolve();
+  const gns::dra::DriverPaths paths = gns::dra::MakeDriverPaths(site.paths);
+  WriteFile(paths.proc_devices, "Character devices:\n  1 mem\n195 nvidia\n509 nvidia-caps-imex-channels\n");
+  fs::create_directories(site.paths.kubelet_dir);
+
+  gns::sim::ApiServerOptions api_options;
+  api_options.state_dir = dir + "/api";
+  gns::sim::ApiServer api(api_options);
+  api.Start();
+  api.Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
+  api.Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                {"kind", "ComputeDomain"},
+                {"metadata", {{"name", "train"}, {"namespace", kNs}}},
+                {"spec", {{"numNodes", 0}, {"channel", {{"allocationMode", "Single"}}}}},
+                {"_resource", kDomains}});
+  const std::string domain_uid = api.Call("GET", kDomains + "/train").Json()["metadata"]["uid"].get<std::string>();
+  int seeded = 0;
+  auto seed_claim = [&] {
+    const std::string name = "claim-" + std::to_string(seeded++);
+    api.Seed(ChannelClaim(name, domain_uid));
+    const auto uid = api.Call("GET", kClaims + "/" + name).Json()["metadata"]["uid"].get<std::string>();
+    return gns::sim::DraClaim{kNs, uid, name};
+  };
+
+  gns::BlockingPool pool(loop, 2);
+  auto guard = boost::asio::make_work_guard(loop.Io());
+  std::thread loop_thread([&] {
+    loop.BindToCurrentThread();
+    loop.Io().run();
+  });
+
+  // The kube services, as the kube module provides them. The client's rate limit is set out of
+  // the way (production: qps 20, burst 40): this measures the plugin, not the limiter.
+  std::shared_ptr<gns::kube::KubeClient> client;
+  std::shared_ptr<gns::kube::InformerRegistry> informers;
+  std::shared_ptr<gns::kube::EventRecorder> events;
+  const gns::RuntimeParts parts{loop, bus, pool, clock, site, metrics, services};
+  std::unique_ptr<gns::ModuleContext> context;
+  std::unique_ptr<gns::dra::DraComputeDomainModule> module;
+  std::mutex state_mutex;
+  std::condition_variable state_cv;
+  bool registered = false;
+  gns::Subscription state_sub;
+  OnLoop(loop, [&] {
+    gns::kube::ClientConfig config;
+    config.server = api.BaseUrl();
+    config.ca_pem = api.CaPem();
+    config.token_file = dir + "/api/token";
+    config.qps = 100000;
+    config.burst = 100000;
+    client = std::make_shared<gns::kube::KubeClient>(gns::kube::KubeClient::Deps{loop, clock, metrics, quiet}, config);
+    informers = std::make_shared<gns::kube::InformerRegistry>(client, bus, loop.Io(), metrics, quiet);
+    events = std::make_shared<gns::kube::EventRecorder>(client, clock, metrics, quiet,
+                                                         gns::kube::EventRecorderConfig{});
+    services.Provide<gns::kube::KubeClient>(client);
+    services.Provide<gns::kube::InformerRegistry>(informers);
+    services.Provide<gns::kube::EventRecorder>(events);
+    bus.Publish(gns::gpu_inventory::NodeClique{kClique, ""});
+    state_sub = bus.Subscribe<gns::dra::DraComputeDomainState>([&](const gns::dra::DraComputeDomainState& s) {
+      if (!s.registered) return;
+      std::lock_guard lock(state_mutex);
+      registered = true;
+      state_cv.notify_all();
+    });
+  });
+
+  gns::sim::KubeletSimOptions sim_options;
+  sim_options.kubelet_dir = site.paths.kubelet_dir;
+  gns::sim::KubeletSim kubelet(sim_options);
+  kubelet.Start();
+
+  auto report_failure = [](std::string why) { std::fprintf(stderr, "module failure: %s\n", why.c_str()); };
+  auto ignore_health = [](gns::ModuleHealth, std::string) {};
+  OnLoop(loop, [&] {
+    context = std::make_unique<gns::ModuleContext>(parts, "dra-compute-domain", report_failure, ignore_health);
+    module = std::make_unique<gns::dra::DraComputeDomainModule>(*context, gns::dra::DraComputeDomainModule::Config{});
+    module->Start();
+  });
+  if (!kubelet.WaitForDraDriver(kDriver, seconds(30))) {
+    std::fprintf(stderr, "the kubelet simulator never registered %s\n", kDriver.c_str());
+    return 1;
+  }
+  {
+    std::unique_lock lock(state_mutex);
+    if (!state_cv.wait_for(lock, seconds(30), [&] { return registered; })) {
+      std::fprintf(stderr, "the module never heard it was registered\n");
+      return 1;
+    }
+  }
+
+  auto prepare = [&](const gns::sim::DraClaim& claim) {
+    const auto result = kubelet.NodePrepareResources(kDriver, {claim});
+    const auto it = result.claims.find(claim.uid);
+    if (!result.ok() || it == result.claims.end() || !it->second.error.empty() || it->second.devices.empty()) {
+      std::fprintf(stderr, "prepare %s failed: %s %s\n", claim.name.c_str(), result.status.ToString().c_str(),
+                   it == result.claims.end() ? "<no entry>" : it->second.error.c_str());
+      std::exit(1);
+    }
+  };
+  auto unprepare = [&](const gns::sim::DraClaim& claim) {
+    const auto result = kubelet.NodeUnprepareResources(kDriver, {claim});
+    const auto it = result.claims.find(claim.uid);
+    if (!result.ok() || it == result.claims.end() || !it->second.empty()) {
+      std::fprintf(stderr, "unprepare %s failed: %s %s\n", claim.name.c_str(), result.status.ToString().c_str(),
+                   it == result.claims.end() ? "<no entry>" : it->second.c_str());
+      std::exit(1);
+    }
+  };
+
+  // The reference write: the bytes of a one-claim checkpoint, into the checkpoint's directory.
+  std::string checkpoint_bytes;
+  {
+    const auto claim = seed_claim();
+    prepare(claim);
+    std::string error;
+    if (!gns::ReadWholeFile(paths.checkpoint_file, checkpoint_bytes, error)) {
+      std::fprintf(stderr, "no checkpoint after a prepare: %s\n", error.c_str());
+      return 1;
+    }
+    unprepare(claim);
+  }
+  const std::string reference = gns::dra::JoinPath(paths.state_dir, "bench-reference.json");
+  auto atomic_write = [&] {
+    const auto start = Clock::now();
+    const auto written = gns::WriteFileAtomically(reference, checkpoint_bytes);
+    const auto took = Clock::now() - start;
+    if (!written) {
+      std::fprintf(stderr, "reference write failed: %s\n", written.error.c_str());
+      std::exit(1);
+    }
+    return Ms(took);
+  };
+
+  std::printf("dra-compute-domain (HostManagedIMEX) through the kubelet simulator, claims served by the API "
+              "simulator; reference: one fsync'd atomic write of %zu bytes (a one-claim checkpoint) in %s\n",
+              checkpoint_bytes.size(), paths.state_dir.c_str());
+  std::vector<double> prepares, unprepares, writes;
+  for (int round = 0; round < rounds; ++round) {
+    const auto claim = seed_claim();  // not timed: the claim exists before the kubelet asks
+    writes.push_back(atomic_write());
+    auto start = Clock::now();
+    prepare(claim);
+    prepares.push_back(Ms(Clock::now() - start));
+    writes.push_back(atomic_write());
+    start = Clock::now();
+    unprepare(claim);
+    unprepares.push_back(Ms(Clock::now() - start));
+  }
+  const double write_p50 = Report("fsync'd atomic write of a checkpoint-sized file (reference)", writes);
+  const double prepare_p50 = Report("NodePrepareResources round trip (kubelet sim -> plugin -> API sim -> CDI + checkpoint)", prepares);
+  const double unprepare_p50 = Report("NodeUnprepareResources round trip (kubelet sim -> plugin -> CDI + checkpoint)", unprepares);
+  std::printf("prepare/atomic-write p50 ratio: %.2fx (target <= 1.5x); unprepare/atomic-write p50 ratio: %.2fx\n",
+              prepare_p50 / write_p50, unprepare_p50 / write_p50);
+
+  std::vector<gns::sim::DraClaim> claims;
+  claims.reserve(static_cast<std::size_t>(cycles));
+  for (int i = 0; i < cycles; ++i) claims.push_back(seed_claim());
+  std::vector<double> cycle_ms;
+  const auto all_start = Clock::now();
+  for (const auto& claim : claims) {
+    const auto start = Clock::now();
+    prepare(claim);
+    unprepare(claim);
+    cycle_ms.push_back(Ms(Clock::now() - start));
+  }
+  const double total_ms = Ms(Clock::now() - all_start);
+  std::sort(cycle_ms.begin(), cycle_ms.end());
+  const auto loaded = gns::dra::LoadCheckpoint(paths.checkpoint_file);
+  const auto specs = gns::dra::ListCdiSpecClaimUids(paths.cdi_dir);
+  const bool checkpoint_empty = loaded.status == gns::dra::CheckpointStatus::kLoaded && loaded.checkpoint.claims.empty();
+  const bool no_specs = specs.ok && specs.claim_uids.empty();
+  std::printf("%d sequential prepare/unprepare cycles: total %.1f ms (%.0f cycles/s), per cycle p50 %.3f ms, "
+              "p99 %.3f ms, max %.3f ms; at the end checkpoint %s (%zu entries), CDI specs left %zu\n",
+              cycles, total_ms, cycles / (total_ms / 1000.0), At(cycle_ms, 0.50), At(cycle_ms, 0.99), cycle_ms.back(),
+              checkpoint_empty ? "empty" : std::string(gns::dra::ToString(loaded.status)).c_str(),
+              loaded.checkpoint.claims.size(), specs.claim_uids.size());
+  std::fflush(stdout);
+
+  std::promise<void> stopped;
+  loop.Post([&] { module->Stop([&] { stopped.set_value(); }); });
+  stopped.get_future().wait();
+  kubelet.Stop();
+  OnLoop(loop, [&] {
+    module.reset();
+    context.reset();
+    state_sub.Reset();
+    informers->StopAll();
+    client->Shutdown();
+    services.Withdraw<gns::kube::EventRecorder>();
+    services.Withdraw<gns::kube::InformerRegistry>();
+    services.Withdraw<gns::kube::KubeClient>();
+    events.reset();
+    informers.reset();
+    client.reset();
+  });
+  OnLoop(loop, [] {});  // what the shutdown posted runs before this
+  guard.reset();
+  pool.Join();
+  loop.Io().stop();
+  loop_thread.join();
+  api.Stop();
+  fs::remove_all(dir);
+  if (!checkpoint_empty || !no_specs) {
+    std::fprintf(stderr, "state left behind after the cycles\n");
+    return 1;
+  }
+  return 0;
+}
