@@ -217,12 +217,16 @@ bool Informer::HandleLine(std::string_view line) {
     return true;
   }
   if (type == "ERROR") {
-    const auto code = object_it->value("code", 0);
-    if (code == 410) {
+    // Read the Status leniently: json::value throws on a field of another type.
+    const auto code_it = object_it->find("code");
+    const auto message_it = object_it->find("message");
+    if (code_it != object_it->end() && code_it->is_number_integer() && code_it->get<int64_t>() == 410) {
       Relist("watch expired (410 in the stream)");
       return true;
     }
-    CountError(kErrors, "watch ERROR event: " + object_it->value("message", std::string("(no message)")));
+    CountError(kErrors, "watch ERROR event: " + (message_it != object_it->end() && message_it->is_string()
+                                                      ? message_it->get<std::string>()
+                                                      : std::string("(no message)")));
     if (watch_) watch_->Stop();
     Retry("watch error event", &Informer::StartWatch);
     return true;

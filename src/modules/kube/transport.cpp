@@ -306,7 +306,16 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
       http::response_parser<http::string_body> parser;
       parser.body_limit(config_.max_response_bytes);
       parser.header_limit(256 * 1024);
-      if (!ec) co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(kAwait, ec));
+      // The header alone first: Beast 1.74's eager parse (async_read) drops the body_limit error
+      // of a Content-Length over the limit when body bytes follow the header in the same read,
+      // and string_body then reserves the announced length.
+      if (!ec) co_await http::async_read_header(conn->stream, conn->buffer, parser, asio::redirect_error(kAwait, ec));
+      if (!ec && parser.content_length() && *parser.content_length() > config_.max_response_bytes) {
+        ec = http::error::body_limit;
+      }
+      if (!ec && !parser.is_done()) {
+        co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(kAwait, ec));
+      }
       active_.erase(conn.get());
       if (stopped_) co_return Result{0, nullptr, "client stopped"};
       if (ec) {
@@ -466,6 +475,16 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
           line = pending;
         }
         from = i + 1;
+        if (line.size() > self->config_.max_watch_line_bytes) {
+          // A whole over-long line can arrive in one read: the same cap as for one still
+          // being assembled below.
+          self->CountDecodeError("too-large");
+          CloseConn(*conn);
+          end(WatchEnd{200, false, true,
+                       "watch line longer than " + std::to_string(self->config_.max_watch_line_bytes) + " bytes",
+                       nullptr});
+          co_return;
+        }
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         if (!line.empty()) {
           w->callbacks.on_line(line);
@@ -598,7 +617,7 @@ void KubeClient::List(const std::string& path, const ListOptions& options, Callb
   *next = [this, pages, weak_next = std::weak_ptr<std::function<void(std::string)>>(next)](std::string token) {
     auto keep = weak_next.lock();
     std::string target = token.empty() ? pages->base : Join(pages->base, "continue=" + QueryEscape(token));
-    Request("list", "GET", std::move(target), {}, {}, [pages, keep](Result r) {
+    Request("list", "GET", std::move(target), {}, {}, [pages, keep, impl = impl_](Result r) {
       if (!r.Ok()) {
         pages->cb(std::move(r));
         return;
@@ -608,14 +627,30 @@ void KubeClient::List(const std::string& path, const ListOptions& options, Callb
       const auto meta = object.find("metadata");
       if (!object.is_object() || items == object.end() || !(items->is_array() || items->is_null()) ||
           meta == object.end() || !meta->is_object()) {
+        impl->CountDecodeError("list");
         pages->cb(Result{r.http_status, nullptr, "list response without items or metadata"});
+        return;
+      }
+      // Absent or null: empty. Anything else but a string is a malformed list (json::value
+      // would throw, and a throw here would end the request without a callback).
+      auto text = [&](const char* key) -> std::optional<std::string> {
+        const auto it = meta->find(key);
+        if (it == meta->end() || it->is_null()) return std::string();
+        if (!it->is_string()) return std::nullopt;
+        return it->get<std::string>();
+      };
+      const auto rv = text("resourceVersion");
+      const auto cont_text = text("continue");
+      if (!rv || !cont_text) {
+        impl->CountDecodeError("list");
+        pages->cb(Result{r.http_status, nullptr, "list metadata with a resourceVersion or continue that is not a string"});
         return;
       }
       if (items->is_array()) {
         for (auto& item : *items) pages->items.push_back(std::move(item));
       }
-      if (pages->resource_version.empty()) pages->resource_version = meta->value("resourceVersion", "");
-      const std::string cont = meta->value("continue", "");
+      if (pages->resource_version.empty()) pages->resource_version = *rv;
+      const std::string cont = *cont_text;
       if (!cont.empty()) {
         (*keep)(cont);
         return;
