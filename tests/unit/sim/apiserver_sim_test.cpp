@@ -719,7 +719,7 @@ TEST_F(ApiServerSimTest, SendInitialEventsEndsWithAnnotatedBookmark) {
 // ---- selectors
 
 TEST_F(ApiServerSimTest, LabelSelectorsOnList) {
-  Ok("POST", kPods, Pod("p1", {{"app", "web"}, {"tier", "fe"}}), 201);
+  Ok("POST", kPods, Pod("p1", {{"app", "web"}, {"tier", "fe"}, {"gen", "3"}}), 201);
   Ok("POST", kPods, Pod("p2", {{"app", "web"}, {"tier", "be"}}), 201);
   Ok("POST", kPods, Pod("p3", {{"app", "db"}}), 201);
   Ok("POST", kPods, Pod("p4"), 201);
@@ -736,6 +736,8 @@ TEST_F(ApiServerSimTest, LabelSelectorsOnList) {
   EXPECT_EQ(select("!tier"), (Set{"p3", "p4"}));
   EXPECT_EQ(select("app=web,tier=fe"), (Set{"p1"}));
   EXPECT_EQ(select(""), (Set{"p1", "p2", "p3", "p4"}));
+  EXPECT_EQ(select("gen>2"), (Set{"p1"}));
+  EXPECT_EQ(select("gen<3"), (Set{}));
   EXPECT_EQ(Do("GET", std::string(kPods) + "?labelSelector=" + Escape("app=(")).status, 400);
 }
 

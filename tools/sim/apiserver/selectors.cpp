@@ -4,10 +4,18 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <optional>
 
 namespace gns::sim::api {
 namespace {
+
+bool ToUint(std::string_view text, std::uint64_t* out) {
+  if (text.empty()) return false;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && ptr == text.data() + text.size();
+}
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -174,7 +182,7 @@ bool LabelSelector::Parse(std::string_view text, std::string* error) {
       } else if (req.op != Op::kExists) {
         std::string value = lex.Identifier();
         if (!ValidValue(value)) return fail("invalid label value: \"" + value + "\"");
-        if ((req.op == Op::kGreater || req.op == Op::kLess) && !ParseUint(value) && value != "0") {
+        if ((req.op == Op::kGreater || req.op == Op::kLess) && !ParseUint(value).has_value()) {
           return fail("for 'gt', 'lt' operators, exactly one integer value is required");
         }
         req.values.push_back(value);
@@ -204,9 +212,11 @@ bool LabelSelector::Matches(const Json& obj) const {
       case Op::kDoesNotExist: ok = !value.has_value(); break;
       case Op::kGreater:
       case Op::kLess: {
-        auto have = value ? ParseUint(*value) : std::nullopt;
-        auto want = ParseUint(req.values.front());
-        ok = have && want && (req.op == Op::kGreater ? *have > *want : *have < *want);
+        // Plain integers: g++ 12 -O1 reports a maybe-uninitialized std::optional here.
+        std::uint64_t have = 0;
+        std::uint64_t want = 0;
+        if (!value || !ToUint(*value, &have) || !ToUint(req.values.front(), &want)) break;
+        ok = req.op == Op::kGreater ? have > want : have < want;
         break;
       }
     }
