@@ -1,6 +1,7 @@
 // The gpu-health module.
 #include "modules/gpu_health/gpu_health_module.hpp"
 
+#include "loop/atomic_file.hpp"
 #include "modules/gpu_health/admin_socket.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
@@ -9,13 +10,23 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
 #include <sstream>
+#include <sys/stat.h>
+#include <system_error>
 
 namespace gns::gpu_health {
 namespace {
 
 constexpr std::size_t kMaxPending = 64;
 constexpr std::size_t kMaxXidSeries = 256;
+constexpr std::size_t kMaxStateBytes = 1 << 20;  // devices.json: far more than 1024 verdicts need
+constexpr std::size_t kMaxSavedDevices = 1024;
+constexpr std::size_t kMaxSavedText = 1024;  // reason, action, pci
 
 // The site config tree as a YAML node, for ParseSiteOverrides (scalars stay text; the parser
 // converts them).
@@ -109,11 +120,25 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                                  "XID occurrences swallowed by the per-(GPU, XID) rate limit");
   recoveries_total_ = &m.Counter("gpu_node_supervisor_gpu_health_recoveries_total",
                                  "Devices made Healthy again (reset ack, new boot, operator)");
+  state_writes_failed_ = &m.Counter("gpu_node_supervisor_gpu_health_state_write_failures_total",
+                                    "Failed writes of gpu-health/devices.json");
+  state_corrupt_ = &m.Counter("gpu_node_supervisor_gpu_health_state_file_corrupt_total",
+                              "gpu-health/devices.json files found corrupt or of an unknown version and moved aside");
+  restored_total_ = &m.Counter("gpu_node_supervisor_gpu_health_restored_total",
+                               "Unhealthy verdicts of the same boot restored from gpu-health/devices.json");
+  if (!context.Site().paths.state_dir.empty()) {
+    state_path_ = context.Site().paths.state_dir + "/gpu-health/devices.json";
+  }
 }
 
-GpuHealthModule::~GpuHealthModule() { *alive_ = false; }
+GpuHealthModule::~GpuHealthModule() {
+  *alive_ = false;
+  *writer_alive_ = false;
+}
 
 void GpuHealthModule::Start() {
+  // Before anything can change a verdict: what this boot already decided.
+  LoadVerdicts();
   auto& bus = context_.GetBus();
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>(
       [this](const gpu_inventory::GpuInventory& inv) { OnInventory(inv); });
@@ -146,7 +171,10 @@ void GpuHealthModule::Stop(std::function<void()> done) {
   node_sub_.Reset();
   node_informer_.reset();
   *alive_ = false;
-  done();
+  // Done once the verdicts are on disk: the write in flight, then whatever changed since.
+  stopping_ = true;
+  stop_done_ = std::move(done);
+  Flush();
 }
 
 // --- inputs -------------------------------------------------------------------------------
@@ -171,13 +199,23 @@ void GpuHealthModule::OnBoot(const std::string& boot_id) {
   if (boot_id == boot_id_) return;
   const bool first = boot_id_.empty();
   boot_id_ = boot_id;
-  if (first) return;
+  if (first) {
+    ResolveBoot(boot_id);
+    return;
+  }
   // A reboot resets every GPU: whatever was unhealthy in the previous boot is not any more.
   context_.Log().info("new boot {}: every device is Healthy again", boot_id);
   policy_ = XidPolicy(config_.catalog, config_.overrides);
   pending_.clear();
   bool any = false;
   for (auto& [uuid, device] : devices_) any = MarkHealthy(uuid, "new boot") || any;
+  // Without the host's boot ID the verdicts belong to the boot journald reports.
+  if (!boot_from_host_) {
+    if (const auto normal = NormalizeBootId(boot_id); !normal.empty() && normal != persist_boot_) {
+      persist_boot_ = normal;
+      Persist();
+    }
+  }
   // Seed 003: after a reboot the monitor sends a healthy event without entities (all of them).
   auto event = NewEvent("boot");
   event.is_fatal = true;
@@ -369,6 +407,7 @@ bool GpuHealthModule::MarkUnhealthy(const std::string& uuid, const std::string& 
   device.published = true;
   context_.Log().warn("{} is Unhealthy: {}, recommended action {}", uuid, reason, device.health.recommended_action);
   context_.GetBus().Publish(device.health);
+  Persist();
   UpdateGauges();
   PublishState();
   UpdateCondition();
@@ -387,6 +426,7 @@ bool GpuHealthModule::MarkHealthy(const std::string& uuid, const std::string& re
   recoveries_total_->Inc();
   context_.Log().info("{} is Healthy again: {}", uuid, reason);
   context_.GetBus().Publish(h);
+  Persist();
   UpdateGauges();
   PublishState();
   UpdateCondition();
@@ -595,6 +635,252 @@ void GpuHealthModule::OnNodeEvent(const kube::ResourceEvent& event) {
                     if (*alive && !result.Ok()) warn_.Warn(context_.Log(), "annotation_clear_failed", result.error);
                   });
   }
+}
+
+// --- persistence: <stateDir>/gpu-health/devices.json ----------------------------------------
+
+std::string GpuHealthModule::NormalizeBootId(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  std::string out;
+  std::size_t dashes = 0;
+  for (const char c : text) {
+    if (c == '-') {
+      ++dashes;
+      continue;
+    }
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return {};
+    out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  if (out.size() != 32 || (dashes != 0 && dashes != 4)) return {};
+  return out;
+}
+
+std::string GpuHealthModule::SerializeVerdicts(const SavedVerdicts& saved) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& d : saved.devices) {
+    devices.push_back({{"uuid", d.uuid},
+                       {"healthy", d.healthy},
+                       {"reason", d.reason},
+                       {"xid", d.xid},
+                       {"recommendedAction", d.recommended_action},
+                       {"sinceUnixMs", d.since_unix_ms},
+                       {"pci", d.pci}});
+  }
+  return nlohmann::json{{"version", kStateFileVersion}, {"bootId", saved.boot_id}, {"devices", devices}}.dump(2) +
+         "\n";
+}
+
+std::optional<GpuHealthModule::SavedVerdicts> GpuHealthModule::ParseVerdicts(std::string_view text,
+                                                                             std::string& error) {
+  if (text.size() > kMaxStateBytes) {
+    error = "larger than " + std::to_string(kMaxStateBytes) + " bytes";
+    return std::nullopt;
+  }
+  const auto doc = nlohmann::json::parse(text, nullptr, false);
+  if (doc.is_discarded()) {
+    error = "not valid JSON (truncated or garbled)";
+    return std::nullopt;
+  }
+  if (!doc.is_object()) {
+    error = "not a JSON object";
+    return std::nullopt;
+  }
+  const auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer()) {
+    error = "no integer version";
+    return std::nullopt;
+  }
+  if (version->get<int64_t>() != kStateFileVersion) {
+    error = "unknown version " + std::to_string(version->get<int64_t>()) + " (this build reads " +
+            std::to_string(kStateFileVersion) + ")";
+    return std::nullopt;
+  }
+  SavedVerdicts out;
+  const auto boot = doc.find("bootId");
+  if (boot == doc.end() || !boot->is_string() ||
+      (!boot->get<std::string>().empty() && NormalizeBootId(boot->get<std::string>()) != boot->get<std::string>())) {
+    error = "bootId is not 32 lowercase hex digits";
+    return std::nullopt;
+  }
+  out.boot_id = boot->get<std::string>();
+  const auto devices = doc.find("devices");
+  if (devices == doc.end() || !devices->is_array() || devices->size() > kMaxSavedDevices) {
+    error = "devices is not an array of at most " + std::to_string(kMaxSavedDevices) + " entries";
+    return std::nullopt;
+  }
+  auto text_field = [](const nlohmann::json& d, const char* key, std::string& into) {
+    const auto it = d.find(key);
+    if (it == d.end() || !it->is_string() || it->get_ref<const std::string&>().size() > kMaxSavedText) return false;
+    into = it->get<std::string>();
+    return true;
+  };
+  for (std::size_t i = 0; i < devices->size(); ++i) {
+    const auto& d = (*devices)[i];
+    const std::string where = "devices[" + std::to_string(i) + "]";
+    DeviceHealth h;
+    if (!d.is_object()) {
+      error = where + " is not an object";
+      return std::nullopt;
+    }
+    if (!text_field(d, "uuid", h.uuid) || h.uuid.size() < 5 || h.uuid.rfind("GPU-", 0) != 0 ||
+        h.uuid.size() > kMaxUuidBytes) {
+      error = where + ".uuid is not a GPU UUID";
+      return std::nullopt;
+    }
+    const auto healthy = d.find("healthy");
+    const auto xid = d.find("xid");
+    const auto since = d.find("sinceUnixMs");
+    if (healthy == d.end() || !healthy->is_boolean() || xid == d.end() || !xid->is_number_unsigned() ||
+        xid->get<uint64_t>() > std::numeric_limits<uint32_t>::max() || since == d.end() ||
+        !since->is_number_integer() || !text_field(d, "reason", h.reason) ||
+        !text_field(d, "recommendedAction", h.recommended_action) || !text_field(d, "pci", h.pci)) {
+      error = where + " (" + h.uuid + "): healthy, reason, xid, recommendedAction, sinceUnixMs or pci missing or "
+              "of the wrong type";
+      return std::nullopt;
+    }
+    h.healthy = healthy->get<bool>();
+    h.xid = xid->get<uint64_t>();
+    h.since_unix_ms = since->get<int64_t>();
+    if (std::any_of(out.devices.begin(), out.devices.end(), [&](const auto& o) { return o.uuid == h.uuid; })) {
+      error = where + ": " + h.uuid + " appears twice";
+      return std::nullopt;
+    }
+    out.devices.push_back(std::move(h));
+  }
+  return out;
+}
+
+void GpuHealthModule::LoadVerdicts() {
+  if (state_path_.empty()) return;
+  namespace fs = std::filesystem;
+  const std::string& root = context_.Site().paths.host_root;
+  const std::string boot_path = (fs::path(root.empty() ? "/" : root) / "proc/sys/kernel/random/boot_id").string();
+  std::string text;
+  std::string error;
+  if (ReadWholeFile(boot_path, text, error)) {
+    persist_boot_ = NormalizeBootId(text);
+    if (persist_boot_.empty()) Bad("bad_boot_id", boot_path + " does not hold a boot ID");
+  }
+  boot_from_host_ = !persist_boot_.empty();
+  if (!boot_from_host_) {
+    context_.Log().info("{} unreadable: the saved verdicts wait for the boot journald reports", boot_path);
+  }
+
+  std::error_code ec;
+  if (!fs::exists(state_path_, ec)) return;
+  if (!ReadWholeFile(state_path_, text, error)) {
+    Bad("unreadable_state_file", error + "; starting with every device Healthy");
+    return;
+  }
+  auto saved = ParseVerdicts(text, error);
+  if (!saved) {
+    const int64_t now_s = UnixMs(context_.GetClock()) / 1000;
+    const std::string aside = state_path_ + ".corrupt-" + std::to_string(now_s);
+    fs::rename(state_path_, aside, ec);
+    state_corrupt_->Inc();
+    context_.Log().error("{}: {}; {}, starting with every device Healthy", state_path_, error,
+                         ec ? "could not move it aside (" + ec.message() + ")" : "moved to " + aside);
+    return;
+  }
+  if (!boot_from_host_) {
+    awaiting_boot_ = std::move(*saved);
+    return;
+  }
+  if (saved->boot_id == persist_boot_) {
+    Restore(*saved);
+    return;
+  }
+  context_.Log().info("the saved verdicts belong to boot {}, this is boot {}: every device starts Healthy",
+                      saved->boot_id.empty() ? "(unknown)" : saved->boot_id, persist_boot_);
+  Persist();  // the file now says which boot it is
+}
+
+void GpuHealthModule::ResolveBoot(const std::string& boot_id) {
+  if (boot_from_host_ || state_path_.empty()) return;
+  const std::string normal = NormalizeBootId(boot_id);
+  if (normal.empty()) return;
+  persist_boot_ = normal;
+  if (awaiting_boot_) {
+    auto saved = std::move(*awaiting_boot_);
+    awaiting_boot_.reset();
+    if (saved.boot_id == normal) {
+      Restore(saved);
+      UpdateGauges();
+      PublishState();
+      UpdateCondition();
+    } else {
+      context_.Log().info("the saved verdicts belong to boot {}, journald reports boot {}: not restored",
+                          saved.boot_id.empty() ? "(unknown)" : saved.boot_id, normal);
+    }
+  }
+  // Whatever this run decided while the boot was unknown, and the file's boot.
+  Persist();
+}
+
+void GpuHealthModule::Restore(const SavedVerdicts& saved) {
+  std::size_t restored = 0;
+  for (const auto& h : saved.devices) {
+    if (h.healthy) continue;  // Healthy is where every device starts
+    auto& device = devices_[h.uuid];
+    if (device.published) continue;  // a verdict of this run is newer
+    device.health = h;
+    device.published = true;
+    ++restored;
+    context_.Log().warn("{} stays Unhealthy (restored, boot {}): {}, recommended action {}", h.uuid, saved.boot_id,
+                        h.reason, h.recommended_action);
+    context_.GetBus().Publish(device.health);
+  }
+  restored_total_->Inc(static_cast<double>(restored));
+}
+
+void GpuHealthModule::Persist() {
+  if (state_path_.empty()) return;
+  dirty_ = true;
+  Flush();
+}
+
+void GpuHealthModule::Flush() {
+  // One write at a time, each of the newest verdicts: an older one never lands after a newer.
+  // Nothing is written while the boot is unknown: such a file could never be restored.
+  if (!dirty_ || writing_ || state_path_.empty() || persist_boot_.empty()) {
+    if (stopping_ && !writing_) FinishStop();
+    return;
+  }
+  dirty_ = false;
+  writing_ = true;
+  SavedVerdicts saved;
+  saved.boot_id = persist_boot_;
+  for (const auto& [uuid, device] : devices_) {
+    if (device.published) saved.devices.push_back(device.health);
+  }
+  context_.Pool().Run(
+      [path = state_path_, content = SerializeVerdicts(saved)] {
+        const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) return FileWriteResult{false, "creating " + dir.string() + ": " + ec.message()};
+        if (::chmod(dir.c_str(), 0700) != 0) {
+          return FileWriteResult{false, "chmod 0700 " + dir.string() + ": " + std::strerror(errno)};
+        }
+        return WriteFileAtomically(path, content, 0600);
+      },
+      [this, alive = writer_alive_](FileWriteResult result, std::exception_ptr error) {
+        if (!*alive) return;
+        writing_ = false;
+        if (error || !result) {
+          state_writes_failed_->Inc();
+          warn_.Warn(context_.Log(), "state_write_failed", error ? "exception writing " + state_path_ : result.error);
+        }
+        Flush();  // what changed meanwhile, or the end of a stop
+      });
+}
+
+void GpuHealthModule::FinishStop() {
+  if (!stop_done_) return;
+  auto done = std::move(stop_done_);
+  stop_done_ = nullptr;
+  done();
 }
 
 }  // namespace gns::gpu_health

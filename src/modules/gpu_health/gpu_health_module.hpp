@@ -10,6 +10,13 @@
 // Every decision that is emitted becomes a HealthEvent (seed 003's fields) on the bus, an
 // aggregated Kubernetes Event on the Node, a change of the Node condition of the check (one
 // condition, not one per XID), an entry in /debug/state and metrics.
+//
+// The verdicts survive a restart within the same boot: every change is written (atomically,
+// on the blocking pool, one write at a time so an older one never lands after a newer one) to
+// <stateDir>/gpu-health/devices.json with the boot ID they belong to. At Start the file is
+// loaded: the same boot (the host's /proc/sys/kernel/random/boot_id under hostRoot, or else
+// the first boot journald reports) restores and republishes the Unhealthy verdicts; another
+// boot restores nothing; a corrupt file is moved aside (devices.json.corrupt-<unix-ts>).
 
 #include "loop/module.hpp"
 #include "modules/gpu_health/kernel_line_parser.hpp"
@@ -24,10 +31,12 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gns::kube {
@@ -65,6 +74,19 @@ class GpuHealthModule final : public Module {
   void Start() override;
   void Stop(std::function<void()> done) override;
 
+  static constexpr int kStateFileVersion = 1;
+  // The state file's content; parsing rejects anything but the current version.
+  struct SavedVerdicts {
+    std::string boot_id;  // 32 lowercase hex digits, or empty when the boot was unknown
+    std::vector<DeviceHealth> devices;
+  };
+  static std::string SerializeVerdicts(const SavedVerdicts& saved);
+  static std::optional<SavedVerdicts> ParseVerdicts(std::string_view text, std::string& error);
+  // "6f1c…-…" or "6f1c…" (any case, surrounding white space) → 32 lowercase hex digits; empty if
+  // it is not a boot ID.
+  static std::string NormalizeBootId(std::string_view text);
+  const std::string& StatePath() const { return state_path_; }
+
   // set-healthy <uuid>|all: what the admin socket and the annotation call. Returns the answer.
   std::string SetHealthy(std::string_view target, std::string_view who);
   // The admin request line handler.
@@ -99,6 +121,13 @@ class GpuHealthModule final : public Module {
   void UpdateCondition();
   void WatchAnnotation();
   void OnNodeEvent(const kube::ResourceEvent& event);
+  // Persistence of the verdicts (devices.json).
+  void LoadVerdicts();
+  void ResolveBoot(const std::string& boot_id);
+  void Restore(const SavedVerdicts& saved);
+  void Persist();
+  void Flush();
+  void FinishStop();
 
   ModuleContext& context_;
   Config config_;
@@ -119,6 +148,19 @@ class GpuHealthModule final : public Module {
   std::deque<HealthEvent> recent_;
   std::map<std::pair<std::string, uint32_t>, MetricsRegistry::Series*> xid_series_;
   std::string boot_id_;
+  // The boot the persisted verdicts belong to: the host's, else the first one journald reports.
+  std::string persist_boot_;
+  bool boot_from_host_ = false;
+  std::optional<SavedVerdicts> awaiting_boot_;  // loaded while the boot was unknown
+  std::string state_path_;
+  bool dirty_ = false;
+  bool writing_ = false;
+  bool stopping_ = false;
+  std::function<void()> stop_done_;
+  std::shared_ptr<bool> writer_alive_ = std::make_shared<bool>(true);
+  MetricsRegistry::Series* state_writes_failed_;
+  MetricsRegistry::Series* state_corrupt_;
+  MetricsRegistry::Series* restored_total_;
   std::string admin_path_;
   std::unique_ptr<AdminSocket> admin_;
   std::shared_ptr<kube::NodeConditions> conditions_;

@@ -18,6 +18,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <sys/stat.h>
 
 namespace gns::gpu_health {
@@ -454,6 +457,247 @@ TEST_F(GpuHealthModuleTest, JournalXidToUnhealthyAtTheKubeletAndResetAckBackToHe
     kubelet.reset();
     return 0;
   });
+}
+
+// --- verdicts survive a restart within the boot: <stateDir>/gpu-health/devices.json ---------
+
+constexpr const char* kBootA = "6f1c2a1e-0b7d-4c57-9a31-3d2f4be1c0aa";
+constexpr const char* kBootAHex = "6f1c2a1e0b7d4c579a313d2f4be1c0aa";
+constexpr const char* kBootB = "0d9e8f7a-6b5c-4d3e-8f2a-1b0c9d8e7f6b";
+constexpr const char* kBootBHex = "0d9e8f7a6b5c4d3e8f2a1b0c9d8e7f6b";
+
+class GpuHealthPersistTest : public GpuHealthModuleTest {
+ protected:
+  void SetUp() override {
+    GpuHealthModuleTest::SetUp();
+    h_.site.paths.host_root = dir_ + "/host";
+    fs::create_directories(h_.site.paths.host_root + "/proc/sys/kernel/random");
+  }
+
+  void SetHostBoot(const std::string& boot) {
+    std::ofstream(h_.site.paths.host_root + "/proc/sys/kernel/random/boot_id", std::ios::trunc) << boot << "\n";
+  }
+  void RemoveHostBoot() { fs::remove(h_.site.paths.host_root + "/proc/sys/kernel/random/boot_id"); }
+
+  std::string StateFile() const { return h_.site.paths.state_dir + "/gpu-health/devices.json"; }
+
+  // The saved verdicts, when the file is there and valid.
+  std::optional<GpuHealthModule::SavedVerdicts> Saved() {
+    std::ifstream in(StateFile());
+    if (!in) return std::nullopt;
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string error;
+    return GpuHealthModule::ParseVerdicts(text.str(), error);
+  }
+  std::optional<bool> SavedHealthy(const std::string& uuid) {
+    const auto saved = Saved();
+    if (!saved) return std::nullopt;
+    for (const auto& d : saved->devices) {
+      if (d.uuid == uuid) return d.healthy;
+    }
+    return std::nullopt;
+  }
+
+  // What the new instance published for `uuid` (the bus outlives the instances).
+  const DeviceHealth* PublishedSinceRestart(const std::string& uuid) {
+    const DeviceHealth* last = nullptr;
+    for (const auto& h : health_) {
+      if (h.uuid == uuid) last = &h;
+    }
+    return last;
+  }
+
+  // Stops the instance and forgets what it published (delivered first: the bus queues).
+  void StopAndForget() {
+    StopModule();
+    h_.Drain();
+    health_.clear();
+    events_.clear();
+  }
+  void Restart() {
+    StopAndForget();
+    StartModule();
+  }
+
+  std::vector<fs::path> CorruptCopies() {
+    std::vector<fs::path> out;
+    for (const auto& entry : fs::directory_iterator(h_.site.paths.state_dir + "/gpu-health")) {
+      if (entry.path().filename().string().rfind("devices.json.corrupt-", 0) == 0) out.push_back(entry.path());
+    }
+    return out;
+  }
+};
+
+TEST_F(GpuHealthPersistTest, UnhealthySurvivesARestartInTheSameBoot) {
+  SetHostBoot(kBootA);
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
+  // On disk before any stop: a crash now loses nothing.
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+  EXPECT_EQ(Saved()->boot_id, kBootAHex);
+  struct stat st {};
+  ASSERT_EQ(::stat(StateFile().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((h_.site.paths.state_dir + "/gpu-health").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  const double xids = Metric("gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"48\"}");
+
+  Restart();  // journald resumes after its cursor: the XID line is not read again
+  const auto* restored = PublishedSinceRestart(kUuid);
+  ASSERT_NE(restored, nullptr) << "no DeviceHealth published at start";
+  EXPECT_FALSE(restored->healthy);
+  EXPECT_EQ(restored->xid, 48u);
+  EXPECT_EQ(restored->recommended_action, "COMPONENT_RESET");
+  EXPECT_EQ(restored->pci, "0000:03:00");
+  EXPECT_NE(restored->reason.find("XID 48"), std::string::npos) << restored->reason;
+  EXPECT_EQ(PublishedSinceRestart(kOther), nullptr);
+  EXPECT_TRUE(events_.empty());  // nothing new happened
+  EXPECT_EQ(Metric("gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"48\"}"), xids);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_restored_total"), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_devices{health=\"Unhealthy\"}"), 1);
+  EXPECT_NE(module_->HandleAdminLine("status").find("\"healthy\":false"), std::string::npos);
+
+  // The same XID again is the same verdict: not published twice.
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return !events_.empty(); }));
+  EXPECT_EQ(health_.size(), 1u);
+}
+
+TEST_F(GpuHealthPersistTest, AnotherBootRestoresNothing) {
+  SetHostBoot(kBootA);
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:3b:00", 79), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false && SavedHealthy(kOther) == false; }));
+  StopAndForget();
+
+  SetHostBoot(kBootB);  // rebooted
+  StartModule();
+  for (const auto& h : health_) EXPECT_TRUE(h.healthy) << h.uuid;
+  EXPECT_EQ(module_->HandleAdminLine("status"), "ok: {}");
+  const auto* state = h_.bus.Latest<GpuHealthState>();
+  ASSERT_NE(state, nullptr);
+  EXPECT_TRUE(state->devices.empty());
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_restored_total"), 0);
+  // The file is overwritten for the new boot.
+  ASSERT_TRUE(h_.RunUntil([&] { return Saved() && Saved()->boot_id == kBootBHex; }));
+  EXPECT_TRUE(Saved()->devices.empty());
+  StopAndForget();
+  SetHostBoot(kBootA);  // even the old boot's ID (it cannot come back) finds nothing to restore now
+  StartModule();
+  EXPECT_TRUE(health_.empty());
+}
+
+TEST_F(GpuHealthPersistTest, SetHealthyResetAckAndNewBootArePersisted) {
+  SetHostBoot(kBootA);
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:3b:00", 48), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid) && IsUnhealthy(kOther); }));
+  EXPECT_EQ(module_->SetHealthy(kUuid, "test"), "ok: 1 device(s) set healthy");
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == true && SavedHealthy(kOther) == false; }));
+
+  Restart();
+  EXPECT_EQ(PublishedSinceRestart(kUuid), nullptr);  // Healthy: nothing to restore
+  ASSERT_NE(PublishedSinceRestart(kOther), nullptr);
+  EXPECT_FALSE(PublishedSinceRestart(kOther)->healthy);
+
+  // The reset acknowledgement clears the other one, and that survives a restart too.
+  h_.bus.Publish(Ack(kOther, kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kOther) && SavedHealthy(kOther) == true; }));
+  Restart();
+  EXPECT_TRUE(health_.empty());
+
+  // A new boot seen in the journal heals every device, persisted as well.
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+  h_.bus.Publish(Kernel("Linux version 6.1", kBootBHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == true; }));
+  EXPECT_EQ(Saved()->devices.front().reason, "new boot");
+  Restart();
+  EXPECT_TRUE(health_.empty());
+}
+
+TEST_F(GpuHealthPersistTest, CorruptOrUnknownVersionFileIsMovedAsideAndStartIsClean) {
+  SetHostBoot(kBootA);
+  fs::create_directories(h_.site.paths.state_dir + "/gpu-health");
+  std::ofstream(StateFile()) << "{\"version\":1,\"bootId\":\"" << kBootAHex << "\",\"devices\":[{\"uuid\":";
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  EXPECT_TRUE(failures_.empty());
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_state_file_corrupt_total"), 1);
+  ASSERT_EQ(CorruptCopies().size(), 1u);
+  EXPECT_FALSE(fs::exists(StateFile()));
+  EXPECT_TRUE(health_.empty());
+  // A clean start: the next verdict writes a valid file.
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+  StopAndForget();
+
+  // A version this build does not know: the same, never guessed at.
+  for (const auto& copy : CorruptCopies()) fs::remove(copy);
+  std::ofstream(StateFile(), std::ios::trunc) << "{\"version\":2,\"bootId\":\"" << kBootAHex << "\",\"devices\":[]}";
+  StartModule();
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_state_file_corrupt_total"), 2);
+  EXPECT_EQ(CorruptCopies().size(), 1u);
+  EXPECT_TRUE(health_.empty());
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(GpuHealthPersistTest, WithoutTheHostBootIdTheJournalsBootDecides) {
+  RemoveHostBoot();
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+  EXPECT_EQ(Saved()->boot_id, kBootAHex);
+
+  Restart();
+  EXPECT_TRUE(health_.empty());  // the boot is not known yet
+  h_.bus.Publish(Kernel("NVRM: loading NVIDIA UNIX x86_64 Kernel Module", kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return PublishedSinceRestart(kUuid) != nullptr; }));
+  EXPECT_FALSE(PublishedSinceRestart(kUuid)->healthy);
+  EXPECT_EQ(PublishedSinceRestart(kUuid)->xid, 48u);
+
+  Restart();
+  h_.bus.Publish(Kernel("NVRM: loading NVIDIA UNIX x86_64 Kernel Module", kBootBHex));  // another boot
+  ASSERT_TRUE(h_.RunUntil([&] { return Saved() && Saved()->boot_id == kBootBHex; }));
+  EXPECT_TRUE(health_.empty());
+  EXPECT_TRUE(Saved()->devices.empty());
+}
+
+TEST(GpuHealthStateFile, RoundTripAndValidation) {
+  GpuHealthModule::SavedVerdicts saved;
+  saved.boot_id = kBootAHex;
+  DeviceHealth d;
+  d.uuid = kUuid;
+  d.healthy = false;
+  d.reason = "XID 48 (ROBUST_CHANNEL_GPU_ECC_DBE)";
+  d.xid = 48;
+  d.recommended_action = "COMPONENT_RESET";
+  d.since_unix_ms = 1'700'000'000'123;
+  d.pci = "0000:03:00";
+  saved.devices.push_back(d);
+  std::string error;
+  const auto back = GpuHealthModule::ParseVerdicts(GpuHealthModule::SerializeVerdicts(saved), error);
+  ASSERT_TRUE(back) << error;
+  EXPECT_EQ(back->boot_id, kBootAHex);
+  ASSERT_EQ(back->devices.size(), 1u);
+  EXPECT_EQ(nlohmann::json(back->devices[0]), nlohmann::json(d));
+  EXPECT_EQ(back->devices[0].uuid, kUuid);
+  for (const char* bad : {"", "[]", "{\"version\":\"1\"}", "{\"version\":1,\"bootId\":\"xyz\",\"devices\":[]}",
+                          "{\"version\":1,\"bootId\":\"\",\"devices\":[{\"uuid\":\"nope\"}]}",
+                          "{\"version\":1,\"bootId\":\"\",\"devices\":{}}"}) {
+    EXPECT_FALSE(GpuHealthModule::ParseVerdicts(bad, error)) << bad;
+  }
+  EXPECT_EQ(GpuHealthModule::NormalizeBootId(std::string(kBootA) + "\n"), kBootAHex);
+  EXPECT_EQ(GpuHealthModule::NormalizeBootId("6F1C2A1E0B7D4C579A313D2F4BE1C0AA"), kBootAHex);
+  EXPECT_EQ(GpuHealthModule::NormalizeBootId("6f1c2a1e"), "");
 }
 
 }  // namespace
