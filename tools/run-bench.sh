@@ -56,3 +56,7 @@ FAKE_NVML_CONFIG=$PWD/tools/sim/fake_nvml/gpus-8.json "$build_dir/bench/macro/st
 kill "$kubelet_pid" 2>/dev/null || true
 wait "$kubelet_pid" 2>/dev/null || true
 rm -rf "$sandbox"
+
+echo
+echo "== kube informer: watch decode+apply, relist and memory per cached Node (bench/micro/kube)"
+"$build_dir/bench/micro/kube/kube_watch_decode_bench"
