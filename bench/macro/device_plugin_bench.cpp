@@ -6,6 +6,7 @@
 //  - kubelet restart → re-registered with the device list (target: within 1 s).
 //
 //   device_plugin_bench --fake-nvml PATH --gpus JSON [--rounds N] [--allocations N] [--restarts N]
+#include "bench_util.hpp"
 #include "fake_nvml_control.h"
 #include "kubelet_sim.h"
 #include "loop/blocking_pool.hpp"
@@ -39,25 +40,9 @@ using std::chrono::seconds;
 
 namespace {
 
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-void Report(const char* what, std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  auto at = [&](double p) { return samples[std::min(samples.size() - 1, static_cast<std::size_t>(p * samples.size()))]; };
-  std::printf("%s over %zu samples: p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, max %.3f ms\n", what, samples.size(),
-              at(0.50), at(0.90), at(0.99), samples.back());
-}
-
-// Runs `fn` on the loop thread and waits for it.
-template <typename Fn>
-void OnLoop(gns::Loop& loop, Fn fn) {
-  std::promise<void> done;
-  loop.Post([&] {
-    fn();
-    done.set_value();
-  });
-  done.get_future().wait();
-}
+using gns::bench::Ms;
+using gns::bench::OnLoop;
+using gns::bench::Report;
 
 }  // namespace
 

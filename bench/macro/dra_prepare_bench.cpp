@@ -10,6 +10,7 @@
 //    checkpoint is empty and no CDI spec is left.
 //
 //   dra_prepare_bench [--rounds N] [--cycles N]
+#include "bench_util.hpp"
 #include "apiserver.h"
 #include "kubelet_sim.h"
 #include "loop/atomic_file.hpp"
@@ -56,37 +57,16 @@ using std::chrono::seconds;
 
 namespace {
 
+using gns::bench::Ms;
+using gns::bench::OnLoop;
+using gns::bench::Report;
+
 constexpr const char* kNode = "bench-node";
 constexpr const char* kNs = "bench";
 constexpr const char* kClique = "7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.32766";
 const std::string kDriver(gns::dra::kDriverName);
 const std::string kClaims = std::string("/apis/resource.k8s.io/v1/namespaces/") + kNs + "/resourceclaims";
 const std::string kDomains = std::string("/apis/resource.nvidia.com/v1beta1/namespaces/") + kNs + "/computedomains";
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double At(const std::vector<double>& sorted, double p) {
-  return sorted[std::min(sorted.size() - 1, static_cast<std::size_t>(p * sorted.size()))];
-}
-
-// Prints one line and returns the median.
-double Report(const char* what, std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  std::printf("%s over %zu samples: p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, max %.3f ms\n", what, samples.size(),
-              At(samples, 0.50), At(samples, 0.90), At(samples, 0.99), samples.back());
-  return At(samples, 0.50);
-}
-
-// Runs `fn` on the loop thread and waits for it.
-template <typename Fn>
-void OnLoop(gns::Loop& loop, Fn fn) {
-  std::promise<void> done;
-  loop.Post([&] {
-    fn();
-    done.set_value();
-  });
-  done.get_future().wait();
-}
 
 void WriteFile(const std::string& path, const std::string& text) {
   fs::create_directories(fs::path(path).parent_path());
@@ -329,7 +309,7 @@ int main(int argc, char** argv) {
   const bool no_specs = specs.ok && specs.claim_uids.empty();
   std::printf("%d sequential prepare/unprepare cycles: total %.1f ms (%.0f cycles/s), per cycle p50 %.3f ms, "
               "p99 %.3f ms, max %.3f ms; at the end checkpoint %s (%zu entries), CDI specs left %zu\n",
-              cycles, total_ms, cycles / (total_ms / 1000.0), At(cycle_ms, 0.50), At(cycle_ms, 0.99), cycle_ms.back(),
+              cycles, total_ms, cycles / (total_ms / 1000.0), gns::bench::Percentile(cycle_ms, 0.50), gns::bench::Percentile(cycle_ms, 0.99), cycle_ms.back(),
               checkpoint_empty ? "empty" : std::string(gns::dra::ToString(loaded.status)).c_str(),
               loaded.checkpoint.claims.size(), specs.claim_uids.size());
   std::fflush(stdout);

@@ -17,6 +17,7 @@
 //
 //   journal_health_bench --catalog config/xid-catalog.yaml --gpus tools/sim/fake_nvml/gpus-8.json
 //                        [--lines N] [--passes N] [--rounds N] [--flood N]
+#include "bench_util.hpp"
 #include "journal_writer.h"
 #include "kubelet_sim.h"
 #include "loop/blocking_pool.hpp"
@@ -61,25 +62,11 @@ using std::chrono::seconds;
 
 namespace {
 
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+using gns::bench::Ms;
+using gns::bench::OnLoop;
+using gns::bench::Report;
+
 double Secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-void Report(const char* what, std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  auto at = [&](double p) { return samples[std::min(samples.size() - 1, static_cast<std::size_t>(p * samples.size()))]; };
-  std::printf("%s over %zu samples: p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, max %.3f ms\n", what, samples.size(),
-              at(0.50), at(0.90), at(0.99), samples.back());
-}
-
-template <typename Fn>
-void OnLoop(gns::Loop& loop, Fn fn) {
-  std::promise<void> done;
-  loop.Post([&] {
-    fn();
-    done.set_value();
-  });
-  done.get_future().wait();
-}
 
 [[noreturn]] void Fail(const std::string& why) {
   std::fprintf(stderr, "journal_health_bench: %s\n", why.c_str());
