@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Builds the kernel-line parser fuzz target with clang's libFuzzer (no CMake needed: the
-# parser depends on nothing but the standard library) and runs it for a while over the seed
-# corpus. Exits non-zero on any crash, sanitizer report or build failure.
+# Builds one libFuzzer target with clang (no CMake needed: each target depends on one or two
+# of our sources and at most a system library) and runs it for a while over its seed corpus.
+# Exits non-zero on any crash, sanitizer report or build failure.
 #
-#   tests/fuzz/run-fuzz.sh <work-dir> [seconds=20]
+#   tests/fuzz/run-fuzz.sh <target> <work-dir> [seconds=20]
 #
+# Targets: kernel_line_parser (gpu-health's kernel-line parser), json_reader (the kube module's
+# JSON decoding, checked against nlohmann's parser on every input).
 # The work dir receives the binary, a copy of the corpus that libFuzzer may grow (the seeds
 # in the repository stay untouched) and any crash-* / timeout-* artifacts.
 set -euo pipefail
 
-if [[ $# -lt 1 ]]; then
-  echo "usage: $0 <work-dir> [seconds]" >&2
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 <target> <work-dir> [seconds]" >&2
   exit 2
 fi
-work_dir=$1
-seconds=${2:-20}
+target=$1
+work_dir=$2
+seconds=${3:-20}
 cxx=${GNS_FUZZ_CXX:-clang++-14}
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,19 +28,37 @@ if ! command -v "$cxx" >/dev/null 2>&1; then
   exit 2
 fi
 
+case "$target" in
+  kernel_line_parser)
+    sources=("$repo/src/modules/gpu_health/kernel_line_parser.cpp")
+    libs=()
+    corpus=kernel_line
+    ;;
+  json_reader)
+    sources=("$repo/src/modules/kube/json_reader.cpp")
+    libs=(-DSIMDJSON_THREADS_ENABLED=1 -lsimdjson)
+    corpus=json_reader
+    ;;
+  *)
+    echo "run-fuzz.sh: unknown target \"$target\"" >&2
+    exit 2
+    ;;
+esac
+
 mkdir -p "$work_dir/corpus" "$work_dir/artifacts"
-binary=$work_dir/kernel_line_parser_fuzz
+binary=$work_dir/${target}_fuzz
 
 # -fno-sanitize-recover makes any undefined behaviour a crash instead of a log line.
 "$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Wall -Wextra -Werror \
   -I"$repo/src" \
-  "$repo/src/modules/gpu_health/kernel_line_parser.cpp" \
-  "$here/kernel_line_parser_fuzz.cpp" \
+  "${sources[@]}" \
+  "$here/${target}_fuzz.cpp" \
+  "${libs[@]}" \
   -o "$binary"
 
-cp "$here"/corpus/kernel_line/* "$work_dir/corpus/"
+cp "$here/corpus/$corpus"/* "$work_dir/corpus/"
 
 # max_len: allow inputs well beyond the longest seed, so the caps on detail and names are hit.
 "$binary" \

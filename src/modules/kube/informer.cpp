@@ -1,6 +1,8 @@
 // Shared informers: list + watch + relist, the cache, and the registry that shares them.
 #include "modules/kube/informer.hpp"
 
+#include "modules/kube/json_reader.hpp"
+
 #include <boost/asio/steady_timer.hpp>
 
 #include <random>
@@ -194,9 +196,11 @@ void Informer::Relist(const std::string& why) {
 }
 
 bool Informer::HandleLine(std::string_view line) {
-  auto doc = nlohmann::json::parse(line, nullptr, false);
+  std::string why;
+  auto doc = ParseJson(line, &why);
   if (doc.is_discarded() || !doc.is_object()) {
-    CountError(kDecodeErrors, "malformed watch line (" + std::to_string(line.size()) + " bytes)");
+    CountError(kDecodeErrors, "malformed watch line (" + std::to_string(line.size()) + " bytes): " +
+                                  (doc.is_discarded() ? why : std::string("not a JSON object")));
     return false;
   }
   const auto type_it = doc.find("type");

@@ -2,6 +2,7 @@
 // coroutines. Requests share a small pool of keep-alive TLS connections; every watch has its
 // own connection. Everything runs on the loop thread.
 #include "modules/kube/client.hpp"
+#include "modules/kube/json_reader.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -351,11 +352,12 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
     const bool ok = result.http_status >= 200 && result.http_status < 300;
     if (!res.body().empty()) {
       if (IsJson(content_type)) {
-        result.object = nlohmann::json::parse(res.body(), nullptr, false);
+        std::string why;
+        result.object = ParseJson(res.body(), &why);
         if (result.object.is_discarded()) {
           result.object = nullptr;
           CountDecodeError("json");
-          result.error = "malformed JSON in the response";
+          result.error = "malformed JSON in the response: " + why;
           return result;
         }
       } else if (ok) {
@@ -436,7 +438,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
       if (w->stopped) co_return;
       WatchEnd e{status, false, false, {}, nullptr};
       if (IsJson(content_type)) {
-        e.status = nlohmann::json::parse(pending, nullptr, false);
+        e.status = ParseJson(pending);
         if (e.status.is_discarded()) e.status = nullptr;
       }
       e.error = status >= 300 && status < 400

@@ -1,0 +1,108 @@
+// ParseJson against nlohmann::json::parse, the reference: same acceptance, same values, same
+// number types, same winner among duplicate keys, and an error that says where.
+#include "modules/kube/json_reader.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace gns::kube {
+namespace {
+
+using nlohmann::json;
+
+// Equal values are not enough: 5u == 5 in nlohmann, and code branches on is_number_unsigned().
+void ExpectSameTree(const json& got, const json& want, const std::string& where) {
+  ASSERT_EQ(got.type(), want.type()) << "at " << where;
+  if (want.is_object()) {
+    ASSERT_EQ(got.size(), want.size()) << "at " << where;
+    for (auto it = want.begin(); it != want.end(); ++it) {
+      ASSERT_TRUE(got.contains(it.key())) << "missing " << where << "/" << it.key();
+      ExpectSameTree(got.at(it.key()), it.value(), where + "/" + it.key());
+    }
+  } else if (want.is_array()) {
+    ASSERT_EQ(got.size(), want.size()) << "at " << where;
+    for (std::size_t i = 0; i < want.size(); ++i) ExpectSameTree(got[i], want[i], where + "/" + std::to_string(i));
+  } else if (want.is_number_float()) {
+    // Bitwise: both must round the decimal text to the same double.
+    EXPECT_EQ(got.get<double>(), want.get<double>()) << "at " << where;
+  } else {
+    EXPECT_EQ(got, want) << "at " << where;
+  }
+}
+
+void ExpectLikeNlohmann(const std::string& text) {
+  SCOPED_TRACE("input: " + text.substr(0, 200));
+  const json want = json::parse(text, nullptr, false);
+  std::string error;
+  const json got = ParseJson(text, &error);
+  ASSERT_EQ(got.is_discarded(), want.is_discarded());
+  if (want.is_discarded()) {
+    EXPECT_NE(error.find("[json.exception."), std::string::npos) << error;
+    return;
+  }
+  EXPECT_TRUE(error.empty()) << error;
+  ExpectSameTree(got, want, "");
+  EXPECT_EQ(got.dump(), want.dump());
+}
+
+TEST(JsonReader, AcceptsWhatNlohmannAcceptsWithTheSameTypes) {
+  const std::vector<std::string> inputs = {
+      R"({"type":"MODIFIED","object":{"kind":"Node","metadata":{"name":"n1","resourceVersion":"12","labels":{"a":"b"}},"status":{"capacity":{"nvidia.com/gpu":"8"},"conditions":[{"type":"Ready","status":"True"}]}}})",
+      R"({"small":5,"negative":-5,"zero":0,"big":18446744073709551615,"min":-9223372036854775808})",
+      R"({"float":1.5,"exp":1e2,"negexp":-2.5E-3,"one":1.0,"tiny":5e-324,"long":0.1000000000000000055511151231257827})",
+      R"({"beyond64":18446744073709551616,"verynegative":-9223372036854775809)",
+      R"({"dup":1,"dup":"second","nested":{"x":[1],"x":[2,3]}})",
+      R"({"esc":"\"\\\/\b\f\n\r\t","u":"\u00e9\u4e2d\ud83d\ude00","nul":"a\u0000b","raw":"é中😀"})",
+      R"([true,false,null,[],{},"",[[[]]],{"":{"":""}}])",
+      "  \n\t{\"padded\" : [ 1 , 2 ] }\r\n ",
+      "42", "\"just a string\"", "null", "-1", "3.25",
+  };
+  for (const auto& input : inputs) ExpectLikeNlohmann(input);
+}
+
+TEST(JsonReader, RefusesWhatNlohmannRefusesAndSaysWhere) {
+  const std::vector<std::string> inputs = {
+      "", " ", "{", "{\"a\":}", "{\"a\":1,}", "[1,]", "{\"a\":1}x", "{\"a\":1}{}", "tru", "nul", "01",
+      "1.", ".5", "+1", "{'a':1}", "{\"a\" 1}", "\"unterminated", "\"bad escape \\q\"", "\"\\ud800\"",
+      std::string("\"\xff\xfe\""), std::string("\"\xc3\""), std::string("{\"a\":\"\x01\"}"), "NaN", "Infinity", "[1e400]",
+  };
+  for (const auto& input : inputs) ExpectLikeNlohmann(input);
+  std::string error;
+  EXPECT_TRUE(ParseJson("{\"type\":\"ADDED\",\"object\":{\"a\":tru}}", &error).is_discarded());
+  EXPECT_NE(error.find("column 34"), std::string::npos) << error;
+}
+
+TEST(JsonReader, DeepNestingBeyondSimdjsonsLimitFallsBackToNlohmann) {
+  const std::string deep = std::string(3000, '[') + std::string(3000, ']');
+  ExpectLikeNlohmann(deep);
+  ExpectLikeNlohmann(std::string(3000, '[') + std::string(2999, ']'));
+}
+
+TEST(JsonReader, LargeDocumentsTakeTheOtherPathsWithTheSameResult) {
+  // Past the retained parser's size (its own parser) and past simdjson's cap (nlohmann).
+  for (const std::size_t target : {kRetainedJsonBytes + 100, kSimdjsonMaxBytes + 100}) {
+    json items = json::array();
+    std::size_t size = 2;
+    for (int i = 0; size < target; ++i) {
+      json item = {{"metadata", {{"name", "node-" + std::to_string(i)}, {"resourceVersion", std::to_string(i)}}},
+                   {"n", i}, {"f", i * 0.25}, {"neg", -i}};
+      size += item.dump().size() + 1;
+      items.push_back(std::move(item));
+    }
+    const std::string text = json{{"kind", "NodeList"}, {"items", items}}.dump();
+    ASSERT_GT(text.size(), target);
+    ExpectLikeNlohmann(text);
+    // And a small document afterwards still goes through the loop thread's parser.
+    ExpectLikeNlohmann(R"({"after":[1,-2,3.5]})");
+  }
+}
+
+TEST(JsonReader, ErrorIsOptional) {
+  EXPECT_TRUE(ParseJson("{").is_discarded());
+  EXPECT_EQ(ParseJson(R"({"a":1})").at("a"), 1);
+}
+
+}  // namespace
+}  // namespace gns::kube
