@@ -6,7 +6,10 @@
 //    SiteConfig&)` before anything is constructed (unknown keys are rejected for it);
 //  - a constructor `(ModuleContext&, const Config&)` that only wires (no I/O);
 //  - Start() begins serving/watching; throwing means the start failed;
-//  - Stop(done) stops gracefully and calls done() on the loop when finished.
+//  - Stop(done) stops gracefully and calls done() on the loop when finished;
+//  - optional `static constexpr std::array<std::string_view, N> kUses`: the modules whose
+//    services it holds (Services::Find). It starts only while they run, and is stopped before
+//    them and started again after them when they restart, so it never keeps a stopped service.
 // The supervisor restarts a module that fails (ReportFailure, or a failed Start) with backoff.
 
 #include "loop/blocking_pool.hpp"
@@ -24,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace gns {
 
@@ -84,14 +88,17 @@ using ModuleFactory = std::function<std::unique_ptr<Module>(ModuleContext&)>;
 struct ModuleDescriptor {
   std::string_view name;
   std::string_view summary;
+  std::vector<std::string_view> uses;  // M::kUses
   // Parses and validates the module's section (without `enabled`) into a factory.
   std::function<ModuleFactory(ConfigMap& section, const SiteConfig& site)> parse;
 };
 
 template <typename M>
 ModuleDescriptor DescribeModule() {
+  std::vector<std::string_view> uses;
+  if constexpr (requires { M::kUses; }) uses.assign(M::kUses.begin(), M::kUses.end());
   return ModuleDescriptor{
-      M::kName, M::kSummary, [](ConfigMap& section, const SiteConfig& site) -> ModuleFactory {
+      M::kName, M::kSummary, std::move(uses), [](ConfigMap& section, const SiteConfig& site) -> ModuleFactory {
         auto config = std::make_shared<const typename M::Config>(M::ParseConfig(section, site));
         return [config](ModuleContext& context) -> std::unique_ptr<Module> {
           return std::make_unique<M>(context, *config);

@@ -152,7 +152,8 @@ LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const Command
   for (const auto& descriptor : manifest) {
     auto it = parsed.find(std::string(descriptor.name));
     if (it != parsed.end() && it->second.first) {
-      out.modules.push_back(ModuleSpec{std::string(descriptor.name), std::move(it->second.second)});
+      out.modules.push_back(ModuleSpec{std::string(descriptor.name), std::move(it->second.second),
+                                       std::vector<std::string>(descriptor.uses.begin(), descriptor.uses.end())});
     }
   }
   return out;

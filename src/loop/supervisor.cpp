@@ -5,6 +5,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 namespace gns {
 
 std::string_view ToString(ModuleState state) {
@@ -13,6 +16,7 @@ std::string_view ToString(ModuleState state) {
     case ModuleState::kRunning: return "running";
     case ModuleState::kStopping: return "stopping";
     case ModuleState::kBackoff: return "backoff";
+    case ModuleState::kWaiting: return "waiting";
     case ModuleState::kStopped: return "stopped";
   }
   return "?";
@@ -40,10 +44,18 @@ void to_json(nlohmann::json& j, const ModuleStates& s) {
 
 struct Supervisor::Slot {
   Slot(boost::asio::io_context& io, ModuleSpec spec, const BackoffPolicy& policy, Backoff::RandomSource random)
-      : name(std::move(spec.name)), factory(std::move(spec.factory)), backoff(policy, std::move(random)), timer(io) {}
+      : name(std::move(spec.name)),
+        factory(std::move(spec.factory)),
+        uses(std::move(spec.uses)),
+        backoff(policy, std::move(random)),
+        timer(io) {}
 
   std::string name;
   ModuleFactory factory;
+  std::vector<std::string> uses;
+  std::vector<Slot*> providers;  // the enabled modules among `uses`, all earlier in the order
+  std::vector<Slot*> users;      // the modules that use this one, in start order
+  bool failing = false;          // a failure is being handled (users stopping, then this one)
   std::unique_ptr<ModuleContext> context;
   std::unique_ptr<Module> instance;
   ModuleStatus status;
@@ -68,6 +80,19 @@ Supervisor::Supervisor(RuntimeParts parts, SupervisorSettings settings, std::vec
                                              "Restarts of the module by the supervisor", {{"module", slot->name}});
     slots_.push_back(std::move(slot));
   }
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    Slot& user = *slots_[i];
+    for (const auto& name : user.uses) {
+      const auto provider = std::find_if(slots_.begin(), slots_.end(), [&](const auto& s) { return s->name == name; });
+      if (provider == slots_.end()) continue;  // not enabled: the module copes without it
+      // Providers start first and stop last; that order also rules out cycles.
+      if (provider - slots_.begin() >= static_cast<std::ptrdiff_t>(i)) {
+        throw std::logic_error("module " + user.name + " uses " + name + ", which does not start before it");
+      }
+      user.providers.push_back(provider->get());
+      (*provider)->users.push_back(&user);
+    }
+  }
 }
 
 Supervisor::~Supervisor() {
@@ -87,6 +112,19 @@ void Supervisor::StartAll() {
 
 void Supervisor::StartSlot(Slot& slot) {
   if (shutting_down_) return;
+  std::string missing;
+  for (const Slot* provider : slot.providers) {
+    if (provider->status.state != ModuleState::kRunning) missing += (missing.empty() ? "" : ", ") + provider->name;
+  }
+  if (!missing.empty()) {
+    // Started by StartWaitingUsers once they all run.
+    slot.status.state = ModuleState::kWaiting;
+    slot.status.health = ModuleHealth::kOk;
+    slot.status.detail = "waiting for " + missing;
+    Changed();
+    return;
+  }
+  slot.failing = false;
   const uint64_t generation = ++slot.generation;
   slot.status.state = ModuleState::kStarting;
   slot.status.health = ModuleHealth::kOk;
@@ -114,6 +152,13 @@ void Supervisor::StartSlot(Slot& slot) {
   slot.started_at = parts_.clock.Now();
   slot.context->Log().info("running");
   Changed();
+  StartWaitingUsers(slot);
+}
+
+void Supervisor::StartWaitingUsers(Slot& slot) {
+  for (Slot* user : slot.users) {
+    if (user->status.state == ModuleState::kWaiting) StartSlot(*user);
+  }
 }
 
 void Supervisor::OnHealth(Slot& slot, uint64_t generation, ModuleHealth health, std::string detail) {
@@ -125,11 +170,56 @@ void Supervisor::OnHealth(Slot& slot, uint64_t generation, ModuleHealth health, 
 }
 
 void Supervisor::OnFailure(Slot& slot, uint64_t generation, std::string why) {
-  if (generation != slot.generation || shutting_down_) return;
+  if (generation != slot.generation || shutting_down_ || slot.failing) return;
   if (slot.status.state != ModuleState::kRunning && slot.status.state != ModuleState::kStarting) return;
   GetLogger(slot.name)->error("failed: {}; restarting", why);
+  slot.failing = true;
   slot.status.detail = std::move(why);
-  StopInstance(slot, [this, &slot](bool) { ScheduleRestart(slot); });
+  // Users first: they may still call this module's services while they stop.
+  StopUsers(slot, [this, &slot] { StopInstance(slot, [this, &slot](bool) { ScheduleRestart(slot); }); });
+}
+
+void Supervisor::StopUsers(Slot& slot, std::function<void()> then) {
+  StopUsersFrom(slot, std::vector<Slot*>(slot.users.rbegin(), slot.users.rend()), 0, std::move(then));
+}
+
+void Supervisor::StopUsersFrom(Slot& provider, std::vector<Slot*> users, std::size_t i, std::function<void()> then) {
+  if (i == users.size()) {
+    then();
+    return;
+  }
+  Slot& user = *users[i];
+  auto next = [this, &provider, users, i, then = std::move(then)] { StopUsersFrom(provider, users, i + 1, then); };
+  auto wait = [this, &user, why = "waiting for " + provider.name + " (restarting)"] {
+    if (shutting_down_) return;
+    user.timer.cancel();  // a restart of its own may have been scheduled meanwhile
+    user.status.state = ModuleState::kWaiting;
+    user.status.detail = why;
+    Changed();
+  };
+  switch (user.status.state) {
+    case ModuleState::kBackoff:
+      wait();
+      next();
+      return;
+    case ModuleState::kRunning:
+    case ModuleState::kStarting:
+    case ModuleState::kStopping:
+      GetLogger(user.name)->warn("stopping: {} restarts", provider.name);
+      ++user.status.restarts;
+      user.restarts->Inc();
+      StopUsers(user, [this, &user, wait, next] {
+        StopInstance(user, [wait, next](bool) {
+          wait();
+          next();
+        });
+      });
+      return;
+    case ModuleState::kWaiting:
+    case ModuleState::kStopped:
+      next();
+      return;
+  }
 }
 
 void Supervisor::StopInstance(Slot& slot, std::function<void(bool in_time)> then) {
@@ -198,7 +288,7 @@ void Supervisor::StopAll(std::function<void(bool graceful)> done) {
   GNS_ASSERT_ON_LOOP(parts_.loop);
   shutting_down_ = true;
   for (auto& slot : slots_) {
-    if (slot->status.state == ModuleState::kBackoff) {
+    if (slot->status.state == ModuleState::kBackoff || slot->status.state == ModuleState::kWaiting) {
       slot->timer.cancel();
       slot->status.state = ModuleState::kStopped;
     }

@@ -2,7 +2,8 @@
 // Supervision: builds and starts the enabled modules in manifest order, isolates failures (a
 // module that fails to start or fails later is stopped and restarted with jittered
 // exponential backoff while the others keep running), and stops everything in reverse order,
-// each module within a deadline.
+// each module within a deadline. A module that uses another's services (ModuleSpec::uses)
+// waits for it to run, and goes down before it and comes back after it when it restarts.
 
 #include "loop/backoff.hpp"
 #include "loop/module.hpp"
@@ -28,6 +29,9 @@ struct SupervisorSettings {
 struct ModuleSpec {
   std::string name;
   ModuleFactory factory;
+  // Modules whose services this one holds (ModuleDescriptor::uses); names of modules that are
+  // not enabled are ignored.
+  std::vector<std::string> uses = {};
 };
 
 class Supervisor {
@@ -53,6 +57,10 @@ class Supervisor {
   void OnHealth(Slot& slot, uint64_t generation, ModuleHealth health, std::string detail);
   void StopInstance(Slot& slot, std::function<void(bool in_time)> then);
   void ScheduleRestart(Slot& slot);
+  // Stops the running users of `slot` (theirs first), leaving them waiting; then `then`.
+  void StopUsers(Slot& slot, std::function<void()> then);
+  void StopUsersFrom(Slot& provider, std::vector<Slot*> users, std::size_t i, std::function<void()> then);
+  void StartWaitingUsers(Slot& slot);
   void StopNext(std::size_t remaining, std::function<void(bool)> done);
   void Changed();
 

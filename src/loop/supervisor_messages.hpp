@@ -11,7 +11,8 @@
 
 namespace gns {
 
-enum class ModuleState { kStarting, kRunning, kStopping, kBackoff, kStopped };
+// kWaiting: not started (or stopped) because a module it uses (kUses) is not running.
+enum class ModuleState { kStarting, kRunning, kStopping, kBackoff, kWaiting, kStopped };
 std::string_view ToString(ModuleState state);
 
 struct ModuleStatus {

@@ -16,11 +16,13 @@
 #include "modules/kube/informer.hpp"
 #include "modules/kube/leader_election.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace gns::cd_controller {
 
@@ -29,6 +31,8 @@ class ComputeDomainControllerModule final : public Module {
   static constexpr std::string_view kName = "compute-domain-controller";
   static constexpr std::string_view kSummary =
       "leader-elected ComputeDomain controller: finalizer, workload ResourceClaimTemplate, status";
+  // Holds the kube module's client and informers: waits for it, restarts after it.
+  static constexpr std::array<std::string_view, 1> kUses = {"kube"};
 
   struct Config {
     kube::LeaderElectionConfig lease;

@@ -22,11 +22,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gns::kube {
@@ -47,6 +49,8 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   static constexpr std::string_view kName = "dra-compute-domain";
   static constexpr std::string_view kSummary =
       "DRA kubelet plugin for compute-domain.nvidia.com (IMEX channel 0, HostManagedIMEX)";
+  // Holds the kube module's client and informers: waits for it, restarts after it.
+  static constexpr std::array<std::string_view, 1> kUses = {"kube"};
 
   struct Config {
     ResourceApiVersion api_version = ResourceApiVersion::kV1;

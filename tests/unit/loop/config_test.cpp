@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +65,34 @@ TEST_F(ConfigTest, MinimalConfigLoadsWithDefaults) {
   EXPECT_TRUE(config.modules.empty());
   EXPECT_FALSE(config.site.gates.Enabled(gates::kHostManagedIMEX));
   EXPECT_EQ(config.runtime.supervisor.stop_timeout, std::chrono::milliseconds(5000));
+}
+
+TEST_F(ConfigTest, ModulesDeclareTheModulesWhoseServicesTheyHold) {
+  std::vector<std::string_view> earlier;
+  for (const auto& descriptor : ModuleManifest()) {
+    for (const auto used : descriptor.uses) {
+      EXPECT_NE(std::find(earlier.begin(), earlier.end(), used), earlier.end())
+          << descriptor.name << " uses " << used << ", which must come before it in the manifest";
+    }
+    earlier.push_back(descriptor.name);
+  }
+  const auto uses_of = [](std::string_view name) {
+    for (const auto& descriptor : ModuleManifest())
+      if (descriptor.name == name) return descriptor.uses;
+    return std::vector<std::string_view>{"(no such module)"};
+  };
+  const std::vector<std::string_view> kube = {"kube"};
+  EXPECT_EQ(uses_of("compute-domain-controller"), kube);
+  EXPECT_EQ(uses_of("dra-compute-domain"), kube);
+  // gpu-health must run without the API server: it looks the client up at each use instead.
+  EXPECT_TRUE(uses_of("gpu-health").empty());
+
+  CommandLineOverrides overrides;
+  overrides.enable = {"kube", "compute-domain-controller"};
+  const auto config = LoadSiteConfig({Write("site.yaml", kMinimal)}, overrides, ModuleManifest());
+  ASSERT_EQ(config.modules.size(), 2u);
+  EXPECT_EQ(config.modules[1].name, "compute-domain-controller");
+  EXPECT_EQ(config.modules[1].uses, std::vector<std::string>{"kube"});
 }
 
 TEST_F(ConfigTest, UnknownTopLevelKeyNamesFileLineColumnAndKey) {

@@ -8,6 +8,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,6 +60,21 @@ class SupervisorTest : public ::testing::Test {
   ModuleSpec Spec(const std::string& name, Script& script) {
     script.journal = &journal_;
     return ModuleSpec{name, [&script](ModuleContext& c) { return std::make_unique<ScriptedModule>(c, script); }};
+  }
+  ModuleSpec SpecUsing(const std::string& name, Script& script, std::vector<std::string> uses) {
+    auto spec = Spec(name, script);
+    spec.uses = std::move(uses);
+    return spec;
+  }
+  bool SawState(const std::string& name, ModuleState state, const std::string& detail) {
+    h_.Drain();
+    for (const auto& states : history_)
+      for (const auto& m : states.modules)
+        if (m.name == name && m.state == state && m.detail == detail) return true;
+    return false;
+  }
+  std::vector<std::string> JournalSince(std::size_t from) {
+    return std::vector<std::string>(journal_.begin() + static_cast<std::ptrdiff_t>(from), journal_.end());
   }
 
   std::unique_ptr<Supervisor> Make(std::vector<ModuleSpec> specs, milliseconds stop_timeout = milliseconds(2000)) {
@@ -194,6 +210,111 @@ TEST_F(SupervisorTest, UnhealthyModuleIsNotReady) {
   a.live->SetHealth(ModuleHealth::kDegraded, "slow");
   h_.Drain();
   EXPECT_TRUE(h_.bus.Latest<ModuleStates>()->NotReady().empty());
+}
+
+TEST_F(SupervisorTest, UserIsStoppedBeforeItsProviderRestartsAndStartedAgainAfterIt) {
+  Script kube, other, controller;
+  auto sup = Make({Spec("kube", kube), Spec("other", other), SpecUsing("controller", controller, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  ASSERT_EQ(journal_, (std::vector<std::string>{"start kube", "start other", "start controller"}));
+  ModuleContext* first_controller = controller.live;
+  const std::size_t mark = journal_.size();
+  kube.live->ReportFailure("token file unreadable");
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return controller.starts == 2 && StatusOf(*sup, "controller").state == ModuleState::kRunning;
+  }));
+  // The user goes down first (it may still call the provider while it stops), comes back last.
+  EXPECT_EQ(JournalSince(mark),
+            (std::vector<std::string>{"stop controller", "stop kube", "start kube", "start controller"}));
+  EXPECT_NE(controller.live, first_controller);  // a new instance, which finds the new services
+  EXPECT_EQ(other.stops, 0);
+  EXPECT_TRUE(SawState("controller", ModuleState::kWaiting, "waiting for kube (restarting)"));
+  EXPECT_EQ(StatusOf(*sup, "controller").restarts, 1);
+  EXPECT_EQ(StatusOf(*sup, "kube").restarts, 1);
+}
+
+TEST_F(SupervisorTest, UserWaitsWhileItsProviderFailsToStart) {
+  Script kube, controller;
+  kube.fail_starts = 3;
+  auto sup = Make({Spec("kube", kube), SpecUsing("controller", controller, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  EXPECT_EQ(controller.starts, 0);
+  EXPECT_EQ(StatusOf(*sup, "controller").state, ModuleState::kWaiting);
+  EXPECT_EQ(StatusOf(*sup, "controller").detail, "waiting for kube");
+  EXPECT_EQ(h_.metrics.Gauge("gpu_node_supervisor_module_up", "", {{"module", "controller"}}).Value(), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return StatusOf(*sup, "controller").state == ModuleState::kRunning; }));
+  EXPECT_EQ(kube.starts, 4);
+  EXPECT_EQ(controller.starts, 1);
+  EXPECT_EQ(journal_.back(), "start controller");
+  EXPECT_EQ(StatusOf(*sup, "controller").restarts, 0);
+}
+
+TEST_F(SupervisorTest, RestartsCascadeDownAChainOfUsers) {
+  Script a, b, c;
+  auto sup = Make({Spec("a", a), SpecUsing("b", b, {"a"}), SpecUsing("c", c, {"b"})});
+  sup->StartAll();
+  h_.Drain();
+  const std::size_t mark = journal_.size();
+  a.live->ReportFailure("boom");
+  ASSERT_TRUE(h_.RunUntil([&] { return c.starts == 2 && StatusOf(*sup, "c").state == ModuleState::kRunning; }));
+  EXPECT_EQ(JournalSince(mark),
+            (std::vector<std::string>{"stop c", "stop b", "stop a", "start a", "start b", "start c"}));
+}
+
+TEST_F(SupervisorTest, AUserFailingAloneLeavesItsProviderRunning) {
+  Script kube, controller;
+  auto sup = Make({Spec("kube", kube), SpecUsing("controller", controller, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  controller.live->ReportFailure("lost the lease");
+  ASSERT_TRUE(h_.RunUntil([&] { return controller.starts == 2 && controller.live != nullptr; }));
+  EXPECT_EQ(kube.starts, 1);
+  EXPECT_EQ(kube.stops, 0);
+}
+
+TEST_F(SupervisorTest, UserInBackoffWhenItsProviderFailsWaitsForTheProvider) {
+  Script kube, controller;
+  auto sup = Make({Spec("kube", kube), SpecUsing("controller", controller, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  controller.fail_starts = 1000;  // its next starts fail: it sits in backoff
+  controller.live->ReportFailure("first");
+  ASSERT_TRUE(h_.RunUntil([&] { return controller.starts >= 2; }));
+  controller.fail_starts = 0;
+  kube.live->ReportFailure("provider too");
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return kube.starts == 2 && StatusOf(*sup, "controller").state == ModuleState::kRunning;
+  }));
+  EXPECT_EQ(journal_.back(), "start controller");
+}
+
+TEST_F(SupervisorTest, UsesOfModulesNotEnabledAreIgnored) {
+  Script controller;
+  auto sup = Make({SpecUsing("controller", controller, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  EXPECT_EQ(StatusOf(*sup, "controller").state, ModuleState::kRunning);
+}
+
+TEST_F(SupervisorTest, AProviderMustStartBeforeItsUsers) {
+  Script kube, controller;
+  EXPECT_THROW(Make({SpecUsing("controller", controller, {"kube"}), Spec("kube", kube)}), std::logic_error);
+}
+
+TEST_F(SupervisorTest, WaitingUserIsStoppedCleanlyAtShutdown) {
+  Script kube, controller;
+  kube.fail_starts = 1000;
+  auto sup = Make({Spec("kube", kube), SpecUsing("controller", controller, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  std::optional<bool> graceful;
+  sup->StopAll([&](bool g) { graceful = g; });
+  ASSERT_TRUE(h_.RunUntil([&] { return graceful.has_value(); }));
+  EXPECT_TRUE(*graceful);
+  EXPECT_EQ(controller.starts, 0);
+  for (const auto& m : sup->Snapshot().modules) EXPECT_EQ(m.state, ModuleState::kStopped);
 }
 
 }  // namespace
