@@ -22,6 +22,7 @@ constexpr std::string_view kFallenText = "fallen off the bus";
 // "executed", later with ", success: true|false". Accept all three.
 constexpr std::string_view kResetExecuted = "GPU reset executed: ";
 constexpr std::string_view kResetOccurred = "GPU reset occurred: ";
+constexpr std::string_view kResetCommon = "GPU reset ";  // how both of the above start
 constexpr std::string_view kUuidPrefix = "GPU-";
 constexpr std::string_view kUnknownQuoted = "'<unknown>'";
 constexpr std::string_view kUnknown = "<unknown>";
@@ -37,6 +38,11 @@ uint32_t HexValue(char c) {
 }
 bool IsLineEnd(char c) { return c == '\n' || c == '\r'; }
 bool IsBlank(char c) { return c == ' ' || c == '\t'; }
+// Copied unchanged by CopySanitized: ' ' .. '~'.
+bool IsPlainAscii(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  return u >= 0x20 && u < 0x7F;
+}
 
 enum class NumberStatus { kOk, kMissing, kTooLarge };
 struct Number {
@@ -107,10 +113,11 @@ class Cursor {
 
   // The rest of the current line, without the line break; the cursor moves to its end.
   std::string_view RestOfLine() {
-    std::size_t end = pos_;
-    while (end < text_.size() && !IsLineEnd(text_[end])) ++end;
-    std::string_view rest = text_.substr(pos_, end - pos_);
-    pos_ = end;
+    // Two memchr scans instead of a byte loop: details run to a hundred bytes and more.
+    std::string_view rest = text_.substr(pos_);
+    rest = rest.substr(0, rest.find('\n'));
+    rest = rest.substr(0, rest.find('\r'));
+    pos_ += rest.size();
     return rest;
   }
 
@@ -154,6 +161,20 @@ bool CopySanitized(std::string& out, std::string_view in, std::size_t cap) {
   out.reserve(std::min(in.size(), cap));
   std::size_t i = 0;
   while (i < in.size()) {
+    // Printable ASCII (nearly all of a real line) is kept as it is: copy the whole run at
+    // once, up to the cap, instead of appending byte by byte.
+    std::size_t run = i;
+    while (run < in.size() && IsPlainAscii(in[run])) ++run;
+    if (run > i) {
+      const std::size_t room = cap - out.size();
+      if (run - i > room) {
+        out.append(in.data() + i, room);
+        return true;
+      }
+      out.append(in.data() + i, run - i);
+      i = run;
+      continue;
+    }
     std::size_t len = Utf8SequenceLength(in, i);
     std::string_view piece;
     if (len == 0) {
@@ -474,25 +495,28 @@ LineKind ParsedLine::kind() const noexcept {
 }
 
 ParsedLine ParseKernelLine(std::string_view message) noexcept {
-  // Nearly every kernel line is unrelated: two substring searches decide that.
-  const bool has_nvrm = message.find(kNvrm) != std::string_view::npos;
-  if (has_nvrm) {
-    for (std::size_t p = message.find(kXidMarker); p != std::string_view::npos;
+  // Nearly every kernel line is unrelated: two substring searches (memchr for the first
+  // byte, then a compare) decide that. The markers all start with "NVRM" or "GPU reset ", so
+  // the later searches start where those were first found.
+  if (const std::size_t nvrm = message.find(kNvrm); nvrm != std::string_view::npos) {
+    for (std::size_t p = message.find(kXidMarker, nvrm); p != std::string_view::npos;
          p = message.find(kXidMarker, p + 1)) {
       // "NVRM: Xid" must be a word of its own ("NVRM: Xids …" is something else).
       const std::size_t next = p + kXidMarker.size();
       if (next < message.size() && message[next] != ' ' && message[next] != '(') continue;
       return ParseXid(message, p);
     }
-    if (const std::size_t p = message.find(kGpuAtMarker); p != std::string_view::npos) {
+    if (const std::size_t p = message.find(kGpuAtMarker, nvrm); p != std::string_view::npos) {
       return ParseGpuUuid(message, p);
     }
     if (message.find(kFallenText) != std::string_view::npos) return ParseFallenOffBus(message);
   }
-  if (const std::size_t p = message.find(kResetExecuted); p != std::string_view::npos) {
+  const std::size_t reset = message.find(kResetCommon);
+  if (reset == std::string_view::npos) return {};
+  if (const std::size_t p = message.find(kResetExecuted, reset); p != std::string_view::npos) {
     return ParseResetAck(message, p, kResetExecuted.size());
   }
-  if (const std::size_t p = message.find(kResetOccurred); p != std::string_view::npos) {
+  if (const std::size_t p = message.find(kResetOccurred, reset); p != std::string_view::npos) {
     return ParseResetAck(message, p, kResetOccurred.size());
   }
   return {};
