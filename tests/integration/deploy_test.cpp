@@ -47,7 +47,10 @@ const std::set<Grant>& UsedByTheCode() {
       {"cluster", "resource.nvidia.com", "computedomains", "get"},
       {"cluster", "resource.nvidia.com", "computedomains", "update"},
       {"cluster", "resource.nvidia.com", "computedomains/status", "update"},
-      // reconciler.cpp: the workload ResourceClaimTemplate: GET, POST, PUT (its finalizer), DELETE.
+      // reconciler.cpp: the workload ResourceClaimTemplate: GET, POST, PUT (its finalizer), DELETE;
+      // the module: an informer on our templates (list + watch, label-selected).
+      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "list"},
+      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "watch"},
       {"cluster", "resource.k8s.io", "resourceclaimtemplates", "get"},
       {"cluster", "resource.k8s.io", "resourceclaimtemplates", "create"},
       {"cluster", "resource.k8s.io", "resourceclaimtemplates", "update"},

@@ -24,6 +24,7 @@ ComputeDomainControllerModule::Config ComputeDomainControllerModule::ParseConfig
                                            : ResourceApi::kV1;
   config.workers = static_cast<std::size_t>(section.Int("workers", 1, 64, 4));
   config.conflict_retries = static_cast<int>(section.Int("conflictRetries", 0, 100, 5));
+  config.resync = section.Duration("resyncPeriod", milliseconds(0), milliseconds(86400000), milliseconds(600000));
 
   auto backoff = section.Section("retryBackoff");
   config.retry.initial = backoff.Duration("initial", milliseconds(1), milliseconds(60000), milliseconds(500));
@@ -132,6 +133,49 @@ void ComputeDomainControllerModule::OnStartedLeading() {
     for (const auto& [key, object] : informer_->Items()) queue_->Add(key);
   });
   informer_ = registry_->Acquire(spec);
+
+  const kube::InformerSpec templates{
+      kube::ResourcePath::Grouped("resource.k8s.io", std::string(ResourceApiVersion(config_.resource_api)),
+                                  "resourceclaimtemplates")
+          .Collection(),
+      std::string(kDomainLabel) + "," + std::string(kTargetLabel) + "=" + std::string(kTargetWorkload),
+      {}};
+  templates_key_ = templates.Key();
+  templates_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) { OnTemplateEvent(e); });
+  templates_ = registry_->Acquire(templates);
+  ArmResync();
+}
+
+void ComputeDomainControllerModule::OnTemplateEvent(const kube::ResourceEvent& event) {
+  // Added: our own creation, or the initial list (the domains' own sync covers those).
+  if (!leading_ || event.informer_key != templates_key_ || !event.object ||
+      event.type == kube::ResourceEvent::Type::kAdded) {
+    return;
+  }
+  const auto meta = kube::ObjectMeta::From(*event.object);
+  if (!meta || !informer_) return;
+  for (const auto& [key, domain] : informer_->Items()) {
+    const auto domain_meta = kube::ObjectMeta::From(*domain);
+    if (!domain_meta || domain_meta->ns != meta->ns) continue;
+    static const nlohmann::json::json_pointer kTemplateName("/spec/channel/resourceClaimTemplate/name");
+    if (domain->contains(kTemplateName) && domain->at(kTemplateName) == meta->name) {
+      context_.Log().info("{}: its ResourceClaimTemplate {} was {}", key, meta->name,
+                          event.type == kube::ResourceEvent::Type::kDeleted ? "deleted" : "changed");
+      queue_->Add(key);
+    }
+  }
+}
+
+void ComputeDomainControllerModule::ArmResync() {
+  if (config_.resync.count() == 0) return;
+  if (!resync_timer_) resync_timer_ = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io());
+  resync_timer_->expires_after(config_.resync);
+  resync_timer_->async_wait([this, alive = std::weak_ptr<bool>(alive_)](const boost::system::error_code& ec) {
+    const auto a = alive.lock();
+    if (ec || !a || !*a || !leading_ || !informer_) return;
+    for (const auto& [key, object] : informer_->Items()) queue_->Add(key);
+    ArmResync();
+  });
 }
 
 void ComputeDomainControllerModule::OnStoppedLeading() {
@@ -145,6 +189,9 @@ void ComputeDomainControllerModule::StopWork() {
   events_sub_.Reset();
   synced_sub_.Reset();
   informer_.reset();
+  templates_sub_.Reset();
+  templates_.reset();
+  if (resync_timer_) resync_timer_->cancel();
   if (reconciler_) reconciler_->Cancel();
   if (queue_) queue_->Clear();
   // Domain state is the leader's to report.

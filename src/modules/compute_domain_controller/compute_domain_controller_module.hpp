@@ -16,6 +16,8 @@
 #include "modules/kube/informer.hpp"
 #include "modules/kube/leader_election.hpp"
 
+#include <boost/asio/steady_timer.hpp>
+
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -40,6 +42,9 @@ class ComputeDomainControllerModule final : public Module {
     std::size_t workers = 4;
     int conflict_retries = 5;
     ResourceApi resource_api = ResourceApi::kV1;
+    // Every cached domain is reconciled again this often while leading (0: never), so drift
+    // no watch event reports is still repaired.
+    std::chrono::milliseconds resync{600000};
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 
@@ -60,6 +65,8 @@ class ComputeDomainControllerModule final : public Module {
   void OnStoppedLeading();
   void StopWork();
   void Enqueue(const nlohmann::json& object);
+  void OnTemplateEvent(const kube::ResourceEvent& event);
+  void ArmResync();
   void Work(const std::string& key, std::function<void(bool)> done);
   void Record(const std::string& key, const Outcome& outcome, double seconds);
   void Forget(const std::string& key);
@@ -74,6 +81,11 @@ class ComputeDomainControllerModule final : public Module {
   std::unique_ptr<kube::LeaderElector> elector_;
   std::shared_ptr<kube::Informer> informer_;
   std::string informer_key_;
+  // Our workload templates (by label): one deleted or changed by hand sends its domain back to
+  // the queue.
+  std::shared_ptr<kube::Informer> templates_;
+  std::string templates_key_;
+  std::unique_ptr<boost::asio::steady_timer> resync_timer_;
   std::map<std::string, std::string, std::less<>> domain_state_;  // key -> Ready/NotReady/Deleting
   MetricsRegistry::Series* latency_sum_ = nullptr;
   MetricsRegistry::Series* latency_count_ = nullptr;
@@ -81,6 +93,7 @@ class ComputeDomainControllerModule final : public Module {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   Subscription events_sub_;
   Subscription synced_sub_;
+  Subscription templates_sub_;
 };
 
 }  // namespace gns::cd_controller

@@ -267,7 +267,7 @@ void Reconciler::EnsureTemplate(const RunPtr& run) {
   const auto path = kube::ResourcePath::Grouped("resource.k8s.io", std::string(ResourceApiVersion(settings_.resource_api)),
                                                 "resourceclaimtemplates", run->ns)
                         .Object(run->template_name);
-  Call(run, [&](auto cb) { client_->Get(path, std::move(cb)); }, [this, run](kube::Result r) {
+  Call(run, [&](auto cb) { client_->Get(path, std::move(cb)); }, [this, run, path](kube::Result r) {
     if (r.http_status == 404) return CreateTemplate(run);
     if (!r.Ok()) return Restart(run, r, "get ResourceClaimTemplate");
     if (!MadeForDomain(r.object, run->uid)) {
@@ -280,8 +280,20 @@ void Reconciler::EnsureTemplate(const RunPtr& run) {
       return;
     }
     if (Deleting(r.object)) {
-      Fail(run, "ResourceClaimTemplateTerminating",
-           "ResourceClaimTemplate " + run->ns + "/" + run->template_name + " is being deleted");
+      if (!HasFinalizer(r.object, kTemplateFinalizer) || ++run->template_steps > 8) {
+        Fail(run, "ResourceClaimTemplateTerminating",
+             "ResourceClaimTemplate " + run->ns + "/" + run->template_name + " is being deleted");
+        return;
+      }
+      // Deleted by hand while the domain lives: our finalizer would hold it in Terminating for
+      // good. Let it go, then make it again (the GET after this finds 404).
+      log_->info("{}: ResourceClaimTemplate {}/{} was deleted while its ComputeDomain lives: recreating it", run->key,
+                 run->ns, run->template_name);
+      Call(run, [&](auto cb) { client_->Update(path, WithFinalizer(r.object, kTemplateFinalizer, false), std::move(cb)); },
+           [this, run](kube::Result u) {
+             if (u.Ok() || u.http_status == 404 || u.http_status == 409) return EnsureTemplate(run);
+             Restart(run, u, "remove ResourceClaimTemplate finalizer");
+           });
       return;
     }
     WriteStatus(run, true, {}, {}, [this, run] { Finish(run, Outcome{true, Outcome::State::kReady, {}, {}}); });

@@ -203,7 +203,7 @@ TEST_F(ControllerTest, DeletePathRemovesTemplateFinalizersAndMetrics) {
   auto& s = StartSupervisor("node-a");
   ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
   // The first template read fails: an error series for this domain exists before the delete.
-  server_->FailNextRequests(500, 1, "resourceclaimtemplates");
+  server_->FailNextRequests(500, 1, "namespaces/team/resourceclaimtemplates");
   CreateDomain(Domain("train-a", "train-a-channel"));
   ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
   EXPECT_EQ(s.Metric("gpu_node_supervisor_compute_domain_reconcile_errors_total{domain=\"team/train-a\",reason="
@@ -343,6 +343,46 @@ TEST_F(ControllerTest, LosingTheLeaseMidReconcileStopsTheWorkAndTheNextLeaderFin
 }
 
 // Config: defaults, a full section, and bad values rejected with their key.
+TEST_F(ControllerTest, ATemplateDeletedByHandComesBackWithoutAnyChangeToTheDomain) {
+  auto config = ControllerConfig("node-a");
+  config.resync = milliseconds(0);  // the template watch alone must notice
+  auto& s = StartSupervisor("node-a", true, config);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  CreateDomain(Domain("train-a", "train-a-channel"));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
+  const std::string first_uid = Get(std::string(kTemplates) + "/train-a-channel").Json()["metadata"]["uid"];
+  const auto domain_rv = GetDomain("train-a")["metadata"]["resourceVersion"];
+
+  // kubectl delete: our finalizer holds it in Terminating; the controller lets it go and makes it again.
+  ASSERT_EQ(server_->Call("DELETE", std::string(kTemplates) + "/train-a-channel").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto r = Get(std::string(kTemplates) + "/train-a-channel");
+    if (r.status != 200) return false;
+    const auto t = r.Json();
+    return t["metadata"]["uid"] != first_uid && !t["metadata"].contains("deletionTimestamp") &&
+           s.Stats().templates_created == 2;
+  }));
+  const auto tmpl = Get(std::string(kTemplates) + "/train-a-channel").Json();
+  EXPECT_EQ(tmpl["metadata"]["finalizers"], json::array({"resource.nvidia.com/computeDomain"}));
+  EXPECT_TRUE(IsReady("train-a"));
+  EXPECT_EQ(GetDomain("train-a")["metadata"]["resourceVersion"], domain_rv);  // the domain never changed
+}
+
+TEST_F(ControllerTest, ResyncReconcilesEveryDomainAgainWithoutWritingAnything) {
+  auto config = ControllerConfig("node-a");
+  config.resync = milliseconds(100);
+  auto& s = StartSupervisor("node-a", true, config);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  CreateDomain(Domain("train-a", "train-a-channel"));
+  CreateDomain(Domain("train-b", "train-b-channel"));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a") && IsReady("train-b") && s.Stats().status_writes == 2; }));
+  const auto finished = s.Stats().finished;
+  const auto writes = s.Stats().status_writes;
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().finished >= finished + 4; }));
+  EXPECT_EQ(s.Stats().status_writes, writes);
+  EXPECT_EQ(s.Stats().templates_created, 2u);
+}
+
 TEST(ControllerConfigTest, DefaultsFullSectionAndBadValues) {
   using Module = ComputeDomainControllerModule;
   SiteConfig site;
@@ -361,17 +401,20 @@ TEST(ControllerConfigTest, DefaultsFullSectionAndBadValues) {
   EXPECT_EQ(defaults.resource_api, ResourceApi::kV1);
   EXPECT_EQ(defaults.workers, 4u);
   EXPECT_EQ(defaults.retry.initial, milliseconds(500));
+  EXPECT_EQ(defaults.resync, milliseconds(600000));
 
   const auto full = parse(R"(
 resourceApiVersion: v1beta1
 workers: 2
 conflictRetries: 3
+resyncPeriod: 0s
 retryBackoff: {initial: 1s, max: 2m}
 leaderElection: {namespace: gns, leaseName: cdc, leaseDuration: 20s, renewDeadline: 15s, retryPeriod: 3s, identity: pod-1}
 )");
   EXPECT_EQ(full.resource_api, ResourceApi::kV1beta1);
   EXPECT_EQ(full.workers, 2u);
   EXPECT_EQ(full.conflict_retries, 3);
+  EXPECT_EQ(full.resync, milliseconds(0));
   EXPECT_EQ(full.retry.max, milliseconds(120000));
   EXPECT_EQ(full.lease.ns, "gns");
   EXPECT_EQ(full.lease.identity, "pod-1");
@@ -381,6 +424,7 @@ leaderElection: {namespace: gns, leaseName: cdc, leaseDuration: 20s, renewDeadli
   EXPECT_THROW(parse("leaderElection: {namespace: \"\"}"), ConfigError);
   EXPECT_THROW(parse("retryBackoff: {initial: 2s, max: 1s}"), ConfigError);
   EXPECT_THROW(parse("surprise: 1"), ConfigError);
+  EXPECT_THROW(parse("resyncPeriod: 2d"), ConfigError);
 }
 
 // The workload template in the v1beta1 shape: flat requests.
