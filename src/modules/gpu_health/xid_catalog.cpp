@@ -313,7 +313,9 @@ XidCatalog XidCatalog::LoadString(std::string_view yaml, std::string_view source
     if (auto it = f.find("nvidia_bucket"); it != f.end()) {
       info.nvidia_bucket = r.String(it->second.value, Join(path, "nvidia_bucket"));
     }
-    catalog.entries_.emplace(info.xid, std::move(info));
+    if (catalog.slots_.empty()) catalog.slots_.assign(kMaxXid + 1, 0);
+    catalog.entries_.push_back(std::move(info));
+    catalog.slots_[catalog.entries_.back().xid] = static_cast<uint16_t>(catalog.entries_.size());
   }
   return catalog;
 }
@@ -337,9 +339,12 @@ XidLookup XidCatalog::Lookup(uint32_t xid) const noexcept {
   return out;
 }
 
+// slots_ holds entry indices + 1: at most kMaxXid entries must fit.
+static_assert(kMaxXid < std::numeric_limits<uint16_t>::max());
+
 const XidInfo* XidCatalog::Find(uint32_t xid) const noexcept {
-  auto it = entries_.find(xid);
-  return it == entries_.end() ? nullptr : &it->second;
+  if (xid >= slots_.size() || slots_[xid] == 0) return nullptr;
+  return &entries_[slots_[xid] - 1];
 }
 
 SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source_name,

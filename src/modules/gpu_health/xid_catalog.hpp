@@ -38,6 +38,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace YAML {
 class Node;
@@ -130,7 +131,11 @@ class XidCatalog {
   [[nodiscard]] const std::string& source() const noexcept { return source_; }
 
  private:
-  std::map<uint32_t, XidInfo> entries_;
+  std::vector<XidInfo> entries_;  // in file order
+  // entries_ index + 1 by XID (0: not in the catalog), so that Lookup, which runs for every Xid
+  // line, is one array read instead of a walk over scattered map nodes. Indices, not
+  // pointers: the catalog is copied (into the config, into each XidPolicy).
+  std::vector<uint16_t> slots_;
   std::string source_;
 };
 

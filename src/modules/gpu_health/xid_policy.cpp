@@ -143,10 +143,14 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
 }
 
 void XidPolicy::ForgetGpu(std::string_view gpu_id) {
-  auto it = states_.lower_bound(KeyView{gpu_id, 0});
-  while (it != states_.end() && it->first.gpu == gpu_id) {
-    lru_.erase(it->second.lru);
-    it = states_.erase(it);
+  // Rare (a reset, an operator): a walk over at most kMaxTrackedKeys states.
+  for (auto it = states_.begin(); it != states_.end();) {
+    if (it->first.gpu == gpu_id) {
+      lru_.erase(it->second.lru);
+      it = states_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

@@ -13,10 +13,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
-#include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "modules/gpu_health/xid_catalog.hpp"
@@ -83,16 +84,22 @@ class XidPolicy {
     std::string_view gpu;
     uint32_t xid;
   };
-  // Orders by GPU, then XID, so one GPU's states are contiguous (ForgetGpu); transparent so
-  // lookups by KeyView do not allocate.
-  struct KeyLess {
+  // Hashed, not ordered: Decide runs for every Xid line, and an ordered map compares whole
+  // UUIDs ("GPU-" + 36 characters) at every level. Transparent, so lookups by KeyView do not
+  // allocate.
+  struct KeyHash {
+    using is_transparent = void;
+    template <class K>
+    std::size_t operator()(const K& k) const noexcept {
+      return std::hash<std::string_view>{}(std::string_view(k.gpu)) ^
+             (static_cast<std::size_t>(k.xid) * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  struct KeyEqual {
     using is_transparent = void;
     template <class A, class B>
     bool operator()(const A& a, const B& b) const noexcept {
-      const std::string_view ga(a.gpu);
-      const std::string_view gb(b.gpu);
-      if (ga != gb) return ga < gb;
-      return a.xid < b.xid;
+      return a.xid == b.xid && std::string_view(a.gpu) == std::string_view(b.gpu);
     }
   };
   struct State {
@@ -114,9 +121,10 @@ class XidPolicy {
 
   XidCatalog catalog_;
   SiteOverrides overrides_;
-  std::map<Key, State, KeyLess> states_;
-  // Keys in order of last use, so eviction at the cap is O(log n) even under a flood of
-  // distinct keys. Map keys do not move, so pointers to them stay valid until erased.
+  std::unordered_map<Key, State, KeyHash, KeyEqual> states_;
+  // Keys in order of last use, so eviction at the cap is O(1) even under a flood of distinct
+  // keys. Map keys do not move (not even on rehash), so pointers to them stay valid until
+  // erased.
   std::list<const Key*> lru_;
   uint64_t evictions_ = 0;
 };
