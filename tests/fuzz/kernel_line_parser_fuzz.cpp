@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "modules/gpu_health/kernel_line_parser.hpp"
@@ -49,12 +50,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const ParsedLine parsed = gns::gpu_health::ParseKernelLine(message);
 
   if (const auto* x = parsed.xid()) {
-    Check(x->detail.size() <= gns::gpu_health::kMaxDetailBytes);
-    Check(PrintableUtf8(x->detail));
-    if (x->process_name) {
-      Check(x->process_name->size() <= gns::gpu_health::kMaxProcessNameBytes);
-      Check(PrintableUtf8(*x->process_name));
+    const std::string detail = x->detail();
+    Check(detail.size() <= gns::gpu_health::kMaxDetailBytes);
+    Check(PrintableUtf8(detail));
+    // Cut only when the next character (at most 4 bytes) would not have fitted.
+    Check(!x->detail_truncated() || detail.size() + 4 > gns::gpu_health::kMaxDetailBytes);
+    if (const auto name = x->process_name()) {
+      Check(name->size() <= gns::gpu_health::kMaxProcessNameBytes);
+      Check(PrintableUtf8(*name));
     }
+    // The raw text is a view into the message.
+    Check(x->raw_detail.empty() || (x->raw_detail.data() >= message.data() &&
+                                    x->raw_detail.data() + x->raw_detail.size() <= message.data() + size));
     Check(x->pci.device <= 0x1F && x->pci.function <= 7);
   }
   if (const auto* u = parsed.gpu_uuid()) {

@@ -235,7 +235,7 @@ void GpuHealthModule::OnKernelLine(const journald::JournalLine& line, bool ackno
       return;
     case LineKind::kXid: {
       const XidLine& x = *parsed.xid();
-      HandleXid(UuidForPci(x.pci), x.pci, x.xid, at, "kernel", x.detail);
+      HandleXid(UuidForPci(x.pci), x.pci, x.xid, at, "kernel", x.raw_detail);
       return;
     }
     case LineKind::kGpuUuid:
@@ -301,7 +301,8 @@ void GpuHealthModule::HandleXid(const std::string& uuid, const std::optional<Pci
   event.is_fatal = decision.verdict == Verdict::kFatal;
   event.is_healthy = false;
   event.message = name;
-  if (!detail.empty()) event.message += ": " + std::string(detail.substr(0, 512));
+  // Sanitised only now: most occurrences are not emitted.
+  if (!detail.empty()) event.message += ": " + SanitizedText(detail, kMaxDetailBytes).substr(0, 512);
   if (decision.verdict == Verdict::kBelowThreshold) {
     event.message += " (" + std::to_string(decision.count_in_window) + " of " + std::to_string(decision.threshold) +
                      " within the window)";

@@ -103,6 +103,7 @@ class GpuHealthModule final : public Module {
   void OnKernelLine(const journald::JournalLine& line, bool acknowledgement);
   void OnNvmlXid(const gpu_inventory::XidObservation& xid);
   void OnBoot(const std::string& boot_id);
+  // `detail`: raw text (the kernel line's XidLine::raw_detail), sanitised if it is reported.
   void HandleXid(const std::string& uuid, const std::optional<PciAddress>& pci, uint32_t xid, Timestamp at,
                  std::string_view source, std::string_view detail);
   void HandleResetAck(const std::string& uuid, std::optional<bool> success);

@@ -6,8 +6,14 @@
 #include "modules/gpu_health/kernel_line_parser.hpp"
 
 #include <algorithm>
-#include <cstdio>
+#include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace gns::gpu_health {
 namespace {
@@ -59,7 +65,8 @@ class Cursor {
   [[nodiscard]] bool AtLineEnd() const { return pos_ >= text_.size() || IsLineEnd(text_[pos_]); }
   [[nodiscard]] bool Peek(char c) const { return pos_ < text_.size() && text_[pos_] == c; }
   [[nodiscard]] bool StartsWith(std::string_view lit) const {
-    return text_.substr(pos_).starts_with(lit);
+    // pos_ <= size always; a memcmp of a literal's constant length is inlined.
+    return text_.size() - pos_ >= lit.size() && std::memcmp(text_.data() + pos_, lit.data(), lit.size()) == 0;
   }
 
   bool Consume(char c) {
@@ -153,6 +160,23 @@ std::size_t Utf8SequenceLength(std::string_view in, std::size_t i) {
   return 0;
 }
 
+// The end of the run of printable ASCII that starts at in[i]; 16 bytes at a time where SSE2 is
+// there.
+std::size_t PlainAsciiRun(std::string_view in, std::size_t i) {
+#if defined(__SSE2__)
+  const __m128i space = _mm_set1_epi8(0x20);
+  const __m128i del = _mm_set1_epi8(0x7F);
+  for (; i + 16 <= in.size(); i += 16) {
+    const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.data() + i));
+    // Signed compare: bytes 0x80..0xFF are negative, so below ' ' too.
+    const __m128i other = _mm_or_si128(_mm_cmplt_epi8(chunk, space), _mm_cmpeq_epi8(chunk, del));
+    if (const int mask = _mm_movemask_epi8(other); mask != 0) return i + static_cast<std::size_t>(__builtin_ctz(mask));
+  }
+#endif
+  while (i < in.size() && IsPlainAscii(in[i])) ++i;
+  return i;
+}
+
 // Copies `in` as printable, valid UTF-8 of at most `cap` bytes: the strings end up in
 // protobuf string fields (which must be UTF-8), JSON and log lines. Invalid bytes and
 // control characters become '?', tabs become spaces. Returns true when text was cut.
@@ -163,8 +187,7 @@ bool CopySanitized(std::string& out, std::string_view in, std::size_t cap) {
   while (i < in.size()) {
     // Printable ASCII (nearly all of a real line) is kept as it is: copy the whole run at
     // once, up to the cap, instead of appending byte by byte.
-    std::size_t run = i;
-    while (run < in.size() && IsPlainAscii(in[run])) ++run;
+    const std::size_t run = PlainAsciiRun(in, i);
     if (run > i) {
       const std::size_t room = cap - out.size();
       if (run - i > room) {
@@ -207,10 +230,69 @@ std::string_view TrimTrailingBlanks(std::string_view s) {
   return s;
 }
 
-ParsedLine Malformed(LineKind attempted, std::size_t offset, std::string_view expected) {
-  ParsedLine out;
-  out.payload = MalformedLine{attempted, offset, expected};
+// True when `lit` is at text[at]. With `lit` a constant the compare is inlined.
+bool HasAt(std::string_view text, std::size_t at, std::string_view lit) {
+  return text.size() - at >= lit.size() && std::memcmp(text.data() + at, lit.data(), lit.size()) == 0;
+}
+
+// Calls visit(i) for every i, in increasing order, where text[i] is 'N' or 'G' (how "NVRM" and
+// "GPU reset " start), until visit returns true. One pass over the message, 16 bytes at a
+// time where SSE2 is there: what decides that nearly every kernel line is unrelated.
+template <typename Visit>
+void ForEachMarkerStart(std::string_view text, Visit&& visit) {
+  const char* const p = text.data();
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  if (n >= 16) {
+    const __m128i n_byte = _mm_set1_epi8('N');
+    const __m128i g_byte = _mm_set1_epi8('G');
+    auto candidates = [&](std::size_t at) {
+      const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
+      return static_cast<unsigned>(
+          _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(chunk, n_byte), _mm_cmpeq_epi8(chunk, g_byte))));
+    };
+    auto each = [&](std::size_t base, unsigned mask) {
+      for (; mask != 0; mask &= mask - 1) {
+        if (visit(base + static_cast<std::size_t>(__builtin_ctz(mask)))) return true;
+      }
+      return false;
+    };
+    for (; i + 16 <= n; i += 16) {
+      if (each(i, candidates(i))) return;
+    }
+    if (i < n) {  // the last 16 bytes again, without the ones already visited
+      const std::size_t base = n - 16;
+      each(base, candidates(base) & ~((1u << (i - base)) - 1));
+    }
+    return;
+  }
+#endif
+  for (; i < n; ++i) {
+    if ((p[i] == 'N' || p[i] == 'G') && visit(i)) return;
+  }
+}
+
+// Every result is copied from this constant and then given its alternative in place: GCC
+// builds a std::variant of any alternative by first zeroing all of it (over a hundred bytes
+// here, with a rep stos that costs more than scanning an unrelated line, and stalls the next
+// read of the index), while the copy of a monostate variant writes only the index.
+constinit const ParsedLine kUnrelated{};
+
+ParsedLine Unrelated() { return kUnrelated; }
+
+// A ParsedLine holding `line`. One return of one named object, so it is built in the caller's
+// result (and every parser returns such prvalues, never a named ParsedLine, which would be
+// moved through std::visit).
+template <typename Line>
+ParsedLine Parsed(Line&& line) {
+  ParsedLine out = kUnrelated;
+  out.payload.emplace<std::decay_t<Line>>(std::forward<Line>(line));
   return out;
+}
+
+ParsedLine Malformed(LineKind attempted, std::size_t offset, std::string_view expected) {
+  return Parsed(MalformedLine{attempted, offset, expected});
 }
 
 // "domain:bus:device[.function]" at the cursor. On failure returns what was expected.
@@ -340,23 +422,16 @@ ParsedLine ParseXid(std::string_view msg, std::size_t marker) {
       const std::size_t comma = rest.find(", ");
       std::string_view name = rest.substr(0, comma);
       name = TrimTrailingBlanks(name);
-      if (name != kUnknown) {
-        std::string copy;
-        CopySanitized(copy, name, kMaxProcessNameBytes);
-        x.process_name = std::move(copy);
-      }
+      if (name != kUnknown) x.raw_process_name = name;
       std::string_view detail = comma == std::string_view::npos ? std::string_view{}
                                                                  : rest.substr(comma + 2);
       while (!detail.empty() && IsBlank(detail.front())) detail.remove_prefix(1);
-      x.detail_truncated = CopySanitized(x.detail, TrimTrailingBlanks(detail), kMaxDetailBytes);
+      x.raw_detail = TrimTrailingBlanks(detail);
     } else {
-      x.detail_truncated =
-          CopySanitized(x.detail, TrimTrailingBlanks(c.RestOfLine()), kMaxDetailBytes);
+      x.raw_detail = TrimTrailingBlanks(c.RestOfLine());
     }
   }
-  ParsedLine out;
-  out.payload = std::move(x);
-  return out;
+  return Parsed(std::move(x));
 }
 
 ParsedLine ParseGpuUuid(std::string_view msg, std::size_t marker) {
@@ -371,9 +446,7 @@ ParsedLine ParseGpuUuid(std::string_view msg, std::size_t marker) {
   c.SkipBlanks();
   auto uuid = UuidAt(c, msg);
   if (!uuid) return fail("expected 'GPU-' followed by hex digits and dashes");
-  ParsedLine out;
-  out.payload = GpuUuidLine{*pci, std::move(*uuid)};
-  return out;
+  return Parsed(GpuUuidLine{*pci, std::move(*uuid)});
 }
 
 ParsedLine ParseFallenOffBus(std::string_view msg) {
@@ -396,9 +469,7 @@ ParsedLine ParseFallenOffBus(std::string_view msg) {
       }
     }
   }
-  ParsedLine out;
-  out.payload = f;
-  return out;
+  return Parsed(f);
 }
 
 ParsedLine ParseResetAck(std::string_view msg, std::size_t marker, std::size_t marker_size) {
@@ -419,9 +490,7 @@ ParsedLine ParseResetAck(std::string_view msg, std::size_t marker, std::size_t m
       return fail("expected 'true' or 'false' after 'success: '");
     }
   }
-  ParsedLine out;
-  out.payload = std::move(ack);
-  return out;
+  return Parsed(std::move(ack));
 }
 
 }  // namespace
@@ -435,10 +504,22 @@ uint64_t PciAddress::DeviceKey() const noexcept {
 }
 
 std::string PciAddress::ToString() const {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%04x:%02x:%02x", static_cast<unsigned>(domain),
-                static_cast<unsigned>(bus), static_cast<unsigned>(device));
-  return buf;
+  // printf's "%04x:%02x:%02x" by hand: gpu-health formats the address of every Xid line, and
+  // snprintf's format parsing costs more than the rest of the formatting. At most 14
+  // characters, so the string stays inline (no allocation).
+  constexpr char kDigits[] = "0123456789abcdef";
+  char buf[16];
+  std::size_t n = 0;
+  int digits = 8;
+  while (digits > 4 && ((domain >> ((digits - 1) * 4)) & 0xF) == 0) --digits;
+  for (int d = digits - 1; d >= 0; --d) buf[n++] = kDigits[(domain >> (d * 4)) & 0xF];
+  buf[n++] = ':';
+  buf[n++] = kDigits[bus >> 4];
+  buf[n++] = kDigits[bus & 0xF];
+  buf[n++] = ':';
+  buf[n++] = kDigits[device >> 4];
+  buf[n++] = kDigits[device & 0xF];
+  return std::string(buf, n);
 }
 
 std::optional<PciAddress> ParsePciAddress(std::string_view text) noexcept {
@@ -476,6 +557,26 @@ std::string_view LineKindName(LineKind kind) noexcept {
   return "unknown";
 }
 
+std::string SanitizedText(std::string_view text, std::size_t cap, bool* truncated) {
+  std::string out;
+  const bool cut = CopySanitized(out, text, cap);
+  if (truncated != nullptr) *truncated = cut;
+  return out;
+}
+
+std::optional<std::string> XidLine::process_name() const {
+  if (!raw_process_name) return std::nullopt;
+  return SanitizedText(*raw_process_name, kMaxProcessNameBytes);
+}
+
+std::string XidLine::detail() const { return SanitizedText(raw_detail, kMaxDetailBytes); }
+
+bool XidLine::detail_truncated() const {
+  bool truncated = false;
+  (void)SanitizedText(raw_detail, kMaxDetailBytes, &truncated);
+  return truncated;
+}
+
 std::string MalformedLine::Reason() const {
   std::string out(LineKindName(attempted));
   out += " line, byte ";
@@ -486,40 +587,55 @@ std::string MalformedLine::Reason() const {
 }
 
 LineKind ParsedLine::kind() const noexcept {
-  if (std::holds_alternative<XidLine>(payload)) return LineKind::kXid;
-  if (std::holds_alternative<GpuUuidLine>(payload)) return LineKind::kGpuUuid;
-  if (std::holds_alternative<FallenOffBusLine>(payload)) return LineKind::kFallenOffBus;
-  if (std::holds_alternative<ResetAckLine>(payload)) return LineKind::kResetAck;
-  if (std::holds_alternative<MalformedLine>(payload)) return LineKind::kMalformed;
-  return LineKind::kUnrelated;
+  // The order of the variant's alternatives: monostate, XidLine, GpuUuidLine, FallenOffBusLine,
+  // ResetAckLine, MalformedLine.
+  static constexpr LineKind kByIndex[] = {LineKind::kUnrelated,    LineKind::kXid,      LineKind::kGpuUuid,
+                                          LineKind::kFallenOffBus, LineKind::kResetAck, LineKind::kMalformed};
+  static_assert(std::size(kByIndex) == std::variant_size_v<decltype(payload)>);
+  const std::size_t index = payload.index();
+  return index < std::size(kByIndex) ? kByIndex[index] : LineKind::kUnrelated;  // npos: valueless
 }
 
 ParsedLine ParseKernelLine(std::string_view message) noexcept {
-  // Nearly every kernel line is unrelated: two substring searches (memchr for the first
-  // byte, then a compare) decide that. The markers all start with "NVRM" or "GPU reset ", so
-  // the later searches start where those were first found.
-  if (const std::size_t nvrm = message.find(kNvrm); nvrm != std::string_view::npos) {
-    for (std::size_t p = message.find(kXidMarker, nvrm); p != std::string_view::npos;
-         p = message.find(kXidMarker, p + 1)) {
-      // "NVRM: Xid" must be a word of its own ("NVRM: Xids …" is something else).
-      const std::size_t next = p + kXidMarker.size();
-      if (next < message.size() && message[next] != ' ' && message[next] != '(') continue;
-      return ParseXid(message, p);
+  // Nearly every kernel line is unrelated. Every marker starts with "NVRM" or "GPU reset ",
+  // so one pass over the 'N's and 'G's of the message finds the first valid "NVRM: Xid" (it
+  // wins wherever it is), the first "NVRM: GPU at PCI:" and the first "GPU reset ".
+  constexpr std::size_t npos = std::string_view::npos;
+  bool nvrm = false;
+  std::size_t xid = npos;
+  std::size_t gpu_at = npos;
+  std::size_t reset = npos;
+  ForEachMarkerStart(message, [&](std::size_t at) {
+    if (message[at] == 'N') {
+      if (!HasAt(message, at, kNvrm)) return false;
+      nvrm = true;
+      if (HasAt(message, at, kXidMarker)) {
+        // "NVRM: Xid" must be a word of its own ("NVRM: Xids …" is something else).
+        const std::size_t next = at + kXidMarker.size();
+        if (next >= message.size() || message[next] == ' ' || message[next] == '(') {
+          xid = at;
+          return true;
+        }
+      } else if (gpu_at == npos && HasAt(message, at, kGpuAtMarker)) {
+        gpu_at = at;
+      }
+    } else if (reset == npos && HasAt(message, at, kResetCommon)) {
+      reset = at;
     }
-    if (const std::size_t p = message.find(kGpuAtMarker, nvrm); p != std::string_view::npos) {
-      return ParseGpuUuid(message, p);
+    return false;
+  });
+  if (xid != npos) return ParseXid(message, xid);
+  if (gpu_at != npos) return ParseGpuUuid(message, gpu_at);
+  if (nvrm && message.find(kFallenText) != npos) return ParseFallenOffBus(message);
+  if (reset != npos) {
+    if (const std::size_t p = message.find(kResetExecuted, reset); p != npos) {
+      return ParseResetAck(message, p, kResetExecuted.size());
     }
-    if (message.find(kFallenText) != std::string_view::npos) return ParseFallenOffBus(message);
+    if (const std::size_t p = message.find(kResetOccurred, reset); p != npos) {
+      return ParseResetAck(message, p, kResetOccurred.size());
+    }
   }
-  const std::size_t reset = message.find(kResetCommon);
-  if (reset == std::string_view::npos) return {};
-  if (const std::size_t p = message.find(kResetExecuted, reset); p != std::string_view::npos) {
-    return ParseResetAck(message, p, kResetExecuted.size());
-  }
-  if (const std::size_t p = message.find(kResetOccurred, reset); p != std::string_view::npos) {
-    return ParseResetAck(message, p, kResetOccurred.size());
-  }
-  return {};
+  return Unrelated();
 }
 
 }  // namespace gns::gpu_health

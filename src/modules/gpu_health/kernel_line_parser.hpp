@@ -5,6 +5,10 @@
 // The parser is pure and framework-free (no Asio, no logging) so the fuzz target can compile
 // it alone. It never throws on input and never allocates except for the strings it returns,
 // whose sizes are capped (kMax*Bytes), so a hostile or corrupted message cannot make it grow.
+// An Xid line's free text (process name, detail) comes back as views into the message and is
+// sanitised only when asked for (XidLine::detail() …): the module reads it only for the few
+// occurrences it reports, and Xid floods arrive by the thousand. A ParsedLine must therefore
+// not outlive the message it was parsed from.
 #pragma once
 
 #include <cstddef>
@@ -57,20 +61,33 @@ enum class LineKind : uint8_t {
 
 [[nodiscard]] std::string_view LineKindName(LineKind kind) noexcept;
 
+// `text` as printable, valid UTF-8 of at most `cap` bytes, cut at a character boundary:
+// invalid bytes and control characters become '?', tabs become spaces. *truncated (when given)
+// says whether it was cut. What XidLine's text accessors return.
+[[nodiscard]] std::string SanitizedText(std::string_view text, std::size_t cap, bool* truncated = nullptr);
+
 struct XidLine {
   PciAddress pci;
   uint32_t xid = 0;
   // Absent when the driver printed pid='<unknown>' or an old format without pid=.
   std::optional<uint32_t> pid;
-  // Absent when the driver printed name=<unknown> or an old format without name=.
-  // Cut at the first ", " (the driver does not escape it); sanitised to printable UTF-8.
-  std::optional<std::string> process_name;
   // MIG attribution ("GPU-I:nn", "GPU-CI:nn") when the driver printed it.
   std::optional<uint32_t> gpu_instance;
   std::optional<uint32_t> compute_instance;
-  // The free text after the fixed fields, up to the end of the line, sanitised.
-  std::string detail;
-  bool detail_truncated = false;
+  // The process name as the message has it: absent when the driver printed name=<unknown> or
+  // an old format without name=; cut at the first ", " (the driver does not escape it). A
+  // view into the message, raw bytes: valid only while the message is.
+  std::optional<std::string_view> raw_process_name;
+  // The free text after the fixed fields, up to the end of the line, blanks around it trimmed:
+  // a view into the message, raw bytes, like raw_process_name.
+  std::string_view raw_detail;
+
+  // The process name sanitised (SanitizedText), at most kMaxProcessNameBytes.
+  [[nodiscard]] std::optional<std::string> process_name() const;
+  // The detail sanitised (SanitizedText), at most kMaxDetailBytes.
+  [[nodiscard]] std::string detail() const;
+  // True when detail() had to be cut.
+  [[nodiscard]] bool detail_truncated() const;
 };
 
 struct GpuUuidLine {
@@ -119,7 +136,8 @@ struct ParsedLine {
 };
 
 // Classifies one message. The markers are searched, not anchored, because the text may
-// carry a "[  123.456] " or syslog prefix. A message holding several NVRM lines (journald
+// carry a "[  123.456] " or syslog prefix. The result may point into `message` (XidLine's raw
+// text): keep it no longer than the message. A message holding several NVRM lines (journald
 // keeps a multi-line printk together) is classified by its first Xid line if it has one.
 // noexcept: every allocation is bounded by the caps above; running out of memory for a
 // kilobyte string terminates, like everywhere else in the daemon.

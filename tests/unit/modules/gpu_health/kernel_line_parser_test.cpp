@@ -70,11 +70,11 @@ TEST_P(XidVariants, ExtractsEveryField) {
   EXPECT_TRUE(x.pci.SameDevice(Pci(c.pci))) << x.pci.ToString();
   EXPECT_EQ(x.xid, c.xid);
   EXPECT_EQ(x.pid, c.pid);
-  EXPECT_EQ(x.process_name, c.process_name);
+  EXPECT_EQ(x.process_name(), c.process_name);
   EXPECT_EQ(x.gpu_instance, c.gpu_instance);
   EXPECT_EQ(x.compute_instance, c.compute_instance);
-  EXPECT_EQ(x.detail, c.detail);
-  EXPECT_FALSE(x.detail_truncated);
+  EXPECT_EQ(x.detail(), c.detail);
+  EXPECT_FALSE(x.detail_truncated());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -330,10 +330,10 @@ TEST(KernelLineParser, NulBytesAndInvalidUtf8AreSanitised) {
       "NVRM: Xid (PCI:0000:01:00): 13, pid=7, name=a\0b, de\0tail \xff\xfe caf\xc3\xa9 \xe2\x82"s;
   const ParsedLine p = ParseKernelLine(line);
   ASSERT_EQ(p.kind(), LineKind::kXid);
-  EXPECT_EQ(p.xid()->process_name, "a?b");
+  EXPECT_EQ(p.xid()->process_name(), "a?b");
   // é stays; the lone 0xff, 0xfe and the cut-off 3-byte sequence become '?'.
-  EXPECT_EQ(p.xid()->detail, "de?tail ?? caf\xc3\xa9 ??");
-  EXPECT_TRUE(PrintableUtf8(p.xid()->detail));
+  EXPECT_EQ(p.xid()->detail(), "de?tail ?? caf\xc3\xa9 ??");
+  EXPECT_TRUE(PrintableUtf8(p.xid()->detail()));
 }
 
 TEST(KernelLineParser, EnormousInputsAreCapped) {
@@ -342,7 +342,7 @@ TEST(KernelLineParser, EnormousInputsAreCapped) {
   prefixed += " NVRM: Xid (PCI:0000:01:00): 48, pid=1, name=x, DBE";
   const ParsedLine found = ParseKernelLine(prefixed);
   ASSERT_EQ(found.kind(), LineKind::kXid);
-  EXPECT_EQ(found.xid()->detail, "DBE");
+  EXPECT_EQ(found.xid()->detail(), "DBE");
 
   // A 4 MiB detail of two-byte characters is cut at a character boundary.
   std::string huge = "NVRM: Xid (PCI:0000:01:00): 48, pid=1, name=";
@@ -351,12 +351,12 @@ TEST(KernelLineParser, EnormousInputsAreCapped) {
   for (int i = 0; i < (1 << 21); ++i) huge += "\xc3\xa9";
   const ParsedLine capped = ParseKernelLine(huge);
   ASSERT_EQ(capped.kind(), LineKind::kXid);
-  EXPECT_LE(capped.xid()->detail.size(), kMaxDetailBytes);
-  EXPECT_GE(capped.xid()->detail.size(), kMaxDetailBytes - 1);
-  EXPECT_TRUE(capped.xid()->detail_truncated);
-  EXPECT_TRUE(PrintableUtf8(capped.xid()->detail));
-  ASSERT_TRUE(capped.xid()->process_name.has_value());
-  EXPECT_EQ(capped.xid()->process_name->size(), kMaxProcessNameBytes);
+  EXPECT_LE(capped.xid()->detail().size(), kMaxDetailBytes);
+  EXPECT_GE(capped.xid()->detail().size(), kMaxDetailBytes - 1);
+  EXPECT_TRUE(capped.xid()->detail_truncated());
+  EXPECT_TRUE(PrintableUtf8(capped.xid()->detail()));
+  ASSERT_TRUE(capped.xid()->process_name().has_value());
+  EXPECT_EQ(capped.xid()->process_name()->size(), kMaxProcessNameBytes);
 
   // A run of digits in the XID field is rejected without overflow.
   std::string digits = "NVRM: Xid (PCI:0000:01:00): " + std::string(1 << 20, '9') + ", x";
@@ -387,10 +387,10 @@ TEST(KernelLineParser, PseudoRandomGarbageNeverBreaksInvariants) {
     }
     const ParsedLine p = ParseKernelLine(msg);
     if (const XidLine* x = p.xid()) {
-      EXPECT_LE(x->detail.size(), kMaxDetailBytes);
-      EXPECT_TRUE(PrintableUtf8(x->detail));
-      if (x->process_name) {
-        EXPECT_TRUE(PrintableUtf8(*x->process_name));
+      EXPECT_LE(x->detail().size(), kMaxDetailBytes);
+      EXPECT_TRUE(PrintableUtf8(x->detail()));
+      if (x->process_name()) {
+        EXPECT_TRUE(PrintableUtf8(*x->process_name()));
       }
     }
     if (const MalformedLine* m = p.malformed()) {
