@@ -3,7 +3,8 @@
 //      by Debian's systemd-journal-remote: kernel lines, mixed NVRM Xid variants and noise),
 //      alternated in the same run: raw = sd_journal_next + sd_journal_get_data("MESSAGE");
 //      classify = the same iteration + the entry's realtime stamp + ParseKernelLine + PCI → GPU
-//      + XidPolicy::Decide (catalog and site policy), as gpu-health does. Target ≥ 0.8× raw;
+//      (GpuDirectory) + XidPolicy::Decide (catalog and site policy), the calls gpu-health makes
+//      for a kernel line up to its decision. Target ≥ 0.8× raw;
 //  (b) journal append → Unhealthy at the kubelet simulator: the real journald, gpu-health and
 //      device-plugin modules on their own loop thread (the inventory of gpus-8.json published on
 //      the bus), the kubelet simulator on its threads, a long-running systemd-journal-remote fed
@@ -28,6 +29,7 @@
 #include "loop/metrics_registry.hpp"
 #include "loop/services.hpp"
 #include "modules/device_plugin/device_plugin_module.hpp"
+#include "modules/gpu_health/gpu_directory.hpp"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_health/kernel_line_parser.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -53,7 +55,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -192,23 +193,15 @@ PassResult RawPass(sd_journal* j) {
   return r;
 }
 
-// What gpu-health does with one kernel line, minus publishing.
+// What gpu-health does with one kernel line, minus publishing: the module's own calls
+// (GpuHealthModule::OnKernelLine → HandleXid) up to the policy's decision; the metrics,
+// events and DeviceHealth that follow a decision are left out.
 PassResult ClassifyPass(sd_journal* j, gns::gpu_health::XidPolicy& policy,
                         const gns::gpu_inventory::GpuInventory& inventory) {
   using namespace gns::gpu_health;
   PassResult r;
-  std::unordered_map<uint64_t, std::string> uuids;  // PCI device key → UUID (inventory, then learned)
-  for (const auto& g : inventory.gpus) {
-    PciAddress pci;
-    pci.domain = g.pci.domain;
-    pci.bus = static_cast<uint8_t>(g.pci.bus);
-    pci.device = static_cast<uint8_t>(g.pci.device);
-    uuids[pci.DeviceKey()] = g.uuid;
-  }
-  auto gpu_for = [&](const PciAddress& pci) {
-    const auto it = uuids.find(pci.DeviceKey());
-    return it != uuids.end() ? it->second : "PCI:" + pci.ToString();
-  };
+  GpuDirectory directory;  // PCI → UUID: the inventory, then what the kernel log teaches
+  directory.SetInventory(inventory.gpus);
   const auto start = Clock::now();
   if (sd_journal_seek_head(j) < 0) Fail("sd_journal_seek_head");
   std::string_view message;
@@ -226,20 +219,25 @@ PassResult ClassifyPass(sd_journal* j, gns::gpu_health::XidPolicy& policy,
         break;
       case LineKind::kXid: {
         const XidLine& x = *parsed.xid();
-        ++r.verdicts[static_cast<int>(policy.Decide(gpu_for(x.pci), x.xid, at).verdict)];
+        const XidSubject who = directory.SubjectFor(x.pci);
+        ++r.verdicts[static_cast<int>(policy.Decide(who.policy_id(), x.xid, at).verdict)];
         break;
       }
       case LineKind::kGpuUuid:
-        uuids[parsed.gpu_uuid()->pci.DeviceKey()] = parsed.gpu_uuid()->uuid;
+        directory.Learn(parsed.gpu_uuid()->pci, parsed.gpu_uuid()->uuid);
         break;
       case LineKind::kFallenOffBus:
         if (parsed.fallen_off_bus()->pci) {
-          ++r.verdicts[static_cast<int>(policy.Decide(gpu_for(*parsed.fallen_off_bus()->pci), 79, at).verdict)];
+          const XidSubject who = directory.SubjectFor(*parsed.fallen_off_bus()->pci);
+          ++r.verdicts[static_cast<int>(policy.Decide(who.policy_id(), 79, at).verdict)];
         }
         break;
-      case LineKind::kResetAck:
-        policy.ForgetGpu(parsed.reset_ack()->uuid);
+      case LineKind::kResetAck: {  // HandleResetAck's policy part (a successful reset)
+        const std::string& uuid = parsed.reset_ack()->uuid;
+        policy.ForgetGpu(uuid);
+        if (const std::string pci = directory.PciForUuid(uuid); !pci.empty()) policy.ForgetGpu(PciPolicyId(pci));
         break;
+      }
       case LineKind::kMalformed:
         ++r.malformed;
         break;

@@ -61,16 +61,6 @@ std::string_view MalformedKind(LineKind attempted) {
   }
 }
 
-std::string PciKeyString(const PciAddress& pci) { return pci.ToString(); }
-
-PciAddress FromInventory(const gpu_inventory::PciAddress& p) {
-  PciAddress out;
-  out.domain = p.domain;
-  out.bus = static_cast<uint8_t>(p.bus);
-  out.device = static_cast<uint8_t>(p.device);
-  return out;
-}
-
 int64_t UnixMs(const Clock& clock) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(clock.WallNow().time_since_epoch()).count();
 }
@@ -180,10 +170,13 @@ void GpuHealthModule::Stop(std::function<void()> done) {
 // --- inputs -------------------------------------------------------------------------------
 
 void GpuHealthModule::OnInventory(const gpu_inventory::GpuInventory& inventory) {
-  if (!inventory.gpus.empty()) gpus_ = inventory.gpus;
+  if (!inventory.gpus.empty()) {
+    gpus_ = inventory.gpus;
+    directory_.SetInventory(gpus_);
+  }
   // XIDs that arrived before we knew which GPU sits at their PCI address.
   for (auto it = pending_.begin(); it != pending_.end();) {
-    const auto uuid = UuidForPci(it->second.address);
+    const std::string uuid(directory_.UuidForPci(it->second.address));
     if (uuid.empty()) {
       ++it;
       continue;
@@ -235,7 +228,7 @@ void GpuHealthModule::OnKernelLine(const journald::JournalLine& line, bool ackno
       return;
     case LineKind::kXid: {
       const XidLine& x = *parsed.xid();
-      HandleXid(UuidForPci(x.pci), x.pci, x.xid, at, "kernel", x.raw_detail);
+      HandleXid(directory_.SubjectFor(x.pci), x.xid, at, "kernel", x.raw_detail);
       return;
     }
     case LineKind::kGpuUuid:
@@ -248,7 +241,7 @@ void GpuHealthModule::OnKernelLine(const journald::JournalLine& line, bool ackno
         return;
       }
       // The driver reports it as XID 79 too; the policy's dedup folds the two together.
-      HandleXid(UuidForPci(*f.pci), *f.pci, 79, at, "kernel", "GPU has fallen off the bus");
+      HandleXid(directory_.SubjectFor(*f.pci), 79, at, "kernel", "GPU has fallen off the bus");
       return;
     }
     case LineKind::kResetAck:
@@ -268,39 +261,50 @@ void GpuHealthModule::OnNvmlXid(const gpu_inventory::XidObservation& xid) {
     return;
   }
   std::optional<PciAddress> pci;
-  if (const auto text = PciForUuid(xid.uuid); !text.empty()) pci = ParsePciAddress(text);
+  if (const auto text = directory_.PciForUuid(xid.uuid); !text.empty()) pci = ParsePciAddress(text);
   const int64_t ms = xid.observed_unix_ms != 0 ? xid.observed_unix_ms : UnixMs(context_.GetClock());
-  HandleXid(xid.uuid, pci, static_cast<uint32_t>(xid.xid), Timestamp(ms * 1000), "nvml", {});
+  HandleXid(XidSubject(xid.uuid, pci), static_cast<uint32_t>(xid.xid), Timestamp(ms * 1000), "nvml", {});
 }
 
 // --- decisions ----------------------------------------------------------------------------
 
-void GpuHealthModule::HandleXid(const std::string& uuid, const std::optional<PciAddress>& pci, uint32_t xid,
-                                Timestamp at, std::string_view source, std::string_view detail) {
-  const std::string pci_text = pci ? PciKeyString(*pci) : std::string();
-  const std::string gpu_id = !uuid.empty() ? uuid : "PCI:" + pci_text;
-  XidCounter(uuid.empty() ? pci_text : uuid, xid).Inc();
-  const XidDecision decision = policy_.Decide(gpu_id, xid, at);
+void GpuHealthModule::HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, std::string_view source,
+                                std::string_view detail) {
+  // Runs for every Xid line: nothing here allocates until something is reported or changes.
+  const std::string_view uuid = who.uuid();
+  const std::optional<PciAddress>& pci = who.address();
+  if (uuid.empty()) {
+    XidCounter(who.pci(), xid).Inc();  // labelled by PCI address until the UUID is known
+  } else {
+    XidCounter(uuid, xid).Inc();
+  }
+  const XidDecision decision = policy_.Decide(who.policy_id(), xid, at);
   if (decision.verdict == Verdict::kIgnored) return;
   if (!decision.known_xid) Bad("unknown_xid", "XID " + std::to_string(xid) + " is not in the catalog: CONTACT_SUPPORT");
   if (uuid.empty() && !gpus_.empty()) {
-    Bad("unknown_pci", "XID " + std::to_string(xid) + " on PCI " + pci_text + ", which is none of our GPUs");
+    Bad("unknown_pci", "XID " + std::to_string(xid) + " on PCI " + who.pci() + ", which is none of our GPUs");
   }
   if (!decision.emit) suppressed_total_->Inc();
-  const std::string name = decision.mnemonic.empty() ? "XID " + std::to_string(xid) : std::string(decision.mnemonic);
+  auto name = [&] {
+    return decision.mnemonic.empty() ? "XID " + std::to_string(xid) : std::string(decision.mnemonic);
+  };
   if (decision.verdict == Verdict::kFatal) {
-    const std::string reason = "XID " + std::to_string(xid) + " (" + name + ")";
+    auto reason = [&] { return "XID " + std::to_string(xid) + " (" + name() + ")"; };
     if (!uuid.empty()) {
-      MarkUnhealthy(uuid, pci_text, reason, xid, decision.action);
+      // Already Unhealthy for this XID: MarkUnhealthy would change nothing.
+      const auto it = devices_.find(uuid);
+      if (it == devices_.end() || !it->second.published || it->second.health.healthy || it->second.health.xid != xid) {
+        MarkUnhealthy(std::string(uuid), who.pci(), reason(), xid, decision.action);
+      }
     } else if (pci && (pending_.size() < kMaxPending || pending_.count(pci->DeviceKey()))) {
-      pending_[pci->DeviceKey()] = Pending{*pci, pci_text, reason, xid, decision.action};
+      pending_[pci->DeviceKey()] = Pending{*pci, who.pci(), reason(), xid, decision.action};
     }
   }
   if (!decision.emit) return;
   auto event = NewEvent(source);
   event.is_fatal = decision.verdict == Verdict::kFatal;
   event.is_healthy = false;
-  event.message = name;
+  event.message = name();
   // Sanitised only now: most occurrences are not emitted.
   if (!detail.empty()) event.message += ": " + SanitizedText(detail, kMaxDetailBytes).substr(0, 512);
   if (decision.verdict == Verdict::kBelowThreshold) {
@@ -310,8 +314,8 @@ void GpuHealthModule::HandleXid(const std::string& uuid, const std::optional<Pci
   event.recommended_action = static_cast<int>(decision.action);
   event.recommended_action_name = std::string(ActionName(decision.action));
   event.error_code = {std::to_string(xid)};
-  if (pci) event.entities_impacted.push_back({"PCI", pci_text});
-  if (!uuid.empty()) event.entities_impacted.push_back({"GPU_UUID", uuid});
+  if (pci) event.entities_impacted.push_back({"PCI", who.pci()});
+  if (!uuid.empty()) event.entities_impacted.push_back({"GPU_UUID", std::string(uuid)});
   event.suppressed_before = decision.suppressed_before;
   const bool reportable = decision.verdict == Verdict::kFatal || decision.verdict == Verdict::kNonFatal;
   Emit(std::move(event), reportable, "Warning", decision.verdict == Verdict::kFatal ? "GpuXidFatal" : "GpuXid");
@@ -328,8 +332,8 @@ void GpuHealthModule::HandleResetAck(const std::string& uuid, std::optional<bool
     return;
   }
   policy_.ForgetGpu(uuid);
-  const std::string pci = PciForUuid(uuid);
-  if (!pci.empty()) policy_.ForgetGpu("PCI:" + pci);
+  const std::string pci = directory_.PciForUuid(uuid);
+  if (!pci.empty()) policy_.ForgetGpu(PciPolicyId(pci));
   const bool changed = MarkHealthy(uuid, "GPU reset occurred");
   // Seed 003: the healthy event names the GPU and its PCI address so the unhealthy one it
   // clears can be found.
@@ -357,8 +361,8 @@ std::string GpuHealthModule::SetHealthy(std::string_view target, std::string_vie
   std::size_t changed = 0;
   for (const auto& uuid : uuids) {
     policy_.ForgetGpu(uuid);
-    const std::string pci = PciForUuid(uuid);
-    if (!pci.empty()) policy_.ForgetGpu("PCI:" + pci);
+    const std::string pci = directory_.PciForUuid(uuid);
+    if (!pci.empty()) policy_.ForgetGpu(PciPolicyId(pci));
     if (!MarkHealthy(uuid, "set healthy by " + std::string(who))) continue;
     ++changed;
     auto event = NewEvent("operator");
@@ -403,7 +407,7 @@ bool GpuHealthModule::MarkUnhealthy(const std::string& uuid, const std::string& 
   device.health.reason = reason;
   device.health.xid = xid;
   device.health.recommended_action = std::string(ActionName(action));
-  device.health.pci = pci.empty() ? PciForUuid(uuid) : pci;
+  device.health.pci = pci.empty() ? directory_.PciForUuid(uuid) : pci;
   if (was_healthy) device.health.since_unix_ms = UnixMs(context_.GetClock());
   device.published = true;
   context_.Log().warn("{} is Unhealthy: {}, recommended action {}", uuid, reason, device.health.recommended_action);
@@ -434,34 +438,18 @@ bool GpuHealthModule::MarkHealthy(const std::string& uuid, const std::string& re
   return true;
 }
 
-std::string GpuHealthModule::UuidForPci(const PciAddress& pci) const {
-  for (const auto& gpu : gpus_) {
-    if (FromInventory(gpu.pci).SameDevice(pci)) return gpu.uuid;
-  }
-  const auto it = learned_.find(pci.DeviceKey());
-  return it == learned_.end() ? std::string() : it->second;
-}
-
-std::string GpuHealthModule::PciForUuid(const std::string& uuid) const {
-  for (const auto& gpu : gpus_) {
-    if (gpu.uuid == uuid) return FromInventory(gpu.pci).ToString();
-  }
-  for (const auto& [key, learned] : learned_) {
-    if (learned == uuid) return learned_pci_.at(key);
-  }
-  return {};
-}
-
 void GpuHealthModule::Learn(const PciAddress& pci, const std::string& uuid) {
   const auto key = pci.DeviceKey();
-  const auto it = learned_.find(key);
-  if (it != learned_.end() && it->second == uuid) return;
-  if (learned_.size() >= 256 && it == learned_.end()) {
-    Bad("too_many_gpu_uuid_lines", "more than 256 PCI addresses learned; ignoring " + pci.ToString());
-    return;
+  switch (directory_.Learn(pci, uuid)) {
+    case GpuDirectory::LearnResult::kKnown:
+      return;
+    case GpuDirectory::LearnResult::kFull:
+      Bad("too_many_gpu_uuid_lines", "more than " + std::to_string(GpuDirectory::kMaxLearned) +
+                                         " PCI addresses learned; ignoring " + pci.ToString());
+      return;
+    case GpuDirectory::LearnResult::kLearned:
+      break;
   }
-  learned_[key] = uuid;
-  learned_pci_[key] = pci.ToString();
   context_.Log().info("learned {} at PCI {} from the kernel log", uuid, pci.ToString());
   if (const auto p = pending_.find(key); p != pending_.end()) {
     MarkUnhealthy(uuid, p->second.pci, p->second.reason, p->second.xid, p->second.action);
@@ -517,9 +505,9 @@ void GpuHealthModule::Bad(std::string_view kind, std::string_view what) {
   warn_.Warn(context_.Log(), kind, what);
 }
 
-MetricsRegistry::Series& GpuHealthModule::XidCounter(const std::string& gpu, uint32_t xid) {
-  auto key = std::make_pair(gpu, xid);
-  if (const auto it = xid_series_.find(key); it != xid_series_.end()) return *it->second;
+MetricsRegistry::Series& GpuHealthModule::XidCounter(std::string_view gpu, uint32_t xid) {
+  if (const auto it = xid_series_.find(std::make_pair(gpu, xid)); it != xid_series_.end()) return *it->second;
+  auto key = std::make_pair(std::string(gpu), xid);
   // Label values come from the input: cap the series so garbage cannot grow the registry.
   if (xid_series_.size() >= kMaxXidSeries) key = {"other", 0};
   if (const auto it = xid_series_.find(key); it != xid_series_.end()) return *it->second;
@@ -552,7 +540,7 @@ void GpuHealthModule::PublishState() {
   state.catalog_source = config_.catalog_path;
   for (const auto& [uuid, device] : devices_) state.devices.push_back(device.health);
   state.recent_events.assign(recent_.begin(), recent_.end());
-  for (const auto& [key, uuid] : learned_) state.pci_to_uuid.emplace_back(learned_pci_.at(key), uuid);
+  state.pci_to_uuid = directory_.Learned();
   context_.GetBus().Publish(std::move(state));
 }
 

@@ -19,6 +19,7 @@
 // boot restores nothing; a corrupt file is moved aside (devices.json.corrupt-<unix-ts>).
 
 #include "loop/module.hpp"
+#include "modules/gpu_health/gpu_directory.hpp"
 #include "modules/gpu_health/kernel_line_parser.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_health/xid_catalog.hpp"
@@ -104,11 +105,9 @@ class GpuHealthModule final : public Module {
   void OnNvmlXid(const gpu_inventory::XidObservation& xid);
   void OnBoot(const std::string& boot_id);
   // `detail`: raw text (the kernel line's XidLine::raw_detail), sanitised if it is reported.
-  void HandleXid(const std::string& uuid, const std::optional<PciAddress>& pci, uint32_t xid, Timestamp at,
-                 std::string_view source, std::string_view detail);
+  void HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, std::string_view source,
+                 std::string_view detail);
   void HandleResetAck(const std::string& uuid, std::optional<bool> success);
-  std::string UuidForPci(const PciAddress& pci) const;
-  std::string PciForUuid(const std::string& uuid) const;
   void Learn(const PciAddress& pci, const std::string& uuid);
   bool MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
                      RecommendedAction action);
@@ -116,7 +115,7 @@ class GpuHealthModule final : public Module {
   void Emit(HealthEvent event, bool kube_event, std::string_view k8s_type, std::string_view k8s_reason);
   HealthEvent NewEvent(std::string_view source) const;
   void Bad(std::string_view kind, std::string_view what);
-  MetricsRegistry::Series& XidCounter(const std::string& gpu, uint32_t xid);
+  MetricsRegistry::Series& XidCounter(std::string_view gpu, uint32_t xid);
   void UpdateGauges();
   void PublishState();
   void UpdateCondition();
@@ -135,8 +134,7 @@ class GpuHealthModule final : public Module {
   XidPolicy policy_;
   journald::RateLimitedLog warn_;
   std::vector<gpu_inventory::GpuInfo> gpus_;
-  std::map<uint64_t, std::string> learned_;      // PCI device key → UUID (kernel log)
-  std::map<uint64_t, std::string> learned_pci_;  // same key → "0000:3b:00"
+  GpuDirectory directory_;  // PCI → UUID: gpus_, then what the kernel log taught
   struct Pending {
     PciAddress address;
     std::string pci;
@@ -145,9 +143,20 @@ class GpuHealthModule final : public Module {
     RecommendedAction action = RecommendedAction::kNone;
   };
   std::map<uint64_t, Pending> pending_;  // fatal XIDs on a PCI address not yet mapped to a GPU
-  std::map<std::string, Device> devices_;
+  std::map<std::string, Device, std::less<>> devices_;
   std::deque<HealthEvent> recent_;
-  std::map<std::pair<std::string, uint32_t>, MetricsRegistry::Series*> xid_series_;
+  // (GPU, XID) → its xid_errors_total series; looked up without building a key string.
+  struct XidSeriesLess {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const noexcept {
+      const std::string_view ga(a.first);
+      const std::string_view gb(b.first);
+      if (ga != gb) return ga < gb;
+      return a.second < b.second;
+    }
+  };
+  std::map<std::pair<std::string, uint32_t>, MetricsRegistry::Series*, XidSeriesLess> xid_series_;
   std::string boot_id_;
   // The boot the persisted verdicts belong to: the host's, else the first one journald reports.
   std::string persist_boot_;
