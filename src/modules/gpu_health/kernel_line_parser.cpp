@@ -11,7 +11,10 @@
 #include <type_traits>
 #include <utility>
 
-#if defined(__SSE2__)
+// GNS_KERNEL_LINE_SCALAR forces the plain loops that ARM nodes (GB200's Grace) run, so x86 CI
+// tests them too (gpu_health_kernel_line_parser_scalar_test).
+#if defined(__SSE2__) && !defined(GNS_KERNEL_LINE_SCALAR)
+#define GNS_KERNEL_LINE_SSE2 1
 #include <emmintrin.h>
 #endif
 
@@ -163,7 +166,7 @@ std::size_t Utf8SequenceLength(std::string_view in, std::size_t i) {
 // The end of the run of printable ASCII that starts at in[i]; 16 bytes at a time where SSE2 is
 // there.
 std::size_t PlainAsciiRun(std::string_view in, std::size_t i) {
-#if defined(__SSE2__)
+#if defined(GNS_KERNEL_LINE_SSE2)
   const __m128i space = _mm_set1_epi8(0x20);
   const __m128i del = _mm_set1_epi8(0x7F);
   for (; i + 16 <= in.size(); i += 16) {
@@ -243,7 +246,7 @@ void ForEachMarkerStart(std::string_view text, Visit&& visit) {
   const char* const p = text.data();
   const std::size_t n = text.size();
   std::size_t i = 0;
-#if defined(__SSE2__)
+#if defined(GNS_KERNEL_LINE_SSE2)
   if (n >= 16) {
     const __m128i n_byte = _mm_set1_epi8('N');
     const __m128i g_byte = _mm_set1_epi8('G');
