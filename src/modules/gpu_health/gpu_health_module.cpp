@@ -6,6 +6,7 @@
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
+#include "modules/kube/kube_module.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -147,6 +148,8 @@ void GpuHealthModule::Start() {
                                            [this](std::string_view line) { return HandleAdminLine(line); });
     admin_->Start();
   }
+  module_states_sub_ =
+      bus.Subscribe<ModuleStates>([this](const ModuleStates& states) { OnModuleStates(states); });
   WatchAnnotation();
   UpdateGauges();
   PublishState();
@@ -158,6 +161,7 @@ void GpuHealthModule::Start() {
 
 void GpuHealthModule::Stop(std::function<void()> done) {
   if (admin_) admin_->Stop();
+  module_states_sub_.Reset();
   node_sub_.Reset();
   node_informer_.reset();
   *alive_ = false;
@@ -582,6 +586,26 @@ void GpuHealthModule::UpdateCondition() {
       UpdateCondition();
     }
   });
+}
+
+void GpuHealthModule::OnModuleStates(const ModuleStates& states) {
+  const auto kube = std::find_if(states.modules.begin(), states.modules.end(),
+                                 [](const ModuleStatus& m) { return m.name == kube::KubeModule::kName; });
+  if (kube == states.modules.end()) return;  // not enabled: nothing to follow
+  const bool running = kube->state == ModuleState::kRunning;
+  const bool first = !kube_running_.has_value();
+  if (!first && *kube_running_ == running) return;
+  kube_running_ = running;
+  if (first) return;  // Start() already used whatever was there
+  // Built on the instance that went away (or on none): drop, and if it runs again, rebuild.
+  conditions_.reset();
+  node_sub_.Reset();
+  node_informer_.reset();
+  condition_in_flight_ = false;  // an answer from the stopped client may never come
+  if (!running) return;
+  context_.Log().info("the kube module runs again: Node condition and annotation watch follow it");
+  WatchAnnotation();
+  UpdateCondition();
 }
 
 void GpuHealthModule::WatchAnnotation() {

@@ -19,6 +19,7 @@
 // boot restores nothing; a corrupt file is moved aside (devices.json.corrupt-<unix-ts>).
 
 #include "loop/module.hpp"
+#include "loop/supervisor_messages.hpp"
 #include "modules/gpu_health/gpu_directory.hpp"
 #include "modules/gpu_health/kernel_line_parser.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -121,6 +122,9 @@ class GpuHealthModule final : public Module {
   void UpdateCondition();
   void WatchAnnotation();
   void OnNodeEvent(const kube::ResourceEvent& event);
+  // The kube module's client and informers are looked up, not held across its restarts: when
+  // it starts again, what was built on the old instance is dropped and made anew.
+  void OnModuleStates(const ModuleStates& states);
   // Persistence of the verdicts (devices.json).
   void LoadVerdicts();
   void ResolveBoot(const std::string& boot_id);
@@ -179,6 +183,7 @@ class GpuHealthModule final : public Module {
   std::string last_annotation_;
   bool condition_in_flight_ = false;
   bool condition_dirty_ = false;
+  std::optional<bool> kube_running_;  // as last seen in the supervisor's module states
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   MetricsRegistry::Series* healthy_gauge_;
   MetricsRegistry::Series* unhealthy_gauge_;
@@ -191,6 +196,7 @@ class GpuHealthModule final : public Module {
   Subscription journal_state_sub_;
   Subscription nvml_sub_;
   Subscription node_sub_;
+  Subscription module_states_sub_;
 };
 
 }  // namespace gns::gpu_health

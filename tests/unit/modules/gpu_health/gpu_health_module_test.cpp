@@ -6,6 +6,7 @@
 #include "apiserver.h"
 #include "journal_writer.h"
 #include "kubelet_sim.h"
+#include "loop/supervisor_messages.hpp"
 #include "modules/device_plugin/device_plugin_module.hpp"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/journald/journald_module.hpp"
@@ -315,6 +316,11 @@ class GpuHealthKubeTest : public GpuHealthModuleTest {
     server_ = std::make_unique<sim::ApiServer>(options);
     server_->Start();
     server_->Seed(nlohmann::json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node1"}}}});
+    StartKube();
+  }
+
+  // What the kube module does at Start and Stop, as far as its users can tell.
+  void StartKube() {
     kube::ClientConfig config;
     config.server = server_->BaseUrl();
     config.ca_pem = server_->CaPem();
@@ -332,14 +338,25 @@ class GpuHealthKubeTest : public GpuHealthModuleTest {
     h_.services.Provide<kube::InformerRegistry>(informers_);
   }
 
-  void TearDown() override {
-    StopModule();
-    informers_->StopAll();
-    client_->Shutdown();
-    h_.Drain();
+  void StopKube() {
     h_.services.Withdraw<kube::KubeClient>();
     h_.services.Withdraw<kube::EventRecorder>();
     h_.services.Withdraw<kube::InformerRegistry>();
+    informers_->StopAll();
+    client_->Shutdown();
+    h_.Drain();
+  }
+
+  static ModuleStates KubeIs(ModuleState state) {
+    ModuleStates states;
+    states.modules.push_back({"kube", state, ModuleHealth::kOk, "", 0});
+    states.modules.push_back({"gpu-health", ModuleState::kRunning, ModuleHealth::kOk, "", 0});
+    return states;
+  }
+
+  void TearDown() override {
+    StopModule();
+    StopKube();
     recorder_.reset();
     informers_.reset();
     client_.reset();
@@ -401,6 +418,35 @@ TEST_F(GpuHealthKubeTest, NodeConditionEventsAndTheSetHealthyAnnotation) {
     return !node["metadata"].contains("annotations") ||
            !node["metadata"]["annotations"].contains("gpu-node-supervisor.nvidia.com/set-healthy");
   }));
+}
+
+TEST_F(GpuHealthKubeTest, FollowsTheKubeModuleAcrossItsRestart) {
+  h_.bus.Publish(KubeIs(ModuleState::kRunning));
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return !Condition().is_null() && Condition()["status"] == "True"; }));
+
+  // The kube module restarts: its old client and informers stop for good, new ones come.
+  h_.bus.Publish(KubeIs(ModuleState::kBackoff));
+  const auto old_client = client_;
+  const auto old_informers = informers_;
+  StopKube();
+  StartKube();
+  h_.bus.Publish(KubeIs(ModuleState::kRunning));
+  h_.Drain();
+
+  // The Node condition goes through the new client...
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79)));
+  ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "False"; }));
+  // ...and the set-healthy annotation is seen by an informer of the new registry.
+  const auto patched = server_->Call(
+      "PATCH", "/api/v1/nodes/node1",
+      R"({"metadata":{"annotations":{"gpu-node-supervisor.nvidia.com/set-healthy":"all"}}})",
+      "application/merge-patch+json");
+  ASSERT_EQ(patched.status, 200) << patched.body;
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "True"; }));
+  EXPECT_EQ(old_informers->Active(), 0u);  // nothing left on the old registry
 }
 
 // --- the whole chain through a real journal file and the kubelet simulator -----------------
