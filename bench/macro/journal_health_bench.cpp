@@ -175,7 +175,7 @@ struct PassResult {
   std::size_t entries = 0;
   double seconds = 0;
   uint64_t checksum = 0;
-  std::size_t verdicts[4] = {};
+  std::size_t verdicts[5] = {};  // by Verdict (kDuplicate never: one source)
   std::size_t unrelated = 0;
   std::size_t malformed = 0;
 };

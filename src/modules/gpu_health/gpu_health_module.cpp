@@ -109,6 +109,8 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
   events_total_ = &m.Counter("gpu_node_supervisor_gpu_health_events_total", "Health events emitted");
   suppressed_total_ = &m.Counter("gpu_node_supervisor_gpu_health_suppressed_total",
                                  "XID occurrences swallowed by the per-(GPU, XID) rate limit");
+  duplicates_total_ = &m.Counter("gpu_node_supervisor_gpu_health_xid_duplicates_total",
+                                 "XID reports folded into one occurrence (NVML and the kernel log both saw it)");
   recoveries_total_ = &m.Counter("gpu_node_supervisor_gpu_health_recoveries_total",
                                  "Devices made Healthy again (reset ack, new boot, operator)");
   state_writes_failed_ = &m.Counter("gpu_node_supervisor_gpu_health_state_write_failures_total",
@@ -277,12 +279,18 @@ void GpuHealthModule::HandleXid(const XidSubject& who, uint32_t xid, Timestamp a
   // Runs for every Xid line: nothing here allocates until something is reported or changes.
   const std::string_view uuid = who.uuid();
   const std::optional<PciAddress>& pci = who.address();
+  const XidDecision decision =
+      policy_.Decide(who.policy_id(), xid, at, source == "nvml" ? XidSource::kNvml : XidSource::kKernel);
+  if (decision.verdict == Verdict::kDuplicate) {
+    duplicates_total_->Inc();
+    return;
+  }
+  // Occurrences, not reports: the second source's report of one was folded just above.
   if (uuid.empty()) {
     XidCounter(who.pci(), xid).Inc();  // labelled by PCI address until the UUID is known
   } else {
     XidCounter(uuid, xid).Inc();
   }
-  const XidDecision decision = policy_.Decide(who.policy_id(), xid, at);
   if (decision.verdict == Verdict::kIgnored) return;
   if (!decision.known_xid) Bad("unknown_xid", "XID " + std::to_string(xid) + " is not in the catalog: CONTACT_SUPPORT");
   if (uuid.empty() && !gpus_.empty()) {

@@ -190,6 +190,7 @@ class GpuHealthModule final : public Module {
   MetricsRegistry::Series* events_total_;
   MetricsRegistry::Series* suppressed_total_;
   MetricsRegistry::Series* recoveries_total_;
+  MetricsRegistry::Series* duplicates_total_;
   Subscription inventory_sub_;
   Subscription kernel_sub_;
   Subscription unit_sub_;

@@ -352,7 +352,7 @@ SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source
   SiteOverrides out;
   if (!node.IsDefined() || node.IsNull()) return out;
   const Reader r{std::string(source_name)};
-  const auto fields = r.Fields(node, key_prefix, {"ignore", "critical", "thresholds", "dedup_window"});
+  const auto fields = r.Fields(node, key_prefix, {"ignore", "critical", "thresholds", "dedup_window", "cross_source_window"});
 
   // Where each XID was first listed, to reject one XID in two lists.
   struct Listed {
@@ -439,6 +439,9 @@ SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source
 
   if (auto it = fields.find("dedup_window"); it != fields.end()) {
     out.dedup_window = r.Duration(it->second.value, Join(key_prefix, "dedup_window"));
+  }
+  if (auto it = fields.find("cross_source_window"); it != fields.end()) {
+    out.cross_source_window = r.Duration(it->second.value, Join(key_prefix, "cross_source_window"));
   }
   return out;
 }

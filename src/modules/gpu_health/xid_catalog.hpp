@@ -25,6 +25,8 @@
 //     - {xid: 13, count: 3, window: 10m} # within `window`; below that they are only counted
 //   dedup_window: 5m                     # identical (GPU, XID) decisions are emitted at most
 //                                        # once per window (default 5m)
+//   cross_source_window: 2s              # an XID NVML and the kernel log both report within
+//                                        # this of each other is one occurrence (default 2s)
 //
 // An XID may appear in at most one of ignore, critical and thresholds. Durations are
 // <integer><unit> groups with units ms, s, m, h ("90s", "1h30m"), > 0 and at most 7 days.
@@ -53,6 +55,7 @@ inline constexpr uint32_t kMaxXid = 1023;
 inline constexpr uint32_t kMaxThresholdCount = 100;
 inline constexpr std::chrono::milliseconds kMaxWindow = std::chrono::hours(24 * 7);
 inline constexpr std::chrono::milliseconds kDefaultDedupWindow = std::chrono::minutes(5);
+inline constexpr std::chrono::milliseconds kDefaultCrossSourceWindow = std::chrono::seconds(2);
 
 // NVSentinel's HealthEvent RecommendedAction (data-models/protobufs/health_event.proto);
 // the numbers are the proto enum values so they can be sent as they are.
@@ -150,6 +153,7 @@ struct SiteOverrides {
   std::map<uint32_t, std::optional<RecommendedAction>> critical;
   std::map<uint32_t, XidThreshold> thresholds;
   std::chrono::milliseconds dedup_window = kDefaultDedupWindow;
+  std::chrono::milliseconds cross_source_window = kDefaultCrossSourceWindow;
 };
 
 // `node` is the overrides mapping inside a larger document (a null node means "no

@@ -22,6 +22,7 @@ int Rank(Verdict v) {
     case Verdict::kBelowThreshold: return 1;
     case Verdict::kNonFatal: return 2;
     case Verdict::kFatal: return 3;
+    case Verdict::kDuplicate: return 0;
   }
   return 0;
 }
@@ -34,6 +35,7 @@ std::string_view VerdictName(Verdict verdict) noexcept {
     case Verdict::kBelowThreshold: return "below-threshold";
     case Verdict::kNonFatal: return "non-fatal";
     case Verdict::kFatal: return "fatal";
+    case Verdict::kDuplicate: return "duplicate";
   }
   return "unknown";
 }
@@ -88,7 +90,31 @@ uint32_t XidPolicy::CountWithin(State& s, Timestamp at, std::chrono::millisecond
   return static_cast<uint32_t>(s.size);
 }
 
-XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp at) {
+bool XidPolicy::MatchOtherSource(State& s, XidSource source, Timestamp at) const {
+  const auto window = std::chrono::duration_cast<Timestamp>(overrides_.cross_source_window);
+  const auto mine = static_cast<std::size_t>(source);
+  const auto other = 1 - mine;
+  auto& theirs = s.unmatched[other];
+  auto& their_count = s.unmatched_count[other];
+  // Reports of the other source too old to match anything from now on go first.
+  std::size_t drop = 0;
+  while (drop < their_count && theirs[drop] + window < at) ++drop;
+  const bool matched = drop < their_count && theirs[drop] <= at + window;
+  const std::size_t consumed = drop + (matched ? 1 : 0);
+  std::move(theirs.begin() + static_cast<std::ptrdiff_t>(consumed), theirs.begin() + their_count, theirs.begin());
+  their_count = static_cast<uint8_t>(their_count - consumed);
+  if (matched) return true;
+  auto& ours = s.unmatched[mine];
+  auto& our_count = s.unmatched_count[mine];
+  if (our_count == kMaxUnmatched) {  // the other source is silent: forget the oldest
+    std::move(ours.begin() + 1, ours.end(), ours.begin());
+    --our_count;
+  }
+  ours[our_count++] = at;
+  return false;
+}
+
+XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp at, XidSource source) {
   XidDecision d;
   const XidLookup info = catalog_.Lookup(xid);
   d.known_xid = info.known;
@@ -100,6 +126,10 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
   }
 
   State& s = StateFor(gpu_id, xid, at);
+  if (MatchOtherSource(s, source, at)) {
+    d.verdict = Verdict::kDuplicate;
+    return d;
+  }
   at = std::max(at, s.latest);
   s.latest = at;
 

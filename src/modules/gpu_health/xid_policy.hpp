@@ -4,12 +4,17 @@
 // occurrences yields the first decision, then at most one per dedup window (carrying how
 // many were swallowed), plus an immediate one when the verdict escalates.
 //
+// One occurrence is often reported twice: by NVML's event and by the kernel log line. A report
+// from one source within overrides.cross_source_window of an unmatched report of the same
+// (GPU, XID) from the other source is that occurrence again: kDuplicate, not counted.
+//
 // Pure: time comes in with each call (no clock reads), nothing is logged or published; not
 // thread-safe (one owner, the module's loop). Memory is bounded: at most kMaxTrackedKeys
 // (GPU, XID) states, each holding at most the threshold's `count` timestamps, whatever the
 // input rate.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +40,12 @@ enum class Verdict : uint8_t {
   kBelowThreshold,  // counted; not (yet) enough occurrences within the window
   kNonFatal,        // reported; the device stays healthy (application error, informational)
   kFatal,           // the device must be marked Unhealthy; `action` says what fixes it
+  kDuplicate,       // the other source's report of an occurrence already decided: no state change
 };
+
+// Where a report comes from. Timestamps of both must share an epoch (the module uses Unix
+// time: journald's __REALTIME_TIMESTAMP, NVML's observation time).
+enum class XidSource : uint8_t { kKernel = 0, kNvml = 1 };
 
 [[nodiscard]] std::string_view VerdictName(Verdict verdict) noexcept;
 
@@ -53,6 +63,7 @@ struct XidDecision {
 class XidPolicy {
  public:
   static constexpr std::size_t kMaxTrackedKeys = 1024;
+  static constexpr std::size_t kMaxUnmatched = 4;
 
   XidPolicy(XidCatalog catalog, SiteOverrides overrides);
   // lru_ points into states_: a copy would point into the original.
@@ -63,7 +74,7 @@ class XidPolicy {
 
   // `gpu_id` is whatever the caller keys devices by (UUID, or PCI address until the UUID is
   // known); it is copied only when a new (GPU, XID) state is created.
-  XidDecision Decide(std::string_view gpu_id, uint32_t xid, Timestamp at);
+  XidDecision Decide(std::string_view gpu_id, uint32_t xid, Timestamp at, XidSource source = XidSource::kKernel);
 
   // Drops every state of one GPU (after a successful reset: counts start again).
   void ForgetGpu(std::string_view gpu_id);
@@ -112,11 +123,17 @@ class XidPolicy {
     std::vector<Timestamp> ring;
     std::size_t head = 0;  // oldest entry
     std::size_t size = 0;
+    // Reports of each source not yet matched by the other's, oldest first (kMaxUnmatched each).
+    std::array<std::array<Timestamp, kMaxUnmatched>, 2> unmatched{};
+    std::array<uint8_t, 2> unmatched_count{};
     // This state's place in lru_ (front = least recently used).
     std::list<const Key*>::iterator lru;
   };
 
   State& StateFor(std::string_view gpu_id, uint32_t xid, Timestamp at);
+  // True when `at` from `source` matches (and consumes) an unmatched report of the other
+  // source; otherwise records it as unmatched.
+  bool MatchOtherSource(State& s, XidSource source, Timestamp at) const;
   static uint32_t CountWithin(State& s, Timestamp at, std::chrono::milliseconds window);
 
   XidCatalog catalog_;

@@ -213,6 +213,31 @@ TEST_F(GpuHealthModuleTest, InventoryMapsPciNumericallyNonFatalAndUnknownXids) {
   EXPECT_EQ(Health(kUuid)->pci, "0000:03:00");
 }
 
+TEST_F(GpuHealthModuleTest, AnXidSeenByNvmlAndTheKernelLogCountsOnce) {
+  config_.overrides = LoadSiteOverridesString("thresholds: [{xid: 13, count: 2, window: 10m}]\n", "site.yaml");
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  const uint64_t t = 1'700'000'000'000'000;  // µs
+  const auto both = [&](uint64_t at_usec) {
+    h_.bus.Publish(Kernel("NVRM: Xid (PCI:0000:03:00): 13, pid=1, name=python3, Graphics Exception",
+                          std::string(32, 'a'), at_usec));
+    // NVML's event for the same occurrence, a little later.
+    h_.bus.Publish(gpu_inventory::XidObservation{kUuid, 13, 0xFFFFFFFF, 0xFFFFFFFF,
+                                                 static_cast<int64_t>(at_usec / 1000 + 300)});
+    h_.Drain();
+  };
+  both(t);
+  const std::string counter = "gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"13\"}";
+  EXPECT_EQ(Metric(counter), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_xid_duplicates_total"), 1);
+  EXPECT_EQ(events_.size(), 1u);
+  EXPECT_EQ(Health(kUuid), nullptr);  // one occurrence of two needed: still healthy
+  both(t + 5'000'000);
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
+  EXPECT_EQ(Metric(counter), 2);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_xid_duplicates_total"), 2);
+}
+
 TEST_F(GpuHealthModuleTest, AMillionIdenticalXidLinesStayBounded) {
   h_.bus.Publish(TwoGpus());
   StartModule();

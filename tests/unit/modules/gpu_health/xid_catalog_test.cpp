@@ -282,7 +282,8 @@ TEST(SiteOverrides, ParsesEveryKey) {
       "thresholds:\n"
       "  - {xid: 13, count: 3, window: 10m}\n"
       "  - {xid: 119, count: 2, window: 1h30m}\n"
-      "dedup_window: 90s\n",
+      "dedup_window: 90s\n"
+      "cross_source_window: 500ms\n",
       "site.yaml");
   EXPECT_EQ(o.ignore, (std::set<uint32_t>{43, 63}));
   ASSERT_EQ(o.critical.size(), 2u);
@@ -293,6 +294,7 @@ TEST(SiteOverrides, ParsesEveryKey) {
   EXPECT_EQ(o.thresholds.at(13).window, std::chrono::minutes(10));
   EXPECT_EQ(o.thresholds.at(119).window, std::chrono::minutes(90));
   EXPECT_EQ(o.dedup_window, std::chrono::seconds(90));
+  EXPECT_EQ(o.cross_source_window, std::chrono::milliseconds(500));
 }
 
 TEST(SiteOverrides, EmptyMeansDefaults) {
@@ -302,6 +304,7 @@ TEST(SiteOverrides, EmptyMeansDefaults) {
     EXPECT_TRUE(o.critical.empty());
     EXPECT_TRUE(o.thresholds.empty());
     EXPECT_EQ(o.dedup_window, kDefaultDedupWindow);
+    EXPECT_EQ(o.cross_source_window, kDefaultCrossSourceWindow);
   }
 }
 
@@ -320,7 +323,7 @@ TEST(SiteOverrides, ErrorsPointAtTheProblem) {
             "site.yaml:2:5: thresholds[0].count: missing required key");
   EXPECT_EQ(OverridesError("ignore: [13]\nthreshold: []\n"),
             "site.yaml:2:1: threshold: unknown key (allowed: ignore, critical, thresholds, "
-            "dedup_window)");
+            "dedup_window, cross_source_window)");
   EXPECT_EQ(OverridesError("ignore: [13, abc]\n"),
             "site.yaml:1:14: ignore[1]: expected an integer, got 'abc'");
   EXPECT_EQ(OverridesError("ignore: 13\n"), "site.yaml:1:9: ignore: expected a sequence, got '13'");

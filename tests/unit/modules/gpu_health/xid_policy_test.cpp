@@ -1,6 +1,6 @@
 // XidPolicy: ignore, unknown XIDs, catalog verdicts, critical and threshold overrides,
 // the per-(GPU, XID) rate limit, clock steps, and bounded state under floods of identical and
-// of distinct occurrences.
+// of distinct occurrences, one occurrence reported by both NVML and the kernel log.
 #include "modules/gpu_health/xid_policy.hpp"
 
 #include <gtest/gtest.h>
@@ -157,6 +157,46 @@ TEST(XidPolicy, ClockStepBackDoesNotReopenTheWindow) {
   const XidDecision d = policy.Decide(kGpuA, 48, At(minutes(10) - hours(1)));
   EXPECT_FALSE(d.emit);
   EXPECT_TRUE(policy.Decide(kGpuA, 48, At(minutes(11))).emit);
+}
+
+TEST(XidPolicy, NvmlAndKernelReportsOfOneOccurrenceCountOnce) {
+  XidPolicy policy = MakePolicy("thresholds: [{xid: 13, count: 3, window: 10m}]\n");
+  constexpr auto kNvml = XidSource::kNvml;
+  constexpr auto kKernel = XidSource::kKernel;
+  // Kernel first, NVML 300 ms later (either order): one occurrence.
+  EXPECT_EQ(policy.Decide(kGpuA, 13, At(seconds(10)), kKernel).count_in_window, 1u);
+  EXPECT_EQ(policy.Decide(kGpuA, 13, At(seconds(10) + milliseconds(300)), kNvml).verdict, Verdict::kDuplicate);
+  EXPECT_EQ(policy.Decide(kGpuA, 13, At(seconds(20)), kNvml).count_in_window, 2u);
+  EXPECT_EQ(policy.Decide(kGpuA, 13, At(seconds(20) - milliseconds(500)), kKernel).verdict, Verdict::kDuplicate);
+  // Two real occurrences in quick succession, each seen by both: two, not four, not three.
+  EXPECT_EQ(policy.Decide(kGpuB, 13, At(seconds(30)), kKernel).count_in_window, 1u);
+  EXPECT_EQ(policy.Decide(kGpuB, 13, At(seconds(30) + milliseconds(100)), kKernel).count_in_window, 2u);
+  EXPECT_EQ(policy.Decide(kGpuB, 13, At(seconds(30) + milliseconds(400)), kNvml).verdict, Verdict::kDuplicate);
+  EXPECT_EQ(policy.Decide(kGpuB, 13, At(seconds(30) + milliseconds(450)), kNvml).verdict, Verdict::kDuplicate);
+  // A third occurrence reaches the threshold: the fold did not hide real ones.
+  EXPECT_EQ(policy.Decide(kGpuB, 13, At(seconds(31)), kNvml).verdict, Verdict::kFatal);
+}
+
+TEST(XidPolicy, SameSourceTwiceOrOtherSourceTooLateAreTwoOccurrences) {
+  XidPolicy policy = MakePolicy("thresholds: [{xid: 13, count: 5, window: 10m}]\ncross_source_window: 1s\n");
+  EXPECT_EQ(policy.Decide(kGpuA, 13, At(seconds(10)), XidSource::kNvml).count_in_window, 1u);
+  EXPECT_EQ(policy.Decide(kGpuA, 13, At(seconds(10)), XidSource::kNvml).count_in_window, 2u);
+  // 1.5 s after the last NVML report: outside the window, a new occurrence.
+  EXPECT_EQ(policy.Decide(kGpuA, 13, At(milliseconds(11500)), XidSource::kKernel).count_in_window, 3u);
+  // Another GPU or another XID never matches.
+  EXPECT_EQ(policy.Decide(kGpuB, 13, At(milliseconds(11600)), XidSource::kNvml).verdict, Verdict::kBelowThreshold);
+  EXPECT_EQ(policy.Decide(kGpuA, 48, At(milliseconds(11600)), XidSource::kNvml).verdict, Verdict::kFatal);
+}
+
+TEST(XidPolicy, UnmatchedReportsOfASilentSourceStayBounded) {
+  XidPolicy policy = MakePolicy();
+  // NVML reports a flood the kernel log never echoes: only the newest few wait for a match.
+  for (int i = 0; i < 1000; ++i) policy.Decide(kGpuA, 13, At(seconds(100) + milliseconds(i)), XidSource::kNvml);
+  int duplicates = 0;
+  for (int i = 0; i < 10; ++i) {
+    duplicates += policy.Decide(kGpuA, 13, At(seconds(101)), XidSource::kKernel).verdict == Verdict::kDuplicate;
+  }
+  EXPECT_EQ(duplicates, static_cast<int>(XidPolicy::kMaxUnmatched));
 }
 
 TEST(XidPolicy, ForgetGpuRestartsItsCounts) {
