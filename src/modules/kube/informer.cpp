@@ -46,7 +46,9 @@ Informer::Informer(const InformerSpec& spec, std::shared_ptr<KubeClient> client,
       log_(std::move(log)),
       options_(std::move(options)),
       backoff_(options_.backoff, options_.random),
-      timer_(std::make_unique<InformerTimer>(io)) {}
+      timer_(std::make_unique<InformerTimer>(io)),
+      // Set on every event: looked up once (series stay put until the destructor removes them).
+      objects_gauge_(&metrics_.Gauge(kObjects, "Objects in the informer cache", {{"informer", key_}})) {}
 
 Informer::~Informer() {
   Stop();
@@ -258,14 +260,14 @@ bool Informer::HandleLine(std::string_view line) {
 void Informer::Upsert(std::shared_ptr<const nlohmann::json> object, const std::string& key) {
   auto [it, inserted] = items_.try_emplace(key, object);
   if (!inserted) it->second = object;
-  metrics_.Gauge(kObjects, "Objects in the informer cache", {{"informer", key_}}).Set(static_cast<double>(items_.size()));
+  objects_gauge_->Set(static_cast<double>(items_.size()));
   bus_.Publish(ResourceEvent{key_, inserted ? ResourceEvent::Type::kAdded : ResourceEvent::Type::kModified,
                              std::move(object)});
 }
 
 void Informer::Remove(const std::string& key, std::shared_ptr<const nlohmann::json> last) {
   items_.erase(key);
-  metrics_.Gauge(kObjects, "Objects in the informer cache", {{"informer", key_}}).Set(static_cast<double>(items_.size()));
+  objects_gauge_->Set(static_cast<double>(items_.size()));
   bus_.Publish(ResourceEvent{key_, ResourceEvent::Type::kDeleted, std::move(last)});
 }
 
@@ -301,7 +303,7 @@ void Informer::Replace(nlohmann::json& items, std::string resource_version) {
   items_ = std::move(fresh);
   resource_version_ = std::move(resource_version);
   synced_ = true;
-  metrics_.Gauge(kObjects, "Objects in the informer cache", {{"informer", key_}}).Set(static_cast<double>(items_.size()));
+  objects_gauge_->Set(static_cast<double>(items_.size()));
   for (auto& event : events) bus_.Publish(std::move(event));
   PublishSynced();
 }

@@ -102,6 +102,7 @@ class Informer {
   InformerOptions options_;
   Backoff backoff_;
   std::unique_ptr<class InformerTimer> timer_;
+  MetricsRegistry::Series* objects_gauge_;
   std::unique_ptr<WatchHandle> watch_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   bool running_ = false;
