@@ -7,6 +7,7 @@
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "support/loop_harness.hpp"
+#include "support/module_under_test.hpp"
 
 #include <gtest/gtest.h>
 
@@ -60,21 +61,12 @@ class DevicePluginFlowTest : public ::testing::Test {
   }
 
   void StartModule(DevicePluginModule::Config config = {}) {
-    context_ = std::make_unique<ModuleContext>(
-        h_.Parts(), "device-plugin", [this](std::string why) { failures_.push_back(why); },
-        [](ModuleHealth, std::string) {});
-    module_ = std::make_unique<DevicePluginModule>(*context_, config);
-    module_->Start();
+    module_.Start(config);
     h_.Drain();
   }
 
   void StopModule() {
-    if (!module_) return;
-    bool stopped = false;
-    module_->Stop([&] { stopped = true; });
-    EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
-    module_.reset();
-    context_.reset();
+    module_.Stop();
   }
 
   // Waits on the simulator from another thread while the loop serves the plugin.
@@ -89,9 +81,7 @@ class DevicePluginFlowTest : public ::testing::Test {
   test::LoopHarness h_;
   std::string dir_;
   std::unique_ptr<sim::KubeletSim> sim_;
-  std::unique_ptr<ModuleContext> context_;
-  std::unique_ptr<DevicePluginModule> module_;
-  std::vector<std::string> failures_;
+  test::ModuleUnderTest<DevicePluginModule> module_{h_};
 };
 
 TEST_F(DevicePluginFlowTest, RegistersAndAdvertisesEveryGpuWithNumaTopology) {
@@ -185,7 +175,7 @@ TEST_F(DevicePluginFlowTest, KubeletRestartsAreFollowedByServingAndRegisteringAg
   // And the plugin still answers on the new connection.
   const auto result = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000001"}}); });
   EXPECT_TRUE(result.ok()) << result.status.ToString();
-  EXPECT_TRUE(failures_.empty());
+  EXPECT_TRUE(module_.failures.empty());
 }
 
 TEST_F(DevicePluginFlowTest, StartsBeforeTheKubeletAndRegistersOnceKubeletSockAppears) {

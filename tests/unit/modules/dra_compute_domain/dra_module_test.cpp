@@ -17,6 +17,7 @@
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
 #include "support/loop_harness.hpp"
+#include "support/module_under_test.hpp"
 #include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -185,11 +186,7 @@ class DraModuleTest : public ::testing::Test {
   }
 
   void StartModule(DraComputeDomainModule::Config config = {}) {
-    context_ = std::make_unique<ModuleContext>(
-        h_.Parts(), "dra-compute-domain", [this](std::string why) { failures_.push_back(why); },
-        [](ModuleHealth, std::string) {});
-    module_ = std::make_unique<DraComputeDomainModule>(*context_, config);
-    module_->Start();
+    module_.Start(config);
     h_.Drain();
   }
 
@@ -202,12 +199,7 @@ class DraModuleTest : public ::testing::Test {
   }
 
   void StopModule() {
-    if (!module_) return;
-    bool stopped = false;
-    module_->Stop([&] { stopped = true; });
-    EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
-    module_.reset();
-    context_.reset();
+    module_.Stop();
   }
 
   const DraComputeDomainState* State() { return h_.bus.Latest<DraComputeDomainState>(); }
@@ -249,9 +241,7 @@ class DraModuleTest : public ::testing::Test {
   std::shared_ptr<kube::InformerRegistry> informers_;
   std::shared_ptr<kube::EventRecorder> events_;
   std::unique_ptr<sim::KubeletSim> sim_;
-  std::unique_ptr<ModuleContext> context_;
-  std::unique_ptr<DraComputeDomainModule> module_;
-  std::vector<std::string> failures_;
+  gns::test::ModuleUnderTest<DraComputeDomainModule> module_{h_};
   std::string node_uid_;
   std::string domain_uid_;
 };
@@ -593,16 +583,14 @@ TEST_F(DraModuleTest, ACorruptCheckpointIsMovedAsideReportedAndTheModuleStartsCl
   EXPECT_EQ(event["regarding"]["kind"], "Node");
   EXPECT_EQ(event["regarding"]["name"], kNode);
   EXPECT_NE(event["note"].get<std::string>().find("moved to"), std::string::npos);
-  EXPECT_TRUE(failures_.empty());
+  EXPECT_TRUE(module_.failures.empty());
   // Clean start: prepares work.
   EXPECT_EQ(PrepareError(SeedChannelClaim("after-corrupt")), "");
 }
 
 TEST_F(DraModuleTest, AMissingChannelMajorFailsTheStartClearly) {
   WriteFile(paths_.proc_devices, ProcDevices(false));
-  context_ = std::make_unique<ModuleContext>(h_.Parts(), "dra-compute-domain", [](std::string) {},
-                                             [](ModuleHealth, std::string) {});
-  module_ = std::make_unique<DraComputeDomainModule>(*context_, DraComputeDomainModule::Config{});
+  module_.Build(DraComputeDomainModule::Config{});
   try {
     module_->Start();
     FAIL() << "Start did not throw";
@@ -613,15 +601,11 @@ TEST_F(DraModuleTest, AMissingChannelMajorFailsTheStartClearly) {
   }
   EXPECT_FALSE(fs::exists(paths_.dra_socket));
   EXPECT_FALSE(fs::exists(paths_.registration_socket));
-  module_.reset();
-  context_.reset();
+  module_.Discard();
   fs::remove(paths_.proc_devices);
-  context_ = std::make_unique<ModuleContext>(h_.Parts(), "dra-compute-domain", [](std::string) {},
-                                             [](ModuleHealth, std::string) {});
-  module_ = std::make_unique<DraComputeDomainModule>(*context_, DraComputeDomainModule::Config{});
+  module_.Build(DraComputeDomainModule::Config{});
   EXPECT_THROW(module_->Start(), std::runtime_error);
-  module_.reset();
-  context_.reset();
+  module_.Discard();
 }
 
 // ------------------------------------------------------------------------------ config

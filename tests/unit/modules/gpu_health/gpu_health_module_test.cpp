@@ -13,6 +13,7 @@
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
 #include "support/loop_harness.hpp"
+#include "support/module_under_test.hpp"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/null_sink.h>
@@ -96,21 +97,12 @@ class GpuHealthModuleTest : public ::testing::Test {
   }
 
   void StartModule() {
-    context_ = std::make_unique<ModuleContext>(
-        h_.Parts(), "gpu-health", [this](std::string why) { failures_.push_back(why); },
-        [](ModuleHealth, std::string) {});
-    module_ = std::make_unique<GpuHealthModule>(*context_, config_);
-    module_->Start();
+    module_.Start(config_);
     h_.Drain();
   }
 
   void StopModule() {
-    if (!module_) return;
-    bool stopped = false;
-    module_->Stop([&] { stopped = true; });
-    EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
-    module_.reset();
-    context_.reset();
+    module_.Stop();
   }
 
   const DeviceHealth* Health(const std::string& uuid) {
@@ -138,9 +130,7 @@ class GpuHealthModuleTest : public ::testing::Test {
   test::LoopHarness h_;
   std::string dir_;
   GpuHealthModule::Config config_;
-  std::unique_ptr<ModuleContext> context_;
-  std::unique_ptr<GpuHealthModule> module_;
-  std::vector<std::string> failures_;
+  test::ModuleUnderTest<GpuHealthModule> module_{h_};
   std::vector<DeviceHealth> health_;
   std::vector<HealthEvent> events_;
   Subscription health_sub_;
@@ -700,7 +690,7 @@ TEST_F(GpuHealthPersistTest, CorruptOrUnknownVersionFileIsMovedAsideAndStartIsCl
   std::ofstream(StateFile()) << "{\"version\":1,\"bootId\":\"" << kBootAHex << "\",\"devices\":[{\"uuid\":";
   h_.bus.Publish(TwoGpus());
   StartModule();
-  EXPECT_TRUE(failures_.empty());
+  EXPECT_TRUE(module_.failures.empty());
   EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_state_file_corrupt_total"), 1);
   ASSERT_EQ(CorruptCopies().size(), 1u);
   EXPECT_FALSE(fs::exists(StateFile()));
@@ -717,7 +707,7 @@ TEST_F(GpuHealthPersistTest, CorruptOrUnknownVersionFileIsMovedAsideAndStartIsCl
   EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_state_file_corrupt_total"), 2);
   EXPECT_EQ(CorruptCopies().size(), 1u);
   EXPECT_TRUE(health_.empty());
-  EXPECT_TRUE(failures_.empty());
+  EXPECT_TRUE(module_.failures.empty());
 }
 
 TEST_F(GpuHealthPersistTest, WithoutTheHostBootIdTheJournalsBootDecides) {
