@@ -1,5 +1,6 @@
 // The real binary: command line, config errors with positions and exit code 2, serving the
 // endpoints, sd_notify, and a graceful SIGTERM.
+#include "apiserver.h"
 #include "support/http_client.hpp"
 #include "support/prometheus.hpp"
 #include "support/subprocess.hpp"
@@ -24,6 +25,13 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
+
+// The port of the "serving /metrics on http://127.0.0.1:<port>" log line; 0 when absent.
+unsigned short PortIn(const std::string& line) {
+  std::smatch m;
+  if (!std::regex_search(line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) return 0;
+  return static_cast<unsigned short>(std::stoi(m[1]));
+}
 std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
 
 class BinaryTest : public ::testing::Test {
@@ -120,10 +128,8 @@ TEST_F(BinaryTest, ServesEndpointsNotifiesSystemdAndStopsGracefullyOnSigterm) {
   ASSERT_TRUE(line) << proc.Output();
   const auto json = nlohmann::json::parse(*line);  // JSON log lines are JSON
   EXPECT_EQ(json.at("logger"), "metrics");
-  std::smatch m;
-  const std::string msg = json.at("msg");
-  ASSERT_TRUE(std::regex_search(msg, m, std::regex(R"(http://127\.0\.0\.1:(\d+))")));
-  const auto port = static_cast<unsigned short>(std::stoi(m[1]));
+  const auto port = PortIn(json.at("msg"));
+  ASSERT_NE(port, 0) << *line;
 
   const auto metrics = test::HttpRequest("127.0.0.1", port, "GET", "/metrics");
   ASSERT_EQ(metrics.status, 200) << metrics.error;
@@ -168,6 +174,50 @@ TEST_F(BinaryTest, ModuleThatCannotStartIsRetriedWhileTheProcessStaysUp) {
   ASSERT_TRUE(proc.WaitForLine("serving /metrics")) << proc.Output();
   proc.Signal(SIGINT);
   EXPECT_EQ(proc.Wait(), 0) << proc.Output();
+}
+
+// kUses in the real binary: the controller waits (and says so) while kube cannot start, then
+// starts once kube runs; the process serves throughout.
+TEST_F(BinaryTest, ControllerWaitsForTheKubeModuleAndStartsAfterIt) {
+  const auto kubeconfig = dir_ / "api" / "kubeconfig";  // written by the simulator, later
+  const auto config = Write(
+      "site.yaml",
+      SiteYaml("  metrics:\n    enabled: true\n    listen: 127.0.0.1:0\n"
+               "  kube:\n    enabled: true\n    kubeconfig: " + kubeconfig.string() + "\n"
+               "  compute-domain-controller:\n    enabled: true\n"
+               "    leaderElection: {namespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}\n") +
+          "runtime:\n  restartBackoff: {initial: 50ms, max: 200ms}\n");
+  test::Subprocess proc(std::vector<std::string>{Binary(), "run", "--config", config});
+  const auto line = proc.WaitForLine("serving /metrics");
+  ASSERT_TRUE(line) << proc.Output();
+  const auto port = PortIn(*line);
+  ASSERT_NE(port, 0) << *line;
+  ASSERT_TRUE(proc.WaitForLine("start failed: kubeconfig")) << proc.Output();
+
+  const auto states = [&] {
+    const auto r = test::HttpRequest("127.0.0.1", port, "GET", "/debug/state");
+    return r.status == 200 ? nlohmann::json::parse(r.body).at("supervisor.module-states") : nlohmann::json();
+  };
+  const auto controller = states().at("compute-domain-controller");
+  EXPECT_EQ(controller.at("state"), "waiting") << controller.dump();
+  EXPECT_EQ(controller.at("detail"), "waiting for kube") << controller.dump();
+  const auto readyz = test::HttpRequest("127.0.0.1", port, "GET", "/readyz");
+  EXPECT_EQ(readyz.status, 503);
+  EXPECT_NE(readyz.body.find("compute-domain-controller"), std::string::npos) << readyz.body;
+  EXPECT_EQ(proc.Output().find("candidate for lease"), std::string::npos) << "the controller started without kube";
+
+  // The API server (and its kubeconfig) appears: kube starts at its next attempt, then the controller.
+  sim::ApiServerOptions options;
+  options.state_dir = dir_ / "api";
+  sim::ApiServer server(options);
+  server.Start();
+  ASSERT_TRUE(proc.WaitForLine("candidate for lease")) << proc.Output();
+  ASSERT_TRUE(proc.WaitForLine("started leading")) << proc.Output();
+  EXPECT_EQ(states().at("compute-domain-controller").at("state"), "running");
+  EXPECT_EQ(test::HttpRequest("127.0.0.1", port, "GET", "/readyz").status, 200);
+  proc.Signal(SIGTERM);
+  EXPECT_EQ(proc.Wait(), 0) << proc.Output();
+  server.Stop();
 }
 
 }  // namespace
