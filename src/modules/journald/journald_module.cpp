@@ -3,7 +3,6 @@
 
 #include "loop/atomic_file.hpp"
 
-#include <boost/asio/error.hpp>
 #include <nlohmann/json.hpp>
 #include <systemd/sd-id128.h>
 #include <systemd/sd-journal.h>
@@ -114,7 +113,6 @@ void JournaldModule::JournalCloser::operator()(sd_journal* j) const { sd_journal
 JournaldModule::JournaldModule(ModuleContext& context, const Config& config)
     : context_(context),
       config_(config),
-      descriptor_(context.GetLoop().Io()),
       flush_timer_(context.GetLoop().Io()),
       warn_(context.GetClock()),
       units_(config.units.begin(), config.units.end()) {
@@ -137,17 +135,18 @@ JournaldModule::JournaldModule(ModuleContext& context, const Config& config)
                              "Entries of a new boot seen while reading");
   cursor_writes_failed_ = &m.Counter("gpu_node_supervisor_journald_cursor_write_failures_total",
                                      "Failed writes of cursor.json");
+  const std::string wakeups = "gpu_node_supervisor_journald_wakeups_total";
+  const char* wakeups_help =
+      "Wakes to process the journal, by cause: its fd readable, or the timeout sd-journal asked for";
+  fd_wakeups_ = &m.Counter(wakeups, wakeups_help, {{"cause", "fd"}});
+  timeout_wakeups_ = &m.Counter(wakeups, wakeups_help, {{"cause", "timeout"}});
   state_.source = config_.directory.empty() ? "system" : config_.directory;
 }
 
 JournaldModule::~JournaldModule() {
   *alive_ = false;
-  // The fd belongs to sd_journal: hand it back before the descriptor would close it.
-  if (descriptor_.is_open()) {
-    boost::system::error_code ignored;  // nothing useful to do on failure during teardown
-    descriptor_.cancel(ignored);
-    (void)descriptor_.release();
-  }
+  // The fd belongs to sd_journal: the waiter hands it back (releases, never closes it).
+  waiter_.reset();
 }
 
 void JournaldModule::Open() {
@@ -193,7 +192,14 @@ void JournaldModule::Open() {
   }
   const int fd = sd_journal_get_fd(j);
   if (fd < 0) throw std::runtime_error("sd_journal_get_fd: " + Errno(fd));
-  descriptor_.assign(fd);
+  waiter_ = std::make_unique<JournalWaiter>(
+      context_.GetLoop().Io(), fd,
+      JournalWaiter::Callbacks{
+          [this] { return JournalTimeout(); },
+          [this](JournalWaiter::Cause cause) { OnWake(cause); },
+          [this](const std::string& why) {
+            if (!stopping_) context_.ReportFailure(why);
+          }});
 }
 
 std::string JournaldModule::CurrentBoot() {
@@ -302,11 +308,20 @@ void JournaldModule::ReadSome() {
     }
     if (r == 0) {
       skip_before_realtime_ = 0;  // caught up: the lookback only filters the catch-up
-      if (!state_.live) {
+      Arm();
+      const bool timeout_wait = waiter_ && waiter_->TimerDelay().has_value();
+      // Published at the end of each woken round too, so that /debug/state shows the wake
+      // counts (and entries, cursor) as of the last round, not as of the last transition.
+      if (!state_.live || state_.timeout_wait != timeout_wait || woken_) {
+        if (timeout_wait && !state_.timeout_wait) {
+          context_.Log().info("sd-journal asks to be woken by a timeout too (its files are where inotify does not "
+                              "reach): following the journal by polling");
+        }
         state_.live = true;
+        state_.timeout_wait = timeout_wait;
+        woken_ = false;
         PublishState();
       }
-      Arm();
       return;
     }
     HandleEntry();
@@ -323,22 +338,35 @@ void JournaldModule::ReadSome() {
 }
 
 void JournaldModule::Arm() {
-  if (waiting_ || stopping_) return;
-  waiting_ = true;
-  descriptor_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
-                         [this, alive = alive_](const boost::system::error_code& ec) {
-                           if (!*alive) return;
-                           waiting_ = false;
-                           if (ec == boost::asio::error::operation_aborted || stopping_) return;
-                           if (ec) {
-                             context_.ReportFailure("waiting on the journal fd: " + ec.message());
-                             return;
-                           }
-                           // Consumes the inotify events; files added or removed are picked up here.
-                           const int r = sd_journal_process(journal_.get());
-                           if (r < 0) Bad("journal_process_failed", Errno(r));
-                           if (!read_posted_) ReadSome();
-                         });
+  // Asks sd-journal for its timeout again: after each processing round.
+  if (stopping_ || !waiter_) return;
+  waiter_->Arm();
+}
+
+uint64_t JournaldModule::JournalTimeout() {
+  uint64_t timeout = JournalWaiter::kNoTimeout;
+  if (const int r = sd_journal_get_timeout(journal_.get(), &timeout); r < 0) {
+    Bad("journal_get_timeout_failed", Errno(r));
+    return JournalWaiter::kNoTimeout;  // the fd alone, as before
+  }
+  return timeout;
+}
+
+void JournaldModule::OnWake(JournalWaiter::Cause cause) {
+  if (cause == JournalWaiter::Cause::kFd) {
+    fd_wakeups_->Inc();
+    ++state_.fd_wakeups;
+  } else {
+    timeout_wakeups_->Inc();
+    ++state_.timeout_wakeups;
+  }
+  woken_ = true;
+  if (stopping_ || !journal_) return;
+  // Consumes the inotify events; files added or removed are picked up here. After a timeout
+  // it is what makes sd-journal look at files inotify cannot watch.
+  const int r = sd_journal_process(journal_.get());
+  if (r < 0) Bad("journal_process_failed", Errno(r));
+  if (!read_posted_) ReadSome();
 }
 
 std::optional<std::string> JournaldModule::Field(std::string_view name, std::size_t max, bool* truncated) {
@@ -498,12 +526,8 @@ void JournaldModule::FinishStop() {
 void JournaldModule::Stop(std::function<void()> done) {
   stopping_ = true;
   stop_done_ = std::move(done);
-  boost::system::error_code ignored;  // cancel on a closed descriptor is harmless
   flush_timer_.cancel();
-  if (descriptor_.is_open()) {
-    descriptor_.cancel(ignored);
-    (void)descriptor_.release();
-  }
+  if (waiter_) waiter_->Close();  // releases the fd before FinishStop closes the journal
   Flush();
 }
 

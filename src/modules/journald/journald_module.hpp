@@ -3,7 +3,11 @@
 // host's /var/log/journal mounted into the container) for kernel messages, the units named
 // in its config and an acknowledgement SYSLOG_IDENTIFIER, and publishes them as KernelLine /
 // UnitLine. The journal's inotify fd (sd_journal_get_fd) is waited on with an Asio
-// stream_descriptor: no polling thread, no timer loop.
+// stream_descriptor, raced with a timer for the timeout sd-journal asks for
+// (sd_journal_get_timeout; journal_waiter.hpp): where inotify does not work (network and
+// some FUSE file systems) that timeout is what makes it look for new entries. Either wake
+// runs sd_journal_process and reads; no polling thread, and no timer when sd-journal gives
+// no timeout. Wakes are counted by cause (gpu_node_supervisor_journald_wakeups_total).
 //
 // The position survives restarts: the cursor of the last entry read is written atomically
 // (debounced) to <stateDir>/journald/cursor.json together with its boot ID and monotonic
@@ -15,10 +19,10 @@
 //    skipping entries older than `bootLookback`.
 
 #include "loop/module.hpp"
+#include "modules/journald/journal_waiter.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/journald/rate_limited_log.hpp"
 
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
@@ -82,6 +86,8 @@ class JournaldModule final : public Module {
   void SeekBoot(const std::string& boot_id, uint64_t after_monotonic_usec);
   void ReadSome();
   void Arm();
+  uint64_t JournalTimeout();
+  void OnWake(JournalWaiter::Cause cause);
   void HandleEntry();
   std::optional<std::string> Field(std::string_view name, std::size_t max, bool* truncated);
   void Bad(std::string_view kind, std::string_view what);
@@ -94,7 +100,7 @@ class JournaldModule final : public Module {
   Config config_;
   std::string cursor_path_;
   std::unique_ptr<sd_journal, JournalCloser> journal_;
-  boost::asio::posix::stream_descriptor descriptor_;
+  std::unique_ptr<JournalWaiter> waiter_;  // after journal_: releases its fd before the close
   boost::asio::steady_timer flush_timer_;
   RateLimitedLog warn_;
   std::set<std::string, std::less<>> units_;
@@ -104,8 +110,8 @@ class JournaldModule final : public Module {
   bool dirty_ = false;
   bool flush_armed_ = false;
   bool writing_ = false;
-  bool waiting_ = false;
   bool read_posted_ = false;
+  bool woken_ = false;  // a wake since the state was last published
   bool stopping_ = false;
   std::function<void()> stop_done_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
@@ -117,6 +123,8 @@ class JournaldModule final : public Module {
   MetricsRegistry::Series* truncated_;
   MetricsRegistry::Series* boot_changes_;
   MetricsRegistry::Series* cursor_writes_failed_;
+  MetricsRegistry::Series* fd_wakeups_;
+  MetricsRegistry::Series* timeout_wakeups_;
 };
 
 }  // namespace gns::journald

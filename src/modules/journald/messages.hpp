@@ -49,12 +49,16 @@ struct JournalState {
   uint64_t gaps = 0;
   uint64_t bad_entries = 0;
   bool live = false;         // caught up and waiting on the journal's fd
+  bool timeout_wait = false; // sd-journal also asked to be woken by a timeout (no inotify there)
+  uint64_t fd_wakeups = 0;   // wakes since the start, by cause
+  uint64_t timeout_wakeups = 0;
 };
 
 inline void to_json(nlohmann::json& j, const JournalState& s) {
   j = nlohmann::json{{"source", s.source},     {"bootId", s.boot_id}, {"startMode", s.start_mode},
                      {"cursor", s.cursor},     {"entries", s.entries}, {"gaps", s.gaps},
-                     {"badEntries", s.bad_entries}, {"live", s.live}};
+                     {"badEntries", s.bad_entries}, {"live", s.live}, {"timeoutWait", s.timeout_wait},
+                     {"fdWakeups", s.fd_wakeups}, {"timeoutWakeups", s.timeout_wakeups}};
 }
 
 }  // namespace gns::journald

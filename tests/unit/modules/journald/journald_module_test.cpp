@@ -266,6 +266,34 @@ TEST_F(JournaldModuleTest, EnormousAndBinaryMessagesAreBoundedNeverACrash) {
   EXPECT_EQ(Metric("gpu_node_supervisor_journald_bad_input_total{kind=\"entry_without_message\"}"), 1);
 }
 
+TEST_F(JournaldModuleTest, WakeupsAreCountedByCauseAndShownInTheState) {
+  JournalWriter writer((dir_ / "journal").string());
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return Live(); }));
+  writer.Append(JournalWriter::Kernel("wake me"));
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 1; }));
+  const double fd = Metric(R"(gpu_node_supervisor_journald_wakeups_total{cause="fd"})");
+  const double timeout = Metric(R"(gpu_node_supervisor_journald_wakeups_total{cause="timeout"})");
+  EXPECT_GE(fd + timeout, 1);  // the entry came through a wake, whichever the cause
+  // The state published after that round shows the same counts (/debug/state).
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto* s = h_.bus.Latest<JournalState>();
+    return s->fd_wakeups + s->timeout_wakeups >= 1 && s->entries == 1;
+  }));
+  const auto* state = h_.bus.Latest<JournalState>();
+  EXPECT_TRUE(state->live);
+  // sd-journal gives no timeout here unless the test directory is on a file system without
+  // inotify; without one no timer is armed, so no wake can be a timeout's.
+  if (!state->timeout_wait) {
+    EXPECT_EQ(state->timeout_wakeups, 0u);
+  }
+  const nlohmann::json shown = *state;
+  EXPECT_EQ(shown["fdWakeups"], state->fd_wakeups);
+  EXPECT_EQ(shown["timeoutWakeups"], state->timeout_wakeups);
+  EXPECT_EQ(shown["timeoutWait"], state->timeout_wait);
+  EXPECT_TRUE(failures_.empty());
+}
+
 TEST_F(JournaldModuleTest, ConfigDefaultsAndBadValues) {
   ConfigValue empty;
   ConfigMap section(empty, "modules.journald");
