@@ -304,7 +304,8 @@ void JournaldModule::ReadSome() {
       // A corrupt region sd-journal could not step over: wait for the journal to change
       // rather than spin on the same error.
       Bad("journal_next_failed", Errno(r));
-      break;
+      Arm();  // not the re-post below: a region that fails every time would spin through the queue
+      return;
     }
     if (r == 0) {
       skip_before_realtime_ = 0;  // caught up: the lookback only filters the catch-up
