@@ -387,6 +387,18 @@ class GpuHealthKubeTest : public GpuHealthModuleTest {
     return nullptr;
   }
 
+  // kubectl annotate node node1 gpu-node-supervisor.nvidia.com/set-healthy=all, then wait for
+  // the GPU and the Node condition to be healthy again.
+  void SetHealthyByAnnotation() {
+    const auto patched = server_->Call(
+        "PATCH", "/api/v1/nodes/node1",
+        R"({"metadata":{"annotations":{"gpu-node-supervisor.nvidia.com/set-healthy":"all"}}})",
+        "application/merge-patch+json");
+    ASSERT_EQ(patched.status, 200) << patched.body;
+    ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+    ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "True"; }));
+  }
+
   std::vector<nlohmann::json> Events() {
     std::vector<nlohmann::json> out;
     const auto list = server_->Call("GET", "/apis/events.k8s.io/v1/namespaces/default/events").Json();
@@ -420,13 +432,7 @@ TEST_F(GpuHealthKubeTest, NodeConditionEventsAndTheSetHealthyAnnotation) {
   EXPECT_TRUE(saw_48);
 
   // Remote set-healthy: annotate the Node.
-  const auto patched = server_->Call(
-      "PATCH", "/api/v1/nodes/node1",
-      R"({"metadata":{"annotations":{"gpu-node-supervisor.nvidia.com/set-healthy":"all"}}})",
-      "application/merge-patch+json");
-  ASSERT_EQ(patched.status, 200) << patched.body;
-  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
-  ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "True"; }));
+  ASSERT_NO_FATAL_FAILURE(SetHealthyByAnnotation());
   // The annotation is taken off once acted upon.
   ASSERT_TRUE(h_.RunUntil([&] {
     const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
@@ -454,13 +460,7 @@ TEST_F(GpuHealthKubeTest, FollowsTheKubeModuleAcrossItsRestart) {
   h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79)));
   ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "False"; }));
   // ...and the set-healthy annotation is seen by an informer of the new registry.
-  const auto patched = server_->Call(
-      "PATCH", "/api/v1/nodes/node1",
-      R"({"metadata":{"annotations":{"gpu-node-supervisor.nvidia.com/set-healthy":"all"}}})",
-      "application/merge-patch+json");
-  ASSERT_EQ(patched.status, 200) << patched.body;
-  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
-  ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "True"; }));
+  ASSERT_NO_FATAL_FAILURE(SetHealthyByAnnotation());
   EXPECT_EQ(old_informers->Active(), 0u);  // nothing left on the old registry
 }
 
