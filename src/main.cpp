@@ -9,6 +9,7 @@
 // Exit codes: 0 ok, 1 hard stop, 2 bad command line or config.
 
 #include "admin_client.hpp"
+#include "inventory_command.hpp"
 #include "loop/feature_gates.hpp"
 #include "loop/logging.hpp"
 #include "loop/runtime.hpp"
@@ -76,6 +77,12 @@ int main(int argc, char** argv) {
   set_healthy->add_option("--gpu", set_healthy_gpu, "GPU UUID (GPU-…) or all")->required();
   set_healthy->add_option("--state-dir", set_healthy_state_dir, "The supervisor's state directory (holds admin.sock)");
 
+  std::string inventory_library = "libnvidia-ml.so.1";
+  std::string inventory_host_root = "/";
+  auto* inventory = app.add_subcommand("inventory", "Read the GPUs once through NVML, as gpu-inventory does, and print JSON");
+  inventory->add_option("--nvml-library", inventory_library, "NVML to dlopen (soname or path)");
+  inventory->add_option("--host-root", inventory_host_root, "Where the host's /sys is (NUMA fallback)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -89,6 +96,7 @@ int main(int argc, char** argv) {
   }
 
   if (set_healthy->parsed()) return gns::RunSetHealthy(set_healthy_state_dir, set_healthy_gpu);
+  if (inventory->parsed()) return gns::RunInventory(inventory_library, inventory_host_root);
 
   if (validate->parsed()) {
     try {

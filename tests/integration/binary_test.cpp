@@ -176,6 +176,32 @@ TEST_F(BinaryTest, ModuleThatCannotStartIsRetriedWhileTheProcessStaysUp) {
   EXPECT_EQ(proc.Wait(), 0) << proc.Output();
 }
 
+// `inventory`: one NVML read through the same dlopen and calls as gpu-inventory, as JSON.
+TEST_F(BinaryTest, InventoryPrintsWhatNvmlReportsAndFailsClearlyWithoutIt) {
+  const std::string fake = std::string(std::getenv("GNS_BINARY_DIR")) + "/tools/sim/fake_nvml/libnvidia-ml.so.1";
+  const std::string gpus = Source("tools/sim/fake_nvml/gpus-8.json");
+  auto [code, out] = test::RunToCompletion({Binary(), "inventory", "--nvml-library", fake},
+                                           {{"FAKE_NVML_CONFIG", gpus}});
+  ASSERT_EQ(code, 0) << out;
+  const auto described = nlohmann::json::parse(std::ifstream(gpus));
+  const auto printed = nlohmann::json::parse(out.substr(out.find('{')));
+  const auto& inventory = printed.at("inventory");
+  EXPECT_EQ(inventory.at("available"), true);
+  EXPECT_EQ(inventory.at("driverVersion"), described.at("driverVersion"));
+  ASSERT_EQ(inventory.at("gpus").size(), described.at("gpus").size());
+  for (std::size_t i = 0; i < described.at("gpus").size(); ++i) {
+    EXPECT_EQ(inventory.at("gpus")[i].at("uuid"), described.at("gpus")[i].at("uuid"));
+  }
+  const auto& fabric = described.at("gpus")[0].at("fabric");
+  EXPECT_EQ(printed.at("clique").at("cliqueId"),
+            fabric.at("clusterUuid").get<std::string>() + "." + std::to_string(fabric.at("cliqueId").get<int>()));
+
+  std::tie(code, out) = test::RunToCompletion({Binary(), "inventory", "--nvml-library", (dir_ / "no-nvml.so.1").string()});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("error: NVML"), std::string::npos) << out;
+  EXPECT_NE(out.find("no-nvml.so.1"), std::string::npos) << out;
+}
+
 // kUses in the real binary: the controller waits (and says so) while kube cannot start, then
 // starts once kube runs; the process serves throughout.
 TEST_F(BinaryTest, ControllerWaitsForTheKubeModuleAndStartsAfterIt) {
