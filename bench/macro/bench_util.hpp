@@ -1,13 +1,17 @@
 #pragma once
 // Small pieces the whole-module benchmarks share: milliseconds from a duration, one printed
-// line of percentiles, and running a function on a loop that another thread turns.
+// line of percentiles, a loop turned by a thread of its own, and running a function on it.
 
+#include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
+
+#include <boost/asio/executor_work_guard.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <thread>
 #include <vector>
 
 namespace gns::bench {
@@ -37,5 +41,33 @@ void OnLoop(Loop& loop, Fn fn) {
   });
   done.get_future().wait();
 }
+
+// Turns `loop` on a thread of its own until Stop(), while the benchmark's main thread plays
+// the kubelet, the journal writer or the API client. Stop() lets the pool finish first.
+class LoopThread {
+ public:
+  LoopThread(Loop& loop, BlockingPool& pool)
+      : loop_(loop), pool_(pool), guard_(boost::asio::make_work_guard(loop.Io())), thread_([this] {
+          loop_.BindToCurrentThread();
+          loop_.Io().run();
+        }) {}
+  ~LoopThread() { Stop(); }
+  LoopThread(const LoopThread&) = delete;
+  LoopThread& operator=(const LoopThread&) = delete;
+
+  void Stop() {
+    if (!thread_.joinable()) return;
+    guard_.reset();
+    pool_.Join();
+    loop_.Io().stop();
+    thread_.join();
+  }
+
+ private:
+  Loop& loop_;
+  BlockingPool& pool_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_;
+  std::thread thread_;
+};
 
 }  // namespace gns::bench

@@ -21,7 +21,6 @@
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
-#include <boost/asio/executor_work_guard.hpp>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -31,7 +30,6 @@
 #include <filesystem>
 #include <future>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -79,11 +77,7 @@ int main(int argc, char** argv) {
   site.paths.host_root = dir + "/host";
   fs::create_directories(site.paths.kubelet_dir);
   gns::BlockingPool pool(loop, 2);
-  auto guard = boost::asio::make_work_guard(loop.Io());
-  std::thread loop_thread([&] {
-    loop.BindToCurrentThread();
-    loop.Io().run();
-  });
+  gns::bench::LoopThread loop_thread(loop, pool);
 
   gns::sim::KubeletSimOptions options;
   options.kubelet_dir = site.paths.kubelet_dir;
@@ -211,10 +205,7 @@ int main(int argc, char** argv) {
     plugin.reset();
     inventory.reset();
   });
-  guard.reset();
-  pool.Join();
-  loop.Io().stop();
-  loop_thread.join();
+  loop_thread.Stop();
   fs::remove_all(dir);
   return 0;
 }

@@ -32,7 +32,6 @@
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
 
-#include <boost/asio/executor_work_guard.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
@@ -47,7 +46,6 @@
 #include <future>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -161,11 +159,7 @@ int main(int argc, char** argv) {
   };
 
   gns::BlockingPool pool(loop, 2);
-  auto guard = boost::asio::make_work_guard(loop.Io());
-  std::thread loop_thread([&] {
-    loop.BindToCurrentThread();
-    loop.Io().run();
-  });
+  gns::bench::LoopThread loop_thread(loop, pool);
 
   // The kube services, as the kube module provides them. The client's rate limit is set out of
   // the way (production: qps 20, burst 40): this measures the plugin, not the limiter.
@@ -332,10 +326,7 @@ int main(int argc, char** argv) {
     client.reset();
   });
   OnLoop(loop, [] {});  // what the shutdown posted runs before this
-  guard.reset();
-  pool.Join();
-  loop.Io().stop();
-  loop_thread.join();
+  loop_thread.Stop();
   api.Stop();
   fs::remove_all(dir);
   if (!checkpoint_empty || !no_specs) {

@@ -39,7 +39,6 @@
 #include "modules/journald/journald_module.hpp"
 #include "modules/journald/messages.hpp"
 
-#include <boost/asio/executor_work_guard.hpp>
 #include <nlohmann/json.hpp>
 #include <systemd/sd-journal.h>
 
@@ -398,11 +397,7 @@ int main(int argc, char** argv) {
   LiveJournal live(writer);
 
   gns::BlockingPool pool(loop, 2);
-  auto guard = boost::asio::make_work_guard(loop.Io());
-  std::thread loop_thread([&] {
-    loop.BindToCurrentThread();
-    loop.Io().run();
-  });
+  gns::bench::LoopThread loop_thread(loop, pool);
   gns::sim::KubeletSimOptions options;
   options.kubelet_dir = site.paths.kubelet_dir;
   gns::sim::KubeletSim kubelet(options);
@@ -538,10 +533,7 @@ int main(int argc, char** argv) {
     health.reset();
     plugin.reset();
   });
-  guard.reset();
-  pool.Join();
-  loop.Io().stop();
-  loop_thread.join();
+  loop_thread.Stop();
   fs::remove_all(dir);
   return 0;
 }
