@@ -5,7 +5,9 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
 
   1. device plugin: 8 GPUs advertised to the kubelet;
   2. an NVRM Xid line in the journal turns a GPU Unhealthy at the kubelet, a reset ack heals it;
-  3. a ComputeDomain becomes Ready with its workload ResourceClaimTemplate (controller);
+     an Xid that NVML and the kernel log both report counts once;
+  3. a ComputeDomain becomes Ready with its workload ResourceClaimTemplate (controller), and
+     that template, deleted by hand, comes back;
   4. a channel claim is prepared (CDI spec for channel 0) and unprepared by the kubelet (DRA);
   5. the ComputeDomain is deleted cleanly (template and finalizers gone).
 
@@ -27,6 +29,8 @@ METRICS = os.environ.get("GNS_METRICS_LISTEN", "127.0.0.1:9464")
 NODE = os.environ.get("NODE_NAME", "sim-node-0")
 KUBELET_CTL = [sys.executable, os.path.join(REPO, "tools/sim/kubelet/kubeletctl.py"),
                "--socket", os.path.join(SANDBOX, "kubelet-control.sock")]
+NVML_CTL = [sys.executable, os.path.join(REPO, "tools/sim/fake_nvml/fakenvmlctl.py"),
+            "--socket", os.path.join(SANDBOX, "fake-nvml.sock")]
 JOURNAL_SIM = [os.path.join(REPO, "tools/sim/journal/journal-sim.sh"), os.path.join(SANDBOX, "journal")]
 API_DIR = os.path.join(SANDBOX, "apiserver")
 NS = "team-a"
@@ -101,6 +105,13 @@ def device_health(uuid):
     return None
 
 
+def metric(series):
+    for line in http_get("/metrics")[1].splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -116,6 +127,16 @@ def main():
     subprocess.run(JOURNAL_SIM + ["reset", GPU_UUID], check=True)
     wait_for(f"{GPU_UUID} Healthy again", lambda: device_health(GPU_UUID) == "Healthy")
     say("gpu health", f"'GPU reset occurred: {GPU_UUID}' -> Healthy again at the kubelet")
+
+    # One Xid 13 occurrence, seen by the kernel log and by NVML's event: counted once.
+    xid13 = f'gpu_node_supervisor_xid_errors_total{{gpu="{GPU_UUID}",xid="13"}}'
+    folded = "gpu_node_supervisor_gpu_health_xid_duplicates_total"
+    before = metric(xid13), metric(folded)
+    subprocess.run(JOURNAL_SIM + ["xid", GPU_PCI, "13", "Graphics Exception"], check=True)
+    subprocess.run(NVML_CTL + ["inject-xid", GPU_UUID, "13"], check=True, capture_output=True)
+    wait_for("both Xid 13 reports handled", lambda: metric(folded) > before[1] and metric(xid13) > before[0])
+    say("gpu health", f"Xid 13 from the kernel log and from NVML -> occurrences +{metric(xid13) - before[0]:.0f}, "
+        f"folded duplicates +{metric(folded) - before[1]:.0f}; {GPU_UUID} still {device_health(GPU_UUID)}")
 
     api = Api()
     domains = f"/apis/resource.nvidia.com/v1beta1/namespaces/{NS}/computedomains"
@@ -133,6 +154,15 @@ def main():
     code, template = api.call("GET", template_path)
     say("controller", f"ComputeDomain {NS}/train-a is {ready['status']['status']} with finalizers "
         f"{ready['metadata'].get('finalizers')}; workload template {NS}/train-a-channel exists: {code == 200}")
+    # kubectl delete resourceclaimtemplate: the controller's template watch sees it, lets it go
+    # (its finalizer) and makes it again.
+    first_uid = template["metadata"]["uid"]
+    api.call("DELETE", template_path)
+    recreated = wait_for("the deleted workload template recreated", lambda: (
+        lambda r: r[1] if r[0] == 200 and r[1]["metadata"]["uid"] != first_uid
+        and "deletionTimestamp" not in r[1]["metadata"] else None)(api.call("GET", template_path)))
+    say("controller", f"workload template deleted by hand -> recreated (uid {first_uid[:8]}… -> "
+        f"{recreated['metadata']['uid'][:8]}…)")
 
     claims = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
     params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
