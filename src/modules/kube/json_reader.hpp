@@ -10,7 +10,7 @@
 // simdjson's buffers grow with the largest document parsed, so only documents up to
 // kRetainedJsonBytes reuse the loop thread's parser; larger ones (LIST pages) get a parser of
 // their own, freed at once, and past kSimdjsonMaxBytes nlohmann parses them (its peak memory
-// is the result alone, simdjson's is ~15x the text on top).
+// is the result alone, simdjson adds ~3x the text on top).
 #include <cstddef>
 #include <string>
 #include <string_view>
