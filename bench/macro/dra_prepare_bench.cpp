@@ -12,6 +12,7 @@
 //   dra_prepare_bench [--rounds N] [--cycles N]
 #include "bench_util.hpp"
 #include "apiserver.h"
+#include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "loop/atomic_file.hpp"
 #include "loop/blocking_pool.hpp"
@@ -77,25 +78,7 @@ json ChannelClaim(const std::string& name, const std::string& domain_uid) {
                         {"kind", "ComputeDomainChannelConfig"},
                         {"domainID", domain_uid},
                         {"allocationMode", "Single"}};
-  return json{
-      {"apiVersion", "resource.k8s.io/v1"},
-      {"kind", "ResourceClaim"},
-      {"metadata", {{"name", name}, {"namespace", kNs}}},
-      {"spec",
-       {{"devices",
-         {{"requests",
-           json::array({{{"name", "channel"},
-                         {"exactly", {{"deviceClassName", "compute-domain-default-channel.nvidia.com"}}}}})}}}}},
-      {"status",
-       {{"allocation",
-         {{"devices",
-           {{"results", json::array({{{"request", "channel"},
-                                      {"driver", kDriver},
-                                      {"pool", kNode},
-                                      {"device", std::string(gns::dra::kChannelDeviceName)}}})},
-            {"config", json::array({{{"source", "FromClaim"},
-                                     {"requests", json::array({"channel"})},
-                                     {"opaque", {{"driver", kDriver}, {"parameters", parameters}}}}})}}}}}}}};
+  return gns::sim::AllocatedChannelClaim(kNs, name, kNode, parameters, kDriver);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // Covers seed 000 §14.1 kubelet-side items and the §13 rows the driver owns, idempotency, the
 // crash-between-PrepareStarted-and-PrepareCompleted reconcile, a corrupt checkpoint, and §11.
 #include "apiserver.h"
+#include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "loop/config.hpp"
 #include "modules/dra_compute_domain/cdi_spec.hpp"
@@ -88,25 +89,7 @@ json ChannelParams(const std::string& domain_uid, json allocation_mode = "Single
 
 // A channel claim as the controller's claim template produces it, allocated on kNode.
 json ChannelClaim(const std::string& name, const json& parameters) {
-  return json{
-      {"apiVersion", "resource.k8s.io/v1"},
-      {"kind", "ResourceClaim"},
-      {"metadata", {{"name", name}, {"namespace", kNs}}},
-      {"spec",
-       {{"devices",
-         {{"requests",
-           json::array({{{"name", "channel"},
-                         {"exactly", {{"deviceClassName", "compute-domain-default-channel.nvidia.com"}}}}})}}}}},
-      {"status",
-       {{"allocation",
-         {{"devices",
-           {{"results", json::array({{{"request", "channel"},
-                                      {"driver", kDriverName},
-                                      {"pool", kNode},
-                                      {"device", "channel-0"}}})},
-            {"config", json::array({{{"source", "FromClaim"},
-                                     {"requests", json::array({"channel"})},
-                                     {"opaque", {{"driver", kDriverName}, {"parameters", parameters}}}}})}}}}}}}};
+  return sim::AllocatedChannelClaim(kNs, name, kNode, parameters, kDriver);
 }
 
 class DraModuleTest : public ::testing::Test {
