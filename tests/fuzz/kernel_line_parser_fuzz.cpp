@@ -8,36 +8,13 @@
 #include <string_view>
 
 #include "modules/gpu_health/kernel_line_parser.hpp"
+#include "support/printable_utf8.hpp"
 
 namespace {
 
 using gns::gpu_health::ParsedLine;
 
-// Well-formed UTF-8 with no control characters, as the parser promises for its strings.
-bool PrintableUtf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t len = 0;
-    if (c < 0x80) {
-      if (c < 0x20 || c == 0x7F) return false;
-      len = 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-    } else {
-      return false;
-    }
-    if (i + len > s.size()) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
-}
+using gns::test::PrintableUtf8;
 
 void Check(bool ok) {
   if (!ok) std::abort();

@@ -52,7 +52,7 @@ binary=$work_dir/${target}_fuzz
 "$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Wall -Wextra -Werror \
-  -I"$repo/src" \
+  -I"$repo/src" -I"$repo/tests" \
   "${sources[@]}" \
   "$here/${target}_fuzz.cpp" \
   "${libs[@]}" \

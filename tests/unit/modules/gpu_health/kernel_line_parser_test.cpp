@@ -2,6 +2,7 @@
 // after real dmesg/journald output), malformed and truncated lines, garbage, NULs, invalid
 // UTF-8 and enormous messages, and PCI address comparison across the Xid and NVML forms.
 #include "modules/gpu_health/kernel_line_parser.hpp"
+#include "support/printable_utf8.hpp"
 
 #include <gtest/gtest.h>
 
@@ -21,31 +22,7 @@ PciAddress Pci(std::string_view text) {
   return pci.value_or(PciAddress{});
 }
 
-// True when `s` is well-formed UTF-8 with no control characters.
-bool PrintableUtf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t len = 0;
-    if (c < 0x80) {
-      if (c < 0x20 || c == 0x7F) return false;
-      len = 1;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-    } else {
-      return false;
-    }
-    if (i + len > s.size()) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
-}
+using gns::test::PrintableUtf8;
 
 struct XidCase {
   std::string name;
