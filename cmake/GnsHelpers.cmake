@@ -15,7 +15,7 @@ function(gns_add_test name)
   set_tests_properties(${name} PROPERTIES
     TIMEOUT ${T_TIMEOUT}
     LABELS "${T_LABELS}"
-    ENVIRONMENT "GNS_SOURCE_DIR=${PROJECT_SOURCE_DIR};GNS_BINARY_DIR=${PROJECT_BINARY_DIR};GNS_XID_CATALOG=${PROJECT_SOURCE_DIR}/config/xid-catalog.yaml;GNS_SUPERVISOR_BIN=${PROJECT_BINARY_DIR}/src/gpu-node-supervisor")
+    ENVIRONMENT "GNS_SOURCE_DIR=${PROJECT_SOURCE_DIR};GNS_BINARY_DIR=${PROJECT_BINARY_DIR};GNS_SUPERVISOR_BIN=${PROJECT_BINARY_DIR}/src/gpu-node-supervisor")
 endfunction()
 
 # gns_proto_library(<target> PROTOS <files…>)

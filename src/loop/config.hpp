@@ -81,6 +81,10 @@ class ConfigMap {
 
   const std::string& Path() const { return path_; }
   const SourceLocation& Where() const { return where_; }
+  // Whether the module this section configures will run. A disabled module's section is still
+  // checked for keys and types, but ParseConfig must not open the files it names.
+  bool ModuleEnabled() const { return module_enabled_; }
+  void SetModuleEnabled(bool enabled) { module_enabled_ = enabled; }
   bool Has(std::string_view key) const;
   // Marks a key as consumed without reading it (read elsewhere).
   void Skip(std::string_view key);
@@ -119,6 +123,7 @@ class ConfigMap {
   [[noreturn]] void FailKey(std::string_view key, std::string_view what) const;
 
  private:
+  bool module_enabled_ = true;
   const ConfigValue& Required(std::string_view key);
   const ConfigValue* Lookup(std::string_view key);
   const ConfigValue& Scalar(std::string_view key, const ConfigValue& v) const;

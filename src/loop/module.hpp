@@ -10,6 +10,11 @@
 //  - optional `static constexpr std::array<std::string_view, N> kUses`: the modules whose
 //    services it holds (Services::Find). It starts only while they run, and is stopped before
 //    them and started again after them when they restart, so it never keeps a stopped service.
+//  - optional `static constexpr std::array<std::string_view, N> kFollows`: modules whose
+//    services it uses when they run but does without (gpu-health without kube). It starts
+//    whether they run or not; it is stopped before them when they stop or fail (then started
+//    again at once, without them), and restarted when they start running after it, so that
+//    it picks their services up.
 // The supervisor restarts a module that fails (ReportFailure, or a failed Start) with backoff.
 
 #include "loop/blocking_pool.hpp"
@@ -88,7 +93,8 @@ using ModuleFactory = std::function<std::unique_ptr<Module>(ModuleContext&)>;
 struct ModuleDescriptor {
   std::string_view name;
   std::string_view summary;
-  std::vector<std::string_view> uses;  // M::kUses
+  std::vector<std::string_view> uses;     // M::kUses
+  std::vector<std::string_view> follows;  // M::kFollows
   // Parses and validates the module's section (without `enabled`) into a factory.
   std::function<ModuleFactory(ConfigMap& section, const SiteConfig& site)> parse;
 };
@@ -97,8 +103,11 @@ template <typename M>
 ModuleDescriptor DescribeModule() {
   std::vector<std::string_view> uses;
   if constexpr (requires { M::kUses; }) uses.assign(M::kUses.begin(), M::kUses.end());
+  std::vector<std::string_view> follows;
+  if constexpr (requires { M::kFollows; }) follows.assign(M::kFollows.begin(), M::kFollows.end());
   return ModuleDescriptor{
-      M::kName, M::kSummary, std::move(uses), [](ConfigMap& section, const SiteConfig& site) -> ModuleFactory {
+      M::kName, M::kSummary, std::move(uses), std::move(follows),
+      [](ConfigMap& section, const SiteConfig& site) -> ModuleFactory {
         auto config = std::make_shared<const typename M::Config>(M::ParseConfig(section, site));
         return [config](ModuleContext& context) -> std::unique_ptr<Module> {
           return std::make_unique<M>(context, *config);

@@ -123,6 +123,11 @@ LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const Command
     if (descriptor == nullptr) modules.FailKey(name, "unknown module (known: " + KnownModules(manifest) + ")");
     auto section = modules.Section(name);
     const bool enabled = section.Bool("enabled");
+    // What will run, flags included: a disabled module's files are not opened.
+    const bool will_run =
+        (enabled || std::find(overrides.enable.begin(), overrides.enable.end(), name) != overrides.enable.end()) &&
+        std::find(overrides.disable.begin(), overrides.disable.end(), name) == overrides.disable.end();
+    section.SetModuleEnabled(will_run);
     ModuleFactory factory = descriptor->parse(section, out.site);
     section.Finish();
     parsed[name] = {enabled, std::move(factory)};
@@ -153,7 +158,8 @@ LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const Command
     auto it = parsed.find(std::string(descriptor.name));
     if (it != parsed.end() && it->second.first) {
       out.modules.push_back(ModuleSpec{std::string(descriptor.name), std::move(it->second.second),
-                                       std::vector<std::string>(descriptor.uses.begin(), descriptor.uses.end())});
+                                       std::vector<std::string>(descriptor.uses.begin(), descriptor.uses.end()),
+                                       std::vector<std::string>(descriptor.follows.begin(), descriptor.follows.end())});
     }
   }
   return out;

@@ -47,6 +47,7 @@ struct Supervisor::Slot {
       : name(std::move(spec.name)),
         factory(std::move(spec.factory)),
         uses(std::move(spec.uses)),
+        follows(std::move(spec.follows)),
         backoff(policy, std::move(random)),
         timer(io) {}
 
@@ -55,6 +56,12 @@ struct Supervisor::Slot {
   std::vector<std::string> uses;
   std::vector<Slot*> providers;  // the enabled modules among `uses`, all earlier in the order
   std::vector<Slot*> users;      // the modules that use this one, in start order
+  std::vector<std::string> follows;
+  std::vector<Slot*> followers;  // the modules that follow this one, in start order
+  std::vector<Slot*> followed;
+  // The followed modules that ran when this instance started (a follower started without one
+  // is restarted when it comes).
+  std::vector<Slot*> started_with;
   bool failing = false;          // a failure is being handled (users stopping, then this one)
   std::unique_ptr<ModuleContext> context;
   std::unique_ptr<Module> instance;
@@ -92,6 +99,17 @@ Supervisor::Supervisor(RuntimeParts parts, SupervisorSettings settings, std::vec
       user.providers.push_back(provider->get());
       (*provider)->users.push_back(&user);
     }
+    for (const auto& name : user.follows) {
+      const auto followed = std::find_if(slots_.begin(), slots_.end(), [&](const auto& s) { return s->name == name; });
+      if (followed == slots_.end()) continue;
+      if (followed - slots_.begin() >= static_cast<std::ptrdiff_t>(i)) {
+        throw std::logic_error("module " + user.name + " follows " + name + ", which does not start before it");
+      }
+      user.followed.push_back(followed->get());
+      // A follower goes down before the module it follows, like a user.
+      (*followed)->users.push_back(&user);
+      (*followed)->followers.push_back(&user);
+    }
   }
 }
 
@@ -125,6 +143,10 @@ void Supervisor::StartSlot(Slot& slot) {
     return;
   }
   slot.failing = false;
+  slot.started_with.clear();
+  for (Slot* followed : slot.followed) {
+    if (followed->status.state == ModuleState::kRunning) slot.started_with.push_back(followed);
+  }
   const uint64_t generation = ++slot.generation;
   slot.status.state = ModuleState::kStarting;
   slot.status.health = ModuleHealth::kOk;
@@ -153,11 +175,33 @@ void Supervisor::StartSlot(Slot& slot) {
   slot.context->Log().info("running");
   Changed();
   StartWaitingUsers(slot);
+  RestartFollowers(slot);
 }
 
 void Supervisor::StartWaitingUsers(Slot& slot) {
   for (Slot* user : slot.users) {
     if (user->status.state == ModuleState::kWaiting) StartSlot(*user);
+  }
+}
+
+void Supervisor::StartWaitingFollowers(Slot& slot) {
+  // They do without it: back at once, now that it is down.
+  for (Slot* follower : slot.followers) {
+    if (follower->status.state == ModuleState::kWaiting) StartSlot(*follower);
+  }
+}
+
+void Supervisor::RestartFollowers(Slot& slot) {
+  for (Slot* follower : slot.followers) {
+    if (follower->status.state != ModuleState::kRunning) continue;
+    const auto& with = follower->started_with;
+    if (std::find(with.begin(), with.end(), &slot) != with.end()) continue;
+    GetLogger(follower->name)->info("restarting: {} runs now", slot.name);
+    ++follower->status.restarts;
+    follower->restarts->Inc();
+    StopUsers(*follower, [this, follower] {
+      StopInstance(*follower, [this, follower](bool) { StartSlot(*follower); });
+    });
   }
 }
 
@@ -176,7 +220,12 @@ void Supervisor::OnFailure(Slot& slot, uint64_t generation, std::string why) {
   slot.failing = true;
   slot.status.detail = std::move(why);
   // Users first: they may still call this module's services while they stop.
-  StopUsers(slot, [this, &slot] { StopInstance(slot, [this, &slot](bool) { ScheduleRestart(slot); }); });
+  StopUsers(slot, [this, &slot] {
+    StopInstance(slot, [this, &slot](bool) {
+      StartWaitingFollowers(slot);
+      ScheduleRestart(slot);
+    });
+  });
 }
 
 void Supervisor::StopUsers(Slot& slot, std::function<void()> then) {
@@ -190,6 +239,12 @@ void Supervisor::StopUsersFrom(Slot& provider, std::vector<Slot*> users, std::si
   }
   Slot& user = *users[i];
   auto next = [this, &provider, users, i, then = std::move(then)] { StopUsersFrom(provider, users, i + 1, then); };
+  const bool follower =
+      std::find(provider.followers.begin(), provider.followers.end(), &user) != provider.followers.end();
+  if (follower && std::find(user.started_with.begin(), user.started_with.end(), &provider) == user.started_with.end()) {
+    next();  // it started without the provider: it holds nothing of it
+    return;
+  }
   auto wait = [this, &user, why = "waiting for " + provider.name + " (restarting)"] {
     if (shutting_down_) return;
     user.timer.cancel();  // a restart of its own may have been scheduled meanwhile
@@ -209,7 +264,8 @@ void Supervisor::StopUsersFrom(Slot& provider, std::vector<Slot*> users, std::si
       ++user.status.restarts;
       user.restarts->Inc();
       StopUsers(user, [this, &user, wait, next] {
-        StopInstance(user, [wait, next](bool) {
+        StopInstance(user, [this, &user, wait, next](bool) {
+          StartWaitingFollowers(user);
           wait();
           next();
         });

@@ -3,7 +3,9 @@
 // module that fails to start or fails later is stopped and restarted with jittered
 // exponential backoff while the others keep running), and stops everything in reverse order,
 // each module within a deadline. A module that uses another's services (ModuleSpec::uses)
-// waits for it to run, and goes down before it and comes back after it when it restarts.
+// waits for it to run, and goes down before it and comes back after it when it restarts. A
+// module that follows another (ModuleSpec::follows) runs without it, goes down before it when
+// it stops (and comes back at once), and is restarted when it starts running.
 
 #include "loop/backoff.hpp"
 #include "loop/module.hpp"
@@ -32,6 +34,8 @@ struct ModuleSpec {
   // Modules whose services this one holds (ModuleDescriptor::uses); names of modules that are
   // not enabled are ignored.
   std::vector<std::string> uses = {};
+  // Modules whose services this one uses when they run (ModuleDescriptor::follows).
+  std::vector<std::string> follows = {};
 };
 
 class Supervisor {
@@ -61,6 +65,10 @@ class Supervisor {
   void StopUsers(Slot& slot, std::function<void()> then);
   void StopUsersFrom(Slot& provider, std::vector<Slot*> users, std::size_t i, std::function<void()> then);
   void StartWaitingUsers(Slot& slot);
+  // The followers of `slot` that run without it start again, now that it runs.
+  void RestartFollowers(Slot& slot);
+  // The followers that went down with `slot` start again without it, now that it is down.
+  void StartWaitingFollowers(Slot& slot);
   void StopNext(std::size_t remaining, std::function<void(bool)> done);
   void Changed();
 

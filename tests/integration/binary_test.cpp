@@ -67,6 +67,15 @@ TEST_F(BinaryTest, ValidateConfigAcceptsBothShippedConfigs) {
   EXPECT_NE(out.find("forcing ComputeDomainCliques=false"), std::string::npos) << out;
 }
 
+TEST_F(BinaryTest, ValidateConfigOfTheExampleNeedsNothingButTheNodeName) {
+  // Nothing installed on the machine, no environment but NODE_NAME: the XID catalog is built
+  // in, and the files of disabled modules are not opened.
+  const auto [code, out] = test::RunToCompletion(
+      {"/usr/bin/env", "-i", "NODE_NAME=gpu-node-1", Binary(), "validate-config", "--config", Source("config/example.yaml")});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("config ok: node gpu-node-1"), std::string::npos) << out;
+}
+
 TEST_F(BinaryTest, ConfigErrorsExitTwoWithFileLineColumnAndKeyPath) {
   const auto bad = Write("bad.yaml", SiteYaml("  metrics:\n    enabled: true\n    bogus: 1\n"));
   for (const char* cmd : {"validate-config", "run"}) {

@@ -5,7 +5,8 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
 
   1. device plugin: 8 GPUs advertised to the kubelet;
   2. an NVRM Xid line in the journal turns a GPU Unhealthy at the kubelet, a reset ack heals it;
-     an Xid that NVML and the kernel log both report counts once;
+     an Xid written before the supervisor started is acted on too; XID 154 names the recovery
+     action the driver wants; an Xid that NVML and the kernel log both report counts once;
   3. a ComputeDomain becomes Ready with its workload ResourceClaimTemplate (controller), and
      that template, deleted by hand, comes back;
   4. a channel claim is prepared (CDI spec for channel 0) and unprepared by the kubelet (DRA);
@@ -37,6 +38,7 @@ NS = "team-a"
 DRIVER = "compute-domain.nvidia.com"
 GPU_UUID = "GPU-3f8a1c52-7e00-4b9d-9c1e-5a7d2e8f6b10"
 GPU_PCI = "0000:18:00"
+EARLY_UUID = "GPU-3f8a1c52-7e01-4b9d-9c1e-5a7d2e8f6b11"  # its Xid 79 is in the journal before start
 
 
 def say(step, text):
@@ -120,6 +122,13 @@ def main():
     say("device plugin", f"{len(plugin.get('devices', {}))} GPUs advertised to the kubelet, {healthy} Healthy, "
         f"registered={plugin.get('registered')}")
 
+    # run-local.sh wrote an Xid 79 for this GPU before the supervisor started.
+    wait_for(f"{EARLY_UUID} Unhealthy (its Xid was in the journal before start)",
+             lambda: device_health(EARLY_UUID) == "Unhealthy")
+    say("gpu health", f"Xid 79 written before the supervisor started -> {EARLY_UUID} Unhealthy at the kubelet")
+    subprocess.run(JOURNAL_SIM + ["reset", EARLY_UUID], check=True)
+    wait_for(f"{EARLY_UUID} Healthy again", lambda: device_health(EARLY_UUID) == "Healthy")
+
     subprocess.run(JOURNAL_SIM + ["uuid", GPU_PCI, GPU_UUID], check=True)
     subprocess.run(JOURNAL_SIM + ["xid", GPU_PCI, "48", "DBE (double bit error) ECC error"], check=True)
     wait_for(f"{GPU_UUID} Unhealthy at the kubelet", lambda: device_health(GPU_UUID) == "Unhealthy")
@@ -127,6 +136,15 @@ def main():
     subprocess.run(JOURNAL_SIM + ["reset", GPU_UUID], check=True)
     wait_for(f"{GPU_UUID} Healthy again", lambda: device_health(GPU_UUID) == "Healthy")
     say("gpu health", f"'GPU reset occurred: {GPU_UUID}' -> Healthy again at the kubelet")
+
+    # XID 154: the driver says what the GPU needs now.
+    subprocess.run(JOURNAL_SIM + ["kernel", f"NVRM: Xid (PCI:{GPU_PCI}): 154, GPU recovery action changed from "
+                                  "0x0 (None) to 0x4 (Drain and Reset)"], check=True)
+    wait_for(f"{GPU_UUID} Unhealthy after Xid 154", lambda: device_health(GPU_UUID) == "Unhealthy")
+    verdict = json.loads(http_get("/debug/state")[1]).get("gpu-health.state", {}).get("devices", {}).get(GPU_UUID, {})
+    say("gpu health", f"Xid 154 'to 0x4 (Drain and Reset)' -> Unhealthy, {verdict.get('recommendedAction')}")
+    subprocess.run(JOURNAL_SIM + ["reset", GPU_UUID], check=True)
+    wait_for(f"{GPU_UUID} Healthy again", lambda: device_health(GPU_UUID) == "Healthy")
 
     # One Xid 13 occurrence, seen by the kernel log and by NVML's event: counted once.
     xid13 = f'gpu_node_supervisor_xid_errors_total{{gpu="{GPU_UUID}",xid="13"}}'

@@ -11,7 +11,6 @@ cd "$repo"
 export GNS_SANDBOX=${GNS_SANDBOX:-$repo/.run/sim}
 export NODE_NAME=${NODE_NAME:-sim-node-0}
 export GNS_METRICS_LISTEN=${GNS_METRICS_LISTEN:-127.0.0.1:9464}
-export GNS_XID_CATALOG=$repo/config/xid-catalog.yaml
 rm -rf "$GNS_SANDBOX"
 mkdir -p "$GNS_SANDBOX"/{var/lib/kubelet/device-plugins,var/lib/kubelet/plugins_registry,var/lib/kubelet/plugins,var/run/cdi,var/lib/gpu-node-supervisor,host/proc,journal}
 chmod 0700 "$GNS_SANDBOX/var/lib/gpu-node-supervisor"
@@ -54,6 +53,10 @@ for _ in $(seq 100); do [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] && break; s
 "$build_dir/tools/sim/kubelet/gns-sim-kubelet" --kubelet-dir "$GNS_SANDBOX/var/lib/kubelet" \
   --control-socket "$GNS_SANDBOX/kubelet-control.sock" > >(sed -u 's/^/[kubelet-sim] /') 2>&1 &
 pids+=($!)
+
+# A GPU that failed before the supervisor came up: its Xid is already in the journal, and
+# gpu-health must act on it at start (the health stream is read at gpu-health's position).
+tools/sim/journal/journal-sim.sh "$GNS_SANDBOX/journal" xid 0000:2a:00 79 "GPU has fallen off the bus."
 
 echo "simulated node '$NODE_NAME' in $GNS_SANDBOX"
 echo "  metrics:      http://$GNS_METRICS_LISTEN/metrics"

@@ -342,6 +342,27 @@ XidLookup XidCatalog::Lookup(uint32_t xid) const noexcept {
 // slots_ holds entry indices + 1: at most kMaxXid entries must fit.
 static_assert(kMaxXid < std::numeric_limits<uint16_t>::max());
 
+const XidCatalog& XidCatalog::Builtin() {
+  // Parsed once, on first use; the build checks the file (xid_catalog_test loads it too), so
+  // a bad built-in catalog cannot reach a node.
+  static const XidCatalog builtin = LoadString(BuiltinXidCatalogYaml(), "built-in xid-catalog.yaml");
+  return builtin;
+}
+
+XidCatalog XidCatalog::LaidOver(const XidCatalog& site) const {
+  XidCatalog out = *this;
+  if (out.slots_.empty()) out.slots_.assign(kMaxXid + 1, 0);
+  for (const auto& info : site.entries_) {
+    if (const uint16_t slot = out.slots_[info.xid]; slot != 0) {
+      out.entries_[slot - 1] = info;
+    } else {
+      out.entries_.push_back(info);
+      out.slots_[info.xid] = static_cast<uint16_t>(out.entries_.size());
+    }
+  }
+  return out;
+}
+
 const XidInfo* XidCatalog::Find(uint32_t xid) const noexcept {
   if (xid >= slots_.size() || slots_[xid] == 0) return nullptr;
   return &entries_[slots_[xid] - 1];

@@ -125,6 +125,11 @@ class XidCatalog {
   static XidCatalog LoadFile(const std::string& path);
   // `source_name` stands for the file name in error messages.
   static XidCatalog LoadString(std::string_view yaml, std::string_view source_name);
+  // The catalog compiled into the binary (config/xid-catalog.yaml at build time), parsed once.
+  static const XidCatalog& Builtin();
+  // This catalog with `site`'s entries laid over it: an XID in both takes site's entry, one
+  // only in site is added. The source stays this catalog's.
+  [[nodiscard]] XidCatalog LaidOver(const XidCatalog& site) const;
 
   // Unknown XIDs come back known=false, action CONTACT_SUPPORT, fatal: a driver that reports
   // an XID we have no entry for is newer than our catalog, and a human should look.
@@ -164,6 +169,9 @@ struct SiteOverrides {
 // The overrides as a document of their own (tests, a drop-in file).
 [[nodiscard]] SiteOverrides LoadSiteOverridesString(std::string_view yaml,
                                                     std::string_view source_name);
+
+// The YAML text of the built-in catalog (generated at build time).
+[[nodiscard]] std::string_view BuiltinXidCatalogYaml() noexcept;
 
 // "90s", "10m", "1h30m", "250ms" → milliseconds; nullopt when malformed, zero or above
 // kMaxWindow.

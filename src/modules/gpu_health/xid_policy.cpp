@@ -114,7 +114,8 @@ bool XidPolicy::MatchOtherSource(State& s, XidSource source, Timestamp at) const
   return false;
 }
 
-XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp at, XidSource source) {
+XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp at, XidSource source,
+                              std::optional<RecommendedAction> line_action) {
   XidDecision d;
   const XidLookup info = catalog_.Lookup(xid);
   d.known_xid = info.known;
@@ -146,6 +147,9 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
       d.verdict = Verdict::kBelowThreshold;
       d.action = RecommendedAction::kNone;
     }
+  } else if (line_action) {
+    d.verdict = *line_action == RecommendedAction::kNone ? Verdict::kNonFatal : Verdict::kFatal;
+    d.action = *line_action;
   } else if (info.fatal) {
     d.verdict = Verdict::kFatal;
     d.action = info.action;
@@ -157,7 +161,9 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
   // Rate limit: the first occurrence, an escalation, or the first one after a whole window
   // is emitted; everything else is counted and reported with the next emission.
   const bool first = !s.emitted;
-  const bool escalation = !first && Rank(d.verdict) > Rank(s.last_emitted);
+  // A different action on the same verdict is news too (a 154 moving from reset to reboot).
+  const bool escalation = !first && (Rank(d.verdict) > Rank(s.last_emitted) ||
+                                     (d.verdict == s.last_emitted && d.action != s.last_action));
   const bool window_passed = !first && at - s.last_emit >= overrides_.dedup_window;
   if (first || escalation || window_passed) {
     d.emit = true;
@@ -165,6 +171,7 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
     s.suppressed = 0;
     s.last_emit = at;
     s.last_emitted = d.verdict;
+    s.last_action = d.action;
     s.emitted = true;
   } else {
     ++s.suppressed;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -73,8 +74,12 @@ class XidPolicy {
   XidPolicy& operator=(XidPolicy&&) = default;
 
   // `gpu_id` is whatever the caller keys devices by (UUID, or PCI address until the UUID is
-  // known); it is copied only when a new (GPU, XID) state is created.
-  XidDecision Decide(std::string_view gpu_id, uint32_t xid, Timestamp at, XidSource source = XidSource::kKernel);
+  // known); it is copied only when a new (GPU, XID) state is created. `line_action`: what the
+  // report itself says the device needs (XID 154 names the driver's recovery action), which
+  // takes the catalog's place: kNone reports without acting, anything else is fatal with that
+  // action. A site override of the XID (ignore, critical, threshold) still wins.
+  XidDecision Decide(std::string_view gpu_id, uint32_t xid, Timestamp at, XidSource source = XidSource::kKernel,
+                     std::optional<RecommendedAction> line_action = std::nullopt);
 
   // Drops every state of one GPU (after a successful reset: counts start again).
   void ForgetGpu(std::string_view gpu_id);
@@ -117,6 +122,7 @@ class XidPolicy {
     Timestamp latest{};
     Timestamp last_emit{};
     Verdict last_emitted = Verdict::kIgnored;
+    RecommendedAction last_action = RecommendedAction::kNone;  // of the last emission
     bool emitted = false;
     uint64_t suppressed = 0;
     // Ring of the most recent occurrence times, capacity = the threshold count.

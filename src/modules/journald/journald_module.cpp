@@ -4,13 +4,10 @@
 #include "loop/atomic_file.hpp"
 
 #include <nlohmann/json.hpp>
-#include <systemd/sd-id128.h>
-#include <systemd/sd-journal.h>
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
+#include <cstdio>
 #include <filesystem>
+#include <random>
 #include <stdexcept>
 #include <system_error>
 
@@ -19,11 +16,6 @@ namespace {
 
 constexpr int kCursorFileVersion = 1;
 
-std::string BootString(const sd_id128_t& id) {
-  char text[SD_ID128_STRING_MAX];
-  return sd_id128_to_string(id, text);
-}
-
 bool IsBootId(std::string_view text) {
   if (text.size() != 32) return false;
   for (const char c : text) {
@@ -31,8 +23,6 @@ bool IsBootId(std::string_view text) {
   }
   return true;
 }
-
-std::string Errno(int negative_errno) { return std::strerror(-negative_errno); }
 
 }  // namespace
 
@@ -108,14 +98,12 @@ JournaldModule::Config JournaldModule::ParseConfig(ConfigMap& section, const Sit
   return config;
 }
 
-void JournaldModule::JournalCloser::operator()(sd_journal* j) const { sd_journal_close(j); }
-
 JournaldModule::JournaldModule(ModuleContext& context, const Config& config)
     : context_(context),
       config_(config),
       flush_timer_(context.GetLoop().Io()),
       warn_(context.GetClock()),
-      units_(config.units.begin(), config.units.end()) {
+      unit_names_(config.units.begin(), config.units.end()) {
   if (!context.Site().paths.state_dir.empty()) {
     cursor_path_ = context.Site().paths.state_dir + "/journald/cursor.json";
   }
@@ -128,7 +116,7 @@ JournaldModule::JournaldModule(ModuleContext& context, const Config& config)
   skipped_old_ = &m.Counter("gpu_node_supervisor_journald_skipped_old_total",
                             "Entries of the current boot skipped as older than bootLookback");
   gaps_ = &m.Counter("gpu_node_supervisor_journald_cursor_gaps_total",
-                     "Starts whose saved cursor was no longer in the journal (rotated or vacuumed)");
+                     "Positions no longer in the journal at a (re)start (rotated or vacuumed)");
   truncated_ = &m.Counter("gpu_node_supervisor_journald_truncated_total",
                           "MESSAGE fields cut at maxMessageBytes");
   boot_changes_ = &m.Counter("gpu_node_supervisor_journald_boot_changes_total",
@@ -140,146 +128,38 @@ JournaldModule::JournaldModule(ModuleContext& context, const Config& config)
       "Wakes to process the journal, by cause: its fd readable, or the timeout sd-journal asked for";
   fd_wakeups_ = &m.Counter(wakeups, wakeups_help, {{"cause", "fd"}});
   timeout_wakeups_ = &m.Counter(wakeups, wakeups_help, {{"cause", "timeout"}});
+  health_requests_ = &m.Counter("gpu_node_supervisor_journald_health_requests_total",
+                                "Requests for the health stream taken (its consumer's position)");
   state_.source = config_.directory.empty() ? "system" : config_.directory;
+  // A new instance, a new name: requests made for an earlier one are not ours.
+  std::random_device random;
+  char reader[17];
+  std::snprintf(reader, sizeof reader, "%08x%08x", random(), random());
+  state_.reader = reader;
 }
 
-JournaldModule::~JournaldModule() {
-  *alive_ = false;
-  // The fd belongs to sd_journal: the waiter hands it back (releases, never closes it).
-  waiter_.reset();
-}
+JournaldModule::~JournaldModule() { *alive_ = false; }
 
-void JournaldModule::Open() {
-  sd_journal* j = nullptr;
-  int r = 0;
-  if (config_.directory.empty()) {
-    r = sd_journal_open(&j, SD_JOURNAL_LOCAL_ONLY);
+JournalStream::Hooks JournaldModule::HooksFor(bool health) {
+  JournalStream::Hooks hooks;
+  if (health) {
+    hooks.entry = [this](JournalEntry&& entry) { OnHealthEntry(std::move(entry)); };
   } else {
-    r = sd_journal_open_directory(&j, config_.directory.c_str(), 0);
+    hooks.entry = [this](JournalEntry&& entry) { OnUnitEntry(std::move(entry)); };
   }
-  if (r < 0) {
-    throw std::runtime_error("opening the journal (" + state_.source + "): " + Errno(r));
-  }
-  journal_.reset(j);
-  // Decompression of a field stops at this size: an enormous field cannot make us allocate.
-  sd_journal_set_data_threshold(j, config_.max_message_bytes + 16);
-  // Matches of the same field OR; a disjunction separates the groups.
-  bool first_group = true;
-  auto group = [&] {
-    if (!first_group) {
-      if (const int rr = sd_journal_add_disjunction(j); rr < 0) {
-        throw std::runtime_error("sd_journal_add_disjunction: " + Errno(rr));
-      }
-    }
-    first_group = false;
+  hooks.bad = [this](std::string_view kind, std::string_view what) {
+    if (kind == "cursor_gap") gaps_->Inc();
+    Bad(kind, what);
   };
-  auto match = [&](const std::string& m) {
-    if (const int rr = sd_journal_add_match(j, m.data(), m.size()); rr < 0) {
-      throw std::runtime_error("sd_journal_add_match(" + m + "): " + Errno(rr));
-    }
+  hooks.failed = [this](const std::string& why) {
+    if (!stopping_) context_.ReportFailure(why);
   };
-  if (config_.kernel) {
-    group();
-    match("_TRANSPORT=kernel");
-  }
-  if (!config_.units.empty()) {
-    group();
-    for (const auto& unit : config_.units) match("_SYSTEMD_UNIT=" + unit);
-  }
-  if (!config_.ack_identifier.empty()) {
-    group();
-    match("SYSLOG_IDENTIFIER=" + config_.ack_identifier);
-  }
-  const int fd = sd_journal_get_fd(j);
-  if (fd < 0) throw std::runtime_error("sd_journal_get_fd: " + Errno(fd));
-  waiter_ = std::make_unique<JournalWaiter>(
-      context_.GetLoop().Io(), fd,
-      JournalWaiter::Callbacks{
-          [this] { return JournalTimeout(); },
-          [this](JournalWaiter::Cause cause) { OnWake(cause); },
-          [this](const std::string& why) {
-            if (!stopping_) context_.ReportFailure(why);
-          }});
-}
-
-std::string JournaldModule::CurrentBoot() {
-  sd_journal* j = journal_.get();
-  // The kernel's boot when the journal has entries of it (the host journal, mounted or not,
-  // on the same kernel); otherwise the boot of the newest entry (a journal copied from
-  // another machine, or the simulator's), and the kernel's boot for an empty journal.
-  sd_id128_t kernel_boot{};
-  const bool have_kernel_boot = sd_id128_get_boot(&kernel_boot) >= 0;
-  if (have_kernel_boot && sd_journal_seek_monotonic_usec(j, kernel_boot, 0) >= 0 && sd_journal_next(j) > 0) {
-    uint64_t mono = 0;
-    sd_id128_t boot{};
-    if (sd_journal_get_monotonic_usec(j, &mono, &boot) >= 0 && sd_id128_equal(boot, kernel_boot)) {
-      return BootString(kernel_boot);
-    }
-  }
-  if (sd_journal_seek_tail(j) >= 0 && sd_journal_previous(j) > 0) {
-    uint64_t mono = 0;
-    sd_id128_t boot{};
-    if (sd_journal_get_monotonic_usec(j, &mono, &boot) >= 0) return BootString(boot);
-  }
-  return have_kernel_boot ? BootString(kernel_boot) : std::string(32, '0');
-}
-
-void JournaldModule::SeekBoot(const std::string& boot_id, uint64_t after_monotonic_usec) {
-  sd_id128_t boot{};
-  if (sd_id128_from_string(boot_id.c_str(), &boot) < 0 ||
-      sd_journal_seek_monotonic_usec(journal_.get(), boot, after_monotonic_usec) < 0) {
-    sd_journal_seek_head(journal_.get());
-  }
-}
-
-void JournaldModule::Position() {
-  sd_journal* j = journal_.get();
-  const std::string boot = CurrentBoot();
-  state_.boot_id = boot;
-
-  std::optional<SavedPosition> saved;
-  if (!cursor_path_.empty()) {
-    std::string text;
-    std::string error;
-    if (ReadWholeFile(cursor_path_, text, error)) {
-      saved = ParseSavedPosition(text, error);
-      if (!saved) Bad("corrupt_cursor_file", cursor_path_ + ": " + error + "; reading the current boot from its head");
-    } else if (std::filesystem::exists(cursor_path_)) {
-      Bad("unreadable_cursor_file", error);
-    }
-  }
-
-  const uint64_t now_usec = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(context_.GetClock().WallNow().time_since_epoch()).count());
-  const uint64_t lookback = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(config_.boot_lookback).count());
-  if (saved && saved->boot_id == boot) {
-    last_ = *saved;
-    if (sd_journal_seek_cursor(j, saved->cursor.c_str()) >= 0 && sd_journal_next(j) > 0 &&
-        sd_journal_test_cursor(j, saved->cursor.c_str()) > 0) {
-      // Standing on the last entry read: the next sd_journal_next() is the first new one.
-      state_.start_mode = "cursor";
-      context_.Log().info("resuming after the saved cursor (boot {})", boot);
-      return;
-    }
-    // Rotated or vacuumed away. Within one boot the monotonic clock orders entries, so
-    // everything at or before the saved time was read: resume after it.
-    gaps_->Inc();
-    ++state_.gaps;
-    state_.start_mode = "gap";
-    context_.Log().warn("the saved cursor is no longer in the journal (rotated or vacuumed): entries between it and "
-                        "the oldest one kept may be lost; resuming boot {} after monotonic {} us",
-                        boot, saved->monotonic_usec);
-    SeekBoot(boot, saved->monotonic_usec + 1);
-    return;
-  }
-  state_.start_mode = saved ? "new-boot" : "boot-head";
-  if (saved) boot_changes_->Inc();
-  skip_before_realtime_ = now_usec > lookback ? now_usec - lookback : 0;
-  context_.Log().info("reading boot {} from its head ({}), entries newer than {}s", boot,
-                      saved ? "new boot since the saved cursor" : "no saved cursor",
-                      std::chrono::duration_cast<std::chrono::seconds>(config_.boot_lookback).count());
-  SeekBoot(boot, 0);
+  hooks.changed = [this] { PublishState(); };
+  hooks.woke = [this](JournalWaiter::Cause cause) {
+    (cause == JournalWaiter::Cause::kFd ? fd_wakeups_ : timeout_wakeups_)->Inc();
+  };
+  hooks.skipped_old = [this] { skipped_old_->Inc(); };
+  return hooks;
 }
 
 void JournaldModule::Start() {
@@ -288,185 +168,157 @@ void JournaldModule::Start() {
     std::filesystem::create_directories(std::filesystem::path(cursor_path_).parent_path(), ec);
     if (ec) throw std::runtime_error("creating " + cursor_path_ + "'s directory: " + ec.message());
   }
-  Open();
-  Position();
+  auto options = [&](std::string name, std::vector<std::vector<std::string>> groups) {
+    return JournalStream::Options{std::move(name), config_.directory, std::move(groups), config_.max_message_bytes,
+                                  config_.batch, config_.boot_lookback};
+  };
+  std::vector<std::vector<std::string>> health_groups;
+  if (config_.kernel) health_groups.push_back({"_TRANSPORT=kernel"});
+  if (!config_.ack_identifier.empty()) health_groups.push_back({"SYSLOG_IDENTIFIER=" + config_.ack_identifier});
+  if (!health_groups.empty()) {
+    health_ = std::make_unique<JournalStream>(context_.GetLoop().Io(), context_.GetClock(),
+                                              options("health", std::move(health_groups)), HooksFor(true));
+    health_->Open();
+    state_.boot_id = health_->CurrentBoot();
+  }
+  if (!config_.units.empty()) {
+    std::vector<std::string> units;
+    for (const auto& unit : config_.units) units.push_back("_SYSTEMD_UNIT=" + unit);
+    units_ = std::make_unique<JournalStream>(context_.GetLoop().Io(), context_.GetClock(),
+                                             options("units", {units}), HooksFor(false));
+    units_->Open();
+    const auto saved = LoadCursorFile();
+    const std::string mode = units_->Position(saved, "cursor.json");
+    if (state_.boot_id.empty()) state_.boot_id = units_->PositionedBoot();
+    context_.Log().info("units stream: {} ({})", mode,
+                        mode == "cursor" ? "after the saved cursor" : "boot " + state_.boot_id);
+    units_->Resume();
+  }
   PublishState();
-  ReadSome();
+  // The health stream waits for its consumer: a request of this instance may already be
+  // retained (never: the reader is new) or comes once the consumer sees this state.
+  request_sub_ = context_.GetBus().Subscribe<HealthStreamRequest>(
+      [this](const HealthStreamRequest& request) { OnHealthRequest(request); });
+  if (health_) {
+    context_.Log().info("health stream (kernel lines{}): waiting for its consumer's position (reader {})",
+                        config_.ack_identifier.empty() ? "" : ", " + config_.ack_identifier + " acknowledgements",
+                        state_.reader);
+  }
 }
 
-void JournaldModule::ReadSome() {
-  read_posted_ = false;
-  if (stopping_ || !journal_) return;
-  sd_journal* j = journal_.get();
-  for (std::size_t n = 0; n < config_.batch; ++n) {
-    const int r = sd_journal_next(j);
-    if (r < 0) {
-      // A corrupt region sd-journal could not step over: wait for the journal to change
-      // rather than spin on the same error.
-      Bad("journal_next_failed", Errno(r));
-      Arm();  // not the re-post below: a region that fails every time would spin through the queue
-      return;
-    }
-    if (r == 0) {
-      skip_before_realtime_ = 0;  // caught up: the lookback only filters the catch-up
-      Arm();
-      const bool timeout_wait = waiter_ && waiter_->TimerDelay().has_value();
-      // Published at the end of each woken round too, so that /debug/state shows the wake
-      // counts (and entries, cursor) as of the last round, not as of the last transition.
-      if (!state_.live || state_.timeout_wait != timeout_wait || woken_) {
-        if (timeout_wait && !state_.timeout_wait) {
-          context_.Log().info("sd-journal asks to be woken by a timeout too (its files are where inotify does not "
-                              "reach): following the journal by polling");
-        }
-        state_.live = true;
-        state_.timeout_wait = timeout_wait;
-        woken_ = false;
-        PublishState();
-      }
-      return;
-    }
-    HandleEntry();
-  }
-  if (state_.live) {
-    state_.live = false;
+void JournaldModule::OnHealthRequest(const HealthStreamRequest& request) {
+  if (!health_ || stopping_ || request.reader != state_.reader) return;
+  if (!request.active) {
+    if (generation_ == 0) return;
+    context_.Log().info("health stream: {} stopped; pausing at {}", request.consumer,
+                        health_->Last().cursor.empty() ? "the start" : "its last entry");
+    health_->Pause();
+    generation_ = 0;
+    state_.health = health_->State();
     PublishState();
-  }
-  // More to read: let other work run first.
-  read_posted_ = true;
-  context_.GetLoop().Post([this, alive = alive_] {
-    if (*alive) ReadSome();
-  });
-}
-
-void JournaldModule::Arm() {
-  // Asks sd-journal for its timeout again: after each processing round.
-  if (stopping_ || !waiter_) return;
-  waiter_->Arm();
-}
-
-uint64_t JournaldModule::JournalTimeout() {
-  uint64_t timeout = JournalWaiter::kNoTimeout;
-  if (const int r = sd_journal_get_timeout(journal_.get(), &timeout); r < 0) {
-    Bad("journal_get_timeout_failed", Errno(r));
-    return JournalWaiter::kNoTimeout;  // the fd alone, as before
-  }
-  return timeout;
-}
-
-void JournaldModule::OnWake(JournalWaiter::Cause cause) {
-  if (cause == JournalWaiter::Cause::kFd) {
-    fd_wakeups_->Inc();
-    ++state_.fd_wakeups;
-  } else {
-    timeout_wakeups_->Inc();
-    ++state_.timeout_wakeups;
-  }
-  woken_ = true;
-  if (stopping_ || !journal_) return;
-  // Consumes the inotify events; files added or removed are picked up here. After a timeout
-  // it is what makes sd-journal look at files inotify cannot watch.
-  const int r = sd_journal_process(journal_.get());
-  if (r < 0) Bad("journal_process_failed", Errno(r));
-  if (!read_posted_) ReadSome();
-}
-
-std::optional<std::string> JournaldModule::Field(std::string_view name, std::size_t max, bool* truncated) {
-  const void* data = nullptr;
-  size_t length = 0;
-  const std::string key(name);
-  const int r = sd_journal_get_data(journal_.get(), key.c_str(), &data, &length);
-  if (r < 0) return std::nullopt;
-  const auto* bytes = static_cast<const char*>(data);
-  // "NAME=value"; anything else is a damaged entry.
-  if (length < key.size() + 1 || std::memcmp(bytes, key.data(), key.size()) != 0 || bytes[key.size()] != '=') {
-    Bad("malformed_field", key + " does not start with its name");
-    return std::nullopt;
-  }
-  std::size_t value_length = length - key.size() - 1;
-  if (value_length > max) {
-    value_length = max;
-    if (truncated) *truncated = true;
-  }
-  return std::string(bytes + key.size() + 1, value_length);
-}
-
-void JournaldModule::HandleEntry() {
-  sd_journal* j = journal_.get();
-  uint64_t realtime = 0;
-  uint64_t monotonic = 0;
-  sd_id128_t boot{};
-  if (sd_journal_get_realtime_usec(j, &realtime) < 0 || sd_journal_get_monotonic_usec(j, &monotonic, &boot) < 0) {
-    Bad("entry_without_timestamps", "an entry without realtime/monotonic timestamps was skipped");
     return;
   }
-  char* cursor_raw = nullptr;
-  if (const int r = sd_journal_get_cursor(j, &cursor_raw); r < 0 || cursor_raw == nullptr) {
-    Bad("entry_without_cursor", Errno(r < 0 ? r : -EINVAL));
-    return;
-  }
-  std::string cursor(cursor_raw);
-  std::free(cursor_raw);
+  if (request.generation == 0 || request.generation == generation_) return;
+  health_requests_->Inc();
+  generation_ = request.generation;
+  std::optional<JournalPosition> after;
+  if (!request.after.cursor.empty()) after = request.after;
+  const std::string mode = health_->Position(after, request.consumer + "'s position");
+  context_.Log().info("health stream for {} (generation {}): {}", request.consumer, request.generation,
+                      mode == "cursor" ? "after its last handled entry"
+                                       : mode + ", boot " + health_->PositionedBoot());
+  state_.health = health_->State();
+  state_.health.consumer = request.consumer;
+  state_.health.generation = generation_;
+  health_->Resume();
+  PublishState();
+}
 
-  const std::string boot_id = BootString(boot);
-  last_ = SavedPosition{boot_id, cursor, monotonic, realtime};
-  ++state_.entries;
-  state_.cursor = cursor;
-  MarkDirty();
-  if (boot_id != state_.boot_id) {
-    boot_changes_->Inc();
-    context_.Log().info("journal moved on to boot {} (was {})", boot_id, state_.boot_id);
-    state_.boot_id = boot_id;
-    PublishState();
-  }
-  if (skip_before_realtime_ != 0 && realtime < skip_before_realtime_) {
-    skipped_old_->Inc();
-    return;
-  }
+void JournaldModule::SeenBoot(const std::string& boot_id) {
+  if (boot_id == state_.boot_id) return;
+  boot_changes_->Inc();
+  context_.Log().info("journal moved on to boot {} (was {})", boot_id, state_.boot_id);
+  state_.boot_id = boot_id;
+  PublishState();
+}
 
-  bool truncated = false;
-  auto message = Field("MESSAGE", config_.max_message_bytes, &truncated);
-  if (!message) {
-    Bad("entry_without_message", "an entry without MESSAGE was skipped");
-    return;
-  }
-  if (truncated) {
+void JournaldModule::OnHealthEntry(JournalEntry&& entry) {
+  SeenBoot(entry.boot_id);
+  if (entry.truncated) {
     truncated_->Inc();
     Bad("enormous_message", "MESSAGE longer than maxMessageBytes (" + std::to_string(config_.max_message_bytes) +
                                 ") was cut");
   }
-  int priority = -1;
-  if (const auto p = Field("PRIORITY", 8, nullptr); p && p->size() == 1 && (*p)[0] >= '0' && (*p)[0] <= '7') {
-    priority = (*p)[0] - '0';
-  }
-  const auto transport = Field("_TRANSPORT", 64, nullptr);
   auto fill = [&](JournalLine& line) {
-    line.message = std::move(*message);
-    line.truncated = truncated;
-    line.boot_id = boot_id;
-    line.realtime_usec = realtime;
-    line.monotonic_usec = monotonic;
-    line.priority = priority;
-    line.cursor = cursor;
+    line.message = std::move(entry.message);
+    line.truncated = entry.truncated;
+    line.boot_id = std::move(entry.boot_id);
+    line.realtime_usec = entry.realtime_usec;
+    line.monotonic_usec = entry.monotonic_usec;
+    line.priority = entry.priority;
+    line.cursor = std::move(entry.cursor);
+    line.generation = generation_;
   };
-  if (config_.kernel && transport && *transport == "kernel") {
+  if (config_.kernel && entry.transport == "kernel") {
     KernelLine line;
     fill(line);
     kernel_lines_->Inc();
     context_.GetBus().Publish(std::move(line));
     return;
   }
-  UnitLine line;
-  line.unit = Field("_SYSTEMD_UNIT", 256, nullptr).value_or("");
-  line.identifier = Field("SYSLOG_IDENTIFIER", 256, nullptr).value_or("");
-  line.acknowledgement = !config_.ack_identifier.empty() && line.identifier == config_.ack_identifier;
-  if (!line.acknowledgement && !units_.contains(line.unit)) {
+  if (config_.ack_identifier.empty() || entry.identifier != config_.ack_identifier) {
     // Our matches should not let this through; a damaged entry might.
-    Bad("unexpected_entry", "an entry matching none of the configured sources was skipped");
+    Bad("unexpected_entry", "an entry matching none of the health stream's sources was skipped");
     return;
   }
+  UnitLine line;
+  line.unit = std::move(entry.unit);
+  line.identifier = std::move(entry.identifier);
+  line.acknowledgement = true;
   fill(line);
-  (line.acknowledgement ? ack_lines_ : unit_lines_)->Inc();
+  ack_lines_->Inc();
   context_.GetBus().Publish(std::move(line));
+}
+
+void JournaldModule::OnUnitEntry(JournalEntry&& entry) {
+  SeenBoot(entry.boot_id);
+  MarkDirty();
+  if (!unit_names_.contains(entry.unit)) {
+    Bad("unexpected_entry", "an entry matching none of the configured units was skipped");
+    return;
+  }
+  if (entry.truncated) {
+    truncated_->Inc();
+    Bad("enormous_message", "MESSAGE longer than maxMessageBytes (" + std::to_string(config_.max_message_bytes) +
+                                ") was cut");
+  }
+  UnitLine line;
+  line.message = std::move(entry.message);
+  line.truncated = entry.truncated;
+  line.boot_id = std::move(entry.boot_id);
+  line.realtime_usec = entry.realtime_usec;
+  line.monotonic_usec = entry.monotonic_usec;
+  line.priority = entry.priority;
+  line.cursor = std::move(entry.cursor);
+  line.unit = std::move(entry.unit);
+  line.identifier = std::move(entry.identifier);
+  // Acknowledgements are the health stream's, even when their unit is listed here too.
+  line.acknowledgement = false;
+  unit_lines_->Inc();
+  context_.GetBus().Publish(std::move(line));
+}
+
+std::optional<SavedPosition> JournaldModule::LoadCursorFile() {
+  if (cursor_path_.empty()) return std::nullopt;
+  std::string text;
+  std::string error;
+  if (ReadWholeFile(cursor_path_, text, error)) {
+    auto saved = ParseSavedPosition(text, error);
+    if (!saved) Bad("corrupt_cursor_file", cursor_path_ + ": " + error + "; reading the current boot from its head");
+    return saved;
+  }
+  if (std::filesystem::exists(cursor_path_)) Bad("unreadable_cursor_file", error);
+  return std::nullopt;
 }
 
 void JournaldModule::Bad(std::string_view kind, std::string_view what) {
@@ -493,14 +345,16 @@ void JournaldModule::MarkDirty() {
 }
 
 void JournaldModule::Flush() {
-  if (!dirty_ || writing_ || cursor_path_.empty()) {
+  if (!dirty_ || writing_ || cursor_path_.empty() || !units_) {
     if (stopping_ && !writing_) FinishStop();
     return;
   }
   dirty_ = false;
   writing_ = true;
   context_.Pool().Run(
-      [path = cursor_path_, content = SerializeSavedPosition(last_)] { return WriteFileAtomically(path, content); },
+      [path = cursor_path_, content = SerializeSavedPosition(units_->Last())] {
+        return WriteFileAtomically(path, content);
+      },
       [this, alive = alive_](FileWriteResult result, std::exception_ptr error) {
         if (!*alive) return;
         writing_ = false;
@@ -520,18 +374,31 @@ void JournaldModule::FinishStop() {
   if (!stop_done_) return;
   auto done = std::move(stop_done_);
   stop_done_ = nullptr;
-  journal_.reset();
+  health_.reset();
+  units_.reset();
   done();
 }
 
 void JournaldModule::Stop(std::function<void()> done) {
   stopping_ = true;
   stop_done_ = std::move(done);
+  request_sub_.Reset();
   flush_timer_.cancel();
-  if (waiter_) waiter_->Close();  // releases the fd before FinishStop closes the journal
+  // Releases the fds before FinishStop closes the journals.
+  if (health_) health_->Close();
+  if (units_) units_->Close();
   Flush();
 }
 
-void JournaldModule::PublishState() { context_.GetBus().Publish(state_); }
+void JournaldModule::PublishState() {
+  if (health_) {
+    const auto consumer = state_.health.consumer;
+    state_.health = health_->State();
+    state_.health.consumer = generation_ != 0 ? consumer : std::string();
+    state_.health.generation = generation_;
+  }
+  if (units_) state_.units = units_->State();
+  context_.GetBus().Publish(state_);
+}
 
 }  // namespace gns::journald

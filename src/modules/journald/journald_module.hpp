@@ -1,27 +1,35 @@
 #pragma once
 // The `journald` module: tails the journal (the system journal, or a directory such as the
-// host's /var/log/journal mounted into the container) for kernel messages, the units named
-// in its config and an acknowledgement SYSLOG_IDENTIFIER, and publishes them as KernelLine /
-// UnitLine. The journal's inotify fd (sd_journal_get_fd) is waited on with an Asio
-// stream_descriptor, raced with a timer for the timeout sd-journal asks for
-// (sd_journal_get_timeout; journal_waiter.hpp): where inotify does not work (network and
-// some FUSE file systems) that timeout is what makes it look for new entries. Either wake
-// runs sd_journal_process and reads; no polling thread, and no timer when sd-journal gives
-// no timeout. Wakes are counted by cause (gpu_node_supervisor_journald_wakeups_total).
+// host's /var/log/journal mounted into the container) and publishes what it reads on the bus,
+// as two streams with a journal handle each (journal_stream.hpp):
 //
-// The position survives restarts: the cursor of the last entry read is written atomically
-// (debounced) to <stateDir>/journald/cursor.json together with its boot ID and monotonic
-// time. On start:
-//  - same boot, cursor still in the journal: resume right after it;
-//  - same boot, cursor gone (rotated, vacuumed): count a gap and resume after the saved
-//    monotonic time of that boot (the head of the boot if that is gone too);
-//  - another boot, or no (or a corrupt) cursor file: read the current boot from its head,
-//    skipping entries older than `bootLookback`.
+//  - The health stream: kernel lines (KernelLine) and the acknowledgement SYSLOG_IDENTIFIER's
+//    lines (UnitLine, acknowledgement = true). No line of it may be lost or acted on twice, so
+//    its position is its consumer's: gpu-health persists the position of the last line it
+//    handled together with the verdicts, and asks for the stream with a HealthStreamRequest
+//    naming that position and this journald instance (JournalState::reader). The stream is
+//    read only while such a request is in force (not before the consumer runs, not while it
+//    restarts), from the position it names. A journald restarted alone gets a fresh request
+//    with the consumer's position at that moment; a consumer restarted alone asks again from
+//    what it persisted when it stopped; after kill -9 both come back from the consumer's file.
+//  - The units stream: the lines of the units named in the config (UnitLine), for watchers
+//    that can afford to lose or repeat a line at a crash. Its position is journald's own:
+//    the cursor of the last entry read is written atomically (debounced) to
+//    <stateDir>/journald/cursor.json together with its boot ID and monotonic time.
+//
+// Positioning (both streams): same boot and the entry still in the journal: right after it;
+// same boot but rotated or vacuumed: a gap, counted, resumed after its monotonic time; another
+// boot or none: the current boot from its head, entries older than `bootLookback` skipped.
+//
+// Each journal's inotify fd (sd_journal_get_fd) is waited on with an Asio stream_descriptor,
+// raced with a timer for the timeout sd-journal asks for (journal_waiter.hpp): where inotify
+// does not work that timeout is what makes it look for new entries. No polling thread, and no
+// timer when sd-journal gives no timeout. Wakes are counted by cause.
 
 #include "loop/module.hpp"
-#include "modules/journald/journal_waiter.hpp"
+#include "modules/journald/journal_stream.hpp"
 #include "modules/journald/messages.hpp"
-#include "modules/journald/rate_limited_log.hpp"
+#include "loop/rate_limited_log.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -33,17 +41,10 @@
 #include <string>
 #include <vector>
 
-struct sd_journal;
-
 namespace gns::journald {
 
-// What cursor.json holds.
-struct SavedPosition {
-  std::string boot_id;
-  std::string cursor;
-  uint64_t monotonic_usec = 0;
-  uint64_t realtime_usec = 0;
-};
+// What cursor.json holds (the units stream's position).
+using SavedPosition = JournalPosition;
 
 // Parses cursor.json; nullopt (with `error`) for anything malformed.
 std::optional<SavedPosition> ParseSavedPosition(std::string_view text, std::string& error);
@@ -52,7 +53,8 @@ std::string SerializeSavedPosition(const SavedPosition& position);
 class JournaldModule final : public Module {
  public:
   static constexpr std::string_view kName = "journald";
-  static constexpr std::string_view kSummary = "tails the journal: kernel lines, configured units, reset acks";
+  static constexpr std::string_view kSummary =
+      "tails the journal: kernel lines and reset acks (at its consumer's position), configured units";
 
   struct Config {
     std::string directory;  // empty: the system journal
@@ -76,20 +78,12 @@ class JournaldModule final : public Module {
   const std::string& CursorPath() const { return cursor_path_; }
 
  private:
-  struct JournalCloser {
-    void operator()(sd_journal* j) const;
-  };
-
-  void Open();
-  std::string CurrentBoot();
-  void Position();
-  void SeekBoot(const std::string& boot_id, uint64_t after_monotonic_usec);
-  void ReadSome();
-  void Arm();
-  uint64_t JournalTimeout();
-  void OnWake(JournalWaiter::Cause cause);
-  void HandleEntry();
-  std::optional<std::string> Field(std::string_view name, std::size_t max, bool* truncated);
+  JournalStream::Hooks HooksFor(bool health);
+  void OnHealthRequest(const HealthStreamRequest& request);
+  void OnHealthEntry(JournalEntry&& entry);
+  void OnUnitEntry(JournalEntry&& entry);
+  void SeenBoot(const std::string& boot_id);
+  std::optional<SavedPosition> LoadCursorFile();
   void Bad(std::string_view kind, std::string_view what);
   void MarkDirty();
   void Flush();
@@ -99,19 +93,16 @@ class JournaldModule final : public Module {
   ModuleContext& context_;
   Config config_;
   std::string cursor_path_;
-  std::unique_ptr<sd_journal, JournalCloser> journal_;
-  std::unique_ptr<JournalWaiter> waiter_;  // after journal_: releases its fd before the close
+  std::unique_ptr<JournalStream> health_;  // kernel + acks: positioned by its consumer
+  std::unique_ptr<JournalStream> units_;   // configured units: positioned by cursor.json
   boost::asio::steady_timer flush_timer_;
   RateLimitedLog warn_;
-  std::set<std::string, std::less<>> units_;
+  std::set<std::string, std::less<>> unit_names_;
   JournalState state_;
-  SavedPosition last_;
-  uint64_t skip_before_realtime_ = 0;  // catch-up filter (bootLookback); 0: none
+  uint64_t generation_ = 0;  // of the health request in force; 0: none
   bool dirty_ = false;
   bool flush_armed_ = false;
   bool writing_ = false;
-  bool read_posted_ = false;
-  bool woken_ = false;  // a wake since the state was last published
   bool stopping_ = false;
   std::function<void()> stop_done_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
@@ -125,6 +116,8 @@ class JournaldModule final : public Module {
   MetricsRegistry::Series* cursor_writes_failed_;
   MetricsRegistry::Series* fd_wakeups_;
   MetricsRegistry::Series* timeout_wakeups_;
+  MetricsRegistry::Series* health_requests_;
+  Subscription request_sub_;
 };
 
 }  // namespace gns::journald

@@ -13,6 +13,7 @@ EventRecorder::EventRecorder(std::shared_ptr<KubeClient> client, const Clock& cl
       clock_(clock),
       metrics_(metrics),
       log_(std::move(log)),
+      warn_(clock),
       config_(std::move(config)),
       tokens_(config_.burst),
       last_refill_(clock.Now()) {}
@@ -86,7 +87,7 @@ void EventRecorder::Record(const ObjectReference& regarding, std::string_view ty
                     if (!r.Ok()) {
                       ++stats_.failed;
                       Count("failed");
-                      log_->warn("event {} not recorded: {}", name, r.error);
+                      warn_.Warn(*log_, "event_not_recorded", "event " + name + ": " + r.error);
                       series_.erase(it);
                       return;
                     }

@@ -17,6 +17,7 @@
 // intact on any server.
 
 #include "loop/clock.hpp"
+#include "loop/rate_limited_log.hpp"
 #include "modules/kube/client.hpp"
 
 #include <chrono>
@@ -79,6 +80,7 @@ class EventRecorder {
   const Clock& clock_;
   MetricsRegistry& metrics_;
   std::shared_ptr<spdlog::logger> log_;
+  RateLimitedLog warn_;  // an API outage fails every event: one line a minute says so
   EventRecorderConfig config_;
   double tokens_;
   Clock::SteadyTime last_refill_;

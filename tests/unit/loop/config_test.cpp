@@ -84,8 +84,13 @@ TEST_F(ConfigTest, ModulesDeclareTheModulesWhoseServicesTheyHold) {
   const std::vector<std::string_view> kube = {"kube"};
   EXPECT_EQ(uses_of("compute-domain-controller"), kube);
   EXPECT_EQ(uses_of("dra-compute-domain"), kube);
-  // gpu-health must run without the API server: it looks the client up at each use instead.
+  // gpu-health must run without the API server: it follows kube instead of using it.
   EXPECT_TRUE(uses_of("gpu-health").empty());
+  for (const auto& descriptor : ModuleManifest()) {
+    if (descriptor.name == "gpu-health") {
+      EXPECT_EQ(descriptor.follows, kube);
+    }
+  }
 
   CommandLineOverrides overrides;
   overrides.enable = {"kube", "compute-domain-controller"};
@@ -93,6 +98,10 @@ TEST_F(ConfigTest, ModulesDeclareTheModulesWhoseServicesTheyHold) {
   ASSERT_EQ(config.modules.size(), 2u);
   EXPECT_EQ(config.modules[1].name, "compute-domain-controller");
   EXPECT_EQ(config.modules[1].uses, std::vector<std::string>{"kube"});
+  overrides.enable = {"kube", "gpu-health"};
+  const auto following = LoadSiteConfig({Write("site.yaml", kMinimal)}, overrides, ModuleManifest());
+  ASSERT_EQ(following.modules.size(), 2u);
+  EXPECT_EQ(following.modules[1].follows, std::vector<std::string>{"kube"});
 }
 
 TEST_F(ConfigTest, UnknownTopLevelKeyNamesFileLineColumnAndKey) {

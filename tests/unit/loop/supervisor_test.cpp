@@ -66,6 +66,11 @@ class SupervisorTest : public ::testing::Test {
     spec.uses = std::move(uses);
     return spec;
   }
+  ModuleSpec SpecFollowing(const std::string& name, Script& script, std::vector<std::string> follows) {
+    auto spec = Spec(name, script);
+    spec.follows = std::move(follows);
+    return spec;
+  }
   bool SawState(const std::string& name, ModuleState state, const std::string& detail) {
     h_.Drain();
     for (const auto& states : history_)
@@ -232,6 +237,55 @@ TEST_F(SupervisorTest, UserIsStoppedBeforeItsProviderRestartsAndStartedAgainAfte
   EXPECT_TRUE(SawState("controller", ModuleState::kWaiting, "waiting for kube (restarting)"));
   EXPECT_EQ(StatusOf(*sup, "controller").restarts, 1);
   EXPECT_EQ(StatusOf(*sup, "kube").restarts, 1);
+}
+
+TEST_F(SupervisorTest, AFollowerRunsWithoutTheModuleItFollowsAndPicksItUpWhenItRuns) {
+  Script kube, health;
+  kube.fail_starts = 2;
+  auto sup = Make({Spec("kube", kube), SpecFollowing("health", health, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  // kube failed its start: health does not wait for it.
+  EXPECT_EQ(health.starts, 1);
+  EXPECT_EQ(StatusOf(*sup, "health").state, ModuleState::kRunning);
+  const std::size_t mark = journal_.size();
+  ASSERT_TRUE(h_.RunUntil([&] { return StatusOf(*sup, "kube").state == ModuleState::kRunning && health.starts == 2; }));
+  // kube's failed starts leave health alone (it holds nothing of kube); once kube runs, health
+  // starts again so that it finds kube's services.
+  EXPECT_EQ(JournalSince(mark),
+            (std::vector<std::string>{"start kube", "stop kube", "start kube", "stop health", "start health"}));
+  EXPECT_EQ(StatusOf(*sup, "health").state, ModuleState::kRunning);
+  EXPECT_EQ(StatusOf(*sup, "health").restarts, 1);
+}
+
+TEST_F(SupervisorTest, AFollowerGoesDownBeforeItsModuleFailsAndComesBackAtOnceWithoutIt) {
+  Script kube, health;
+  auto sup = Make({Spec("kube", kube), SpecFollowing("health", health, {"kube"})});
+  sup->StartAll();
+  h_.Drain();
+  ASSERT_EQ(journal_, (std::vector<std::string>{"start kube", "start health"}));
+  const std::size_t mark = journal_.size();
+  kube.live->ReportFailure("API server gone");
+  ASSERT_TRUE(h_.RunUntil([&] { return health.starts == 3 && StatusOf(*sup, "kube").state == ModuleState::kRunning; }));
+  // Down before kube (it may hold kube's client), back while kube waits out its backoff, and
+  // again once kube runs.
+  EXPECT_EQ(JournalSince(mark), (std::vector<std::string>{"stop health", "stop kube", "start health", "start kube",
+                                                          "stop health", "start health"}));
+  h_.Drain();
+  EXPECT_EQ(StatusOf(*sup, "health").state, ModuleState::kRunning);
+}
+
+TEST_F(SupervisorTest, AFollowerStartedWithItsModuleRunningIsNotRestarted) {
+  Script kube, health;
+  auto sup = Make({Spec("kube", kube), SpecFollowing("health", health, {"kube"})});
+  sup->StartAll();
+  h_.RunUntil([] { return false; }, milliseconds(30));
+  EXPECT_EQ(health.starts, 1);
+  EXPECT_EQ(StatusOf(*sup, "health").restarts, 0);
+  bool done = false;
+  sup->StopAll([&](bool) { done = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return done; }));
+  EXPECT_EQ(journal_.back(), "stop kube");
 }
 
 TEST_F(SupervisorTest, UserWaitsWhileItsProviderFailsToStart) {

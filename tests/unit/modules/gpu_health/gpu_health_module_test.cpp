@@ -220,7 +220,7 @@ TEST_F(GpuHealthModuleTest, AnXidSeenByNvmlAndTheKernelLogCountsOnce) {
   const std::string counter = "gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"13\"}";
   EXPECT_EQ(Metric(counter), 1);
   EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_xid_duplicates_total"), 1);
-  EXPECT_EQ(events_.size(), 1u);
+  ASSERT_TRUE(h_.RunUntil([&] { return events_.size() == 1u; }));  // once its checkpoint is written
   EXPECT_EQ(Health(kUuid), nullptr);  // one occurrence of two needed: still healthy
   both(t + 5'000'000);
   ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
@@ -242,6 +242,10 @@ TEST_F(GpuHealthModuleTest, AMillionIdenticalXidLinesStayBounded) {
     h_.Drain();
   }
   EXPECT_EQ(Metric("gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"48\"}"), kLines);
+  // Every event that was not suppressed leaves once its checkpoint is on disk.
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return static_cast<double>(events_.size()) == kLines - Metric("gpu_node_supervisor_gpu_health_suppressed_total");
+  }));
   // One event per dedup window (5 minutes by default), however many lines.
   EXPECT_LE(events_.size(), 5u);
   EXPECT_GE(events_.size(), 1u);
@@ -314,6 +318,31 @@ TEST_F(GpuHealthModuleTest, ConfigOverridesAndBadCatalog) {
   const auto missing = ParseYaml("catalog: /nonexistent/xid.yaml\n", "site.yaml");
   ConfigMap missing_section(missing, "modules.gpu-health");
   EXPECT_THROW(GpuHealthModule::ParseConfig(missing_section, h_.site), gns::ConfigError);
+  // A disabled module's files are not opened: its section is still checked.
+  ConfigMap disabled_section(missing, "modules.gpu-health");
+  disabled_section.SetModuleEnabled(false);
+  EXPECT_NO_THROW(GpuHealthModule::ParseConfig(disabled_section, h_.site));
+  // Without a catalog file the built-in one is the whole catalog.
+  const auto none = ParseYaml("checkName: SysLogsXIDError\n", "site.yaml");
+  ConfigMap none_section(none, "modules.gpu-health");
+  const auto builtin = GpuHealthModule::ParseConfig(none_section, h_.site);
+  EXPECT_EQ(builtin.catalog.size(), XidCatalog::Builtin().size());
+  EXPECT_GE(builtin.catalog.size(), 90u);
+  EXPECT_TRUE(builtin.catalog.Lookup(48).fatal);
+  // A site file is laid over it: its entries win, the others stay.
+  const std::string site_catalog = dir_ + "/site-catalog.yaml";
+  std::ofstream(site_catalog) << "version: 1\nxids:\n"
+                                 "  - {xid: 48, mnemonic: SITE_48, description: d, fatal: false, action: NONE}\n"
+                                 "  - {xid: 1001, mnemonic: SITE_NEW, description: d, fatal: true, action: RESTART_BM}\n";
+  const auto overlay = ParseYaml("catalog: " + site_catalog + "\n", "site.yaml");
+  ConfigMap overlay_section(overlay, "modules.gpu-health");
+  const auto laid = GpuHealthModule::ParseConfig(overlay_section, h_.site);
+  EXPECT_FALSE(laid.catalog.Lookup(48).fatal);
+  EXPECT_EQ(laid.catalog.Lookup(48).mnemonic, "SITE_48");
+  EXPECT_EQ(laid.catalog.Lookup(1001).action, RecommendedAction::kRestartBm);
+  EXPECT_TRUE(laid.catalog.Lookup(79).fatal);
+  EXPECT_EQ(laid.catalog.size(), XidCatalog::Builtin().size() + 1);
+  EXPECT_NE(laid.catalog_source.find(site_catalog), std::string::npos) << laid.catalog_source;
   const auto bad = ParseYaml("catalog: " + SourceDir() + "/config/xid-catalog.yaml\noverrides:\n  ignore: [x]\n",
                              "site.yaml");
   ConfigMap bad_section(bad, "modules.gpu-health");
@@ -360,13 +389,6 @@ class GpuHealthKubeTest : public GpuHealthModuleTest {
     informers_->StopAll();
     client_->Shutdown();
     h_.Drain();
-  }
-
-  static ModuleStates KubeIs(ModuleState state) {
-    ModuleStates states;
-    states.modules.push_back({"kube", state, ModuleHealth::kOk, "", 0});
-    states.modules.push_back({"gpu-health", ModuleState::kRunning, ModuleHealth::kOk, "", 0});
-    return states;
   }
 
   void TearDown() override {
@@ -441,24 +463,25 @@ TEST_F(GpuHealthKubeTest, NodeConditionEventsAndTheSetHealthyAnnotation) {
   }));
 }
 
-TEST_F(GpuHealthKubeTest, FollowsTheKubeModuleAcrossItsRestart) {
-  h_.bus.Publish(KubeIs(ModuleState::kRunning));
+TEST_F(GpuHealthKubeTest, AStartFindsTheKubeServicesOfThatMoment) {
+  // gpu-health follows kube (kFollows): the supervisor restarts it around kube's restarts
+  // (supervisor_test), and each start picks up the services that are there then.
   h_.bus.Publish(TwoGpus());
-  StartModule();
-  ASSERT_TRUE(h_.RunUntil([&] { return !Condition().is_null() && Condition()["status"] == "True"; }));
-
-  // The kube module restarts: its old client and informers stop for good, new ones come.
-  h_.bus.Publish(KubeIs(ModuleState::kBackoff));
-  const auto old_client = client_;
-  const auto old_informers = informers_;
   StopKube();
-  StartKube();
-  h_.bus.Publish(KubeIs(ModuleState::kRunning));
-  h_.Drain();
+  StartModule();  // kube not running: no condition, no annotation watch, and no failure
+  EXPECT_TRUE(module_.failures.empty());
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:3b:00", 79)));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kOther); }));
+  EXPECT_TRUE(Condition().is_null());
 
-  // The Node condition goes through the new client...
+  const auto old_informers = informers_;
+  StopModule();
+  StartKube();
+  StartModule();
+  // The Node condition goes through the new client (the restored verdict included)...
+  ASSERT_TRUE(h_.RunUntil([&] { return !Condition().is_null() && Condition()["status"] == "False"; }));
   h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79)));
-  ASSERT_TRUE(h_.RunUntil([&] { return Condition()["status"] == "False"; }));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
   // ...and the set-healthy annotation is seen by an informer of the new registry.
   ASSERT_NO_FATAL_FAILURE(SetHealthyByAnnotation());
   EXPECT_EQ(old_informers->Active(), 0u);  // nothing left on the old registry
@@ -543,13 +566,13 @@ class GpuHealthPersistTest : public GpuHealthModuleTest {
   std::string StateFile() const { return h_.site.paths.state_dir + "/gpu-health/devices.json"; }
 
   // The saved verdicts, when the file is there and valid.
-  std::optional<GpuHealthModule::SavedVerdicts> Saved() {
+  std::optional<HealthCheckpoint> Saved() {
     std::ifstream in(StateFile());
     if (!in) return std::nullopt;
     std::stringstream text;
     text << in.rdbuf();
     std::string error;
-    return GpuHealthModule::ParseVerdicts(text.str(), error);
+    return HealthCheckpoint::Parse(text.str(), error);
   }
   std::optional<bool> SavedHealthy(const std::string& uuid) {
     const auto saved = Saved();
@@ -702,7 +725,7 @@ TEST_F(GpuHealthPersistTest, CorruptOrUnknownVersionFileIsMovedAsideAndStartIsCl
 
   // A version this build does not know: the same, never guessed at.
   for (const auto& copy : CorruptCopies()) fs::remove(copy);
-  std::ofstream(StateFile(), std::ios::trunc) << "{\"version\":2,\"bootId\":\"" << kBootAHex << "\",\"devices\":[]}";
+  std::ofstream(StateFile(), std::ios::trunc) << "{\"version\":3,\"bootId\":\"" << kBootAHex << "\",\"devices\":[]}";
   StartModule();
   EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_state_file_corrupt_total"), 2);
   EXPECT_EQ(CorruptCopies().size(), 1u);
@@ -733,7 +756,7 @@ TEST_F(GpuHealthPersistTest, WithoutTheHostBootIdTheJournalsBootDecides) {
 }
 
 TEST(GpuHealthStateFile, RoundTripAndValidation) {
-  GpuHealthModule::SavedVerdicts saved;
+  HealthCheckpoint saved;
   saved.boot_id = kBootAHex;
   DeviceHealth d;
   d.uuid = kUuid;
@@ -744,21 +767,33 @@ TEST(GpuHealthStateFile, RoundTripAndValidation) {
   d.since_unix_ms = 1'700'000'000'123;
   d.pci = "0000:03:00";
   saved.devices.push_back(d);
+  saved.journal = {kBootAHex, "s=abc;i=12;b=" + std::string(kBootAHex) + ";m=1f;t=5;x=9", 31, 1'700'000'000'000'005};
+  saved.xid_counts = {{kUuid, 48, 3}, {"0000:99:00", 13, 1}};
   std::string error;
-  const auto back = GpuHealthModule::ParseVerdicts(GpuHealthModule::SerializeVerdicts(saved), error);
+  const auto back = HealthCheckpoint::Parse(saved.Serialize(), error);
   ASSERT_TRUE(back) << error;
   EXPECT_EQ(back->boot_id, kBootAHex);
   ASSERT_EQ(back->devices.size(), 1u);
   EXPECT_EQ(nlohmann::json(back->devices[0]), nlohmann::json(d));
-  EXPECT_EQ(back->devices[0].uuid, kUuid);
+  EXPECT_EQ(back->journal, saved.journal);
+  EXPECT_EQ(back->xid_counts, saved.xid_counts);
+  // Version 1 files (verdicts only) are still read: no position, no counts.
+  const auto v1 = HealthCheckpoint::Parse("{\"version\":1,\"bootId\":\"" + std::string(kBootAHex) +
+                                              "\",\"devices\":[]}", error);
+  ASSERT_TRUE(v1) << error;
+  EXPECT_TRUE(v1->journal.cursor.empty());
+  EXPECT_TRUE(v1->xid_counts.empty());
   for (const char* bad : {"", "[]", "{\"version\":\"1\"}", "{\"version\":1,\"bootId\":\"xyz\",\"devices\":[]}",
                           "{\"version\":1,\"bootId\":\"\",\"devices\":[{\"uuid\":\"nope\"}]}",
-                          "{\"version\":1,\"bootId\":\"\",\"devices\":{}}"}) {
-    EXPECT_FALSE(GpuHealthModule::ParseVerdicts(bad, error)) << bad;
+                          "{\"version\":1,\"bootId\":\"\",\"devices\":{}}",
+                          "{\"version\":2,\"bootId\":\"\",\"devices\":[]}",
+                          "{\"version\":2,\"bootId\":\"\",\"devices\":[],\"journal\":{\"bootId\":\"\",\"cursor\":\"\","
+                          "\"monotonicUsec\":0,\"realtimeUsec\":0},\"xidCounts\":[{\"gpu\":1}]}"}) {
+    EXPECT_FALSE(HealthCheckpoint::Parse(bad, error)) << bad;
   }
-  EXPECT_EQ(GpuHealthModule::NormalizeBootId(std::string(kBootA) + "\n"), kBootAHex);
-  EXPECT_EQ(GpuHealthModule::NormalizeBootId("6F1C2A1E0B7D4C579A313D2F4BE1C0AA"), kBootAHex);
-  EXPECT_EQ(GpuHealthModule::NormalizeBootId("6f1c2a1e"), "");
+  EXPECT_EQ(NormalizeBootId(std::string(kBootA) + "\n"), kBootAHex);
+  EXPECT_EQ(NormalizeBootId("6F1C2A1E0B7D4C579A313D2F4BE1C0AA"), kBootAHex);
+  EXPECT_EQ(NormalizeBootId("6f1c2a1e"), "");
 }
 
 }  // namespace

@@ -60,6 +60,22 @@ constexpr const char* kGoodEntry =
     "    fatal: false\n"
     "    action: RESTART_APP\n";
 
+TEST(XidCatalog, TheBuiltInCatalogIsTheShippedFile) {
+  const XidCatalog file = XidCatalog::LoadFile(SourceDir() + "/config/xid-catalog.yaml");
+  const XidCatalog& builtin = XidCatalog::Builtin();
+  ASSERT_EQ(builtin.size(), file.size());
+  for (uint32_t xid = 1; xid <= kMaxXid; ++xid) {
+    const XidInfo* a = builtin.Find(xid);
+    const XidInfo* b = file.Find(xid);
+    ASSERT_EQ(a == nullptr, b == nullptr) << xid;
+    if (a == nullptr) continue;
+    EXPECT_EQ(a->mnemonic, b->mnemonic) << xid;
+    EXPECT_EQ(a->fatal, b->fatal) << xid;
+    EXPECT_EQ(a->action, b->action) << xid;
+  }
+  EXPECT_EQ(builtin.source(), file.source());
+}
+
 TEST(XidCatalog, ShippedCatalogLoads) {
   const XidCatalog catalog = XidCatalog::LoadFile(SourceDir() + "/config/xid-catalog.yaml");
   EXPECT_GE(catalog.size(), 90u);

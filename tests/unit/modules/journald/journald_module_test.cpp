@@ -1,6 +1,9 @@
 // The journald module against real journal files written by systemd-journal-remote: live
-// append while tailing, restart without loss or duplication, the cursor rotated away, a new
-// boot, a corrupt cursor file, enormous and binary fields.
+// append while tailing, the health stream read only at its consumer's request and from its
+// consumer's position (restart without loss or duplication, the position rotated away, a new
+// boot), the units stream's own cursor file (restart, corrupt file), enormous and binary
+// fields. The fixture plays the health stream's consumer the way gpu-health does: it asks
+// each journald instance for the stream after the last line it handled.
 #include "journal_writer.h"
 #include "modules/journald/journald_module.hpp"
 #include "modules/journald/messages.hpp"
@@ -8,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -29,14 +33,40 @@ class JournaldModuleTest : public ::testing::Test {
     config_.directory = (dir_ / "journal").string();
     config_.units = {"nvidia-imex.service"};
     config_.cursor_flush_interval = std::chrono::milliseconds(20);
-    kernel_sub_ = h_.bus.Subscribe<KernelLine>([this](const KernelLine& l) { kernel_.push_back(l); });
-    unit_sub_ = h_.bus.Subscribe<UnitLine>([this](const UnitLine& l) { units_.push_back(l); });
+    kernel_sub_ = h_.bus.Subscribe<KernelLine>([this](const KernelLine& l) {
+      if (l.generation != generation_) return;  // an earlier request's line
+      position_ = {l.boot_id, l.cursor, l.monotonic_usec, l.realtime_usec};
+      kernel_.push_back(l);
+    });
+    unit_sub_ = h_.bus.Subscribe<UnitLine>([this](const UnitLine& l) {
+      if (l.acknowledgement) {
+        if (l.generation != generation_) return;
+        position_ = {l.boot_id, l.cursor, l.monotonic_usec, l.realtime_usec};
+      }
+      units_.push_back(l);
+    });
+    state_sub_ = h_.bus.Subscribe<JournalState>([this](const JournalState& s) {
+      if (consume_ && s.reader != asked_reader_) Ask(s.reader);
+    });
+  }
+
+  // The consumer asks this reader for the health stream after the last line it handled.
+  void Ask(const std::string& reader) {
+    asked_reader_ = reader;
+    HealthStreamRequest request;
+    request.consumer = "test";
+    request.reader = reader;
+    request.active = true;
+    request.generation = generation_ = ++generations_;
+    request.after = position_;
+    h_.bus.Publish(request);
   }
 
   void TearDown() override {
     StopModule();
     kernel_sub_.Reset();
     unit_sub_.Reset();
+    state_sub_.Reset();
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
@@ -60,8 +90,9 @@ class JournaldModuleTest : public ::testing::Test {
 
   bool Live() {
     const auto* s = h_.bus.Latest<JournalState>();
-    return s != nullptr && s->live;
+    return s != nullptr && s->health.live && (s->units.live || !s->units.open);
   }
+  const StreamState& Health() { return h_.bus.Latest<JournalState>()->health; }
 
   std::vector<std::string> KernelMessages() const {
     std::vector<std::string> out;
@@ -90,8 +121,14 @@ class JournaldModuleTest : public ::testing::Test {
   std::vector<std::string> failures_;
   std::vector<KernelLine> kernel_;
   std::vector<UnitLine> units_;
+  bool consume_ = true;  // the fixture asks for the health stream
+  JournalPosition position_;  // the consumer's: the last health line it handled
+  std::string asked_reader_;
+  uint64_t generation_ = 0;
+  uint64_t generations_ = 0;
   Subscription kernel_sub_;
   Subscription unit_sub_;
+  Subscription state_sub_;
 };
 
 TEST_F(JournaldModuleTest, PublishesWhatIsThereThenFollowsLiveAppends) {
@@ -105,7 +142,8 @@ TEST_F(JournaldModuleTest, PublishesWhatIsThereThenFollowsLiveAppends) {
   EXPECT_GT(kernel_[1].realtime_usec, kernel_[0].realtime_usec);
   EXPECT_GT(kernel_[1].monotonic_usec, kernel_[0].monotonic_usec);
   EXPECT_FALSE(kernel_[0].cursor.empty());
-  EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "boot-head");
+  EXPECT_EQ(Health().start_mode, "boot-head");
+  EXPECT_EQ(Health().consumer, "test");
 
   // Appended while the module waits on the journal's fd: each arrives without polling.
   writer.Append({JournalWriter::Kernel(sim::XidMessage("0000:3b:00", 79)),
@@ -115,11 +153,15 @@ TEST_F(JournaldModuleTest, PublishesWhatIsThereThenFollowsLiveAppends) {
                  JournalWriter::Syslog("cron", "not ours either")});
   ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 3 && units_.size() == 2; }));
   EXPECT_EQ(kernel_[2].message, sim::XidMessage("0000:3b:00", 79));
-  EXPECT_TRUE(units_[0].acknowledgement);
-  EXPECT_EQ(units_[0].identifier, "gpu-reset");
-  EXPECT_EQ(units_[0].message, "GPU reset occurred: GPU-1");
-  EXPECT_FALSE(units_[1].acknowledgement);
-  EXPECT_EQ(units_[1].unit, "nvidia-imex.service");
+  // Two streams, so no order between an acknowledgement and a unit line.
+  const auto ack = std::find_if(units_.begin(), units_.end(), [](const UnitLine& l) { return l.acknowledgement; });
+  const auto unit = std::find_if(units_.begin(), units_.end(), [](const UnitLine& l) { return !l.acknowledgement; });
+  ASSERT_TRUE(ack != units_.end() && unit != units_.end());
+  EXPECT_EQ(ack->identifier, "gpu-reset");
+  EXPECT_EQ(ack->message, "GPU reset occurred: GPU-1");
+  EXPECT_EQ(ack->generation, generation_);
+  EXPECT_EQ(unit->unit, "nvidia-imex.service");
+  EXPECT_EQ(unit->generation, 0u);
   // A few more appends, one at a time.
   for (int i = 0; i < 5; ++i) {
     writer.Append(JournalWriter::Kernel("live " + std::to_string(i)));
@@ -130,27 +172,20 @@ TEST_F(JournaldModuleTest, PublishesWhatIsThereThenFollowsLiveAppends) {
   EXPECT_TRUE(failures_.empty());
 }
 
-TEST_F(JournaldModuleTest, RestartResumesAfterTheCursorWithoutLossOrDuplication) {
+TEST_F(JournaldModuleTest, RestartResumesAfterTheConsumersPositionWithoutLossOrDuplication) {
   JournalWriter writer((dir_ / "journal").string());
   writer.Append(Kernel("first ", 5));
   StartModule();
   ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 5 && Live(); }));
   StopModule();
-  ASSERT_TRUE(fs::exists(dir_ / "state" / "journald" / "cursor.json"));
-  std::string error;
-  std::ifstream in(dir_ / "state" / "journald" / "cursor.json");
-  const std::string saved((std::istreambuf_iterator<char>(in)), {});
-  const auto position = ParseSavedPosition(saved, error);
-  ASSERT_TRUE(position) << error;
-  EXPECT_EQ(position->cursor, kernel_.back().cursor);
-  EXPECT_EQ(position->boot_id, writer.BootId());
+  EXPECT_EQ(position_.cursor, kernel_.back().cursor);
 
   writer.Append(Kernel("while down ", 3));
   kernel_.clear();
   StartModule();
   ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() >= 3 && Live(); }));
   EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"while down 0", "while down 1", "while down 2"}));
-  EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "cursor");
+  EXPECT_EQ(Health().start_mode, "cursor");
   // And it keeps tailing after the resume; a restart with nothing new publishes nothing.
   writer.Append(JournalWriter::Kernel("after resume"));
   ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 4; }));
@@ -176,9 +211,8 @@ TEST_F(JournaldModuleTest, CursorRotatedAwayCountsAGapAndResumesAfterItsTimeInTh
   StartModule();
   ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() >= 2 && Live(); }));
   EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"new 0", "new 1"}));
-  const auto* state = h_.bus.Latest<JournalState>();
-  EXPECT_EQ(state->start_mode, "gap");
-  EXPECT_EQ(state->gaps, 1u);
+  EXPECT_EQ(Health().start_mode, "gap");
+  EXPECT_EQ(Health().gaps, 1u);
   EXPECT_EQ(Metric("gpu_node_supervisor_journald_cursor_gaps_total"), 1);
 }
 
@@ -209,7 +243,7 @@ TEST_F(JournaldModuleTest, NewBootIsReadFromItsHead) {
   EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"boot B 0", "boot B 1"}));
   EXPECT_EQ(kernel_[0].boot_id, writer.BootId());
   EXPECT_NE(kernel_[0].boot_id, boot_a);
-  EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "new-boot");
+  EXPECT_EQ(Health().start_mode, "new-boot");
   EXPECT_EQ(h_.bus.Latest<JournalState>()->boot_id, writer.BootId());
 }
 
@@ -227,15 +261,15 @@ TEST_F(JournaldModuleTest, NewBootWhileTailingIsFollowed) {
 
 TEST_F(JournaldModuleTest, CorruptCursorFileIsCountedAndTheBootReadFromItsHead) {
   JournalWriter writer((dir_ / "journal").string());
-  writer.Append(Kernel("line ", 2));
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "line 0"), JournalWriter::Unit("nvidia-imex.service", "line 1")});
   for (const std::string& garbage : {std::string("{not json"), std::string("\0\xff\xfe garbage", 12),
                                     std::string(R"({"version":1,"bootId":"xyz","cursor":"s=1"})")}) {
     fs::create_directories(dir_ / "state" / "journald");
     std::ofstream(dir_ / "state" / "journald" / "cursor.json", std::ios::binary | std::ios::trunc) << garbage;
-    kernel_.clear();
+    units_.clear();
     StartModule();
-    ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 2 && Live(); }));
-    EXPECT_EQ(h_.bus.Latest<JournalState>()->start_mode, "boot-head");
+    ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 2 && Live(); }));
+    EXPECT_EQ(h_.bus.Latest<JournalState>()->units.start_mode, "boot-head");
     StopModule();
   }
   EXPECT_EQ(Metric("gpu_node_supervisor_journald_bad_input_total{kind=\"corrupt_cursor_file\"}"), 3);
@@ -277,20 +311,101 @@ TEST_F(JournaldModuleTest, WakeupsAreCountedByCauseAndShownInTheState) {
   EXPECT_GE(fd + timeout, 1);  // the entry came through a wake, whichever the cause
   // The state published after that round shows the same counts (/debug/state).
   ASSERT_TRUE(h_.RunUntil([&] {
-    const auto* s = h_.bus.Latest<JournalState>();
-    return s->fd_wakeups + s->timeout_wakeups >= 1 && s->entries == 1;
+    const auto& s = h_.bus.Latest<JournalState>()->health;
+    return s.fd_wakeups + s.timeout_wakeups >= 1 && s.entries == 1;
   }));
-  const auto* state = h_.bus.Latest<JournalState>();
+  const auto* state = &h_.bus.Latest<JournalState>()->health;
   EXPECT_TRUE(state->live);
   // sd-journal gives no timeout here unless the test directory is on a file system without
   // inotify; without one no timer is armed, so no wake can be a timeout's.
   if (!state->timeout_wait) {
     EXPECT_EQ(state->timeout_wakeups, 0u);
   }
-  const nlohmann::json shown = *state;
-  EXPECT_EQ(shown["fdWakeups"], state->fd_wakeups);
-  EXPECT_EQ(shown["timeoutWakeups"], state->timeout_wakeups);
-  EXPECT_EQ(shown["timeoutWait"], state->timeout_wait);
+  const nlohmann::json shown = *h_.bus.Latest<JournalState>();
+  EXPECT_EQ(shown["health"]["fdWakeups"], state->fd_wakeups);
+  EXPECT_EQ(shown["health"]["timeoutWakeups"], state->timeout_wakeups);
+  EXPECT_EQ(shown["health"]["timeoutWait"], state->timeout_wait);
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(JournaldModuleTest, TheUnitsStreamResumesAfterItsOwnCursorFile) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "u0"), JournalWriter::Kernel("k0")});
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && kernel_.size() == 1 && Live(); }));
+  StopModule();
+  std::string error;
+  std::ifstream in(dir_ / "state" / "journald" / "cursor.json");
+  const std::string saved((std::istreambuf_iterator<char>(in)), {});
+  const auto position = ParseSavedPosition(saved, error);
+  ASSERT_TRUE(position) << error;
+  EXPECT_EQ(position->cursor, units_.back().cursor);
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "u1"), JournalWriter::Kernel("k1")});
+  units_.clear();
+  kernel_.clear();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() >= 1 && kernel_.size() >= 1 && Live(); }));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(50));
+  ASSERT_EQ(units_.size(), 1u);
+  EXPECT_EQ(units_[0].message, "u1");
+  EXPECT_EQ(units_[0].generation, 0u);
+  EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"k1"}));
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->units.start_mode, "cursor");
+}
+
+TEST_F(JournaldModuleTest, TheHealthStreamWaitsForItsConsumerAndFollowsItsRequests) {
+  consume_ = false;
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append(Kernel("before start ", 3));
+  StartModule();
+  // Nobody asked: nothing of the health stream is read, so nothing is lost to a late consumer.
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
+  EXPECT_TRUE(kernel_.empty());
+  EXPECT_FALSE(Health().open);
+  const std::string reader = h_.bus.Latest<JournalState>()->reader;
+  ASSERT_EQ(reader.size(), 16u);
+
+  // A request for another journald instance (an earlier one) is not ours.
+  HealthStreamRequest stale;
+  stale.consumer = "test";
+  stale.reader = "0123456789abcdef";
+  stale.active = true;
+  stale.generation = 99;
+  h_.bus.Publish(stale);
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(50));
+  EXPECT_TRUE(kernel_.empty());
+
+  // The consumer arrives: everything already in the journal comes, once.
+  Ask(reader);
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 3 && Live(); }));
+  EXPECT_EQ(kernel_[0].generation, generation_);
+  EXPECT_EQ(Metric("gpu_node_supervisor_journald_health_requests_total"), 1);
+
+  // The consumer stops (as gpu-health does when it restarts): reading pauses...
+  const JournalPosition handled = position_;
+  HealthStreamRequest gone;
+  gone.consumer = "test";
+  gone.reader = reader;
+  gone.active = false;
+  h_.bus.Publish(gone);
+  ASSERT_TRUE(h_.RunUntil([&] { return !Health().open; }));
+  writer.Append(Kernel("while the consumer is away ", 2));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
+  EXPECT_EQ(kernel_.size(), 3u);
+  // ...and its next request, from the position it kept, brings exactly what it missed.
+  position_ = handled;
+  kernel_.clear();
+  Ask(reader);
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 2 && Live(); }));
+  EXPECT_EQ(KernelMessages(),
+            (std::vector<std::string>{"while the consumer is away 0", "while the consumer is away 1"}));
+
+  // A request from further back replays from there (a consumer that lost what it handled).
+  position_ = JournalPosition{};
+  kernel_.clear();
+  Ask(reader);
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 5 && Live(); }));
+  EXPECT_EQ(kernel_.front().message, "before start 0");
   EXPECT_TRUE(failures_.empty());
 }
 

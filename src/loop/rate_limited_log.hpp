@@ -1,5 +1,5 @@
 #pragma once
-// "Logged once per kind, with rate limiting": the first occurrence of each kind of bad input
+// Logging of repeated warnings for every module: "logged once per kind, with rate limiting": the first occurrence of each kind of bad input
 // is logged, later ones at most once per interval with the number swallowed in between. The
 // number of kinds is small and fixed by the caller (string literals), so memory is bounded.
 
@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-namespace gns::journald {
+namespace gns {
 
 class RateLimitedLog {
  public:
@@ -22,6 +22,11 @@ class RateLimitedLog {
 
   // Logs `what` at warn level unless `kind` was logged less than `interval` ago.
   void Warn(spdlog::logger& log, std::string_view kind, std::string_view what) {
+    Log(log, spdlog::level::warn, kind, what);
+  }
+  // The same at any level. Kinds may also be keys of the caller's (a GPU and an XID): their
+  // number must be bounded by the caller.
+  void Log(spdlog::logger& log, spdlog::level::level_enum level, std::string_view kind, std::string_view what) {
     auto [it, fresh] = kinds_.try_emplace(std::string(kind));
     Entry& e = it->second;
     const auto now = clock_.Now();
@@ -30,9 +35,9 @@ class RateLimitedLog {
       return;
     }
     if (e.suppressed > 0) {
-      log.warn("{}: {} ({} more like this not logged)", kind, what, e.suppressed);
+      log.log(level, "{}: {} ({} more like this not logged)", kind, what, e.suppressed);
     } else {
-      log.warn("{}: {}", kind, what);
+      log.log(level, "{}: {}", kind, what);
     }
     e.last = now;
     e.suppressed = 0;
@@ -48,4 +53,4 @@ class RateLimitedLog {
   std::map<std::string, Entry, std::less<>> kinds_;
 };
 
-}  // namespace gns::journald
+}  // namespace gns

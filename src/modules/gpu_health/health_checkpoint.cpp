@@ -1,0 +1,219 @@
+// gpu-health's checkpoint file (see health_checkpoint.hpp).
+#include "modules/gpu_health/health_checkpoint.hpp"
+
+#include "modules/gpu_health/kernel_line_parser.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <sys/stat.h>
+#include <system_error>
+
+namespace gns::gpu_health {
+namespace {
+
+constexpr std::size_t kMaxText = 1024;  // reason, action, pci, cursor
+
+bool TextField(const nlohmann::json& d, const char* key, std::string& into) {
+  const auto it = d.find(key);
+  if (it == d.end() || !it->is_string() || it->get_ref<const std::string&>().size() > kMaxText) return false;
+  into = it->get<std::string>();
+  return true;
+}
+
+bool UnsignedField(const nlohmann::json& d, const char* key, uint64_t& into) {
+  const auto it = d.find(key);
+  if (it == d.end() || !it->is_number_unsigned()) return false;
+  into = it->get<uint64_t>();
+  return true;
+}
+
+}  // namespace
+
+std::string NormalizeBootId(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  std::string out;
+  std::size_t dashes = 0;
+  for (const char c : text) {
+    if (c == '-') {
+      ++dashes;
+      continue;
+    }
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return {};
+    out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  if (out.size() != 32 || (dashes != 0 && dashes != 4)) return {};
+  return out;
+}
+
+std::string HealthCheckpoint::Serialize() const {
+  nlohmann::json out_devices = nlohmann::json::array();
+  for (const auto& d : devices) {
+    out_devices.push_back({{"uuid", d.uuid},
+                           {"healthy", d.healthy},
+                           {"reason", d.reason},
+                           {"xid", d.xid},
+                           {"recommendedAction", d.recommended_action},
+                           {"sinceUnixMs", d.since_unix_ms},
+                           {"pci", d.pci}});
+  }
+  nlohmann::json counts = nlohmann::json::array();
+  for (const auto& c : xid_counts) counts.push_back({{"gpu", c.gpu}, {"xid", c.xid}, {"count", c.count}});
+  return nlohmann::json{{"version", kVersion},
+                        {"bootId", boot_id},
+                        {"devices", out_devices},
+                        {"journal",
+                         {{"bootId", journal.boot_id},
+                          {"cursor", journal.cursor},
+                          {"monotonicUsec", journal.monotonic_usec},
+                          {"realtimeUsec", journal.realtime_usec}}},
+                        {"xidCounts", counts}}
+             .dump(2) +
+         "\n";
+}
+
+std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, std::string& error) {
+  if (text.size() > kMaxBytes) {
+    error = "larger than " + std::to_string(kMaxBytes) + " bytes";
+    return std::nullopt;
+  }
+  const auto doc = nlohmann::json::parse(text, nullptr, false);
+  if (doc.is_discarded()) {
+    error = "not valid JSON (truncated or garbled)";
+    return std::nullopt;
+  }
+  if (!doc.is_object()) {
+    error = "not a JSON object";
+    return std::nullopt;
+  }
+  const auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer()) {
+    error = "no integer version";
+    return std::nullopt;
+  }
+  const int64_t v = version->get<int64_t>();
+  if (v != 1 && v != kVersion) {
+    error = "unknown version " + std::to_string(v) + " (this build reads 1 and " + std::to_string(kVersion) + ")";
+    return std::nullopt;
+  }
+  HealthCheckpoint out;
+  const auto boot = doc.find("bootId");
+  if (boot == doc.end() || !boot->is_string() ||
+      (!boot->get<std::string>().empty() && NormalizeBootId(boot->get<std::string>()) != boot->get<std::string>())) {
+    error = "bootId is not 32 lowercase hex digits";
+    return std::nullopt;
+  }
+  out.boot_id = boot->get<std::string>();
+  const auto devices = doc.find("devices");
+  if (devices == doc.end() || !devices->is_array() || devices->size() > kMaxDevices) {
+    error = "devices is not an array of at most " + std::to_string(kMaxDevices) + " entries";
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < devices->size(); ++i) {
+    const auto& d = (*devices)[i];
+    const std::string where = "devices[" + std::to_string(i) + "]";
+    DeviceHealth h;
+    if (!d.is_object()) {
+      error = where + " is not an object";
+      return std::nullopt;
+    }
+    if (!TextField(d, "uuid", h.uuid) || h.uuid.size() < 5 || h.uuid.rfind("GPU-", 0) != 0 ||
+        h.uuid.size() > kMaxUuidBytes) {
+      error = where + ".uuid is not a GPU UUID";
+      return std::nullopt;
+    }
+    const auto healthy = d.find("healthy");
+    const auto since = d.find("sinceUnixMs");
+    uint64_t xid = 0;
+    if (healthy == d.end() || !healthy->is_boolean() || !UnsignedField(d, "xid", xid) ||
+        xid > std::numeric_limits<uint32_t>::max() || since == d.end() || !since->is_number_integer() ||
+        !TextField(d, "reason", h.reason) || !TextField(d, "recommendedAction", h.recommended_action) ||
+        !TextField(d, "pci", h.pci)) {
+      error = where + " (" + h.uuid + "): healthy, reason, xid, recommendedAction, sinceUnixMs or pci missing or "
+              "of the wrong type";
+      return std::nullopt;
+    }
+    h.healthy = healthy->get<bool>();
+    h.xid = xid;
+    h.since_unix_ms = since->get<int64_t>();
+    if (std::any_of(out.devices.begin(), out.devices.end(), [&](const auto& o) { return o.uuid == h.uuid; })) {
+      error = where + ": " + h.uuid + " appears twice";
+      return std::nullopt;
+    }
+    out.devices.push_back(std::move(h));
+  }
+  if (v == 1) return out;  // verdicts only: no position, no counts
+
+  const auto journal = doc.find("journal");
+  if (journal == doc.end() || !journal->is_object() || !TextField(*journal, "bootId", out.journal.boot_id) ||
+      !TextField(*journal, "cursor", out.journal.cursor) ||
+      !UnsignedField(*journal, "monotonicUsec", out.journal.monotonic_usec) ||
+      !UnsignedField(*journal, "realtimeUsec", out.journal.realtime_usec) ||
+      (!out.journal.boot_id.empty() && NormalizeBootId(out.journal.boot_id) != out.journal.boot_id)) {
+    error = "journal: bootId, cursor, monotonicUsec or realtimeUsec missing or of the wrong type";
+    return std::nullopt;
+  }
+  const auto counts = doc.find("xidCounts");
+  if (counts == doc.end() || !counts->is_array() || counts->size() > kMaxCounts) {
+    error = "xidCounts is not an array of at most " + std::to_string(kMaxCounts) + " entries";
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < counts->size(); ++i) {
+    const auto& c = (*counts)[i];
+    XidCount count;
+    uint64_t xid = 0;
+    if (!c.is_object() || !TextField(c, "gpu", count.gpu) || !UnsignedField(c, "xid", xid) ||
+        xid > std::numeric_limits<uint32_t>::max() || !UnsignedField(c, "count", count.count)) {
+      error = "xidCounts[" + std::to_string(i) + "]: gpu, xid or count missing or of the wrong type";
+      return std::nullopt;
+    }
+    count.xid = static_cast<uint32_t>(xid);
+    out.xid_counts.push_back(std::move(count));
+  }
+  return out;
+}
+
+CheckpointWriter::CheckpointWriter(BlockingPool& pool, std::string path, Take take, Written written)
+    : pool_(pool), path_(std::move(path)), take_(std::move(take)), written_(std::move(written)) {}
+
+CheckpointWriter::~CheckpointWriter() { *alive_ = false; }
+
+void CheckpointWriter::Dirty() {
+  dirty_ = true;
+  if (!writing_) Write();
+}
+
+void CheckpointWriter::Write() {
+  dirty_ = false;
+  writing_ = true;
+  Snapshot snapshot = take_();
+  const uint64_t covers = snapshot.covers;
+  pool_.Run(
+      [path = path_, content = std::move(snapshot.content)] {
+        const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) return FileWriteResult{false, "creating " + dir.string() + ": " + ec.message()};
+        if (::chmod(dir.c_str(), 0700) != 0) {
+          return FileWriteResult{false, "chmod 0700 " + dir.string() + ": " + std::strerror(errno)};
+        }
+        return WriteFileAtomically(path, content, 0600);
+      },
+      [this, alive = alive_, covers](FileWriteResult result, std::exception_ptr error) {
+        if (!*alive) return;
+        writing_ = false;
+        const bool ok = !error && result;
+        // Called before the next write starts: the owner sees what landed in order.
+        written_(covers, ok, ok ? std::string() : (error ? "exception writing " + path_ : result.error));
+        if (!*alive) return;  // the owner went away in `written_`
+        if (dirty_) Write();
+      });
+}
+
+}  // namespace gns::gpu_health

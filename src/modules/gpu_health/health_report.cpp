@@ -1,0 +1,111 @@
+// gpu-health's outputs besides the bus verdicts (see health_report.hpp).
+#include "modules/gpu_health/health_report.hpp"
+
+#include "loop/bus.hpp"
+#include "loop/clock.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/events.hpp"
+
+#include <algorithm>
+
+namespace gns::gpu_health {
+
+HealthReport::HealthReport(Bus& bus, MetricsRegistry& metrics, const Clock& clock, spdlog::logger& log,
+                           Settings settings)
+    : bus_(bus), metrics_(metrics), log_(log), settings_(std::move(settings)), warn_(clock), clock_(clock) {
+  const std::string devices = "gpu_node_supervisor_gpu_health_devices";
+  const char* devices_help = "GPUs by health as decided by gpu-health";
+  healthy_gauge_ = &metrics_.Gauge(devices, devices_help, {{"health", "Healthy"}});
+  unhealthy_gauge_ = &metrics_.Gauge(devices, devices_help, {{"health", "Unhealthy"}});
+}
+
+HealthReport::~HealthReport() { *alive_ = false; }
+
+void HealthReport::UseKube(std::shared_ptr<kube::KubeClient> client, std::shared_ptr<kube::EventRecorder> recorder) {
+  recorder_ = std::move(recorder);
+  conditions_.reset();
+  condition_in_flight_ = false;
+  if (client && !settings_.node_name.empty()) {
+    conditions_ = std::make_shared<kube::NodeConditions>(std::move(client), clock_, settings_.field_manager);
+    UpdateCondition();
+  }
+}
+
+void HealthReport::Verdicts(const std::vector<DeviceHealth>& devices, std::size_t known_gpus) {
+  devices_ = devices;
+  std::size_t unhealthy = 0;
+  for (const auto& d : devices_) {
+    unhealthy += d.healthy ? 0 : 1;
+    metrics_.Gauge("gpu_node_supervisor_gpu_healthy", "1 while the GPU is Healthy, 0 while Unhealthy", {{"gpu", d.uuid}})
+        .Set(d.healthy ? 1 : 0);
+  }
+  // GPUs with a verdict that the inventory does not list count too.
+  const std::size_t total = std::max(known_gpus, devices_.size());
+  healthy_gauge_->Set(static_cast<double>(total - unhealthy));
+  unhealthy_gauge_->Set(static_cast<double>(unhealthy));
+  UpdateCondition();
+}
+
+void HealthReport::Event(const HealthEvent& event, bool k8s, std::string_view type, std::string_view reason) {
+  if (k8s && recorder_ && !event.node_name.empty()) {
+    kube::ObjectReference node;
+    node.name = event.node_name;
+    std::string note = event.message;
+    for (const auto& entity : event.entities_impacted) note += " " + entity.type + "=" + entity.value;
+    if (!event.recommended_action_name.empty() && !event.is_healthy) {
+      note += "; recommended action " + event.recommended_action_name;
+    }
+    recorder_->Record(node, type, reason, event.is_healthy ? "Recovered" : "XidReported", note);
+  }
+  if (settings_.recent_events > 0) {
+    recent_.push_back(event);
+    while (recent_.size() > settings_.recent_events) recent_.pop_front();
+  }
+}
+
+void HealthReport::PublishState(const std::string& boot_id, const std::vector<DeviceHealth>& devices,
+                                std::vector<std::pair<std::string, std::string>> pci_to_uuid) {
+  GpuHealthState state;
+  state.boot_id = boot_id;
+  state.catalog_source = settings_.catalog_source;
+  state.devices = devices;
+  state.recent_events.assign(recent_.begin(), recent_.end());
+  state.pci_to_uuid = std::move(pci_to_uuid);
+  bus_.Publish(std::move(state));
+}
+
+void HealthReport::UpdateCondition() {
+  if (!conditions_) return;
+  if (condition_in_flight_) {
+    condition_dirty_ = true;
+    return;
+  }
+  kube::NodeCondition condition;
+  condition.type = settings_.condition_type;
+  std::vector<std::string> bad;
+  for (const auto& d : devices_) {
+    if (!d.healthy) bad.push_back(d.uuid + ": " + d.reason + " → " + d.recommended_action);
+  }
+  if (bad.empty()) {
+    condition.status = "True";
+    condition.reason = "NoFatalXid";
+    condition.message = "no GPU has an unrecovered fatal XID";
+  } else {
+    condition.status = "False";
+    condition.reason = "FatalXid";
+    condition.message = std::to_string(bad.size()) + " GPU(s) unhealthy: ";
+    for (std::size_t i = 0; i < bad.size(); ++i) condition.message += (i ? "; " : "") + bad[i];
+  }
+  condition_in_flight_ = true;
+  conditions_->Set(settings_.node_name, condition, [this, alive = alive_](kube::Result result) {
+    if (!*alive) return;
+    condition_in_flight_ = false;
+    if (!result.Ok()) warn_.Warn(log_, "node_condition_failed", result.error);
+    if (condition_dirty_) {
+      condition_dirty_ = false;
+      UpdateCondition();
+    }
+  });
+}
+
+}  // namespace gns::gpu_health

@@ -1,0 +1,45 @@
+// The health verdict of each GPU as gpu-health decided it: Healthy or Unhealthy, why, with
+// which XID and recommended action, since when. The one place the verdict lives; everything
+// else (the device plugin, the Node condition, the state file) follows what changes here.
+//
+// Pure state, no I/O, no clock: each call takes the time and returns the verdict when it
+// changed, and the module publishes, persists and reports that change. Loop thread only.
+#pragma once
+
+#include "modules/gpu_health/messages.hpp"
+#include "modules/gpu_health/xid_catalog.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::gpu_health {
+
+class VerdictBook {
+ public:
+  // The verdict after the change, or nullptr when it was already so (Unhealthy for the same
+  // XID and action). The pointer stays valid until the next call that changes the book.
+  const DeviceHealth* MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason,
+                                    uint32_t xid, RecommendedAction action, int64_t now_unix_ms);
+  // nullptr when the GPU was not Unhealthy.
+  const DeviceHealth* MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
+  // An Unhealthy verdict restored from the state file of this boot. False (nothing changed)
+  // when this run already decided about the GPU: its verdict is newer.
+  bool Restore(const DeviceHealth& saved);
+
+  [[nodiscard]] const DeviceHealth* Find(std::string_view uuid) const;
+  [[nodiscard]] bool IsUnhealthy(std::string_view uuid) const;
+  // Every verdict of this run or restored, in UUID order.
+  [[nodiscard]] std::vector<DeviceHealth> All() const;
+  [[nodiscard]] std::vector<std::string> UnhealthyUuids() const;
+  [[nodiscard]] std::size_t UnhealthyCount() const;
+  [[nodiscard]] std::size_t size() const { return devices_.size(); }
+
+ private:
+  std::map<std::string, DeviceHealth, std::less<>> devices_;
+};
+
+}  // namespace gns::gpu_health

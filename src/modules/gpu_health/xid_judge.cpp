@@ -1,0 +1,322 @@
+// The XID judge (see xid_judge.hpp).
+#include "modules/gpu_health/xid_judge.hpp"
+
+#include "modules/gpu_health/recovery_action.hpp"
+
+#include <cstdio>
+
+namespace gns::gpu_health {
+namespace {
+
+constexpr std::size_t kMaxPending = 64;
+
+// Metric label values for malformed lines, by what the line started like.
+std::string_view MalformedKind(LineKind attempted) {
+  switch (attempted) {
+    case LineKind::kXid: return "malformed_xid";
+    case LineKind::kGpuUuid: return "malformed_gpu_uuid";
+    case LineKind::kFallenOffBus: return "malformed_fallen_off_bus";
+    case LineKind::kResetAck: return "malformed_reset_ack";
+    default: return "malformed_other";
+  }
+}
+
+}  // namespace
+
+XidJudge::XidJudge(const XidCatalog& catalog, const SiteOverrides& overrides, Settings settings, spdlog::logger& log,
+                   Outputs outputs)
+    : catalog_(catalog),
+      overrides_(overrides),
+      settings_(std::move(settings)),
+      log_(log),
+      out_(std::move(outputs)),
+      policy_(catalog, overrides) {}
+
+// --- inputs -------------------------------------------------------------------------------
+
+void XidJudge::OnInventory(const std::vector<gpu_inventory::GpuInfo>& gpus, int64_t now_unix_ms) {
+  if (!gpus.empty()) {
+    gpus_ = gpus.size();
+    directory_.SetInventory(gpus);
+  }
+  // XIDs that arrived before we knew which GPU sits at their PCI address.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const std::string uuid(directory_.UuidForPci(it->second.address));
+    if (uuid.empty()) {
+      ++it;
+      continue;
+    }
+    const Pending p = it->second;
+    it = pending_.erase(it);
+    MarkUnhealthy(uuid, p.pci, p.reason, p.xid, p.action, now_unix_ms);
+  }
+}
+
+void XidJudge::OnKernelLine(std::string_view message, uint64_t at_usec, bool acknowledgement, int64_t now_unix_ms) {
+  const ParsedLine parsed = ParseKernelLine(message);
+  const Timestamp at(static_cast<int64_t>(at_usec));
+  if (acknowledgement && parsed.kind() != LineKind::kResetAck) return;
+  switch (parsed.kind()) {
+    case LineKind::kUnrelated:
+      return;
+    case LineKind::kXid: {
+      const XidLine& x = *parsed.xid();
+      const XidSubject who = directory_.SubjectFor(x.pci);
+      if (x.xid == kRecoveryActionXid) {
+        HandleRecoveryAction(who, x, at, now_unix_ms);
+      } else {
+        HandleXid(who, x.xid, at, XidSource::kKernel, x.raw_detail, now_unix_ms);
+      }
+      return;
+    }
+    case LineKind::kGpuUuid:
+      Learn(parsed.gpu_uuid()->pci, parsed.gpu_uuid()->uuid, now_unix_ms);
+      return;
+    case LineKind::kFallenOffBus: {
+      const auto& f = *parsed.fallen_off_bus();
+      if (!f.pci) {
+        out_.bad("fallen_off_bus_without_pci",
+                 "a \"fallen off the bus\" line without a PCI address: " + SanitizedText(message, 200));
+        return;
+      }
+      // The driver reports it as XID 79 too; the policy's dedup folds the two together.
+      HandleXid(directory_.SubjectFor(*f.pci), 79, at, XidSource::kKernel, "GPU has fallen off the bus", now_unix_ms);
+      return;
+    }
+    case LineKind::kResetAck:
+      HandleResetAck(parsed.reset_ack()->uuid, parsed.reset_ack()->success, now_unix_ms);
+      return;
+    case LineKind::kMalformed: {
+      const auto& m = *parsed.malformed();
+      out_.bad(MalformedKind(m.attempted), m.Reason());
+      return;
+    }
+  }
+}
+
+void XidJudge::OnNvmlXid(const gpu_inventory::XidObservation& xid, int64_t now_unix_ms) {
+  if (xid.uuid.empty() || xid.xid == 0 || xid.xid > UINT32_MAX) {
+    out_.bad("bad_nvml_xid", "an NVML XID without a GPU or with XID " + std::to_string(xid.xid));
+    return;
+  }
+  if (xid.xid == kRecoveryActionXid) {
+    // NVML's event carries no recovery action; the kernel line of the same occurrence names
+    // it, and it alone decides (counting this report too would count the occurrence twice).
+    out_.duplicate();
+    return;
+  }
+  std::optional<PciAddress> pci;
+  if (const auto text = directory_.PciForUuid(xid.uuid); !text.empty()) pci = ParsePciAddress(text);
+  const int64_t ms = xid.observed_unix_ms != 0 ? xid.observed_unix_ms : now_unix_ms;
+  HandleXid(XidSubject(xid.uuid, pci), static_cast<uint32_t>(xid.xid), Timestamp(ms * 1000), XidSource::kNvml, {},
+            now_unix_ms);
+}
+
+void XidJudge::OnNewBoot(const std::string& boot_id, int64_t now_unix_ms) {
+  log_.info("new boot {}: every device is Healthy again", boot_id);
+  policy_ = XidPolicy(catalog_, overrides_);
+  pending_.clear();
+  counts_.Restore({});
+  bool any = false;
+  for (const auto& uuid : verdicts_.UnhealthyUuids()) any = MarkHealthy(uuid, "new boot", now_unix_ms) || any;
+  // Seed 003: after a reboot the monitor sends a healthy event without entities (all of them).
+  auto event = NewEvent("boot", now_unix_ms);
+  event.is_fatal = true;
+  event.is_healthy = true;
+  event.message = "new boot " + boot_id;
+  out_.event(std::move(event), KubeEvent{any, "Normal", "GpuHealthyAfterBoot"});
+}
+
+std::string XidJudge::SetHealthy(std::string_view target, std::string_view who, int64_t now_unix_ms) {
+  std::vector<std::string> uuids;
+  if (target == "all") {
+    uuids = verdicts_.UnhealthyUuids();
+  } else {
+    if (target.size() < 5 || target.substr(0, 4) != "GPU-" || target.size() > kMaxUuidBytes) {
+      return "error: expected a GPU UUID (GPU-…) or all, got \"" + SanitizedText(target.substr(0, 80), 80) + "\"";
+    }
+    uuids.emplace_back(target);
+  }
+  std::size_t changed = 0;
+  for (const auto& uuid : uuids) {
+    Forget(uuid);
+    if (!MarkHealthy(uuid, "set healthy by " + std::string(who), now_unix_ms)) continue;
+    ++changed;
+    const std::string pci = directory_.PciForUuid(uuid);
+    auto event = NewEvent("operator", now_unix_ms);
+    event.is_fatal = true;
+    event.is_healthy = true;
+    event.message = "set healthy by " + std::string(who);
+    if (!pci.empty()) event.entities_impacted.push_back({"PCI", pci});
+    event.entities_impacted.push_back({"GPU_UUID", uuid});
+    out_.event(std::move(event), KubeEvent{true, "Normal", "GpuSetHealthy"});
+  }
+  log_.info("set-healthy {} by {}: {} device(s) made Healthy", target, who, changed);
+  if (target != "all" && changed == 0) return "ok: " + std::string(target) + " was not unhealthy";
+  return "ok: " + std::to_string(changed) + " device(s) set healthy";
+}
+
+bool XidJudge::Restore(const DeviceHealth& saved) { return verdicts_.Restore(saved); }
+
+// --- decisions ----------------------------------------------------------------------------
+
+void XidJudge::HandleRecoveryAction(const XidSubject& who, const XidLine& line, Timestamp at, int64_t now_unix_ms) {
+  const auto change = ParseRecoveryActionChange(line.raw_detail);
+  if (!change) {
+    out_.bad("xid154_without_action",
+             "an Xid 154 line that does not say which recovery action it changed to: " + line.detail().substr(0, 200));
+    HandleXid(who, kRecoveryActionXid, at, XidSource::kKernel, line.raw_detail, now_unix_ms);
+    return;
+  }
+  if (!change->known) {
+    out_.bad("unknown_recovery_action", "Xid 154 names recovery action " +
+                                            (change->code ? std::to_string(*change->code) : std::string("?")) + " (" +
+                                            change->name + "), which this build does not know: CONTACT_SUPPORT");
+  }
+  const XidDecision decision =
+      policy_.Decide(who.policy_id(), kRecoveryActionXid, at, XidSource::kKernel, change->action);
+  char code[16] = "?";
+  if (change->code) std::snprintf(code, sizeof code, "0x%x", *change->code);
+  const std::string note = "recovery action " + std::string(code) + " (" + change->name + ")";
+  Decided(who, kRecoveryActionXid, decision, "kernel", line.raw_detail, note, now_unix_ms);
+}
+
+void XidJudge::HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, XidSource source, std::string_view detail,
+                         int64_t now_unix_ms) {
+  // Runs for every Xid line: nothing here allocates until something is reported or changes.
+  const XidDecision decision = policy_.Decide(who.policy_id(), xid, at, source);
+  Decided(who, xid, decision, source == XidSource::kNvml ? "nvml" : "kernel", detail, {}, now_unix_ms);
+}
+
+void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& decision, std::string_view source,
+                       std::string_view detail, std::string_view action_note, int64_t now_unix_ms) {
+  const std::string_view uuid = who.uuid();
+  const std::optional<PciAddress>& pci = who.address();
+  if (decision.verdict == Verdict::kDuplicate) {
+    out_.duplicate();
+    return;
+  }
+  // Occurrences, not reports: the second source's report of one was folded just above.
+  const XidCounts::Counted counted = uuid.empty() ? counts_.Add(who.pci(), xid) : counts_.Add(uuid, xid);
+  out_.counted(counted.gpu, counted.xid, counted.count);
+  if (decision.verdict == Verdict::kIgnored) return;
+  if (!decision.known_xid) out_.bad("unknown_xid", "XID " + std::to_string(xid) + " is not in the catalog: CONTACT_SUPPORT");
+  if (uuid.empty() && gpus_ != 0) {
+    out_.bad("unknown_pci", "XID " + std::to_string(xid) + " on PCI " + who.pci() + ", which is none of our GPUs");
+  }
+  if (!decision.emit) out_.suppressed();
+  auto name = [&] {
+    return decision.mnemonic.empty() ? "XID " + std::to_string(xid) : std::string(decision.mnemonic);
+  };
+  if (decision.verdict == Verdict::kFatal) {
+    std::string reason = "XID " + std::to_string(xid) + " (" + name() + ")";
+    if (!action_note.empty()) reason += ", " + std::string(action_note);
+    if (!uuid.empty()) {
+      MarkUnhealthy(std::string(uuid), who.pci(), reason, xid, decision.action, now_unix_ms);
+    } else if (pci && (pending_.size() < kMaxPending || pending_.count(pci->DeviceKey()))) {
+      pending_[pci->DeviceKey()] = Pending{*pci, who.pci(), reason, xid, decision.action};
+    }
+  }
+  if (!decision.emit) return;
+  auto event = NewEvent(source, now_unix_ms);
+  event.is_fatal = decision.verdict == Verdict::kFatal;
+  event.is_healthy = false;
+  event.message = name();
+  // Sanitised only now: most occurrences are not emitted.
+  if (!detail.empty()) event.message += ": " + SanitizedText(detail, kMaxDetailBytes).substr(0, 512);
+  if (decision.verdict == Verdict::kBelowThreshold) {
+    event.message += " (" + std::to_string(decision.count_in_window) + " of " + std::to_string(decision.threshold) +
+                     " within the window)";
+  }
+  event.recommended_action = static_cast<int>(decision.action);
+  event.recommended_action_name = std::string(ActionName(decision.action));
+  event.error_code = {std::to_string(xid)};
+  if (pci) event.entities_impacted.push_back({"PCI", who.pci()});
+  if (!uuid.empty()) event.entities_impacted.push_back({"GPU_UUID", std::string(uuid)});
+  event.suppressed_before = decision.suppressed_before;
+  const bool reportable = decision.verdict == Verdict::kFatal || decision.verdict == Verdict::kNonFatal;
+  out_.event(std::move(event),
+             KubeEvent{reportable, "Warning", decision.verdict == Verdict::kFatal ? "GpuXidFatal" : "GpuXid"});
+}
+
+void XidJudge::HandleResetAck(const std::string& uuid, std::optional<bool> success, int64_t now_unix_ms) {
+  if (success.has_value() && !*success) {
+    out_.bad("reset_failed", "the reset job reported a failed reset of " + uuid);
+    auto event = NewEvent("reset-ack", now_unix_ms);
+    event.is_fatal = true;
+    event.message = "GPU reset failed";
+    event.entities_impacted.push_back({"GPU_UUID", uuid});
+    out_.event(std::move(event), KubeEvent{true, "Warning", "GpuResetFailed"});
+    return;
+  }
+  Forget(uuid);
+  const bool changed = MarkHealthy(uuid, "GPU reset occurred", now_unix_ms);
+  // Seed 003: the healthy event names the GPU and its PCI address so the unhealthy one it
+  // clears can be found.
+  const std::string pci = directory_.PciForUuid(uuid);
+  auto event = NewEvent("reset-ack", now_unix_ms);
+  event.is_fatal = true;
+  event.is_healthy = true;
+  event.message = "GPU reset occurred";
+  if (!pci.empty()) event.entities_impacted.push_back({"PCI", pci});
+  event.entities_impacted.push_back({"GPU_UUID", uuid});
+  out_.event(std::move(event), KubeEvent{changed, "Normal", "GpuReset"});
+}
+
+void XidJudge::Learn(const PciAddress& pci, const std::string& uuid, int64_t now_unix_ms) {
+  switch (directory_.Learn(pci, uuid)) {
+    case GpuDirectory::LearnResult::kKnown:
+      return;
+    case GpuDirectory::LearnResult::kFull:
+      out_.bad("too_many_gpu_uuid_lines", "more than " + std::to_string(GpuDirectory::kMaxLearned) +
+                                              " PCI addresses learned; ignoring " + pci.ToString());
+      return;
+    case GpuDirectory::LearnResult::kLearned:
+      break;
+  }
+  log_.info("learned {} at PCI {} from the kernel log", uuid, pci.ToString());
+  if (const auto p = pending_.find(pci.DeviceKey()); p != pending_.end()) {
+    const Pending pending = p->second;
+    pending_.erase(p);
+    MarkUnhealthy(uuid, pending.pci, pending.reason, pending.xid, pending.action, now_unix_ms);
+  }
+}
+
+void XidJudge::Forget(const std::string& uuid) {
+  policy_.ForgetGpu(uuid);
+  const std::string pci = directory_.PciForUuid(uuid);
+  if (!pci.empty()) policy_.ForgetGpu(PciPolicyId(pci));
+}
+
+// --- verdicts -----------------------------------------------------------------------------
+
+void XidJudge::MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
+                             RecommendedAction action, int64_t now_unix_ms) {
+  const DeviceHealth* h = verdicts_.MarkUnhealthy(uuid, pci.empty() ? directory_.PciForUuid(uuid) : pci, reason, xid,
+                                                  action, now_unix_ms);
+  if (h == nullptr) return;
+  log_.warn("{} is Unhealthy: {}, recommended action {}", uuid, reason, h->recommended_action);
+  out_.verdict(*h);
+}
+
+bool XidJudge::MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms) {
+  const DeviceHealth* h = verdicts_.MarkHealthy(uuid, reason, now_unix_ms);
+  if (h == nullptr) return false;
+  log_.info("{} is Healthy again: {}", uuid, reason);
+  out_.recovered();
+  out_.verdict(*h);
+  return true;
+}
+
+HealthEvent XidJudge::NewEvent(std::string_view source, int64_t now_unix_ms) const {
+  HealthEvent event;
+  event.agent = settings_.agent;
+  event.check_name = settings_.check_name;
+  event.node_name = settings_.node_name;
+  event.source = std::string(source);
+  event.generated_seconds = now_unix_ms / 1000;
+  event.generated_nanos = static_cast<int32_t>((now_unix_ms % 1000) * 1'000'000);
+  return event;
+}
+
+}  // namespace gns::gpu_health

@@ -1,0 +1,113 @@
+// The one judge of GPU health for XIDs, whatever reported them: kernel lines (parsed by
+// kernel_line_parser) and NVML XID events both come here, are folded when they are the same
+// occurrence, classified with the catalog and the site overrides (XidPolicy), and turn into
+// verdicts (VerdictBook) and HealthEvents. Reset acknowledgements, a new boot and the
+// operator's set-healthy turn GPUs Healthy again. The device plugin and everything else follow
+// the verdicts published from here; nothing else judges an XID.
+//
+// No I/O: what it decides goes out through Outputs (the module publishes, persists and
+// reports). Loop thread only.
+#pragma once
+
+#include "modules/gpu_health/xid_counts.hpp"
+#include "modules/gpu_health/gpu_directory.hpp"
+#include "modules/gpu_health/kernel_line_parser.hpp"
+#include "modules/gpu_health/messages.hpp"
+#include "modules/gpu_health/verdict_book.hpp"
+#include "modules/gpu_health/xid_catalog.hpp"
+#include "modules/gpu_health/xid_policy.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+
+#include <spdlog/logger.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::gpu_health {
+
+class XidJudge {
+ public:
+  // A Kubernetes Event to record for a HealthEvent (on the Node), when `record`.
+  struct KubeEvent {
+    bool record = false;
+    std::string_view type;    // "Normal" | "Warning"
+    std::string_view reason;  // "GpuXidFatal", "GpuReset", …
+  };
+  struct Outputs {
+    std::function<void(const DeviceHealth&)> verdict;                 // a verdict changed
+    std::function<void(HealthEvent, KubeEvent)> event;                // an event to emit
+    std::function<void(std::string_view gpu, uint32_t xid, uint64_t total)> counted;  // an occurrence
+    std::function<void(std::string_view kind, std::string_view what)> bad;            // unusable input
+    std::function<void()> duplicate;   // a report folded into one already counted
+    std::function<void()> suppressed;  // an occurrence swallowed by the rate limit
+    std::function<void()> recovered;   // a device made Healthy again
+  };
+  struct Settings {
+    std::string agent = "gpu-node-supervisor";
+    std::string check_name = "SysLogsXIDError";
+    std::string node_name;
+  };
+
+  XidJudge(const XidCatalog& catalog, const SiteOverrides& overrides, Settings settings, spdlog::logger& log,
+           Outputs outputs);
+
+  // Inputs. `now_unix_ms` stamps verdicts and events (the injected clock's wall time).
+  void OnInventory(const std::vector<gpu_inventory::GpuInfo>& gpus, int64_t now_unix_ms);
+  // One line of the health stream; `acknowledgement`: from the reset job's identifier, which
+  // is trusted for reset acknowledgements only. `at_usec`: its __REALTIME_TIMESTAMP.
+  void OnKernelLine(std::string_view message, uint64_t at_usec, bool acknowledgement, int64_t now_unix_ms);
+  void OnNvmlXid(const gpu_inventory::XidObservation& xid, int64_t now_unix_ms);
+  // A reboot resets every GPU: every verdict turns Healthy and the counts start again.
+  void OnNewBoot(const std::string& boot_id, int64_t now_unix_ms);
+  // set-healthy <uuid>|all: returns the answer ("ok: …" or "error: …").
+  std::string SetHealthy(std::string_view target, std::string_view who, int64_t now_unix_ms);
+
+  // Restores an Unhealthy verdict of the same boot (the state file); true when it took.
+  bool Restore(const DeviceHealth& saved);
+  void RestoreCounts(const std::vector<XidCount>& counts) { counts_.Restore(counts); }
+
+  const VerdictBook& Verdicts() const { return verdicts_; }
+  const GpuDirectory& Directory() const { return directory_; }
+  const XidCounts& Counts() const { return counts_; }
+  std::size_t KnownGpus() const { return gpus_; }
+
+ private:
+  void HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, XidSource source, std::string_view detail,
+                 int64_t now_unix_ms);
+  void HandleRecoveryAction(const XidSubject& who, const XidLine& line, Timestamp at, int64_t now_unix_ms);
+  void HandleResetAck(const std::string& uuid, std::optional<bool> success, int64_t now_unix_ms);
+  void Learn(const PciAddress& pci, const std::string& uuid, int64_t now_unix_ms);
+  void MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
+                     RecommendedAction action, int64_t now_unix_ms);
+  bool MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
+  void Decided(const XidSubject& who, uint32_t xid, const XidDecision& decision, std::string_view source,
+               std::string_view detail, std::string_view action_note, int64_t now_unix_ms);
+  HealthEvent NewEvent(std::string_view source, int64_t now_unix_ms) const;
+  void Forget(const std::string& uuid);
+
+  const XidCatalog& catalog_;
+  const SiteOverrides& overrides_;
+  Settings settings_;
+  spdlog::logger& log_;
+  Outputs out_;
+  XidPolicy policy_;
+  GpuDirectory directory_;  // PCI → UUID: the inventory, then what the kernel log taught
+  VerdictBook verdicts_;
+  XidCounts counts_;
+  std::size_t gpus_ = 0;
+  struct Pending {
+    PciAddress address;
+    std::string pci;
+    std::string reason;
+    uint32_t xid = 0;
+    RecommendedAction action = RecommendedAction::kNone;
+  };
+  std::map<uint64_t, Pending> pending_;  // fatal XIDs on a PCI address not yet mapped to a GPU
+};
+
+}  // namespace gns::gpu_health

@@ -1,0 +1,273 @@
+// The XID judge with kernel lines as drivers print them (collected from public bug reports and
+// the driver's own format strings): which GPU each one lands on, that each occurrence counts
+// once, that banners and continuation lines never count, XID 154's recovery actions, and one
+// verdict for NVML's and the kernel's report of the same occurrence.
+#include "modules/gpu_health/recovery_action.hpp"
+#include "modules/gpu_health/xid_judge.hpp"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gns::gpu_health {
+namespace {
+
+constexpr const char* kA = "GPU-455d8f70-2051-db6c-0430-ffc457bff834";  // 0000:03:00
+constexpr const char* kB = "GPU-00000000-0000-0000-0000-00000000000b";  // 0000:3b:00
+constexpr const char* kC = "GPU-00000000-0000-0000-0000-00000000000c";  // 0008:01:00
+constexpr const char* kD = "GPU-00000000-0000-0000-0000-00000000000d";  // 0000:cb:00
+constexpr int64_t kNow = 1'700'000'000'000;
+
+gpu_inventory::GpuInfo Gpu(const char* uuid, const char* bus_id) {
+  gpu_inventory::GpuInfo g;
+  g.uuid = uuid;
+  g.pci_bus_id = bus_id;
+  g.pci = *gpu_inventory::PciAddress::Parse(bus_id);
+  return g;
+}
+
+class XidJudgeTest : public ::testing::Test {
+ protected:
+  XidJudgeTest() : log_("judge", std::make_shared<spdlog::sinks::null_sink_mt>()) {}
+
+  void Make(SiteOverrides overrides = {}) {
+    overrides_ = std::move(overrides);
+    judge_ = std::make_unique<XidJudge>(
+        XidCatalog::Builtin(), overrides_, XidJudge::Settings{"gpu-node-supervisor", "SysLogsXIDError", "node1"}, log_,
+        XidJudge::Outputs{[this](const DeviceHealth& h) { verdicts_.push_back(h); },
+                          [this](HealthEvent e, XidJudge::KubeEvent) { events_.push_back(std::move(e)); },
+                          [this](std::string_view, uint32_t, uint64_t) { ++counted_; },
+                          [this](std::string_view kind, std::string_view) { bad_.emplace_back(kind); },
+                          [this] { ++duplicates_; }, [] {}, [] {}});
+    judge_->OnInventory({Gpu(kA, "00000000:03:00.0"), Gpu(kB, "00000000:3B:00.0"), Gpu(kC, "00000008:01:00.0"),
+                         Gpu(kD, "00000000:CB:00.0")},
+                        kNow);
+  }
+  void Line(const std::string& message, uint64_t at_usec = 1'700'000'000'000'000) {
+    judge_->OnKernelLine(message, at_usec, false, kNow);
+  }
+  const DeviceHealth* Verdict(const char* uuid) { return judge_->Verdicts().Find(uuid); }
+  bool Unhealthy(const char* uuid) { return judge_->Verdicts().IsUnhealthy(uuid); }
+
+  spdlog::logger log_;
+  SiteOverrides overrides_;
+  std::unique_ptr<XidJudge> judge_;
+  std::vector<DeviceHealth> verdicts_;
+  std::vector<HealthEvent> events_;
+  std::vector<std::string> bad_;
+  int counted_ = 0;
+  int duplicates_ = 0;
+};
+
+struct Shape {
+  const char* name;
+  const char* line;
+  const char* gpu;  // the GPU it lands on; nullptr: none
+  uint32_t xid;     // counted XID; 0: not an XID occurrence
+  bool fatal;
+};
+
+class RealWorldShapes : public XidJudgeTest, public ::testing::WithParamInterface<Shape> {};
+
+TEST_P(RealWorldShapes, LandOnTheRightGpuAndCountOnce) {
+  Make();
+  const Shape& s = GetParam();
+  Line(s.line);
+  EXPECT_EQ(counted_, s.xid == 0 ? 0 : 1) << s.line;
+  if (s.gpu == nullptr) {
+    EXPECT_TRUE(verdicts_.empty()) << s.line;
+    return;
+  }
+  if (s.fatal) {
+    ASSERT_TRUE(Unhealthy(s.gpu)) << s.line;
+    EXPECT_EQ(Verdict(s.gpu)->xid, s.xid);
+  } else {
+    EXPECT_FALSE(Unhealthy(s.gpu)) << s.line;
+  }
+  ASSERT_FALSE(events_.empty()) << s.line;
+  EXPECT_EQ(events_.back().error_code, std::vector<std::string>{std::to_string(s.xid)});
+  EXPECT_EQ(events_.back().entities_impacted.back().value, s.gpu);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Lines, RealWorldShapes,
+    ::testing::Values(
+        Shape{"plain", "NVRM: Xid (PCI:0000:03:00): 48, pid=91237, name=nv-hostengine, Ch 00000076", kA, 48, true},
+        Shape{"unknown_pid", "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+              kB, 79, true},
+        Shape{"mig_instance",
+              "NVRM: Xid (PCI:0000:cb:00 GPU-I:05): 31, pid=12345, name=python, Ch 00000008, intr 00000000. MMU Fault",
+              kD, 31, false},
+        Shape{"mig_compute_instance", "NVRM: Xid (PCI:0000:cb:00 GPU-I:01 GPU-CI:02): 13, pid=4242, name=train.py, "
+              "Graphics SM Warp Exception", kD, 13, false},
+        Shape{"function_suffix", "NVRM: Xid (PCI:0000:3b:00.0): 94, pid=77, name=python3, Contained ECC error", kB, 94,
+              false},
+        Shape{"other_domain", "NVRM: Xid (PCI:0008:01:00): 119, pid=1, name=nvidia-smi, Timeout after 6s of waiting for "
+              "RPC response from GPU0 GSP!", kC, 119, true},
+        Shape{"name_with_spaces", "NVRM: Xid (PCI:0000:03:00): 13, pid=2280636, name=pt_main_thread worker 3, Graphics "
+              "Exception: ESR 0x50e730=0x4000000", kA, 13, false},
+        Shape{"dmesg_timestamp", "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 63, pid='<unknown>', "
+              "name=<unknown>, Row Remapper: New row marked for remapping, reset gpu to activate.", kD, 63, false},
+        Shape{"old_format", "NVRM: Xid (PCI:0000:03:00): 79, GPU has fallen off the bus.", kA, 79, true},
+        Shape{"gsp_banner", "NVRM: _kgspLogXid119: ********************************* GSP Timeout "
+              "**********************************", nullptr, 0, false},
+        Shape{"gsp_banner_note", "NVRM: _kgspLogXid119: Note: Please also check logs above.", nullptr, 0, false},
+        Shape{"rpc_history", "NVRM: GPU0 _kgspLogRpcDebugInfo: Xid 119 follows", nullptr, 0, false},
+        Shape{"fallen_off_continuation", "NVRM: fallen off the bus and is not responding to commands.", nullptr, 0,
+              false},
+        Shape{"unrelated", "nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 12028, Non-fatal, Link 17", nullptr, 0, false}),
+    [](const ::testing::TestParamInfo<Shape>& info) { return std::string(info.param.name); });
+
+TEST_F(XidJudgeTest, RecoveryActionChangesDecideWhatXid154Does) {
+  Make();
+  // 0x4 Drain and Reset: the GPU needs a reset.
+  Line("NVRM: Xid (PCI:0000:03:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)");
+  ASSERT_TRUE(Unhealthy(kA));
+  EXPECT_EQ(Verdict(kA)->recommended_action, "COMPONENT_RESET");
+  EXPECT_EQ(Verdict(kA)->xid, 154u);
+  EXPECT_NE(Verdict(kA)->reason.find("Drain and Reset"), std::string::npos) << Verdict(kA)->reason;
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_TRUE(events_[0].is_fatal);
+  EXPECT_EQ(events_[0].recommended_action_name, "COMPONENT_RESET");
+
+  // 0x1 GPU Reset Required (and its older wording, PF FLR).
+  Line("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)");
+  EXPECT_EQ(Verdict(kB)->recommended_action, "COMPONENT_RESET");
+  Line("NVRM: Xid (PCI:0000:cb:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)");
+  EXPECT_EQ(Verdict(kD)->recommended_action, "COMPONENT_RESET");
+
+  // 0x2 Node Reboot Required: the whole node; an escalation of the same GPU is news.
+  Line("NVRM: Xid (PCI:0000:03:00): 154, GPU recovery action changed from 0x4 (Drain and Reset) to 0x2 (Node Reboot "
+       "Required)",
+       1'700'000'000'100'000);
+  EXPECT_EQ(Verdict(kA)->recommended_action, "RESTART_BM");
+  EXPECT_EQ(events_.back().recommended_action_name, "RESTART_BM");
+
+  // 0x0 None: reported, nothing changes.
+  const std::size_t before = verdicts_.size();
+  Line("NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x0 (None)");
+  EXPECT_EQ(verdicts_.size(), before);
+  EXPECT_FALSE(Unhealthy(kC));
+  EXPECT_FALSE(events_.back().is_fatal);
+  EXPECT_EQ(events_.back().recommended_action_name, "NONE");
+}
+
+TEST_F(XidJudgeTest, AnUnknownRecoveryActionIsFatalAndSaidSo) {
+  Make();
+  Line("NVRM: Xid (PCI:0000:03:00): 154, GPU recovery action changed from 0x0 (None) to 0x9 (Something New)");
+  ASSERT_TRUE(Unhealthy(kA));
+  EXPECT_EQ(Verdict(kA)->recommended_action, "CONTACT_SUPPORT");
+  EXPECT_NE(std::find(bad_.begin(), bad_.end(), "unknown_recovery_action"), bad_.end());
+  // A 154 that does not say what it changed to follows the catalog (informational).
+  Line("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed");
+  EXPECT_FALSE(Unhealthy(kB));
+  EXPECT_NE(std::find(bad_.begin(), bad_.end(), "xid154_without_action"), bad_.end());
+}
+
+TEST_F(XidJudgeTest, ASiteOverrideStillDecidesXid154) {
+  Make(LoadSiteOverridesString("ignore: [154]\n", "site.yaml"));
+  Line("NVRM: Xid (PCI:0000:03:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)");
+  EXPECT_FALSE(Unhealthy(kA));
+  EXPECT_TRUE(events_.empty());
+  Make(LoadSiteOverridesString("critical: [{xid: 154, action: RESTART_VM}]\n", "site.yaml"));
+  Line("NVRM: Xid (PCI:0000:03:00): 154, GPU recovery action changed from 0x0 (None) to 0x0 (None)");
+  ASSERT_TRUE(Unhealthy(kA));
+  EXPECT_EQ(Verdict(kA)->recommended_action, "RESTART_VM");
+}
+
+TEST_F(XidJudgeTest, NvmlAndKernelReportsAreJudgedOnceAndAlike) {
+  Make(LoadSiteOverridesString("ignore: [94]\n", "site.yaml"));
+  // An ignored XID is ignored whoever reports it: the GPU stays Healthy.
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kA, 94, 0xFFFFFFFF, 0xFFFFFFFF, kNow}, kNow);
+  EXPECT_FALSE(Unhealthy(kA));
+  EXPECT_TRUE(events_.empty());
+  // One occurrence, two reports: one count, one verdict.
+  Line("NVRM: Xid (PCI:0000:03:00): 48, pid=1, name=x, DBE", static_cast<uint64_t>(kNow) * 1000);
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kA, 48, 0xFFFFFFFF, 0xFFFFFFFF, kNow + 200}, kNow);
+  EXPECT_EQ(judge_->Counts().Get(kA, 48), 1u);
+  EXPECT_EQ(duplicates_, 1);
+  EXPECT_EQ(verdicts_.size(), 1u);
+  // NVML's 154 carries no action: the kernel line decides, NVML's report is not counted.
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kB, 154, 0xFFFFFFFF, 0xFFFFFFFF, kNow}, kNow);
+  EXPECT_EQ(judge_->Counts().Get(kB, 154), 0u);
+  EXPECT_FALSE(Unhealthy(kB));
+}
+
+TEST_F(XidJudgeTest, ResetAckSetHealthyAndNewBootHeal) {
+  Make();
+  Line("NVRM: Xid (PCI:0000:03:00): 79, pid=1, name=x, GPU has fallen off the bus.");
+  Line("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE");
+  ASSERT_TRUE(Unhealthy(kA) && Unhealthy(kB));
+  judge_->OnKernelLine("GPU reset occurred: " + std::string(kA), 1, true, kNow);
+  EXPECT_FALSE(Unhealthy(kA));
+  EXPECT_EQ(Verdict(kA)->reason, "GPU reset occurred");
+  // The acknowledgement identifier is trusted for acknowledgements only.
+  judge_->OnKernelLine("NVRM: Xid (PCI:0000:03:00): 79, pid=1, name=x, forged", 2, true, kNow);
+  EXPECT_FALSE(Unhealthy(kA));
+  EXPECT_EQ(judge_->SetHealthy("bogus", "test", kNow).rfind("error", 0), 0u);
+  EXPECT_EQ(judge_->SetHealthy(kB, "test", kNow), "ok: 1 device(s) set healthy");
+  Line("NVRM: Xid (PCI:0008:01:00): 48, pid=1, name=x, DBE");
+  judge_->OnNewBoot(std::string(32, 'b'), kNow);
+  EXPECT_TRUE(judge_->Verdicts().UnhealthyUuids().empty());
+}
+
+TEST(RecoveryAction, CodesNamesAndWordings) {
+  const auto reset = ParseRecoveryActionChange("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)");
+  ASSERT_TRUE(reset);
+  EXPECT_EQ(reset->code, 4u);
+  EXPECT_EQ(reset->name, "Drain and Reset");
+  EXPECT_EQ(reset->action, RecommendedAction::kComponentReset);
+  // The code decides, whatever the wording of this driver release.
+  EXPECT_EQ(ParseRecoveryActionChange("changed from 0x0 (None) to 0x2 (OS Reboot)")->action, RecommendedAction::kRestartBm);
+  EXPECT_EQ(ParseRecoveryActionChange("changed from 0x0 (None) to 0x1 (PF FLR)")->action,
+            RecommendedAction::kComponentReset);
+  EXPECT_EQ(ParseRecoveryActionChange("changed from 0x0 (None) to 0x3 (Drain P2P)")->action,
+            RecommendedAction::kComponentReset);
+  EXPECT_EQ(ParseRecoveryActionChange("changed from 0x2 (Node Reboot Required) to 0x0 (None).")->action,
+            RecommendedAction::kNone);
+  // Without a code, the name.
+  const auto by_name = ParseRecoveryActionChange("changed to (Node Reboot Required)");
+  ASSERT_TRUE(by_name);
+  EXPECT_EQ(by_name->code, 2u);
+  EXPECT_EQ(by_name->action, RecommendedAction::kRestartBm);
+  const auto unknown = ParseRecoveryActionChange("changed from 0x0 (None) to 0x1f (Future)");
+  ASSERT_TRUE(unknown);
+  EXPECT_FALSE(unknown->known);
+  EXPECT_EQ(unknown->action, RecommendedAction::kContactSupport);
+  EXPECT_FALSE(ParseRecoveryActionChange("GPU recovery action changed"));
+  EXPECT_FALSE(ParseRecoveryActionChange(""));
+  EXPECT_EQ(DriverRecoveryActionName(4), "Drain and Reset");
+  EXPECT_EQ(DriverRecoveryActionName(77), "");
+  // Hostile text stays bounded and printable.
+  const auto hostile = ParseRecoveryActionChange(" to 0x1 (" + std::string(500, '\x01') + ")");
+  ASSERT_TRUE(hostile);
+  EXPECT_LE(hostile->name.size(), 64u);
+}
+
+TEST(VerdictBook, ChangesAreReportedOnceAndRestoresYieldToThisRun) {
+  VerdictBook book;
+  ASSERT_NE(book.MarkUnhealthy(kA, "0000:03:00", "XID 48", 48, RecommendedAction::kComponentReset, 10), nullptr);
+  EXPECT_EQ(book.MarkUnhealthy(kA, "0000:03:00", "XID 48", 48, RecommendedAction::kComponentReset, 20), nullptr);
+  const DeviceHealth* worse = book.MarkUnhealthy(kA, "", "XID 79", 79, RecommendedAction::kRestartBm, 30);
+  ASSERT_NE(worse, nullptr);
+  EXPECT_EQ(worse->since_unix_ms, 10);  // Unhealthy since the first
+  EXPECT_EQ(worse->pci, "0000:03:00");
+  EXPECT_EQ(book.MarkHealthy(kB, "x", 40), nullptr);
+  DeviceHealth saved;
+  saved.uuid = kA;
+  saved.healthy = false;
+  EXPECT_FALSE(book.Restore(saved));  // this run already decided
+  saved.uuid = kB;
+  EXPECT_TRUE(book.Restore(saved));
+  EXPECT_EQ(book.UnhealthyCount(), 2u);
+  ASSERT_NE(book.MarkHealthy(kA, "GPU reset occurred", 50), nullptr);
+  EXPECT_EQ(book.UnhealthyUuids(), std::vector<std::string>{kB});
+}
+
+}  // namespace
+}  // namespace gns::gpu_health
