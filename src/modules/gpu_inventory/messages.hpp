@@ -34,8 +34,11 @@ struct FabricInfo {
   uint32_t clique_id = 0;
   uint32_t state = 0;   // NVML_GPU_FABRIC_STATE_*: 3 = completed
   uint32_t status = 0;  // nvmlReturn_t, meaningful when state is completed
-  // Fabric-attached (counts for the clique): registration completed with success.
+  // Fabric-attached: registration completed with success.
   bool Attached() const { return state == 3 && status == 0; }
+  // An all-zero cluster UUID: NVLink through NVSwitches, but no multi-node NVLink (an HGX
+  // node on its own). Such a GPU is in no clique, as the upstream DRA driver treats it.
+  bool ZeroClusterUuid() const { return cluster_uuid == "00000000-0000-0000-0000-000000000000"; }
   bool operator==(const FabricInfo&) const = default;
 };
 

@@ -353,6 +353,26 @@ TEST_F(GpuInventoryModuleTest, NoFabricAttachedGpuGivesAnEmptyCliqueWithTheReaso
   EXPECT_EQ(Inventory()->gpus[4].fabric->state, 2u);
 }
 
+TEST_F(GpuInventoryModuleTest, AllZeroClusterUuidGivesNoClique) {
+  // An HGX node whose NVSwitches register the GPUs but without multi-node NVLink.
+  UseVariant([](nlohmann::json& config) {
+    for (auto& gpu : config["gpus"]) {
+      gpu["fabric"]["clusterUuid"] = "00000000-0000-0000-0000-000000000000";
+      gpu["fabric"]["cliqueId"] = 0;
+    }
+  });
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.Drain();
+  ASSERT_NE(Clique(), nullptr);
+  EXPECT_EQ(Clique()->clique_id, "");
+  EXPECT_THAT(Clique()->reason, HasSubstr("no multi-node NVLink"));
+  EXPECT_THAT(Clique()->reason, HasSubstr("(8 of 8)"));
+  ASSERT_TRUE(Inventory()->gpus[0].fabric);
+  EXPECT_TRUE(Inventory()->gpus[0].fabric->Attached());
+  EXPECT_TRUE(Inventory()->gpus[0].fabric->ZeroClusterUuid());
+}
+
 TEST_F(GpuInventoryModuleTest, FabricInfoFallsBackFromTheVApiToV1) {
   // A driver whose V entry point knows neither the v3 nor the v2 tag.
   ASSERT_EQ(set_failure_("nvmlDeviceGetGpuFabricInfoV", kArgumentVersionMismatch), 0);
