@@ -384,7 +384,9 @@ void GpuInventoryModule::PublishAvailable(const ReadResult& read) {
   nvml_up_gauge_->Set(1);
   PublishInventory(std::move(inventory));
   clique_known_ = true;
-  PublishClique(read.clique);
+  NodeClique clique = read.clique;
+  clique.known = true;
+  PublishClique(std::move(clique));
 }
 
 void GpuInventoryModule::PublishUnavailable(const std::string& error) {
@@ -395,7 +397,7 @@ void GpuInventoryModule::PublishUnavailable(const std::string& error) {
   inventory.driver_version = last_driver_version_;
   PublishInventory(std::move(inventory));
   // A clique once read stays: NVML being away does not move the node to another clique.
-  if (!clique_known_) PublishClique(NodeClique{"", "NVML unavailable: " + error});
+  if (!clique_known_) PublishClique(NodeClique{"", "NVML unavailable: " + error, false});
 }
 
 void GpuInventoryModule::PublishInventory(GpuInventory inventory) {

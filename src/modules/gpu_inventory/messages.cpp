@@ -97,7 +97,7 @@ void to_json(nlohmann::json& j, const GpuInventory& inv) {
 }
 
 void to_json(nlohmann::json& j, const NodeClique& c) {
-  j = nlohmann::json{{"cliqueId", c.clique_id}};
+  j = nlohmann::json{{"cliqueId", c.clique_id}, {"known", c.known}};
   if (!c.reason.empty()) j["reason"] = c.reason;
 }
 

@@ -85,6 +85,11 @@ struct NodeClique {
   static constexpr bool kRetained = true;
   std::string clique_id;
   std::string reason;  // why clique_id is empty
+  // True once NVML's fabric info was read: clique_id (or its absence) is a fact about the node.
+  // False while gpu-inventory has not read it yet (starting, NVML missing or failing since
+  // start): an empty clique_id then means "not known", and consumers must not act on it as
+  // "no clique".
+  bool known = false;
   bool operator==(const NodeClique&) const = default;
 };
 
