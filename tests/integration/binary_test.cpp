@@ -176,6 +176,27 @@ TEST_F(BinaryTest, ModuleThatCannotStartIsRetriedWhileTheProcessStaysUp) {
   EXPECT_EQ(proc.Wait(), 0) << proc.Output();
 }
 
+TEST_F(BinaryTest, InterruptedWritesInTheStateDirAreRemovedAtStart) {
+  // What a kill -9 in the middle of atomic writes leaves in stateDir (ours alone).
+  fs::create_directories(dir_ / "state" / "dra-compute-domain");
+  const auto leftover = dir_ / "state" / "dra-compute-domain" / "checkpoint.json.tmp.99999.42";
+  const auto cursor_leftover = dir_ / "state" / "journal-cursor.tmp.12345.7";
+  const auto kept = dir_ / "state" / "dra-compute-domain" / "checkpoint.json";
+  const auto other = dir_ / "state" / "notes.tmp";
+  for (const auto& p : {leftover, cursor_leftover, kept, other}) std::ofstream(p) << "x";
+  const auto config = Write("site.yaml", SiteYaml("  metrics:\n    enabled: true\n    listen: 127.0.0.1:0\n"));
+  test::Subprocess proc({Binary(), "run", "--config", config});
+  ASSERT_TRUE(proc.WaitForLine("supervisor ready")) << proc.Output();
+  EXPECT_FALSE(fs::exists(leftover));
+  EXPECT_FALSE(fs::exists(cursor_leftover));
+  EXPECT_TRUE(fs::exists(kept));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_NE(proc.Output().find("removed " + leftover.string() + ", left by an interrupted write"), std::string::npos)
+      << proc.Output();
+  proc.Signal(SIGTERM);
+  EXPECT_EQ(proc.Wait(), 0) << proc.Output();
+}
+
 // `inventory`: one NVML read through the same dlopen and calls as gpu-inventory, as JSON.
 TEST_F(BinaryTest, InventoryPrintsWhatNvmlReportsAndFailsClearlyWithoutIt) {
   const std::string fake = std::string(std::getenv("GNS_BINARY_DIR")) + "/tools/sim/fake_nvml/libnvidia-ml.so.1";

@@ -326,6 +326,13 @@ void DraComputeDomainModule::LoadAndReconcile() {
     if (!saved) throw std::runtime_error("reconcile: " + saved.error);
   }
 
+  // Temp files of our spec writes that a crash interrupted (only ours: the directory is shared).
+  const auto sweep = RemoveInterruptedCdiSpecWrites(paths_.cdi_dir);
+  for (const auto& removed : sweep.removed) {
+    context_.Log().info("reconcile: removed {}, left by an interrupted CDI spec write", removed);
+  }
+  for (const auto& error : sweep.errors) context_.Log().warn("reconcile: {}", error);
+
   const auto listing = ListCdiSpecClaimUids(paths_.cdi_dir);
   if (!listing.ok) throw std::runtime_error("reconcile: " + listing.error);
   for (const auto& uid : listing.claim_uids) {

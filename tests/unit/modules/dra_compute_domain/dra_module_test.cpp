@@ -567,6 +567,24 @@ TEST_F(DraModuleTest, ACrashBetweenPrepareStartedAndCompletedIsRolledBackOnStart
   EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.Find(claim.uid)->state, ClaimState::kPrepareCompleted);
 }
 
+TEST_F(DraModuleTest, OurInterruptedSpecWritesAreRemovedOnStartAndOtherProducersFilesAreNot) {
+  fs::create_directories(paths_.cdi_dir);
+  auto touch = [&](const std::string& name) { std::ofstream(JoinPath(paths_.cdi_dir, name)) << "{}"; };
+  const std::string uid = "0b0b0b0b-0000-4000-8000-000000000b22";
+  // A crash between creating our temp file and the rename (an earlier process, pid 77777).
+  const std::string ours = AtomicWriteTempName(CdiSpecFileName(uid), 77777, 4);
+  touch(ours);
+  // Files of the shared directory's other producers, temp files included.
+  const std::vector<std::string> foreign = {"nvidia.yaml", "nvidia.yaml.tmp.77777.4", "nvidia.json.tmp",
+                                            "k8s.gpu.nvidia.com-claim_x.json.tmp.1.2", "other.tmp123"};
+  for (const auto& name : foreign) touch(name);
+
+  StartAndRegister();
+  EXPECT_FALSE(fs::exists(JoinPath(paths_.cdi_dir, ours)));
+  for (const auto& name : foreign) EXPECT_TRUE(fs::exists(JoinPath(paths_.cdi_dir, name))) << name;
+  EXPECT_TRUE(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.empty());
+}
+
 TEST_F(DraModuleTest, ACompletedClaimSurvivesARestart) {
   StartAndRegister();
   const auto claim = SeedChannelClaim("survivor");
