@@ -55,6 +55,7 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
       backoff_(config.retry_backoff),
       retry_timer_(context.GetLoop().Io()),
       refresh_timer_(context.GetLoop().Io()),
+      link_(LoopLink::Make(context.GetLoop())),
       gpus_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_gpus",
                                            "GPUs NVML reports (0 while NVML is unavailable)")),
       nvml_up_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_nvml_up", "1 while NVML is loaded and usable")),
@@ -63,8 +64,9 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
 
 GpuInventoryModule::~GpuInventoryModule() {
   *alive_ = false;
-  // Normally Stop() handed the session to the pool already. If not, close it there too: closing
-  // joins the waiter, which may block for one wait timeout.
+  link_->Close();  // a waiter thread that outlives us posts nothing any more
+  // Normally Stop() handed the session to the pool already. If not, close it there too (the
+  // teardown makes blocking NVML calls, or is left to the waiter thread).
   if (session_) {
     context_.Pool().Execute([session = std::move(session_)]() mutable { session.reset(); });
   }
@@ -87,9 +89,10 @@ void GpuInventoryModule::Stop(std::function<void()> done) {
   CancelRetry();
   ++refresh_seq_;
   refresh_timer_.cancel();
-  // Hands an idle session to the pool for closing. The close (joining the waiter, up to one
-  // wait timeout) is not waited for, so Stop always fits the supervisor's stop deadline; the
-  // runtime joins the pool before the process exits, so NVML is still shut down cleanly.
+  // Hands an idle session to the pool for closing, and returns: the teardown is left to the
+  // waiter thread when one blocks in a wait (it runs when the wait returns, or never if the
+  // process exits first — the kernel then releases the driver's handles), so neither Stop nor
+  // the runtime's join of the pool waits out an event wait.
   Reconcile();
   PublishUnavailable("gpu-inventory stopped");
   nvml_up_gauge_->Set(0);
@@ -125,23 +128,24 @@ void GpuInventoryModule::Reconcile() {
 }
 
 XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
-  // These run on the waiter thread: they only post, and the posted work checks that the module
-  // still exists before touching it.
-  Loop& loop = context_.GetLoop();
+  // These run on the waiter thread, which may outlive the module: they only post through the
+  // link (closed by the module's destructor), and the posted work checks that the module still
+  // exists before touching it.
+  auto link = link_;
   auto alive = alive_;
   XidWaiter::Callbacks callbacks;
-  callbacks.armed = [&loop, alive, generation, this] {
-    loop.Post([alive, generation, this] {
+  callbacks.armed = [link, alive, generation, this] {
+    link->Post([alive, generation, this] {
       if (*alive) OnArmed(generation);
     });
   };
-  callbacks.xid = [&loop, alive, this](XidEvent event) {
-    loop.Post([alive, event = std::move(event), this]() mutable {
+  callbacks.xid = [link, alive, this](XidEvent event) {
+    link->Post([alive, event = std::move(event), this]() mutable {
       if (*alive) OnXid(std::move(event));
     });
   };
-  callbacks.failed = [&loop, alive, generation, this](nvml::Return, std::string message) {
-    loop.Post([alive, generation, message = std::move(message), this]() mutable {
+  callbacks.failed = [link, alive, generation, this](nvml::Return, std::string message) {
+    link->Post([alive, generation, message = std::move(message), this]() mutable {
       if (*alive) OnWaiterFailed(generation, std::move(message));
     });
   };
@@ -257,12 +261,20 @@ void GpuInventoryModule::StartClose() {
   pending_read_ = {};
   ++refresh_seq_;
   refresh_timer_.cancel();
-  context_.Pool().Run([session = std::move(session)] { return session->Close(); },
-                      [this, alive = alive_](NvmlSession::Closed closed, std::exception_ptr error) {
-                        if (!*alive) return;
-                        if (error) closed.warnings.push_back("closing NVML threw: " + Describe(error));
-                        OnClosed(std::move(closed));
-                      });
+  // The teardown reports on the pool thread, or on the waiter thread once its wait returned.
+  auto on_closed = [link = link_, alive = alive_, this](NvmlSession::Closed closed) {
+    link->Post([alive, closed = std::move(closed), this]() mutable {
+      if (*alive) OnClosed(std::move(closed));
+    });
+  };
+  context_.Pool().Execute([session = std::move(session), on_closed]() mutable {
+    try {
+      session->Close(on_closed);
+    } catch (const std::exception& e) {
+      on_closed(NvmlSession::Closed{{std::string("closing NVML threw: ") + e.what()}, {}});
+    }
+    session.reset();
+  });
 }
 
 void GpuInventoryModule::OnClosed(NvmlSession::Closed closed) {

@@ -8,9 +8,12 @@
 //
 // Threads: NVML calls run on the blocking pool, one task at a time, and on one waiter thread
 // (XidWaiter) that blocks in nvmlEventSetWait_v2; both hand the loop plain values through
-// posts. Module state lives on the loop thread only.
+// posts. Module state lives on the loop thread only. The waiter is never joined: closing a
+// session hands its teardown to the waiter thread, which reports back through `link_` (closed
+// when the module goes away), so Stop and the process exit never sit out a blocked wait.
 
 #include "loop/backoff.hpp"
+#include "loop/loop_link.hpp"
 #include "loop/module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_inventory/nvml_session.hpp"
@@ -36,7 +39,8 @@ class GpuInventoryModule final : public Module {
     // dlopen'd as is: a soname searched like the dynamic linker does, or a path.
     std::string nvml_library = nvml::kLibraryName;
     // How long one nvmlEventSetWait_v2 blocks. An event wakes it at once; the timeout only
-    // bounds how long a release (and the join after Stop) waits for the waiter thread.
+    // bounds how long a release waits for the waiter thread (Stop and the process exit never
+    // wait for it).
     std::chrono::milliseconds event_wait_timeout{5000};
     // Between attempts to open NVML again after it failed or was missing.
     BackoffPolicy retry_backoff{std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), 2.0, 0.5};
@@ -116,6 +120,8 @@ class GpuInventoryModule final : public Module {
   std::map<std::string, std::pair<Clock::SteadyTime, int>> xid_log_;  // "uuid/xid" → last logged, suppressed
 
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  // The waiter thread's and the closing teardown's way back to the loop.
+  std::shared_ptr<LoopLink> link_;
   MetricsRegistry::Series* gpus_gauge_;
   MetricsRegistry::Series* nvml_up_gauge_;
   MetricsRegistry::Series* inventory_reads_;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <utility>
 
@@ -321,33 +322,43 @@ void NvmlSession::StartWaiter(XidWaiter::Callbacks callbacks) {
   waiter_ = std::make_unique<XidWaiter>(library_, event_set_, devices_, options_.wait_timeout, std::move(callbacks));
 }
 
-NvmlSession::~NvmlSession() { Close(); }
+NvmlSession::~NvmlSession() { Close(std::function<void(Closed)>{}); }
+
+void NvmlSession::Close(std::function<void(Closed)> done) {
+  // Owns what it frees (not the session, which may be gone by the time it runs).
+  auto teardown = [library = library_, set = std::exchange(event_set_, nullptr),
+                   initialized = std::exchange(initialized_, false), done = std::move(done)] {
+    Closed closed;
+    const auto& api = library->Api();
+    if (set != nullptr) {
+      const nvml::Return rc = api.nvmlEventSetFree(set);
+      if (rc != nvml::kSuccess) {
+        closed.failed_functions.emplace_back("nvmlEventSetFree");
+        closed.warnings.push_back("nvmlEventSetFree failed: " + library->Describe(rc));
+      }
+    }
+    if (initialized) {
+      const nvml::Return rc = api.nvmlShutdown();
+      if (rc != nvml::kSuccess) {
+        closed.failed_functions.emplace_back("nvmlShutdown");
+        closed.warnings.push_back("nvmlShutdown failed: " + library->Describe(rc));
+      }
+    }
+    if (done) done(std::move(closed));
+  };
+  if (auto waiter = std::move(waiter_)) {
+    // The set may be freed only after the wait on it returned: the waiter thread does it.
+    waiter->Finish(std::move(teardown));
+  } else {
+    teardown();
+  }
+}
 
 NvmlSession::Closed NvmlSession::Close() {
-  Closed closed;
-  const auto& api = library_->Api();
-  if (waiter_) {
-    waiter_->RequestStop();
-    waiter_->Join();
-    waiter_.reset();
-  }
-  if (event_set_ != nullptr) {
-    const nvml::Return rc = api.nvmlEventSetFree(event_set_);
-    event_set_ = nullptr;
-    if (rc != nvml::kSuccess) {
-      closed.failed_functions.emplace_back("nvmlEventSetFree");
-      closed.warnings.push_back("nvmlEventSetFree failed: " + library_->Describe(rc));
-    }
-  }
-  if (initialized_) {
-    initialized_ = false;
-    const nvml::Return rc = api.nvmlShutdown();
-    if (rc != nvml::kSuccess) {
-      closed.failed_functions.emplace_back("nvmlShutdown");
-      closed.warnings.push_back("nvmlShutdown failed: " + library_->Describe(rc));
-    }
-  }
-  return closed;
+  std::promise<Closed> promise;
+  auto future = promise.get_future();
+  Close([&promise](Closed closed) { promise.set_value(std::move(closed)); });
+  return future.get();
 }
 
 }  // namespace gns::gpu_inventory

@@ -68,7 +68,10 @@ class GpuInventoryModuleTest : public ::testing::Test {
 
   void TearDown() override {
     StopModule();
+    // The session's teardown runs on the NVML waiter thread once its wait returns (nothing joins
+    // it): wait until NVML is down, so the next test's nvmlInit reads its own GPU description.
     clear_failures_();
+    EXPECT_TRUE(h_.RunUntil([&] { return inject_xid_("GPU-none", 0) == kUninitialized; }));
     std::filesystem::remove_all(temp_dir_);
   }
 
