@@ -33,6 +33,9 @@ bool DeviceHealthTracker::Recompute() {
     if (!inventory_available_) {
       d.healthy = false;
       d.reason = inventory_error_;
+    } else if (gpu.released) {
+      d.healthy = false;
+      d.reason = "NVML handles released" + (gpu.release_reason.empty() ? std::string{} : ": " + gpu.release_reason);
     } else if (const auto h = health_.find(gpu.uuid); h != health_.end() && !h->second.healthy) {
       d.healthy = false;
       d.reason = h->second.reason;

@@ -3,7 +3,8 @@
 // (NVML availability) and gpu-health's per-device verdicts. gpu-health is the one judge of
 // XIDs, whichever source reported them (NVML events or the kernel log); this tracker only
 // follows its retained DeviceHealth. Never stale Healthy capacity: while NVML is unusable every
-// known device is advertised Unhealthy (NVIDIA DP #1641).
+// known device is advertised Unhealthy (NVIDIA DP #1641), and a GPU whose NVML handles are
+// released for its reset (GpuInfo::released) is Unhealthy alone.
 
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"

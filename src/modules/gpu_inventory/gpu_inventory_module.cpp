@@ -16,6 +16,11 @@ constexpr auto kStableSession = std::chrono::seconds(60);
 // The same error, or the same XID on the same GPU, is logged at most this often.
 constexpr auto kLogInterval = std::chrono::seconds(60);
 
+bool SameGpus(const std::map<std::string, std::string>& a, const std::map<std::string, std::string>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const auto& x, const auto& y) { return x.first == y.first; });
+}
+
 std::string Describe(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -104,7 +109,9 @@ void GpuInventoryModule::Reconcile() {
   GNS_ASSERT_ON_LOOP(context_.GetLoop());
   if (task_in_flight_) return;  // its completion calls back here
   if (session_) {
-    if (stopping_ || released_ || session_failed_) StartClose();
+    // A per-GPU release or take-back reopens the session with the new set of excluded GPUs
+    // (NVML cannot unregister one GPU's events): the inventory stays available meanwhile.
+    if (stopping_ || released_ || session_failed_ || !SameGpus(session_released_, released_gpus_)) StartClose();
     return;
   }
   if (stopping_) return;
@@ -155,7 +162,13 @@ XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
 void GpuInventoryModule::StartOpen() {
   task_in_flight_ = true;
   const uint64_t generation = ++generation_;
-  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, config_.event_wait_timeout};
+  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, config_.event_wait_timeout, {}};
+  session_released_ = released_gpus_;
+  uint32_t unknown_index = 0xFFFFFFFF;  // a UUID we never read: excluded by UUID only
+  for (const auto& [uuid, reason] : released_gpus_) {
+    const auto known = std::find_if(last_gpus_.begin(), last_gpus_.end(), [&](const GpuInfo& g) { return g.uuid == uuid; });
+    options.excluded[known != last_gpus_.end() ? known->index : unknown_index--] = uuid;
+  }
   BlockingPool* pool = &context_.Pool();
   context_.Pool().Run(
       [options = std::move(options)] { return NvmlSession::Open(options); },
@@ -209,7 +222,7 @@ void GpuInventoryModule::OnArmed(uint64_t generation) {
   pending_read_ = {};
   last_error_.clear();
   suppressed_errors_ = 0;
-  context_.SetHealth(ModuleHealth::kOk);
+  SetOkHealth();
   ScheduleRefresh();
 }
 
@@ -279,6 +292,7 @@ void GpuInventoryModule::StartClose() {
 
 void GpuInventoryModule::OnClosed(NvmlSession::Closed closed) {
   task_in_flight_ = false;
+  if (!stopping_) AckGpuReleases();
   CountErrors(closed.failed_functions);
   // Rare (nvmlEventSetFree / nvmlShutdown failing) and at most once per backoff step.
   for (const auto& warning : closed.warnings) context_.Log().warn("{}", warning);
@@ -355,6 +369,10 @@ void GpuInventoryModule::OnRefreshed(uint64_t generation, ReadResult read, std::
 
 void GpuInventoryModule::OnReleaseRequest(const NvmlReleaseRequest& request) {
   if (stopping_) return;
+  if (!request.gpu_uuid.empty()) {
+    OnGpuReleaseRequest(request);
+    return;
+  }
   if (request.release) {
     if (released_ && release_reason_ == request.reason) return;
     context_.Log().info("releasing NVML: {}", request.reason);
@@ -374,6 +392,56 @@ void GpuInventoryModule::OnReleaseRequest(const NvmlReleaseRequest& request) {
   Reconcile();
 }
 
+void GpuInventoryModule::OnGpuReleaseRequest(const NvmlReleaseRequest& request) {
+  const std::string& uuid = request.gpu_uuid;
+  if (request.release) {
+    const auto it = released_gpus_.find(uuid);
+    if (it != released_gpus_.end() && it->second == request.reason) return;
+    context_.Log().info("releasing the NVML handles of {}: {}", uuid, request.reason);
+    released_gpus_[uuid] = request.reason;
+  } else {
+    if (released_gpus_.erase(uuid) == 0) return;
+    context_.Log().info("taking {} back{}", uuid, request.reason.empty() ? "" : ": " + request.reason);
+  }
+  // No session and no task: nothing touches any GPU, so a release holds at once.
+  if (!session_ && !task_in_flight_) AckGpuReleases();
+  Reconcile();
+}
+
+void GpuInventoryModule::AckGpuReleases() {
+  auto acked = acked_gpus_;  // taken-back GPUs stay released until they are read again
+  for (const auto& [uuid, reason] : released_gpus_) acked[uuid] = reason;
+  if (acked == acked_gpus_) return;
+  for (const auto& [uuid, reason] : acked) {
+    if (acked_gpus_.count(uuid) == 0) context_.Log().info("NVML handles of {} released ({})", uuid, reason);
+  }
+  acked_gpus_ = std::move(acked);
+  ApplyReleased(last_gpus_);
+  if (published_inventory_) {
+    GpuInventory inventory = *published_inventory_;
+    ApplyReleased(inventory.gpus);
+    PublishInventory(std::move(inventory));
+  }
+}
+
+void GpuInventoryModule::ApplyReleased(std::vector<GpuInfo>& gpus) const {
+  for (auto& gpu : gpus) {
+    const auto it = acked_gpus_.find(gpu.uuid);
+    gpu.released = it != acked_gpus_.end();
+    gpu.release_reason = gpu.released ? it->second : std::string{};
+  }
+}
+
+void GpuInventoryModule::SetOkHealth() {
+  if (released_gpus_.empty()) {
+    context_.SetHealth(ModuleHealth::kOk);
+    return;
+  }
+  std::string detail = "NVML handles released for";
+  for (const auto& [uuid, reason] : released_gpus_) detail += " " + uuid + " (" + reason + ")";
+  context_.SetHealth(ModuleHealth::kDegraded, detail);
+}
+
 void GpuInventoryModule::RecordFailure(const std::string& error) {
   const auto now = context_.GetClock().Now();
   if (armed_ && now - armed_at_ >= kStableSession) backoff_.Reset();
@@ -390,6 +458,16 @@ void GpuInventoryModule::PublishAvailable(const ReadResult& read) {
   GpuInventory inventory = read.inventory;
   inventory.available = true;
   inventory.error.clear();
+  // The GPUs this session excludes are released (acknowledged); all others were just read.
+  acked_gpus_ = session_released_;
+  for (const auto& [uuid, reason] : acked_gpus_) {
+    if (inventory.FindByUuid(uuid) != nullptr) continue;
+    const auto last = std::find_if(last_gpus_.begin(), last_gpus_.end(), [&](const GpuInfo& g) { return g.uuid == uuid; });
+    if (last != last_gpus_.end()) inventory.gpus.push_back(*last);  // its last read, listed as released
+  }
+  std::sort(inventory.gpus.begin(), inventory.gpus.end(),
+            [](const GpuInfo& a, const GpuInfo& b) { return a.index < b.index; });
+  ApplyReleased(inventory.gpus);
   last_gpus_ = inventory.gpus;
   last_driver_version_ = inventory.driver_version;
   gpus_gauge_->Set(static_cast<double>(inventory.gpus.size()));

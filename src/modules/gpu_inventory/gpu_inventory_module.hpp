@@ -3,8 +3,9 @@
 // nodes without a driver), publishes the node's GPUs (GpuInventory) and NVLink clique
 // (NodeClique) as retained state, and NVML XID events (XidObservation). NVML trouble never
 // fails the module: the inventory becomes unavailable, the module unhealthy, and NVML is opened
-// again with jittered backoff. NvmlReleaseRequest lets go of NVML for a GPU reset and takes it
-// back.
+// again with jittered backoff. NvmlReleaseRequest lets go of NVML (or of one GPU) for a GPU
+// reset and takes it back; releasing one GPU reopens the session without it, and the others stay
+// available throughout.
 //
 // Threads: NVML calls run on the blocking pool, one task at a time, and on one waiter thread
 // (XidWaiter) that blocks in nvmlEventSetWait_v2; both hand the loop plain values through
@@ -71,6 +72,12 @@ class GpuInventoryModule final : public Module {
   void StartRefresh();
   void OnRefreshed(uint64_t generation, ReadResult read, std::exception_ptr error);
   void OnReleaseRequest(const NvmlReleaseRequest& request);
+  void OnGpuReleaseRequest(const NvmlReleaseRequest& request);
+  // Nothing holds any GPU's handles now: every requested per-GPU release is acknowledged.
+  void AckGpuReleases();
+  // Sets each GPU's `released` from acked_gpus_.
+  void ApplyReleased(std::vector<GpuInfo>& gpus) const;
+  void SetOkHealth();
 
   void RecordFailure(const std::string& error);
   void PublishAvailable(const ReadResult& read);
@@ -100,9 +107,14 @@ class GpuInventoryModule final : public Module {
   ReadResult pending_read_;       // read at open, published once the waiter is armed
   bool retry_due_ = false;        // the last attempt failed: back off before the next
   bool retry_pending_ = false;    // the retry timer runs
-  bool released_ = false;         // NvmlReleaseRequest{release=true} is in force
+  bool released_ = false;         // NvmlReleaseRequest{release=true} (whole NVML) is in force
   bool release_published_ = false;
   std::string release_reason_;
+  // Per-GPU releases, UUID → reason: requested; excluded by the open (or opening) session;
+  // published as released (acknowledged: no session touches them; kept until re-read).
+  std::map<std::string, std::string> released_gpus_;
+  std::map<std::string, std::string> session_released_;
+  std::map<std::string, std::string> acked_gpus_;
   bool stopping_ = false;
 
   // What was published last (republish only on change) and the last good read.

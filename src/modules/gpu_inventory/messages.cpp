@@ -89,6 +89,7 @@ void to_json(nlohmann::json& j, const GpuInfo& g) {
                      {"numaNode", g.numa_node},
                      {"nvlinkPeers", g.nvlink_peers}};
   if (g.fabric) j["fabric"] = *g.fabric;
+  if (g.released) j["released"] = g.release_reason.empty() ? "released" : g.release_reason;
 }
 
 void to_json(nlohmann::json& j, const GpuInventory& inv) {

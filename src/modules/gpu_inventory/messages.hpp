@@ -55,6 +55,11 @@ struct GpuInfo {
   // Set when NVML reports fabric info (any state); nullopt when the GPU has no fabric support.
   // Only Attached() ones count for the clique.
   std::optional<FabricInfo> fabric;
+  // NvmlReleaseRequest for this GPU is in force and acknowledged: nothing in the process uses
+  // its NVML handles (no events, no reads; the fields above are the last read), so the GPU is
+  // not usable — its reset may run. The rest of the inventory stays available.
+  bool released = false;
+  std::string release_reason = {};
   bool operator==(const GpuInfo&) const = default;
 };
 
@@ -103,12 +108,17 @@ struct XidObservation {
   int64_t observed_unix_ms = 0;
 };
 
-// Ask gpu-inventory to shut NVML down and stop waiting on events (release = true), so a GPU
-// reset can run while the supervisor stays up; release = false takes NVML back.
+// Ask gpu-inventory to let go of NVML (release = true) so a GPU reset can run while the
+// supervisor stays up; release = false takes it back. With `gpu_uuid` empty, the whole NVML:
+// nvmlShutdown, every GPU unavailable (acknowledged by GpuInventory{available=false,
+// error="released: <reason>"}). With a GPU's UUID, only that GPU: its events and reads stop, the
+// other GPUs keep being served (acknowledged by that GpuInfo's `released`); taking it back
+// re-reads it.
 struct NvmlReleaseRequest {
   static constexpr std::string_view kTopic = "gpu-inventory.release-request";
   bool release = true;
   std::string reason;
+  std::string gpu_uuid = {};  // empty: the whole NVML
 };
 
 void to_json(nlohmann::json& j, const PciAddress& p);

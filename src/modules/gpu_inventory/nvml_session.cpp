@@ -27,8 +27,8 @@ struct RawRead {
 
 class Reader {
  public:
-  Reader(const NvmlLibrary& library, const std::string& host_root)
-      : library_(library), api_(library.Api()), host_root_(host_root) {}
+  Reader(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded)
+      : library_(library), api_(library.Api()), host_root_(host_root), excluded_(excluded) {}
 
   RawRead Run() {
     RawRead raw;
@@ -77,6 +77,8 @@ class Reader {
     std::vector<std::vector<PciAddress>> remotes(count);
     std::vector<std::string> fabric_errors;
     for (unsigned int i = 0; i < count; ++i) {
+      // A GPU released for its reset is not touched: it may be resetting right now.
+      if (excluded_.count(i) != 0) continue;
       const std::string which = " for GPU " + std::to_string(i);
       nvml::Device device = nullptr;
       rc = api_.nvmlDeviceGetHandleByIndex_v2(i, &device);
@@ -88,6 +90,7 @@ class Reader {
       rc = api_.nvmlDeviceGetUUID(device, uuid, sizeof(uuid));
       if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetUUID", rc, which);
       gpu.uuid = uuid;
+      if (IsExcluded(gpu.uuid)) continue;  // released, found at another index
 
       nvml::PciInfo pci{};
       rc = api_.nvmlDeviceGetPciInfo_v3(device, &pci);
@@ -125,7 +128,7 @@ class Reader {
 
     for (std::size_t i = 0; i < inventory.gpus.size(); ++i) {
       auto& peers = inventory.gpus[i].nvlink_peers;
-      for (const auto& remote : remotes[i]) {
+      for (const auto& remote : remotes[inventory.gpus[i].index]) {  // by NVML index: released GPUs are skipped
         // Remotes that are no local GPU (NVSwitches) are not peers.
         const GpuInfo* peer = inventory.FindByPci(remote);
         if (peer == nullptr || peer->index == inventory.gpus[i].index) continue;
@@ -235,9 +238,16 @@ class Reader {
     return failed("nvmlDeviceGetGpuFabricInfo", rc);
   }
 
+  bool IsExcluded(const std::string& uuid) const {
+    for (const auto& [index, excluded] : excluded_)
+      if (excluded == uuid) return true;
+    return false;
+  }
+
   const NvmlLibrary& library_;
   const nvml::Api& api_;
   const std::string& host_root_;
+  const ExcludedGpus& excluded_;
   ReadResult* out_ = nullptr;
   std::string fabric_error_;  // the first fabric read error, for the clique's reason
 };
@@ -248,8 +258,8 @@ void Append(std::vector<std::string>& to, const std::vector<std::string>& from) 
 
 }  // namespace
 
-ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root) {
-  return Reader(library, host_root).Run().result;
+ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded) {
+  return Reader(library, host_root, excluded).Run().result;
 }
 
 NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
@@ -270,7 +280,7 @@ NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
   std::shared_ptr<NvmlSession> session(new NvmlSession(library, options));
   session->initialized_ = true;
 
-  RawRead raw = Reader(*library, options.host_root).Run();
+  RawRead raw = Reader(*library, options.host_root, options.excluded).Run();
   out.read = std::move(raw.result);
   auto fail = [&](const char* function, nvml::Return code, const std::string& what) {
     out.read.ok = false;

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,14 +29,22 @@ struct ReadResult {
   std::vector<std::string> failed_functions;  // NVML calls that failed, for nvml_errors_total
 };
 
+// GPUs released for their reset: NVML index (as last read) → UUID. Not touched at all at that
+// index (no handle, no read, no events); a GPU found elsewhere with that UUID (the indices moved)
+// is skipped too. They are absent from the read.
+using ExcludedGpus = std::map<uint32_t, std::string>;
+
 struct SessionOptions {
   std::string library;    // soname or path to dlopen
   std::string host_root;  // where the host's /sys is (NUMA fallback)
   std::chrono::milliseconds wait_timeout{5000};
+  ExcludedGpus excluded;
 };
 
-// Reads every GPU through an initialised NVML. Blocking; thread-safe (NVML is).
-ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root);
+// Reads every GPU but the excluded ones through an initialised NVML. Blocking; thread-safe
+// (NVML is).
+ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root,
+                         const ExcludedGpus& excluded = {});
 
 class NvmlSession {
  public:
@@ -60,7 +69,7 @@ class NvmlSession {
   // loop calls it once it holds the session: a report can then never overtake the session.
   void StartWaiter(XidWaiter::Callbacks callbacks);
   // Re-reads every GPU (refresh). Blocking; may run while the waiter waits.
-  ReadResult Read() const { return ReadInventory(*library_, options_.host_root); }
+  ReadResult Read() const { return ReadInventory(*library_, options_.host_root, options_.excluded); }
   // Stops the waiter, frees the event set, nvmlShutdown, then `done(closed)` — here and now
   // without a waiter thread (or once it ended), else on the waiter thread once its current wait
   // returns (at most one wait timeout later). Does not wait for it; idempotent (a second call

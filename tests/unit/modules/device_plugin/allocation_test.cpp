@@ -164,6 +164,21 @@ TEST(DeviceHealthTracker, NvmlDownAdvertisesEveryKnownDeviceUnhealthyAndRecovery
   EXPECT_EQ(t.Devices()[1].reason, "XID 48");
 }
 
+TEST(DeviceHealthTracker, AReleasedGpuIsUnhealthyAloneAndHealthyAgainWhenTakenBack) {
+  DeviceHealthTracker t;
+  auto inventory = Inventory(true);
+  t.OnInventory(inventory);
+  inventory.gpus[1].released = true;
+  inventory.gpus[1].release_reason = "GPU reset";
+  EXPECT_TRUE(t.OnInventory(inventory));
+  EXPECT_TRUE(t.Devices()[0].healthy);
+  EXPECT_FALSE(t.Devices()[1].healthy);
+  EXPECT_EQ(t.Devices()[1].reason, "NVML handles released: GPU reset");
+  inventory.gpus[1].released = false;
+  EXPECT_TRUE(t.OnInventory(inventory));
+  EXPECT_TRUE(t.Devices()[1].healthy);
+}
+
 TEST(DeviceHealthTracker, HealthModuleVerdictWins) {
   DeviceHealthTracker t;
   t.OnInventory(Inventory(true));

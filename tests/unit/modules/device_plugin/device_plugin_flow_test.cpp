@@ -241,6 +241,23 @@ TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHea
   }));
 }
 
+TEST_F(DevicePluginFlowTest, AGpuReleasedForItsResetIsTheOnlyUnhealthyOne) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(AwaitHealth("GPU-00000006", "Healthy"));
+  auto released = EightGpus();
+  released.gpus[6].released = true;
+  released.gpus[6].release_reason = "GPU reset requested by an operator";
+  h_.bus.Publish(released);
+  ASSERT_TRUE(AwaitHealth("GPU-00000006", "Unhealthy"));
+  EXPECT_EQ(sim_->Resource(kResource)->devices.size(), 8u);
+  EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
+  h_.bus.Publish(EightGpus());  // taken back and read again
+  ASSERT_TRUE(AwaitHealth("GPU-00000006", "Healthy"));
+  EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 0u);
+}
+
 TEST_F(DevicePluginFlowTest, KubeletRestartsAreFollowedByServingAndRegisteringAgain) {
   sim_->Start();
   h_.bus.Publish(EightGpus());
