@@ -53,6 +53,12 @@ YAML
 FAKE_NVML_CONFIG=$PWD/tools/sim/fake_nvml/gpus-8.json "$build_dir/bench/macro/startup_bench" \
   --binary "$build_dir/src/gpu-node-supervisor" --config "$sandbox/site.yaml" --label "8 GPUs, device plugin serving" \
   --runs 5 --idle-ms 2000
+echo
+echo "== SIGTERM -> exit with the NVML event waiter blocked (default eventWaitTimeout 5s), 50 start/stop cycles"
+sed -i 's/, eventWaitTimeout: 1s//' "$sandbox/site.yaml"
+FAKE_NVML_CONFIG=$PWD/tools/sim/fake_nvml/gpus-8.json "$build_dir/bench/macro/startup_bench" \
+  --binary "$build_dir/src/gpu-node-supervisor" --config "$sandbox/site.yaml" --label "8 GPUs, NVML waiter blocked" \
+  --runs 50 --idle-ms 0 --settle-ms 300
 kill "$kubelet_pid" 2>/dev/null || true
 wait "$kubelet_pid" 2>/dev/null || true
 rm -rf "$sandbox"

@@ -1,7 +1,8 @@
-// Issue #4 figures, in one process: the real gpu-inventory module on the fake NVML and the
-// real device-plugin module on their own loop thread, the kubelet simulator on its threads.
+// Issue #4 figures, in one process: the real gpu-inventory module on the fake NVML, the real
+// gpu-health module (the one judge of every XID) and the real device-plugin module on their own
+// loop thread, the kubelet simulator on its threads.
 //  - XID injected at the fake NVML → Unhealthy received by the kubelet simulator: p50/p99
-//    (target p99 ≤ 5 ms), then health restored through the bus, alternating over the GPUs;
+//    (target p99 ≤ 5 ms), then set Healthy again through gpu-health, alternating over the GPUs;
 //  - Allocate latency through the simulator (real gRPC on unix sockets);
 //  - kubelet restart → re-registered with the device list (target: within 1 s).
 //
@@ -17,6 +18,7 @@
 #include "loop/metrics_registry.hpp"
 #include "loop/services.hpp"
 #include "modules/device_plugin/device_plugin_module.hpp"
+#include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
@@ -87,8 +89,9 @@ int main(int argc, char** argv) {
   const gns::RuntimeParts parts{loop, bus, pool, clock, site, metrics, services};
   auto ignore_failure = [](std::string why) { std::fprintf(stderr, "module failure: %s\n", why.c_str()); };
   auto ignore_health = [](gns::ModuleHealth, std::string) {};
-  std::unique_ptr<gns::ModuleContext> inventory_context, plugin_context;
+  std::unique_ptr<gns::ModuleContext> inventory_context, plugin_context, health_context;
   std::unique_ptr<gns::Module> inventory, plugin;
+  std::unique_ptr<gns::gpu_health::GpuHealthModule> health;
   std::vector<std::string> uuids;
   gns::Subscription inventory_sub;
   OnLoop(loop, [&] {
@@ -100,7 +103,13 @@ int main(int argc, char** argv) {
     inventory = std::make_unique<gns::gpu_inventory::GpuInventoryModule>(*inventory_context, inventory_config);
     plugin = std::make_unique<gns::device_plugin::DevicePluginModule>(*plugin_context,
                                                                        gns::device_plugin::DevicePluginModule::Config{});
+    health_context = std::make_unique<gns::ModuleContext>(parts, "gpu-health", ignore_failure, ignore_health);
+    gns::gpu_health::GpuHealthModule::Config health_config;
+    health_config.catalog = gns::gpu_health::XidCatalog::Builtin();
+    health_config.admin_socket = false;
+    health = std::make_unique<gns::gpu_health::GpuHealthModule>(*health_context, health_config);
     inventory->Start();
+    health->Start();
     plugin->Start();
   });
 
@@ -141,13 +150,7 @@ int main(int argc, char** argv) {
     to_unhealthy.push_back(Ms(seen - injected));
 
     const auto restored = Clock::now();
-    loop.Post([&bus, uuid] {
-      gns::gpu_health::DeviceHealth healthy;
-      healthy.uuid = uuid;
-      healthy.healthy = true;
-      healthy.reason = "bench reset";
-      bus.Publish(healthy);
-    });
+    loop.Post([&health, uuid] { health->SetHealthy(uuid, "bench"); });
     if (!kubelet.WaitForDeviceHealth(resource, uuid, "Healthy", seconds(10))) {
       std::fprintf(stderr, "round %d: %s never became Healthy again\n", round, uuid.c_str());
       return 1;
@@ -155,7 +158,7 @@ int main(int argc, char** argv) {
     to_healthy.push_back(Ms(Clock::now() - restored));
   }
   Report("XID at fake NVML -> Unhealthy at the kubelet simulator", to_unhealthy);
-  Report("health restored on the bus -> Healthy seen by the kubelet simulator (incl. wake-up)", to_healthy);
+  Report("set-healthy at gpu-health -> Healthy seen by the kubelet simulator (incl. wake-up)", to_healthy);
 
   std::vector<double> allocate;
   for (int i = 0; i < allocations; ++i) {
@@ -191,18 +194,20 @@ int main(int argc, char** argv) {
   if (!reregister.empty()) Report("kubelet restart -> registered again with 8 devices listed", reregister);
 
   std::promise<void> stopped;
-  int running = 2;
+  int running = 3;
   loop.Post([&] {
     auto one_stopped = [&] {
       if (--running == 0) stopped.set_value();
     };
     plugin->Stop(one_stopped);
+    health->Stop(one_stopped);
     inventory->Stop(one_stopped);
   });
   stopped.get_future().wait();
   kubelet.Stop();
   OnLoop(loop, [&] {
     plugin.reset();
+    health.reset();
     inventory.reset();
   });
   loop_thread.Stop();

@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
     services.Provide<gns::kube::KubeClient>(client);
     services.Provide<gns::kube::InformerRegistry>(informers);
     services.Provide<gns::kube::EventRecorder>(events);
-    bus.Publish(gns::gpu_inventory::NodeClique{kClique, ""});
+    bus.Publish(gns::gpu_inventory::NodeClique{kClique, "", true});
     state_sub = bus.Subscribe<gns::dra::DraComputeDomainState>([&](const gns::dra::DraComputeDomainState& s) {
       if (!s.registered) return;
       std::lock_guard lock(state_mutex);

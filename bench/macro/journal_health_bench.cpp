@@ -414,7 +414,6 @@ int main(int argc, char** argv) {
     health_context = std::make_unique<gns::ModuleContext>(parts, "gpu-health", report_failure, ignore_health);
     journal_context = std::make_unique<gns::ModuleContext>(parts, "journald", report_failure, ignore_health);
     gns::device_plugin::DevicePluginModule::Config plugin_config;
-    plugin_config.critical_xids.clear();  // only gpu-health decides
     plugin = std::make_unique<gns::device_plugin::DevicePluginModule>(*plugin_context, plugin_config);
     health = std::make_unique<gns::gpu_health::GpuHealthModule>(*health_context, health_config);
     gns::journald::JournaldModule::Config journal_config;

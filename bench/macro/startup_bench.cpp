@@ -1,7 +1,11 @@
 // Whole-binary figures: process start → READY=1 (sd_notify) with only `metrics` enabled, and
 // idle memory (VmRSS, RssAnon) once it is up. Target (issue #2): READY ≤ 50 ms, RssAnon ≤ 4 MiB.
+// And SIGTERM → exit of every run, with its exit code. Target (issue #11): exit 0 within 1 s,
+// always (a DaemonSet rolling update pays it on every node).
 //
-//   startup_bench --binary PATH [--runs N] [--idle-ms MS] [--config FILE --label TEXT]
+//   startup_bench --binary PATH [--runs N] [--idle-ms MS] [--settle-ms MS] [--config FILE --label TEXT]
+// --settle-ms waits that long after READY=1 before SIGTERM (so gpu-inventory's NVML event
+// waiter is blocked in its wait when the signal comes).
 // With --config, that site file is used (the environment passes through) instead of a
 // generated metrics-only one: `make bench` measures the 8-GPU device-plugin node this way.
 #include <algorithm>
@@ -42,6 +46,7 @@ int main(int argc, char** argv) {
   std::string binary;
   int runs = 20;
   int idle_ms = 1000;
+  int settle_ms = 0;
   std::string given_config;
   std::string label = "metrics only";
   for (int i = 1; i < argc; ++i) {
@@ -51,9 +56,12 @@ int main(int argc, char** argv) {
     else if (a == "--label" && i + 1 < argc) label = argv[++i];
     else if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
     else if (a == "--idle-ms" && i + 1 < argc) idle_ms = std::atoi(argv[++i]);
+    else if (a == "--settle-ms" && i + 1 < argc) settle_ms = std::atoi(argv[++i]);
   }
   if (binary.empty()) {
-    std::fprintf(stderr, "usage: startup_bench --binary PATH [--runs N] [--idle-ms MS] [--config FILE --label TEXT]\n");
+    std::fprintf(stderr,
+                 "usage: startup_bench --binary PATH [--runs N] [--idle-ms MS] [--settle-ms MS] "
+                 "[--config FILE --label TEXT]\n");
     return 2;
   }
   const fs::path dir = fs::temp_directory_path() / ("gns-startup-bench-" + std::to_string(::getpid()));
@@ -77,6 +85,8 @@ int main(int argc, char** argv) {
   ::setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
 
   std::vector<double> ready_ms;
+  std::vector<double> exit_ms;
+  int clean_exits = 0;
   std::string vm_rss, rss_anon, threads;
   for (int run = 0; run < runs; ++run) {
     const auto start = std::chrono::steady_clock::now();
@@ -100,15 +110,25 @@ int main(int argc, char** argv) {
       rss_anon = StatusField(pid, "RssAnon");
       threads = StatusField(pid, "Threads");
     }
+    if (settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+    const auto term = std::chrono::steady_clock::now();
     ::kill(pid, SIGTERM);
     int status = 0;
     ::waitpid(pid, &status, 0);
+    exit_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - term).count());
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++clean_exits;
     ::recv(sock, buf, sizeof(buf), MSG_DONTWAIT);  // drop STOPPING=1
   }
   std::sort(ready_ms.begin(), ready_ms.end());
-  const auto pct = [&](double p) { return ready_ms[std::min(ready_ms.size() - 1, static_cast<std::size_t>(p * ready_ms.size()))]; };
+  std::sort(exit_ms.begin(), exit_ms.end());
+  const auto pct = [](const std::vector<double>& v, double p) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(p * v.size()))];
+  };
   std::printf("startup (%s): exec -> READY=1 over %d runs: p50 %.1f ms, p90 %.1f ms, max %.1f ms (target <= 50 ms)\n",
-              label.c_str(), runs, pct(0.5), pct(0.9), ready_ms.back());
+              label.c_str(), runs, pct(ready_ms, 0.5), pct(ready_ms, 0.9), ready_ms.back());
+  std::printf("shutdown (%s): SIGTERM -> exit over %d runs: p50 %.1f ms, max %.1f ms (target <= 1000 ms), "
+              "exit 0 in %d of %d\n",
+              label.c_str(), runs, pct(exit_ms, 0.5), exit_ms.back(), clean_exits, runs);
   std::printf("idle memory (%s) after %d ms: VmRSS %s, RssAnon %s, threads %s\n", label.c_str(), idle_ms,
               vm_rss.c_str(), rss_anon.c_str(), threads.c_str());
   ::close(sock);

@@ -1,6 +1,7 @@
 // The reactor and its process-level duties.
 #include "loop/runtime.hpp"
 
+#include "loop/atomic_file.hpp"
 #include "loop/logging.hpp"
 
 #include <spdlog/spdlog.h>
@@ -60,6 +61,7 @@ int Runtime::Run() {
   for (const auto& [name, value] : config_.site.gates.Values()) {
     spdlog::info("feature gate {}={}", name, value ? "true" : "false");
   }
+  RemoveInterruptedStateWrites();
 
   signals_.async_wait([this](const boost::system::error_code& ec, int signal) {
     if (!ec) OnSignal(signal);
@@ -83,6 +85,17 @@ int Runtime::Run() {
     }
   }
   return exit_code_;
+}
+
+void Runtime::RemoveInterruptedStateWrites() {
+  // stateDir is ours alone: every "<name>.tmp.<pid>.<n>" there is a write of an earlier run that
+  // a crash interrupted. Before any module starts, so no write of this run is in flight. (The
+  // shared CDI directory is swept by the module that owns its files, for its own names only.)
+  const auto& dir = config_.site.paths.state_dir;
+  if (dir.empty()) return;
+  const auto sweep = RemoveInterruptedWrites(dir, true, [](std::string_view) { return true; });
+  for (const auto& path : sweep.removed) spdlog::info("removed {}, left by an interrupted write", path);
+  for (const auto& error : sweep.errors) spdlog::warn("cleaning {}: {}", dir, error);
 }
 
 void Runtime::RequestStop() {

@@ -1,6 +1,7 @@
 #pragma once
 // The reactor: one io_context on the calling thread, the bus, the blocking pool, the metrics
-// registry and the supervisor. Handles SIGTERM/SIGINT (graceful stop in reverse start order;
+// registry and the supervisor. At start it removes the temp files that interrupted atomic writes
+// left in stateDir. Handles SIGTERM/SIGINT (graceful stop in reverse start order;
 // a second signal or a missed stop deadline stops hard), and speaks sd_notify (READY=1,
 // STOPPING=1, WATCHDOG=1) when NOTIFY_SOCKET is set.
 
@@ -62,6 +63,7 @@ class Runtime {
   void Heartbeat();
   void ArmWatchdog();
   void RegisterRuntimeMetrics();
+  void RemoveInterruptedStateWrites();
 
   LoadedConfig config_;
   Loop loop_;

@@ -5,9 +5,6 @@ namespace gns::device_plugin {
 
 bool DeviceHealthTracker::OnInventory(const gpu_inventory::GpuInventory& inventory) {
   if (inventory.available) {
-    // NVML came back (after a release for a GPU reset, or a recovered failure): XID marks
-    // from before were about the GPUs' previous life.
-    if (!inventory_available_) xid_marks_.clear();
     gpus_ = inventory.gpus;
     inventory_error_.clear();
   } else {
@@ -17,15 +14,8 @@ bool DeviceHealthTracker::OnInventory(const gpu_inventory::GpuInventory& invento
   return Recompute();
 }
 
-bool DeviceHealthTracker::OnNvmlXid(const gpu_inventory::XidObservation& xid) {
-  if (!critical_xids_.count(xid.xid)) return false;
-  xid_marks_[xid.uuid] = "critical XID " + std::to_string(xid.xid) + " reported by NVML";
-  return Recompute();
-}
-
 bool DeviceHealthTracker::OnDeviceHealth(const gpu_health::DeviceHealth& health) {
   health_[health.uuid] = health;
-  if (health.healthy) xid_marks_.erase(health.uuid);  // the health module cleared the device
   return Recompute();
 }
 
@@ -43,12 +33,12 @@ bool DeviceHealthTracker::Recompute() {
     if (!inventory_available_) {
       d.healthy = false;
       d.reason = inventory_error_;
+    } else if (gpu.released) {
+      d.healthy = false;
+      d.reason = "NVML handles released" + (gpu.release_reason.empty() ? std::string{} : ": " + gpu.release_reason);
     } else if (const auto h = health_.find(gpu.uuid); h != health_.end() && !h->second.healthy) {
       d.healthy = false;
       d.reason = h->second.reason;
-    } else if (const auto m = xid_marks_.find(gpu.uuid); m != xid_marks_.end()) {
-      d.healthy = false;
-      d.reason = m->second;
     }
     next.push_back(std::move(d));
   }

@@ -1,14 +1,15 @@
 #pragma once
-// Which devices the plugin advertises, and whether each is Healthy — from the GPU inventory,
-// the health module's per-device state, and (until a health module owns it) NVML XIDs
-// checked against a critical list. Never stale Healthy capacity: while NVML is unusable every
-// known device is advertised Unhealthy (NVIDIA DP #1641).
+// Which devices the plugin advertises, and whether each is Healthy — from the GPU inventory
+// (NVML availability) and gpu-health's per-device verdicts. gpu-health is the one judge of
+// XIDs, whichever source reported them (NVML events or the kernel log); this tracker only
+// follows its retained DeviceHealth. Never stale Healthy capacity: while NVML is unusable every
+// known device is advertised Unhealthy (NVIDIA DP #1641), and a GPU whose NVML handles are
+// released for its reset (GpuInfo::released) is Unhealthy alone.
 
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,8 @@ struct AdvertisedDevice {
 
 class DeviceHealthTracker {
  public:
-  explicit DeviceHealthTracker(std::set<uint64_t> critical_xids) : critical_xids_(std::move(critical_xids)) {}
-
   // Each returns true when the advertised list changed.
   bool OnInventory(const gpu_inventory::GpuInventory& inventory);
-  bool OnNvmlXid(const gpu_inventory::XidObservation& xid);
   bool OnDeviceHealth(const gpu_health::DeviceHealth& health);
 
   const std::vector<AdvertisedDevice>& Devices() const { return advertised_; }
@@ -38,11 +36,9 @@ class DeviceHealthTracker {
  private:
   bool Recompute();
 
-  std::set<uint64_t> critical_xids_;
   std::vector<gpu_inventory::GpuInfo> gpus_;  // last known, kept while NVML is down
   bool inventory_available_ = false;
   std::string inventory_error_ = "GPU inventory not known yet";
-  std::map<std::string, std::string> xid_marks_;       // uuid → reason
   std::map<std::string, gpu_health::DeviceHealth> health_;  // uuid → latest from gpu-health
   std::vector<AdvertisedDevice> advertised_;
 };

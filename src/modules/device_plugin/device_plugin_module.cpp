@@ -1,6 +1,7 @@
 // The device-plugin module.
 #include "modules/device_plugin/device_plugin_module.hpp"
 
+#include "loop/supervisor_messages.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/device_plugin/plugin_server.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +18,10 @@
 namespace gns::device_plugin {
 
 namespace {
+
+// The module whose DeviceHealth verdicts the plugin follows (its kName; only messages.hpp
+// crosses a module wall, so the name is spelled here).
+constexpr std::string_view kHealthModule = "gpu-health";
 
 bool IsExtendedResourceName(const std::string& name) {
   const auto slash = name.find('/');
@@ -60,10 +66,6 @@ DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, c
   if (config.allocation.cdi_kind.find('/') == std::string::npos) {
     section.Fail("cdiKind", "must be vendor/class, e.g. nvidia.com/gpu");
   }
-  const std::vector<int64_t> defaults(config.critical_xids.begin(), config.critical_xids.end());
-  const auto xids = section.IntList("criticalXids", 1, 100000, defaults);
-  config.critical_xids.clear();
-  for (const auto xid : xids) config.critical_xids.insert(static_cast<uint64_t>(xid));
   config.register_timeout = section.Duration("registerTimeout", milliseconds(100), milliseconds(60000), milliseconds(5000));
   auto backoff = section.Section("registerBackoff");
   config.register_backoff.initial = backoff.Duration("initial", milliseconds(1), milliseconds(60000), milliseconds(200));
@@ -79,7 +81,6 @@ DevicePluginModule::DevicePluginModule(ModuleContext& context, const Config& con
       plugin_dir_(context.Site().paths.kubelet_dir + "/device-plugins"),
       socket_path_(plugin_dir_ + "/" + config.socket_name),
       kubelet_socket_(plugin_dir_ + "/kubelet.sock"),
-      tracker_(config.critical_xids),
       watcher_(context.GetLoop().Io(), plugin_dir_,
                [this](DirWatcher::Change change, const std::string& name) { OnDirectoryChange(change, name); }),
       register_backoff_(config.register_backoff),
@@ -110,17 +111,26 @@ void DevicePluginModule::Start() {
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
     if (tracker_.OnInventory(inv)) OnDevicesChanged();
   });
-  xid_sub_ = bus.Subscribe<gpu_inventory::XidObservation>([this](const gpu_inventory::XidObservation& xid) {
-    if (tracker_.OnNvmlXid(xid)) {
-      context_.Log().warn("GPU {} unhealthy: critical XID {} from NVML", xid.uuid, xid.xid);
-      OnDevicesChanged();
-    }
-  });
   health_sub_ = bus.Subscribe<gpu_health::DeviceHealth>([this](const gpu_health::DeviceHealth& health) {
     if (tracker_.OnDeviceHealth(health)) OnDevicesChanged();
   });
+  SayWhatHealthMeans();
 
   StartServing();
+}
+
+void DevicePluginModule::SayWhatHealthMeans() {
+  // The supervisor's retained snapshot lists every enabled module (it is published before any
+  // module starts). Without it (a test wiring the module alone) there is nothing to say.
+  const auto* states = context_.GetBus().Latest<ModuleStates>();
+  if (states == nullptr) return;
+  const bool health_enabled = std::any_of(states->modules.begin(), states->modules.end(),
+                                          [](const ModuleStatus& m) { return m.name == kHealthModule; });
+  if (health_enabled) return;
+  context_.Log().warn(
+      "{} is not enabled: devices are advertised Unhealthy only while NVML cannot reach them (inventory "
+      "unavailable or a GPU released); no XID, from NVML or the kernel log, changes a device's health",
+      kHealthModule);
 }
 
 void DevicePluginModule::StartServing() {
@@ -317,7 +327,6 @@ void DevicePluginModule::Stop(std::function<void()> done) {
   watcher_.Stop();
   register_timer_.cancel();
   inventory_sub_.Reset();
-  xid_sub_.Reset();
   health_sub_.Reset();
   if (!server_) {
     done();

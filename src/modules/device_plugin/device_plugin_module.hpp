@@ -3,6 +3,8 @@
 // Serves on <kubeletDir>/device-plugins/<socketName>, registers with kubelet.sock once it
 // exists, advertises every GPU with its live health, and notices a kubelet restart (our
 // socket removed, kubelet.sock recreated) through inotify to serve and register again.
+// Device health follows gpu-health's DeviceHealth verdicts and NVML availability from the GPU
+// inventory; the plugin judges no XID itself (one judge per verdict).
 
 #include "loop/backoff.hpp"
 #include "loop/dir_watcher.hpp"
@@ -14,7 +16,6 @@
 
 #include <chrono>
 #include <memory>
-#include <set>
 #include <string>
 
 namespace gns::device_plugin {
@@ -30,10 +31,6 @@ class DevicePluginModule final : public Module {
     std::string resource_name = "nvidia.com/gpu";
     std::string socket_name = "nvidia-gpu.sock";
     AllocationSettings allocation;
-    // XIDs that make a GPU unusable until it is reset (NVIDIA's XID catalog: double-bit
-    // ECC, GSP/PMU halts, fallen off the bus, NVLink, row-remap and contained/uncontained
-    // ECC). Used until the gpu-health module publishes per-device health.
-    std::set<uint64_t> critical_xids{48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140};
     std::chrono::milliseconds register_timeout{5000};
     BackoffPolicy register_backoff{std::chrono::milliseconds(200), std::chrono::milliseconds(10000), 2.0, 0.5};
   };
@@ -52,6 +49,7 @@ class DevicePluginModule final : public Module {
   void OnDirectoryChange(DirWatcher::Change change, const std::string& name);
   void OnDevicesChanged();
   void PublishState();
+  void SayWhatHealthMeans();
   std::vector<std::string> ExistingControlDevices() const;
 
   ModuleContext& context_;
@@ -77,7 +75,6 @@ class DevicePluginModule final : public Module {
   MetricsRegistry::Series* healthy_devices_;
   MetricsRegistry::Series* unhealthy_devices_;
   Subscription inventory_sub_;
-  Subscription xid_sub_;
   Subscription health_sub_;
 };
 

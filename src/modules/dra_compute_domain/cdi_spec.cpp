@@ -83,6 +83,21 @@ FileWriteResult DeleteCdiSpec(const std::string& cdi_dir, std::string_view claim
   return {};
 }
 
+std::optional<std::string_view> ClaimUidOfCdiSpecFile(std::string_view name) {
+  const std::string prefix = FilePrefix();
+  if (name.size() <= prefix.size() + kFileSuffix.size()) return std::nullopt;
+  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  if (name.substr(name.size() - kFileSuffix.size()) != kFileSuffix) return std::nullopt;
+  const std::string_view uid = name.substr(prefix.size(), name.size() - prefix.size() - kFileSuffix.size());
+  if (!IsValidClaimUid(uid)) return std::nullopt;
+  return uid;
+}
+
+TempSweep RemoveInterruptedCdiSpecWrites(const std::string& cdi_dir) {
+  return RemoveInterruptedWrites(cdi_dir, false,
+                                 [](std::string_view target) { return ClaimUidOfCdiSpecFile(target).has_value(); });
+}
+
 CdiListing ListCdiSpecClaimUids(const std::string& cdi_dir) {
   CdiListing listing;
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(cdi_dir.c_str()), &::closedir);
@@ -92,15 +107,9 @@ CdiListing ListCdiSpecClaimUids(const std::string& cdi_dir) {
     listing.error = "opendir: " + cdi_dir + ": " + std::strerror(errno);
     return listing;
   }
-  const std::string prefix = FilePrefix();
   while (const dirent* entry = ::readdir(dir.get())) {
-    const std::string_view name(entry->d_name);
-    if (name.size() <= prefix.size() + kFileSuffix.size()) continue;
-    if (name.substr(0, prefix.size()) != prefix) continue;
-    if (name.substr(name.size() - kFileSuffix.size()) != kFileSuffix) continue;
-    const std::string_view uid = name.substr(prefix.size(), name.size() - prefix.size() - kFileSuffix.size());
-    // Temp files of an interrupted write end in ".tmp.<pid>.<n>", never ".json": skipped above.
-    if (IsValidClaimUid(uid)) listing.claim_uids.emplace_back(uid);
+    // Temp files of an interrupted write end in ".tmp.<pid>.<n>", never ".json": not ours here.
+    if (const auto uid = ClaimUidOfCdiSpecFile(entry->d_name)) listing.claim_uids.emplace_back(*uid);
   }
   std::sort(listing.claim_uids.begin(), listing.claim_uids.end());
   return listing;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,14 @@ FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view
 
 // Removes the claim's spec; a missing file is success (Unprepare is idempotent). Blocking.
 FileWriteResult DeleteCdiSpec(const std::string& cdi_dir, std::string_view claim_uid);
+
+// The claim UID when `file_name` is one of our spec files (CdiSpecFileName of a valid UID).
+std::optional<std::string_view> ClaimUidOfCdiSpecFile(std::string_view file_name);
+
+// Removes temp files of our spec writes that a crash interrupted
+// ("k8s.compute-domain.nvidia.com-claim_<uid>.json.tmp.<pid>.<n>"). The CDI directory is shared
+// with other producers: nothing else there is touched, their temp files included. Blocking.
+TempSweep RemoveInterruptedCdiSpecWrites(const std::string& cdi_dir);
 
 struct CdiListing {
   bool ok = true;

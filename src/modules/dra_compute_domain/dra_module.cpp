@@ -206,16 +206,16 @@ void DraComputeDomainModule::Start() {
   LoadAndReconcile();
 
   auto& bus = context_.GetBus();
-  if (const auto* clique = bus.Latest<gpu_inventory::NodeClique>()) clique_id_ = clique->clique_id;
-  clique_sub_ = bus.Subscribe<gpu_inventory::NodeClique>([this](const gpu_inventory::NodeClique& clique) {
-    if (clique.clique_id == clique_id_) return;
-    context_.Log().info("node clique {} → {}{}", clique_id_.empty() ? "(none)" : clique_id_,
-                        clique.clique_id.empty() ? "(none)" : clique.clique_id,
-                        clique.clique_id.empty() ? " (" + clique.reason + ")" : std::string{});
-    clique_id_ = clique.clique_id;
-    PublishState();
-    PublishSlice();
-  });
+  clique_id_.clear();
+  clique_known_ = false;
+  clique_reason_ = "gpu-inventory has published no clique yet";
+  if (const auto* clique = bus.Latest<gpu_inventory::NodeClique>()) {
+    clique_id_ = clique->clique_id;
+    clique_known_ = clique->known || !clique->clique_id.empty();
+    clique_reason_ = clique->reason;
+  }
+  clique_sub_ = bus.Subscribe<gpu_inventory::NodeClique>(
+      [this](const gpu_inventory::NodeClique& clique) { OnClique(clique); });
 
   // The DRA service first: the kubelet dials it as soon as it has registered us.
   dra_server_ = std::make_unique<DraServer>(context_.GetLoop(), static_cast<DraHandler&>(*this));
@@ -326,6 +326,13 @@ void DraComputeDomainModule::LoadAndReconcile() {
     if (!saved) throw std::runtime_error("reconcile: " + saved.error);
   }
 
+  // Temp files of our spec writes that a crash interrupted (only ours: the directory is shared).
+  const auto sweep = RemoveInterruptedCdiSpecWrites(paths_.cdi_dir);
+  for (const auto& removed : sweep.removed) {
+    context_.Log().info("reconcile: removed {}, left by an interrupted CDI spec write", removed);
+  }
+  for (const auto& error : sweep.errors) context_.Log().warn("reconcile: {}", error);
+
   const auto listing = ListCdiSpecClaimUids(paths_.cdi_dir);
   if (!listing.ok) throw std::runtime_error("reconcile: " + listing.error);
   for (const auto& uid : listing.claim_uids) {
@@ -356,6 +363,31 @@ void DraComputeDomainModule::RecordCorruptCheckpointEvent() {
   events_->Record(node, "Warning", "CorruptCheckpoint", "LoadCheckpoint", corrupt_note_);
 }
 
+void DraComputeDomainModule::OnClique(const gpu_inventory::NodeClique& clique) {
+  const bool known = clique.known || !clique.clique_id.empty();
+  clique_reason_ = clique.reason;
+  const bool known_now = known && !clique_known_;
+  const bool known_changed = known != clique_known_;
+  clique_known_ = known;
+  if (known_changed && !known_now) PublishState();
+  if (clique.clique_id != clique_id_) {
+    context_.Log().info("node clique {} → {}{}", clique_id_.empty() ? "(none)" : clique_id_,
+                        clique.clique_id.empty() ? "(none)" : clique.clique_id,
+                        clique.clique_id.empty() ? " (" + clique.reason + ")" : std::string{});
+    clique_id_ = clique.clique_id;
+    PublishState();
+    PublishSlice();
+  }
+  if (known_now && !clique_waiters_.empty()) {
+    context_.Log().info("the node's clique is known ({}): deciding {} waiting prepare(s) again",
+                        clique_id_.empty() ? "none" : clique_id_, clique_waiters_.size());
+    auto waiters = std::move(clique_waiters_);
+    clique_waiters_.clear();
+    for (auto& waiter : waiters) waiter();
+  }
+  if (known_now) PublishState();
+}
+
 // ---------------------------------------------------------------------------------- stop
 
 void DraComputeDomainModule::Stop(std::function<void()> done) {
@@ -363,6 +395,7 @@ void DraComputeDomainModule::Stop(std::function<void()> done) {
   slice_retry_timer_.cancel();
   resync_timer_.cancel();
   clique_sub_.Reset();
+  clique_waiters_.clear();  // their calls are failed by the DRA server's shutdown
   slice_sub_.Reset();
   slice_informer_.reset();
   jobs_.clear();  // their calls are failed by the DRA server's shutdown
@@ -510,7 +543,8 @@ void DraComputeDomainModule::FetchClaim(const ClaimRef& claim, std::chrono::stea
                    std::string domain_uid = host_managed_ ? DomainUidOf(result.object) : std::string{};
                    if (domain_uid.empty()) {
                      // DecidePrepare fails before it needs the ComputeDomain.
-                     DecideAndWrite(claim, result.object, DomainLookup::Error("not looked up"), std::move(done));
+                     DecideAndWrite(claim, result.object, DomainLookup::Error("not looked up"), deadline,
+                                    std::move(done));
                      return;
                    }
                    LookUpDomain(claim, std::move(result.object), std::move(domain_uid), deadline, std::move(done));
@@ -527,7 +561,7 @@ void DraComputeDomainModule::LookUpDomain(const ClaimRef& claim, json object, st
       kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", claim.namespace_name)
           .Collection();
   FetchWithRetry(true, path, deadline, kFirstRetryDelay,
-                 [this, claim, object = std::move(object), domain_uid,
+                 [this, claim, object = std::move(object), domain_uid, deadline,
                   done = std::move(done)](kube::Result result) mutable {
                    if (stopping_) return;
                    DomainLookup lookup = DomainLookup::NotFound();
@@ -545,15 +579,18 @@ void DraComputeDomainModule::LookUpDomain(const ClaimRef& claim, json object, st
                        break;
                      }
                    }
-                   DecideAndWrite(claim, object, lookup, std::move(done));
+                   DecideAndWrite(claim, object, lookup, deadline, std::move(done));
                  });
 }
 
 void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& object, const DomainLookup& domain,
+                                            std::chrono::steady_clock::time_point deadline,
                                             std::function<void(PrepareResult)> done) {
   PrepareContext prepare_context;
   prepare_context.node_name = node_name_;
   prepare_context.clique_id = clique_id_;
+  prepare_context.clique_known = clique_known_;
+  prepare_context.clique_reason = clique_reason_;
   prepare_context.host_managed = host_managed_;
   prepare_context.checkpoint = &checkpoint_;
   const PrepareDecision decision =
@@ -565,6 +602,30 @@ void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& o
       return;
     case PrepareOutcome::kPermanentError:
     case PrepareOutcome::kRetryableError: {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (decision.waits_for_clique && left > milliseconds(0)) {
+        // Right after start NVML may not have reported the fabric yet: wait for gpu-inventory
+        // (within this prepare's deadline) instead of answering "no clique" before we know.
+        context_.Log().info("prepare {} (uid {}) waits up to {} ms for the node's clique to be known",
+                            claim.namespace_name + "/" + claim.name, claim.uid, left.count());
+        auto pending = std::make_shared<std::function<void(PrepareResult)>>(std::move(done));
+        auto answered = std::make_shared<bool>(false);
+        clique_waiters_.push_back([this, claim, object, domain, deadline, pending, answered] {
+          if (*answered || stopping_) return;
+          *answered = true;
+          DecideAndWrite(claim, object, domain, deadline, std::move(*pending));
+        });
+        PublishState();
+        After(left, [this, claim, object, domain, pending, answered] {
+          if (*answered || stopping_) return;
+          *answered = true;
+          // Prepares run one at a time (the job queue): the only waiter is this one.
+          clique_waiters_.clear();
+          // Decided once more at the deadline: the answer names what is still missing.
+          DecideAndWrite(claim, object, domain, std::chrono::steady_clock::time_point{}, std::move(*pending));
+        });
+        return;
+      }
       const bool permanent = decision.outcome == PrepareOutcome::kPermanentError;
       (permanent ? prepares_permanent_ : prepares_retryable_)->Inc();
       context_.Log().warn("prepare {} (uid {}) failed ({}): {}", claim.namespace_name + "/" + claim.name, claim.uid,
@@ -867,6 +928,8 @@ void DraComputeDomainModule::PublishState() {
   state.registration_error = registration_error_;
   state.channel_major = channel_major_;
   state.clique_id = clique_id_;
+  state.clique_known = clique_known_;
+  state.waiting_for_clique = clique_waiters_.size();
   for (const auto& [uid, entry] : checkpoint_.claims) {
     state.prepared_claims.push_back(
         {uid, entry.namespace_name, entry.name, std::string(ToString(entry.state)), entry.domain_uid});

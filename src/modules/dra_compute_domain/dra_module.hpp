@@ -18,6 +18,7 @@
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
 #include "modules/dra_compute_domain/resource_slice.hpp"
+#include "modules/gpu_inventory/messages.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
@@ -92,7 +93,8 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   void LookUpDomain(const ClaimRef& claim, nlohmann::json object, std::string domain_uid,
                     std::chrono::steady_clock::time_point deadline, std::function<void(PrepareResult)> done);
   void DecideAndWrite(const ClaimRef& claim, const nlohmann::json& object, const DomainLookup& domain,
-                      std::function<void(PrepareResult)> done);
+                      std::chrono::steady_clock::time_point deadline, std::function<void(PrepareResult)> done);
+  void OnClique(const gpu_inventory::NodeClique& clique);
   void UnprepareNext(std::shared_ptr<UnprepareBatch> batch);
   void UnprepareOne(const ClaimRef& claim, std::function<void(UnprepareResult)> done);
   // A GET retried on transport errors, 429 and 5xx until `deadline`.
@@ -121,6 +123,11 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   bool host_managed_ = false;
   uint32_t channel_major_ = 0;
   std::string clique_id_;
+  bool clique_known_ = false;  // gpu-inventory has read the fabric (NodeClique::known)
+  std::string clique_reason_;
+  // The prepare that waits for the clique to become known (at most one: prepares run one at a
+  // time); it also ends at its deadline.
+  std::vector<std::function<void()>> clique_waiters_;
   Checkpoint checkpoint_;
   std::string corrupt_note_;  // set when the checkpoint was moved aside; the Node Event's note
 

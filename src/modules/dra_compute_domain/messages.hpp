@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -25,6 +26,8 @@ struct DraComputeDomainState {
   std::string registration_error;   // the kubelet's error when it refused us
   uint32_t channel_major = 0;
   std::string clique_id;
+  bool clique_known = false;            // gpu-inventory has read the fabric (else prepares wait)
+  std::size_t waiting_for_clique = 0;   // prepares waiting for the clique to be known
   std::vector<Claim> prepared_claims;  // the checkpoint, by claim UID
   int64_t slice_generation = 0;     // 0 until the slice was published
   uint64_t slice_publishes = 0;
@@ -41,6 +44,8 @@ inline void to_json(nlohmann::json& j, const DraComputeDomainState& s) {
                      {"registrationError", s.registration_error},
                      {"channelMajor", s.channel_major},
                      {"cliqueID", s.clique_id},
+                     {"cliqueKnown", s.clique_known},
+                     {"waitingForClique", s.waiting_for_clique},
                      {"preparedClaims", std::move(claims)},
                      {"sliceGeneration", s.slice_generation},
                      {"slicePublishes", s.slice_publishes},

@@ -220,7 +220,17 @@ PrepareDecision DecidePrepare(const json& claim, std::string_view expected_uid, 
 
   // Step 7: host-managed IMEX needs the node's NVLink clique (replaces upstream's silent skip).
   if (context.clique_id.empty()) {
-    return Fail(PrepareOutcome::kPermanentError, ref, std::string(kNoCliqueMessage));
+    if (!context.clique_known) {
+      PrepareDecision unknown =
+          Fail(PrepareOutcome::kRetryableError, ref,
+               std::string(kCliqueUnknownMessage) +
+                   (context.clique_reason.empty() ? std::string{} : " (" + context.clique_reason + ")"));
+      unknown.waits_for_clique = true;
+      return unknown;
+    }
+    return Fail(PrepareOutcome::kPermanentError, ref,
+                std::string(kNoCliqueMessage) +
+                    (context.clique_reason.empty() ? std::string{} : " (" + context.clique_reason + ")"));
   }
   return decision;
 }

@@ -14,7 +14,8 @@
 //   4. (the config state: the domain UID)
 //   5. channel-0 not PrepareCompleted for another claim (retryable: the other may be unpreparing);
 //   6. the ComputeDomain with that UID exists, in the claim's namespace;
-//   7. the node has a clique ID.
+//   7. the node has a clique ID (retryable while gpu-inventory has not read the fabric yet:
+//      right after start "no clique" is not known to be true).
 // Permanent errors are not retried by the module within the kubelet's call; retryable ones are.
 
 #include "modules/dra_compute_domain/checkpoint.hpp"
@@ -31,6 +32,8 @@ namespace gns::dra {
 
 inline constexpr std::string_view kNoCliqueMessage =
     "host-managed IMEX requires an NVLink clique on this node; NVML reports none";
+inline constexpr std::string_view kCliqueUnknownMessage =
+    "the node's NVLink clique is not known yet (gpu-inventory has not read NVML's fabric info); retry";
 inline constexpr std::string_view kDaemonDisabledMessage = "daemon claims are disabled under HostManagedIMEX";
 inline constexpr std::string_view kDriverManagedUnsupportedMessage =
     "driver-managed IMEX (HostManagedIMEX=false) is not supported by this build; enable the HostManagedIMEX "
@@ -60,6 +63,8 @@ struct PrepareContext {
   std::string clique_id;      // NodeClique::clique_id; empty when the node has none
   bool host_managed = true;   // the HostManagedIMEX gate
   const Checkpoint* checkpoint = nullptr;  // nullptr reads as empty
+  bool clique_known = true;   // NodeClique::known: false before NVML's fabric info was read
+  std::string clique_reason = {};  // NodeClique::reason, for the error text
 };
 
 enum class PrepareOutcome {
@@ -82,6 +87,9 @@ struct PrepareDecision {
   std::string claim_name;
   // kAlreadyPrepared:
   PreparedClaim existing;
+  // kRetryableError only because the clique is not known yet: deciding again once it is known
+  // may succeed, so the module may wait for it (within the prepare deadline).
+  bool waits_for_clique = false;
 
   bool ok() const { return outcome == PrepareOutcome::kPrepare || outcome == PrepareOutcome::kAlreadyPrepared; }
 };

@@ -21,6 +21,8 @@ std::string FormatClusterUuid(const unsigned char* bytes, std::size_t size) {
 
 namespace {
 
+constexpr std::string_view kZeroCluster = "all-zero cluster UUID";
+
 std::string JoinNames(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& name : names) {
@@ -64,12 +66,20 @@ NodeClique ComputeClique(const std::vector<GpuInfo>& gpus, const std::vector<std
       std::string why = "fabric " + std::string(FabricStateName(gpu.fabric->state));
       if (gpu.fabric->state == 3) why += " with status " + std::to_string(gpu.fabric->status);
       not_attached[why].push_back(gpu.uuid);
+    } else if (gpu.fabric->ZeroClusterUuid()) {
+      not_attached[std::string(kZeroCluster)].push_back(gpu.uuid);
     } else {
       groups[gpu.fabric->cluster_uuid + "." + std::to_string(gpu.fabric->clique_id)].push_back(gpu.uuid);
     }
   }
 
   if (groups.empty()) {
+    if (not_attached.size() == 1 && not_attached.begin()->first == kZeroCluster) {
+      clique.reason = "no multi-node NVLink: the fabric reports an all-zero cluster UUID on every GPU (" +
+                      std::to_string(gpus.size()) + " of " + std::to_string(gpus.size()) +
+                      "), as on an NVSwitch node without multi-node NVLink; such a node is in no clique";
+      return clique;
+    }
     clique.reason = "no fabric-attached GPU (";
     bool first = true;
     for (const auto& [why, uuids] : not_attached) {

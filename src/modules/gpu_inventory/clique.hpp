@@ -1,8 +1,10 @@
 #pragma once
 // The node's NVLink clique from per-GPU fabric info, as the NVIDIA DRA driver derives it
 // (WIRE-FACTS §8.5): fabric-attached GPUs (state completed, status success) must all agree on
-// one cluster UUID and one clique id, giving "<clusterUuid>.<cliqueId>". Pure functions, so the
-// rules are tested without NVML.
+// one cluster UUID and one clique id, giving "<clusterUuid>.<cliqueId>". A GPU whose cluster UUID
+// is all zero (NVSwitch node without multi-node NVLink) counts as not attached, as upstream's
+// kubelet plugin treats it: such a node has no clique. Pure functions, so the rules are tested
+// without NVML.
 
 #include "modules/gpu_inventory/messages.hpp"
 

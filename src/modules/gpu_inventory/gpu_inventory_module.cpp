@@ -16,6 +16,11 @@ constexpr auto kStableSession = std::chrono::seconds(60);
 // The same error, or the same XID on the same GPU, is logged at most this often.
 constexpr auto kLogInterval = std::chrono::seconds(60);
 
+bool SameGpus(const std::map<std::string, std::string>& a, const std::map<std::string, std::string>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const auto& x, const auto& y) { return x.first == y.first; });
+}
+
 std::string Describe(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -55,6 +60,7 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
       backoff_(config.retry_backoff),
       retry_timer_(context.GetLoop().Io()),
       refresh_timer_(context.GetLoop().Io()),
+      link_(LoopLink::Make(context.GetLoop())),
       gpus_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_gpus",
                                            "GPUs NVML reports (0 while NVML is unavailable)")),
       nvml_up_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_nvml_up", "1 while NVML is loaded and usable")),
@@ -63,8 +69,9 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
 
 GpuInventoryModule::~GpuInventoryModule() {
   *alive_ = false;
-  // Normally Stop() handed the session to the pool already. If not, close it there too: closing
-  // joins the waiter, which may block for one wait timeout.
+  link_->Close();  // a waiter thread that outlives us posts nothing any more
+  // Normally Stop() handed the session to the pool already. If not, close it there too (the
+  // teardown makes blocking NVML calls, or is left to the waiter thread).
   if (session_) {
     context_.Pool().Execute([session = std::move(session_)]() mutable { session.reset(); });
   }
@@ -87,9 +94,10 @@ void GpuInventoryModule::Stop(std::function<void()> done) {
   CancelRetry();
   ++refresh_seq_;
   refresh_timer_.cancel();
-  // Hands an idle session to the pool for closing. The close (joining the waiter, up to one
-  // wait timeout) is not waited for, so Stop always fits the supervisor's stop deadline; the
-  // runtime joins the pool before the process exits, so NVML is still shut down cleanly.
+  // Hands an idle session to the pool for closing, and returns: the teardown is left to the
+  // waiter thread when one blocks in a wait (it runs when the wait returns, or never if the
+  // process exits first — the kernel then releases the driver's handles), so neither Stop nor
+  // the runtime's join of the pool waits out an event wait.
   Reconcile();
   PublishUnavailable("gpu-inventory stopped");
   nvml_up_gauge_->Set(0);
@@ -101,7 +109,9 @@ void GpuInventoryModule::Reconcile() {
   GNS_ASSERT_ON_LOOP(context_.GetLoop());
   if (task_in_flight_) return;  // its completion calls back here
   if (session_) {
-    if (stopping_ || released_ || session_failed_) StartClose();
+    // A per-GPU release or take-back reopens the session with the new set of excluded GPUs
+    // (NVML cannot unregister one GPU's events): the inventory stays available meanwhile.
+    if (stopping_ || released_ || session_failed_ || !SameGpus(session_released_, released_gpus_)) StartClose();
     return;
   }
   if (stopping_) return;
@@ -125,23 +135,24 @@ void GpuInventoryModule::Reconcile() {
 }
 
 XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
-  // These run on the waiter thread: they only post, and the posted work checks that the module
-  // still exists before touching it.
-  Loop& loop = context_.GetLoop();
+  // These run on the waiter thread, which may outlive the module: they only post through the
+  // link (closed by the module's destructor), and the posted work checks that the module still
+  // exists before touching it.
+  auto link = link_;
   auto alive = alive_;
   XidWaiter::Callbacks callbacks;
-  callbacks.armed = [&loop, alive, generation, this] {
-    loop.Post([alive, generation, this] {
+  callbacks.armed = [link, alive, generation, this] {
+    link->Post([alive, generation, this] {
       if (*alive) OnArmed(generation);
     });
   };
-  callbacks.xid = [&loop, alive, this](XidEvent event) {
-    loop.Post([alive, event = std::move(event), this]() mutable {
+  callbacks.xid = [link, alive, this](XidEvent event) {
+    link->Post([alive, event = std::move(event), this]() mutable {
       if (*alive) OnXid(std::move(event));
     });
   };
-  callbacks.failed = [&loop, alive, generation, this](nvml::Return, std::string message) {
-    loop.Post([alive, generation, message = std::move(message), this]() mutable {
+  callbacks.failed = [link, alive, generation, this](nvml::Return, std::string message) {
+    link->Post([alive, generation, message = std::move(message), this]() mutable {
       if (*alive) OnWaiterFailed(generation, std::move(message));
     });
   };
@@ -151,7 +162,13 @@ XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
 void GpuInventoryModule::StartOpen() {
   task_in_flight_ = true;
   const uint64_t generation = ++generation_;
-  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, config_.event_wait_timeout};
+  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, config_.event_wait_timeout, {}};
+  session_released_ = released_gpus_;
+  uint32_t unknown_index = 0xFFFFFFFF;  // a UUID we never read: excluded by UUID only
+  for (const auto& [uuid, reason] : released_gpus_) {
+    const auto known = std::find_if(last_gpus_.begin(), last_gpus_.end(), [&](const GpuInfo& g) { return g.uuid == uuid; });
+    options.excluded[known != last_gpus_.end() ? known->index : unknown_index--] = uuid;
+  }
   BlockingPool* pool = &context_.Pool();
   context_.Pool().Run(
       [options = std::move(options)] { return NvmlSession::Open(options); },
@@ -205,7 +222,7 @@ void GpuInventoryModule::OnArmed(uint64_t generation) {
   pending_read_ = {};
   last_error_.clear();
   suppressed_errors_ = 0;
-  context_.SetHealth(ModuleHealth::kOk);
+  SetOkHealth();
   ScheduleRefresh();
 }
 
@@ -257,16 +274,25 @@ void GpuInventoryModule::StartClose() {
   pending_read_ = {};
   ++refresh_seq_;
   refresh_timer_.cancel();
-  context_.Pool().Run([session = std::move(session)] { return session->Close(); },
-                      [this, alive = alive_](NvmlSession::Closed closed, std::exception_ptr error) {
-                        if (!*alive) return;
-                        if (error) closed.warnings.push_back("closing NVML threw: " + Describe(error));
-                        OnClosed(std::move(closed));
-                      });
+  // The teardown reports on the pool thread, or on the waiter thread once its wait returned.
+  auto on_closed = [link = link_, alive = alive_, this](NvmlSession::Closed closed) {
+    link->Post([alive, closed = std::move(closed), this]() mutable {
+      if (*alive) OnClosed(std::move(closed));
+    });
+  };
+  context_.Pool().Execute([session = std::move(session), on_closed]() mutable {
+    try {
+      session->Close(on_closed);
+    } catch (const std::exception& e) {
+      on_closed(NvmlSession::Closed{{std::string("closing NVML threw: ") + e.what()}, {}});
+    }
+    session.reset();
+  });
 }
 
 void GpuInventoryModule::OnClosed(NvmlSession::Closed closed) {
   task_in_flight_ = false;
+  if (!stopping_) AckGpuReleases();
   CountErrors(closed.failed_functions);
   // Rare (nvmlEventSetFree / nvmlShutdown failing) and at most once per backoff step.
   for (const auto& warning : closed.warnings) context_.Log().warn("{}", warning);
@@ -343,6 +369,10 @@ void GpuInventoryModule::OnRefreshed(uint64_t generation, ReadResult read, std::
 
 void GpuInventoryModule::OnReleaseRequest(const NvmlReleaseRequest& request) {
   if (stopping_) return;
+  if (!request.gpu_uuid.empty()) {
+    OnGpuReleaseRequest(request);
+    return;
+  }
   if (request.release) {
     if (released_ && release_reason_ == request.reason) return;
     context_.Log().info("releasing NVML: {}", request.reason);
@@ -362,6 +392,56 @@ void GpuInventoryModule::OnReleaseRequest(const NvmlReleaseRequest& request) {
   Reconcile();
 }
 
+void GpuInventoryModule::OnGpuReleaseRequest(const NvmlReleaseRequest& request) {
+  const std::string& uuid = request.gpu_uuid;
+  if (request.release) {
+    const auto it = released_gpus_.find(uuid);
+    if (it != released_gpus_.end() && it->second == request.reason) return;
+    context_.Log().info("releasing the NVML handles of {}: {}", uuid, request.reason);
+    released_gpus_[uuid] = request.reason;
+  } else {
+    if (released_gpus_.erase(uuid) == 0) return;
+    context_.Log().info("taking {} back{}", uuid, request.reason.empty() ? "" : ": " + request.reason);
+  }
+  // No session and no task: nothing touches any GPU, so a release holds at once.
+  if (!session_ && !task_in_flight_) AckGpuReleases();
+  Reconcile();
+}
+
+void GpuInventoryModule::AckGpuReleases() {
+  auto acked = acked_gpus_;  // taken-back GPUs stay released until they are read again
+  for (const auto& [uuid, reason] : released_gpus_) acked[uuid] = reason;
+  if (acked == acked_gpus_) return;
+  for (const auto& [uuid, reason] : acked) {
+    if (acked_gpus_.count(uuid) == 0) context_.Log().info("NVML handles of {} released ({})", uuid, reason);
+  }
+  acked_gpus_ = std::move(acked);
+  ApplyReleased(last_gpus_);
+  if (published_inventory_) {
+    GpuInventory inventory = *published_inventory_;
+    ApplyReleased(inventory.gpus);
+    PublishInventory(std::move(inventory));
+  }
+}
+
+void GpuInventoryModule::ApplyReleased(std::vector<GpuInfo>& gpus) const {
+  for (auto& gpu : gpus) {
+    const auto it = acked_gpus_.find(gpu.uuid);
+    gpu.released = it != acked_gpus_.end();
+    gpu.release_reason = gpu.released ? it->second : std::string{};
+  }
+}
+
+void GpuInventoryModule::SetOkHealth() {
+  if (released_gpus_.empty()) {
+    context_.SetHealth(ModuleHealth::kOk);
+    return;
+  }
+  std::string detail = "NVML handles released for";
+  for (const auto& [uuid, reason] : released_gpus_) detail += " " + uuid + " (" + reason + ")";
+  context_.SetHealth(ModuleHealth::kDegraded, detail);
+}
+
 void GpuInventoryModule::RecordFailure(const std::string& error) {
   const auto now = context_.GetClock().Now();
   if (armed_ && now - armed_at_ >= kStableSession) backoff_.Reset();
@@ -378,13 +458,25 @@ void GpuInventoryModule::PublishAvailable(const ReadResult& read) {
   GpuInventory inventory = read.inventory;
   inventory.available = true;
   inventory.error.clear();
+  // The GPUs this session excludes are released (acknowledged); all others were just read.
+  acked_gpus_ = session_released_;
+  for (const auto& [uuid, reason] : acked_gpus_) {
+    if (inventory.FindByUuid(uuid) != nullptr) continue;
+    const auto last = std::find_if(last_gpus_.begin(), last_gpus_.end(), [&](const GpuInfo& g) { return g.uuid == uuid; });
+    if (last != last_gpus_.end()) inventory.gpus.push_back(*last);  // its last read, listed as released
+  }
+  std::sort(inventory.gpus.begin(), inventory.gpus.end(),
+            [](const GpuInfo& a, const GpuInfo& b) { return a.index < b.index; });
+  ApplyReleased(inventory.gpus);
   last_gpus_ = inventory.gpus;
   last_driver_version_ = inventory.driver_version;
   gpus_gauge_->Set(static_cast<double>(inventory.gpus.size()));
   nvml_up_gauge_->Set(1);
   PublishInventory(std::move(inventory));
   clique_known_ = true;
-  PublishClique(read.clique);
+  NodeClique clique = read.clique;
+  clique.known = true;
+  PublishClique(std::move(clique));
 }
 
 void GpuInventoryModule::PublishUnavailable(const std::string& error) {
@@ -395,7 +487,7 @@ void GpuInventoryModule::PublishUnavailable(const std::string& error) {
   inventory.driver_version = last_driver_version_;
   PublishInventory(std::move(inventory));
   // A clique once read stays: NVML being away does not move the node to another clique.
-  if (!clique_known_) PublishClique(NodeClique{"", "NVML unavailable: " + error});
+  if (!clique_known_) PublishClique(NodeClique{"", "NVML unavailable: " + error, false});
 }
 
 void GpuInventoryModule::PublishInventory(GpuInventory inventory) {

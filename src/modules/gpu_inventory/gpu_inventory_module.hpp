@@ -3,14 +3,18 @@
 // nodes without a driver), publishes the node's GPUs (GpuInventory) and NVLink clique
 // (NodeClique) as retained state, and NVML XID events (XidObservation). NVML trouble never
 // fails the module: the inventory becomes unavailable, the module unhealthy, and NVML is opened
-// again with jittered backoff. NvmlReleaseRequest lets go of NVML for a GPU reset and takes it
-// back.
+// again with jittered backoff. NvmlReleaseRequest lets go of NVML (or of one GPU) for a GPU
+// reset and takes it back; releasing one GPU reopens the session without it, and the others stay
+// available throughout.
 //
 // Threads: NVML calls run on the blocking pool, one task at a time, and on one waiter thread
 // (XidWaiter) that blocks in nvmlEventSetWait_v2; both hand the loop plain values through
-// posts. Module state lives on the loop thread only.
+// posts. Module state lives on the loop thread only. The waiter is never joined: closing a
+// session hands its teardown to the waiter thread, which reports back through `link_` (closed
+// when the module goes away), so Stop and the process exit never sit out a blocked wait.
 
 #include "loop/backoff.hpp"
+#include "loop/loop_link.hpp"
 #include "loop/module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_inventory/nvml_session.hpp"
@@ -36,7 +40,8 @@ class GpuInventoryModule final : public Module {
     // dlopen'd as is: a soname searched like the dynamic linker does, or a path.
     std::string nvml_library = nvml::kLibraryName;
     // How long one nvmlEventSetWait_v2 blocks. An event wakes it at once; the timeout only
-    // bounds how long a release (and the join after Stop) waits for the waiter thread.
+    // bounds how long a release waits for the waiter thread (Stop and the process exit never
+    // wait for it).
     std::chrono::milliseconds event_wait_timeout{5000};
     // Between attempts to open NVML again after it failed or was missing.
     BackoffPolicy retry_backoff{std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), 2.0, 0.5};
@@ -67,6 +72,12 @@ class GpuInventoryModule final : public Module {
   void StartRefresh();
   void OnRefreshed(uint64_t generation, ReadResult read, std::exception_ptr error);
   void OnReleaseRequest(const NvmlReleaseRequest& request);
+  void OnGpuReleaseRequest(const NvmlReleaseRequest& request);
+  // Nothing holds any GPU's handles now: every requested per-GPU release is acknowledged.
+  void AckGpuReleases();
+  // Sets each GPU's `released` from acked_gpus_.
+  void ApplyReleased(std::vector<GpuInfo>& gpus) const;
+  void SetOkHealth();
 
   void RecordFailure(const std::string& error);
   void PublishAvailable(const ReadResult& read);
@@ -96,9 +107,14 @@ class GpuInventoryModule final : public Module {
   ReadResult pending_read_;       // read at open, published once the waiter is armed
   bool retry_due_ = false;        // the last attempt failed: back off before the next
   bool retry_pending_ = false;    // the retry timer runs
-  bool released_ = false;         // NvmlReleaseRequest{release=true} is in force
+  bool released_ = false;         // NvmlReleaseRequest{release=true} (whole NVML) is in force
   bool release_published_ = false;
   std::string release_reason_;
+  // Per-GPU releases, UUID → reason: requested; excluded by the open (or opening) session;
+  // published as released (acknowledged: no session touches them; kept until re-read).
+  std::map<std::string, std::string> released_gpus_;
+  std::map<std::string, std::string> session_released_;
+  std::map<std::string, std::string> acked_gpus_;
   bool stopping_ = false;
 
   // What was published last (republish only on change) and the last good read.
@@ -116,6 +132,8 @@ class GpuInventoryModule final : public Module {
   std::map<std::string, std::pair<Clock::SteadyTime, int>> xid_log_;  // "uuid/xid" → last logged, suppressed
 
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  // The waiter thread's and the closing teardown's way back to the loop.
+  std::shared_ptr<LoopLink> link_;
   MetricsRegistry::Series* gpus_gauge_;
   MetricsRegistry::Series* nvml_up_gauge_;
   MetricsRegistry::Series* inventory_reads_;

@@ -89,6 +89,7 @@ void to_json(nlohmann::json& j, const GpuInfo& g) {
                      {"numaNode", g.numa_node},
                      {"nvlinkPeers", g.nvlink_peers}};
   if (g.fabric) j["fabric"] = *g.fabric;
+  if (g.released) j["released"] = g.release_reason.empty() ? "released" : g.release_reason;
 }
 
 void to_json(nlohmann::json& j, const GpuInventory& inv) {
@@ -97,7 +98,7 @@ void to_json(nlohmann::json& j, const GpuInventory& inv) {
 }
 
 void to_json(nlohmann::json& j, const NodeClique& c) {
-  j = nlohmann::json{{"cliqueId", c.clique_id}};
+  j = nlohmann::json{{"cliqueId", c.clique_id}, {"known", c.known}};
   if (!c.reason.empty()) j["reason"] = c.reason;
 }
 

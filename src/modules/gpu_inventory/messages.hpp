@@ -34,8 +34,11 @@ struct FabricInfo {
   uint32_t clique_id = 0;
   uint32_t state = 0;   // NVML_GPU_FABRIC_STATE_*: 3 = completed
   uint32_t status = 0;  // nvmlReturn_t, meaningful when state is completed
-  // Fabric-attached (counts for the clique): registration completed with success.
+  // Fabric-attached: registration completed with success.
   bool Attached() const { return state == 3 && status == 0; }
+  // An all-zero cluster UUID: NVLink through NVSwitches, but no multi-node NVLink (an HGX
+  // node on its own). Such a GPU is in no clique, as the upstream DRA driver treats it.
+  bool ZeroClusterUuid() const { return cluster_uuid == "00000000-0000-0000-0000-000000000000"; }
   bool operator==(const FabricInfo&) const = default;
 };
 
@@ -52,6 +55,11 @@ struct GpuInfo {
   // Set when NVML reports fabric info (any state); nullopt when the GPU has no fabric support.
   // Only Attached() ones count for the clique.
   std::optional<FabricInfo> fabric;
+  // NvmlReleaseRequest for this GPU is in force and acknowledged: nothing in the process uses
+  // its NVML handles (no events, no reads; the fields above are the last read), so the GPU is
+  // not usable — its reset may run. The rest of the inventory stays available.
+  bool released = false;
+  std::string release_reason = {};
   bool operator==(const GpuInfo&) const = default;
 };
 
@@ -82,6 +90,11 @@ struct NodeClique {
   static constexpr bool kRetained = true;
   std::string clique_id;
   std::string reason;  // why clique_id is empty
+  // True once NVML's fabric info was read: clique_id (or its absence) is a fact about the node.
+  // False while gpu-inventory has not read it yet (starting, NVML missing or failing since
+  // start): an empty clique_id then means "not known", and consumers must not act on it as
+  // "no clique".
+  bool known = false;
   bool operator==(const NodeClique&) const = default;
 };
 
@@ -95,12 +108,17 @@ struct XidObservation {
   int64_t observed_unix_ms = 0;
 };
 
-// Ask gpu-inventory to shut NVML down and stop waiting on events (release = true), so a GPU
-// reset can run while the supervisor stays up; release = false takes NVML back.
+// Ask gpu-inventory to let go of NVML (release = true) so a GPU reset can run while the
+// supervisor stays up; release = false takes it back. With `gpu_uuid` empty, the whole NVML:
+// nvmlShutdown, every GPU unavailable (acknowledged by GpuInventory{available=false,
+// error="released: <reason>"}). With a GPU's UUID, only that GPU: its events and reads stop, the
+// other GPUs keep being served (acknowledged by that GpuInfo's `released`); taking it back
+// re-reads it.
 struct NvmlReleaseRequest {
   static constexpr std::string_view kTopic = "gpu-inventory.release-request";
   bool release = true;
   std::string reason;
+  std::string gpu_uuid = {};  // empty: the whole NVML
 };
 
 void to_json(nlohmann::json& j, const PciAddress& p);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <utility>
 
@@ -26,8 +27,8 @@ struct RawRead {
 
 class Reader {
  public:
-  Reader(const NvmlLibrary& library, const std::string& host_root)
-      : library_(library), api_(library.Api()), host_root_(host_root) {}
+  Reader(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded)
+      : library_(library), api_(library.Api()), host_root_(host_root), excluded_(excluded) {}
 
   RawRead Run() {
     RawRead raw;
@@ -76,6 +77,8 @@ class Reader {
     std::vector<std::vector<PciAddress>> remotes(count);
     std::vector<std::string> fabric_errors;
     for (unsigned int i = 0; i < count; ++i) {
+      // A GPU released for its reset is not touched: it may be resetting right now.
+      if (excluded_.count(i) != 0) continue;
       const std::string which = " for GPU " + std::to_string(i);
       nvml::Device device = nullptr;
       rc = api_.nvmlDeviceGetHandleByIndex_v2(i, &device);
@@ -87,6 +90,7 @@ class Reader {
       rc = api_.nvmlDeviceGetUUID(device, uuid, sizeof(uuid));
       if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetUUID", rc, which);
       gpu.uuid = uuid;
+      if (IsExcluded(gpu.uuid)) continue;  // released, found at another index
 
       nvml::PciInfo pci{};
       rc = api_.nvmlDeviceGetPciInfo_v3(device, &pci);
@@ -124,7 +128,7 @@ class Reader {
 
     for (std::size_t i = 0; i < inventory.gpus.size(); ++i) {
       auto& peers = inventory.gpus[i].nvlink_peers;
-      for (const auto& remote : remotes[i]) {
+      for (const auto& remote : remotes[inventory.gpus[i].index]) {  // by NVML index: released GPUs are skipped
         // Remotes that are no local GPU (NVSwitches) are not peers.
         const GpuInfo* peer = inventory.FindByPci(remote);
         if (peer == nullptr || peer->index == inventory.gpus[i].index) continue;
@@ -234,9 +238,16 @@ class Reader {
     return failed("nvmlDeviceGetGpuFabricInfo", rc);
   }
 
+  bool IsExcluded(const std::string& uuid) const {
+    for (const auto& [index, excluded] : excluded_)
+      if (excluded == uuid) return true;
+    return false;
+  }
+
   const NvmlLibrary& library_;
   const nvml::Api& api_;
   const std::string& host_root_;
+  const ExcludedGpus& excluded_;
   ReadResult* out_ = nullptr;
   std::string fabric_error_;  // the first fabric read error, for the clique's reason
 };
@@ -247,8 +258,8 @@ void Append(std::vector<std::string>& to, const std::vector<std::string>& from) 
 
 }  // namespace
 
-ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root) {
-  return Reader(library, host_root).Run().result;
+ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded) {
+  return Reader(library, host_root, excluded).Run().result;
 }
 
 NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
@@ -269,7 +280,7 @@ NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
   std::shared_ptr<NvmlSession> session(new NvmlSession(library, options));
   session->initialized_ = true;
 
-  RawRead raw = Reader(*library, options.host_root).Run();
+  RawRead raw = Reader(*library, options.host_root, options.excluded).Run();
   out.read = std::move(raw.result);
   auto fail = [&](const char* function, nvml::Return code, const std::string& what) {
     out.read.ok = false;
@@ -321,33 +332,43 @@ void NvmlSession::StartWaiter(XidWaiter::Callbacks callbacks) {
   waiter_ = std::make_unique<XidWaiter>(library_, event_set_, devices_, options_.wait_timeout, std::move(callbacks));
 }
 
-NvmlSession::~NvmlSession() { Close(); }
+NvmlSession::~NvmlSession() { Close(std::function<void(Closed)>{}); }
+
+void NvmlSession::Close(std::function<void(Closed)> done) {
+  // Owns what it frees (not the session, which may be gone by the time it runs).
+  auto teardown = [library = library_, set = std::exchange(event_set_, nullptr),
+                   initialized = std::exchange(initialized_, false), done = std::move(done)] {
+    Closed closed;
+    const auto& api = library->Api();
+    if (set != nullptr) {
+      const nvml::Return rc = api.nvmlEventSetFree(set);
+      if (rc != nvml::kSuccess) {
+        closed.failed_functions.emplace_back("nvmlEventSetFree");
+        closed.warnings.push_back("nvmlEventSetFree failed: " + library->Describe(rc));
+      }
+    }
+    if (initialized) {
+      const nvml::Return rc = api.nvmlShutdown();
+      if (rc != nvml::kSuccess) {
+        closed.failed_functions.emplace_back("nvmlShutdown");
+        closed.warnings.push_back("nvmlShutdown failed: " + library->Describe(rc));
+      }
+    }
+    if (done) done(std::move(closed));
+  };
+  if (auto waiter = std::move(waiter_)) {
+    // The set may be freed only after the wait on it returned: the waiter thread does it.
+    waiter->Finish(std::move(teardown));
+  } else {
+    teardown();
+  }
+}
 
 NvmlSession::Closed NvmlSession::Close() {
-  Closed closed;
-  const auto& api = library_->Api();
-  if (waiter_) {
-    waiter_->RequestStop();
-    waiter_->Join();
-    waiter_.reset();
-  }
-  if (event_set_ != nullptr) {
-    const nvml::Return rc = api.nvmlEventSetFree(event_set_);
-    event_set_ = nullptr;
-    if (rc != nvml::kSuccess) {
-      closed.failed_functions.emplace_back("nvmlEventSetFree");
-      closed.warnings.push_back("nvmlEventSetFree failed: " + library_->Describe(rc));
-    }
-  }
-  if (initialized_) {
-    initialized_ = false;
-    const nvml::Return rc = api.nvmlShutdown();
-    if (rc != nvml::kSuccess) {
-      closed.failed_functions.emplace_back("nvmlShutdown");
-      closed.warnings.push_back("nvmlShutdown failed: " + library_->Describe(rc));
-    }
-  }
-  return closed;
+  std::promise<Closed> promise;
+  auto future = promise.get_future();
+  Close([&promise](Closed closed) { promise.set_value(std::move(closed)); });
+  return future.get();
 }
 
 }  // namespace gns::gpu_inventory

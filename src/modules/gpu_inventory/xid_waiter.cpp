@@ -2,6 +2,9 @@
 #include "modules/gpu_inventory/xid_waiter.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
 
 namespace gns::gpu_inventory {
 
@@ -12,54 +15,89 @@ namespace {
 constexpr unsigned int kProbeTimeoutMs = 1;
 }  // namespace
 
+// Shared by the handle and the thread; the thread's reference keeps it (and the library it
+// holds, so NVML stays loaded) alive for as long as it runs.
+struct XidWaiter::State {
+  std::shared_ptr<const NvmlLibrary> library;
+  nvml::EventSet set = nullptr;
+  std::vector<std::pair<nvml::Device, std::string>> devices;
+  unsigned int timeout_ms = 1;
+  Callbacks callbacks;
+
+  std::atomic<bool> stop{false};
+  std::mutex mutex;
+  bool ended = false;               // the thread left its loop (guarded by mutex)
+  std::function<void()> last;       // what the thread runs once it leaves (guarded by mutex)
+
+  std::string UuidOf(nvml::Device device) const {
+    for (const auto& [handle, uuid] : devices) {
+      if (handle == device) return uuid;
+    }
+    return {};
+  }
+};
+
 XidWaiter::XidWaiter(std::shared_ptr<const NvmlLibrary> library, nvml::EventSet set,
                      std::vector<std::pair<nvml::Device, std::string>> devices, std::chrono::milliseconds timeout,
                      Callbacks callbacks)
-    : library_(std::move(library)),
-      set_(set),
-      devices_(std::move(devices)),
-      timeout_ms_(static_cast<unsigned int>(std::max<std::chrono::milliseconds::rep>(timeout.count(), 1))),
-      callbacks_(std::move(callbacks)),
-      thread_([this] { Run(); }) {}
+    : state_(std::make_shared<State>()) {
+  state_->library = std::move(library);
+  state_->set = set;
+  state_->devices = std::move(devices);
+  state_->timeout_ms = static_cast<unsigned int>(std::max<std::chrono::milliseconds::rep>(timeout.count(), 1));
+  state_->callbacks = std::move(callbacks);
+  // Detached: the thread owns its share of the state; nothing waits for a blocked wait.
+  std::thread([state = state_] { Run(state); }).detach();
+}
 
 XidWaiter::~XidWaiter() {
-  RequestStop();
-  Join();
+  if (!finished_) Finish({});
 }
 
-void XidWaiter::Join() {
-  if (thread_.joinable()) thread_.join();
-}
-
-std::string XidWaiter::UuidOf(nvml::Device device) const {
-  for (const auto& [handle, uuid] : devices_) {
-    if (handle == device) return uuid;
+void XidWaiter::Finish(std::function<void()> last) {
+  if (finished_) return;
+  finished_ = true;
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stop.store(true);
+    if (!state_->ended) {
+      state_->last = std::move(last);
+      return;
+    }
   }
-  return {};
+  if (last) last();
 }
 
-void XidWaiter::Run() {
-  const auto wait = library_->Api().nvmlEventSetWait_v2;
+void XidWaiter::Run(const std::shared_ptr<State>& state) {
+  const auto wait = state->library->Api().nvmlEventSetWait_v2;
   bool armed = false;
-  while (!stop_.load()) {
+  while (!state->stop.load()) {
     nvml::EventData data{};
-    const nvml::Return rc = wait(set_, &data, armed ? timeout_ms_ : kProbeTimeoutMs);
+    const nvml::Return rc = wait(state->set, &data, armed ? state->timeout_ms : kProbeTimeoutMs);
     if (rc == nvml::kSuccess || rc == nvml::kErrorTimeout) {
+      if (state->stop.load()) break;  // nobody listens any more
       if (!armed) {
         armed = true;
-        callbacks_.armed();
+        state->callbacks.armed();
       }
       // Only XIDs are published; SBE/DBE are not registered, and anything else is ignored.
       if (rc == nvml::kSuccess && (data.eventType & nvml::kEventTypeXidCriticalError) != 0) {
-        callbacks_.xid(XidEvent{UuidOf(data.device), data.eventData, data.gpuInstanceId, data.computeInstanceId});
+        state->callbacks.xid(
+            XidEvent{state->UuidOf(data.device), data.eventData, data.gpuInstanceId, data.computeInstanceId});
       }
       continue;
     }
     // An error while stopping is expected (the owner may be tearing NVML down): not a failure.
-    if (stop_.load()) return;
-    callbacks_.failed(rc, "nvmlEventSetWait_v2 failed: " + library_->Describe(rc));
-    return;
+    if (!state->stop.load()) state->callbacks.failed(rc, "nvmlEventSetWait_v2 failed: " + state->library->Describe(rc));
+    break;
   }
+  std::function<void()> last;
+  {
+    std::lock_guard lock(state->mutex);
+    state->ended = true;
+    last = std::move(state->last);
+  }
+  if (last) last();
 }
 
 }  // namespace gns::gpu_inventory

@@ -1,18 +1,20 @@
 #pragma once
 // The one thread gpu-inventory owns: it blocks in nvmlEventSetWait_v2 (there is no file
 // descriptor to hand to the loop) and reports what it sees through callbacks, which must only
-// post to the loop. It wakes at least every `timeout` to notice a stop request, so stopping
-// takes at most one timeout.
+// post to the loop. Nobody ever joins it: a stop request takes effect when the current wait
+// returns (at the latest after `timeout`), and what must happen only after the wait ended
+// (freeing the event set, nvmlShutdown) is handed to the thread with Finish(). So stopping never
+// blocks: a process that exits leaves a blocked wait behind instead of sitting it out (SIGTERM
+// exits at once), and the thread shares ownership of everything it touches, so it may outlive
+// the module and its XidWaiter handle.
 
 #include "modules/gpu_inventory/nvml_library.hpp"
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -27,7 +29,8 @@ struct XidEvent {
 
 class XidWaiter {
  public:
-  // All called on the waiter thread.
+  // All called on the waiter thread; they may run after the XidWaiter handle is gone, so they
+  // must hold what they use (and only post to the loop through something that can be closed).
   struct Callbacks {
     // The first wait returned normally: the event set works (called once).
     std::function<void()> armed;
@@ -36,31 +39,25 @@ class XidWaiter {
     std::function<void(nvml::Return code, std::string message)> failed;
   };
 
-  // Starts the thread at once. `devices` maps the handles NVML puts in events to UUIDs.
+  // Starts the (detached) thread at once. `devices` maps the handles NVML puts in events to UUIDs.
   XidWaiter(std::shared_ptr<const NvmlLibrary> library, nvml::EventSet set,
             std::vector<std::pair<nvml::Device, std::string>> devices, std::chrono::milliseconds timeout,
             Callbacks callbacks);
-  // Requests a stop and joins (blocks up to one timeout): owners join off the loop first.
+  // Finish({}) unless Finish was called. Never blocks.
   ~XidWaiter();
   XidWaiter(const XidWaiter&) = delete;
   XidWaiter& operator=(const XidWaiter&) = delete;
 
-  // Thread-safe and non-blocking: the thread ends after its current wait.
-  void RequestStop() noexcept { stop_.store(true); }
-  // Blocks until the thread has ended. Not on the loop.
-  void Join();
+  // Thread-safe, non-blocking, once: the thread ends after its current wait and then runs `last`
+  // on itself. When the thread has ended already (a failed wait), `last` runs here, now.
+  void Finish(std::function<void()> last);
 
  private:
-  void Run();
-  std::string UuidOf(nvml::Device device) const;
+  struct State;
+  static void Run(const std::shared_ptr<State>& state);
 
-  std::shared_ptr<const NvmlLibrary> library_;
-  nvml::EventSet set_;
-  std::vector<std::pair<nvml::Device, std::string>> devices_;
-  unsigned int timeout_ms_;
-  Callbacks callbacks_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;  // last: started after everything it reads is set
+  std::shared_ptr<State> state_;
+  bool finished_ = false;
 };
 
 }  // namespace gns::gpu_inventory

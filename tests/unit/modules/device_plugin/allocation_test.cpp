@@ -122,26 +122,35 @@ gpu_inventory::GpuInventory Inventory(bool available) {
   return inv;
 }
 
-TEST(DeviceHealthTracker, XidMarksUnhealthyUntilHealthSaysOtherwise) {
-  DeviceHealthTracker t({79});
+TEST(DeviceHealthTracker, HealthVerdictMarksUnhealthyAndAHealthyVerdictClearsIt) {
+  DeviceHealthTracker t;
   EXPECT_TRUE(t.OnInventory(Inventory(true)));
   EXPECT_TRUE(t.Devices()[0].healthy);
-  EXPECT_FALSE(t.OnNvmlXid({"GPU-0", 13}));  // not critical
-  EXPECT_TRUE(t.OnNvmlXid({"GPU-0", 79}));
+  gpu_health::DeviceHealth sick;
+  sick.uuid = "GPU-0";
+  sick.healthy = false;
+  sick.reason = "XID 79: GPU has fallen off the bus";
+  EXPECT_TRUE(t.OnDeviceHealth(sick));
   EXPECT_FALSE(t.Devices()[0].healthy);
-  EXPECT_EQ(t.Devices()[0].reason, "critical XID 79 reported by NVML");
+  EXPECT_EQ(t.Devices()[0].reason, "XID 79: GPU has fallen off the bus");
   EXPECT_TRUE(t.Devices()[1].healthy);
   gpu_health::DeviceHealth back;
   back.uuid = "GPU-0";
   back.healthy = true;
+  back.reason = "GPU reset occurred";
   EXPECT_TRUE(t.OnDeviceHealth(back));
   EXPECT_TRUE(t.Devices()[0].healthy);
+  EXPECT_EQ(t.Devices()[0].reason, "");
 }
 
-TEST(DeviceHealthTracker, NvmlDownAdvertisesEveryKnownDeviceUnhealthyAndRecoveryClearsMarks) {
-  DeviceHealthTracker t({79});
+TEST(DeviceHealthTracker, NvmlDownAdvertisesEveryKnownDeviceUnhealthyAndRecoveryKeepsVerdicts) {
+  DeviceHealthTracker t;
   t.OnInventory(Inventory(true));
-  t.OnNvmlXid({"GPU-1", 79});
+  gpu_health::DeviceHealth sick;
+  sick.uuid = "GPU-1";
+  sick.healthy = false;
+  sick.reason = "XID 48";
+  t.OnDeviceHealth(sick);
   EXPECT_TRUE(t.OnInventory(Inventory(false)));
   ASSERT_EQ(t.Devices().size(), 2u);
   for (const auto& d : t.Devices()) {
@@ -149,11 +158,29 @@ TEST(DeviceHealthTracker, NvmlDownAdvertisesEveryKnownDeviceUnhealthyAndRecovery
     EXPECT_EQ(d.reason, "NVML: GPU is lost");
   }
   EXPECT_TRUE(t.OnInventory(Inventory(true)));  // NVML re-initialised (e.g. after a reset)
-  for (const auto& d : t.Devices()) EXPECT_TRUE(d.healthy);
+  EXPECT_TRUE(t.Devices()[0].healthy);
+  // NVML coming back is not a health verdict: only gpu-health clears what it decided.
+  EXPECT_FALSE(t.Devices()[1].healthy);
+  EXPECT_EQ(t.Devices()[1].reason, "XID 48");
+}
+
+TEST(DeviceHealthTracker, AReleasedGpuIsUnhealthyAloneAndHealthyAgainWhenTakenBack) {
+  DeviceHealthTracker t;
+  auto inventory = Inventory(true);
+  t.OnInventory(inventory);
+  inventory.gpus[1].released = true;
+  inventory.gpus[1].release_reason = "GPU reset";
+  EXPECT_TRUE(t.OnInventory(inventory));
+  EXPECT_TRUE(t.Devices()[0].healthy);
+  EXPECT_FALSE(t.Devices()[1].healthy);
+  EXPECT_EQ(t.Devices()[1].reason, "NVML handles released: GPU reset");
+  inventory.gpus[1].released = false;
+  EXPECT_TRUE(t.OnInventory(inventory));
+  EXPECT_TRUE(t.Devices()[1].healthy);
 }
 
 TEST(DeviceHealthTracker, HealthModuleVerdictWins) {
-  DeviceHealthTracker t({});
+  DeviceHealthTracker t;
   t.OnInventory(Inventory(true));
   gpu_health::DeviceHealth sick;
   sick.uuid = "GPU-1";

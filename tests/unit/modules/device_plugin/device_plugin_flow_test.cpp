@@ -1,7 +1,9 @@
 // The device plugin and the kubelet simulator through real gRPC on unix sockets:
-// registration, ListAndWatch with live health, Allocate, GetPreferredAllocation, kubelet
-// restarts, NVML down, and starting before the kubelet.
+// registration, ListAndWatch with live health (gpu-health's verdicts only), Allocate,
+// GetPreferredAllocation, kubelet restarts, NVML down, and starting before the kubelet.
 #include "kubelet_sim.h"
+#include "loop/logging.hpp"
+#include "loop/supervisor_messages.hpp"
 #include "modules/device_plugin/device_plugin_module.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -10,7 +12,9 @@
 #include "support/module_under_test.hpp"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -108,26 +112,107 @@ TEST_F(DevicePluginFlowTest, RegistersAndAdvertisesEveryGpuWithNumaTopology) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
-TEST_F(DevicePluginFlowTest, CriticalXidTurnsTheDeviceUnhealthyAndHealthRecoveryTurnsItBack) {
+gpu_health::DeviceHealth Verdict(const std::string& uuid, bool healthy, const std::string& reason) {
+  gpu_health::DeviceHealth health;
+  health.uuid = uuid;
+  health.healthy = healthy;
+  health.reason = reason;
+  return health;
+}
+
+TEST_F(DevicePluginFlowTest, NvmlXidAloneLeavesTheDeviceHealthyOnlyGpuHealthDecides) {
   sim_->Start();
   h_.bus.Publish(EightGpus());
   StartModule();
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
-  h_.bus.Publish(gpu_inventory::XidObservation{"GPU-00000003", 13});  // application error: ignored
+  // XID 79 (fallen off the bus) as NVML reports it: gpu-health judges it, not the plugin.
   h_.bus.Publish(gpu_inventory::XidObservation{"GPU-00000003", 79});
+  // A verdict on another GPU, published after: once the kubelet sees it, the XID was seen too.
+  h_.bus.Publish(Verdict("GPU-00000004", false, "XID 48: double-bit ECC error"));
+  ASSERT_TRUE(AwaitHealth("GPU-00000004", "Unhealthy"));
+  EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
+  const auto* state = h_.bus.Latest<DevicePluginState>();
+  ASSERT_NE(state, nullptr);
+  for (const auto& d : state->devices) EXPECT_EQ(d.healthy, d.id != "GPU-00000004") << d.id;
+}
+
+TEST_F(DevicePluginFlowTest, DeviceHealthTurnsTheDeviceUnhealthyAndAHealthyVerdictTurnsItBack) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
+  h_.bus.Publish(Verdict("GPU-00000003", false, "XID 79: GPU has fallen off the bus"));
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Unhealthy"));
   EXPECT_EQ(sim_->Resource(kResource)->devices.size(), 8u);
   EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
+  const auto* sick = h_.bus.Latest<DevicePluginState>();
+  ASSERT_NE(sick, nullptr);
+  for (const auto& d : sick->devices) {
+    if (d.id == "GPU-00000003") {
+      EXPECT_EQ(d.reason, "XID 79: GPU has fallen off the bus");
+    }
+  }
 
-  gpu_health::DeviceHealth recovered;
-  recovered.uuid = "GPU-00000003";
-  recovered.healthy = true;
-  recovered.reason = "GPU reset occurred";
-  h_.bus.Publish(recovered);
+  h_.bus.Publish(Verdict("GPU-00000003", true, "GPU reset occurred"));
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
   const auto* state = h_.bus.Latest<DevicePluginState>();
   ASSERT_NE(state, nullptr);
   EXPECT_TRUE(state->registered);
+}
+
+// What the operator reads when gpu-health is not in the enabled set (the supervisor's retained
+// module states list every enabled module before any starts).
+class HealthModuleNotice : public DevicePluginFlowTest {
+ protected:
+  void SetUp() override {
+    DevicePluginFlowTest::SetUp();
+    sink_ = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+    GetLogger(std::string(DevicePluginModule::kName))->sinks().push_back(sink_);
+  }
+  void TearDown() override {
+    auto& sinks = GetLogger(std::string(DevicePluginModule::kName))->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+    DevicePluginFlowTest::TearDown();
+  }
+  void PublishEnabled(std::vector<std::string> names) {
+    ModuleStates states;
+    for (auto& name : names) {
+      ModuleStatus status;
+      status.name = std::move(name);
+      status.state = ModuleState::kStarting;
+      states.modules.push_back(std::move(status));
+    }
+    h_.bus.Publish(std::move(states));
+  }
+  int Notices() const {
+    int n = 0;
+    for (const auto& line : sink_->last_formatted())
+      if (line.find("gpu-health is not enabled") != std::string::npos) ++n;
+    return n;
+  }
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
+TEST_F(HealthModuleNotice, WithoutGpuHealthTheLogSaysOnceThatOnlyNvmlAvailabilityCounts) {
+  PublishEnabled({"metrics", "gpu-inventory", "device-plugin"});
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  EXPECT_EQ(Notices(), 1);
+  bool said = false;
+  for (const auto& line : sink_->last_formatted())
+    if (line.find("only while NVML cannot reach them") != std::string::npos) said = true;
+  EXPECT_TRUE(said);
+  // Later state changes do not repeat it.
+  PublishEnabled({"metrics", "gpu-inventory", "device-plugin"});
+  h_.Drain();
+  EXPECT_EQ(Notices(), 1);
+}
+
+TEST_F(HealthModuleNotice, WithGpuHealthEnabledNothingIsSaid) {
+  PublishEnabled({"metrics", "gpu-inventory", "journald", "gpu-health", "device-plugin"});
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  EXPECT_EQ(Notices(), 0);
 }
 
 TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHealthy) {
@@ -154,6 +239,23 @@ TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHea
       return std::all_of(d.begin(), d.end(), [](const auto& x) { return x.health == "Healthy"; });
     }, seconds(20));
   }));
+}
+
+TEST_F(DevicePluginFlowTest, AGpuReleasedForItsResetIsTheOnlyUnhealthyOne) {
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  ASSERT_TRUE(AwaitHealth("GPU-00000006", "Healthy"));
+  auto released = EightGpus();
+  released.gpus[6].released = true;
+  released.gpus[6].release_reason = "GPU reset requested by an operator";
+  h_.bus.Publish(released);
+  ASSERT_TRUE(AwaitHealth("GPU-00000006", "Unhealthy"));
+  EXPECT_EQ(sim_->Resource(kResource)->devices.size(), 8u);
+  EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
+  h_.bus.Publish(EightGpus());  // taken back and read again
+  ASSERT_TRUE(AwaitHealth("GPU-00000006", "Healthy"));
+  EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 0u);
 }
 
 TEST_F(DevicePluginFlowTest, KubeletRestartsAreFollowedByServingAndRegisteringAgain) {
@@ -196,7 +298,6 @@ TEST_F(DevicePluginFlowTest, AllocateAnswersPerStrategyAndRejectsBadIds) {
   config.allocation.pass_device_specs = true;
   fs::create_directories(h_.site.paths.host_root + "/dev");
   std::ofstream(h_.site.paths.host_root + "/dev/nvidiactl") << "";
-  config.critical_xids = {79};
   StartModule(config);
   ASSERT_TRUE(AwaitHealth("GPU-00000002", "Healthy"));
 
@@ -215,7 +316,7 @@ TEST_F(DevicePluginFlowTest, AllocateAnswersPerStrategyAndRejectsBadIds) {
   EXPECT_EQ(unknown.status.code, grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(unknown.status.message, "unknown device IDs: GPU-nope");
 
-  h_.bus.Publish(gpu_inventory::XidObservation{"GPU-00000005", 79});
+  h_.bus.Publish(Verdict("GPU-00000005", false, "XID 79: GPU has fallen off the bus"));
   ASSERT_TRUE(AwaitHealth("GPU-00000005", "Unhealthy"));
   auto sick = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000005"}}); });
   EXPECT_EQ(sick.status.code, grpc::StatusCode::INVALID_ARGUMENT);

@@ -134,7 +134,7 @@ class DraModuleTest : public ::testing::Test {
                     {"spec", {{"numNodes", 0}, {"channel", {{"allocationMode", "Single"}}}}},
                     {"_resource", kDomains}});
     domain_uid_ = Get(kDomains + "/train-a")["metadata"]["uid"].get<std::string>();
-    h_.bus.Publish(gpu_inventory::NodeClique{kClique, ""});
+    h_.bus.Publish(gpu_inventory::NodeClique{kClique, "", true});
 
     sim::KubeletSimOptions sim_options;
     sim_options.kubelet_dir = h_.site.paths.kubelet_dir;
@@ -294,7 +294,7 @@ TEST_F(DraModuleTest, PublishesChannelZeroWithCliqueAndRecreatesTheSliceAfterDel
 
   // A clique change is republished with a higher generation.
   const auto publishes = State()->slice_publishes;
-  h_.bus.Publish(gpu_inventory::NodeClique{"7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.1", ""});
+  h_.bus.Publish(gpu_inventory::NodeClique{"7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.1", "", true});
   ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes > publishes; }));
   const json changed = Get(path);
   EXPECT_EQ(changed["spec"]["devices"][0]["attributes"]["cliqueID"]["string"],
@@ -404,7 +404,7 @@ TEST_F(DraModuleTest, AllocationModeAllAndUnknownModesArePermanentErrors) {
 
 TEST_F(DraModuleTest, EmptyCliqueIsAPermanentErrorNamingTheMissingClique) {
   StartAndRegister();
-  h_.bus.Publish(gpu_inventory::NodeClique{"", "GPU 0 fabric state is not completed"});
+  h_.bus.Publish(gpu_inventory::NodeClique{"", "GPU 0 fabric state is not completed", true});
   ASSERT_TRUE(h_.RunUntil([&] { return State()->clique_id.empty(); }));
   const auto claim = SeedChannelClaim("no-clique");
   const auto error = PrepareError(claim);
@@ -412,6 +412,48 @@ TEST_F(DraModuleTest, EmptyCliqueIsAPermanentErrorNamingTheMissingClique) {
   EXPECT_NE(error.find("ResourceClaim team-a/no-clique"), std::string::npos) << error;
   EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
   EXPECT_EQ(Prepares("permanent_error"), 1);
+}
+
+TEST_F(DraModuleTest, BeforeTheCliqueIsKnownAPrepareWaitsForItThenSucceeds) {
+  // Right after start gpu-inventory has not read NVML's fabric info yet.
+  h_.bus.Publish(gpu_inventory::NodeClique{"", "NVML unavailable: opening", false});
+  StartAndRegister();
+  EXPECT_FALSE(State()->clique_known);
+  const auto claim = SeedChannelClaim("early");
+  auto prepare = std::async(std::launch::async, [&] { return sim_->NodePrepareResources(kDriver, {claim}); });
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->waiting_for_clique == 1; }));
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  h_.bus.Publish(gpu_inventory::NodeClique{kClique, "", true});
+  ASSERT_TRUE(h_.RunUntil([&] { return prepare.wait_for(seconds(0)) == std::future_status::ready; }));
+  const auto result = prepare.get();
+  ASSERT_TRUE(result.ok()) << result.status.ToString();
+  EXPECT_EQ(result.claims.at(claim.uid).error, "");
+  EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
+  h_.Drain();
+  EXPECT_EQ(State()->waiting_for_clique, 0u);
+  EXPECT_TRUE(State()->clique_known);
+  EXPECT_EQ(Prepares("permanent_error"), 0);
+}
+
+TEST_F(DraModuleTest, ACliqueStillUnknownAtTheDeadlineIsARetryableErrorThatSaysSo) {
+  h_.bus.Publish(gpu_inventory::NodeClique{"", "NVML unavailable: libnvidia-ml.so.1: not found", false});
+  sim_->Start();
+  DraComputeDomainModule::Config config;
+  config.prepare_timeout = std::chrono::milliseconds(300);  // the bound of the wait
+  StartModule(config);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+  const auto claim = SeedChannelClaim("too-early");
+  const auto error = PrepareError(claim);
+  EXPECT_NE(error.find(kCliqueUnknownMessage), std::string::npos) << error;
+  EXPECT_NE(error.find("libnvidia-ml.so.1: not found"), std::string::npos) << error;
+  EXPECT_EQ(error.find(kNoCliqueMessage), std::string::npos) << error;
+  EXPECT_EQ(Prepares("retryable_error"), 1);
+  EXPECT_EQ(Prepares("permanent_error"), 0);
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  // Once the fabric is read, the kubelet's retry prepares it.
+  h_.bus.Publish(gpu_inventory::NodeClique{kClique, "", true});
+  h_.Drain();
+  EXPECT_EQ(PrepareError(claim), "");
 }
 
 TEST_F(DraModuleTest, DaemonConfigIsAPermanentError) {
@@ -523,6 +565,24 @@ TEST_F(DraModuleTest, ACrashBetweenPrepareStartedAndCompletedIsRolledBackOnStart
   EXPECT_EQ(PrepareError(claim), "");
   EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
   EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.Find(claim.uid)->state, ClaimState::kPrepareCompleted);
+}
+
+TEST_F(DraModuleTest, OurInterruptedSpecWritesAreRemovedOnStartAndOtherProducersFilesAreNot) {
+  fs::create_directories(paths_.cdi_dir);
+  auto touch = [&](const std::string& name) { std::ofstream(JoinPath(paths_.cdi_dir, name)) << "{}"; };
+  const std::string uid = "0b0b0b0b-0000-4000-8000-000000000b22";
+  // A crash between creating our temp file and the rename (an earlier process, pid 77777).
+  const std::string ours = AtomicWriteTempName(CdiSpecFileName(uid), 77777, 4);
+  touch(ours);
+  // Files of the shared directory's other producers, temp files included.
+  const std::vector<std::string> foreign = {"nvidia.yaml", "nvidia.yaml.tmp.77777.4", "nvidia.json.tmp",
+                                            "k8s.gpu.nvidia.com-claim_x.json.tmp.1.2", "other.tmp123"};
+  for (const auto& name : foreign) touch(name);
+
+  StartAndRegister();
+  EXPECT_FALSE(fs::exists(JoinPath(paths_.cdi_dir, ours)));
+  for (const auto& name : foreign) EXPECT_TRUE(fs::exists(JoinPath(paths_.cdi_dir, name))) << name;
+  EXPECT_TRUE(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.empty());
 }
 
 TEST_F(DraModuleTest, ACompletedClaimSurvivesARestart) {

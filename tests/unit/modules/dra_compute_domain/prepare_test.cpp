@@ -275,6 +275,24 @@ const Case kCases[] = {
      .edit_context = [](PrepareContext& ctx, Checkpoint&) { ctx.clique_id.clear(); },
      .outcome = PrepareOutcome::kPermanentError,
      .error_contains = "host-managed IMEX requires an NVLink clique on this node; NVML reports none"},
+    {.name = "NoCliqueNamesTheReason",
+     .edit_context =
+         [](PrepareContext& ctx, Checkpoint&) {
+           ctx.clique_id.clear();
+           ctx.clique_reason = "no multi-node NVLink";
+         },
+     .outcome = PrepareOutcome::kPermanentError,
+     .error_contains = "NVML reports none (no multi-node NVLink)"},
+    {.name = "CliqueNotKnownYetIsRetryable",
+     .edit_context =
+         [](PrepareContext& ctx, Checkpoint&) {
+           ctx.clique_id.clear();
+           ctx.clique_known = false;
+           ctx.clique_reason = "NVML unavailable: opening";
+         },
+     .outcome = PrepareOutcome::kRetryableError,
+     .error_contains = "the node's NVLink clique is not known yet (gpu-inventory has not read NVML's fabric info); "
+                       "retry (NVML unavailable: opening)"},
 };
 
 INSTANTIATE_TEST_SUITE_P(HostManagedImex, PrepareDecisionTest, ::testing::ValuesIn(kCases),

@@ -505,9 +505,9 @@ TEST_F(GpuHealthModuleTest, JournalXidToUnhealthyAtTheKubeletAndResetAckBackToHe
   auto noop_health = [](ModuleHealth, std::string) {};
   ModuleContext dp_context(h_.Parts(), "device-plugin", noop_failure, noop_health);
   device_plugin::DevicePluginModule::Config dp_config;
-  dp_config.critical_xids.clear();  // only gpu-health decides
   auto dp = std::make_unique<device_plugin::DevicePluginModule>(dp_context, dp_config);
   dp->Start();
+  config_.overrides = LoadSiteOverridesString("ignore: [94]\n", "site.yaml");
   StartModule();
   ModuleContext journal_context(h_.Parts(), "journald", noop_failure, noop_health);
   journald::JournaldModule::Config journal_config;
@@ -523,6 +523,13 @@ TEST_F(GpuHealthModuleTest, JournalXidToUnhealthyAtTheKubeletAndResetAckBackToHe
     });
   };
   ASSERT_TRUE(await_health("Healthy"));
+  // One judge: an NVML XID the site ignores leaves the GPU Healthy at the kubelet too. (The
+  // XID 48 on the other GPU, which is not ignored, is the point after which to look.)
+  h_.bus.Publish(gpu_inventory::XidObservation{kUuid, 94});
+  h_.bus.Publish(gpu_inventory::XidObservation{kOther, 48});
+  ASSERT_TRUE(h_.OffLoop([&] { return kubelet->WaitForDeviceHealth("nvidia.com/gpu", kOther, "Unhealthy", seconds(20)); }));
+  EXPECT_TRUE(h_.OffLoop([&] { return kubelet->WaitForDeviceHealth("nvidia.com/gpu", kUuid, "Healthy", seconds(1)); }));
+  EXPECT_EQ(Metric("gpu_node_supervisor_xid_errors_total{gpu=\"" + std::string(kUuid) + "\",xid=\"94\"}"), 1);
   writer.Append({sim::JournalWriter::Kernel(sim::GpuUuidMessage("0000:03:00", kUuid)),
                  sim::JournalWriter::Kernel(sim::XidMessage("0000:03:00", 48))});
   ASSERT_TRUE(await_health("Unhealthy"));

@@ -68,7 +68,10 @@ class GpuInventoryModuleTest : public ::testing::Test {
 
   void TearDown() override {
     StopModule();
+    // The session's teardown runs on the NVML waiter thread once its wait returns (nothing joins
+    // it): wait until NVML is down, so the next test's nvmlInit reads its own GPU description.
     clear_failures_();
+    EXPECT_TRUE(h_.RunUntil([&] { return inject_xid_("GPU-none", 0) == kUninitialized; }));
     std::filesystem::remove_all(temp_dir_);
   }
 
@@ -310,6 +313,45 @@ TEST_F(GpuInventoryModuleTest, ReleaseShutsNvmlDownAndTakeBackRepublishes) {
   EXPECT_EQ(xids_[0].uuid, Uuid(0));
 }
 
+TEST_F(GpuInventoryModuleTest, ReleasingOneGpuKeepsServingTheOthersAndTakingItBackRereadsIt) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.bus.Publish(NvmlReleaseRequest{true, "reset of GPU 3", Uuid(3)});
+  // Acknowledged once no session touches GPU 3; the inventory never goes unavailable.
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory()->gpus.size() == 8 && Inventory()->gpus[3].released; }));
+  // Then the session without GPU 3 is armed (degraded: a GPU is released).
+  ASSERT_TRUE(h_.RunUntil([&] { return health_ == ModuleHealth::kDegraded; }));
+  h_.Drain();
+  for (const auto& inventory : inventories_) EXPECT_TRUE(inventory.available) << inventory.error;
+  EXPECT_EQ(Inventory()->gpus[3].uuid, Uuid(3));
+  EXPECT_EQ(Inventory()->gpus[3].release_reason, "reset of GPU 3");
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(Inventory()->gpus[i].released, i == 3) << i;
+  EXPECT_EQ(health_, ModuleHealth::kDegraded);
+  EXPECT_THAT(health_detail_, HasSubstr(Uuid(3)));
+  EXPECT_EQ(h_.bus.RetainedState().at("gpu-inventory.devices").at("gpus")[3].at("released"), "reset of GPU 3");
+
+  // Its events are no longer ours; the other GPUs' still are.
+  ASSERT_EQ(inject_xid_(Uuid(3).c_str(), 79), 0);
+  ASSERT_EQ(inject_xid_(Uuid(4).c_str(), 48), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return !xids_.empty(); }));
+  h_.Drain();
+  ASSERT_EQ(xids_.size(), 1u);
+  EXPECT_EQ(xids_[0].uuid, Uuid(4));
+
+  h_.bus.Publish(NvmlReleaseRequest{false, "reset done", Uuid(3)});
+  ASSERT_TRUE(h_.RunUntil([&] { return !Inventory()->gpus[3].released && health_ == ModuleHealth::kOk; }));
+  EXPECT_TRUE(Inventory()->available);
+  EXPECT_EQ(Inventory()->gpus.size(), 8u);
+  EXPECT_EQ(Inventory()->gpus[3].uuid, Uuid(3));
+  ASSERT_EQ(inject_xid_(Uuid(3).c_str(), 79), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return xids_.size() == 2; }));
+  EXPECT_EQ(xids_[1].uuid, Uuid(3));
+  h_.Drain();
+  for (const auto& inventory : inventories_) EXPECT_TRUE(inventory.available) << inventory.error;
+  // NVML was read again for it: the reads counter moved past the first open and the reopen.
+  EXPECT_GE(Metric("gpu_node_supervisor_nvml_inventory_reads_total"), 3);
+}
+
 TEST_F(GpuInventoryModuleTest, ReleaseWhileFailingStopsRetryingUntilTakenBack) {
   ASSERT_EQ(set_failure_("nvmlEventSetWait_v2", kUnknown), 0);
   StartModule();
@@ -351,6 +393,26 @@ TEST_F(GpuInventoryModuleTest, NoFabricAttachedGpuGivesAnEmptyCliqueWithTheReaso
   EXPECT_FALSE(Inventory()->gpus[0].fabric);
   ASSERT_TRUE(Inventory()->gpus[4].fabric);
   EXPECT_EQ(Inventory()->gpus[4].fabric->state, 2u);
+}
+
+TEST_F(GpuInventoryModuleTest, AllZeroClusterUuidGivesNoClique) {
+  // An HGX node whose NVSwitches register the GPUs but without multi-node NVLink.
+  UseVariant([](nlohmann::json& config) {
+    for (auto& gpu : config["gpus"]) {
+      gpu["fabric"]["clusterUuid"] = "00000000-0000-0000-0000-000000000000";
+      gpu["fabric"]["cliqueId"] = 0;
+    }
+  });
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.Drain();
+  ASSERT_NE(Clique(), nullptr);
+  EXPECT_EQ(Clique()->clique_id, "");
+  EXPECT_THAT(Clique()->reason, HasSubstr("no multi-node NVLink"));
+  EXPECT_THAT(Clique()->reason, HasSubstr("(8 of 8)"));
+  ASSERT_TRUE(Inventory()->gpus[0].fabric);
+  EXPECT_TRUE(Inventory()->gpus[0].fabric->Attached());
+  EXPECT_TRUE(Inventory()->gpus[0].fabric->ZeroClusterUuid());
 }
 
 TEST_F(GpuInventoryModuleTest, FabricInfoFallsBackFromTheVApiToV1) {

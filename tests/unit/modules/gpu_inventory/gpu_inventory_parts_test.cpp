@@ -88,6 +88,22 @@ TEST(Clique, NoFabricAttachedGpuSaysWhy) {
   EXPECT_THAT(ComputeClique({}).reason, HasSubstr("no GPUs"));
 }
 
+TEST(Clique, AllZeroClusterUuidMeansNoCliqueWithTheReason) {
+  // HGX nodes with NVSwitches but no multi-node NVLink: registration completes, the UUID is zero.
+  const std::string zero = "00000000-0000-0000-0000-000000000000";
+  const auto clique = ComputeClique({Gpu("GPU-a", Attached(zero, 0)), Gpu("GPU-b", Attached(zero, 0))});
+  EXPECT_EQ(clique.clique_id, "");
+  EXPECT_THAT(clique.reason, HasSubstr("no multi-node NVLink"));
+  EXPECT_THAT(clique.reason, HasSubstr("all-zero cluster UUID on every GPU (2 of 2)"));
+  // Mixed with other non-attached GPUs, the zero ones are named among the reasons.
+  const auto mixed = ComputeClique({Gpu("GPU-a", Attached(zero, 0)), Gpu("GPU-b", std::nullopt)});
+  EXPECT_EQ(mixed.clique_id, "");
+  EXPECT_THAT(mixed.reason, HasSubstr("all-zero cluster UUID: 1 of 2"));
+  EXPECT_THAT(mixed.reason, HasSubstr("no fabric support: 1 of 2"));
+  // Beside a real cluster UUID the zero GPU does not make a disagreement: it is in no clique.
+  EXPECT_EQ(ComputeClique({Gpu("GPU-a", Attached("c1", 7)), Gpu("GPU-b", Attached(zero, 0))}).clique_id, "c1.7");
+}
+
 TEST(Clique, UnreadableFabricInfoMakesTheCliqueUnknown) {
   const auto clique = ComputeClique({Gpu("GPU-a", Attached("c1", 7))}, {"GPU-b (nvmlDeviceGetGpuFabricInfoV: x)"});
   EXPECT_EQ(clique.clique_id, "");
