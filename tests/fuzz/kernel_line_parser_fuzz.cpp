@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
 
   // The address parser on its own, and its round trip.
   if (auto pci = gns::gpu_health::ParsePciAddress(message)) {
-    auto again = gns::gpu_health::ParsePciAddress(pci->ToString());
+    auto again = gns::gpu_health::ParsePciAddress(pci->DeviceString());
     Check(again.has_value() && again->SameDevice(*pci));
   }
   return 0;

@@ -30,7 +30,7 @@ fi
 
 case "$target" in
   kernel_line_parser)
-    sources=("$repo/src/modules/gpu_health/kernel_line_parser.cpp")
+    sources=("$repo/src/modules/gpu_health/kernel_line_parser.cpp" "$repo/src/loop/pci_address.cpp")
     libs=()
     corpus=kernel_line
     ;;

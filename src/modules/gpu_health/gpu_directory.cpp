@@ -25,7 +25,7 @@ std::string PciPolicyId(std::string_view pci_text) {
 }
 
 XidSubject::XidSubject(std::string_view uuid, const std::optional<PciAddress>& pci) : uuid_(uuid), address_(pci) {
-  if (uuid_.empty()) pci_id_ = PciPolicyId(pci ? pci->ToString() : std::string());
+  if (uuid_.empty()) pci_id_ = PciPolicyId(pci ? pci->DeviceString() : std::string());
 }
 
 std::string_view XidSubject::policy_id() const noexcept { return uuid_.empty() ? std::string_view(pci_id_) : uuid_; }
@@ -35,7 +35,7 @@ void GpuDirectory::SetInventory(const std::vector<gpu_inventory::GpuInfo>& gpus)
   inventory_.reserve(gpus.size());
   for (const auto& gpu : gpus) {
     const PciAddress pci = FromInventory(gpu.pci);
-    inventory_.emplace_back(pci.DeviceKey(), Known{gpu.uuid, pci.ToString()});
+    inventory_.emplace_back(pci.DeviceKey(), Known{gpu.uuid, pci.DeviceString()});
   }
 }
 
@@ -63,7 +63,7 @@ GpuDirectory::LearnResult GpuDirectory::Learn(const PciAddress& pci, std::string
   const auto it = learned_.find(key);
   if (it != learned_.end() && it->second.uuid == uuid) return LearnResult::kKnown;
   if (it == learned_.end() && learned_.size() >= kMaxLearned) return LearnResult::kFull;
-  learned_[key] = Known{std::string(uuid), pci.ToString()};
+  learned_[key] = Known{std::string(uuid), pci.DeviceString()};
   return LearnResult::kLearned;
 }
 

@@ -32,7 +32,7 @@ class XidSubject {
   [[nodiscard]] std::string_view uuid() const noexcept { return uuid_; }
   [[nodiscard]] const std::optional<PciAddress>& address() const noexcept { return address_; }
   // "dddd:bb:dd", empty when the report had no PCI address.
-  [[nodiscard]] std::string pci() const { return address_ ? address_->ToString() : std::string(); }
+  [[nodiscard]] std::string pci() const { return address_ ? address_->DeviceString() : std::string(); }
   [[nodiscard]] std::string_view policy_id() const noexcept;
 
  private:

@@ -498,56 +498,6 @@ ParsedLine ParseResetAck(std::string_view msg, std::size_t marker, std::size_t m
 
 }  // namespace
 
-bool PciAddress::SameDevice(const PciAddress& other) const noexcept {
-  return DeviceKey() == other.DeviceKey();
-}
-
-uint64_t PciAddress::DeviceKey() const noexcept {
-  return (static_cast<uint64_t>(domain) << 16) | (static_cast<uint64_t>(bus) << 8) | device;
-}
-
-std::string PciAddress::ToString() const {
-  // printf's "%04x:%02x:%02x" by hand: gpu-health formats the address of every Xid line, and
-  // snprintf's format parsing costs more than the rest of the formatting. At most 14
-  // characters, so the string stays inline (no allocation).
-  constexpr char kDigits[] = "0123456789abcdef";
-  char buf[16];
-  std::size_t n = 0;
-  int digits = 8;
-  while (digits > 4 && ((domain >> ((digits - 1) * 4)) & 0xF) == 0) --digits;
-  for (int d = digits - 1; d >= 0; --d) buf[n++] = kDigits[(domain >> (d * 4)) & 0xF];
-  buf[n++] = ':';
-  buf[n++] = kDigits[bus >> 4];
-  buf[n++] = kDigits[bus & 0xF];
-  buf[n++] = ':';
-  buf[n++] = kDigits[device >> 4];
-  buf[n++] = kDigits[device & 0xF];
-  return std::string(buf, n);
-}
-
-std::optional<PciAddress> ParsePciAddress(std::string_view text) noexcept {
-  std::string_view unused;
-  {
-    Cursor c(text, 0);
-    auto pci = PciAt(c, unused);
-    if (pci && c.pos() == text.size()) return pci;
-  }
-  // lspci's short form "bb:dd.f" (domain 0).
-  Cursor c(text, 0);
-  auto bus = c.Hex(2);
-  if (!bus || !c.Consume(':')) return std::nullopt;
-  auto device = c.Hex(2);
-  if (!device || *device > 0x1F || !c.Consume('.')) return std::nullopt;
-  auto function = c.Hex(1);
-  if (!function || *function > 7 || c.pos() != text.size()) return std::nullopt;
-  PciAddress pci;
-  pci.bus = static_cast<uint8_t>(*bus);
-  pci.device = static_cast<uint8_t>(*device);
-  pci.function = static_cast<uint8_t>(*function);
-  pci.has_function = true;
-  return pci;
-}
-
 std::string_view LineKindName(LineKind kind) noexcept {
   switch (kind) {
     case LineKind::kUnrelated: return "unrelated";

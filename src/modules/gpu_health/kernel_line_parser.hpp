@@ -11,6 +11,8 @@
 // not outlive the message it was parsed from.
 #pragma once
 
+#include "loop/pci_address.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -26,29 +28,10 @@ inline constexpr std::size_t kMaxProcessNameBytes = 256;
 // "GPU-" + 36 characters is what drivers print today; leave room for longer forms.
 inline constexpr std::size_t kMaxUuidBytes = 64;
 
-// A PCI bus address. Kernel Xid lines print domain:bus:device without the function
-// ("0000:3b:00"); NVML prints an 8-digit domain and the function ("00000000:3B:00.0").
-// Compare GPUs with SameDevice()/DeviceKey(), never by text.
-struct PciAddress {
-  uint32_t domain = 0;
-  uint8_t bus = 0;
-  uint8_t device = 0;
-  uint8_t function = 0;
-  bool has_function = false;
-
-  // True when domain, bus and device match. The function is ignored on purpose: the Xid
-  // line never prints it, and a GPU is function 0 anyway.
-  [[nodiscard]] bool SameDevice(const PciAddress& other) const noexcept;
-  // (domain, bus, device) packed into one integer, for maps keyed by GPU.
-  [[nodiscard]] uint64_t DeviceKey() const noexcept;
-  // "dddd:bb:dd" in lowercase hex (domain at least 4 digits): the form Xid lines use and
-  // NVSentinel reports as the PCI entity.
-  [[nodiscard]] std::string ToString() const;
-};
-
-// Parses a whole string as "domain:bus:device[.function]" (hex, any case, domain 1–8 digits)
-// or lspci's short "bus:device.function". Returns nullopt for anything else.
-[[nodiscard]] std::optional<PciAddress> ParsePciAddress(std::string_view text) noexcept;
+// PCI addresses (src/loop/pci_address.hpp): Xid lines print domain:bus:device without the
+// function ("0000:3b:00", PciAddress::DeviceString()); compare GPUs with SameDevice()/DeviceKey().
+using gns::ParsePciAddress;
+using gns::PciAddress;
 
 enum class LineKind : uint8_t {
   kUnrelated,     // not one of ours: the common case

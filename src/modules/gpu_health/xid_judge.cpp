@@ -269,12 +269,12 @@ void XidJudge::Learn(const PciAddress& pci, const std::string& uuid, int64_t now
       return;
     case GpuDirectory::LearnResult::kFull:
       out_.bad("too_many_gpu_uuid_lines", "more than " + std::to_string(GpuDirectory::kMaxLearned) +
-                                              " PCI addresses learned; ignoring " + pci.ToString());
+                                              " PCI addresses learned; ignoring " + pci.DeviceString());
       return;
     case GpuDirectory::LearnResult::kLearned:
       break;
   }
-  log_.info("learned {} at PCI {} from the kernel log", uuid, pci.ToString());
+  log_.info("learned {} at PCI {} from the kernel log", uuid, pci.DeviceString());
   if (const auto p = pending_.find(pci.DeviceKey()); p != pending_.end()) {
     const Pending pending = p->second;
     pending_.erase(p);

@@ -3,6 +3,8 @@
 // NVLink clique (retained), XIDs that NVML reported (events), and the request to let go of
 // NVML for a GPU reset and to take it back.
 
+#include "loop/pci_address.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <compare>
@@ -14,20 +16,8 @@
 
 namespace gns::gpu_inventory {
 
-// PCI location compared numerically: "0000:3b:00.0", "00000000:3B:00.0" and "3b:00" (kernel
-// log forms) name the same device.
-struct PciAddress {
-  uint32_t domain = 0;
-  uint32_t bus = 0;
-  uint32_t device = 0;
-  uint32_t function = 0;
-  auto operator<=>(const PciAddress&) const = default;
-  // "0000:3b:00.0" (the kernel's sysfs form).
-  std::string ToString() const;
-  // Accepts "DDDD:BB:DD.F", "DDDDDDDD:BB:DD.F", "BB:DD.F" and "BB:DD" (hex, any case), and
-  // the kernel's Xid-line "DDDD:BB:DD" (no function: read as function 0).
-  static std::optional<PciAddress> Parse(std::string_view text);
-};
+// PCI location compared numerically (src/loop/pci_address.hpp): one type for every module.
+using gns::PciAddress;
 
 struct FabricInfo {
   std::string cluster_uuid;  // canonical 8-4-4-4-12 lower-case form
@@ -121,7 +111,6 @@ struct NvmlReleaseRequest {
   std::string gpu_uuid = {};  // empty: the whole NVML
 };
 
-void to_json(nlohmann::json& j, const PciAddress& p);
 void to_json(nlohmann::json& j, const FabricInfo& f);
 void to_json(nlohmann::json& j, const GpuInfo& g);
 void to_json(nlohmann::json& j, const GpuInventory& inv);

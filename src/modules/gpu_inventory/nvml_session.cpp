@@ -97,7 +97,7 @@ class Reader {
       if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetPciInfo_v3", rc, " for " + gpu.uuid);
       gpu.pci_bus_id = std::string(pci.busId, strnlen(pci.busId, sizeof(pci.busId)));
       // NVML always prints function 0 in busId; the numeric fields are the source of truth.
-      gpu.pci = PciAddress{pci.domain, pci.bus, pci.device, 0};
+      gpu.pci = PciAddress{pci.domain, static_cast<uint8_t>(pci.bus), static_cast<uint8_t>(pci.device), 0, true};
 
       rc = api_.nvmlDeviceGetMinorNumber(device, &gpu.minor);
       if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetMinorNumber", rc, " for " + gpu.uuid);
@@ -194,7 +194,7 @@ class Reader {
         Warn("nvmlDeviceGetNvLinkRemotePciInfo_v2", rc, uuid);
         break;
       }
-      out.push_back(PciAddress{remote.domain, remote.bus, remote.device, 0});
+      out.push_back(PciAddress{remote.domain, static_cast<uint8_t>(remote.bus), static_cast<uint8_t>(remote.device), 0, true});
     }
     return out;
   }

@@ -44,7 +44,7 @@ TEST_P(XidVariants, ExtractsEveryField) {
   ASSERT_EQ(parsed.kind(), LineKind::kXid)
       << (parsed.malformed() ? parsed.malformed()->Reason() : std::string(LineKindName(parsed.kind())));
   const XidLine& x = *parsed.xid();
-  EXPECT_TRUE(x.pci.SameDevice(Pci(c.pci))) << x.pci.ToString();
+  EXPECT_TRUE(x.pci.SameDevice(Pci(c.pci))) << x.pci.DeviceString();
   EXPECT_EQ(x.xid, c.xid);
   EXPECT_EQ(x.pid, c.pid);
   EXPECT_EQ(x.process_name(), c.process_name);
@@ -167,7 +167,7 @@ TEST(KernelLineParser, FallenOffTheBusForms) {
         "fallen off the bus and is not responding to commands.");
     ASSERT_EQ(p.kind(), LineKind::kFallenOffBus);
     ASSERT_TRUE(p.fallen_off_bus()->pci.has_value());
-    EXPECT_EQ(p.fallen_off_bus()->pci->ToString(), "0000:0e:00");
+    EXPECT_EQ(p.fallen_off_bus()->pci->DeviceString(), "0000:0e:00");
   }
   {
     // A forwarder that split the message leaves the continuation without an address.
@@ -382,7 +382,7 @@ TEST(PciAddress, ComparesNumericallyAcrossForms) {
   const PciAddress from_nvml = Pci("00000000:3B:00.0");
   EXPECT_TRUE(from_xid.SameDevice(from_nvml));
   EXPECT_EQ(from_xid.DeviceKey(), from_nvml.DeviceKey());
-  EXPECT_EQ(from_nvml.ToString(), "0000:3b:00");
+  EXPECT_EQ(from_nvml.DeviceString(), "0000:3b:00");
   EXPECT_TRUE(from_nvml.has_function);
   EXPECT_FALSE(from_xid.has_function);
 
@@ -391,15 +391,16 @@ TEST(PciAddress, ComparesNumericallyAcrossForms) {
   EXPECT_FALSE(Pci("0001:3b:00").SameDevice(from_xid));
   EXPECT_FALSE(Pci("0000:3b:01").SameDevice(from_xid));
   EXPECT_TRUE(Pci("0000:3b:00.1").SameDevice(from_xid));  // function does not matter
-  EXPECT_EQ(Pci("00010000:01:1f.7").ToString(), "10000:01:1f");
+  EXPECT_EQ(Pci("00010000:01:1f.7").DeviceString(), "10000:01:1f");
 
   // The Xid line and the NVML busId name the same GPU.
   const ParsedLine p = ParseKernelLine("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.");
   ASSERT_EQ(p.kind(), LineKind::kXid);
   EXPECT_TRUE(p.xid()->pci.SameDevice(from_nvml));
 
+  EXPECT_TRUE(Pci("3b:00").SameDevice(from_xid));  // bus:device, domain 0 (one grammar for every module)
   for (std::string_view bad : {"", "0000:3b", "0000:3b:00.8", "0000:3b:20", "000000000:3b:00",
-                               "0000:3b:00 ", "zz:00.0", "0000::00", "3b:00", ":3b:00"}) {
+                               "0000:3b:00 ", "zz:00.0", "0000::00", ":3b:00"}) {
     EXPECT_FALSE(ParsePciAddress(bad).has_value()) << bad;
   }
 }
