@@ -9,6 +9,7 @@
 #include "modules/journald/journald_module.hpp"
 #include "modules/kube/kube_module.hpp"
 #include "modules/metrics/metrics_module.hpp"
+#include "modules/pod_resources/pod_resources_module.hpp"
 
 namespace gns {
 
@@ -22,6 +23,7 @@ const std::vector<ModuleDescriptor>& ModuleManifest() {
       DescribeModule<gpu_health::GpuHealthModule>(),
       DescribeModule<device_plugin::DevicePluginModule>(),
       DescribeModule<dra::DraComputeDomainModule>(),
+      DescribeModule<pod_resources::PodResourcesModule>(),
   };
   return manifest;
 }

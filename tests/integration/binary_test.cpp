@@ -60,7 +60,7 @@ TEST_F(BinaryTest, ValidateConfigAcceptsBothShippedConfigs) {
   auto [code, out] = test::RunToCompletion({Binary(), "validate-config", "--config", Source("config/example.yaml")},
                                            {{"NODE_NAME", "gpu-node-1"}});
   EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("config ok: node gpu-node-1, modules enabled: metrics kube gpu-inventory journald gpu-health device-plugin"), std::string::npos) << out;
+  EXPECT_NE(out.find("config ok: node gpu-node-1, modules enabled: metrics kube gpu-inventory journald gpu-health device-plugin pod-resources"), std::string::npos) << out;
   std::tie(code, out) = test::RunToCompletion({Binary(), "validate-config", "--config", Source("config/local.yaml")},
                                               {{"GNS_SANDBOX", dir_.string()}});
   EXPECT_EQ(code, 0) << out;

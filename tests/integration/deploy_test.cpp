@@ -73,6 +73,12 @@ const std::set<Grant>& UsedByTheCode() {
       {"cluster", "", "nodes", "list"},
       {"cluster", "", "nodes", "watch"},
       {"cluster", "", "nodes", "patch"},
+      // src/modules/pod_resources/pod_resources_module.cpp: the pods of this node through an
+      // informer (list + watch, spec.nodeName field selector); a merge PATCH of the
+      // dgxc.nvidia.com/devices annotation.
+      {"cluster", "", "pods", "list"},
+      {"cluster", "", "pods", "watch"},
+      {"cluster", "", "pods", "patch"},
       // device-plugin, gpu-inventory, metrics, journald: no API calls.
   };
   return used;
@@ -190,6 +196,7 @@ TEST_F(DeployTest, TheDaemonSetPassesTheFeatureGateAndTheNodeEnvironment) {
     if (v["hostPath"]) host_paths.insert(v["hostPath"]["path"].as<std::string>());
   }
   for (const auto* path : {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins",
+                           "/var/lib/kubelet/pod-resources",
                            "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/var/lib/gpu-node-supervisor",
                            "/proc", "/var/log/journal"}) {
     EXPECT_TRUE(host_paths.contains(path)) << path;

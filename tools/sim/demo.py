@@ -4,6 +4,8 @@ what the supervisor did, as an operator would see it from the outside (kubelet s
 API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the supervisor.
 
   1. device plugin: 8 GPUs advertised to the kubelet;
+     pod resources: a pod allocated a GPU gets the dgxc.nvidia.com/devices annotation (and the
+     GPU -> pod map in /debug/state), and loses it when its containers end;
   2. an NVRM Xid line in the journal turns a GPU Unhealthy at the kubelet, a reset ack heals it;
      an Xid written before the supervisor started is acted on too; XID 154 names the recovery
      action the driver wants; an Xid that NVML and the kernel log both report counts once;
@@ -114,6 +116,34 @@ def metric(series):
     return 0.0
 
 
+def pod_resources_step(gpu):
+    """A pod on this node is admitted with one GPU (the kubelet simulator calls our device plugin's
+    Allocate and records it for PodResourcesLister) -> annotated; its containers end -> not."""
+    api = Api()
+    pods = "/api/v1/namespaces/ml/pods"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer-0", "namespace": "ml"},
+           "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "cuda",
+                                                      "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+           "status": {"phase": "Pending"}}
+    code, created = api.call("POST", pods, pod)
+    if code != 201:
+        raise SystemExit(f"[demo] creating the pod failed: {code} {created}")
+    allocated = kubelet("allocate", "--pod=ml/trainer-0", "--containers=main", "nvidia.com/gpu", gpu)
+    if not allocated.get("ok"):
+        raise SystemExit(f"[demo] Allocate for ml/trainer-0 failed: {allocated}")
+    key = "dgxc.nvidia.com/devices"
+    value = wait_for("the pod's devices annotation", lambda: (lambda r: (r[1]["metadata"].get("annotations") or {})
+                                                                .get(key) if r[0] == 200 else None)(api.call("GET", pods + "/trainer-0")))
+    holders = json.loads(http_get("/debug/state")[1]).get("pod-resources.gpu-pods", {}).get("gpus", {}).get(gpu, [])
+    say("pod resources", f"pod ml/trainer-0 allocated {gpu[:12]}… by the kubelet -> annotated {key}: {value}; "
+        f"GPU -> pods map: {[h['namespace'] + '/' + h['name'] + ':' + h['container'] for h in holders]}")
+    kubelet("forget-pod", "ml/trainer-0")
+    api.call("PATCH", pods + "/trainer-0/status", {"status": {"phase": "Succeeded"}}, "application/merge-patch+json")
+    wait_for("the annotation removed", lambda: key not in (api.call("GET", pods + "/trainer-0")[1]["metadata"]
+                                                          .get("annotations") or {}))
+    say("pod resources", "its containers ended (the kubelet no longer lists it) -> annotation removed")
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -128,6 +158,8 @@ def main():
     say("gpu health", f"Xid 79 written before the supervisor started -> {EARLY_UUID} Unhealthy at the kubelet")
     subprocess.run(JOURNAL_SIM + ["reset", EARLY_UUID], check=True)
     wait_for(f"{EARLY_UUID} Healthy again", lambda: device_health(EARLY_UUID) == "Healthy")
+
+    pod_resources_step(sorted(d for d in plugin.get("devices", {}) if d not in (GPU_UUID, EARLY_UUID))[0])
 
     subprocess.run(JOURNAL_SIM + ["uuid", GPU_PCI, GPU_UUID], check=True)
     subprocess.run(JOURNAL_SIM + ["xid", GPU_PCI, "48", "DBE (double bit error) ECC error"], check=True)

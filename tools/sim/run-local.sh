@@ -49,7 +49,8 @@ pids+=($!)
 for _ in $(seq 100); do [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] && break; sleep 0.1; done
 [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] || { echo "the API-server simulator did not start" >&2; exit 1; }
 
-# The kubelet simulator: device-plugin registration + ListAndWatch, plugin watcher, DRA calls.
+# The kubelet simulator: device-plugin registration + ListAndWatch, plugin watcher, DRA calls,
+# PodResourcesLister (var/lib/kubelet/pod-resources/kubelet.sock).
 "$build_dir/tools/sim/kubelet/gns-sim-kubelet" --kubelet-dir "$GNS_SANDBOX/var/lib/kubelet" \
   --control-socket "$GNS_SANDBOX/kubelet-control.sock" > >(sed -u 's/^/[kubelet-sim] /') 2>&1 &
 pids+=($!)

@@ -43,6 +43,14 @@ v1beta1::ListAndWatchResponse ToListAndWatch(const std::vector<AdvertisedDevice>
   return list;
 }
 
+std::vector<std::string> AllocatedIds(const v1beta1::AllocateRequest& request) {
+  std::vector<std::string> ids;
+  for (const auto& container : request.container_requests()) {
+    ids.insert(ids.end(), container.devices_ids().begin(), container.devices_ids().end());
+  }
+  return ids;
+}
+
 }  // namespace
 
 DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
@@ -169,6 +177,7 @@ void DevicePluginModule::StartServing() {
       }
     }
     allocations_ok_->Inc();
+    context_.GetBus().Publish(DevicesAllocated{config_.resource_name, AllocatedIds(request)});
     return grpc::Status::OK;
   };
   handlers.preferred = [this](const v1beta1::PreferredAllocationRequest& request,

@@ -41,4 +41,12 @@ inline void to_json(nlohmann::json& j, const DevicePluginState& s) {
                      {"devices", std::move(devices)}};
 }
 
+// One Allocate the kubelet made (an event): the devices now belong to a container being admitted.
+// pod-resources re-lists the kubelet's PodResourcesLister on it.
+struct DevicesAllocated {
+  static constexpr std::string_view kTopic = "device-plugin.allocated";
+  std::string resource_name;
+  std::vector<std::string> device_ids;  // every container's, in request order
+};
+
 }  // namespace gns::device_plugin

@@ -32,6 +32,7 @@
 #include "dra/v1beta1/api.grpc.pb.h"
 #include "kubelet_sim.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
+#include "podresources/v1/api.grpc.pb.h"
 
 namespace gns::sim {
 namespace {
@@ -833,6 +834,102 @@ TEST_F(KubeletSimTest, DraPluginRegistersWithV1AndPrepareUnprepareRoundTrip) {
   EXPECT_EQ(forced.service, "v1beta1.DRAPlugin");
   EXPECT_THAT(forced.missing_claims, ElementsAre("uid-3"));
   EXPECT_EQ(plugin.Calls("prepare-v1beta1"), 1);
+}
+
+// ---- PodResourcesLister ------------------------------------------------------------------------
+
+// A plain synchronous client, as dcgm-exporter or NVSentinel's metadata-collector would dial it.
+std::unique_ptr<::v1::PodResourcesLister::Stub> PodResourcesClient(const KubeletSim& sim) {
+  return ::v1::PodResourcesLister::NewStub(
+      grpc::CreateChannel("unix:" + sim.PodResourcesSocket().string(), grpc::InsecureChannelCredentials()));
+}
+
+TEST_F(KubeletSimTest, PodResourcesListsWhatWasAllocatedAndPreparedForPods) {
+  KubeletSim& sim = StartSim();
+  EXPECT_EQ(sim.PodResourcesSocket(), options_.kubelet_dir / "pod-resources/kubelet.sock");
+  FakeDevicePlugin::Config config;
+  config.devices = {{"GPU-0", "Healthy", {0}}, {"GPU-1", "Healthy", {1}}, {"GPU-2", "Unhealthy", {1}}};
+  FakeDevicePlugin& plugin = AddDevicePlugin(config);
+  plugin.Serve();
+  ASSERT_TRUE(plugin.Register(sim.KubeletSocket()).ok());
+  ASSERT_TRUE(sim.WaitForDevices(kGpu, [](const auto& d) { return d.size() == 3; }, kWait));
+  FakeDraPlugin& dra = AddDraPlugin();
+  dra.Serve();
+  ASSERT_TRUE(sim.WaitForDraDriver(kDriver, kWait));
+
+  // A refused Allocate records nothing; a pod needs one container name per request.
+  EXPECT_FALSE(sim.Allocate(kGpu, {{"GPU-9"}}, PodBinding{"ml", "bad", {"main"}}).ok());
+  EXPECT_EQ(sim.Allocate(kGpu, {{"GPU-0"}}, PodBinding{"ml", "bad", {}}).status.code,
+            grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(sim.Allocate(kGpu, {{"GPU-0"}, {"GPU-1"}}, PodBinding{"ml", "trainer", {"main", "side"}}).ok());
+  ASSERT_TRUE(sim.NodePrepareResources(kDriver, {{"ml", "uid-1", "claim-1"}}, PodBinding{"ml", "trainer", {"main"}}).ok());
+
+  auto client = PodResourcesClient(sim);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kWait);
+  ::v1::ListPodResourcesResponse list;
+  ASSERT_TRUE(client->List(&context, ::v1::ListPodResourcesRequest(), &list).ok());
+  ASSERT_EQ(list.pod_resources_size(), 1);
+  const auto& pod = list.pod_resources(0);
+  EXPECT_EQ(pod.namespace_(), "ml");
+  EXPECT_EQ(pod.name(), "trainer");
+  ASSERT_EQ(pod.containers_size(), 2);
+  EXPECT_EQ(pod.containers(0).name(), "main");
+  ASSERT_EQ(pod.containers(0).devices_size(), 1);
+  EXPECT_EQ(pod.containers(0).devices(0).resource_name(), kGpu);
+  EXPECT_THAT(pod.containers(0).devices(0).device_ids(), ElementsAre("GPU-0"));
+  ASSERT_EQ(pod.containers(0).dynamic_resources_size(), 1);
+  const auto& dynamic = pod.containers(0).dynamic_resources(0);
+  EXPECT_EQ(dynamic.claim_name(), "claim-1");
+  EXPECT_EQ(dynamic.claim_namespace(), "ml");
+  ASSERT_EQ(dynamic.claim_resources_size(), 1);
+  EXPECT_EQ(dynamic.claim_resources(0).driver_name(), kDriver);
+  EXPECT_EQ(dynamic.claim_resources(0).device_name(), "gpu-0");
+  EXPECT_THAT(pod.containers(1).devices(0).device_ids(), ElementsAre("GPU-1"));
+
+  grpc::ClientContext allocatable_context;
+  ::v1::AllocatableResourcesResponse allocatable;
+  ASSERT_TRUE(client->GetAllocatableResources(&allocatable_context, {}, &allocatable).ok());
+  ASSERT_EQ(allocatable.devices_size(), 2);  // the Unhealthy one is not allocatable
+  EXPECT_THAT(allocatable.devices(1).device_ids(), ElementsAre("GPU-1"));
+  EXPECT_EQ(allocatable.devices(1).topology().nodes(0).id(), 1);
+
+  // Unprepare drops the claim; a forgotten pod leaves the list; a restart keeps what is recorded.
+  ASSERT_TRUE(sim.NodeUnprepareResources(kDriver, {{"ml", "uid-1", "claim-1"}}).ok());
+  EXPECT_TRUE(sim.Pods().at("ml/trainer").containers.at("main").dynamic_resources.empty());
+  sim.InjectPodDevices("ml", "other", "main", kGpu, {"GPU-unknown"});
+  EXPECT_TRUE(sim.ForgetPod("ml", "trainer"));
+  EXPECT_FALSE(sim.ForgetPod("ml", "trainer"));
+  sim.Restart();
+  grpc::ClientContext after_context;
+  after_context.set_deadline(std::chrono::system_clock::now() + kWait);
+  after_context.set_wait_for_ready(true);
+  ::v1::ListPodResourcesResponse after;
+  ASSERT_TRUE(PodResourcesClient(sim)->List(&after_context, {}, &after).ok());
+  ASSERT_EQ(after.pod_resources_size(), 1);
+  EXPECT_EQ(after.pod_resources(0).name(), "other");
+  EXPECT_EQ(sim.State().pod_resources_lists, 2u);
+}
+
+TEST_F(KubeletSimTest, PodResourcesSocketCanBeAbsentThenServed) {
+  using nlohmann::json;
+  options_.serve_pod_resources = false;
+  KubeletSim& sim = StartSim();
+  EXPECT_FALSE(fs::exists(sim.PodResourcesSocket()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 2s);
+  ::v1::ListPodResourcesResponse list;
+  EXPECT_EQ(PodResourcesClient(sim)->List(&context, {}, &list).error_code(), grpc::StatusCode::UNAVAILABLE);
+  sim.StartPodResources();
+  EXPECT_TRUE(fs::is_socket(sim.PodResourcesSocket()));
+  EXPECT_EQ(fs::status(sim.PodResourcesSocket().parent_path()).permissions() & fs::perms::all, fs::perms(0750));
+  const json reply = json::parse(HandleKubeletCommand(sim, "pod-resources-socket off"));
+  EXPECT_TRUE(reply["ok"].get<bool>());
+  EXPECT_FALSE(fs::exists(sim.PodResourcesSocket()));
+  const json listed = json::parse(HandleKubeletCommand(sim, "pod-resources"));
+  EXPECT_FALSE(listed["serving"].get<bool>());
+  EXPECT_FALSE(json::parse(HandleKubeletCommand(sim, "allocate --containers=a nvidia.com/gpu GPU-0"))["ok"].get<bool>());
+  EXPECT_FALSE(json::parse(HandleKubeletCommand(sim, "forget-pod nope"))["ok"].get<bool>());
 }
 
 TEST_F(KubeletSimTest, AV1beta1OnlyPluginIsServedThroughV1beta1) {

@@ -2,6 +2,7 @@
 #include "control.h"
 
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -16,10 +17,13 @@ using nlohmann::json;
 
 constexpr std::string_view kHelp =
     "state | restart | probe | "
-    "allocate RESOURCE ID,ID[ ID,ID...] (one list per container) | "
+    "allocate [--pod=NS/NAME --containers=C1,C2..] RESOURCE ID,ID[ ID,ID...] (one list per container) | "
     "preferred RESOURCE AVAILABLE_IDS MUST_INCLUDE_IDS|- SIZE | prestart RESOURCE ID,ID | "
-    "prepare [--version=v1|v1beta1] DRIVER CLAIM_JSON | unprepare [--version=v1|v1beta1] DRIVER CLAIM_JSON "
-    "(CLAIM_JSON: {\"namespace\":..,\"uid\":..,\"name\":..} or a list of them)";
+    "prepare [--version=v1|v1beta1 | --pod=NS/NAME [--container=C]] DRIVER CLAIM_JSON | "
+    "unprepare [--version=v1|v1beta1] DRIVER CLAIM_JSON "
+    "(CLAIM_JSON: {\"namespace\":..,\"uid\":..,\"name\":..} or a list of them) | "
+    "pod-resources (what List answers) | forget-pod NS/NAME | "
+    "inject-pod-devices NS/NAME CONTAINER RESOURCE ID,ID (no plugin call) | pod-resources-socket on|off";
 
 std::vector<std::string> SplitWords(std::string_view text) {
   std::vector<std::string> words;
@@ -54,6 +58,15 @@ std::string TakeWord(std::string_view& rest) {
 
 json Error(const std::string& message) { return json{{"ok", false}, {"error", message}}; }
 
+// "NS/NAME" -> binding; false when the shape is wrong.
+bool ParsePod(std::string_view text, PodBinding& pod) {
+  const std::size_t slash = text.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == text.size()) return false;
+  pod.namespace_ = std::string(text.substr(0, slash));
+  pod.name = std::string(text.substr(slash + 1));
+  return pod.name.find('/') == std::string::npos;
+}
+
 json FromStatus(const RpcStatus& status) {
   if (status.ok()) return json{{"ok", true}};
   return json{{"ok", false}, {"code", std::string(StatusCodeName(status.code))}, {"error", status.message}};
@@ -87,18 +100,30 @@ std::vector<DraClaim> ParseClaims(std::string_view text) {
 
 json Prepare(KubeletSim& sim, std::string_view rest, bool prepare) {
   std::optional<DraVersion> version;
+  std::optional<PodBinding> pod;
   std::string driver = TakeWord(rest);
-  if (driver.starts_with("--version=")) {
-    const std::string value = driver.substr(10);
-    if (value == "v1") {
-      version = DraVersion::kV1;
-    } else if (value == "v1beta1") {
-      version = DraVersion::kV1beta1;
+  for (;;) {
+    if (driver.starts_with("--version=")) {
+      const std::string value = driver.substr(10);
+      if (value == "v1") {
+        version = DraVersion::kV1;
+      } else if (value == "v1beta1") {
+        version = DraVersion::kV1beta1;
+      } else {
+        return Error("--version must be v1 or v1beta1");
+      }
+    } else if (driver.starts_with("--pod=") && prepare) {
+      pod.emplace();
+      if (!ParsePod(driver.substr(6), *pod)) return Error("--pod must be NAMESPACE/NAME");
+    } else if (driver.starts_with("--container=") && prepare) {
+      if (!pod) return Error("--container needs --pod first");
+      pod->containers = {driver.substr(12)};
     } else {
-      return Error("--version must be v1 or v1beta1");
+      break;
     }
     driver = TakeWord(rest);
   }
+  if (pod && version) return Error("--pod uses the negotiated version; give --version or --pod, not both");
   if (driver.empty()) return Error(std::string(prepare ? "prepare" : "unprepare") + " DRIVER CLAIM_JSON");
   std::vector<DraClaim> claims;
   try {
@@ -107,8 +132,9 @@ json Prepare(KubeletSim& sim, std::string_view rest, bool prepare) {
     return Error(std::string("bad CLAIM_JSON: ") + e.what());
   }
   if (prepare) {
-    const DraPrepareResult result =
-        version ? sim.NodePrepareResources(driver, claims, *version) : sim.NodePrepareResources(driver, claims);
+    const DraPrepareResult result = version ? sim.NodePrepareResources(driver, claims, *version)
+                                    : pod   ? sim.NodePrepareResources(driver, claims, *pod)
+                                            : sim.NodePrepareResources(driver, claims);
     json reply = FromStatus(result.status);
     reply["service"] = result.service;
     reply["endpoint"] = result.endpoint;
@@ -164,12 +190,32 @@ json Run(KubeletSim& sim, std::string_view line) {
   }
   if (command == "prepare" || command == "unprepare") return Prepare(sim, rest, command == "prepare");
 
-  const std::vector<std::string> words = SplitWords(rest);
+  std::vector<std::string> words = SplitWords(rest);
   if (command == "allocate") {
-    if (words.size() < 2) return Error("allocate RESOURCE ID,ID[ ID,ID...]");
+    std::optional<PodBinding> pod;
+    std::vector<std::string> container_names;
+    while (!words.empty() && words.front().starts_with("--")) {
+      const std::string flag = words.front();
+      words.erase(words.begin());
+      if (flag.starts_with("--pod=")) {
+        pod.emplace();
+        if (!ParsePod(std::string_view(flag).substr(6), *pod)) return Error("--pod must be NAMESPACE/NAME");
+      } else if (flag.starts_with("--containers=")) {
+        container_names = SplitComma(std::string_view(flag).substr(13));
+      } else {
+        return Error("allocate: unknown flag " + flag);
+      }
+    }
+    if (words.size() < 2) return Error("allocate [--pod=NS/NAME --containers=C1,..] RESOURCE ID,ID[ ID,ID...]");
     std::vector<std::vector<std::string>> containers;
     for (std::size_t i = 1; i < words.size(); ++i) containers.push_back(SplitComma(words[i]));
-    const auto result = sim.Allocate(words[0], containers);
+    if (!pod && !container_names.empty()) return Error("--containers needs --pod");
+    if (pod) {
+      // One container called "main" when none is named and one is requested.
+      if (container_names.empty() && containers.size() == 1) container_names = {"main"};
+      pod->containers = container_names;
+    }
+    const auto result = pod ? sim.Allocate(words[0], containers, *pod) : sim.Allocate(words[0], containers);
     json reply = FromStatus(result.status);
     if (result.ok()) reply["response"] = ProtoJson(result.response);
     return reply;
@@ -186,6 +232,49 @@ json Run(KubeletSim& sim, std::string_view line) {
     json reply = FromStatus(result.status);
     if (result.ok()) reply["response"] = ProtoJson(result.response);
     return reply;
+  }
+  if (command == "pod-resources") {
+    json pods = json::array();
+    for (const auto& [key, pod] : sim.Pods()) {
+      json containers = json::object();
+      for (const auto& [name, c] : pod.containers) {
+        json dynamic = json::array();
+        for (const PodDynamicResource& d : c.dynamic_resources) {
+          dynamic.push_back(json{{"claim", d.claim_namespace + "/" + d.claim_name}, {"driver", d.driver}});
+        }
+        containers[name] = json{{"devices", c.devices}, {"dynamic_resources", dynamic}};
+      }
+      pods.push_back(json{{"namespace", pod.namespace_}, {"name", pod.name}, {"containers", containers}});
+    }
+    const KubeletState state = sim.State();
+    return json{{"ok", true},
+                {"serving", state.pod_resources_serving},
+                {"socket", sim.PodResourcesSocket().string()},
+                {"lists", state.pod_resources_lists},
+                {"pods", pods}};
+  }
+  if (command == "forget-pod") {
+    PodBinding pod;
+    if (words.size() != 1 || !ParsePod(words[0], pod)) return Error("forget-pod NAMESPACE/NAME");
+    if (!sim.ForgetPod(pod.namespace_, pod.name)) return Error("no pod " + words[0]);
+    return json{{"ok", true}};
+  }
+  if (command == "inject-pod-devices") {
+    PodBinding pod;
+    if (words.size() != 4 || !ParsePod(words[0], pod)) {
+      return Error("inject-pod-devices NAMESPACE/NAME CONTAINER RESOURCE ID,ID");
+    }
+    sim.InjectPodDevices(pod.namespace_, pod.name, words[1], words[2], SplitComma(words[3]));
+    return json{{"ok", true}};
+  }
+  if (command == "pod-resources-socket") {
+    if (words.size() != 1 || (words[0] != "on" && words[0] != "off")) return Error("pod-resources-socket on|off");
+    if (words[0] == "on") {
+      sim.StartPodResources();
+    } else {
+      sim.StopPodResources();
+    }
+    return json{{"ok", true}};
   }
   if (command == "prestart") {
     if (words.size() != 2) return Error("prestart RESOURCE ID,ID");

@@ -114,7 +114,9 @@ KubeletSim::Impl::Impl(KubeletSimOptions opts)
     : options(std::move(opts)),
       kubelet_dir(options.kubelet_dir),
       device_plugin_dir(kubelet_dir / "device-plugins"),
-      registry_dir(kubelet_dir / "plugins_registry") {}
+      registry_dir(kubelet_dir / "plugins_registry"),
+      pod_resources_dir(kubelet_dir / "pod-resources"),
+      pod_resources_wanted(options.serve_pod_resources) {}
 
 void KubeletSim::Impl::StartLocked() {
   {
@@ -133,6 +135,7 @@ void KubeletSim::Impl::StartLocked() {
   }
   try {
     StartRegistrationServer();
+    if (pod_resources_wanted) StartPodResourcesServer();
     StartPluginWatcher();
   } catch (...) {
     StopLocked();
@@ -149,6 +152,7 @@ void KubeletSim::Impl::StopLocked() {
     ++generation;
   }
   StopRegistrationServer();
+  StopPodResourcesServer();
   StopPluginWatcher();
   std::vector<std::shared_ptr<detail::DevicePluginConnection>> connections;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels;
@@ -241,6 +245,7 @@ fs::path KubeletSim::KubeletDir() const { return impl_->kubelet_dir; }
 fs::path KubeletSim::DevicePluginDir() const { return impl_->device_plugin_dir; }
 fs::path KubeletSim::KubeletSocket() const { return impl_->device_plugin_dir / detail::kKubeletSocketName; }
 fs::path KubeletSim::PluginsRegistryDir() const { return impl_->registry_dir; }
+fs::path KubeletSim::PodResourcesSocket() const { return impl_->pod_resources_dir / detail::kKubeletSocketName; }
 
 KubeletState KubeletSim::State() const {
   std::lock_guard lock(impl_->mutex);

@@ -67,6 +67,9 @@ struct KubeletSimOptions {
   std::size_t max_updates = 10000;
   // Plugin-watcher events kept.
   std::size_t max_watcher_events = 1000;
+  // Serve PodResourcesLister v1 on <kubelet>/pod-resources/kubelet.sock (WIRE-FACTS §5).
+  // False makes a kubelet without that socket (StartPodResources() can open it later).
+  bool serve_pod_resources = true;
   // One readable line per registration, ListAndWatch update, disconnect, restart. Calls are
   // serialised by the simulator, so the callback need not be thread-safe; it runs on the
   // simulator's threads and must not call back into it.
@@ -192,6 +195,42 @@ struct PluginWatcherEvent {
 };
 std::string_view ToString(PluginWatcherEvent::Kind kind);
 
+// ---- pod resources (what PodResourcesLister answers) ------------------------------------------
+
+struct PodClaimDevice {
+  std::string pool_name;
+  std::string device_name;
+  std::vector<std::string> cdi_device_ids;
+};
+
+// One DRA claim a container uses, as recorded from a successful NodePrepareResources.
+struct PodDynamicResource {
+  std::string claim_name;
+  std::string claim_namespace;
+  std::string claim_uid;  // to drop it again on NodeUnprepareResources
+  std::string driver;
+  std::vector<PodClaimDevice> devices;
+};
+
+struct PodContainerResources {
+  std::map<std::string, std::vector<std::string>> devices;  // resource name -> device IDs
+  std::vector<PodDynamicResource> dynamic_resources;
+};
+
+struct PodResourcesEntry {
+  std::string namespace_;
+  std::string name;
+  std::map<std::string, PodContainerResources> containers;  // by container name
+};
+
+// Which pod (and containers) a kubelet call is admitting: allocations made with it appear in
+// PodResourcesLister.List under that pod, as the kubelet records them after the call returns.
+struct PodBinding {
+  std::string namespace_;
+  std::string name;
+  std::vector<std::string> containers;  // one per container request (Allocate); DRA: the first
+};
+
 // Everything the simulator knows; WaitFor predicates see it under the simulator's lock.
 struct KubeletState {
   std::map<std::string, ResourceState> resources;
@@ -199,6 +238,10 @@ struct KubeletState {
   std::map<std::string, DraDriverState> dra_drivers;
   std::map<std::string, PluginSocketState> plugin_sockets;  // keyed by socket path
   std::deque<PluginWatcherEvent> watcher_events;  // the newest max_watcher_events
+  std::map<std::string, PodResourcesEntry> pods;  // "namespace/name" -> what List reports
+  bool pod_resources_serving = false;
+  std::uint64_t pod_resources_lists = 0;  // List calls answered
+  std::uint64_t pod_resources_allocatable_calls = 0;  // GetAllocatableResources calls answered
   int restarts = 0;
   bool running = false;
 
@@ -271,6 +314,7 @@ class KubeletSim {
   std::filesystem::path DevicePluginDir() const;    // <kubelet>/device-plugins
   std::filesystem::path KubeletSocket() const;      // <kubelet>/device-plugins/kubelet.sock
   std::filesystem::path PluginsRegistryDir() const; // <kubelet>/plugins_registry
+  std::filesystem::path PodResourcesSocket() const; // <kubelet>/pod-resources/kubelet.sock
 
   // ---- observation
   KubeletState State() const;  // a copy
@@ -315,6 +359,26 @@ class KubeletSim {
                                         DraVersion version);
   DraUnprepareResult NodeUnprepareResources(const std::string& driver, const std::vector<DraClaim>& claims,
                                             DraVersion version);
+
+  // The same calls admitting a pod: on success the devices / prepared claims are recorded under
+  // `pod` and show in PodResourcesLister.List. Allocate needs one container name per request.
+  RpcResult<v1beta1::AllocateResponse> Allocate(const std::string& resource,
+                                                const std::vector<std::vector<std::string>>& container_requests,
+                                                const PodBinding& pod);
+  DraPrepareResult NodePrepareResources(const std::string& driver, const std::vector<DraClaim>& claims,
+                                        const PodBinding& pod);
+
+  // ---- pod resources
+  // The pod is gone (deleted, or its containers ended): List no longer reports it. False if unknown.
+  bool ForgetPod(const std::string& namespace_, const std::string& name);
+  // Records devices for a container without calling any plugin (IDs are not checked): how a test
+  // makes the kubelet report what our plugin never allocated, or malformed entries.
+  void InjectPodDevices(const std::string& namespace_, const std::string& name, const std::string& container,
+                        const std::string& resource, const std::vector<std::string>& ids);
+  std::map<std::string, PodResourcesEntry> Pods() const;
+  // Opens / closes the PodResourcesLister socket (a kubelet without it, then with it).
+  void StartPodResources();
+  void StopPodResources();
 
   // GetInfo on every registered plugin socket now (the kubelet's plugin monitor); two consecutive
   // failures deregister the plugin. Returns each socket's result.

@@ -16,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "podresources/v1/api.grpc.pb.h"
 #include "kubelet_sim.h"
 
 namespace gns::sim {
@@ -81,7 +82,24 @@ struct KubeletSim::Impl {
     Impl& impl_;
   };
 
+  // PodResourcesLister v1 over what `state.pods` and `state.resources` hold (pod_resources.cpp).
+  class PodResourcesService final : public v1::PodResourcesLister::Service {
+   public:
+    explicit PodResourcesService(Impl& impl) : impl_(impl) {}
+    grpc::Status List(grpc::ServerContext* context, const v1::ListPodResourcesRequest* request,
+                      v1::ListPodResourcesResponse* response) override;
+    grpc::Status GetAllocatableResources(grpc::ServerContext* context, const v1::AllocatableResourcesRequest* request,
+                                         v1::AllocatableResourcesResponse* response) override;
+    grpc::Status Get(grpc::ServerContext* context, const v1::GetPodResourcesRequest* request,
+                     v1::GetPodResourcesResponse* response) override;
+
+   private:
+    Impl& impl_;
+  };
+
   // ---- lifecycle (lifecycle_mutex held)
+  void StartPodResourcesServer();
+  void StopPodResourcesServer();
   void StartLocked();
   void StopLocked();
   void CleanupDevicePluginDirectory();
@@ -115,6 +133,8 @@ struct KubeletSim::Impl {
   std::map<std::string, RpcStatus> ProbeSockets();
 
   // ---- DRA
+  // Unprepared claims leave every pod's dynamic resources.
+  void DropPreparedClaims(const std::vector<std::string>& claim_uids);
   std::shared_ptr<grpc::Channel> DraChannel(const std::string& driver, std::string& endpoint, std::string& service,
                                             RpcStatus& error) const;
 
@@ -125,6 +145,7 @@ struct KubeletSim::Impl {
   std::filesystem::path kubelet_dir;
   std::filesystem::path device_plugin_dir;
   std::filesystem::path registry_dir;
+  std::filesystem::path pod_resources_dir;
 
   std::mutex lifecycle_mutex;  // Start / Stop / Restart, one at a time
 
@@ -143,6 +164,9 @@ struct KubeletSim::Impl {
   grpc::ClientContext* worker_call = nullptr;  // the worker's call in flight, cancelled by Stop
 
   RegistrationService registration_service{*this};
+  PodResourcesService pod_resources_service{*this};
+  std::unique_ptr<grpc::Server> pod_resources_server;
+  bool pod_resources_wanted = true;  // lifecycle_mutex: serve it while running
   std::unique_ptr<grpc::Server> registration_server;
   int inotify_fd = -1;
   int wake_fd = -1;

@@ -15,6 +15,12 @@ Examples:
   kubeletctl.py prepare gpu.nvidia.com '{"namespace":"default","uid":"u1","name":"c1"}'
   kubeletctl.py unprepare --version=v1beta1 gpu.nvidia.com '[{"namespace":"default","uid":"u1","name":"c1"}]'
   kubeletctl.py probe
+  kubeletctl.py allocate --pod=default/trainer --containers=main nvidia.com/gpu GPU-a   # recorded for List
+  kubeletctl.py prepare --pod=default/trainer gpu.nvidia.com '{"namespace":"default","uid":"u1","name":"c1"}'
+  kubeletctl.py pod-resources                                # what PodResourcesLister.List answers
+  kubeletctl.py forget-pod default/trainer                   # the pod is gone
+  kubeletctl.py inject-pod-devices default/x main nvidia.com/gpu GPU-unknown
+  kubeletctl.py pod-resources-socket off                     # a kubelet without the socket
 
 The socket defaults to $GNS_SIM_KUBELET_CONTROL. Standard library only (run with /usr/bin/python3).
 """
@@ -29,7 +35,8 @@ import sys
 def main():
     parser = argparse.ArgumentParser(
         description="Send one command to gns-sim-kubelet's control socket.",
-        epilog="commands: state, restart, probe, allocate, preferred, prestart, prepare, unprepare, help",
+        epilog="commands: state, restart, probe, allocate, preferred, prestart, prepare, unprepare, "
+               "pod-resources, forget-pod, inject-pod-devices, pod-resources-socket, help",
     )
     parser.add_argument("--socket", default=os.environ.get("GNS_SIM_KUBELET_CONTROL"),
                         help="control socket path (default: $GNS_SIM_KUBELET_CONTROL)")

@@ -635,6 +635,11 @@ DraUnprepareResult KubeletSim::NodeUnprepareResources(const std::string& driver,
     DraV1beta1::Unprepare(channel, claims, impl_->options.dra_call_timeout, result);
   }
   FindMissing(result, claims, result.claims);
+  std::vector<std::string> unprepared;
+  for (const auto& [uid, error] : result.claims) {
+    if (error.empty()) unprepared.push_back(uid);
+  }
+  if (result.ok() && !unprepared.empty()) impl_->DropPreparedClaims(unprepared);
   impl_->Log("dra: NodeUnprepareResources " + driver + " via " + result.service + " (" +
              std::to_string(claims.size()) + " claims): " + result.status.ToString());
   return result;

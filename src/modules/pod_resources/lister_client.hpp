@@ -1,0 +1,48 @@
+#pragma once
+// A client of the kubelet's PodResourcesLister v1 on its unix socket (WIRE-FACTS §5). Calls use
+// gRPC's callback API, so they run on gRPC's threads, never block the loop; each has a deadline;
+// the outcome is posted to the loop. The channel reconnects by itself (short backoff, so a
+// restarted kubelet is found again quickly). Destroying the client cancels the calls in flight
+// and waits (briefly: cancellation is local) until gRPC has let go of them; their outcomes are
+// then dropped.
+
+#include "loop/loop.hpp"
+#include "podresources/v1/api.pb.h"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace gns::pod_resources {
+
+template <typename Response>
+struct CallOutcome {
+  bool ok = false;
+  std::string error;  // "UNAVAILABLE: connections to all backends failing; ..." when !ok
+  Response response;
+};
+
+class ListerClient {
+ public:
+  ListerClient(Loop& loop, std::string socket_path, std::chrono::milliseconds timeout);
+  ~ListerClient();
+  ListerClient(const ListerClient&) = delete;
+  ListerClient& operator=(const ListerClient&) = delete;
+
+  // `done` runs on the loop (never inline), unless the client was destroyed first.
+  void List(std::function<void(CallOutcome<v1::ListPodResourcesResponse>)> done);
+  void GetAllocatableResources(std::function<void(CallOutcome<v1::AllocatableResourcesResponse>)> done);
+
+  const std::string& SocketPath() const { return socket_path_; }
+
+  struct Shared;
+
+ private:
+  Loop& loop_;
+  std::string socket_path_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace gns::pod_resources

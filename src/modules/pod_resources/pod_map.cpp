@@ -1,0 +1,160 @@
+// The pod-resources core: List answer -> checked view -> GPU map, annotations, writes.
+#include "modules/pod_resources/pod_map.hpp"
+
+#include <algorithm>
+#include <tuple>
+
+namespace gns::pod_resources {
+
+using nlohmann::json;
+
+namespace {
+
+std::string Quoted(std::string_view text) { return json(std::string(text)).dump(); }
+
+}  // namespace
+
+ListView ReadList(const v1::ListPodResourcesResponse& response, const std::set<std::string>& resources,
+                  const KnownDevice& known) {
+  ListView view;
+  std::map<std::string, PodView> pods;
+  int index = 0;
+  for (const v1::PodResources& pod : response.pod_resources()) {
+    ++index;
+    if (pod.name().empty() || pod.namespace_().empty()) {
+      view.problems.push_back("List entry #" + std::to_string(index) + " has an empty " +
+                              (pod.name().empty() ? "name" : "namespace") + " (namespace " +
+                              Quoted(pod.namespace_()) + ", name " + Quoted(pod.name()) + "): skipped");
+      continue;
+    }
+    const std::string key = pod.namespace_() + "/" + pod.name();
+    auto [it, inserted] = pods.try_emplace(key);
+    PodView& out = it->second;
+    if (inserted) {
+      out.namespace_name = pod.namespace_();
+      out.name = pod.name();
+    } else {
+      view.problems.push_back("pod " + key + " appears twice in the List answer: its entries are merged");
+    }
+    for (const v1::ContainerResources& container : pod.containers()) {
+      const std::string where = "pod " + key + " container " + Quoted(container.name());
+      if (container.name().empty()) {
+        view.problems.push_back("pod " + key + " has a container without a name: its devices are skipped");
+        continue;
+      }
+      for (const v1::ContainerDevices& devices : container.devices()) {
+        if (!resources.contains(devices.resource_name())) continue;
+        for (const std::string& id : devices.device_ids()) {
+          if (id.empty()) {
+            view.problems.push_back(where + ": an empty " + devices.resource_name() + " device ID: skipped");
+            continue;
+          }
+          if (known && !known(id)) {
+            view.problems.push_back(where + ": " + devices.resource_name() + " device " + Quoted(id) +
+                                    " is not a GPU of this node: left out of the map and the annotation");
+            continue;
+          }
+          const bool duplicate = std::any_of(out.devices.begin(), out.devices.end(), [&](const HeldDevice& d) {
+            return d.container == container.name() && d.resource == devices.resource_name() && d.id == id;
+          });
+          if (!duplicate) out.devices.push_back(HeldDevice{container.name(), devices.resource_name(), id});
+        }
+      }
+      for (const v1::DynamicResource& dynamic : container.dynamic_resources()) {
+        PodClaimRef claim{pod.namespace_(), pod.name(), container.name(),
+                          dynamic.claim_namespace() + "/" + dynamic.claim_name(), {}, {}};
+        for (const v1::ClaimResource& resource : dynamic.claim_resources()) {
+          if (claim.driver.empty()) claim.driver = resource.driver_name();
+          claim.devices.push_back(resource.pool_name() + "/" + resource.device_name());
+        }
+        if (dynamic.claim_name().empty()) {
+          view.problems.push_back(where + ": a dynamic resource without a claim name: skipped");
+          continue;
+        }
+        out.claims.push_back(std::move(claim));
+      }
+    }
+  }
+  view.pods.reserve(pods.size());
+  for (auto& [key, pod] : pods) {
+    std::sort(pod.devices.begin(), pod.devices.end(), [](const HeldDevice& a, const HeldDevice& b) {
+      return std::tie(a.container, a.resource, a.id) < std::tie(b.container, b.resource, b.id);
+    });
+    view.pods.push_back(std::move(pod));
+  }
+  return view;
+}
+
+std::size_t CountAllocatable(const v1::AllocatableResourcesResponse& response, const std::set<std::string>& resources) {
+  std::set<std::string> ids;
+  for (const v1::ContainerDevices& devices : response.devices()) {
+    if (!resources.contains(devices.resource_name())) continue;
+    for (const std::string& id : devices.device_ids()) ids.insert(devices.resource_name() + "\n" + id);
+  }
+  return ids.size();
+}
+
+std::string AnnotationValue(const std::map<std::string, std::set<std::string>>& by_resource) {
+  json devices = json::object();
+  for (const auto& [resource, ids] : by_resource) devices[resource] = json(std::vector<std::string>(ids.begin(), ids.end()));
+  return json{{"devices", std::move(devices)}}.dump();
+}
+
+bool SameAnnotation(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const json pa = json::parse(a, nullptr, false);
+  const json pb = json::parse(b, nullptr, false);
+  return !pa.is_discarded() && !pb.is_discarded() && pa == pb;
+}
+
+std::map<std::string, std::string> DesiredAnnotations(const ListView& view) {
+  std::map<std::string, std::string> desired;
+  for (const PodView& pod : view.pods) {
+    if (pod.devices.empty()) continue;
+    std::map<std::string, std::set<std::string>> by_resource;
+    for (const HeldDevice& device : pod.devices) by_resource[device.resource].insert(device.id);
+    desired.emplace(pod.Key(), AnnotationValue(by_resource));
+  }
+  return desired;
+}
+
+std::map<std::string, std::vector<PodContainerRef>> BuildGpuMap(const ListView& view, const UidLookup& uid) {
+  std::map<std::string, std::vector<PodContainerRef>> gpus;
+  for (const PodView& pod : view.pods) {
+    const std::string pod_uid = uid ? uid(pod.namespace_name, pod.name) : std::string();
+    for (const HeldDevice& device : pod.devices) {
+      gpus[device.id].push_back(PodContainerRef{pod.namespace_name, pod.name, pod_uid, device.container, device.resource});
+    }
+  }
+  // view.pods is sorted by key and devices by container, so each list is already in order.
+  return gpus;
+}
+
+std::vector<PodClaimRef> AllClaims(const ListView& view) {
+  std::vector<PodClaimRef> claims;
+  for (const PodView& pod : view.pods) claims.insert(claims.end(), pod.claims.begin(), pod.claims.end());
+  return claims;
+}
+
+std::vector<AnnotationWrite> PlanAnnotationWrites(const std::map<std::string, std::string>& desired,
+                                                  const std::map<std::string, PodAnnotationState>& pods) {
+  std::vector<AnnotationWrite> writes;
+  for (const auto& [key, pod] : pods) {
+    const auto want = desired.find(key);
+    if (want != desired.end()) {
+      if (pod.current && SameAnnotation(*pod.current, want->second)) continue;
+      writes.push_back(AnnotationWrite{pod.namespace_name, pod.name, pod.uid, want->second});
+    } else if (pod.current) {
+      writes.push_back(AnnotationWrite{pod.namespace_name, pod.name, pod.uid, std::nullopt});
+    }
+  }
+  return writes;
+}
+
+json AnnotationPatch(const AnnotationWrite& write) {
+  json metadata{{"annotations", {{std::string(kDevicesAnnotation), write.value ? json(*write.value) : json(nullptr)}}}};
+  if (!write.uid.empty()) metadata["uid"] = write.uid;
+  return json{{"metadata", std::move(metadata)}};
+}
+
+}  // namespace gns::pod_resources

@@ -1,0 +1,94 @@
+#pragma once
+// The pure core of `pod-resources`: read a PodResourcesLister.List answer (checking what a
+// kubelet may get wrong), build the GPU -> pods map, the `dgxc.nvidia.com/devices` annotation
+// each pod should carry (NVSentinel's metadata-collector format, read by its node-drainer), and
+// the annotation writes that bring the node's pods there. No I/O; unit-tested on its own.
+
+#include "modules/pod_resources/messages.hpp"
+#include "podresources/v1/api.pb.h"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::pod_resources {
+
+// The annotation NVSentinel's node-drainer reads: {"devices":{"<resource>":["GPU-…",…]}}.
+inline constexpr std::string_view kDevicesAnnotation = "dgxc.nvidia.com/devices";
+
+struct HeldDevice {
+  std::string container;
+  std::string resource;
+  std::string id;
+};
+
+struct PodView {
+  std::string namespace_name;
+  std::string name;
+  std::vector<HeldDevice> devices;  // only our resources, only usable IDs
+  std::vector<PodClaimRef> claims;
+  std::string Key() const { return namespace_name + "/" + name; }
+};
+
+struct ListView {
+  std::vector<PodView> pods;  // sorted by key, one per pod
+  // Each thing in the answer that was left out, and why (for the log and a counter).
+  std::vector<std::string> problems;
+};
+
+// Whether a device ID names a device of this node; empty: every non-empty ID is accepted.
+using KnownDevice = std::function<bool(std::string_view id)>;
+
+// `resources`: the resource names whose devices are GPUs (nvidia.com/gpu); others are ignored.
+ListView ReadList(const v1::ListPodResourcesResponse& response, const std::set<std::string>& resources,
+                  const KnownDevice& known);
+
+// How many devices of `resources` the kubelet can allocate (GetAllocatableResources).
+std::size_t CountAllocatable(const v1::AllocatableResourcesResponse& response, const std::set<std::string>& resources);
+
+// "ns/name" -> the annotation value, for every pod that holds at least one device.
+std::map<std::string, std::string> DesiredAnnotations(const ListView& view);
+// {"devices":{resource:[ids sorted]}} as compact JSON.
+std::string AnnotationValue(const std::map<std::string, std::set<std::string>>& by_resource);
+// True when both are the same JSON document (a value written by another writer with other
+// spacing or order counts as the same).
+bool SameAnnotation(const std::string& a, const std::string& b);
+
+// The pod's UID as the API knows it ("" if unknown).
+using UidLookup = std::function<std::string(const std::string& namespace_name, const std::string& name)>;
+std::map<std::string, std::vector<PodContainerRef>> BuildGpuMap(const ListView& view, const UidLookup& uid);
+std::vector<PodClaimRef> AllClaims(const ListView& view);
+
+// A pod of this node as the API (the informer cache, plus our own acknowledged writes) shows it.
+struct PodAnnotationState {
+  std::string namespace_name;
+  std::string name;
+  std::string uid;
+  std::optional<std::string> current;  // the annotation's value; nullopt: absent
+};
+
+struct AnnotationWrite {
+  std::string namespace_name;
+  std::string name;
+  std::string uid;
+  std::optional<std::string> value;  // nullopt: remove the annotation
+  std::string Key() const { return namespace_name + "/" + name; }
+};
+
+// The writes that make every pod in `pods` (keyed "ns/name") carry `desired`'s value, and no
+// pod outside `desired` carry the annotation. Pods the kubelet reports but the API does not
+// show yet are left for later (their informer event triggers another plan).
+std::vector<AnnotationWrite> PlanAnnotationWrites(const std::map<std::string, std::string>& desired,
+                                                  const std::map<std::string, PodAnnotationState>& pods);
+
+// The JSON merge patch for one write: sets or removes (null) the annotation; carries the UID
+// (when known) so a pod recreated under the same name is never patched by mistake.
+nlohmann::json AnnotationPatch(const AnnotationWrite& write);
+
+}  // namespace gns::pod_resources
