@@ -8,6 +8,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <system_error>
@@ -148,6 +149,8 @@ void GpuHealthModule::Start() {
   unit_sub_ = bus.Subscribe<journald::UnitLine>([this](const journald::UnitLine& line) {
     if (line.acknowledgement) OnHealthLine(line, true);
   });
+  pods_sub_ = bus.Subscribe<pod_resources::GpuPodMap>(
+      [this](const pod_resources::GpuPodMap& map) { pods_ = map; });
   nvml_sub_ = bus.Subscribe<gpu_inventory::XidObservation>(
       [this](const gpu_inventory::XidObservation& xid) { judge_.OnNvmlXid(xid, NowMs()); });
   // Last: its retained state (journald running) makes us ask for the health stream at once.
@@ -264,6 +267,17 @@ void GpuHealthModule::OnVerdict(const DeviceHealth& health) {
 }
 
 void GpuHealthModule::OnEvent(HealthEvent event, XidJudge::KubeEvent k8s) {
+  // Join health to pods: the workloads on a GPU that turned unhealthy are named in the event
+  // (and so in the Node Event), for whoever drains or reschedules them.
+  if (!event.is_healthy) {
+    for (const auto& entity : event.entities_impacted) {
+      if (entity.type != "GPU_UUID") continue;
+      for (const auto& holder : pods_.Holders(entity.value)) {
+        std::string pod = holder.namespace_name + "/" + holder.name;
+        if (std::find(event.pods.begin(), event.pods.end(), pod) == event.pods.end()) event.pods.push_back(std::move(pod));
+      }
+    }
+  }
   outbox_.push_back(Outgoing{++change_, std::move(event), k8s});
   if (CanPersist() && writer_) {
     writer_->Dirty();

@@ -33,6 +33,7 @@
 #include "modules/gpu_health/xid_judge.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/journald/messages.hpp"
+#include "modules/pod_resources/messages.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -144,6 +145,7 @@ class GpuHealthModule final : public Module {
     XidJudge::KubeEvent k8s;
   };
   std::deque<Outgoing> outbox_;
+  pod_resources::GpuPodMap pods_;  // who holds which GPU (pod-resources), when that module runs
   uint64_t change_ = 0;  // bumped by every change the checkpoint must cover
   bool stopping_ = false;
   std::function<void()> stop_done_;
@@ -174,6 +176,7 @@ class GpuHealthModule final : public Module {
   Subscription unit_sub_;
   Subscription journal_state_sub_;
   Subscription nvml_sub_;
+  Subscription pods_sub_;
 };
 
 }  // namespace gns::gpu_health

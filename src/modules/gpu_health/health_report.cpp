@@ -55,6 +55,10 @@ void HealthReport::Event(const HealthEvent& event, bool k8s, std::string_view ty
     if (!event.recommended_action_name.empty() && !event.is_healthy) {
       note += "; recommended action " + event.recommended_action_name;
     }
+    if (!event.pods.empty()) {
+      note += "; pods on it:";
+      for (const auto& pod : event.pods) note += " " + pod;
+    }
     recorder_->Record(node, type, reason, event.is_healthy ? "Recovered" : "XidReported", note);
   }
   if (settings_.recent_events > 0) {

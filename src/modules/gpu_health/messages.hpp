@@ -61,6 +61,9 @@ struct HealthEvent {
   // identical occurrences the rate limit swallowed before this one.
   std::string source;
   uint64_t suppressed_before = 0;
+  // Ours: the pods holding the GPU when the event was made ("namespace/name"), from the
+  // pod-resources module's map — the workloads an unhealthy GPU hits.
+  std::vector<std::string> pods;
 };
 
 inline void to_json(nlohmann::json& j, const HealthEvent& e) {
@@ -82,6 +85,7 @@ inline void to_json(nlohmann::json& j, const HealthEvent& e) {
                      {"generatedTimestamp", {{"seconds", e.generated_seconds}, {"nanos", e.generated_nanos}}},
                      {"source", e.source}};
   if (e.suppressed_before != 0) j["suppressedBefore"] = e.suppressed_before;
+  if (!e.pods.empty()) j["pods"] = e.pods;
 }
 
 // Retained: the gpu-health module's view for /debug/state.

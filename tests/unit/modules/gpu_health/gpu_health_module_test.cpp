@@ -256,6 +256,24 @@ TEST_F(GpuHealthModuleTest, AMillionIdenticalXidLinesStayBounded) {
   EXPECT_LE(state->recent_events.size(), config_.recent_events);
 }
 
+TEST_F(GpuHealthModuleTest, AnUnhealthyGpusEventNamesThePodsOnIt) {
+  h_.bus.Publish(TwoGpus());
+  pod_resources::GpuPodMap pods;
+  pods.listed = pods.fresh = true;
+  pods.gpus[kUuid] = {{"team-a", "trainer-0", "uid-1", "main", "nvidia.com/gpu"},
+                      {"team-a", "trainer-0", "uid-1", "sidecar", "nvidia.com/gpu"}};
+  h_.bus.Publish(pods);
+  StartModule();
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48)));
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:3b:00", 48)));
+  ASSERT_TRUE(h_.RunUntil([&] { return events_.size() == 2; }));
+  for (const auto& e : events_) {
+    const bool on_a = e.entities_impacted.back().value == kUuid;
+    EXPECT_EQ(e.pods, on_a ? std::vector<std::string>{"team-a/trainer-0"} : std::vector<std::string>{});
+  }
+  EXPECT_EQ(nlohmann::json(events_[0])["pods"], nlohmann::json({"team-a/trainer-0"}));
+}
+
 TEST_F(GpuHealthModuleTest, NewBootMakesEveryDeviceHealthy) {
   h_.bus.Publish(TwoGpus());
   StartModule();
