@@ -10,6 +10,7 @@
 
 #include "admin_client.hpp"
 #include "inventory_command.hpp"
+#include "preflight_command.hpp"
 #include "loop/feature_gates.hpp"
 #include "loop/logging.hpp"
 #include "loop/runtime.hpp"
@@ -83,6 +84,23 @@ int main(int argc, char** argv) {
   inventory->add_option("--nvml-library", inventory_library, "NVML to dlopen (soname or path)");
   inventory->add_option("--host-root", inventory_host_root, "Where the host's /sys is (NUMA fallback)");
 
+  gns::PreflightOptions preflight_options;
+  auto* preflight = app.add_subcommand(
+      "preflight", "Run the host IMEX node checks (operator guide §3.4, §3.6, §3.7) now; exit 1 when one fails");
+  preflight->add_option("--host-root", preflight_options.host_root, "Where the host's / is");
+  preflight->add_option("--unit", preflight_options.unit, "The IMEX systemd unit");
+  preflight->add_option("--bus-address", preflight_options.bus_address,
+                        "D-Bus system bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the system socket)");
+  preflight->add_option("--config-file", preflight_options.config_files, "IMEX config file(s) to look for, in order");
+  preflight->add_option("--nodes-config", preflight_options.nodes_config,
+                        "nodes_config.cfg when the IMEX config does not name one");
+  preflight->add_option("--self", preflight_options.self,
+                        "This node's address(es) or hostname in the node map (default: the host's global addresses)");
+  preflight->add_option("--nvml-library", preflight_options.nvml_library, "NVML to dlopen (soname or path)");
+  preflight->add_flag("--skip-nvml", preflight_options.skip_nvml, "Do not check nvidia-smi and the NVML clique");
+  preflight->add_option("--output", preflight_options.output, "text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -97,6 +115,7 @@ int main(int argc, char** argv) {
 
   if (set_healthy->parsed()) return gns::RunSetHealthy(set_healthy_state_dir, set_healthy_gpu);
   if (inventory->parsed()) return gns::RunInventory(inventory_library, inventory_host_root);
+  if (preflight->parsed()) return gns::RunPreflight(preflight_options);
 
   if (validate->parsed()) {
     try {

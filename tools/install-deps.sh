@@ -11,6 +11,7 @@ packages=(
   libspdlog-dev nlohmann-json3-dev libsystemd-dev libyaml-cpp-dev libcli11-dev libsimdjson-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   systemd-journal-remote python3 python3-grpcio python3-yaml
+  dbus-daemon systemd
   clang-14 libclang-rt-14-dev
 )
 

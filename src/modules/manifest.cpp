@@ -6,6 +6,8 @@
 #include "modules/dra_compute_domain/dra_module.hpp"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
+#include "modules/imex_health/imex_health_module.hpp"
+#include "modules/imex_peers/imex_peers_module.hpp"
 #include "modules/journald/journald_module.hpp"
 #include "modules/kube/kube_module.hpp"
 #include "modules/metrics/metrics_module.hpp"
@@ -21,9 +23,11 @@ const std::vector<ModuleDescriptor>& ModuleManifest() {
       DescribeModule<gpu_inventory::GpuInventoryModule>(),
       DescribeModule<journald::JournaldModule>(),
       DescribeModule<gpu_health::GpuHealthModule>(),
+      DescribeModule<imex_health::ImexHealthModule>(),
       DescribeModule<device_plugin::DevicePluginModule>(),
       DescribeModule<dra::DraComputeDomainModule>(),
       DescribeModule<pod_resources::PodResourcesModule>(),
+      DescribeModule<imex_peers::ImexPeersModule>(),
   };
   return manifest;
 }

@@ -79,6 +79,12 @@ const std::set<Grant>& UsedByTheCode() {
       {"cluster", "", "pods", "list"},
       {"cluster", "", "pods", "watch"},
       {"cluster", "", "pods", "patch"},
+      // src/modules/imex_health/imex_health_module.cpp: the same calls as gpu-health — GET its
+      // Node and merge-PATCH nodes/<n>/status (NodeConditions), its own Node through an
+      // informer (list + watch) for its InternalIP, Events; all granted above.
+      // src/modules/imex_peers/imex_peers_module.cpp: server-side apply PATCH of its own Node's
+      // clique label, an informer on the clique's Nodes (list + watch, label-selected), its
+      // Node condition (GET + PATCH nodes/status), Events; all granted above.
       // device-plugin, gpu-inventory, metrics, journald: no API calls.
   };
   return used;

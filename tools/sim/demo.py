@@ -12,7 +12,12 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
   3. a ComputeDomain becomes Ready with its workload ResourceClaimTemplate (controller), and
      that template, deleted by hand, comes back;
   4. a channel claim is prepared (CDI spec for channel 0) and unprepared by the kubelet (DRA);
-  5. the ComputeDomain is deleted cleanly (template and finalizers gone).
+  5. the ComputeDomain is deleted cleanly (template and finalizers gone);
+  6. host IMEX (imex-health): the fake nvidia-imex.service stopped over D-Bus turns the Node
+     condition ImexHealthy False (ServiceInactive), started again True;
+  7. the node map (imex-peers): while the channel claim of step 4 is prepared, a Node joins the
+     clique -> nodes_config.cfg rewritten, the IMEX restart waits (ImexRestartPending) until the
+     claim is unprepared.
 
 Standard library only. Waits are bounded; every step says what it waited for if it gives up.
 """
@@ -144,6 +149,72 @@ def pod_resources_step(gpu):
     say("pod resources", "its containers ended (the kubelet no longer lists it) -> annotation removed")
 
 
+BUS = "unix:path=" + os.path.join(SANDBOX, "dbus", "bus.sock")
+
+
+def systemctl(verb):
+    """StopUnit/StartUnit of the fake systemd, over the private system bus (busctl)."""
+    subprocess.run(["busctl", f"--address={BUS}", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                    "org.freedesktop.systemd1.Manager", verb, "ss", "nvidia-imex.service", "replace"],
+                   check=True, capture_output=True)
+
+
+def imex_condition(api):
+    return node_condition(api, "ImexHealthy")
+
+
+def node_condition(api, kind):
+    code, node = api.call("GET", f"/api/v1/nodes/{NODE}")
+    for c in ((node or {}).get("status") or {}).get("conditions", []) if code == 200 else []:
+        if c.get("type") == kind:
+            return c
+    return None
+
+
+def nodes_config():
+    with open(os.path.join(SANDBOX, "host/etc/nvidia-imex/nodes_config.cfg")) as f:
+        return f.read()
+
+
+def peer_joins(api):
+    """A second Node of our clique appears (while a channel claim is prepared here)."""
+    code, node = api.call("GET", f"/api/v1/nodes/{NODE}")
+    clique = ((node or {}).get("metadata") or {}).get("labels", {}).get("nvidia.com/gpu.clique")
+    if not clique:
+        say("imex peers", "our Node has no clique label yet; skipping the node-map step")
+        return False
+    say("imex peers", f"our Node labelled nvidia.com/gpu.clique={clique}; map now {nodes_config().split()}")
+    peer = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "sim-node-1", "labels": {"nvidia.com/gpu.clique": clique}},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.11"}]}}
+    api.call("POST", "/api/v1/nodes", peer)
+    wait_for("nodes_config.cfg rewritten", lambda: "10.0.0.11" in nodes_config())
+    pending = wait_for("ImexRestartPending True", lambda: (lambda c: c if c and c["status"] == "True" else None)(
+        node_condition(api, "ImexRestartPending")))
+    say("imex peers", f"Node sim-node-1 joined the clique -> nodes_config.cfg {nodes_config().split()}; "
+        f"ImexRestartPending=True ({pending['reason']}): {pending['message']}")
+    return True
+
+
+def restart_after_unprepare(api):
+    done = wait_for("ImexRestartPending False", lambda: (lambda c: c if c and c["status"] == "False" else None)(
+        node_condition(api, "ImexRestartPending")))
+    say("imex peers", f"claim unprepared -> IMEX restarted: ImexRestartPending=False ({done['reason']})")
+
+
+def imex_demo(api):
+    first = wait_for("the ImexHealthy condition", lambda: imex_condition(api))
+    say("imex health", f"Node condition ImexHealthy={first['status']} ({first['reason']}): {first['message']}")
+    start = time.monotonic()
+    systemctl("StopUnit")
+    down = wait_for("ImexHealthy False", lambda: (lambda c: c if c and c["status"] == "False" else None)(imex_condition(api)))
+    say("imex health", f"systemctl stop nvidia-imex (fake systemd, real D-Bus) -> ImexHealthy=False "
+        f"({down['reason']}) in {1000 * (time.monotonic() - start):.0f} ms: {down['message']}")
+    systemctl("StartUnit")
+    up = wait_for("ImexHealthy True", lambda: (lambda c: c if c and c["status"] == "True" else None)(imex_condition(api)))
+    say("imex health", f"systemctl start nvidia-imex -> ImexHealthy=True ({up['reason']})")
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -238,13 +309,17 @@ def main():
     say("dra", f"NodePrepareResources via {prepared.get('service')} -> {json.dumps(prepared.get('claims'))[:400]}")
     specs = sorted(os.listdir(os.path.join(SANDBOX, "var/run/cdi")))
     say("dra", f"CDI specs on the node: {specs}")
+    joined = peer_joins(api)
     unprepared = kubelet("unprepare", DRIVER, claim_ref)
     say("dra", f"NodeUnprepareResources -> {json.dumps(unprepared.get('claims'))[:300]}; "
         f"CDI specs now: {sorted(os.listdir(os.path.join(SANDBOX, 'var/run/cdi')))}")
+    if joined:
+        restart_after_unprepare(api)
 
     api.call("DELETE", domains + "/train-a")
     wait_for("ComputeDomain gone", lambda: api.call("GET", domains + "/train-a")[0] == 404)
     say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
+    imex_demo(api)
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 
 

@@ -41,6 +41,41 @@ Block devices:
   8 sd
 DEVICES
 
+# Host IMEX as imex-health sees it under hostRoot: config, a node map that lists this node
+# (its InternalIP in the seed), channel 0 (a real character device when we may mknod).
+mkdir -p "$GNS_SANDBOX/host/etc/nvidia-imex" "$GNS_SANDBOX/host/dev/nvidia-caps-imex-channels" "$GNS_SANDBOX/dbus"
+cat > "$GNS_SANDBOX/host/etc/nvidia-imex/config.cfg" <<IMEXCFG
+DAEMONIZE=0
+IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg
+IMEX_CMD_ENABLED=1
+IMEX_CMD_PORT=50005
+IMEXCFG
+printf '10.0.0.10\n10.0.0.11\n' > "$GNS_SANDBOX/host/etc/nvidia-imex/nodes_config.cfg"
+mknod "$GNS_SANDBOX/host/dev/nvidia-caps-imex-channels/channel0" c 509 0 2>/dev/null || true
+
+# A private system bus (Debian's dbus-daemon) with the fake systemd of tools/sim/systemd on it:
+# nvidia-imex.service runs; stop/start it with
+#   busctl --address=unix:path=$GNS_SANDBOX/dbus/bus.sock call org.freedesktop.systemd1 \
+#     /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StopUnit ss nvidia-imex.service replace
+cat > "$GNS_SANDBOX/dbus/bus.conf" <<BUSCONF
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$GNS_SANDBOX/dbus/bus.sock</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/><allow own="*"/><allow send_destination="*"/><allow receive_sender="*"/>
+  </policy>
+</busconfig>
+BUSCONF
+dbus-daemon --config-file="$GNS_SANDBOX/dbus/bus.conf" --nofork --nopidfile > >(sed -u 's/^/[dbus-daemon] /') 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -S "$GNS_SANDBOX/dbus/bus.sock" ]] && break; sleep 0.05; done
+"$build_dir/tools/sim/systemd/gns-fake-systemd" --address "unix:path=$GNS_SANDBOX/dbus/bus.sock" \
+  --unit nvidia-imex.service > >(sed -u 's/^/[fake-systemd] /') 2>&1 &
+pids+=($!)
+
 # The API-server simulator (HTTPS, its own CA; writes kubeconfig, ca.crt and token).
 mkdir -p "$GNS_SANDBOX/apiserver"
 "$build_dir/tools/sim/apiserver/gns-sim-apiserver" --listen 127.0.0.1:0 --state-dir "$GNS_SANDBOX/apiserver" \
@@ -65,6 +100,7 @@ echo "  health:       http://$GNS_METRICS_LISTEN/healthz  http://$GNS_METRICS_LI
 echo "  debug state:  http://$GNS_METRICS_LISTEN/debug/state"
 echo "  inject an XID:  tools/sim/fake_nvml/fakenvmlctl.py --socket $FAKE_NVML_CONTROL inject-xid GPU-… 79"
 echo "  kubelet:        tools/sim/kubelet/kubeletctl.py --socket $GNS_SANDBOX/kubelet-control.sock state"
+echo "  host IMEX:       busctl --address=unix:path=$GNS_SANDBOX/dbus/bus.sock call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StopUnit ss nvidia-imex.service replace"
 echo "Ctrl-C stops everything."
 
 "$build_dir/src/gpu-node-supervisor" run --config config/local.yaml &

@@ -6,6 +6,7 @@
 #include "modules/dra_compute_domain/proc_devices.hpp"
 #include "modules/dra_compute_domain/registration_server.hpp"
 #include "modules/gpu_inventory/messages.hpp"
+#include "modules/imex_health/messages.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
@@ -113,6 +114,7 @@ DraComputeDomainModule::Config DraComputeDomainModule::ParseConfig(ConfigMap& se
   config.slice_resync =
       section.Duration("sliceResync", milliseconds(1000), milliseconds(86400000), milliseconds(600000));
   config.node_events_on_corrupt_checkpoint = section.Bool("nodeEventsOnCorruptCheckpoint", true);
+  config.require_imex_ready = section.Bool("requireImexReady", false);
   return config;
 }
 
@@ -515,6 +517,16 @@ void DraComputeDomainModule::PrepareOne(const ClaimRef& claim, std::function<voi
     prepares_permanent_->Inc();
     done(ErrorResult(Ref(claim) + ": the kubelet sent an invalid claim reference (uid \"" + claim.uid + "\")"));
     return;
+  }
+  if (config_.require_imex_ready) {
+    const auto* imex = context_.GetBus().Latest<imex_health::ImexHealth>();
+    if (!imex || !imex->ready) {
+      prepares_retryable_->Inc();
+      const std::string why = imex ? imex->reason + ": " + imex->message : "imex-health has not judged host IMEX yet";
+      SetError(Ref(claim) + ": host IMEX not ready: " + why);
+      done(ErrorResult(Ref(claim) + ": host IMEX is not ready (" + why + "); the kubelet retries"));
+      return;
+    }
   }
   FetchClaim(claim, std::chrono::steady_clock::now() + config_.prepare_timeout, std::move(done));
 }

@@ -63,6 +63,9 @@ class DraComputeDomainModule final : public Module, private DraHandler {
     // catches deletions at once, this catches anything the watch missed.
     std::chrono::milliseconds slice_resync{600000};
     bool node_events_on_corrupt_checkpoint = true;
+    // Upstream's host-managed parity gate: while imex-health says host IMEX is not ready (or
+    // has not said anything yet), Prepare answers with a retryable error naming the reason.
+    bool require_imex_ready = false;
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 

@@ -10,6 +10,7 @@
 #include "modules/dra_compute_domain/cdi_spec.hpp"
 #include "modules/dra_compute_domain/checkpoint.hpp"
 #include "modules/dra_compute_domain/dra_module.hpp"
+#include "modules/imex_health/messages.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
@@ -692,6 +693,36 @@ TEST(DraModuleConfigTest, BadValuesAreRejectedWithTheirPosition) {
   EXPECT_NE(error_of("resourceApiVersion: v1alpha3\n").find("resourceApiVersion"), std::string::npos);
   EXPECT_NE(error_of("prepareTimeout: 50s\n").find("prepareTimeout"), std::string::npos);
   EXPECT_NE(error_of("unknownKey: 1\n").find("unknownKey"), std::string::npos);
+}
+
+// -------------------------------------------------------------- requireImexReady (issue 13)
+
+TEST_F(DraModuleTest, RequireImexReadyFailsPrepareRetryablyWhileHostImexIsNotReady) {
+  sim_->Start();
+  DraComputeDomainModule::Config config;
+  config.require_imex_ready = true;
+  StartModule(config);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered; }));
+  const auto claim = SeedChannelClaim("train-a-pod-0-imex");
+  // imex-health has not judged yet: not ready either.
+  EXPECT_NE(PrepareError(claim).find("host IMEX is not ready (imex-health has not judged"), std::string::npos);
+  imex_health::ImexHealth verdict;
+  verdict.status = "False";
+  verdict.reason = "ServiceInactive";
+  verdict.message = "nvidia-imex.service is inactive (dead)";
+  h_.bus.Publish(verdict);
+  h_.Drain();
+  EXPECT_NE(PrepareError(claim).find("ServiceInactive: nvidia-imex.service is inactive (dead)"), std::string::npos);
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  EXPECT_EQ(Prepares("retryable_error"), 2);
+  verdict.ready = true;
+  verdict.status = "True";
+  verdict.reason = "ImexHealthy";
+  h_.bus.Publish(verdict);
+  h_.Drain();
+  EXPECT_EQ(PrepareError(claim), "");
+  EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
 }
 
 }  // namespace

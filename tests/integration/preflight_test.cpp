@@ -1,0 +1,119 @@
+// `gpu-node-supervisor preflight` through the real binary: a host root of real files, the
+// unit on a private dbus-daemon with the fake systemd, the fake NVML; text and JSON output and
+// the exit codes (0 warnings only, 1 a failure, 2 a usage error).
+#include "support/private_bus.hpp"
+#include "support/subprocess.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace gns {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+class PreflightTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::PrivateBus::Available()) GTEST_SKIP() << "dbus-daemon or gns-fake-systemd missing";
+    char tmpl[] = "/tmp/gnspre-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    root_ = dir_ / "host";
+    for (const char* d : {"proc", "etc/nvidia-imex", "dev/nvidia-caps-imex-channels", "usr/bin"}) {
+      fs::create_directories(root_ / d);
+    }
+    Write("proc/devices", "Character devices:\n195 nvidia\n509 nvidia-caps-imex-channels\n");
+    Write("etc/nvidia-imex/config.cfg", "IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\nIMEX_CMD_PORT=50005\n");
+    Write("etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n");
+    for (const char* bin : {"usr/bin/nvidia-smi", "usr/bin/nvidia-imex"}) {
+      Write(bin, "#!/bin/sh\n");
+      fs::permissions(root_ / bin, fs::perms::owner_all);
+    }
+    bus_ = std::make_unique<test::PrivateBus>(dir_.string());
+    bus_->StartBus();
+    bus_->StartSystemd({"nvidia-imex.service"});
+  }
+  void TearDown() override {
+    bus_.reset();
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  void Write(const std::string& rel, const std::string& text) { std::ofstream(root_ / rel) << text; }
+
+  std::pair<int, std::string> Run(std::vector<std::string> extra) {
+    std::vector<std::string> argv{Env("GNS_SUPERVISOR_BIN"), "preflight", "--host-root", root_.string(),
+                                  "--bus-address", bus_->Address(), "--self", "10.0.0.1",
+                                  "--nvml-library", Env("GNS_BINARY_DIR") + "/tools/sim/fake_nvml/libnvidia-ml.so.1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::RunToCompletion(argv, {{"FAKE_NVML_CONFIG", Env("GNS_SOURCE_DIR") + "/tools/sim/fake_nvml/gpus-8.json"}});
+  }
+
+  std::map<std::string, nlohmann::json> Checks(const std::string& output) {
+    std::map<std::string, nlohmann::json> out;
+    const auto start = output.find('{');
+    const auto doc = nlohmann::json::parse(output.substr(start));
+    for (const auto& c : doc.at("checks")) out[c.at("name").get<std::string>()] = c;
+    return out;
+  }
+
+  fs::path dir_;
+  fs::path root_;
+  std::unique_ptr<test::PrivateBus> bus_;
+};
+
+TEST_F(PreflightTest, WarningsOnlyPassAndJsonHasEveryCheck) {
+  // No channel0 node (major registered): a warning (§13); nvidia-imex-ctl absent: skip.
+  const auto [code, output] = Run({"--output", "json"});
+  EXPECT_EQ(code, 0) << output;
+  auto checks = Checks(output);
+  EXPECT_EQ(checks.at("channel-major")["status"], "pass");
+  EXPECT_EQ(checks.at("channel0")["status"], "warn");
+  EXPECT_NE(checks.at("channel0")["fix"].get<std::string>().find("mknod"), std::string::npos);
+  EXPECT_EQ(checks.at("nvidia-imex-ctl")["status"], "skip");
+  EXPECT_EQ(checks.at("unit-active")["status"], "pass");
+  EXPECT_EQ(checks.at("unit-enabled")["status"], "pass");
+  EXPECT_EQ(checks.at("imex-config")["status"], "pass");
+  EXPECT_EQ(checks.at("nodes-config")["status"], "pass") << checks.at("nodes-config");
+  EXPECT_EQ(checks.at("nodes-config-loaded")["status"], "pass");
+  EXPECT_EQ(checks.at("nvml-clique")["status"], "pass") << checks.at("nvml-clique");
+  for (const auto& [name, c] : checks) {
+    for (const char* key : {"name", "status", "message", "fix"}) EXPECT_TRUE(c.contains(key)) << name << " " << key;
+  }
+}
+
+TEST_F(PreflightTest, FailuresExitOneWithTheFix) {
+  EXPECT_EQ(bus_->ManagerCall("StopUnit", "nvidia-imex.service"), "");
+  Write("etc/nvidia-imex/nodes_config.cfg", "# peers\n10.0.0.2\n");
+  const auto [code, output] = Run({"--skip-nvml"});
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(output.find("FAIL  unit-active"), std::string::npos) << output;
+  EXPECT_NE(output.find("systemctl enable --now nvidia-imex.service"), std::string::npos) << output;
+  EXPECT_NE(output.find("comment line"), std::string::npos) << output;
+  EXPECT_NE(output.find("this node (10.0.0.1) is not in the map"), std::string::npos) << output;
+  EXPECT_NE(output.find("SKIP  nvml-clique"), std::string::npos) << output;
+}
+
+TEST_F(PreflightTest, NoBusIsAFailureAndABadFlagIsAUsageError) {
+  bus_->StopSystemd();
+  bus_->StopBus();
+  auto [code, output] = Run({"--skip-nvml", "--output", "json"});
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_EQ(Checks(output).at("unit-active")["status"], "fail");
+  std::tie(code, output) = Run({"--output", "yaml"});
+  EXPECT_EQ(code, 2) << output;
+}
+
+}  // namespace
+}  // namespace gns

@@ -1,0 +1,223 @@
+// The imex-peers module with imex-health (its systemd connection) against a private dbus-daemon
+// with the fake systemd, the API simulator holding two cliques of Nodes, and a real
+// nodes_config.cfg under a host root.
+#include "apiserver.h"
+#include "loop/supervisor_messages.hpp"
+#include "modules/imex_health/imex_health_module.hpp"
+#include "modules/imex_peers/imex_peers_module.hpp"
+#include "modules/kube/events.hpp"
+#include "modules/kube/informer.hpp"
+#include "support/loop_harness.hpp"
+#include "support/module_under_test.hpp"
+#include "support/private_bus.hpp"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/null_sink.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace gns::imex_peers {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kUnit = "nvidia-imex.service";
+
+nlohmann::json NodeObject(const std::string& name, const std::string& clique, const std::string& ip) {
+  nlohmann::json node = {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", name}}}};
+  if (!clique.empty()) node["metadata"]["labels"] = {{"nvidia.com/gpu.clique", clique}};
+  node["status"]["addresses"] = nlohmann::json::array();
+  if (!ip.empty()) node["status"]["addresses"].push_back({{"type", "InternalIP"}, {"address", ip}});
+  return node;
+}
+
+class ImexPeersModuleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::PrivateBus::Available()) GTEST_SKIP() << "dbus-daemon or gns-fake-systemd missing";
+    char tmpl[] = "/tmp/gnspeer-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    root_ = dir_ / "host";
+    fs::create_directories(root_ / "proc");
+    fs::create_directories(root_ / "etc/nvidia-imex");
+    std::ofstream(root_ / "proc/devices") << "Character devices:\n234 nvidia-caps-imex-channels\n";
+    std::ofstream(root_ / "etc/nvidia-imex/config.cfg") << "IMEX_CMD_PORT=50005\n";
+    std::ofstream(root_ / "etc/nvidia-imex/nodes_config.cfg") << "10.0.0.1\n";
+    bus_ = std::make_unique<test::PrivateBus>(dir_.string());
+    bus_->StartBus();
+    bus_->StartSystemd({kUnit});
+    sim::ApiServerOptions options;
+    options.state_dir = dir_ / "api";
+    server_ = std::make_unique<sim::ApiServer>(options);
+    server_->Start();
+    // node1 (us) is not labelled yet: imex-peers labels it from the NVML clique.
+    server_->Seed(NodeObject("node1", "", "10.0.0.1"));
+    server_->Seed(NodeObject("node2", "c1", "10.0.0.2"));
+    server_->Seed(NodeObject("node9", "c2", "10.0.0.9"));
+    kube::ClientConfig config;
+    config.server = server_->BaseUrl();
+    config.ca_pem = server_->CaPem();
+    config.token_file = (dir_ / "api" / "token").string();
+    config.qps = 1000;
+    config.burst = 1000;
+    auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
+    kube::EventRecorderConfig events;
+    events.reporting_instance = "node1";
+    recorder_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, log, events);
+    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, log);
+    h_.services.Provide<kube::KubeClient>(client_);
+    h_.services.Provide<kube::EventRecorder>(recorder_);
+    h_.services.Provide<kube::InformerRegistry>(informers_);
+    h_.site.node_name = "node1";
+    h_.site.paths.host_root = root_.string();
+    health_sub_ = h_.bus.Subscribe<imex_health::ImexHealth>([this](const imex_health::ImexHealth& s) { health_ = s; });
+    peers_sub_ = h_.bus.Subscribe<ImexPeersState>([this](const ImexPeersState& s) { peers_ = s; });
+  }
+
+  void TearDown() override {
+    if (!bus_) return;
+    peers_module_.Stop();
+    health_module_.Stop();
+    health_sub_.Reset();
+    peers_sub_.Reset();
+    h_.services.Withdraw<kube::KubeClient>();
+    h_.services.Withdraw<kube::EventRecorder>();
+    h_.services.Withdraw<kube::InformerRegistry>();
+    informers_->StopAll();
+    client_->Shutdown();
+    h_.Drain();
+    server_->Stop();
+    bus_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void Start(const std::string& policy, bool dra_running, std::size_t prepared) {
+    const auto hv = ParseYaml("busAddress: " + bus_->Address() + "\nresolvePeers: false\n", "site.yaml");
+    ConfigMap hs(hv, "modules.imex-health");
+    health_module_.Start(imex_health::ImexHealthModule::ParseConfig(hs, h_.site));
+    ASSERT_TRUE(h_.RunUntil([&] { return health_ && health_->active_enter_usec != 0; }));
+    ModuleStates states;
+    if (dra_running) states.modules.push_back({"dra-compute-domain", ModuleState::kRunning, ModuleHealth::kOk, "", 0});
+    h_.bus.Publish(states);
+    if (dra_running) SetPrepared(prepared);
+    h_.bus.Publish(gpu_inventory::NodeClique{"c1", ""});
+    const auto pv = ParseYaml("restartPolicy: " + policy + "\n", "site.yaml");
+    ConfigMap ps(pv, "modules.imex-peers");
+    auto config = ImexPeersModule::ParseConfig(ps, h_.site);
+    ps.Finish();
+    peers_module_.Start(config);
+  }
+
+  void SetPrepared(std::size_t n) {
+    dra::DraComputeDomainState state;
+    for (std::size_t i = 0; i < n; ++i) state.prepared_claims.push_back({"uid-" + std::to_string(i), "ns", "c", "PrepareCompleted", "d"});
+    h_.bus.Publish(state);
+  }
+
+  std::string Map() {
+    std::ifstream in(root_ / "etc/nvidia-imex/nodes_config.cfg");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  nlohmann::json Condition() {
+    const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
+    for (const auto& c : node.value("/status/conditions"_json_pointer, nlohmann::json::array())) {
+      if (c.value("type", "") == "ImexRestartPending") return c;
+    }
+    return nullptr;
+  }
+  bool ConditionIs(const std::string& status, const std::string& reason) {
+    return h_.RunUntil([&] {
+      const auto c = Condition();
+      return !c.is_null() && c["status"] == status && c["reason"] == reason;
+    });
+  }
+
+  test::LoopHarness h_;
+  fs::path dir_;
+  fs::path root_;
+  std::unique_ptr<test::PrivateBus> bus_;
+  std::unique_ptr<sim::ApiServer> server_;
+  std::shared_ptr<kube::KubeClient> client_;
+  std::shared_ptr<kube::EventRecorder> recorder_;
+  std::shared_ptr<kube::InformerRegistry> informers_;
+  std::optional<imex_health::ImexHealth> health_;
+  std::optional<ImexPeersState> peers_;
+  test::ModuleUnderTest<imex_health::ImexHealthModule> health_module_{h_};
+  test::ModuleUnderTest<ImexPeersModule> peers_module_{h_};
+  Subscription health_sub_;
+  Subscription peers_sub_;
+};
+
+TEST_F(ImexPeersModuleTest, LabelsRendersAndRestartsOnlyWhenNoClaimIsPrepared) {
+  Start("whenIdle", true, 1);
+  // Our Node labelled with the NVML clique (server-side apply, our field manager).
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
+    return node.value("/metadata/labels/nvidia.com~1gpu.clique"_json_pointer, std::string()) == "c1";
+  }));
+  const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
+  EXPECT_NE(node["metadata"].dump().find("imex-peers"), std::string::npos) << node["metadata"].dump();
+  // The clique's map (node9 is in another clique), sorted; the restart waits for the claim.
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n"; })) << Map();
+  ASSERT_TRUE(ConditionIs("True", "ChannelClaimPrepared"));
+  const uint64_t started = health_->active_enter_usec;
+  // A Node joins the clique: the map is rewritten, still no restart.
+  server_->Seed(NodeObject("node3", "c1", "10.0.0.3"));
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n10.0.0.3\n"; })) << Map();
+  // A Node of the clique without an address is left out and reported.
+  server_->Seed(NodeObject("node4", "c1", ""));
+  ASSERT_TRUE(h_.RunUntil([&] { return peers_ && peers_->without_address == std::vector<std::string>{"node4"}; }));
+  EXPECT_EQ(Map(), "10.0.0.1\n10.0.0.2\n10.0.0.3\n");
+  EXPECT_EQ(health_->active_enter_usec, started);
+  EXPECT_EQ(peers_->restarts, 0u);
+  EXPECT_EQ(health_->reason, "NodesConfigStale");  // imex-health sees the unloaded map
+  // The claim is unprepared: the unit restarts and loads the map.
+  SetPrepared(0);
+  ASSERT_TRUE(ConditionIs("False", "MapLoaded"));
+  EXPECT_EQ(peers_->restarts, 1u);
+  ASSERT_TRUE(h_.RunUntil([&] { return health_->active_enter_usec > started && health_->reason == "ImexHealthy"; }))
+      << health_->reason;
+  // No change, no write.
+  const auto writes = peers_->writes;
+  server_->Call("PATCH", "/api/v1/nodes/node2", R"({"metadata":{"annotations":{"x":"y"}}})",
+                "application/merge-patch+json");
+  h_.Drain();
+  EXPECT_EQ(peers_->writes, writes);
+}
+
+TEST_F(ImexPeersModuleTest, WithoutTheDraModuleWhenIdleWaitsAndNeverNeverRestarts) {
+  Start("whenIdle", false, 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n"; })) << Map();
+  ASSERT_TRUE(ConditionIs("True", "PreparedClaimsUnknown"));
+  EXPECT_EQ(peers_->restarts, 0u);
+}
+
+TEST_F(ImexPeersModuleTest, PolicyNever) {
+  Start("never", true, 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n"; })) << Map();
+  ASSERT_TRUE(ConditionIs("True", "RestartPolicyNever"));
+  EXPECT_EQ(peers_->restarts, 0u);
+}
+
+TEST_F(ImexPeersModuleTest, BadConfig) {
+  for (const char* yaml : {"restartPolicy: sometimes\n", "nodesConfig: relative\n", "addressType: mac\n", "bogus: 1\n"}) {
+    const auto value = ParseYaml(yaml, "site.yaml");
+    ConfigMap section(value, "modules.imex-peers");
+    EXPECT_THROW(
+        {
+          ImexPeersModule::ParseConfig(section, h_.site);
+          section.Finish();
+        },
+        ConfigError)
+        << yaml;
+  }
+  EXPECT_EQ(ImexPeersModule::Render({"10.0.0.2", "10.0.0.1", "10.0.0.2", ""}), "10.0.0.1\n10.0.0.2\n");
+}
+
+}  // namespace
+}  // namespace gns::imex_peers
