@@ -232,27 +232,6 @@ TEST_F(BinaryTest, InventoryPrintsWhatNvmlReportsAndFailsClearlyWithoutIt) {
   EXPECT_NE(out.find("no-nvml.so.1"), std::string::npos) << out;
 }
 
-// SIGTERM while gpu-inventory's NVML waiter blocks in nvmlEventSetWait_v2 (default 5 s wait):
-// every one of 50 start/stop cycles exits 0, with nothing leaked (ASan/LSan run at exit in the
-// sanitizer build and would fail the exit code). How fast is bench/macro/startup_bench's figure.
-TEST_F(BinaryTest, FiftyStartStopCyclesWithTheNvmlWaiterBlockedAllExitZero) {
-  const std::string fake = std::string(std::getenv("GNS_BINARY_DIR")) + "/tools/sim/fake_nvml/libnvidia-ml.so.1";
-  const auto config = Write("site.yaml", SiteYaml("  metrics:\n    enabled: true\n    listen: 127.0.0.1:0\n"
-                                                  "  gpu-inventory:\n    enabled: true\n    nvmlLibrary: " +
-                                                  fake + "\n"));
-  const std::map<std::string, std::string> env{{"FAKE_NVML_CONFIG", Source("tools/sim/fake_nvml/gpus-8.json")}};
-  for (int cycle = 1; cycle <= 50; ++cycle) {
-    test::Subprocess proc({Binary(), "run", "--config", config}, env);
-    // "NVML up" is logged once the event set answered its first wait: the waiter then blocks.
-    ASSERT_TRUE(proc.WaitForLine("NVML up")) << "cycle " << cycle << ": " << proc.Output();
-    proc.Signal(SIGTERM);
-    const auto code = proc.Wait();
-    ASSERT_TRUE(code) << "cycle " << cycle << ": no exit\n" << proc.Output();
-    ASSERT_EQ(*code, 0) << "cycle " << cycle << ": " << proc.Output();
-    ASSERT_NE(proc.Output().find("all modules stopped"), std::string::npos) << proc.Output();
-  }
-}
-
 // kUses in the real binary: the controller waits (and says so) while kube cannot start, then
 // starts once kube runs; the process serves throughout.
 TEST_F(BinaryTest, ControllerWaitsForTheKubeModuleAndStartsAfterIt) {
