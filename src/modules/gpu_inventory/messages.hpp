@@ -52,6 +52,9 @@ struct GpuInfo {
   // Set when NVML reports fabric info (any state); nullopt when the GPU has no fabric support.
   // Only Attached() ones count for the clique.
   std::optional<FabricInfo> fabric;
+  // CUDA compute capability (9.0 for Hopper); 0.0 when NVML could not say.
+  int cc_major = 0;
+  int cc_minor = 0;
   bool operator==(const GpuInfo&) const = default;
 };
 
@@ -65,6 +68,8 @@ struct GpuInventory {
   bool available = false;
   std::string error;  // why not available
   std::string driver_version;
+  // The CUDA version the driver supports, as NVML encodes it (12040 = 12.4); 0 when unknown.
+  int cuda_driver_version = 0;
   std::vector<GpuInfo> gpus;
 
   const GpuInfo* FindByUuid(std::string_view uuid) const;
