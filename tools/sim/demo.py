@@ -9,7 +9,8 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
   3. a ComputeDomain becomes Ready with its workload ResourceClaimTemplate (controller), and
      that template, deleted by hand, comes back;
   4. a channel claim is prepared (CDI spec for channel 0) and unprepared by the kubelet (DRA);
-  5. the ComputeDomain is deleted cleanly (template and finalizers gone).
+  5. the ComputeDomain is deleted cleanly (template and finalizers gone);
+  6. gkm-agent: a GKMCache image on the loopback registry becomes Ready and Compatible.
 
 Standard library only. Waits are bounded; every step says what it waited for if it gives up.
 """
@@ -112,6 +113,28 @@ def metric(series):
     return 0.0
 
 
+def gkm_demo(api):
+    """gkm-agent: a GKMCache whose image (on the loopback registry) holds Triton kernels for
+    sm_80 and sm_90 becomes Ready and Compatible on the 8 simulated H200s (sm_90)."""
+    with open(os.path.join(SANDBOX, "registry", "image")) as f:
+        image = f.read().strip()
+    caches = "/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcaches"
+    api.call("POST", caches, {"apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+                              "metadata": {"name": "triton-demo", "namespace": "ml-apps"},
+                              "spec": {"image": image}})
+    node_path = f"/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcachenodes/triton-demo-{NODE}"
+
+    def ready():
+        code, obj = api.call("GET", node_path)
+        entry = obj.get("status", {}).get("caches", {}).get("triton-demo", {}) if code == 200 else {}
+        return entry if entry.get("state") in ("Ready", "Incompatible", "Failed") else None
+    entry = wait_for(f"GKMCacheNode triton-demo-{NODE}", ready, timeout=60)
+    ids = [i for s in entry.get("compatibleGPUs", []) for i in s.get("ids", [])]
+    say("gkm", f"GKMCache ml-apps/triton-demo ({image}) -> {entry['state']}, "
+        f"{'Compatible' if ids else 'Incompatible'} with GPUs {ids}, digest {entry.get('digest', '')[:19]}…, "
+        f"{entry.get('volumeSize', 0)} bytes under var/lib/gkm/caches/ml-apps/triton-demo")
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -195,6 +218,7 @@ def main():
     api.call("DELETE", domains + "/train-a")
     wait_for("ComputeDomain gone", lambda: api.call("GET", domains + "/train-a")[0] == 404)
     say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
+    gkm_demo(api)
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 
 
