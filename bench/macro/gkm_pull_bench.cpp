@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   const fs::path dir = gns::gkm::test::TempDir("gkm-bench");
   int rc = 0;
   {
+    fs::create_directories(dir / "registry");
     gns::gkm::test::TestRegistry registry(dir / "registry");
     std::printf("pushing an image with a %llu-byte layer...\n", static_cast<unsigned long long>(bytes));
     const auto pushed = registry.Push("caches/bench", "v1", {"--triton", "90", "--random-bytes", std::to_string(bytes)});
