@@ -8,9 +8,9 @@ packages=(
   g++ cmake ninja-build pkg-config ccache make
   libboost-dev libssl-dev openssl
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libspdlog-dev nlohmann-json3-dev libsystemd-dev libyaml-cpp-dev libcli11-dev libsimdjson-dev
+  libspdlog-dev nlohmann-json3-dev libsystemd-dev libyaml-cpp-dev libcli11-dev libsimdjson-dev libarchive-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  systemd-journal-remote python3 python3-grpcio python3-yaml
+  systemd-journal-remote python3 python3-grpcio python3-yaml docker-registry skopeo
   dbus-daemon systemd
   clang-14 libclang-rt-14-dev
 )

@@ -66,3 +66,9 @@ rm -rf "$sandbox"
 echo
 echo "== kube informer: watch decode+apply, relist and memory per cached Node (bench/micro/kube)"
 "$build_dir/bench/micro/kube/kube_watch_decode_bench"
+
+echo
+echo "== gkm-agent: pull + extract of a 256 MiB cache beside skopeo copy (bench/macro/gkm_pull_bench)"
+if [[ -x "$build_dir/bench/macro/gkm_pull_bench" ]]; then
+  "$build_dir/bench/macro/gkm_pull_bench" --bytes $((256 << 20)) --source-dir "$PWD"
+fi

@@ -4,6 +4,7 @@
 #include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
 #include "modules/device_plugin/device_plugin_module.hpp"
 #include "modules/dra_compute_domain/dra_module.hpp"
+#include "modules/gkm_agent/gkm_agent_module.hpp"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
 #include "modules/imex_health/imex_health_module.hpp"
@@ -28,6 +29,7 @@ const std::vector<ModuleDescriptor>& ModuleManifest() {
       DescribeModule<dra::DraComputeDomainModule>(),
       DescribeModule<pod_resources::PodResourcesModule>(),
       DescribeModule<imex_peers::ImexPeersModule>(),
+      DescribeModule<gkm::GkmAgentModule>(),
   };
   return manifest;
 }

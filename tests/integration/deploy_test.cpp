@@ -85,6 +85,20 @@ const std::set<Grant>& UsedByTheCode() {
       // src/modules/imex_peers/imex_peers_module.cpp: server-side apply PATCH of its own Node's
       // clique label, an informer on the clique's Nodes (list + watch, label-selected), its
       // Node condition (GET + PATCH nodes/status), Events; all granted above.
+      // src/modules/gkm_agent/gkm_agent_module.cpp: informers (list + watch) on GKMCache and
+      // ClusterGKMCache; server-side apply (PATCH) of GKMCacheNode / ClusterGKMCacheNode and of
+      // their status; DELETE with the cache; GET of pull secrets.
+      {"cluster", "gkm.io", "gkmcaches", "list"},
+      {"cluster", "gkm.io", "gkmcaches", "watch"},
+      {"cluster", "gkm.io", "clustergkmcaches", "list"},
+      {"cluster", "gkm.io", "clustergkmcaches", "watch"},
+      {"cluster", "gkm.io", "gkmcachenodes", "patch"},
+      {"cluster", "gkm.io", "gkmcachenodes", "delete"},
+      {"cluster", "gkm.io", "clustergkmcachenodes", "patch"},
+      {"cluster", "gkm.io", "clustergkmcachenodes", "delete"},
+      {"cluster", "gkm.io", "gkmcachenodes/status", "patch"},
+      {"cluster", "gkm.io", "clustergkmcachenodes/status", "patch"},
+      {"cluster", "", "secrets", "get"},
       // device-plugin, gpu-inventory, metrics, journald: no API calls.
   };
   return used;

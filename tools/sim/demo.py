@@ -18,6 +18,7 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
   7. the node map (imex-peers): while the channel claim of step 4 is prepared, a Node joins the
      clique -> nodes_config.cfg rewritten, the IMEX restart waits (ImexRestartPending) until the
      claim is unprepared.
+  8. gkm-agent: a GKMCache image on the loopback registry becomes Ready and Compatible.
 
 Standard library only. Waits are bounded; every step says what it waited for if it gives up.
 """
@@ -215,6 +216,28 @@ def imex_demo(api):
     say("imex health", f"systemctl start nvidia-imex -> ImexHealthy=True ({up['reason']})")
 
 
+def gkm_demo(api):
+    """gkm-agent: a GKMCache whose image (on the loopback registry) holds Triton kernels for
+    sm_80 and sm_90 becomes Ready and Compatible on the 8 simulated H200s (sm_90)."""
+    with open(os.path.join(SANDBOX, "registry", "image")) as f:
+        image = f.read().strip()
+    caches = "/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcaches"
+    api.call("POST", caches, {"apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+                              "metadata": {"name": "triton-demo", "namespace": "ml-apps"},
+                              "spec": {"image": image}})
+    node_path = f"/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcachenodes/triton-demo-{NODE}"
+
+    def ready():
+        code, obj = api.call("GET", node_path)
+        entry = obj.get("status", {}).get("caches", {}).get("triton-demo", {}) if code == 200 else {}
+        return entry if entry.get("state") in ("Ready", "Incompatible", "Failed") else None
+    entry = wait_for(f"GKMCacheNode triton-demo-{NODE}", ready, timeout=60)
+    ids = [i for s in entry.get("compatibleGPUs", []) for i in s.get("ids", [])]
+    say("gkm", f"GKMCache ml-apps/triton-demo ({image}) -> {entry['state']}, "
+        f"{'Compatible' if ids else 'Incompatible'} with GPUs {ids}, digest {entry.get('digest', '')[:19]}…, "
+        f"{entry.get('volumeSize', 0)} bytes under var/lib/gkm/caches/ml-apps/triton-demo")
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -320,6 +343,7 @@ def main():
     wait_for("ComputeDomain gone", lambda: api.call("GET", domains + "/train-a")[0] == 404)
     say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
     imex_demo(api)
+    gkm_demo(api)
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 
 

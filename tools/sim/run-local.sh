@@ -84,6 +84,29 @@ pids+=($!)
 for _ in $(seq 100); do [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] && break; sleep 0.1; done
 [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] || { echo "the API-server simulator did not start" >&2; exit 1; }
 
+# A real OCI registry (Debian's docker-registry) on loopback with TLS, for the gkm-agent, with
+# one kernel-cache image in it (a fake Triton cache for sm_80 and sm_90).
+reg=$GNS_SANDBOX/registry
+mkdir -p "$reg/data" "$GNS_SANDBOX/var/lib/gkm/caches" "$GNS_SANDBOX/run/gkm/usage"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$reg/key.pem" \
+  -out "$reg/ca.pem" -days 7 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 2>/dev/null
+reg_port=$(/usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+cat > "$reg/config.yml" <<REGISTRY
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: $reg/data}}
+http: {addr: 127.0.0.1:$reg_port, tls: {certificate: $reg/ca.pem, key: $reg/key.pem}}
+REGISTRY
+docker-registry serve "$reg/config.yml" > >(sed -u 's/^/[registry] /') 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  /usr/bin/python3 -c 'import ssl,sys,urllib.request as u;u.urlopen(sys.argv[1],context=ssl.create_default_context(cafile=sys.argv[2]),timeout=1)' \
+    "https://127.0.0.1:$reg_port/v2/" "$reg/ca.pem" 2>/dev/null && break; sleep 0.1
+done
+/usr/bin/python3 tools/sim/oci_push.py --registry "127.0.0.1:$reg_port" --cacert "$reg/ca.pem" \
+  --repo caches/triton-demo --tag v1 --triton 80,90 > "$reg/pushed.json"
+echo "127.0.0.1:$reg_port/caches/triton-demo:v1" > "$reg/image"
+
 # The kubelet simulator: device-plugin registration + ListAndWatch, plugin watcher, DRA calls,
 # PodResourcesLister (var/lib/kubelet/pod-resources/kubelet.sock).
 "$build_dir/tools/sim/kubelet/gns-sim-kubelet" --kubelet-dir "$GNS_SANDBOX/var/lib/kubelet" \

@@ -43,11 +43,13 @@ void to_json(nlohmann::json& j, const GpuInfo& g) {
                      {"nvlinkPeers", g.nvlink_peers}};
   if (g.fabric) j["fabric"] = *g.fabric;
   if (g.released) j["released"] = g.release_reason.empty() ? "released" : g.release_reason;
+  if (g.cc_major > 0) j["computeCapability"] = std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor);
 }
 
 void to_json(nlohmann::json& j, const GpuInventory& inv) {
   j = nlohmann::json{{"available", inv.available}, {"driverVersion", inv.driver_version}, {"gpus", inv.gpus}};
   if (!inv.error.empty()) j["error"] = inv.error;
+  if (inv.cuda_driver_version > 0) j["cudaDriverVersion"] = inv.cuda_driver_version;
 }
 
 void to_json(nlohmann::json& j, const NodeClique& c) {

@@ -50,6 +50,9 @@ struct GpuInfo {
   // not usable — its reset may run. The rest of the inventory stays available.
   bool released = false;
   std::string release_reason = {};
+  // CUDA compute capability (9.0 for Hopper); 0.0 when NVML could not say.
+  int cc_major = 0;
+  int cc_minor = 0;
   bool operator==(const GpuInfo&) const = default;
 };
 
@@ -63,6 +66,8 @@ struct GpuInventory {
   bool available = false;
   std::string error;  // why not available
   std::string driver_version;
+  // The CUDA version the driver supports, as NVML encodes it (12040 = 12.4); 0 when unknown.
+  int cuda_driver_version = 0;
   std::vector<GpuInfo> gpus;
 
   const GpuInfo* FindByUuid(std::string_view uuid) const;

@@ -236,6 +236,7 @@ using ShutdownFn = Return (*)();                  // nvmlShutdown
 using ErrorStringFn = const char* (*)(Return);    // nvmlErrorString
 using SystemGetDriverVersionFn = Return (*)(char* version, unsigned int length);
 using SystemGetCudaDriverVersionFn = Return (*)(int* cuda_driver_version);  // e.g. 12040
+using DeviceGetCudaComputeCapabilityFn = Return (*)(Device device, int* major, int* minor);
 using DeviceGetCountFn = Return (*)(unsigned int* device_count);
 using DeviceGetHandleByIndexFn = Return (*)(unsigned int index, Device* device);
 using DeviceGetHandleByUuidFn = Return (*)(const char* uuid, Device* device);
@@ -283,6 +284,7 @@ using EventSetFreeFn = Return (*)(EventSet set);
   X(nvmlDeviceGetName, DeviceGetNameFn, true)                                   \
   X(nvmlDeviceGetPciInfo_v3, DeviceGetPciInfoFn, true)                          \
   X(nvmlDeviceGetMinorNumber, DeviceGetMinorNumberFn, true)                     \
+  X(nvmlDeviceGetCudaComputeCapability, DeviceGetCudaComputeCapabilityFn, false) \
   X(nvmlDeviceGetMemoryInfo, DeviceGetMemoryInfoFn, true)                       \
   X(nvmlDeviceGetMemoryInfo_v2, DeviceGetMemoryInfoV2Fn, false)                 \
   X(nvmlDeviceGetMemoryAffinity, DeviceGetMemoryAffinityFn, false)              \

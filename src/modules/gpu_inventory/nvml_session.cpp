@@ -68,6 +68,10 @@ class Reader {
     nvml::Return rc = api_.nvmlSystemGetDriverVersion(driver, sizeof(driver));
     if (rc != nvml::kSuccess) return Fatal("nvmlSystemGetDriverVersion", rc);
     inventory.driver_version = driver;
+    if (api_.nvmlSystemGetCudaDriverVersion_v2) {
+      rc = api_.nvmlSystemGetCudaDriverVersion_v2(&inventory.cuda_driver_version);
+      if (rc != nvml::kSuccess) inventory.cuda_driver_version = 0;
+    }
 
     unsigned int count = 0;
     rc = api_.nvmlDeviceGetCount_v2(&count);
@@ -116,6 +120,14 @@ class Reader {
         gpu.memory_total_bytes = memory.total;
       } else {
         Warn("nvmlDeviceGetMemoryInfo", rc, gpu.uuid);
+      }
+
+      if (api_.nvmlDeviceGetCudaComputeCapability) {
+        rc = api_.nvmlDeviceGetCudaComputeCapability(device, &gpu.cc_major, &gpu.cc_minor);
+        if (rc != nvml::kSuccess) {
+          gpu.cc_major = gpu.cc_minor = 0;
+          Warn("nvmlDeviceGetCudaComputeCapability", rc, gpu.uuid);
+        }
       }
 
       gpu.numa_node = NumaNode(device, gpu);

@@ -3,6 +3,7 @@
 // own connection. Everything runs on the loop thread.
 #include "modules/kube/client.hpp"
 #include "modules/kube/json_reader.hpp"
+#include "loop/https.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -47,11 +48,7 @@ void CloseConn(Conn& conn) {
   beast::get_lowest_layer(conn.stream).socket().close(ec);
 }
 
-std::string Describe(const beast::error_code& ec) {
-  if (ec == beast::error::timeout) return "deadline exceeded";
-  if (ec.category() == asio::error::get_ssl_category()) return "TLS: " + ec.message();
-  return ec.message();
-}
+using https::Describe;
 
 bool IsJson(std::string_view content_type) { return content_type.rfind("application/json", 0) == 0; }
 
@@ -95,13 +92,8 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
         limiter_timer_(deps.loop.Io()),
         token_timer_(deps.loop.Io()) {
     ParseServer();
-    ctx_.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
-                     ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
-    ctx_.set_verify_mode(ssl::verify_peer);
-    if (config_.ca_pem.empty()) throw std::runtime_error("no CA certificate: server verification cannot be disabled");
+    https::ConfigureClientContext(ctx_, config_.ca_pem, /*allow_system_roots=*/false);
     beast::error_code ec;
-    ctx_.add_certificate_authority(asio::buffer(config_.ca_pem), ec);
-    if (ec) throw std::runtime_error("CA certificate: " + Describe(ec));
     if (!config_.client_cert_pem.empty()) {
       ctx_.use_certificate_chain(asio::buffer(config_.client_cert_pem), ec);
       if (ec) throw std::runtime_error("client certificate: " + Describe(ec));
@@ -120,26 +112,14 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   }
 
   void ParseServer() {
-    std::string_view url = config_.server;
-    if (url.rfind("https://", 0) != 0) throw std::runtime_error("server must be https://, got \"" + config_.server + "\"");
-    url.remove_prefix(8);
-    if (const auto slash = url.find('/'); slash != std::string_view::npos) url = url.substr(0, slash);
-    if (!url.empty() && url.front() == '[') {
-      const auto close = url.find(']');
-      if (close == std::string_view::npos) throw std::runtime_error("bad server URL " + config_.server);
-      host_ = std::string(url.substr(1, close - 1));
-      url.remove_prefix(close + 1);
-      port_ = url.size() > 1 && url.front() == ':' ? std::string(url.substr(1)) : "443";
-    } else {
-      const auto colon = url.rfind(':');
-      host_ = std::string(url.substr(0, colon));
-      port_ = colon == std::string_view::npos ? "443" : std::string(url.substr(colon + 1));
+    if (config_.server.rfind("https://", 0) != 0) {
+      throw std::runtime_error("server must be https://, got \"" + config_.server + "\"");
     }
-    if (host_.empty()) throw std::runtime_error("bad server URL " + config_.server);
-    beast::error_code ec;
-    asio::ip::make_address(host_, ec);
-    host_is_ip_ = !ec;
-    host_header_ = host_is_ip_ && host_.find(':') != std::string::npos ? "[" + host_ + "]:" + port_ : host_ + ":" + port_;
+    server_ = https::Url::Parse(config_.server);
+    host_ = server_.host;
+    port_ = server_.port;
+    host_is_ip_ = server_.host_is_ip;
+    host_header_ = server_.host_header;
   }
 
   // --- tokens
@@ -275,9 +255,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
     lowest.expires_after(config_.request_timeout);
     co_await lowest.async_connect(endpoints, asio::redirect_error(kAwait, ec));
     if (!ec) {
-      if (!host_is_ip_) SSL_set_tlsext_host_name(conn->stream.native_handle(), host_.c_str());
-      conn->stream.set_verify_mode(ssl::verify_peer);
-      conn->stream.set_verify_callback(ssl::host_name_verification(host_));
+      https::PrepareStream(conn->stream, server_);
       co_await conn->stream.async_handshake(ssl::stream_base::client, asio::redirect_error(kAwait, ec));
     }
     active_.erase(conn.get());
@@ -536,6 +514,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   Deps deps_;
   ClientConfig config_;
   ssl::context ctx_{ssl::context::tls_client};
+  https::Url server_;
   std::string host_, port_, host_header_;
   bool host_is_ip_ = false;
   std::string token_;

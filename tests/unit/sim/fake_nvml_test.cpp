@@ -201,6 +201,12 @@ TEST_F(FakeNvmlTest, SystemVersionsAndBufferSizes) {
   int cuda = 0;
   ASSERT_EQ(api_.nvmlSystemGetCudaDriverVersion_v2(&cuda), nvml::kSuccess);
   EXPECT_EQ(cuda, 12040);
+  // gpus-8.json names no computeCapability: the fake reports an H200's 9.0.
+  int major = 0, minor = -1;
+  ASSERT_EQ(api_.nvmlDeviceGetCudaComputeCapability(Handle(0), &major, &minor), nvml::kSuccess);
+  EXPECT_EQ(major, 9);
+  EXPECT_EQ(minor, 0);
+  EXPECT_EQ(api_.nvmlDeviceGetCudaComputeCapability(Handle(0), nullptr, &minor), nvml::kErrorInvalidArgument);
   char small[10];
   EXPECT_EQ(api_.nvmlDeviceGetUUID(Handle(0), small, sizeof(small)), nvml::kErrorInsufficientSize);
   EXPECT_STREQ(api_.nvmlErrorString(nvml::kErrorTimeout), "Timeout");

@@ -93,6 +93,8 @@ struct Gpu {
   unsigned long long memory_reserved = 0;
   unsigned long long memory_used = 0;
   int numa_node = -1;
+  int cc_major = 9;  // H200-like unless configured
+  int cc_minor = 0;
   std::vector<std::string> nvlink_peer_names;  // as configured, resolved into nvlink_remote
   std::vector<nvml::PciInfo> nvlink_remote;    // one entry per active link, in link order
   Fabric fabric;
@@ -206,7 +208,7 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
   CheckKeys(j,
             {"uuid", "name", "pciBusId", "minor", "memoryTotalBytes", "memoryReservedBytes",
              "memoryUsedBytes", "numaNode", "nvlinkPeers", "fabric", "pciDeviceId",
-             "pciSubSystemId", "supportedEventTypes"},
+             "pciSubSystemId", "supportedEventTypes", "computeCapability"},
             where);
   Gpu gpu;
   gpu.uuid = j.at("uuid").get<std::string>();
@@ -225,6 +227,16 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
     throw ConfigError(nvml::kErrorUnknown, where + ": need memoryReservedBytes <= memoryUsedBytes <= memoryTotalBytes");
   }
   gpu.numa_node = j.value("numaNode", -1);
+  if (j.contains("computeCapability")) {
+    const auto cc = j.at("computeCapability").get<std::string>();
+    const auto dot = cc.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 >= cc.size() ||
+        cc.find_first_not_of("0123456789.") != std::string::npos) {
+      throw ConfigError(nvml::kErrorUnknown, where + ".computeCapability \"" + cc + "\" is not MAJOR.MINOR");
+    }
+    gpu.cc_major = std::stoi(cc.substr(0, dot));
+    gpu.cc_minor = std::stoi(cc.substr(dot + 1));
+  }
   gpu.nvlink_peer_names = j.value("nvlinkPeers", std::vector<std::string>{});
   if (gpu.nvlink_peer_names.size() > nvml::kNvLinkMaxLinks) {
     throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkPeers has more than 18 links");
@@ -808,6 +820,15 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetMinorNumber(nvml::Device device, unsigned i
   return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
     if (minor_number == nullptr) return nvml::kErrorInvalidArgument;
     *minor_number = g.minor;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetCudaComputeCapability(nvml::Device device, int* major, int* minor) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (major == nullptr || minor == nullptr) return nvml::kErrorInvalidArgument;
+    *major = g.cc_major;
+    *minor = g.cc_minor;
     return nvml::kSuccess;
   });
 }

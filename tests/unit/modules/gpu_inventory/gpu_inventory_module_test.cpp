@@ -165,6 +165,7 @@ TEST_F(GpuInventoryModuleTest, PublishesTheFullInventoryOfEightGpus) {
   const GpuInventory& inventory = *Inventory();
   EXPECT_EQ(inventory.error, "");
   EXPECT_EQ(inventory.driver_version, "550.90.07");
+  EXPECT_EQ(inventory.cuda_driver_version, 12040);
   ASSERT_EQ(inventory.gpus.size(), 8u);
   const char* bus_ids[] = {"00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
                            "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0"};
@@ -178,6 +179,8 @@ TEST_F(GpuInventoryModuleTest, PublishesTheFullInventoryOfEightGpus) {
     EXPECT_EQ(gpu.pci, *PciAddress::Parse(bus_ids[i]));
     EXPECT_EQ(gpu.minor, static_cast<uint32_t>(i));
     EXPECT_EQ(gpu.memory_total_bytes, 150754820096u);
+    EXPECT_EQ(gpu.cc_major, 9);  // the fake's default (an H200)
+    EXPECT_EQ(gpu.cc_minor, 0);
     EXPECT_EQ(gpu.numa_node, i < 4 ? 0 : 1);
     // Two links to the pair's other GPU: one peer, listed once.
     EXPECT_EQ(gpu.nvlink_peers, std::vector<std::string>{Uuid(i ^ 1)});

@@ -1,0 +1,614 @@
+// The gkm-agent module: watches, the pull queue, extraction on the pool, per-node status.
+#include "modules/gkm_agent/gkm_agent_module.hpp"
+
+#include "modules/gkm_agent/extract.hpp"
+
+#include <sys/stat.h>
+
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+namespace gns::gkm {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr std::string_view kFieldManager = "gkm-agent";
+
+std::string Now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string Text(const json& j, std::initializer_list<const char*> path) {
+  const json* at = &j;
+  for (const char* key : path) {
+    if (!at->is_object()) return {};
+    const auto it = at->find(key);
+    if (it == at->end()) return {};
+    at = &*it;
+  }
+  return at->is_string() ? at->get<std::string>() : std::string();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// What a pool job hands back to the loop.
+struct Installed {
+  std::string reason;
+  std::string message;
+  std::vector<GpuVerdict> verdicts;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+}  // namespace
+
+GkmAgentModule::Config GkmAgentModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
+  Config c;
+  c.cache_root = section.String("cacheRoot", c.cache_root);
+  c.usage_root = section.String("usageRoot", c.usage_root);
+  for (const auto& [key, value] : {std::pair{"cacheRoot", c.cache_root}, {"usageRoot", c.usage_root}}) {
+    if (value.empty() || value.front() != '/') section.Fail(key, "must be an absolute path");
+  }
+  c.registry_ca_file = section.String("registryCaFile", "");
+  if (!c.registry_ca_file.empty() && c.registry_ca_file.front() != '/') {
+    section.Fail("registryCaFile", "must be an absolute path");
+  }
+  c.pull_secrets = section.StringList("pullSecrets", std::vector<std::string>{});
+  c.cluster_secret_namespace = section.String("clusterPullSecretNamespace", "");
+  c.max_image_bytes = static_cast<uint64_t>(section.Int("maxImageBytes", 1024, int64_t{1} << 44, int64_t{8} << 30));
+  c.max_cache_bytes = static_cast<uint64_t>(section.Int("maxCacheBytes", 1024, int64_t{1} << 44, int64_t{16} << 30));
+  c.request_timeout = section.Duration("requestTimeout", milliseconds(100), milliseconds(600000), milliseconds(30000));
+  c.max_attempts = static_cast<int>(section.Int("maxAttempts", 1, 20, 4));
+  c.retry_interval = section.Duration("retryInterval", milliseconds(100), milliseconds(86400000), milliseconds(300000));
+  c.architecture = section.Enum("architecture", {"amd64", "arm64"}, "amd64");
+  (void)site;
+  return c;
+}
+
+GkmAgentModule::GkmAgentModule(ModuleContext& context, const Config& config)
+    : context_(context),
+      config_(config),
+      node_(context.Site().node_name),
+      bytes_pulled_(&context.Metrics().Counter("gpu_node_supervisor_gkm_bytes_pulled_total",
+                                               "Bytes received from OCI registries for kernel caches")),
+      extract_seconds_sum_(&context.Metrics().Counter("gpu_node_supervisor_gkm_extract_seconds_sum",
+                                                      "Time spent extracting and checking kernel caches")),
+      extract_seconds_count_(&context.Metrics().Counter("gpu_node_supervisor_gkm_extract_seconds_count",
+                                                        "Kernel caches extracted")) {}
+
+GkmAgentModule::~GkmAgentModule() { *alive_ = false; }
+
+void GkmAgentModule::Start() {
+  if (node_.empty()) throw std::runtime_error("gkm-agent needs the node name (site nodeName)");
+  auto& services = context_.GetServices();
+  client_ = services.Find<kube::KubeClient>();
+  registry_ = services.Find<kube::InformerRegistry>();
+  if (!client_ || !registry_) throw std::runtime_error("gkm-agent needs the kube module");
+  RegistryOptions options;
+  if (!config_.registry_ca_file.empty()) options.ca_pem = ReadFile(config_.registry_ca_file);  // a few KB, at start
+  options.max_image_bytes = config_.max_image_bytes;
+  options.request_timeout = config_.request_timeout;
+  options.max_attempts = config_.max_attempts;
+  options.architecture = config_.architecture;
+  puller_ = std::make_unique<RegistryClient>(context_.GetLoop(), context_.Pool(), context_.Logger(), options);
+  fs::create_directories(config_.cache_root);
+
+  auto& bus = context_.GetBus();
+  const kube::InformerSpec ns_spec{
+      kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), "gkmcaches").Collection(), {}, {}};
+  const kube::InformerSpec cluster_spec{
+      kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), "clustergkmcaches").Collection(), {}, {}};
+  events_sub_ = bus.Subscribe<kube::ResourceEvent>([this, a = ns_spec.Key(), b = cluster_spec.Key()](
+                                                       const kube::ResourceEvent& e) {
+    if ((e.informer_key == a || e.informer_key == b) && e.object) OnEvent(e);
+  });
+  synced_sub_ = bus.Subscribe<kube::InformerSynced>([this](const kube::InformerSynced&) { OnSynced(); });
+  inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
+    const bool was_available = inventory_ && inventory_->available;
+    inventory_ = inv;
+    if (!was_available && inv.available) PumpQueue();
+  });
+  namespaced_ = registry_->Acquire(ns_spec);
+  clustered_ = registry_->Acquire(cluster_spec);
+  UpdateGauges();
+}
+
+void GkmAgentModule::Stop(std::function<void()> done) {
+  *alive_ = false;
+  alive_ = std::make_shared<bool>(true);
+  if (puller_) puller_->Shutdown();
+  for (auto& [key, cache] : caches_) {
+    if (cache.retry) cache.retry->cancel();
+    if (cache.usage_watch) cache.usage_watch->Stop();
+  }
+  caches_.clear();
+  queue_.clear();
+  pulling_ = false;
+  namespaced_.reset();
+  clustered_.reset();
+  done();
+}
+
+std::vector<GpuFacts> GkmAgentModule::Gpus() const {
+  std::vector<GpuFacts> out;
+  if (!inventory_) return out;
+  for (const auto& g : inventory_->gpus) out.push_back(GpuFacts{g.index, g.name, g.cc_major, g.cc_minor});
+  return out;
+}
+
+std::string GkmAgentModule::CacheDir(const Cache& cache) const {
+  return config_.cache_root + "/" + (cache.cluster ? std::string(kClusterScopedDir) : cache.ns) + "/" + cache.name;
+}
+
+std::string GkmAgentModule::ObjectName(const Cache& cache) const { return cache.name + "-" + node_; }
+
+kube::ResourcePath GkmAgentModule::NodePath(const Cache& cache) const {
+  return kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion),
+                                     cache.cluster ? "clustergkmcachenodes" : "gkmcachenodes", cache.ns);
+}
+
+void GkmAgentModule::OnEvent(const kube::ResourceEvent& e) {
+  const auto meta = kube::ObjectMeta::From(*e.object);
+  if (!meta) return;
+  const bool cluster = meta->ns.empty();
+  const std::string key = cluster ? std::string(kClusterScopedDir) + "/" + meta->name : meta->Key();
+  if (e.type == kube::ResourceEvent::Type::kDeleted) {
+    Forget(key, *e.object);
+    return;
+  }
+  const std::string image = Text(*e.object, {"spec", "image"});
+  const std::string resolved = Text(*e.object, {"status", "resolvedDigest"});
+  auto [it, added] = caches_.try_emplace(key);
+  Cache& c = it->second;
+  if (!added && c.image == image && c.resolved_digest == resolved) return;
+  c.cluster = cluster;
+  c.ns = meta->ns;
+  c.name = meta->name;
+  c.image = image;
+  c.resolved_digest = resolved;
+  context_.Log().info("cache {}: image {}{}", key, image, resolved.empty() ? "" : " @ " + resolved);
+  Enqueue(key);
+}
+
+void GkmAgentModule::OnSynced() {
+  if (sweep_started_ || !namespaced_ || !clustered_ || !namespaced_->Synced() || !clustered_->Synced()) return;
+  sweep_started_ = true;
+  Sweep();
+}
+
+// At start, once both watches have listed: caches on disk that no object refers to are
+// removed, and so is what an interrupted pull left behind. No pull starts before it is done.
+void GkmAgentModule::Sweep() {
+  std::set<std::string> wanted;
+  for (const auto& [key, object] : namespaced_->Items()) wanted.insert(key);
+  for (const auto& [key, object] : clustered_->Items()) wanted.insert(std::string(kClusterScopedDir) + "/" + key);
+  const std::string root = config_.cache_root;
+  context_.Pool().Run(
+      [root, wanted] {
+        std::vector<std::string> removed;
+        std::error_code ec;
+        for (const auto& scope : fs::directory_iterator(root, ec)) {
+          const std::string scope_name = scope.path().filename().string();
+          if (scope_name.rfind(".pull-", 0) == 0) {
+            RemoveTree(scope.path().string());
+            removed.push_back(scope_name);
+            continue;
+          }
+          if (!scope.is_directory()) continue;
+          for (const auto& entry : fs::directory_iterator(scope.path(), ec)) {
+            const std::string key = scope_name + "/" + entry.path().filename().string();
+            if (wanted.count(key)) continue;
+            RemoveTree(entry.path().string());
+            removed.push_back(key);
+          }
+        }
+        return removed;
+      },
+      [this, alive = alive_](std::vector<std::string> removed, std::exception_ptr error) {
+        if (!*alive) return;
+        swept_ = true;
+        if (error) {
+          try {
+            std::rethrow_exception(error);
+          } catch (const std::exception& e) {
+            context_.Log().warn("sweep of {}: {}", config_.cache_root, e.what());
+          }
+        }
+        for (const auto& key : removed) context_.Log().info("removed stale cache {}", key);
+        PumpQueue();
+      });
+}
+
+void GkmAgentModule::Enqueue(const std::string& key) {
+  auto it = caches_.find(key);
+  if (it == caches_.end() || it->second.queued) return;
+  if (it->second.retry) it->second.retry->cancel();
+  it->second.queued = true;
+  queue_.push_back(key);
+  PumpQueue();
+}
+
+void GkmAgentModule::PumpQueue() {
+  // One pull at a time (a node's link and disk are shared); none before the GPUs are known.
+  while (swept_ && !pulling_ && !queue_.empty() && inventory_ && inventory_->available) {
+    const std::string key = queue_.front();
+    queue_.pop_front();
+    auto it = caches_.find(key);
+    if (it == caches_.end()) continue;
+    it->second.queued = false;
+    Pull(key);
+  }
+}
+
+void GkmAgentModule::Pull(const std::string& key) {
+  Cache& c = caches_.at(key);
+  pulling_ = true;
+  c.state = "Pulling";
+  c.reason.clear();
+  c.message.clear();
+  UpdateGauges();
+  const std::string secret_ns = c.cluster ? config_.cluster_secret_namespace : c.ns;
+  if (config_.pull_secrets.empty() || secret_ns.empty()) {
+    PullWithCredentials(key, std::nullopt);
+    return;
+  }
+  // The first pull secret that has credentials for the image's registry wins.
+  struct Lookup {
+    std::vector<std::string> names;
+    std::size_t next = 0;
+    std::string registry;
+  };
+  auto lookup = std::make_shared<Lookup>();
+  lookup->names = config_.pull_secrets;
+  try {
+    lookup->registry = ImageRef::Parse(c.image).registry;
+  } catch (const std::exception&) {
+    PullWithCredentials(key, std::nullopt);  // the pull reports the bad reference
+    return;
+  }
+  auto step = std::make_shared<std::function<void()>>();
+  *step = [this, key, secret_ns, lookup, weak_step = std::weak_ptr<std::function<void()>>(step), alive = alive_] {
+    if (lookup->next >= lookup->names.size()) {
+      PullWithCredentials(key, std::nullopt);
+      return;
+    }
+    const std::string name = lookup->names[lookup->next++];
+    client_->Get(kube::ResourcePath::Core("secrets", secret_ns).Object(name),
+                 [this, key, name, lookup, keep = weak_step.lock(), alive](kube::Result r) {
+                   if (!*alive || !caches_.count(key)) return;
+                   if (r.Ok()) {
+                     try {
+                       const std::string data = Text(r.object, {"data", ".dockerconfigjson"});
+                       if (!data.empty()) {
+                         const auto creds = CredentialsFor(json::parse(Base64Decode(data)), lookup->registry);
+                         if (creds) {
+                           PullWithCredentials(key, creds);
+                           return;
+                         }
+                       }
+                     } catch (const std::exception& e) {
+                       context_.Log().warn("pull secret {}: {}", name, e.what());
+                     }
+                   } else if (r.http_status != 404) {
+                     context_.Log().warn("pull secret {}: {}", name, r.error);
+                   }
+                   if (keep) (*keep)();
+                 });
+  };
+  (*step)();
+}
+
+void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<Credentials> credentials) {
+  Cache& c = caches_.at(key);
+  ImageRef ref;
+  try {
+    ref = ImageRef::Parse(c.image);
+  } catch (const std::exception& e) {
+    Finish(key, c.image, {}, "Failed", "BadImage", e.what());
+    return;
+  }
+  std::random_device rd;
+  const std::string work = config_.cache_root + "/.pull-" + std::to_string(rd()) + std::to_string(rd());
+  const std::string image = c.image;
+  const std::string resolved = c.resolved_digest;
+  std::error_code ec;
+  fs::create_directories(work + "/blobs", ec);  // a mkdir: cheap enough for the loop
+  if (ec) {
+    Finish(key, image, {}, "Failed", "WriteFailed", "cannot create " + work + ": " + ec.message());
+    return;
+  }
+  context_.Log().info("cache {}: pulling {}", key, ref.ToString());
+  puller_->Pull(
+      PullRequest{ref, resolved, std::move(credentials), work + "/blobs"},
+      [this, key, work, image, alive = alive_](PullResult r) {
+        if (!*alive) return;
+        bytes_pulled_->Inc(static_cast<double>(r.bytes_pulled));
+        auto it = caches_.find(key);
+        if (it == caches_.end() || it->second.image != image) {
+          // Deleted or changed while pulling: drop what came.
+          context_.Pool().Execute([work] { RemoveTree(work); });
+          pulling_ = false;
+          PumpQueue();
+          return;
+        }
+        if (!r.Ok()) {
+          context_.Pool().Execute([work] { RemoveTree(work); });
+          Finish(key, image, r.digest, "Failed", r.reason, r.error);
+          return;
+        }
+        const std::string final_dir = CacheDir(it->second);
+        const uint64_t max_bytes = config_.max_cache_bytes;
+        const auto gpus = Gpus();
+        const int cuda = inventory_ ? inventory_->cuda_driver_version : 0;
+        const std::string digest = r.digest;
+        context_.Pool().Run(
+            [layers = r.layer_files, work, final_dir, max_bytes, gpus, cuda] {
+              Installed out;
+              const auto start = std::chrono::steady_clock::now();
+              try {
+                const auto stats = ExtractLayers(layers, work + "/cache", max_bytes);
+                out.bytes = stats.bytes;
+                const auto kernels = ScanTritonCache(work + "/cache");
+                out.verdicts = CheckCompatibility(kernels, gpus, cuda);
+                bool any = false;
+                for (const auto& v : out.verdicts) any = any || v.compatible;
+                if (any) {
+                  InstallDirectory(work + "/cache", final_dir);
+                } else {
+                  // Nothing here can use it: it is not kept (seed 002), and an older copy goes too.
+                  out.reason = gpus.empty() ? "NoGpus" : "Incompatible";
+                  out.message = gpus.empty() ? "no GPU on this node" : "no GPU on this node can use the cache";
+                  RemoveTree(final_dir);
+                }
+              } catch (const PullError& e) {
+                out.reason = e.reason;
+                out.message = e.what();
+              } catch (const std::exception& e) {
+                out.reason = "ExtractFailed";
+                out.message = e.what();
+              }
+              try {
+                RemoveTree(work);
+              } catch (const std::exception&) {
+                // Left for the next start's sweep.
+              }
+              out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              return out;
+            },
+            [this, key, image, digest, alive](Installed out, std::exception_ptr) {
+              if (!*alive) return;
+              extract_seconds_sum_->Inc(out.seconds);
+              extract_seconds_count_->Inc();
+              auto it = caches_.find(key);
+              if (it == caches_.end()) {
+                pulling_ = false;
+                PumpQueue();
+                return;
+              }
+              it->second.verdicts = out.verdicts;
+              it->second.size_bytes = out.bytes;
+              if (out.reason.empty()) {
+                Finish(key, image, digest, "Ready", "", "");
+              } else {
+                const bool incompatible = out.reason == "Incompatible" || out.reason == "NoGpus";
+                Finish(key, image, digest, incompatible ? "Incompatible" : "Failed", out.reason, out.message);
+              }
+            });
+      });
+}
+
+void GkmAgentModule::Finish(const std::string& key, const std::string& image, const std::string& digest,
+                            std::string state, std::string reason, std::string message) {
+  pulling_ = false;
+  auto it = caches_.find(key);
+  if (it != caches_.end() && it->second.image == image) {
+    Cache& c = it->second;
+    c.state = std::move(state);
+    c.reason = std::move(reason);
+    c.message = std::move(message);
+    c.digest = digest;
+    if (c.state == "Failed") {
+      context_.Log().warn("cache {}: {}: {}", key, c.reason, c.message);
+      // Whatever failed (registry down, secret missing, bad image) may be fixed later.
+      if (!c.retry) c.retry = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io());
+      c.retry->expires_after(config_.retry_interval);
+      c.retry->async_wait([this, key, alive = alive_](const boost::system::error_code& ec) {
+        if (!ec && *alive) Enqueue(key);
+      });
+    } else {
+      context_.Log().info("cache {}: {}{}", key, c.state, c.reason.empty() ? "" : " (" + c.reason + ")");
+    }
+    if (c.state == "Ready") WatchUsage(key);
+    WriteStatus(key);
+  }
+  UpdateGauges();
+  PumpQueue();
+}
+
+void GkmAgentModule::Forget(const std::string& key, const json& last) {
+  auto it = caches_.find(key);
+  Cache c;
+  if (it != caches_.end()) {
+    c = std::move(it->second);
+    caches_.erase(it);
+  } else {
+    const auto meta = kube::ObjectMeta::From(last);
+    if (!meta) return;
+    c.cluster = meta->ns.empty();
+    c.ns = meta->ns;
+    c.name = meta->name;
+  }
+  if (c.retry) c.retry->cancel();
+  if (c.usage_watch) c.usage_watch->Stop();
+  const std::string dir = CacheDir(c);
+  context_.Log().info("cache {} deleted: removing {}", key, dir);
+  context_.Pool().Execute([dir] {
+    try {
+      RemoveTree(dir);
+    } catch (const std::exception&) {
+      // The next start's sweep removes it.
+    }
+  });
+  client_->Delete(NodePath(c).Object(ObjectName(c)), {}, [this, key, alive = alive_](kube::Result r) {
+    if (*alive && !r.Ok() && r.http_status != 404) context_.Log().warn("delete status of {}: {}", key, r.error);
+  });
+  UpdateGauges();
+}
+
+json GkmAgentModule::ReadUsage(const Cache& cache) const {
+  const std::string path = config_.usage_root + "/" + (cache.cluster ? std::string(kClusterScopedDir) : cache.ns) +
+                           "/" + cache.name + "/usage.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return json::array();
+  std::stringstream s;
+  s << in.rdbuf();
+  const auto j = json::parse(s.str(), nullptr, false);
+  json pods = json::array();
+  if (!j.is_object()) return pods;
+  for (const auto& [pod, entries] : j.items()) {
+    if (!entries.is_array()) continue;
+    for (const auto& e : entries) {
+      if (!e.is_object()) continue;
+      json p = json::object();
+      for (const char* k : {"podName", "podNamespace", "volumeId"}) {
+        if (const auto f = e.find(k); f != e.end() && f->is_string()) p[k] = *f;
+      }
+      if (!p.empty()) pods.push_back(std::move(p));
+    }
+  }
+  return pods;
+}
+
+// The CSI driver records pod usage in <usageRoot>/<ns>/<name>/usage.json (replaced by rename):
+// watched with inotify, re-read on every change, reported with the cache's status.
+void GkmAgentModule::WatchUsage(const std::string& key) {
+  Cache& c = caches_.at(key);
+  if (c.usage_watch) return;
+  const std::string dir =
+      config_.usage_root + "/" + (c.cluster ? std::string(kClusterScopedDir) : c.ns) + "/" + c.name;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    context_.Log().warn("cannot create {}: {} (pod usage not reported)", dir, ec.message());
+    return;
+  }
+  c.usage_watch = std::make_unique<DirWatcher>(context_.GetLoop().Io(), dir,
+                                               [this, key](DirWatcher::Change, const std::string& name) {
+                                                 if (name.empty() || name == "usage.json") WriteStatus(key);
+                                               });
+  try {
+    c.usage_watch->Start();
+  } catch (const std::exception& e) {
+    context_.Log().warn("cannot watch {}: {}", dir, e.what());
+    c.usage_watch.reset();
+  }
+}
+
+void GkmAgentModule::WriteStatus(const std::string& key) {
+  auto it = caches_.find(key);
+  if (it == caches_.end()) return;
+  Cache& c = it->second;
+  // GPUs grouped by type and driver (seed 002's status.gpus), and the verdict sets.
+  json gpus = json::array();
+  if (inventory_) {
+    std::map<std::string, json> by_type;
+    for (const auto& g : inventory_->gpus) {
+      auto& entry = by_type[g.name];
+      if (entry.is_null()) entry = {{"gpuType", g.name}, {"driverVersion", inventory_->driver_version}, {"ids", json::array()}};
+      entry["ids"].push_back(g.index);
+    }
+    for (auto& [type, entry] : by_type) gpus.push_back(std::move(entry));
+  }
+  json compatible = json::array();
+  json incompatible = json::array();
+  std::map<std::pair<std::string, std::string>, json> groups;
+  json ok_ids = json::array();
+  for (const auto& v : c.verdicts) {
+    if (v.compatible) {
+      ok_ids.push_back(v.index);
+      continue;
+    }
+    auto& g = groups[{v.reason, v.message}];
+    if (g.is_null()) g = {{"ids", json::array()}, {"reason", v.reason}, {"message", v.message}};
+    g["ids"].push_back(v.index);
+  }
+  if (!ok_ids.empty()) compatible.push_back({{"ids", ok_ids}});
+  for (auto& [k, g] : groups) incompatible.push_back(std::move(g));
+  json entry = {{"digest", c.digest},
+                {"state", c.state},
+                {"compatibleGPUs", compatible},
+                {"incompatibleGPUs", incompatible}};
+  if (!c.reason.empty()) entry["reason"] = c.reason;
+  if (!c.message.empty()) entry["message"] = c.message;
+  if (c.state == "Ready") {
+    entry["volumeSize"] = c.size_bytes;
+    entry["pods"] = ReadUsage(c);
+  }
+  json status = {{"nodeName", node_}, {"gpus", gpus}, {"caches", {{c.name, entry}}}};
+  const std::string text = status.dump();
+  if (text == c.written) return;  // only on change
+  c.written = text;
+  const std::string now = Now();
+  status["caches"][c.name]["lastUpdated"] = now;
+  const std::string kind = c.cluster ? "ClusterGKMCacheNode" : "GKMCacheNode";
+  const std::string api_version = std::string(kGroup) + "/" + std::string(kVersion);
+  json metadata = {{"name", ObjectName(c)},
+                   {"labels", {{"gkm.node", node_}, {"gkm.io/cache", c.name}}},
+                   {"annotations", {{"gkm.io/lastUpdated", now}}}};
+  if (!c.cluster) metadata["namespace"] = c.ns;
+  const json object = {{"apiVersion", api_version}, {"kind", kind}, {"metadata", metadata},
+                       {"spec", {{"nodeName", node_}, {"cacheName", c.name}}}};
+  json status_object = {{"apiVersion", api_version}, {"kind", kind}, {"metadata", {{"name", ObjectName(c)}}},
+                        {"status", status}};
+  if (!c.cluster) status_object["metadata"]["namespace"] = c.ns;
+  const std::string path = NodePath(c).Object(ObjectName(c));
+  const std::string manager(kFieldManager);
+  client_->Patch(path, kube::PatchType::kApply, object, manager,
+                 [this, key, path, status_object, manager, alive = alive_](kube::Result r) {
+                   if (!*alive) return;
+                   if (!r.Ok()) {
+                     context_.Log().warn("apply {}: {}", path, r.error);
+                     if (auto it = caches_.find(key); it != caches_.end()) it->second.written.clear();
+                     return;
+                   }
+                   client_->PatchStatus(path, kube::PatchType::kApply, status_object, manager,
+                                        [this, key, path, alive](kube::Result s) {
+                                          if (!*alive || s.Ok()) return;
+                                          context_.Log().warn("apply {}/status: {}", path, s.error);
+                                          if (auto it = caches_.find(key); it != caches_.end()) it->second.written.clear();
+                                        },
+                                        true);
+                 },
+                 true);
+}
+
+void GkmAgentModule::UpdateGauges() {
+  std::map<std::string, int> by_state{{"Pending", 0}, {"Pulling", 0}, {"Ready", 0}, {"Incompatible", 0}, {"Failed", 0}};
+  for (const auto& [key, c] : caches_) ++by_state[c.state];
+  for (const auto& [state, n] : by_state) {
+    context_.Metrics()
+        .Gauge("gpu_node_supervisor_gkm_caches", "Kernel caches on this node by state", {{"state", state}})
+        .Set(n);
+  }
+}
+
+}  // namespace gns::gkm

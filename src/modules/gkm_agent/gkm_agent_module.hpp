@@ -1,0 +1,126 @@
+#pragma once
+// The `gkm-agent` module (seed 002): GPU kernel caches declared in GKMCache (namespaced) and
+// ClusterGKMCache objects are pulled from their OCI images, extracted, checked against each
+// GPU of this node and kept under <cacheRoot>/<namespace>/<name>/ (`cluster-scoped` for
+// cluster caches) when at least one GPU can use them; each (node, cache) is reported in a
+// GKMCacheNode / ClusterGKMCacheNode object written with server-side apply when it changes.
+
+#include "loop/bus.hpp"
+#include "loop/dir_watcher.hpp"
+#include "loop/module.hpp"
+#include "modules/gkm_agent/compat.hpp"
+#include "modules/gkm_agent/registry_client.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/informer.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <array>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace gns::gkm {
+
+inline constexpr std::string_view kGroup = "gkm.io";
+inline constexpr std::string_view kVersion = "v1alpha1";
+inline constexpr std::string_view kClusterScopedDir = "cluster-scoped";
+
+class GkmAgentModule final : public Module {
+ public:
+  static constexpr std::string_view kName = "gkm-agent";
+  static constexpr std::string_view kSummary =
+      "GPU kernel caches: OCI images pulled, extracted, checked per GPU, reported per node";
+  static constexpr std::array<std::string_view, 1> kUses = {"kube"};
+
+  struct Config {
+    std::string cache_root = "/var/lib/gkm/caches";
+    std::string usage_root = "/run/gkm/usage";
+    std::string registry_ca_file;             // PEM; empty: the system's trust store only
+    std::vector<std::string> pull_secrets;    // Secret names looked up in the cache's namespace
+    std::string cluster_secret_namespace;     // where ClusterGKMCache pull secrets live
+    uint64_t max_image_bytes = 8ull << 30;
+    uint64_t max_cache_bytes = 16ull << 30;
+    std::chrono::milliseconds request_timeout{30000};
+    int max_attempts = 4;
+    std::chrono::milliseconds retry_interval{300000};  // a failed pull is tried again after this
+    std::string architecture = "amd64";                // which manifest of an image index
+  };
+  static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
+
+  GkmAgentModule(ModuleContext& context, const Config& config);
+  ~GkmAgentModule() override;
+
+  void Start() override;
+  void Stop(std::function<void()> done) override;
+
+  // One cache as this node sees it (also shown in /debug/state through the metrics).
+  struct Cache {
+    bool cluster = false;
+    std::string ns;  // empty for cluster caches
+    std::string name;
+    std::string image;
+    std::string resolved_digest;  // from the object's status; empty: resolve the tag
+    std::string state = "Pending";  // Pending, Pulling, Ready, Incompatible, Failed
+    std::string reason;
+    std::string message;
+    std::string digest;  // what was pulled
+    uint64_t size_bytes = 0;
+    std::vector<GpuVerdict> verdicts;
+    std::string written;  // the status last applied (without timestamps)
+    std::unique_ptr<boost::asio::steady_timer> retry;
+    std::unique_ptr<DirWatcher> usage_watch;
+    bool queued = false;
+  };
+  const std::map<std::string, Cache>& Caches() const { return caches_; }
+
+ private:
+  void OnEvent(const kube::ResourceEvent& event);
+  void OnSynced();
+  // Both watches listed: remove what no object refers to.
+  void Sweep();
+  void Enqueue(const std::string& key);
+  void PumpQueue();
+  void Pull(const std::string& key);
+  void PullWithCredentials(const std::string& key, std::optional<Credentials> credentials);
+  void Finish(const std::string& key, const std::string& image, const std::string& digest, std::string state,
+              std::string reason, std::string message);
+  void Forget(const std::string& key, const nlohmann::json& last);
+  void WriteStatus(const std::string& key);
+  void WatchUsage(const std::string& key);
+  nlohmann::json ReadUsage(const Cache& cache) const;
+  std::string CacheDir(const Cache& cache) const;
+  std::string ObjectName(const Cache& cache) const;
+  kube::ResourcePath NodePath(const Cache& cache) const;
+  void UpdateGauges();
+  std::vector<GpuFacts> Gpus() const;
+
+  ModuleContext& context_;
+  Config config_;
+  std::string node_;
+  std::shared_ptr<kube::KubeClient> client_;
+  std::shared_ptr<kube::InformerRegistry> registry_;
+  std::unique_ptr<RegistryClient> puller_;
+  std::shared_ptr<kube::Informer> namespaced_;
+  std::shared_ptr<kube::Informer> clustered_;
+  std::optional<gpu_inventory::GpuInventory> inventory_;
+  std::map<std::string, Cache> caches_;
+  std::deque<std::string> queue_;
+  bool pulling_ = false;
+  bool sweep_started_ = false;
+  bool swept_ = false;  // no pull before the start's sweep is done
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  MetricsRegistry::Series* bytes_pulled_;
+  MetricsRegistry::Series* extract_seconds_sum_;
+  MetricsRegistry::Series* extract_seconds_count_;
+  Subscription events_sub_;
+  Subscription synced_sub_;
+  Subscription inventory_sub_;
+};
+
+}  // namespace gns::gkm

@@ -1,0 +1,773 @@
+// RegistryClient's network side: the module's only translation unit with Beast, Asio SSL and
+// coroutines. One coroutine per pull; connections are kept alive per host and shared between
+// pulls. Everything but hashing and file writes runs on the loop thread.
+#include "modules/gkm_agent/registry_client.hpp"
+
+#include "loop/https.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <openssl/evp.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cctype>
+#include <tuple>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+
+namespace gns::gkm {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr auto kAwait = asio::use_awaitable;
+constexpr int kMaxRedirects = 5;
+
+struct Conn {
+  Conn(asio::io_context& io, ssl::context& ctx) : stream(io, ctx) {}
+  beast::ssl_stream<beast::tcp_stream> stream;
+  beast::flat_buffer buffer;
+  std::string host_header;
+};
+
+void CloseConn(Conn& conn) {
+  beast::error_code ec;
+  // Abrupt close on purpose (as the kube client): no close_notify round trip.
+  beast::get_lowest_layer(conn.stream).socket().close(ec);
+}
+
+std::string Base64(std::string_view in) {
+  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  out.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string QueryEscape(std::string_view value) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const unsigned char c : value) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// A streaming sha256 and the file it feeds; used only from the pool, one chunk at a time.
+struct BlobSink {
+  int fd = -1;
+  EVP_MD_CTX* md = nullptr;
+  ~BlobSink() {
+    if (fd >= 0) ::close(fd);
+    if (md) EVP_MD_CTX_free(md);
+  }
+  void Open(const std::string& path) {
+    fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd < 0) throw PullError("WriteFailed", "cannot create " + path + ": " + std::strerror(errno));
+    md = EVP_MD_CTX_new();
+    Reset(path);
+  }
+  void Reset(const std::string& path) {
+    EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
+    if (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0) {
+      throw PullError("WriteFailed", "cannot truncate " + path + ": " + std::strerror(errno));
+    }
+  }
+  void Write(const char* data, std::size_t n, const std::string& path) {
+    EVP_DigestUpdate(md, data, n);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, data, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        throw PullError(errno == ENOSPC ? "DiskFull" : "WriteFailed",
+                        "cannot write " + path + ": " + std::strerror(errno));
+      }
+      data += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+  std::string Finish(const std::string& path) {
+    std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(md, out.data(), &len);
+    if (::fsync(fd) != 0) {
+      throw PullError(errno == ENOSPC ? "DiskFull" : "WriteFailed", "cannot fsync " + path + ": " + std::strerror(errno));
+    }
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string digest = "sha256:";
+    for (unsigned int i = 0; i < len; ++i) {
+      digest += kHex[out[i] >> 4];
+      digest += kHex[out[i] & 15];
+    }
+    return digest;
+  }
+};
+
+// A transient failure: worth another attempt (connection, timeout, 5xx, 429).
+struct Transient : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace
+
+std::string Challenge::Param(std::string_view name) const {
+  for (const auto& [k, v] : params) {
+    if (k == name) return v;
+  }
+  return {};
+}
+
+std::optional<Challenge> ParseChallenge(std::string_view header) {
+  std::size_t i = 0;
+  auto skip_ws = [&] {
+    while (i < header.size() && (header[i] == ' ' || header[i] == '\t')) ++i;
+  };
+  skip_ws();
+  const auto start = i;
+  while (i < header.size() && header[i] != ' ') ++i;
+  Challenge c;
+  c.scheme = Lower(header.substr(start, i - start));
+  if (c.scheme.empty()) return std::nullopt;
+  while (i < header.size()) {
+    skip_ws();
+    const auto key_start = i;
+    while (i < header.size() && header[i] != '=' && header[i] != ',') ++i;
+    std::string key = Lower(header.substr(key_start, i - key_start));
+    while (!key.empty() && key.back() == ' ') key.pop_back();
+    if (i >= header.size() || header[i] != '=') {
+      if (i < header.size()) ++i;
+      continue;
+    }
+    ++i;  // '='
+    skip_ws();
+    std::string value;
+    if (i < header.size() && header[i] == '"') {
+      ++i;
+      while (i < header.size() && header[i] != '"') {
+        if (header[i] == '\\' && i + 1 < header.size()) ++i;
+        value += header[i++];
+      }
+      if (i >= header.size()) return std::nullopt;  // unterminated quote
+      ++i;
+    } else {
+      while (i < header.size() && header[i] != ',' && header[i] != ' ') value += header[i++];
+    }
+    c.params.emplace_back(std::move(key), std::move(value));
+    skip_ws();
+    if (i < header.size() && header[i] == ',') ++i;
+  }
+  return c;
+}
+
+class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient::Impl> {
+ public:
+  using Parser = http::response_parser<http::buffer_body>;
+
+  // One pull's state: who it is for, the auth it has earned, what it has fetched.
+  struct Job {
+    PullRequest request;
+    std::function<void(PullResult)> done;
+    PullResult result;
+    https::Url base;
+    std::string authorization;  // "Bearer …" or "Basic …" once a challenge was met
+  };
+
+  // An answered request whose body has not been read yet.
+  struct Exchange {
+    std::unique_ptr<Conn> conn;
+    std::unique_ptr<Parser> parser;
+    int status = 0;
+    std::string url;  // the URL that answered (after redirects)
+  };
+
+  Impl(Loop& loop, BlockingPool& pool, std::shared_ptr<spdlog::logger> log, RegistryOptions options)
+      : loop_(loop), pool_(pool), log_(std::move(log)), options_(std::move(options)) {
+    if (!options_.ca_pem.empty()) {
+      https::ConfigureClientContext(ctx_, options_.ca_pem, false);
+      if (options_.system_roots) {
+        beast::error_code ec;
+        ctx_.set_default_verify_paths(ec);  // best effort: the registry CA is the one that matters
+      }
+    } else {
+      https::ConfigureClientContext(ctx_, {}, options_.system_roots);
+    }
+  }
+
+  // --- the pool, awaited
+
+  // Not a coroutine itself (g++ 12 destroys closure parameters of coroutines twice): returns
+  // the awaitable of the pool job; it yields the job's exception, if any.
+  asio::awaitable<std::exception_ptr> OnPool(std::function<void()> fn) {
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code, std::exception_ptr)>(
+        [this, fn = std::move(fn)](auto handler) mutable {
+          pool_.Run(std::move(fn), [handler = std::move(handler)](std::exception_ptr e) mutable {
+            std::move(handler)(beast::error_code{}, e);
+          });
+        },
+        kAwait);
+  }
+
+  asio::awaitable<void> Sleep(std::chrono::milliseconds d) {
+    asio::steady_timer timer(loop_.Io());
+    timers_.insert(&timer);
+    timer.expires_after(d);
+    beast::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(kAwait, ec));
+    timers_.erase(&timer);
+  }
+
+  // --- connections
+
+  asio::awaitable<std::unique_ptr<Conn>> Connect(const https::Url& url, beast::error_code& ec) {
+    tcp::resolver resolver(loop_.Io());
+    auto endpoints = co_await resolver.async_resolve(url.host, url.port, asio::redirect_error(kAwait, ec));
+    if (ec || stopped_) co_return nullptr;
+    auto conn = std::make_unique<Conn>(loop_.Io(), ctx_);
+    conn->host_header = url.host_header;
+    active_.insert(conn.get());
+    auto& lowest = beast::get_lowest_layer(conn->stream);
+    lowest.expires_after(options_.request_timeout);
+    co_await lowest.async_connect(endpoints, asio::redirect_error(kAwait, ec));
+    if (!ec && !stopped_) {
+      https::PrepareStream(conn->stream, url);
+      co_await conn->stream.async_handshake(ssl::stream_base::client, asio::redirect_error(kAwait, ec));
+    }
+    active_.erase(conn.get());
+    if (stopped_ && !ec) ec = asio::error::operation_aborted;
+    if (ec) co_return nullptr;
+    co_return conn;
+  }
+
+  void Release(std::unique_ptr<Conn> conn, const Parser& parser) {
+    if (!conn) return;
+    active_.erase(conn.get());
+    if (stopped_ || !parser.is_done() || !parser.keep_alive() || idle_.size() >= 8) {
+      CloseConn(*conn);
+      return;
+    }
+    idle_.push_back(std::move(conn));
+  }
+
+  void Drop(std::unique_ptr<Conn> conn) {
+    if (!conn) return;
+    active_.erase(conn.get());
+    CloseConn(*conn);
+  }
+
+  // Sends one GET (following redirects) and reads the response header. Throws Transient for
+  // what a retry may cure, PullError for what it cannot.
+  asio::awaitable<Exchange> Open(Job& job, std::string url_text, std::vector<std::pair<http::field, std::string>> headers,
+                                 bool send_auth) {
+    for (int redirects = 0;; ++redirects) {
+      https::Url url = https::Url::Parse(url_text);
+      Exchange ex;
+      ex.url = url_text;
+      beast::error_code ec;
+      for (int fresh = 0; fresh < 2; ++fresh) {
+        ec = {};
+        bool reused = false;
+        for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+          if ((*it)->host_header == url.host_header) {
+            ex.conn = std::move(*it);
+            idle_.erase(it);
+            reused = true;
+            break;
+          }
+        }
+        if (!ex.conn) ex.conn = co_await Connect(url, ec);
+        if (stopped_) throw PullError("Stopped", "client stopped");
+        if (!ex.conn) throw Transient("connect to " + url.host_header + ": " + https::Describe(ec));
+        active_.insert(ex.conn.get());
+        http::request<http::empty_body> req{http::verb::get, url.target, 11};
+        req.set(http::field::host, url.host_header);
+        req.set(http::field::user_agent, options_.user_agent);
+        if (send_auth && !job.authorization.empty()) req.set(http::field::authorization, job.authorization);
+        for (const auto& [field, value] : headers) req.set(field, value);
+        req.keep_alive(true);
+        auto& lowest = beast::get_lowest_layer(ex.conn->stream);
+        lowest.expires_after(options_.request_timeout);
+        co_await http::async_write(ex.conn->stream, req, asio::redirect_error(kAwait, ec));
+        ex.parser = std::make_unique<Parser>();
+        // Bodies are bounded by the caller (manifest limit, descriptor size), not here. Not
+        // boost::none: Beast 1.74 rejects every Content-Length against it (TOOLCHAIN.md).
+        ex.parser->body_limit(std::numeric_limits<std::uint64_t>::max());
+        ex.parser->header_limit(64 * 1024);
+        if (!ec) co_await http::async_read_header(ex.conn->stream, ex.conn->buffer, *ex.parser, asio::redirect_error(kAwait, ec));
+        if (stopped_) {
+          Drop(std::move(ex.conn));
+          throw PullError("Stopped", "client stopped");
+        }
+        if (!ec) break;
+        const bool got_some = ex.parser->got_some();
+        Drop(std::move(ex.conn));
+        // A kept-alive connection the server closed while idle: the request never arrived.
+        if (reused && !got_some) continue;
+        throw Transient("GET " + url_text + ": " + https::Describe(ec));
+      }
+      if (!ex.conn) throw Transient("GET " + url_text + ": " + https::Describe(ec));
+      ex.status = ex.parser->get().result_int();
+      const bool redirect = ex.status == 301 || ex.status == 302 || ex.status == 303 || ex.status == 307 || ex.status == 308;
+      if (!redirect) co_return ex;
+      std::string location(ex.parser->get()[http::field::location]);
+      co_await Discard(ex);
+      if (redirects >= kMaxRedirects) throw PullError("RegistryError", "more than 5 redirects from " + url_text);
+      if (location.empty()) throw PullError("RegistryError", "redirect without Location from " + url_text);
+      if (location.front() == '/') location = "https://" + url.host_header + location;
+      if (location.rfind("https://", 0) != 0) {
+        throw PullError("RegistryError", "redirect to a non-https URL refused: " + location);
+      }
+      // Credentials stay with the registry: a blob store elsewhere gets none.
+      if (https::Url::Parse(location).host_header != job.base.host_header) send_auth = false;
+      url_text = std::move(location);
+    }
+  }
+
+  // Reads (and drops) a bounded body, keeping the connection when it allows.
+  asio::awaitable<void> Discard(Exchange& ex) {
+    std::string ignored;
+    beast::error_code ec;
+    co_await ReadSmall(ex, 64 * 1024, ignored, ec, /*truncate=*/true);
+  }
+
+  // Reads a whole body up to `limit` bytes into `out`; ec set on a network error. With
+  // `truncate`, a longer body is cut (and the connection closed) instead of an error.
+  asio::awaitable<bool> ReadSmall(Exchange& ex, uint64_t limit, std::string& out, beast::error_code& ec,
+                                  bool truncate = false) {
+    auto& parser = *ex.parser;
+    if (const auto len = parser.content_length(); len && *len > limit && !truncate) {
+      Drop(std::move(ex.conn));
+      co_return false;
+    }
+    std::array<char, 16 * 1024> buf{};
+    auto& lowest = beast::get_lowest_layer(ex.conn->stream);
+    while (!parser.is_done()) {
+      parser.get().body().data = buf.data();
+      parser.get().body().size = buf.size();
+      lowest.expires_after(options_.request_timeout);
+      co_await http::async_read(ex.conn->stream, ex.conn->buffer, parser, asio::redirect_error(kAwait, ec));
+      if (ec == http::error::need_buffer) ec = {};
+      out.append(buf.data(), buf.size() - parser.get().body().size);
+      if (ec || stopped_) break;
+      if (out.size() > limit) {
+        Drop(std::move(ex.conn));
+        co_return false;
+      }
+    }
+    if (ec || stopped_) {
+      Drop(std::move(ex.conn));
+      co_return false;
+    }
+    Release(std::move(ex.conn), parser);
+    co_return true;
+  }
+
+  // --- auth
+
+  // Meets a 401's challenge: Basic with the pull secret, or a token from the Bearer realm.
+  asio::awaitable<void> Authenticate(Job& job, const std::string& challenge_header) {
+    const auto challenge = ParseChallenge(challenge_header);
+    const auto& creds = job.request.credentials;
+    if (!challenge) throw PullError("Unauthorized", "registry answered 401 with an unreadable challenge");
+    if (challenge->scheme == "basic") {
+      if (!creds) throw PullError("Unauthorized", "registry wants Basic credentials and no pull secret has them");
+      job.authorization = "Basic " + Base64(creds->username + ":" + creds->password);
+      co_return;
+    }
+    if (challenge->scheme != "bearer") {
+      throw PullError("Unauthorized", "unsupported auth scheme \"" + challenge->scheme + "\"");
+    }
+    const std::string realm = challenge->Param("realm");
+    if (realm.rfind("https://", 0) != 0) throw PullError("Unauthorized", "token realm \"" + realm + "\" is not https");
+    std::string url = realm + (realm.find('?') == std::string::npos ? "?" : "&");
+    std::string query;
+    if (const auto service = challenge->Param("service"); !service.empty()) query += "service=" + QueryEscape(service);
+    const std::string scope = challenge->Param("scope").empty() ? "repository:" + job.request.image.repository + ":pull"
+                                                               : challenge->Param("scope");
+    query += std::string(query.empty() ? "" : "&") + "scope=" + QueryEscape(scope);
+    url += query;
+    std::vector<std::pair<http::field, std::string>> headers;
+    headers.emplace_back(http::field::accept, "application/json");
+    if (creds && !creds->username.empty()) {
+      headers.emplace_back(http::field::authorization, "Basic " + Base64(creds->username + ":" + creds->password));
+    }
+    Job token_job{job.request, nullptr, {}, https::Url::Parse(url), {}};
+    auto ex = co_await Open(token_job, url, headers, false);
+    std::string body;
+    beast::error_code ec;
+    const int status = ex.status;
+    const bool whole = co_await ReadSmall(ex, 1024 * 1024, body, ec);
+    if (status >= 500) throw Transient("token endpoint " + realm + " answered HTTP " + std::to_string(status));
+    if (status != 200) throw PullError("Unauthorized", "token endpoint " + realm + " answered HTTP " + std::to_string(status));
+    if (!whole) throw Transient("token endpoint " + realm + ": " + (ec ? https::Describe(ec) : "answer too large"));
+    const auto j = nlohmann::json::parse(body, nullptr, false);
+    std::string token;
+    if (j.is_object()) {
+      for (const char* key : {"token", "access_token"}) {
+        if (const auto it = j.find(key); it != j.end() && it->is_string() && !it->get<std::string>().empty()) {
+          token = it->get<std::string>();
+          break;
+        }
+      }
+    }
+    if (token.empty()) throw PullError("Unauthorized", "token endpoint " + realm + " answered without a token");
+    job.authorization = "Bearer " + token;
+  }
+
+  // Opens a registry path, meeting one auth challenge and failing on what is not 2xx.
+  asio::awaitable<Exchange> OpenRegistry(Job& job, const std::string& path,
+                                         std::vector<std::pair<http::field, std::string>> headers,
+                                         const std::string& what) {
+    const std::string url = "https://" + job.base.host_header + path;
+    for (int auth_round = 0;; ++auth_round) {
+      auto ex = co_await Open(job, url, headers, true);
+      if (ex.status == 401 && auth_round == 0) {
+        const std::string challenge(ex.parser->get()[http::field::www_authenticate]);
+        co_await Discard(ex);
+        co_await Authenticate(job, challenge);
+        continue;
+      }
+      if (ex.status >= 200 && ex.status < 300) co_return ex;
+      std::string body;
+      beast::error_code ec;
+      const int status = ex.status;
+      co_await ReadSmall(ex, 4096, body, ec, true);
+      const std::string why = what + ": HTTP " + std::to_string(status) + (body.empty() ? "" : " " + body.substr(0, 300));
+      if (status >= 500 || status == 429 || status == 408) throw Transient(why);
+      if (status == 401 || status == 403) throw PullError("Unauthorized", why);
+      if (status == 404) throw PullError("NotFound", why);
+      throw PullError("RegistryError", why);
+    }
+  }
+
+  // Runs `step` up to max_attempts times while it fails with Transient.
+  // `step` makes one attempt's coroutine (a plain lambda: g++ 12 miscompiles some coroutine
+  // lambdas, so the attempts are member coroutines).
+  asio::awaitable<void> WithRetries(Job& job, const std::string& what, std::function<asio::awaitable<void>()> step) {
+    auto delay = options_.retry_delay;
+    for (int attempt = 1;; ++attempt) {
+      try {
+        co_await step();
+        co_return;
+      } catch (const Transient& e) {
+        if (stopped_) throw PullError("Stopped", "client stopped");
+        if (attempt >= options_.max_attempts) {
+          throw PullError("RegistryUnavailable",
+                          what + " failed after " + std::to_string(attempt) + " attempts: " + e.what());
+        }
+        log_->warn("{}: {} (attempt {} of {}); retrying in {} ms", job.request.image.ToString(), e.what(), attempt,
+                   options_.max_attempts, delay.count());
+      }
+      co_await Sleep(delay);
+      delay *= 2;
+    }
+  }
+
+  // --- manifests and blobs
+
+  asio::awaitable<void> ManifestOnce(Job& job, const std::string& path, const std::string& reference,
+                                     std::optional<uint64_t> size, std::string& body, std::string& content_type,
+                                     std::string& header_digest) {
+    std::vector<std::pair<http::field, std::string>> headers;
+    headers.emplace_back(http::field::accept, ManifestAccept());
+    auto ex = co_await OpenRegistry(job, path, std::move(headers), "manifest " + reference);
+    content_type = std::string(ex.parser->get()[http::field::content_type]);
+    header_digest = std::string(ex.parser->get()["Docker-Content-Digest"]);
+    const uint64_t limit = size ? *size : options_.max_manifest_bytes;
+    body.clear();
+    beast::error_code ec;
+    const auto announced = ex.parser->content_length();
+    const bool whole = co_await ReadSmall(ex, limit, body, ec);
+    job.result.bytes_pulled += body.size();
+    if (ec) throw Transient("manifest " + reference + ": " + https::Describe(ec));
+    if (!whole) {
+      if (size) {
+        throw PullError("SizeMismatch", "manifest " + reference + " is larger than the " + std::to_string(*size) +
+                                            " bytes its descriptor says" +
+                                            (announced ? " (" + std::to_string(*announced) + " announced)" : ""));
+      }
+      throw PullError("TooLarge", "manifest " + reference + " is larger than " + std::to_string(limit) + " bytes");
+    }
+  }
+
+  asio::awaitable<void> BlobOnce(Job& job, const Descriptor& d, const std::string& blob_path, const std::string& path,
+                                 const std::string& what, std::shared_ptr<BlobSink> sink, uint64_t& offset,
+                                 std::vector<char>& buf) {
+    std::vector<std::pair<http::field, std::string>> headers;
+    if (offset > 0) headers.emplace_back(http::field::range, "bytes=" + std::to_string(offset) + "-");
+    auto ex = co_await OpenRegistry(job, blob_path, headers, what);
+    auto& parser = *ex.parser;
+    if (offset > 0 && ex.status == 206) {
+      const std::string range(parser.get()[http::field::content_range]);
+      if (range.rfind("bytes " + std::to_string(offset) + "-", 0) != 0) {
+        Drop(std::move(ex.conn));
+        throw PullError("RegistryError", what + ": asked for bytes from " + std::to_string(offset) +
+                                             ", got Content-Range \"" + range + "\"");
+      }
+    } else if (offset > 0) {
+      // The registry sent the whole blob again: start over.
+      offset = 0;
+      std::function<void()> reset = [sink, path] { sink->Reset(path); };
+      std::exception_ptr e = co_await OnPool(std::move(reset));
+      if (e) {
+        Drop(std::move(ex.conn));
+        std::rethrow_exception(e);
+      }
+    }
+    if (const auto len = parser.content_length(); len && offset + *len > d.size) {
+      Drop(std::move(ex.conn));
+      throw PullError("SizeMismatch", what + ": the registry sends " + std::to_string(offset + *len) +
+                                          " bytes, the manifest says " + std::to_string(d.size));
+    }
+    auto& lowest = beast::get_lowest_layer(ex.conn->stream);
+    beast::error_code ec;
+    while (!parser.is_done()) {
+      parser.get().body().data = buf.data();
+      parser.get().body().size = buf.size();
+      lowest.expires_after(options_.request_timeout);
+      co_await http::async_read(ex.conn->stream, ex.conn->buffer, parser, asio::redirect_error(kAwait, ec));
+      if (ec == http::error::need_buffer) ec = {};
+      const std::size_t n = buf.size() - parser.get().body().size;
+      if (stopped_) {
+        Drop(std::move(ex.conn));
+        throw PullError("Stopped", "client stopped");
+      }
+      if (n > 0) {
+        if (offset + n > d.size) {
+          Drop(std::move(ex.conn));
+          throw PullError("SizeMismatch", what + ": more than the " + std::to_string(d.size) +
+                                              " bytes the manifest says");
+        }
+        job.result.bytes_pulled += n;
+        std::function<void()> write = [sink, &buf, n, &path] { sink->Write(buf.data(), n, path); };
+        std::exception_ptr e = co_await OnPool(std::move(write));
+        if (e) {
+          Drop(std::move(ex.conn));
+          std::rethrow_exception(e);
+        }
+        offset += n;
+      }
+      if (ec) {
+        Drop(std::move(ex.conn));
+        throw Transient(what + " broke after " + std::to_string(offset) + " of " + std::to_string(d.size) +
+                        " bytes: " + https::Describe(ec));
+      }
+    }
+    Release(std::move(ex.conn), parser);
+  }
+
+  asio::awaitable<void> ConfigOnce(Job& job, const std::string& path, const std::string& what, uint64_t size,
+                                   std::string& config_text) {
+    auto ex = co_await OpenRegistry(job, path, {}, what);
+    config_text.clear();
+    beast::error_code ec;
+    const bool whole = co_await ReadSmall(ex, size, config_text, ec);
+    job.result.bytes_pulled += config_text.size();
+    if (ec) throw Transient(what + ": " + https::Describe(ec));
+    if (!whole) throw PullError("SizeMismatch", what + ": more than the " + std::to_string(size) + " bytes the manifest says");
+  }
+
+  // A manifest by tag or digest: its bytes checked against `digest` when given; returns the
+  // body, its content type and its own sha256.
+  asio::awaitable<std::tuple<std::string, std::string, std::string>> FetchManifest(Job& job, const std::string& reference,
+                                                                                  const std::string& digest,
+                                                                                  std::optional<uint64_t> size) {
+    std::string body, content_type, header_digest;
+    const std::string path = "/v2/" + job.request.image.repository + "/manifests/" + reference;
+    std::function<asio::awaitable<void>()> step = [&] {
+      return ManifestOnce(job, path, reference, size, body, content_type, header_digest);
+    };
+    const std::string what = "manifest " + reference;
+    co_await WithRetries(job, what, std::move(step));
+    const std::string actual = Sha256Digest(body);
+    if (!digest.empty() && actual != digest) {
+      throw PullError("DigestMismatch", "manifest " + reference + " hashes to " + actual + ", expected " + digest);
+    }
+    if (digest.empty() && !header_digest.empty() && header_digest != actual) {
+      throw PullError("DigestMismatch", "manifest " + reference + " hashes to " + actual +
+                                            " but the registry says Docker-Content-Digest " + header_digest);
+    }
+    if (size && body.size() != *size) {
+      throw PullError("SizeMismatch", "manifest " + reference + " is " + std::to_string(body.size()) +
+                                          " bytes, its descriptor says " + std::to_string(*size));
+    }
+    co_return std::make_tuple(std::move(body), std::move(content_type), actual);
+  }
+
+  // A blob streamed into `path`, hashed and written on the pool chunk by chunk; a broken
+  // transfer resumes where it stopped (Range), a registry ignoring Range restarts it.
+  asio::awaitable<void> FetchBlob(Job& job, const Descriptor& d, const std::string& path) {
+    auto sink = std::make_shared<BlobSink>();
+    std::function<void()> open = [sink, path] { sink->Open(path); };
+    std::exception_ptr opened = co_await OnPool(std::move(open));
+    if (opened) std::rethrow_exception(opened);
+    uint64_t offset = 0;
+    std::vector<char> buf(options_.chunk_bytes);
+    const std::string what = "blob " + d.digest;
+    const std::string blob_path = "/v2/" + job.request.image.repository + "/blobs/" + d.digest;
+    std::function<asio::awaitable<void>()> step = [&] { return BlobOnce(job, d, blob_path, path, what, sink, offset, buf); };
+    co_await WithRetries(job, what, std::move(step));
+    if (offset != d.size) {
+      throw PullError("SizeMismatch", what + ": the registry sent " + std::to_string(offset) +
+                                          " bytes, the manifest says " + std::to_string(d.size));
+    }
+    std::string actual;
+    std::function<void()> finish = [sink, &actual, &path] { actual = sink->Finish(path); };
+    std::exception_ptr finished = co_await OnPool(std::move(finish));
+    if (finished) std::rethrow_exception(finished);
+    if (actual != d.digest) {
+      throw PullError("DigestMismatch", what + ": the bytes received hash to " + actual);
+    }
+  }
+
+  static asio::awaitable<void> Run(std::shared_ptr<Impl> self, std::shared_ptr<Job> job) {
+    try {
+      co_await self->RunJob(*job);
+    } catch (const PullError& e) {
+      job->result.reason = e.reason;
+      job->result.error = e.what();
+    } catch (const std::exception& e) {
+      job->result.reason = "RegistryError";
+      job->result.error = e.what();
+    }
+    if (self->stopped_ && job->result.Ok()) {
+      job->result.reason = "Stopped";
+      job->result.error = "client stopped";
+    }
+    auto done = std::move(job->done);
+    done(std::move(job->result));
+  }
+
+  asio::awaitable<void> RunJob(Job& job) {
+    auto& req = job.request;
+    if (!req.digest.empty() && !IsSha256Digest(req.digest)) {
+      throw PullError("BadDigest", "resolved digest \"" + req.digest + "\" is not sha256:<64 hex>");
+    }
+    job.base = https::Url::Parse("https://" + req.image.Host());
+    const std::string first = !req.digest.empty() ? req.digest : req.image.Reference();
+    const std::string pinned = !req.digest.empty() ? req.digest : req.image.digest;
+    auto [body, content_type, digest] = co_await FetchManifest(job, first, pinned, std::nullopt);
+    job.result.digest = digest;
+    Manifest manifest = ParseManifest(body, content_type);
+    if (manifest.is_index) {
+      const Descriptor* chosen = PickManifest(manifest, options_.os, options_.architecture);
+      if (!chosen) throw PullError("BadManifest", "image index " + digest + " lists no manifests");
+      auto [inner, inner_type, inner_digest] = co_await FetchManifest(job, chosen->digest, chosen->digest, chosen->size);
+      manifest = ParseManifest(inner, inner_type);
+      if (manifest.is_index) throw PullError("BadManifest", "image index " + digest + " points at another index");
+    }
+    uint64_t total = manifest.config.size;
+    for (const auto& layer : manifest.layers) {
+      if (layer.size > options_.max_image_bytes || total + layer.size > options_.max_image_bytes) {
+        throw PullError("TooLarge", "image " + req.image.ToString() + " is larger than the limit of " +
+                                        std::to_string(options_.max_image_bytes) + " bytes");
+      }
+      total += layer.size;
+    }
+    if (manifest.layers.empty()) throw PullError("BadManifest", "manifest " + digest + " has no layers");
+    // The config: small, held in memory, checked like a manifest.
+    if (manifest.config.size > options_.max_manifest_bytes) {
+      throw PullError("TooLarge", "image config of " + std::to_string(manifest.config.size) + " bytes");
+    }
+    std::string config_text;
+    {
+      const std::string what = "config " + manifest.config.digest;
+      const std::string path = "/v2/" + req.image.repository + "/blobs/" + manifest.config.digest;
+      std::function<asio::awaitable<void>()> step = [&] {
+        return ConfigOnce(job, path, what, manifest.config.size, config_text);
+      };
+      co_await WithRetries(job, what, std::move(step));
+      if (config_text.size() != manifest.config.size) {
+        throw PullError("SizeMismatch", what + ": " + std::to_string(config_text.size()) + " bytes, the manifest says " +
+                                            std::to_string(manifest.config.size));
+      }
+      if (Sha256Digest(config_text) != manifest.config.digest) {
+        throw PullError("DigestMismatch", what + ": the bytes received hash to " + Sha256Digest(config_text));
+      }
+      job.result.config = nlohmann::json::parse(config_text, nullptr, false);
+      if (job.result.config.is_discarded() || !job.result.config.is_object()) {
+        throw PullError("BadManifest", what + " is not a JSON object");
+      }
+    }
+    for (std::size_t i = 0; i < manifest.layers.size(); ++i) {
+      const std::string path = req.dir + "/layer-" + std::to_string(i);
+      co_await FetchBlob(job, manifest.layers[i], path);
+      job.result.layer_files.push_back(path);
+      job.result.layer_media_types.push_back(manifest.layers[i].media_type);
+    }
+  }
+
+  void Shutdown() {
+    if (stopped_) return;
+    stopped_ = true;
+    for (auto& conn : idle_) CloseConn(*conn);
+    idle_.clear();
+    for (auto* conn : active_) CloseConn(*conn);
+    for (auto* timer : timers_) timer->cancel();
+  }
+
+  Loop& loop_;
+  BlockingPool& pool_;
+  std::shared_ptr<spdlog::logger> log_;
+  RegistryOptions options_;
+  ssl::context ctx_{ssl::context::tls_client};
+  std::vector<std::unique_ptr<Conn>> idle_;
+  std::set<Conn*> active_;
+  std::set<asio::steady_timer*> timers_;
+  bool stopped_ = false;
+};
+
+RegistryClient::RegistryClient(Loop& loop, BlockingPool& pool, std::shared_ptr<spdlog::logger> log,
+                               RegistryOptions options)
+    : impl_(std::make_shared<Impl>(loop, pool, std::move(log), std::move(options))) {}
+
+RegistryClient::~RegistryClient() { impl_->Shutdown(); }
+
+void RegistryClient::Shutdown() { impl_->Shutdown(); }
+
+void RegistryClient::Pull(PullRequest request, std::function<void(PullResult)> done) {
+  auto job = std::make_shared<Impl::Job>();
+  job->request = std::move(request);
+  job->done = std::move(done);
+  if (impl_->stopped_) {
+    impl_->loop_.Post([job] {
+      job->result.reason = "Stopped";
+      job->result.error = "client stopped";
+      job->done(std::move(job->result));
+    });
+    return;
+  }
+  asio::co_spawn(impl_->loop_.Io(), Impl::Run(impl_, job), asio::detached);
+}
+
+}  // namespace gns::gkm

@@ -1,0 +1,87 @@
+#pragma once
+// An OCI distribution (v2) client over the process's Beast HTTPS stack: manifests by digest
+// or tag, image indexes (this node's platform, else the first manifest), the config blob and
+// the layers streamed to files. Every byte is checked: manifests and blobs against their
+// digests (sha256 while streaming, on the blocking pool, beside the file write), blob sizes
+// against the manifest, the image against a size limit. A broken transfer is resumed with a
+// Range request; 5xx and timeouts are retried with backoff; 401 answers are met with the
+// registry's challenge (Basic, or Bearer through its token endpoint). TLS is always verified
+// (the registry CA, else the system's trust store). Completions run on the loop.
+
+#include "loop/blocking_pool.hpp"
+#include "loop/loop.hpp"
+#include "modules/gkm_agent/image.hpp"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/logger.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gns::gkm {
+
+struct RegistryOptions {
+  std::string ca_pem;         // the registry CA (added to the system's trust store)
+  bool system_roots = true;   // trust the system's CAs too
+  uint64_t max_manifest_bytes = 4 * 1024 * 1024;
+  uint64_t max_image_bytes = 8ull * 1024 * 1024 * 1024;  // the sum of the layers
+  std::chrono::milliseconds request_timeout{30000};       // per request, and per body read
+  int max_attempts = 4;                                   // per request (retries + 1)
+  std::chrono::milliseconds retry_delay{500};             // doubled after each failed attempt
+  std::size_t chunk_bytes = 1024 * 1024;                  // one read, hashed and written on the pool
+  std::string os = "linux";
+  std::string architecture = "amd64";
+  std::string user_agent = "gpu-node-supervisor";
+};
+
+struct PullRequest {
+  ImageRef image;
+  std::string digest;  // the manifest digest to pull (status.resolvedDigest); empty: resolve the tag
+  std::optional<Credentials> credentials;
+  std::string dir;     // existing directory for config.json and layer-<i> files
+};
+
+struct PullResult {
+  std::string reason;   // empty on success; else CamelCase (DigestMismatch, SizeMismatch, …)
+  std::string error;    // what, where, why
+  std::string digest;   // the manifest digest pulled (sha256 of its bytes)
+  nlohmann::json config;  // the image config
+  std::vector<std::string> layer_files;  // in manifest order
+  std::vector<std::string> layer_media_types;
+  uint64_t bytes_pulled = 0;  // bytes received (retried ones included)
+  bool Ok() const { return reason.empty(); }
+};
+
+class RegistryClient {
+ public:
+  // Throws std::runtime_error for an unusable CA.
+  RegistryClient(Loop& loop, BlockingPool& pool, std::shared_ptr<spdlog::logger> log, RegistryOptions options);
+  ~RegistryClient();
+  RegistryClient(const RegistryClient&) = delete;
+  RegistryClient& operator=(const RegistryClient&) = delete;
+
+  // `done` runs on the loop exactly once (with reason "Stopped" after Shutdown).
+  void Pull(PullRequest request, std::function<void(PullResult)> done);
+  // Closes every connection; pulls in flight end with "Stopped".
+  void Shutdown();
+
+  class Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Splits a WWW-Authenticate header into its scheme and parameters (quoted or not).
+struct Challenge {
+  std::string scheme;  // lower-case: "bearer", "basic"
+  std::vector<std::pair<std::string, std::string>> params;
+  std::string Param(std::string_view name) const;
+};
+std::optional<Challenge> ParseChallenge(std::string_view header);
+
+}  // namespace gns::gkm

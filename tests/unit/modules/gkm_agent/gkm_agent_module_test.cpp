@@ -1,0 +1,225 @@
+// The gkm-agent module against the simulated API server and a real registry: a GKMCache
+// becomes Ready with its compatible and incompatible GPU sets in a GKMCacheNode; pod usage
+// from the CSI driver's file shows up; deleting the cache removes files and status; caches no
+// GPU can use are not kept; tampered images fail with a precise reason; a start sweeps caches
+// no object refers to.
+#include "modules/gkm_agent/gkm_agent_module.hpp"
+#include "registry_fixture.hpp"
+#include "unit/modules/kube/kube_test_util.hpp"
+
+namespace gns::gkm {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+namespace fs = std::filesystem;
+
+constexpr const char* kCaches = "/apis/gkm.io/v1alpha1/namespaces/ml/gkmcaches";
+constexpr const char* kClusterCaches = "/apis/gkm.io/v1alpha1/clustergkmcaches";
+constexpr const char* kNodes = "/apis/gkm.io/v1alpha1/namespaces/ml/gkmcachenodes";
+constexpr const char* kClusterNodes = "/apis/gkm.io/v1alpha1/clustergkmcachenodes";
+
+class GkmAgentTest : public kube::test::KubeTestBase {
+ protected:
+  static void SetUpTestSuite() {
+    reg_dir_ = new fs::path(test::TempDir("gkm-module-registry"));
+    registry_ = new test::TestRegistry(*reg_dir_);
+  }
+  static void TearDownTestSuite() {
+    delete registry_;
+    fs::remove_all(*reg_dir_);
+    delete reg_dir_;
+  }
+
+  void SetUp() override {
+    KubeTestBase::SetUp();
+    root_ = test::TempDir("gkm-module");
+    config_.cache_root = (root_ / "caches").string();
+    config_.usage_root = (root_ / "usage").string();
+    std::ofstream(root_ / "ca.pem") << registry_->CaPem();
+    config_.registry_ca_file = (root_ / "ca.pem").string();
+    config_.request_timeout = milliseconds(5000);
+    config_.retry_interval = milliseconds(60000);
+  }
+
+  void TearDown() override {
+    if (module_) {
+      bool done = false;
+      module_->Stop([&] { done = true; });
+      EXPECT_TRUE(h_.RunUntil([&] { return done; }));
+      module_.reset();
+    }
+    if (informers_) informers_->StopAll();
+    KubeTestBase::TearDown();
+    fs::remove_all(root_);
+  }
+
+  void StartAgent(std::vector<gpu_inventory::GpuInfo> gpus) {
+    h_.site.node_name = "node-a";
+    auto client = MakeClient(BaseConfig());
+    kube::InformerOptions options;
+    options.backoff = BackoffPolicy{milliseconds(50), milliseconds(500), 2.0, 0.5};
+    informers_ = std::make_shared<kube::InformerRegistry>(client, h_.bus, h_.loop.Io(), h_.metrics,
+                                                          kube::test::TestLogger(), options);
+    h_.services.Provide<kube::KubeClient>(client);
+    h_.services.Provide<kube::InformerRegistry>(informers_);
+    gpu_inventory::GpuInventory inv;
+    inv.available = true;
+    inv.driver_version = "550.90.07";
+    inv.cuda_driver_version = 12040;
+    inv.gpus = std::move(gpus);
+    h_.bus.Publish(inv);
+    context_ = std::make_unique<ModuleContext>(h_.Parts(), std::string(GkmAgentModule::kName), [](std::string) {},
+                                               [](ModuleHealth, std::string) {});
+    module_ = std::make_unique<GkmAgentModule>(*context_, config_);
+    module_->Start();
+  }
+
+  static gpu_inventory::GpuInfo Gpu(uint32_t index, const std::string& name, int major, int minor) {
+    gpu_inventory::GpuInfo g;
+    g.index = index;
+    g.uuid = "GPU-" + std::to_string(index);
+    g.name = name;
+    g.cc_major = major;
+    g.cc_minor = minor;
+    return g;
+  }
+
+  static json Cache(const std::string& name, const std::string& image, bool cluster = false) {
+    json c = {{"apiVersion", "gkm.io/v1alpha1"},
+              {"kind", cluster ? "ClusterGKMCache" : "GKMCache"},
+              {"metadata", {{"name", name}}},
+              {"spec", {{"image", image}}}};
+    if (!cluster) c["metadata"]["namespace"] = "ml";
+    return c;
+  }
+
+  // The cache entry of a (Cluster)GKMCacheNode once its state is `state`.
+  json WaitForState(const std::string& nodes, const std::string& cache, const std::string& state) {
+    json entry;
+    const std::string path = nodes + "/" + cache + "-node-a";
+    EXPECT_TRUE(h_.RunUntil(
+        [&] {
+          const auto r = server_->Call("GET", path);
+          if (r.status != 200) return false;
+          auto obj = r.Json();
+          entry = obj["status"]["caches"][cache];
+          return entry.is_object() && entry["state"] == state;
+        },
+        std::chrono::seconds(60)))
+        << path << " never " << state << "; last: " << entry.dump();
+    return entry;
+  }
+
+  static std::size_t Entries(const fs::path& dir) {
+    std::error_code ec;
+    std::size_t n = 0;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) ++n;
+    return n;
+  }
+
+  static fs::path* reg_dir_;
+  static test::TestRegistry* registry_;
+  fs::path root_;
+  GkmAgentModule::Config config_;
+  std::shared_ptr<kube::InformerRegistry> informers_;
+  std::unique_ptr<ModuleContext> context_;
+  std::unique_ptr<GkmAgentModule> module_;
+};
+
+fs::path* GkmAgentTest::reg_dir_ = nullptr;
+test::TestRegistry* GkmAgentTest::registry_ = nullptr;
+
+TEST_F(GkmAgentTest, ACacheBecomesReadyPerGpuThenGoesAwayWithItsObject) {
+  const auto pushed = registry_->Push("caches/llama", "v1", {"--triton", "80,90"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0), Gpu(1, "NVIDIA H200", 9, 0), Gpu(2, "NVIDIA L40S", 8, 9)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("llama", registry_->Host() + "/caches/llama:v1").dump()).status, 201);
+
+  auto entry = WaitForState(kNodes, "llama", "Ready");
+  EXPECT_EQ(entry["digest"], pushed["manifest"]);
+  EXPECT_EQ(entry["compatibleGPUs"], json::parse(R"([{"ids":[0,1]}])"));
+  ASSERT_EQ(entry["incompatibleGPUs"].size(), 1u);
+  EXPECT_EQ(entry["incompatibleGPUs"][0]["ids"], json::parse("[2]"));
+  EXPECT_EQ(entry["incompatibleGPUs"][0]["reason"], "ArchitectureMismatch");
+  auto node = server_->Call("GET", std::string(kNodes) + "/llama-node-a").Json();
+  EXPECT_EQ(node["metadata"]["labels"]["gkm.node"], "node-a");
+  EXPECT_TRUE(node["metadata"]["annotations"].contains("gkm.io/lastUpdated"));
+  EXPECT_EQ(node["spec"]["nodeName"], "node-a");
+  EXPECT_EQ(node["status"]["gpus"].size(), 2u);  // H200 ×2 and L40S, grouped by type
+
+  // The cache is on disk, in place, with nothing half-written beside it.
+  const fs::path dir = root_ / "caches/ml/llama";
+  std::size_t metadata = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) metadata += e.path().filename() == "add_kernel.json";
+  EXPECT_EQ(metadata, 2u);
+  EXPECT_EQ(Entries(root_ / "caches"), 1u);  // only "ml": no .pull-* left
+
+  // The CSI driver records a pod (atomically, by rename): the status follows.
+  const fs::path usage = root_ / "usage/ml/llama";
+  ASSERT_TRUE(h_.RunUntil([&] { return fs::exists(usage); }));
+  std::ofstream(usage / "usage.json.tmp")
+      << R"({"pod-foo":[{"podName":"pod-foo","podNamespace":"ml","volumeId":"csi-1","targetPath":"/x"}]})";
+  fs::rename(usage / "usage.json.tmp", usage / "usage.json");
+  ASSERT_TRUE(h_.RunUntil([&] {
+    auto n = server_->Call("GET", std::string(kNodes) + "/llama-node-a").Json();
+    return n["status"]["caches"]["llama"]["pods"] == json::parse(R"([{"podName":"pod-foo","podNamespace":"ml","volumeId":"csi-1"}])");
+  }));
+
+  ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/llama").status, 200);
+  EXPECT_TRUE(h_.RunUntil([&] {
+    return !fs::exists(dir) && server_->Call("GET", std::string(kNodes) + "/llama-node-a").status == 404;
+  }));
+}
+
+TEST_F(GkmAgentTest, ACacheNoGpuCanUseIsReportedAndNotKept) {
+  registry_->Push("caches/turing", "v1", {"--triton", "75", "--index"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kClusterCaches, Cache("turing", registry_->Host() + "/caches/turing:v1", true).dump()).status,
+            201);
+  auto entry = WaitForState(kClusterNodes, "turing", "Incompatible");
+  EXPECT_EQ(entry["reason"], "Incompatible");
+  EXPECT_EQ(entry["incompatibleGPUs"][0]["message"],
+            "kernels built for sm_75, GPU 0 (NVIDIA H200) is sm_90 (compute capability 9.0)");
+  EXPECT_FALSE(fs::exists(root_ / "caches/cluster-scoped/turing"));
+}
+
+TEST_F(GkmAgentTest, ANodeWithoutGpusKeepsNothing) {
+  registry_->Push("caches/nogpu", "v1", {"--triton", "90"});
+  StartAgent({});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("nogpu", registry_->Host() + "/caches/nogpu:v1").dump()).status, 201);
+  auto entry = WaitForState(kNodes, "nogpu", "Incompatible");
+  EXPECT_EQ(entry["reason"], "NoGpus");
+  EXPECT_EQ(Entries(root_ / "caches"), 0u);
+}
+
+TEST_F(GkmAgentTest, BadImagesFailWithAPreciseReasonAndLeaveNothing) {
+  const auto pushed = registry_->Push("caches/bad", "v1", {"--triton", "90"});
+  std::string bytes = test::ReadText(registry_->BlobData(pushed["layer"]));
+  bytes[100] ^= 1;
+  std::ofstream(registry_->BlobData(pushed["layer"]), std::ios::binary | std::ios::trunc) << bytes;
+  registry_->Push("caches/evil", "v1", {"--triton", "90", "--evil", "dotdot"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("bad", registry_->Host() + "/caches/bad:v1").dump()).status, 201);
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("evil", registry_->Host() + "/caches/evil:v1").dump()).status, 201);
+  auto bad = WaitForState(kNodes, "bad", "Failed");
+  EXPECT_EQ(bad["reason"], "DigestMismatch");
+  auto evil = WaitForState(kNodes, "evil", "Failed");
+  EXPECT_EQ(evil["reason"], "UnsafeArchive");
+  EXPECT_NE(evil["message"].get<std::string>().find("\"..\" component refused"), std::string::npos) << evil;
+  EXPECT_EQ(Entries(root_ / "caches"), 0u);
+}
+
+TEST_F(GkmAgentTest, StartSweepsCachesNoObjectRefersTo) {
+  registry_->Push("caches/kept", "v1", {"--triton", "90"});
+  fs::create_directories(root_ / "caches/ml/stale/x");
+  fs::create_directories(root_ / "caches/ml/kept");
+  fs::create_directories(root_ / "caches/.pull-123/blobs");
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("kept", registry_->Host() + "/caches/kept:v1").dump()).status, 201);
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  WaitForState(kNodes, "kept", "Ready");
+  EXPECT_TRUE(h_.RunUntil([&] { return !fs::exists(root_ / "caches/ml/stale") && !fs::exists(root_ / "caches/.pull-123"); }));
+  EXPECT_TRUE(fs::exists(root_ / "caches/ml/kept"));
+}
+
+}  // namespace
+}  // namespace gns::gkm

@@ -1,0 +1,186 @@
+// The OCI registry client against a real registry (Debian's docker-registry over TLS on
+// loopback), with tools/sim/registry_proxy.py in front where the test needs bearer auth, 5xx
+// answers, a hang or a transfer cut in the middle.
+#include "modules/gkm_agent/registry_client.hpp"
+#include "registry_fixture.hpp"
+#include "support/loop_harness.hpp"
+
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+namespace gns::gkm {
+namespace {
+
+using test::TestProxy;
+using test::TestRegistry;
+
+std::shared_ptr<spdlog::logger> Logger() {
+  static auto logger = std::make_shared<spdlog::logger>("gkm-test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  return logger;
+}
+
+class RegistryClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(test::TempDir("gkm-registry"));
+    registry_ = new TestRegistry(*dir_);
+  }
+  static void TearDownTestSuite() {
+    delete registry_;
+    std::error_code ec;
+    std::filesystem::remove_all(*dir_, ec);
+    delete dir_;
+  }
+
+  void SetUp() override {
+    work_ = test::TempDir("gkm-pull");
+    options_.ca_pem = registry_->CaPem();
+    options_.system_roots = false;
+    options_.retry_delay = std::chrono::milliseconds(10);
+    options_.request_timeout = std::chrono::milliseconds(5000);
+  }
+  void TearDown() override {
+    h_.Drain();
+    std::error_code ec;
+    std::filesystem::remove_all(work_, ec);
+  }
+
+  PullResult Pull(const std::string& image, const std::string& digest = {},
+                  std::optional<Credentials> credentials = std::nullopt) {
+    RegistryClient client(h_.loop, h_.pool, Logger(), options_);
+    std::optional<PullResult> result;
+    client.Pull(PullRequest{ImageRef::Parse(image), digest, std::move(credentials), work_.string()},
+                [&](PullResult r) { result = std::move(r); });
+    EXPECT_TRUE(h_.RunUntil([&] { return result.has_value(); }, std::chrono::seconds(60)));
+    return result.value_or(PullResult{"NoAnswer", "no answer", {}, {}, {}, {}, 0});
+  }
+
+  static std::string FileDigest(const std::string& path) { return Sha256Digest(test::ReadText(path)); }
+
+  static std::filesystem::path* dir_;
+  static TestRegistry* registry_;
+  gns::test::LoopHarness h_;
+  std::filesystem::path work_;
+  RegistryOptions options_;
+};
+
+std::filesystem::path* RegistryClientTest::dir_ = nullptr;
+TestRegistry* RegistryClientTest::registry_ = nullptr;
+
+TEST_F(RegistryClientTest, ResolvesATagAndVerifiesEveryByte) {
+  const auto pushed = registry_->Push("caches/tagged", "v1", {"--triton", "80,90"});
+  const auto r = Pull(registry_->Host() + "/caches/tagged:v1");
+  ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+  EXPECT_EQ(r.digest, pushed["manifest"]);
+  ASSERT_EQ(r.layer_files.size(), 1u);
+  EXPECT_EQ(FileDigest(r.layer_files[0]), pushed["layer"]);
+  EXPECT_EQ(r.config["os"], "linux");
+  EXPECT_GE(r.bytes_pulled, pushed["layerSize"].get<uint64_t>());
+}
+
+TEST_F(RegistryClientTest, PullsAResolvedDigestThroughAnImageIndex) {
+  const auto pushed = registry_->Push("caches/indexed", "v1", {"--triton", "90", "--index", "--gzip"});
+  // Pinned by the operator's resolvedDigest: the index, from which this node's platform
+  // (linux/amd64, listed second) is chosen.
+  const auto r = Pull(registry_->Host() + "/caches/indexed:v1", pushed["index"]);
+  ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+  EXPECT_EQ(r.digest, pushed["index"]);
+  ASSERT_EQ(r.layer_files.size(), 1u);
+  EXPECT_EQ(FileDigest(r.layer_files[0]), pushed["layer"]);
+  EXPECT_EQ(r.layer_media_types[0], "application/vnd.oci.image.layer.v1.tar+gzip");
+}
+
+TEST_F(RegistryClientTest, ATamperedBlobIsADigestMismatch) {
+  const auto pushed = registry_->Push("caches/tampered", "v1", {"--triton", "90"});
+  const auto blob = registry_->BlobData(pushed["layer"]);
+  std::string bytes = test::ReadText(blob);
+  ASSERT_FALSE(bytes.empty());
+  bytes[bytes.size() / 2] ^= 0x5a;  // same size, other content
+  std::ofstream(blob, std::ios::binary | std::ios::trunc) << bytes;
+  const auto r = Pull(registry_->Host() + "/caches/tampered:v1");
+  EXPECT_EQ(r.reason, "DigestMismatch") << r.error;
+  EXPECT_NE(r.error.find(pushed["layer"].get<std::string>()), std::string::npos) << r.error;
+}
+
+TEST_F(RegistryClientTest, AManifestLyingAboutALayerSizeIsASizeMismatch) {
+  registry_->Push("caches/liar", "v1", {"--triton", "90", "--lie-size", "100"});
+  const auto r = Pull(registry_->Host() + "/caches/liar:v1");
+  EXPECT_EQ(r.reason, "SizeMismatch") << r.error;
+  EXPECT_NE(r.error.find("the manifest says 100"), std::string::npos) << r.error;
+}
+
+TEST_F(RegistryClientTest, AWrongResolvedDigestIsRefused) {
+  registry_->Push("caches/pinned", "v1", {"--triton", "90"});
+  const std::string other = Sha256Digest("not this manifest");
+  const auto r = Pull(registry_->Host() + "/caches/pinned:v1", other);
+  EXPECT_EQ(r.reason, "NotFound") << r.error;
+}
+
+TEST_F(RegistryClientTest, AnImageOverTheSizeLimitIsRefusedBeforeItsLayersAreFetched) {
+  const auto pushed = registry_->Push("caches/big", "v1", {"--triton", "90", "--random-bytes", "300000"});
+  options_.max_image_bytes = 100000;
+  const auto r = Pull(registry_->Host() + "/caches/big:v1");
+  EXPECT_EQ(r.reason, "TooLarge") << r.error;
+  EXPECT_LT(r.bytes_pulled, 100000u);
+}
+
+TEST_F(RegistryClientTest, FiveHundredsAreRetriedThenReported) {
+  const auto pushed = registry_->Push("caches/flaky", "v1", {"--triton", "90"});
+  {
+    TestProxy proxy(*registry_, {"--fail-first", "2"});
+    const auto r = Pull(proxy.Host() + "/caches/flaky:v1");
+    ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+    EXPECT_EQ(r.digest, pushed["manifest"]);
+  }
+  TestProxy proxy(*registry_, {"--fail-first", "1000"});
+  const auto r = Pull(proxy.Host() + "/caches/flaky:v1");
+  EXPECT_EQ(r.reason, "RegistryUnavailable") << r.error;
+  EXPECT_NE(r.error.find("HTTP 503"), std::string::npos) << r.error;
+}
+
+TEST_F(RegistryClientTest, ARegistryThatHangsTimesOut) {
+  registry_->Push("caches/hang", "v1", {"--triton", "90"});
+  TestProxy proxy(*registry_, {"--hang"});
+  options_.request_timeout = std::chrono::milliseconds(300);
+  options_.max_attempts = 2;
+  const auto r = Pull(proxy.Host() + "/caches/hang:v1");
+  EXPECT_EQ(r.reason, "RegistryUnavailable") << r.error;
+  EXPECT_NE(r.error.find("deadline exceeded"), std::string::npos) << r.error;
+}
+
+TEST_F(RegistryClientTest, ABrokenTransferResumesWhereItStopped) {
+  const auto pushed = registry_->Push("caches/cut", "v1", {"--triton", "90", "--random-bytes", "400000"});
+  TestProxy proxy(*registry_, {"--cut-blob-after", "150000"});
+  options_.chunk_bytes = 64 * 1024;
+  const auto r = Pull(proxy.Host() + "/caches/cut:v1");
+  ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+  EXPECT_EQ(FileDigest(r.layer_files[0]), pushed["layer"]);
+  // Resumed, not restarted: the cut part was not fetched twice.
+  const uint64_t layer = pushed["layerSize"];
+  EXPECT_LT(r.bytes_pulled, layer + 100000) << "bytes pulled " << r.bytes_pulled << " for a layer of " << layer;
+}
+
+TEST_F(RegistryClientTest, BearerTokensComeFromTheChallengedRealmWithThePullSecret) {
+  const auto pushed = registry_->Push("caches/private", "v1", {"--triton", "90"});
+  TestProxy proxy(*registry_, {"--token", "puller:s3cret"});
+  const auto denied = Pull(proxy.Host() + "/caches/private:v1");
+  EXPECT_EQ(denied.reason, "Unauthorized") << denied.error;
+  const auto wrong = Pull(proxy.Host() + "/caches/private:v1", {}, Credentials{"puller", "wrong", {}});
+  EXPECT_EQ(wrong.reason, "Unauthorized") << wrong.error;
+  const auto r = Pull(proxy.Host() + "/caches/private:v1", {}, Credentials{"puller", "s3cret", {}});
+  ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+  EXPECT_EQ(r.digest, pushed["manifest"]);
+}
+
+TEST_F(RegistryClientTest, AnUntrustedCertificateIsRefused) {
+  registry_->Push("caches/untrusted", "v1", {"--triton", "90"});
+  options_.ca_pem.clear();
+  options_.system_roots = true;
+  options_.max_attempts = 1;
+  const auto r = Pull(registry_->Host() + "/caches/untrusted:v1");
+  EXPECT_EQ(r.reason, "RegistryUnavailable") << r.error;
+  EXPECT_NE(r.error.find("TLS"), std::string::npos) << r.error;
+}
+
+}  // namespace
+}  // namespace gns::gkm
