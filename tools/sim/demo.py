@@ -189,6 +189,8 @@ def peer_joins(api):
             "metadata": {"name": "sim-node-1", "labels": {"nvidia.com/gpu.clique": clique}},
             "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.11"}]}}
     api.call("POST", "/api/v1/nodes", peer)
+    # Addresses are status: a create drops them (as the API server does); the kubelet reports them.
+    api.call("PATCH", "/api/v1/nodes/sim-node-1/status", {"status": peer["status"]}, "application/merge-patch+json")
     wait_for("nodes_config.cfg rewritten", lambda: "10.0.0.11" in nodes_config())
     pending = wait_for("ImexRestartPending True", lambda: (lambda c: c if c and c["status"] == "True" else None)(
         node_condition(api, "ImexRestartPending")))
