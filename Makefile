@@ -3,6 +3,11 @@
 #   make test  — install what is missing, build with ASan+UBSan and -Werror, run every test
 # Also: make bench (benchmarks, optimised build), make build, make clean.
 
+# ccache hits across clones (CI builds a fresh clone in another folder): paths under the
+# checkout are hashed relative to it, and the build directory itself is not hashed.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+
 RELEASE_DIR ?= build/release
 TEST_DIR    ?= build/asan
 JOBS        ?= $(shell nproc)
@@ -23,7 +28,7 @@ run: build
 	tools/sim/run-local.sh $(RELEASE_DIR)
 
 $(TEST_DIR)/build.ninja: | deps
-	cmake -S . -B $(TEST_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGNS_SANITIZE=ON -DGNS_WERROR=ON -DGNS_BUILD_BENCH=ON
+	cmake -S . -B $(TEST_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGNS_SANITIZE=ON -DGNS_WERROR=ON -DGNS_BUILD_BENCH=ON -DGNS_SHARED_LIBS=ON
 
 test: deps $(TEST_DIR)/build.ninja
 	cmake --build $(TEST_DIR) -j $(JOBS)

@@ -46,7 +46,7 @@ function(gns_proto_library target)
       VERBATIM)
     list(APPEND generated ${outs})
   endforeach()
-  add_library(${target} STATIC ${generated})
+  add_library(${target} ${GNS_LIBRARY_TYPE} ${generated})
   # Generated code is not ours to fix: keep its warnings out of -Werror.
   target_compile_options(${target} PRIVATE -w)
   target_include_directories(${target} SYSTEM PUBLIC ${out_dir})

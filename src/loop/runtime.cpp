@@ -57,6 +57,7 @@ void Runtime::RegisterRuntimeMetrics() {
 int Runtime::Run() {
   loop_.BindToCurrentThread();
   heartbeat_->started_at_ = clock_.WallNow();
+  heartbeat_->interval_ = config_.runtime.heartbeat_interval;
   for (const auto& line : config_.gate_overrides) spdlog::info("{}", line);
   for (const auto& [name, value] : config_.site.gates.Values()) {
     spdlog::info("feature gate {}={}", name, value ? "true" : "false");

@@ -30,9 +30,12 @@ class LoopHeartbeat {
   std::chrono::microseconds LastLag() const { return last_lag_; }
   std::chrono::microseconds MaxLag() const { return max_lag_; }
   Clock::WallTime StartedAt() const { return started_at_; }
+  // How often it ticks: LastTick() is up to this old on a loop that turns.
+  std::chrono::milliseconds Interval() const { return interval_; }
 
  private:
   friend class Runtime;
+  std::chrono::milliseconds interval_{0};
   Clock::SteadyTime last_tick_{};
   std::chrono::microseconds last_lag_{0};
   std::chrono::microseconds max_lag_{0};

@@ -28,7 +28,10 @@ struct CommandLineOverrides {
 struct RuntimeSettings {
   SupervisorSettings supervisor;
   std::size_t blocking_threads = 2;
-  std::chrono::milliseconds heartbeat_interval{1000};
+  // The loop's heartbeat (LoopHeartbeat): how late a timer fires, and that the loop turns. Not a
+  // config key: each tick wakes the loop, which at rest has nothing else to do (issue #15: at
+  // most one wake-up a second at rest); a stall of the loop shows at the next tick.
+  std::chrono::milliseconds heartbeat_interval{5000};
 };
 
 struct LoadedConfig {
