@@ -6,9 +6,11 @@
 // certificates. Completion callbacks run on the loop. Objects are nlohmann JSON; a
 // resourceVersion is an opaque string compared for equality only.
 
+#include "loop/backoff.hpp"
 #include "loop/clock.hpp"
 #include "loop/loop.hpp"
 #include "loop/metrics_registry.hpp"
+#include "modules/kube/json_reader.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/logger.h>
@@ -30,8 +32,38 @@ struct Result {
   int http_status = 0;
   nlohmann::json object;
   std::string error;
+  // How long the server asked us to wait (`Retry-After` in seconds, or the Status's
+  // details.retryAfterSeconds); 0 when it did not say.
+  std::chrono::milliseconds retry_after{0};
   bool Ok() const { return http_status >= 200 && http_status < 300 && error.empty(); }
 };
+
+// The one judge of "worth another try": no answer at all (connect, TLS, deadline: status 0),
+// throttled (429), or a server-side failure (500, 502, 503, 504). Everything else (4xx, 501,
+// ...) is the caller's to handle: the same request would get the same answer.
+bool IsTransient(int http_status);
+inline bool IsTransient(const Result& result) { return !result.Ok() && IsTransient(result.http_status); }
+
+// How the client retries on its own, and how anyone retrying an API call should wait.
+struct RetryPolicy {
+  // Attempts per request, the first included (1: never retry). The client retries by itself
+  // (a) a request that never reached the server (connect refused, TLS failed), any verb;
+  // (b) a 429, or a 5xx that carries Retry-After, any verb (the server did not act on it);
+  // (c) a GET that got no answer or a 5xx. Anything else goes back to the caller at once.
+  int max_attempts = 5;
+  BackoffPolicy backoff{std::chrono::milliseconds(200), std::chrono::milliseconds(5000), 2.0, 0.5};
+  // A Retry-After longer than this is cut to this (a misbehaving server cannot park us).
+  std::chrono::milliseconds max_retry_after{std::chrono::seconds(30)};
+};
+
+// The wait before the next attempt: the server's Retry-After when it gave one (capped at
+// `max_retry_after`), otherwise the backoff's next delay.
+std::chrono::milliseconds RetryDelay(std::chrono::milliseconds retry_after, Backoff& backoff,
+                                     std::chrono::milliseconds max_retry_after);
+
+// Parses a Retry-After header value: delta-seconds only (an HTTP-date, which the API server
+// never sends, or garbage gives 0).
+std::chrono::milliseconds ParseRetryAfter(std::string_view value);
 
 enum class PatchType { kMerge, kJson, kApply };
 
@@ -63,6 +95,8 @@ struct WatchEnd {
   bool decode_error = false;  // the stream could not be framed (line too long, bad content type)
   std::string error;
   nlohmann::json status;  // the Status body of a refused watch, if any
+  std::chrono::milliseconds retry_after{0};  // a refused watch's Retry-After (0: none)
+  std::size_t lines = 0;  // lines delivered before the end (set by the client)
 };
 
 struct WatchCallbacks {
@@ -94,6 +128,7 @@ struct ClientConfig {
   std::size_t max_response_bytes = 64 * 1024 * 1024;
   std::size_t max_watch_line_bytes = 16 * 1024 * 1024;
   std::size_t max_idle_connections = 4;
+  RetryPolicy retry;
   std::string user_agent = "gpu-node-supervisor";
 };
 
@@ -162,6 +197,12 @@ class KubeClient {
   void Get(const std::string& path, Callback cb);
   // Follows continue tokens; the result object is {"metadata":{"resourceVersion"},"items":[...]}.
   void List(const std::string& path, const ListOptions& options, Callback cb);
+  // The same for a cache (an informer's relist): each page decoded by ParseListPage
+  // (json_reader.hpp) through `item_projection`, items `cached` says the caller holds as they are
+  // coming back as their identity alone. `item_projection` is copied (an informer may go while
+  // its relist is in flight); `cached` is asked on the loop while pages arrive.
+  void List(const std::string& path, const ListOptions& options, const Projection::Node& item_projection,
+            CachedFn cached, Callback cb);
   void Create(const std::string& collection_path, const nlohmann::json& object, Callback cb);
   void Update(const std::string& path, const nlohmann::json& object, Callback cb);
   // kApply needs a field manager (the module's name); `force` takes over conflicting fields.
@@ -186,15 +227,22 @@ class KubeClient {
   void ReloadToken();
 
   struct Stats {
-    uint64_t requests = 0;
+    uint64_t requests = 0;  // attempts (each retry counts)
     uint64_t connections_opened = 0;
     uint64_t token_reloads = 0;
+    uint64_t retries = 0;  // attempts after the first (RetryPolicy)
+    std::chrono::milliseconds last_retry_delay{0};  // the wait before the latest retry
   };
   Stats GetStats() const;
+  const Clock& GetClock() const;
+  const RetryPolicy& Retry() const;
 
   class Impl;
 
  private:
+  void List(const std::string& path, const ListOptions& options,
+            std::shared_ptr<const Projection::Node> item_projection, CachedFn cached, Callback cb);
+
   std::shared_ptr<Impl> impl_;
 };
 

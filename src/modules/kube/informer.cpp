@@ -17,7 +17,11 @@ class InformerTimer {
   asio::steady_timer timer_;
 };
 
-std::string InformerSpec::Key() const { return path + "?l=" + label_selector + "&f=" + field_selector; }
+std::string InformerSpec::Key() const {
+  std::string key = path + "?l=" + label_selector + "&f=" + field_selector;
+  for (std::size_t i = 0; i < fields.size(); ++i) key += (i == 0 ? "&p=" : ",") + fields[i];
+  return key;
+}
 
 namespace {
 
@@ -40,6 +44,7 @@ Informer::Informer(const InformerSpec& spec, std::shared_ptr<KubeClient> client,
                    MetricsRegistry& metrics, std::shared_ptr<spdlog::logger> log, InformerOptions options)
     : spec_(spec),
       key_(spec.Key()),
+      projection_(spec.fields),
       client_(std::move(client)),
       bus_(bus),
       metrics_(metrics),
@@ -85,12 +90,12 @@ void Informer::CountError(const char* counter, const std::string& why) {
     metrics_.Counter(kDecodeErrors, "Watch lines or list items that could not be decoded", {{"informer", key_}}).Inc();
   }
   log_->warn("informer {}: {}", key_, why);
-  PublishSynced();
 }
 
-void Informer::Retry(const std::string& why, void (Informer::*what)()) {
+void Informer::Retry(const std::string& why, void (Informer::*what)(), std::chrono::milliseconds retry_after) {
   if (!running_) return;
-  const auto delay = backoff_.Next();
+  const auto delay = RetryDelay(retry_after, backoff_, client_->Retry().max_retry_after);
+  stats_.last_delay = delay;
   log_->info("informer {}: {}; retrying in {} ms", key_, why, delay.count());
   timer_->timer_.expires_after(delay);
   timer_->timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_), what](const boost::system::error_code& ec) {
@@ -103,12 +108,14 @@ void Informer::Retry(const std::string& why, void (Informer::*what)()) {
 void Informer::List() {
   if (!running_) return;
   ListOptions options{spec_.label_selector, spec_.field_selector, options_.page_size};
-  client_->List(spec_.path, options, [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
+  // Pages decode through the projection, and what the cache holds as it is is not built again.
+  // The watch is stopped while listing, so the cache cannot change before Replace.
+  client_->List(spec_.path, options, projection_.Root(), Cached(), [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
     const auto a = alive.lock();
     if (!a || !*a || !running_) return;
     if (!r.Ok()) {
       CountError(kErrors, "list failed: " + r.error);
-      Retry("list failed", &Informer::List);
+      Retry("list failed", &Informer::List, r.retry_after);
       return;
     }
     const std::string* rv = nullptr;
@@ -137,7 +144,7 @@ void Informer::List() {
 void Informer::StartWatch() {
   if (!running_) return;
   ++stats_.watch_starts;
-  watch_saw_events_ = false;
+  watch_started_ = client_->GetClock().Now();
   WatchOptions options;
   options.resource_version = resource_version_;
   options.label_selector = spec_.label_selector;
@@ -181,14 +188,19 @@ void Informer::OnWatchEnd(const WatchEnd& end) {
     Retry("undecodable watch stream", &Informer::List);
     return;
   }
-  if (end.clean && end.http_status == 200 && watch_saw_events_) {
-    // The server ended a healthy watch (timeoutSeconds): resume at once.
+  if (end.http_status != 200 || !end.error.empty()) CountError(kErrors, "watch ended: " + end.error);
+  const bool healthy = end.http_status == 200 &&
+                       (end.lines > 0 || client_->GetClock().Now() - watch_started_ >= options_.healthy_watch);
+  if (healthy) {
+    // It worked until now (ended by timeoutSeconds, cut, idle): this is not a failure in a
+    // row, so no wait (as client-go's reflector); a reconnect that then fails backs off from
+    // the start.
     backoff_.Reset();
+    ++stats_.immediate_rewatches;
     StartWatch();
     return;
   }
-  if (end.http_status != 200 || !end.error.empty()) CountError(kErrors, "watch ended: " + end.error);
-  Retry("watch ended", &Informer::StartWatch);
+  Retry("watch ended", &Informer::StartWatch, end.retry_after);
 }
 
 void Informer::Relist(const std::string& why) {
@@ -199,7 +211,7 @@ void Informer::Relist(const std::string& why) {
 
 bool Informer::HandleLine(std::string_view line) {
   std::string why;
-  auto doc = ParseJson(line, &why);
+  auto doc = ParseJson(line, projection_.Event(), &why);
   if (doc.is_discarded() || !doc.is_object()) {
     CountError(kDecodeErrors, "malformed watch line (" + std::to_string(line.size()) + " bytes): " +
                                   (doc.is_discarded() ? why : std::string("not a JSON object")));
@@ -212,7 +224,6 @@ bool Informer::HandleLine(std::string_view line) {
     return false;
   }
   const std::string& type = type_it->get_ref<const std::string&>();
-  watch_saw_events_ = true;
   if (type == "BOOKMARK") {
     const auto* rv = RvOf(*object_it);
     if (!rv || rv->empty()) {
@@ -271,6 +282,27 @@ void Informer::Remove(const std::string& key, std::shared_ptr<const nlohmann::js
   bus_.Publish(ResourceEvent{key_, ResourceEvent::Type::kDeleted, std::move(last)});
 }
 
+CachedFn Informer::Cached() const {
+  return [this, alive = std::weak_ptr<bool>(alive_)](std::string_view key, std::string_view resource_version) {
+    const auto a = alive.lock();
+    if (!a || !*a) return false;
+    const auto it = items_.find(std::string(key));
+    if (it == items_.end()) return false;
+    const auto* rv = RvOf(*it->second);
+    return rv && *rv == resource_version;
+  };
+}
+
+void Informer::RelistForTest(const std::vector<std::string>& pages, std::string resource_version) {
+  nlohmann::json items = nlohmann::json::array();
+  const auto cached = Cached();
+  for (const auto& page : pages) {
+    auto list = ParseListPage(page, projection_.Root(), cached);
+    for (auto& item : list["items"]) items.push_back(std::move(item));
+  }
+  Replace(items, std::move(resource_version));
+}
+
 void Informer::Replace(nlohmann::json& items, std::string resource_version) {
   std::unordered_map<std::string, std::shared_ptr<const nlohmann::json>> fresh;
   fresh.reserve(items.is_array() ? items.size() : 0);
@@ -291,6 +323,7 @@ void Informer::Replace(nlohmann::json& items, std::string resource_version) {
           continue;
         }
       }
+      projection_.Apply(item);
       auto object = std::make_shared<const nlohmann::json>(std::move(item));
       events.push_back(ResourceEvent{
           key_, old == items_.end() ? ResourceEvent::Type::kAdded : ResourceEvent::Type::kModified, object});

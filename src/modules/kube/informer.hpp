@@ -9,6 +9,7 @@
 #include "loop/backoff.hpp"
 #include "loop/bus.hpp"
 #include "modules/kube/client.hpp"
+#include "modules/kube/json_reader.hpp"
 #include "modules/kube/messages.hpp"
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace boost::asio {
 class io_context;
@@ -27,7 +29,13 @@ struct InformerSpec {
   std::string path;  // the collection, e.g. ResourcePath::Core("nodes").Collection()
   std::string label_selector;
   std::string field_selector;
-  // "<path>?l=<label>&f=<field>": the informer_key of its bus messages.
+  // What the cache keeps of each object (json_reader.hpp's Projection): dotted paths such as
+  // "metadata.labels", "status.addresses"; the identity fields are always kept. Empty: the
+  // whole object but metadata.managedFields. Part of the key: consumers that read different
+  // fields get different informers.
+  std::vector<std::string> fields = {};
+  // "<path>?l=<label>&f=<field>" (+ "&p=<fields,...>" when projected): the informer_key of
+  // its bus messages.
   std::string Key() const;
 };
 
@@ -39,6 +47,9 @@ struct InformerOptions {
   // connections spread over API servers; 0 leaves it to the server.
   std::chrono::seconds min_watch_timeout{300};
   Backoff::RandomSource random;  // tests inject it; empty: a real source
+  // A watch that delivered a line, or stayed open this long, was healthy: when it ends it is
+  // re-opened at once and the backoff starts over. Backoff is for consecutive failures only.
+  std::chrono::milliseconds healthy_watch{1000};
 };
 
 class Informer {
@@ -50,6 +61,8 @@ class Informer {
     uint64_t watch_restarts = 0;  // resumes after a watch ended
     uint64_t decode_errors = 0;
     uint64_t errors = 0;  // every error of any kind
+    uint64_t immediate_rewatches = 0;  // healthy watches re-opened without waiting
+    std::chrono::milliseconds last_delay{0};  // the latest wait before a retry
   };
 
   Informer(const InformerSpec& spec, std::shared_ptr<KubeClient> client, Bus& bus, boost::asio::io_context& io,
@@ -79,6 +92,9 @@ class Informer {
   void ReplaceForTest(nlohmann::json items, std::string resource_version) {
     Replace(items, std::move(resource_version));
   }
+  // A relist from LIST response pages as the server sends them (JSON text), decoded as List()
+  // decodes them (the benchmark drives this).
+  void RelistForTest(const std::vector<std::string>& pages, std::string resource_version);
 
  private:
   void List();
@@ -86,8 +102,12 @@ class Informer {
   bool HandleLine(std::string_view line);
   void OnWatchEnd(const WatchEnd& end);
   void Relist(const std::string& why);
-  void Retry(const std::string& why, void (Informer::*what)());
+  void Retry(const std::string& why, void (Informer::*what)(),
+             std::chrono::milliseconds retry_after = std::chrono::milliseconds(0));
   void Replace(nlohmann::json& items, std::string resource_version);
+  // For ParseListPage: does the cache hold `key` at `resource_version`? Safe to call after the
+  // informer is gone (false).
+  CachedFn Cached() const;
   void Upsert(std::shared_ptr<const nlohmann::json> object, const std::string& key);
   void Remove(const std::string& key, std::shared_ptr<const nlohmann::json> last);
   void PublishSynced();
@@ -95,6 +115,7 @@ class Informer {
 
   InformerSpec spec_;
   std::string key_;
+  Projection projection_;
   std::shared_ptr<KubeClient> client_;
   Bus& bus_;
   MetricsRegistry& metrics_;
@@ -107,7 +128,7 @@ class Informer {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   bool running_ = false;
   bool synced_ = false;
-  bool watch_saw_events_ = false;
+  Clock::SteadyTime watch_started_{};
   std::string resource_version_;
   std::unordered_map<std::string, std::shared_ptr<const nlohmann::json>> items_;
   Stats stats_;

@@ -34,14 +34,14 @@ std::string FormatMicroTime(Clock::WallTime time) {
 
 LeaderElectionConfig ParseLeaderElectionConfig(ConfigMap& le, const std::string& default_lease_name) {
   using std::chrono::milliseconds;
-  LeaderElectionConfig lease;
-  lease.ns = le.String("namespace", "kube-system");
+  LeaderElectionConfig lease;  // its members hold the defaults
+  lease.ns = le.String("namespace", lease.ns);
   lease.lease_name = le.String("leaseName", default_lease_name);
   if (lease.ns.empty()) le.Fail("namespace", "must not be empty");
   if (lease.lease_name.empty()) le.Fail("leaseName", "must not be empty");
-  lease.lease_duration = le.Duration("leaseDuration", milliseconds(100), milliseconds(600000), milliseconds(15000));
-  lease.renew_deadline = le.Duration("renewDeadline", milliseconds(50), milliseconds(600000), milliseconds(10000));
-  lease.retry_period = le.Duration("retryPeriod", milliseconds(10), milliseconds(600000), milliseconds(2000));
+  lease.lease_duration = le.Duration("leaseDuration", milliseconds(100), milliseconds(600000), lease.lease_duration);
+  lease.renew_deadline = le.Duration("renewDeadline", milliseconds(50), milliseconds(600000), lease.renew_deadline);
+  lease.retry_period = le.Duration("retryPeriod", milliseconds(10), milliseconds(600000), lease.retry_period);
   if (lease.renew_deadline >= lease.lease_duration) {
     le.Fail("renewDeadline", "must be shorter than leaseDuration (a leader must give up before others take over)");
   }

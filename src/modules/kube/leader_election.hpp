@@ -27,7 +27,11 @@ struct LeaderElectionConfig {
   std::string identity;  // the pod name (default POD_NAME, else the hostname)
   std::chrono::milliseconds lease_duration{15000};
   std::chrono::milliseconds renew_deadline{10000};
-  std::chrono::milliseconds retry_period{2000};
+  // The holder renews (a PUT) this often, and a candidate reads the lease this often: each is
+  // two wake-ups of the loop (timer, answer). client-go's 2 s kept an idle supervisor's loop
+  // above one wake-up a second (issue #15); 5 s still allows a failed renew to be retried
+  // (at half of this) within renewDeadline.
+  std::chrono::milliseconds retry_period{5000};
 };
 
 // RFC 3339 with microseconds, as a Kubernetes MicroTime.

@@ -22,7 +22,9 @@ struct ResourceEvent {
 };
 
 // Retained per informer: synced once the first list is in the cache (it stays true through
-// relists; the cache keeps serving the last state while a relist runs).
+// relists; the cache keeps serving the last state while a relist runs). Published after each
+// list only, never on an error: a relist's changes arrive as ResourceEvents, so a consumer
+// that re-reads everything on this message does so once per list, not once per fault.
 struct InformerSynced {
   static constexpr std::string_view kTopic = "kube.informer-synced";
   static constexpr bool kRetained = true;

@@ -63,7 +63,48 @@ std::string StatusMessage(int status, const nlohmann::json& body) {
   return "HTTP " + std::to_string(status);
 }
 
+// Retry-After from the header, else from a Status's details.retryAfterSeconds.
+std::chrono::milliseconds RetryAfterOf(std::string_view header, const nlohmann::json& body) {
+  if (auto from_header = ParseRetryAfter(header); from_header.count() > 0) return from_header;
+  if (!body.is_object()) return std::chrono::milliseconds(0);
+  const auto details = body.find("details");
+  if (details == body.end() || !details->is_object()) return std::chrono::milliseconds(0);
+  const auto seconds = details->find("retryAfterSeconds");
+  if (seconds == details->end() || !seconds->is_number_integer()) return std::chrono::milliseconds(0);
+  const auto n = seconds->get<int64_t>();
+  // Bounded before converting: a day is already far beyond any RetryPolicy::max_retry_after.
+  return n > 0 ? std::chrono::milliseconds(std::min<int64_t>(n, 86400) * 1000) : std::chrono::milliseconds(0);
+}
+
 }  // namespace
+
+bool IsTransient(int http_status) {
+  return http_status == 0 || http_status == 429 || http_status == 500 || http_status == 502 ||
+         http_status == 503 || http_status == 504;
+}
+
+std::chrono::milliseconds ParseRetryAfter(std::string_view value) {
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+  while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+  if (value.empty() || value.size() > 9) return std::chrono::milliseconds(0);
+  int64_t seconds = 0;
+  for (const char c : value) {
+    if (c < '0' || c > '9') return std::chrono::milliseconds(0);
+    seconds = seconds * 10 + (c - '0');
+  }
+  return std::chrono::milliseconds(std::min<int64_t>(seconds, 86400) * 1000);
+}
+
+std::chrono::milliseconds RetryDelay(std::chrono::milliseconds retry_after, Backoff& backoff,
+                                     std::chrono::milliseconds max_retry_after) {
+  if (retry_after.count() > 0) {
+    // The server said when: that, not our own guess (which still grows, so consecutive
+    // failures without a Retry-After keep backing off).
+    backoff.Next();
+    return std::min(retry_after, max_retry_after);
+  }
+  return backoff.Next();
+}
 
 class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
  public:
@@ -74,8 +115,14 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
     std::string body;
     std::string content_type;
     Callback cb;
+    // A JSON body of a 2xx answer decoded by this instead of ParseJson (list pages of a cache).
+    std::function<nlohmann::json(std::string_view body, std::string* error)> decode;
     bool retried_after_401 = false;
     Clock::SteadyTime start;
+    int attempts = 0;
+    // How the latest attempt failed without an HTTP answer.
+    enum class NoAnswer { kNone, kNotSent, kCut, kTimeout, kPermanent } no_answer = NoAnswer::kNone;
+    std::unique_ptr<Backoff> backoff;  // made on the first retry
   };
 
   struct Watch {
@@ -101,6 +148,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
       if (ec) throw std::runtime_error("client key: " + Describe(ec));
     }
     if (config_.qps <= 0 || config_.burst < 1) throw std::runtime_error("qps and burst must be positive");
+    if (config_.retry.max_attempts < 1) throw std::runtime_error("retry.max_attempts must be at least 1");
     tokens_ = config_.burst;
     last_refill_ = deps_.clock.Now();
     token_ = config_.token;
@@ -192,6 +240,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   }
 
   static asio::awaitable<void> Exchange(std::shared_ptr<Impl> self, std::shared_ptr<Call> call) {
+    ++call->attempts;
     Result result = co_await self->RoundTrip(*call);
     if (result.http_status == 401 && !call->retried_after_401 && !self->stopped_ && !self->config_.token_file.empty()) {
       // The token may have been rotated under us: re-read it and try once more.
@@ -199,10 +248,43 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
       self->ReadTokenFile();
       result = co_await self->RoundTrip(*call);
     }
+    if (self->ShouldRetry(*call, result)) {
+      if (!call->backoff) call->backoff = std::make_unique<Backoff>(self->config_.retry.backoff);
+      const auto delay = RetryDelay(result.retry_after, *call->backoff, self->config_.retry.max_retry_after);
+      self->Record(call->verb, result.http_status, call->start);
+      ++self->stats_.retries;
+      self->stats_.last_retry_delay = delay;
+      self->deps_.log->debug("{} {}: {}; attempt {} in {} ms", call->verb, call->target,
+                             result.error.empty() ? "HTTP " + std::to_string(result.http_status) : result.error,
+                             call->attempts + 1, delay.count());
+      asio::steady_timer timer(self->deps_.loop.Io());
+      timer.expires_after(delay);
+      self->retry_timers_.insert(&timer);
+      beast::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(kAwait, ec));
+      self->retry_timers_.erase(&timer);
+      if (!self->stopped_) {
+        // Through the token bucket again: a retry is a request like any other.
+        self->Admit([self, call] { asio::co_spawn(self->deps_.loop.Io(), Exchange(self, call), asio::detached); });
+        co_return;
+      }
+    }
     if (self->stopped_) result = Result{0, nullptr, "client stopped"};
     self->Record(call->verb, result.http_status, call->start);
     auto cb = std::move(call->cb);
     cb(std::move(result));
+  }
+
+  // RetryPolicy's rules (client.hpp).
+  bool ShouldRetry(const Call& call, const Result& result) const {
+    if (stopped_ || result.Ok() || call.attempts >= config_.retry.max_attempts) return false;
+    if (result.http_status == 0) {
+      if (call.no_answer == Call::NoAnswer::kNotSent) return true;
+      return call.method == http::verb::get && call.no_answer == Call::NoAnswer::kCut;
+    }
+    if (!IsTransient(result.http_status)) return false;
+    if (result.http_status == 429 || result.retry_after.count() > 0) return true;
+    return call.method == http::verb::get;
   }
 
   void Record(const std::string& verb, int status, Clock::SteadyTime start) {
@@ -266,6 +348,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   }
 
   asio::awaitable<Result> RoundTrip(Call& call) {
+    call.no_answer = Call::NoAnswer::kPermanent;
     for (int attempt = 0;; ++attempt) {
       if (stopped_) co_return Result{0, nullptr, "client stopped"};
       beast::error_code ec;
@@ -276,7 +359,13 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
         idle_.pop_back();
       } else {
         conn = co_await Connect(deps_.clock.Now() + config_.request_timeout, ec, nullptr);
-        if (!conn) co_return Result{0, nullptr, stopped_ ? "client stopped" : "connect to " + host_header_ + ": " + Describe(ec)};
+        if (!conn) {
+          // A certificate the CA does not vouch for stays so: only a refused or reset
+          // connection is worth another try.
+          call.no_answer = ec.category() == asio::error::get_ssl_category() ? Call::NoAnswer::kPermanent
+                                                                           : Call::NoAnswer::kNotSent;
+          co_return Result{0, nullptr, stopped_ ? "client stopped" : "connect to " + host_header_ + ": " + Describe(ec)};
+        }
       }
       active_.insert(conn.get());
       auto req = BuildRequest(call.method, call.target, call.body, call.content_type);
@@ -306,19 +395,21 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
           CountDecodeError("too-large");
           co_return Result{0, nullptr, "response larger than " + std::to_string(config_.max_response_bytes) + " bytes"};
         }
+        call.no_answer = ec == beast::error::timeout ? Call::NoAnswer::kTimeout : Call::NoAnswer::kCut;
         co_return Result{0, nullptr, Describe(ec)};
       }
+      call.no_answer = Call::NoAnswer::kNone;
       auto& res = parser.get();
       if (res.keep_alive() && idle_.size() < config_.max_idle_connections) {
         idle_.push_back(std::move(conn));
       } else {
         CloseConn(*conn);
       }
-      co_return Decode(res);
+      co_return Decode(res, call);
     }
   }
 
-  Result Decode(http::response<http::string_body>& res) {
+  Result Decode(http::response<http::string_body>& res, const Call& call) {
     Result result;
     result.http_status = res.result_int();
     const std::string content_type(res[http::field::content_type]);
@@ -331,7 +422,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
     if (!res.body().empty()) {
       if (IsJson(content_type)) {
         std::string why;
-        result.object = ParseJson(res.body(), &why);
+        result.object = ok && call.decode ? call.decode(res.body(), &why) : ParseJson(res.body(), &why);
         if (result.object.is_discarded()) {
           result.object = nullptr;
           CountDecodeError("json");
@@ -344,16 +435,22 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
         return result;
       }
     }
-    if (!ok) result.error = StatusMessage(result.http_status, result.object);
+    if (!ok) {
+      result.error = StatusMessage(result.http_status, result.object);
+      const auto header = res[http::field::retry_after];
+      result.retry_after = RetryAfterOf(std::string_view(header.data(), header.size()), result.object);
+    }
     return result;
   }
 
   // --- watches
 
   static asio::awaitable<void> RunWatch(std::shared_ptr<Impl> self, std::shared_ptr<Watch> w) {
+    std::size_t lines = 0;
     auto end = [&](WatchEnd e) {
       if (w->stopped) return;
       w->stopped = true;
+      e.lines = lines;
       auto on_end = std::move(w->callbacks.on_end);
       w->callbacks = {};
       if (self->stopped_ && e.error.empty()) e.error = "client stopped";
@@ -422,6 +519,11 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
       e.error = status >= 300 && status < 400
                     ? "redirect (HTTP " + std::to_string(status) + ") not followed"
                     : StatusMessage(status, e.status);
+      const auto header = parser.get()[http::field::retry_after];
+      e.retry_after = RetryAfterOf(std::string_view(header.data(), header.size()), e.status);
+      // As for requests: the token may have rotated under us; the next attempt sends the
+      // file's current one.
+      if (status == 401 && !self->config_.token_file.empty()) self->ReadTokenFile();
       CloseConn(*conn);
       end(std::move(e));
       co_return;
@@ -467,6 +569,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
         }
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         if (!line.empty()) {
+          ++lines;
           w->callbacks.on_line(line);
           if (w->stopped) co_return;
         }
@@ -502,6 +605,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
     beast::error_code ec;
     limiter_timer_.cancel();
     token_timer_.cancel();
+    for (auto* timer : retry_timers_) timer->cancel();
     for (auto& conn : idle_) CloseConn(*conn);
     idle_.clear();
     for (auto* conn : active_) CloseConn(*conn);
@@ -527,6 +631,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   asio::steady_timer limiter_timer_;
   bool limiter_armed_ = false;
   asio::steady_timer token_timer_;
+  std::set<asio::steady_timer*> retry_timers_;  // requests waiting to be retried
   Stats stats_;
 };
 
@@ -564,6 +669,8 @@ KubeClient::~KubeClient() { impl_->Shutdown(); }
 void KubeClient::Shutdown() { impl_->Shutdown(); }
 void KubeClient::ReloadToken() { impl_->ReadTokenFile(); }
 KubeClient::Stats KubeClient::GetStats() const { return impl_->stats_; }
+const Clock& KubeClient::GetClock() const { return impl_->deps_.clock; }
+const RetryPolicy& KubeClient::Retry() const { return impl_->config_.retry; }
 
 void KubeClient::Request(std::string_view verb, std::string_view method, std::string target, std::string body,
                          std::string content_type, Callback cb) {
@@ -580,6 +687,16 @@ void KubeClient::Request(std::string_view verb, std::string_view method, std::st
 void KubeClient::Get(const std::string& path, Callback cb) { Request("get", "GET", path, {}, {}, std::move(cb)); }
 
 void KubeClient::List(const std::string& path, const ListOptions& options, Callback cb) {
+  List(path, options, nullptr, {}, std::move(cb));
+}
+
+void KubeClient::List(const std::string& path, const ListOptions& options, const Projection::Node& item_projection,
+                      CachedFn cached, Callback cb) {
+  List(path, options, std::make_shared<const Projection::Node>(item_projection), std::move(cached), std::move(cb));
+}
+
+void KubeClient::List(const std::string& path, const ListOptions& options,
+                      std::shared_ptr<const Projection::Node> item_projection, CachedFn cached, Callback cb) {
   struct Pages {
     std::string base;
     nlohmann::json items = nlohmann::json::array();
@@ -595,10 +712,20 @@ void KubeClient::List(const std::string& path, const ListOptions& options, Callb
   pages->cb = std::move(cb);
   auto next = std::make_shared<std::function<void(std::string)>>();
   // `next` refers to itself only through a weak pointer held by the callback chain's captures.
-  *next = [this, pages, weak_next = std::weak_ptr<std::function<void(std::string)>>(next)](std::string token) {
+  *next = [this, pages, item_projection = std::move(item_projection), cached = std::move(cached),
+           weak_next = std::weak_ptr<std::function<void(std::string)>>(next)](std::string token) {
     auto keep = weak_next.lock();
     std::string target = token.empty() ? pages->base : Join(pages->base, "continue=" + QueryEscape(token));
-    Request("list", "GET", std::move(target), {}, {}, [pages, keep, impl = impl_](Result r) {
+    auto call = std::make_shared<Impl::Call>();
+    call->verb = "list";
+    call->method = http::verb::get;
+    call->target = std::move(target);
+    if (item_projection) {
+      call->decode = [item_projection, cached](std::string_view body, std::string* error) {
+        return ParseListPage(body, *item_projection, cached, error);
+      };
+    }
+    call->cb = [pages, keep, impl = impl_](Result r) {
       if (!r.Ok()) {
         pages->cb(std::move(r));
         return;
@@ -638,7 +765,8 @@ void KubeClient::List(const std::string& path, const ListOptions& options, Callb
       }
       nlohmann::json out = {{"metadata", {{"resourceVersion", pages->resource_version}}}, {"items", std::move(pages->items)}};
       pages->cb(Result{r.http_status, std::move(out), {}});
-    });
+    };
+    impl_->Submit(std::move(call));
   };
   (*next)({});
 }

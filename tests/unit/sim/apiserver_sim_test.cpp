@@ -938,6 +938,120 @@ TEST_F(ApiServerSimTest, ServerSideApply) {
       << "no strategic merge for custom resources";
 }
 
+// A CRD that declares status.nodes a list-map keyed by name (as upstream's ComputeDomain):
+// each manager owns its own items; others' items stay; an item a manager stops applying goes
+// when nobody else owns anything in it. Without the declaration the list is atomic.
+TEST_F(ApiServerSimTest, ServerSideApplyOwnsListMapItemsByKey) {
+  Json crd = {{"apiVersion", "apiextensions.k8s.io/v1"},
+              {"kind", "CustomResourceDefinition"},
+              {"metadata", {{"name", "widgets.example.com"}}},
+              {"spec",
+               {{"group", "example.com"},
+                {"names", {{"plural", "widgets"}, {"kind", "Widget"}}},
+                {"scope", "Namespaced"},
+                {"versions",
+                 Json::array({{{"name", "v1"},
+                               {"served", true},
+                               {"storage", true},
+                               {"schema",
+                                {{"openAPIV3Schema",
+                                  {{"type", "object"},
+                                   {"properties",
+                                    {{"status",
+                                      {{"type", "object"},
+                                       {"properties",
+                                        {{"nodes",
+                                          {{"type", "array"},
+                                           {"x-kubernetes-list-type", "map"},
+                                           {"x-kubernetes-list-map-keys", Json::array({"name"})},
+                                           {"items", {{"type", "object"}}}}}}}}}}}}}}}}})}}}};
+  Ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, 201);
+  Ok("POST", kWidgets, Json{{"apiVersion", "example.com/v1"}, {"kind", "Widget"}, {"metadata", {{"name", "w"}}}}, 201);
+  const std::string status = std::string(kWidgets) + "/w/status";
+  const auto apply = [&](const std::string& manager, const Json& nodes) {
+    Json body = {{"apiVersion", "example.com/v1"}, {"kind", "Widget"}, {"metadata", {{"name", "w"}}}};
+    if (!nodes.is_null()) body["status"]["nodes"] = nodes;
+    return Do("PATCH", status + "?fieldManager=" + manager, body.dump(), "application/apply-patch+yaml");
+  };
+  const auto names = [](const Json& obj) {
+    std::vector<std::string> out;
+    for (const auto& n : obj["status"]["nodes"]) out.push_back(n["name"]);
+    return out;
+  };
+  server_->ResetRequestCounts();
+
+  Response a = apply("node-a", Json::array({{{"name", "a"}, {"ip", "10.0.0.1"}}}));
+  ASSERT_EQ(a.status, 200) << a.body;
+  Response b = apply("node-b", Json::array({{{"name", "b"}, {"ip", "10.0.0.2"}}}));
+  ASSERT_EQ(b.status, 200) << b.body << " (another manager's item is no conflict)";
+  EXPECT_EQ(names(b.json()), (std::vector<std::string>{"a", "b"})) << "new items are appended";
+  bool found = false;
+  const Json b_obj = b.json();
+  for (const auto& entry : b_obj["metadata"]["managedFields"]) {
+    if (entry["manager"] != "node-b") continue;
+    found = true;
+    EXPECT_EQ(entry["subresource"], "status");
+    const Json& item = entry["fieldsV1"]["f:status"]["f:nodes"][R"(k:{"name":"b"})"];
+    EXPECT_TRUE(item.contains(".") && item.contains("f:ip") && item.contains("f:name")) << entry.dump();
+  }
+  EXPECT_TRUE(found);
+
+  // node-a changes its item: node-b's stays as it was, the order too.
+  Response a2 = apply("node-a", Json::array({{{"name", "a"}, {"ip", "10.0.0.9"}, {"ready", true}}}));
+  ASSERT_EQ(a2.status, 200) << a2.body;
+  EXPECT_EQ(names(a2.json()), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(a2.json()["status"]["nodes"][0], (Json{{"name", "a"}, {"ip", "10.0.0.9"}, {"ready", true}}));
+  EXPECT_EQ(a2.json()["status"]["nodes"][1], (Json{{"name", "b"}, {"ip", "10.0.0.2"}}));
+  // Dropping a field of its own item removes just that field.
+  Response a3 = apply("node-a", Json::array({{{"name", "a"}, {"ip", "10.0.0.9"}}}));
+  ASSERT_EQ(a3.status, 200) << a3.body;
+  EXPECT_EQ(a3.json()["status"]["nodes"][0], (Json{{"name", "a"}, {"ip", "10.0.0.9"}}));
+
+  // Another manager writing a field of node-a's item to another value: a conflict.
+  Response steal = apply("node-b", Json::array({{{"name", "b"}, {"ip", "10.0.0.2"}}, {{"name", "a"}, {"ip", "1.1.1.1"}}}));
+  EXPECT_EQ(steal.status, 409) << steal.body;
+  EXPECT_NE(steal.body.find(R"(.status.nodes[name=\"a\"].ip)"), std::string::npos) << steal.body;
+
+  // node-a applies with its item absent (no status at all): the item goes, node-b's stays.
+  Response gone = apply("node-a", nullptr);
+  ASSERT_EQ(gone.status, 200) << gone.body;
+  EXPECT_EQ(names(gone.json()), (std::vector<std::string>{"b"}));
+  const Json gone_obj = gone.json();
+  for (const auto& entry : gone_obj["metadata"]["managedFields"]) EXPECT_NE(entry["manager"], "node-a");
+  // node-b's last item goes: an empty list stays.
+  Response empty = apply("node-b", Json::array());
+  ASSERT_EQ(empty.status, 200) << empty.body;
+  EXPECT_EQ(empty.json()["status"]["nodes"], Json::array());
+
+  // An item both managers applied stays until the last of them drops it.
+  ASSERT_EQ(apply("node-a", Json::array({{{"name", "s"}, {"ip", "1"}}})).status, 200);
+  ASSERT_EQ(apply("node-b", Json::array({{{"name", "s"}, {"ip", "1"}}})).status, 200);
+  EXPECT_EQ(names(apply("node-a", nullptr).json()), (std::vector<std::string>{"s"}));
+  EXPECT_EQ(apply("node-b", nullptr).json()["status"]["nodes"], Json::array());
+
+  // Items without their key, or twice: 422, nothing written.
+  Response keyless = apply("node-c", Json::array({{{"ip", "3"}}}));
+  EXPECT_EQ(keyless.status, 422) << keyless.body;
+  EXPECT_NE(keyless.body.find(".status.nodes[0].name"), std::string::npos) << keyless.body;
+  EXPECT_EQ(apply("node-c", Json::array({{{"name", "c"}}, {{"name", "c"}}})).status, 422);
+  const auto codes = server_->ResponseCounts();
+  EXPECT_EQ(codes.at(409), 1u);
+  EXPECT_EQ(codes.at(422), 2u);
+
+  // A kind without the declaration: the list is one atomic field, so a second writer conflicts.
+  const std::string gadgets = "/apis/example.com/v1/namespaces/default/gadgets";
+  Ok("POST", gadgets, Json{{"apiVersion", "example.com/v1"}, {"kind", "Gadget"}, {"metadata", {{"name", "g"}}}}, 201);
+  const auto apply_gadget = [&](const std::string& manager, const std::string& name) {
+    Json body = {{"apiVersion", "example.com/v1"},
+                 {"kind", "Gadget"},
+                 {"metadata", {{"name", "g"}}},
+                 {"status", {{"nodes", Json::array({{{"name", name}}})}}}};
+    return Do("PATCH", gadgets + "/g/status?fieldManager=" + manager, body.dump(), "application/apply-patch+yaml");
+  };
+  EXPECT_EQ(apply_gadget("node-a", "a").status, 200);
+  EXPECT_EQ(apply_gadget("node-b", "b").status, 409);
+}
+
 // ---- 410
 
 TEST_F(ApiServerSimTest, CompactExpiresResourceVersionsBothWays) {
@@ -1047,6 +1161,40 @@ TEST_F(ApiServerSimTest, FailNextRequests) {
   EXPECT_EQ(Do("GET", kConfigMaps).status, 500);
   EXPECT_EQ(Do("GET", kConfigMaps).status, 500);
   EXPECT_EQ(Do("GET", kConfigMaps).status, 200);
+
+  server_->FailNextRequests(429, 1, "", 7);
+  Response throttled = Do("GET", kPods);
+  EXPECT_EQ(throttled.status, 429);
+  EXPECT_EQ(throttled.retry_after, "7");
+  EXPECT_EQ(throttled.json()["details"]["retryAfterSeconds"], 7);
+  server_->FailNextRequests(500, 1, "", 0);
+  EXPECT_EQ(Do("GET", kPods).retry_after, "");
+  server_->FailNextRequests(503, 1, "", 0);
+  EXPECT_EQ(Do("GET", kPods).retry_after, "");
+  EXPECT_THROW(server_->FailNextRequests(503, 1, "", -2), std::invalid_argument);
+}
+
+TEST_F(ApiServerSimTest, RestartListenerRefusesThenAcceptsOnTheSamePort) {
+  EXPECT_EQ(Do("GET", kPods).status, 200);
+  const auto port = server_->Port();
+  server_->RestartListener(std::chrono::seconds(30));
+  // The kept-alive connection is cut and new connects are refused while it is down.
+  bool refused = false;
+  for (int i = 0; i < 200 && !refused; ++i) {
+    Connection probe(port, Tls());
+    refused = static_cast<bool>(probe.Connect());
+    if (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the restart is posted
+  }
+  EXPECT_TRUE(refused);
+  server_->RestartListener(std::chrono::milliseconds(0));  // back at once
+  Response back;
+  for (int i = 0; i < 200; ++i) {
+    back = Do("GET", kPods);
+    if (!back.error) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(back.status, 200) << back.error.message();
+  EXPECT_EQ(server_->Port(), port);
 }
 
 TEST_F(ApiServerSimTest, AdminEndpoint) {

@@ -123,15 +123,21 @@ class ApiServer {
   void SplitNextWatchEvent();  // the next watch line goes out as two chunks, two TCP writes
   void MalformedNextWatchLine();  // a broken JSON line precedes the next watch line
   void SetResponseDelay(std::chrono::milliseconds delay);  // every API request; 0 to clear
-  // The next `count` API requests whose path contains `path_contains` are answered with
-  // `code` (500, 503, 429 with Retry-After: 1, 410, ...) and a Status body.
-  void FailNextRequests(int code, int count = 1, std::string path_contains = {});
+  // The next `count` API requests (watches included) whose path contains `path_contains` are
+  // answered with `code` (500, 503, 429, 410, ...) and a Status body. `retry_after_seconds` > 0
+  // adds `Retry-After` and `details.retryAfterSeconds`; -1: 1 s for 429 and 503, none otherwise.
+  void FailNextRequests(int code, int count = 1, std::string path_contains = {}, int retry_after_seconds = -1);
+  // The listener closes and every connection is cut; after `downtime` the same port accepts
+  // again (connects meanwhile are refused), as an API server that restarts.
+  void RestartListener(std::chrono::milliseconds downtime);
 
   // --- observability
   std::map<std::string, std::uint64_t> RequestCounts() const;
   std::uint64_t RequestCount(std::string_view verb) const;
   std::uint64_t TotalRequests() const;
-  void ResetRequestCounts();
+  // HTTP status codes of the API answers (watches not counted): {200: n, 409: m, ...}.
+  std::map<int, std::uint64_t> ResponseCounts() const;
+  void ResetRequestCounts();  // the request and the response counts
   std::vector<WatchInfo> OpenWatches() const;
 
   class Impl;

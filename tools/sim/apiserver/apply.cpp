@@ -167,32 +167,102 @@ class JsonBuilder : public YAML::EventHandler {
 
 // ---- apply
 
+// A field path is a list of FieldsV1 tokens: "f:<name>" for a map key, "k:<key JSON>" for the
+// item of a list-map with those key field values. A path ending in a "k:" token stands for the
+// item itself (FieldsV1 writes it as ".": {} beside the item's fields).
 using Path = std::vector<std::string>;
 using PathSet = std::set<Path>;
 
-void CollectLeaves(const Json& node, Path& prefix, PathSet& out) {
-  if (node.is_object() && !node.empty()) {
-    for (const auto& [key, value] : node.items()) {
-      prefix.push_back(key);
-      CollectLeaves(value, prefix, out);
-      prefix.pop_back();
-    }
-  } else {
-    out.insert(prefix);
-  }
+bool IsItem(const std::string& token) { return token.rfind("k:", 0) == 0; }
+
+// The key token of a list-map item: its key fields in the schema's order, as the real server
+// writes them ("k:{\"name\":\"a\"}").
+std::string ItemToken(const Json& item, const std::vector<std::string>& keys) {
+  Json key = Json::object();
+  for (const auto& k : keys) key[k] = item.at(k);
+  return "k:" + key.dump();
 }
 
-PathSet AppliedFields(const Json& applied, ApplyScope scope) {
+bool ItemMatches(const Json& item, const std::string& token) {
+  if (!item.is_object()) return false;
+  const Json key = Json::parse(token.substr(2), nullptr, false);
+  if (!key.is_object()) return false;
+  for (const auto& [k, v] : key.items()) {
+    auto it = item.find(k);
+    if (it == item.end() || *it != v) return false;
+  }
+  return true;
+}
+
+struct Collector {
+  const ListMapKeys* list_maps;
   PathSet out;
+  std::string invalid;
+
+  // `schema_path` holds the field names only (list items do not count).
+  void Collect(const Json& node, Path& prefix, std::vector<std::string>& schema_path) {
+    if (node.is_object() && !node.empty()) {
+      for (const auto& [key, value] : node.items()) {
+        prefix.push_back("f:" + key);
+        schema_path.push_back(key);
+        Collect(value, prefix, schema_path);
+        schema_path.pop_back();
+        prefix.pop_back();
+      }
+      return;
+    }
+    const std::vector<std::string>* keys = nullptr;
+    if (list_maps && node.is_array()) {
+      auto it = list_maps->find(schema_path);
+      if (it != list_maps->end()) keys = &it->second;
+    }
+    if (!keys) {
+      out.insert(prefix);  // a scalar, an empty map, an atomic list
+      return;
+    }
+    // A list-map: each item is owned on its own, by its key. An empty one owns nothing.
+    std::set<std::string> seen;
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const Json& item = node[i];
+      std::string where;
+      for (const auto& part : schema_path) where += "." + part;
+      where += "[" + std::to_string(i) + "]";
+      if (!item.is_object()) {
+        invalid = where + ": a list-map item must be an object";
+        return;
+      }
+      for (const auto& k : *keys) {
+        if (!item.contains(k) || item[k].is_null()) {
+          invalid = where + "." + k + ": Required value: the key of a list-map item";
+          return;
+        }
+      }
+      const std::string token = ItemToken(item, *keys);
+      if (!seen.insert(token).second) {
+        invalid = where + ": Duplicate value: " + token.substr(2);
+        return;
+      }
+      prefix.push_back(token);
+      out.insert(prefix);
+      Collect(item, prefix, schema_path);
+      prefix.pop_back();
+    }
+  }
+};
+
+PathSet AppliedFields(const Json& applied, ApplyScope scope, const ListMapKeys* list_maps, std::string& invalid) {
+  Collector c{list_maps, {}, {}};
   for (const auto& [key, value] : applied.items()) {
     if (key == "apiVersion" || key == "kind") continue;
     if (key == "metadata") {
       if (scope == ApplyScope::kStatus || !value.is_object()) continue;
       for (const auto& [meta_key, meta_value] : value.items()) {
         if ((meta_key == "labels" || meta_key == "annotations") && meta_value.is_object()) {
-          for (const auto& [label, unused] : meta_value.items()) out.insert({"metadata", meta_key, label});
+          for (const auto& [label, unused] : meta_value.items()) {
+            c.out.insert({"f:metadata", "f:" + meta_key, "f:" + label});
+          }
         } else if (meta_key == "finalizers" || meta_key == "ownerReferences") {
-          out.insert({"metadata", meta_key});
+          c.out.insert({"f:metadata", "f:" + meta_key});
         }
       }
       continue;
@@ -200,10 +270,13 @@ PathSet AppliedFields(const Json& applied, ApplyScope scope) {
     bool is_status = key == "status";
     if (scope == ApplyScope::kStatus && !is_status) continue;
     if (scope == ApplyScope::kMainWithStatusSubresource && is_status) continue;
-    Path prefix{key};
-    CollectLeaves(value, prefix, out);
+    Path prefix{"f:" + key};
+    std::vector<std::string> schema_path{key};
+    c.Collect(value, prefix, schema_path);
+    if (!c.invalid.empty()) break;
   }
-  return out;
+  invalid = c.invalid;
+  return c.out;
 }
 
 Json EncodeFields(const PathSet& set) {
@@ -211,11 +284,13 @@ Json EncodeFields(const PathSet& set) {
   for (const auto& path : set) {
     Json* node = &root;
     for (const auto& part : path) {
-      Json& child = (*node)["f:" + part];
+      Json& child = (*node)[part];
       if (!child.is_object()) child = Json::object();
       node = &child;
     }
+    if (!path.empty() && IsItem(path.back())) (*node)["."] = Json::object();
   }
+  // An item with nothing owned inside keeps only its ".": write it as the real server does.
   return root;
 }
 
@@ -223,9 +298,13 @@ void DecodeFields(const Json& node, Path& prefix, PathSet& out) {
   bool has_child = false;
   if (node.is_object()) {
     for (const auto& [key, value] : node.items()) {
-      if (key.rfind("f:", 0) != 0) continue;
+      if (key == ".") {
+        if (!prefix.empty()) out.insert(prefix);
+        continue;
+      }
+      if (key.rfind("f:", 0) != 0 && !IsItem(key)) continue;
       has_child = true;
-      prefix.push_back(key.substr(2));
+      prefix.push_back(key);
       DecodeFields(value, prefix, out);
       prefix.pop_back();
     }
@@ -233,23 +312,50 @@ void DecodeFields(const Json& node, Path& prefix, PathSet& out) {
   if (!has_child && !prefix.empty()) out.insert(prefix);
 }
 
+// The child of `node` for one token (nullptr when missing).
+const Json* Child(const Json& node, const std::string& token) {
+  if (IsItem(token)) {
+    if (!node.is_array()) return nullptr;
+    for (const auto& item : node) {
+      if (ItemMatches(item, token)) return &item;
+    }
+    return nullptr;
+  }
+  if (!node.is_object()) return nullptr;
+  auto it = node.find(token.substr(2));
+  return it == node.end() ? nullptr : &*it;
+}
+
 const Json* At(const Json& root, const Path& path) {
   const Json* node = &root;
   for (const auto& part : path) {
-    if (!node->is_object()) return nullptr;
-    auto it = node->find(part);
-    if (it == node->end()) return nullptr;
-    node = &*it;
+    node = Child(*node, part);
+    if (!node) return nullptr;
   }
   return node;
 }
 
+// The child for `token`, made when missing: a map key, or a list-map item appended with its
+// key fields (the live order stays; new items go to the end, as the real merge does).
+Json& MakeChild(Json& node, const std::string& token) {
+  if (IsItem(token)) {
+    if (!node.is_array()) node = Json::array();
+    for (auto& item : node) {
+      if (ItemMatches(item, token)) return item;
+    }
+    Json item = Json::parse(token.substr(2), nullptr, false);
+    node.push_back(item.is_object() ? std::move(item) : Json::object());
+    return node.back();
+  }
+  if (!node.is_object()) node = Json::object();
+  return node[token.substr(2)];
+}
+
 void SetAt(Json& root, const Path& path, const Json& value) {
   Json* node = &root;
-  for (std::size_t i = 0; i < path.size(); ++i) {
-    if (!node->is_object()) *node = Json::object();
-    node = &(*node)[path[i]];
-  }
+  for (const auto& part : path) node = &MakeChild(*node, part);
+  // An item path only makes sure the item exists; its fields are paths of their own.
+  if (!path.empty() && IsItem(path.back())) return;
   *node = value;
 }
 
@@ -257,19 +363,29 @@ void EraseAt(Json& root, const Path& path) {
   if (path.empty()) return;
   std::vector<Json*> chain{&root};
   for (std::size_t i = 0; i + 1 < path.size(); ++i) {
-    Json* node = chain.back();
-    if (!node->is_object()) return;
-    auto it = node->find(path[i]);
-    if (it == node->end()) return;
-    chain.push_back(&*it);
+    Json* next = const_cast<Json*>(Child(*chain.back(), path[i]));
+    if (!next) return;
+    chain.push_back(next);
   }
-  if (!chain.back()->is_object()) return;
-  chain.back()->erase(path.back());
+  Json& parent = *chain.back();
+  const std::string& last = path.back();
+  if (IsItem(last)) {
+    if (!parent.is_array()) return;
+    for (auto it = parent.begin(); it != parent.end(); ++it) {
+      if (ItemMatches(*it, last)) {
+        parent.erase(it);
+        break;
+      }
+    }
+    return;  // an emptied list stays (as an empty list)
+  }
+  if (!parent.is_object()) return;
+  parent.erase(last.substr(2));
   // Drop maps the removal left empty, but never the top-level sections themselves
-  // (metadata, spec, status) so the object keeps its shape.
+  // (metadata, spec, status) so the object keeps its shape, and never list-map items.
   for (std::size_t i = chain.size() - 1; i >= 2; --i) {
-    if (!chain[i]->is_object() || !chain[i]->empty()) break;
-    chain[i - 1]->erase(path[i - 1]);
+    if (!chain[i]->is_object() || !chain[i]->empty() || IsItem(path[i - 1])) break;
+    chain[i - 1]->erase(path[i - 1].substr(2));
   }
 }
 
@@ -282,9 +398,23 @@ bool Overlaps(const Path& a, const PathSet& set) {
                      [&](const Path& b) { return IsPrefix(a, b) || IsPrefix(b, a); });
 }
 
+// ".spec.x", ".status.nodes[name=\"a\"].ipAddress": as the real server's conflict messages.
 std::string Dotted(const Path& path) {
   std::string out;
-  for (const auto& part : path) out += "." + part;
+  for (const auto& part : path) {
+    if (!IsItem(part)) {
+      out += "." + part.substr(2);
+      continue;
+    }
+    const Json key = Json::parse(part.substr(2), nullptr, false);
+    out += "[";
+    bool first = true;
+    for (const auto& [k, v] : key.items()) {
+      out += (first ? "" : ",") + k + "=" + v.dump();
+      first = false;
+    }
+    out += "]";
+  }
   return out;
 }
 
@@ -294,7 +424,33 @@ struct Owner {
   auto operator<=>(const Owner&) const = default;
 };
 
+void CollectListMaps(const Json& schema, std::vector<std::string>& path, ListMapKeys& out) {
+  if (!schema.is_object()) return;
+  if (schema.value("x-kubernetes-list-type", "") == "map") {
+    std::vector<std::string> keys;
+    for (const auto& k : schema.value("x-kubernetes-list-map-keys", Json::array())) {
+      if (k.is_string()) keys.push_back(k.get<std::string>());
+    }
+    if (!keys.empty()) out[path] = std::move(keys);
+  }
+  if (auto props = schema.find("properties"); props != schema.end() && props->is_object()) {
+    for (const auto& [name, sub] : props->items()) {
+      path.push_back(name);
+      CollectListMaps(sub, path, out);
+      path.pop_back();
+    }
+  }
+  if (auto items = schema.find("items"); items != schema.end()) CollectListMaps(*items, path, out);
+}
+
 }  // namespace
+
+ListMapKeys ListMapsFromSchema(const Json& open_api_v3_schema) {
+  ListMapKeys out;
+  std::vector<std::string> path;
+  CollectListMaps(open_api_v3_schema, path, out);
+  return out;
+}
 
 bool YamlToJson(std::string_view text, std::vector<Json>* documents, std::string* error) {
   try {
@@ -361,12 +517,16 @@ ApplyResult ApplyMerge(const ApplyRequest& request) {
     }
   }
 
-  PathSet mine = AppliedFields(applied, request.scope);
+  PathSet mine = AppliedFields(applied, request.scope, request.list_maps, result.invalid);
+  if (!result.invalid.empty()) return result;
   PathSet previous = owners[me];
   for (const auto& path : previous) {
     if (mine.contains(path)) continue;
+    // Kept while another manager owns it, or (a list-map item) anything inside it.
     bool shared = std::any_of(owners.begin(), owners.end(), [&](const auto& entry) {
-      return !(entry.first == me) && entry.second.contains(path);
+      if (entry.first == me) return false;
+      return std::any_of(entry.second.begin(), entry.second.end(),
+                         [&](const Path& theirs) { return IsPrefix(path, theirs); });
     });
     if (!shared) EraseAt(obj, path);
   }
@@ -379,7 +539,8 @@ ApplyResult ApplyMerge(const ApplyRequest& request) {
     if (owner == me) continue;
     std::vector<Path> lost;
     for (const auto& path : paths) {
-      if (!Overlaps(path, mine)) continue;
+      // An item's own path is its existence, not a value: two managers may share an item.
+      if (IsItem(path.back()) || !Overlaps(path, mine)) continue;
       const Json* old_value = At(before, path);
       const Json* new_value = At(obj, path);
       bool same = old_value && new_value && *old_value == *new_value;

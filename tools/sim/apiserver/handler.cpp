@@ -107,7 +107,10 @@ Route Classify(std::string_view method, const Target& target) {
     route.verb = route.watch ? "watch" : collection ? "list" : "get";
   } else if (method == "POST") {
     route.verb = "create";
-    if (!collection) route.error = MethodNotAllowed();
+    // pods/{name}/eviction (policy/v1 Eviction) is the one subresource created with POST.
+    const bool eviction = route.path.key.group.empty() && route.path.key.resource == "pods" &&
+                          route.path.subresource == "eviction";
+    if (!collection && !eviction) route.error = MethodNotAllowed();
   } else if (method == "PUT") {
     route.verb = "update";
     if (collection) route.error = MethodNotAllowed();
@@ -135,6 +138,22 @@ Outcome HandleResource(Store& store, const Route& route, const Target& target,
     ListParams params;
     if (auto error = ParseListParams(target, &params)) return *error;
     return route.verb == "list" ? store.List(path, params) : store.DeleteCollection(path, params);
+  }
+  if (route.verb == "create" && path.subresource == "eviction") {
+    // The Eviction API without PodDisruptionBudgets (a 429 comes from the failNext fault): the
+    // pod is deleted at once (graceful deletion is not simulated).
+    Json eviction;
+    if (auto error = ParseObjectBody(content_type, body, &eviction)) return *error;
+    if (!eviction.is_object() || eviction.value("kind", "") != "Eviction") {
+      return BadRequest("the body of an eviction must be a policy/v1 Eviction");
+    }
+    ApiPath pod = path;
+    pod.subresource.clear();
+    Outcome deleted = store.Delete(pod, eviction.value("deleteOptions", Json::object()));
+    if (!deleted.ok()) return deleted;
+    Json success = {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", Json::object()}, {"status", "Success"},
+                    {"code", 201}};
+    return Outcome{201, std::move(success), {}, {}};
   }
   if (route.verb == "create" || route.verb == "update") {
     Json object;

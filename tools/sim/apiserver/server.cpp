@@ -160,18 +160,75 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
   }
 
   void Start() {
-    tcp::endpoint endpoint(asio::ip::make_address(options_.listen_address), options_.port);
+    Listen(options_.port);
+    WriteStateDir();
+    asio::co_spawn(acceptor_.get_executor(), AcceptLoop(shared_from_this(), 0), asio::detached);
+  }
+
+  void Listen(std::uint16_t port) {
+    tcp::endpoint endpoint(asio::ip::make_address(options_.listen_address), port);
     acceptor_.open(endpoint.protocol());
     acceptor_.set_option(asio::socket_base::reuse_address(true));
     acceptor_.bind(endpoint);
     acceptor_.listen(asio::socket_base::max_listen_connections);
     port_ = acceptor_.local_endpoint().port();
-    WriteStateDir();
+    std::lock_guard lock(mu_);
+    accepting_ = true;
+  }
+
+  // As an API server that restarts: the listener closes and every connection (watches
+  // included) is cut; after `downtime` the same port accepts again (connects meanwhile are
+  // refused).
+  void RestartListener(std::chrono::milliseconds downtime) {
+    asio::post(acceptor_.get_executor(), [self = shared_from_this(), downtime] {
+      if (self->stopping_) return;
+      std::uint64_t generation = 0;
+      {
+        std::lock_guard lock(self->mu_);
+        generation = ++self->listen_generation_;
+      }
+      beast::error_code ec;
+      self->acceptor_.close(ec);
+      self->AbortConnections();
+      self->ArmRelisten(generation, downtime);
+    });
+  }
+
+  // On the acceptor's strand. A later restart (or Stop) supersedes this one.
+  void ArmRelisten(std::uint64_t generation, std::chrono::milliseconds after) {
+    restart_timer_.expires_after(after);
+    restart_timer_.async_wait([self = shared_from_this(), generation](const beast::error_code& ec) {
+      if (!ec) self->Relisten(generation);
+    });
+  }
+
+  void Relisten(std::uint64_t generation) {
     {
       std::lock_guard lock(mu_);
-      accepting_ = true;
+      if (stopping_ || generation != listen_generation_) return;
     }
-    asio::co_spawn(acceptor_.get_executor(), AcceptLoop(shared_from_this()), asio::detached);
+    try {
+      Listen(port_);
+    } catch (const std::exception& e) {
+      // The port may still be held for a moment: try again shortly.
+      std::fprintf(stderr, "gns-sim-apiserver: listening again on %u: %s\n", unsigned(port_), e.what());
+      beast::error_code ec;
+      acceptor_.close(ec);
+      ArmRelisten(generation, std::chrono::milliseconds(50));
+      return;
+    }
+    asio::co_spawn(acceptor_.get_executor(), AcceptLoop(shared_from_this(), generation), asio::detached);
+  }
+
+  void AbortConnections() {
+    std::vector<std::shared_ptr<Conn>> conns;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [id, weak] : conns_) {
+        if (auto conn = weak.lock()) conns.push_back(std::move(conn));
+      }
+    }
+    for (auto& conn : conns) asio::post(conn->executor, [conn] { conn->Abort(); });
   }
 
   void Stop() {
@@ -179,14 +236,8 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     asio::post(acceptor_.get_executor(), [self = shared_from_this()] {
       beast::error_code ec;
       self->acceptor_.close(ec);  // the accept loop ends with operation_aborted
-      std::vector<std::shared_ptr<Conn>> conns;
-      {
-        std::lock_guard lock(self->mu_);
-        for (auto& [id, weak] : self->conns_) {
-          if (auto conn = weak.lock()) conns.push_back(std::move(conn));
-        }
-      }
-      for (auto& conn : conns) asio::post(conn->executor, [conn] { conn->Abort(); });
+      self->restart_timer_.cancel();
+      self->AbortConnections();
     });
   }
 
@@ -236,19 +287,26 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     std::lock_guard lock(mu_);
     delay_ = delay;
   }
-  void FailNextRequests(int code, int count, std::string path_contains) {
+  void FailNextRequests(int code, int count, std::string path_contains, int retry_after_seconds) {
     if (code < 100 || code > 599) throw std::invalid_argument("FailNextRequests: code must be 100..599");
+    if (retry_after_seconds < -1) throw std::invalid_argument("FailNextRequests: retryAfterSeconds must be >= 0");
     if (count <= 0) return;
+    if (retry_after_seconds == -1) retry_after_seconds = code == 429 || code == 503 ? 1 : 0;
     std::lock_guard lock(mu_);
-    fail_rules_.push_back(FailRule{code, count, std::move(path_contains)});
+    fail_rules_.push_back(FailRule{code, count, std::move(path_contains), retry_after_seconds});
   }
   std::map<std::string, std::uint64_t> RequestCounts() const {
     std::lock_guard lock(mu_);
     return counts_;
   }
+  std::map<int, std::uint64_t> ResponseCounts() const {
+    std::lock_guard lock(mu_);
+    return codes_;
+  }
   void ResetRequestCounts() {
     std::lock_guard lock(mu_);
     counts_.clear();
+    codes_.clear();
   }
 
   SimResponse Call(std::string_view method, std::string_view raw_target, std::string_view body,
@@ -293,6 +351,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     int code;
     int count;
     std::string path_contains;
+    int retry_after_seconds;  // 0: no Retry-After
   };
   enum class Auth { kOk, kAnonymous, kRejected };
 
@@ -338,7 +397,8 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
       if (!request.is_object()) return api::BadRequest("faults: expected a JSON object");
       static const std::set<std::string> kKnown = {
           "compact", "expireWatches", "cutWatches", "splitNextWatchEvent", "malformedNextWatchLine",
-          "rejectTokenUntilRotated", "rotateToken", "token", "delayMs", "failNext", "expiredWatchMode"};
+          "rejectTokenUntilRotated", "rotateToken", "token", "delayMs", "failNext", "expiredWatchMode",
+          "restartListener"};
       for (const auto& [key, value] : request.items()) {
         if (!kKnown.contains(key)) return api::BadRequest("faults: unknown key \"" + key + "\"");
       }
@@ -354,7 +414,13 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
         if (request.contains("delayMs")) SetResponseDelay(std::chrono::milliseconds(request["delayMs"].get<std::int64_t>()));
         if (request.contains("failNext")) {
           const Json& fail = request["failNext"];
-          FailNextRequests(fail.at("code").get<int>(), fail.value("count", 1), fail.value("pathContains", ""));
+          FailNextRequests(fail.at("code").get<int>(), fail.value("count", 1), fail.value("pathContains", ""),
+                           fail.value("retryAfterSeconds", -1));
+        }
+        if (request.contains("restartListener")) {
+          const auto downtime = request["restartListener"].value("downtimeMs", std::int64_t{0});
+          if (downtime < 0) return api::BadRequest("faults: restartListener.downtimeMs must be >= 0");
+          RestartListener(std::chrono::milliseconds(downtime));
         }
         if (request.contains("expiredWatchMode")) {
           std::string mode = request["expiredWatchMode"].get<std::string>();
@@ -409,6 +475,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     }
     std::uint64_t total = 0;
     Json counts = Json::object();
+    Json codes = Json::object();
     std::size_t connections = 0;
     {
       std::lock_guard lock(mu_);
@@ -416,10 +483,12 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
         counts[verb] = count;
         total += count;
       }
+      for (const auto& [code, count] : codes_) codes[std::to_string(code)] = count;
       connections = conns_.size();
     }
     return Json{{"requests", counts},
                 {"totalRequests", total},
+                {"responses", codes},
                 {"openWatches", watches},
                 {"connections", connections},
                 {"resourceVersion", std::to_string(store_.CurrentResourceVersion())},
@@ -489,15 +558,17 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
 
   // ---- connections
 
-  awaitable<void> AcceptLoop(std::shared_ptr<Impl> self) {
+  awaitable<void> AcceptLoop(std::shared_ptr<Impl> self, std::uint64_t generation) {
     struct Done {
       Impl* impl;
+      std::uint64_t generation;
       ~Done() {
         std::lock_guard lock(impl->mu_);
-        impl->accepting_ = false;
+        // A loop ended by RestartListener leaves `accepting_` to the one that follows it.
+        if (generation == impl->listen_generation_) impl->accepting_ = false;
         impl->idle_cv_.notify_all();
       }
-    } done{this};
+    } done{this, generation};
     for (;;) {
       beast::error_code ec;
       tcp::socket socket(asio::make_strand(ioc_));
@@ -608,16 +679,17 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     std::lock_guard lock(mu_);
     for (auto it = fail_rules_.begin(); it != fail_rules_.end(); ++it) {
       if (!it->path_contains.empty() && path.find(it->path_contains) == std::string::npos) continue;
-      int code = it->code;
+      const int code = it->code;
+      const int retry_after = it->retry_after_seconds;
       if (--it->count <= 0) fail_rules_.erase(it);
       std::string message = code == 429 ? "Too many requests, please try again later."
                             : code == 410 ? "too old resource version (injected by the simulator)"
                             : code == 503 ? "the server is currently unable to handle the request (injected)"
                                           : "Internal error occurred: injected by the simulator";
       api::Outcome outcome = api::Fail(code, api::ReasonForCode(code), message);
-      if (code == 429 || code == 503) {
-        outcome.retry_after = "1";
-        outcome.body["details"] = Json{{"retryAfterSeconds", 1}};
+      if (retry_after > 0) {
+        outcome.retry_after = std::to_string(retry_after);
+        outcome.body["details"] = Json{{"retryAfterSeconds", retry_after}};
       }
       return outcome;
     }
@@ -627,6 +699,10 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
   void Count(const std::string& verb) {
     std::lock_guard lock(mu_);
     ++counts_[verb];
+  }
+  void CountCode(int code) {
+    std::lock_guard lock(mu_);
+    ++codes_[code];
   }
 
   std::string AuditId() {
@@ -671,9 +747,11 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     Auth auth = Authenticate(request, *conn, false);
     if (auth == Auth::kRejected ||
         (auth == Auth::kAnonymous && !(route.kind == api::Route::Kind::kNonResource && IsPublicPath(target->path)))) {
+      CountCode(401);
       co_return co_await WriteOutcome(*conn, version, keep_alive, api::Fail(401, "Unauthorized", "Unauthorized"), what);
     }
     if (auto failure = TakeFailure(target->path)) {
+      CountCode(failure->code);
       co_return co_await WriteOutcome(*conn, version, keep_alive, *failure, what);
     }
     if (route.kind == api::Route::Kind::kResource && route.watch && !route.error) {
@@ -681,6 +759,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     }
     api::Outcome outcome = Dispatch(method, std::string_view(request.target().data(), request.target().size()),
                                     body, content_type);
+    CountCode(outcome.code);
     co_return co_await WriteOutcome(*conn, version, keep_alive, outcome, what);
   }
 
@@ -859,6 +938,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
   api::TlsMaterial tls_;
   ssl::context ssl_ctx_;
   tcp::acceptor acceptor_;
+  asio::steady_timer restart_timer_{acceptor_.get_executor()};  // RestartListener's downtime
   api::Store store_;
   std::atomic<std::uint16_t> port_{0};
   std::atomic<bool> stopping_{false};
@@ -867,6 +947,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
   mutable std::mutex mu_;  // everything below
   std::condition_variable idle_cv_;
   bool accepting_ = false;
+  std::uint64_t listen_generation_ = 0;
   std::map<std::uint64_t, std::weak_ptr<Conn>> conns_;
   std::uint64_t next_conn_id_ = 0;
   std::string token_;
@@ -876,6 +957,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
   bool split_next_ = false;
   bool malformed_next_ = false;
   std::map<std::string, std::uint64_t> counts_;
+  std::map<int, std::uint64_t> codes_;  // response codes of API requests (not watches)
   std::mt19937_64 rng_;
 };
 
@@ -941,9 +1023,10 @@ void ApiServer::CutWatches() { impl_->store().CutWatches(); }
 void ApiServer::SplitNextWatchEvent() { impl_->SplitNextWatchEvent(); }
 void ApiServer::MalformedNextWatchLine() { impl_->MalformedNextWatchLine(); }
 void ApiServer::SetResponseDelay(std::chrono::milliseconds delay) { impl_->SetResponseDelay(delay); }
-void ApiServer::FailNextRequests(int code, int count, std::string path_contains) {
-  impl_->FailNextRequests(code, count, std::move(path_contains));
+void ApiServer::FailNextRequests(int code, int count, std::string path_contains, int retry_after_seconds) {
+  impl_->FailNextRequests(code, count, std::move(path_contains), retry_after_seconds);
 }
+void ApiServer::RestartListener(std::chrono::milliseconds downtime) { impl_->RestartListener(downtime); }
 std::map<std::string, std::uint64_t> ApiServer::RequestCounts() const { return impl_->RequestCounts(); }
 std::uint64_t ApiServer::RequestCount(std::string_view verb) const {
   auto counts = impl_->RequestCounts();
@@ -956,6 +1039,7 @@ std::uint64_t ApiServer::TotalRequests() const {
   return total;
 }
 void ApiServer::ResetRequestCounts() { impl_->ResetRequestCounts(); }
+std::map<int, std::uint64_t> ApiServer::ResponseCounts() const { return impl_->ResponseCounts(); }
 std::vector<WatchInfo> ApiServer::OpenWatches() const { return impl_->store().OpenWatches(); }
 
 }  // namespace gns::sim

@@ -207,6 +207,23 @@ ObjPtr Store::Find(const ApiPath& path) const {
   return it == coll->second.end() ? nullptr : it->second;
 }
 
+ListMapKeys Store::ListMapsFor(const ResourceKey& key) const {
+  auto crds = collections_.find(ResourceKey{"apiextensions.k8s.io", "v1", "customresourcedefinitions"});
+  if (crds == collections_.end()) return {};
+  for (const auto& [unused, crd] : crds->second) {
+    const Json& spec = crd->value("spec", Json::object());
+    if (!spec.is_object() || spec.value("group", Json()) != key.group) continue;
+    const Json names = spec.value("names", Json::object());
+    if (!names.is_object() || names.value("plural", Json()) != key.resource) continue;
+    for (const auto& version : spec.value("versions", Json::array())) {
+      if (!version.is_object() || version.value("name", Json()) != key.version) continue;
+      const Json::json_pointer schema("/schema/openAPIV3Schema");
+      if (version.contains(schema)) return ListMapsFromSchema(version.at(schema));
+    }
+  }
+  return {};
+}
+
 Store::Collection Store::Snapshot(const ResourceKey& key, std::uint64_t rv) const {
   Collection snapshot;
   auto coll = collections_.find(key);
@@ -618,8 +635,13 @@ Outcome Store::ApplyLocked(const ApiPath& path, std::string_view body, const Pat
                     "the object has been modified; please apply your changes to the latest "
                     "version and try again");
   }
-  ApplyRequest request{current.get(), &applied, params.field_manager, params.force, scope, gv, Now()};
+  const ListMapKeys list_maps = ListMapsFor(path.key);
+  ApplyRequest request{current.get(), &applied, params.field_manager, params.force, scope, gv, Now(), &list_maps};
   ApplyResult result = ApplyMerge(request);
+  if (!result.invalid.empty()) {
+    return Fail(422, "Invalid", std::string(applied.value("kind", "")) + " \"" + path.name + "\" is invalid: " +
+                                    result.invalid);
+  }
   if (!result.conflicts.empty()) {
     std::string message = "Apply failed with " + std::to_string(result.conflicts.size()) +
                           (result.conflicts.size() == 1 ? " conflict:" : " conflicts:");

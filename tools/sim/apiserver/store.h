@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "apiserver.h"
+#include "apply.h"
 #include "resources.h"
 #include "selectors.h"
 
@@ -150,6 +151,8 @@ class Store {
   std::optional<Outcome> CheckShape(const Json& object) const;
   std::optional<Outcome> CheckApiVersionAndKind(const ApiPath& path, Json& object);
   ObjPtr Find(const ApiPath& path) const;
+  // The list-maps a stored CustomResourceDefinition declares for `key` (none: every list atomic).
+  ListMapKeys ListMapsFor(const ResourceKey& key) const;
   Collection Snapshot(const ResourceKey& key, std::uint64_t rv) const;
   void Emit(EventType type, const ApiPath& path, const ObjPtr& object, const ObjPtr& prev);
   void Deliver(Watcher& watcher, EventType type, const ObjPtr& object, const ObjPtr& prev,

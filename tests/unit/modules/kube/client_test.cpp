@@ -269,6 +269,7 @@ TEST_F(KubeClientTest, WrongCaFailsVerification) {
 TEST_F(KubeClientTest, DeadlineServerErrorsAndConnectionReuse) {
   auto config = BaseConfig();
   config.request_timeout = std::chrono::milliseconds(300);
+  config.retry.max_attempts = 1;  // the answers as they come (retries: the tests below)
   auto client = MakeClient(config);
   const auto path = ResourcePath::Core("nodes").Collection();
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(Wait([&](auto cb) { client->List(path, {}, cb); }).Ok());
@@ -288,6 +289,88 @@ TEST_F(KubeClientTest, DeadlineServerErrorsAndConnectionReuse) {
   EXPECT_GE(h_.metrics.Counter("gpu_node_supervisor_kube_requests_total", "", {{"verb", "list"}, {"code", "200"}})
                 .Value(),
             6);
+}
+
+TEST_F(KubeClientTest, RetriesWhatTheServerDidNotActOnAndHonoursRetryAfter) {
+  auto config = BaseConfig();
+  config.retry.backoff = BackoffPolicy{std::chrono::milliseconds(10), std::chrono::milliseconds(40), 2.0, 0.5};
+  config.retry.max_retry_after = std::chrono::milliseconds(1500);
+  config.retry.max_attempts = 3;
+  auto client = MakeClient(config);
+  const auto nodes = ResourcePath::Core("nodes");
+
+  // 429 with Retry-After on a write: not acted on, so retried after exactly what it asked.
+  server_->FailNextRequests(429, 1, "/api/v1/nodes", 1);
+  auto created = Wait([&](auto cb) { client->Create(nodes.Collection(), Node("n-429"), cb); });
+  EXPECT_TRUE(created.Ok()) << created.error;
+  EXPECT_EQ(client->GetStats().retries, 1u);
+  EXPECT_EQ(client->GetStats().last_retry_delay, std::chrono::milliseconds(1000));
+  EXPECT_EQ(server_->RequestCount("create"), 2u);
+
+  // A Retry-After beyond the policy's maximum waits only the maximum.
+  server_->FailNextRequests(503, 1, "/api/v1/nodes/n-429", 3600);
+  auto got = Wait([&](auto cb) { client->Get(nodes.Object("n-429"), cb); });
+  EXPECT_TRUE(got.Ok()) << got.error;
+  EXPECT_EQ(client->GetStats().retries, 2u);
+  EXPECT_EQ(client->GetStats().last_retry_delay, std::chrono::milliseconds(1500));
+
+  // A 500 without Retry-After on a write may have been applied: back to the caller at once.
+  server_->ResetRequestCounts();
+  server_->FailNextRequests(500, 1, "/api/v1/nodes");
+  auto failed = Wait([&](auto cb) { client->Create(nodes.Collection(), Node("n-500"), cb); });
+  EXPECT_EQ(failed.http_status, 500);
+  EXPECT_TRUE(IsTransient(failed));
+  EXPECT_EQ(failed.retry_after, std::chrono::milliseconds(0));
+  EXPECT_EQ(server_->RequestCount("create"), 1u);
+  EXPECT_EQ(client->GetStats().retries, 2u);
+
+  // A read is retried on any transient answer, up to max_attempts; then the last answer.
+  server_->FailNextRequests(500, 3, "/api/v1/nodes/n-429");
+  auto exhausted = Wait([&](auto cb) { client->Get(nodes.Object("n-429"), cb); });
+  EXPECT_EQ(exhausted.http_status, 500);
+  EXPECT_EQ(server_->RequestCount("get"), 3u);
+  EXPECT_EQ(client->GetStats().retries, 4u);
+
+  // Not transient: never retried.
+  auto missing = Wait([&](auto cb) { client->Get(nodes.Object("absent"), cb); });
+  EXPECT_EQ(missing.http_status, 404);
+  EXPECT_FALSE(IsTransient(missing));
+  EXPECT_EQ(client->GetStats().retries, 4u);
+}
+
+TEST_F(KubeClientTest, ARestartingListenerIsRetriedForAnyVerb) {
+  auto config = BaseConfig();
+  config.retry.backoff = BackoffPolicy{std::chrono::milliseconds(100), std::chrono::milliseconds(400), 2.0, 0.5};
+  config.retry.max_attempts = 10;
+  auto client = MakeClient(config);
+  const auto nodes = ResourcePath::Core("nodes");
+  ASSERT_TRUE(Wait([&](auto cb) { client->List(nodes.Collection(), {}, cb); }).Ok());
+  // The kept-alive connection is cut and connects are refused for a while: the create never
+  // reached the server, so it is safe to send again, and it lands exactly once.
+  server_->RestartListener(std::chrono::milliseconds(500));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(50));
+  server_->ResetRequestCounts();
+  auto created = Wait([&](auto cb) { client->Create(nodes.Collection(), Node("after-restart"), cb); });
+  EXPECT_TRUE(created.Ok()) << created.error;
+  EXPECT_GE(client->GetStats().retries, 1u);
+  EXPECT_EQ(server_->RequestCount("create"), 1u);
+}
+
+TEST(RetryTest, RetryAfterParsingAndDelays) {
+  EXPECT_EQ(ParseRetryAfter("3"), std::chrono::milliseconds(3000));
+  EXPECT_EQ(ParseRetryAfter(" 12 "), std::chrono::milliseconds(12000));
+  EXPECT_EQ(ParseRetryAfter("Wed, 21 Oct 2015 07:28:00 GMT"), std::chrono::milliseconds(0));
+  EXPECT_EQ(ParseRetryAfter("-1"), std::chrono::milliseconds(0));
+  EXPECT_EQ(ParseRetryAfter(""), std::chrono::milliseconds(0));
+  EXPECT_EQ(ParseRetryAfter("99999999999999999999"), std::chrono::milliseconds(0));
+  Backoff backoff(BackoffPolicy{std::chrono::milliseconds(100), std::chrono::milliseconds(800), 2.0, 0.0});
+  EXPECT_EQ(RetryDelay(std::chrono::milliseconds(0), backoff, std::chrono::seconds(30)), std::chrono::milliseconds(100));
+  EXPECT_EQ(RetryDelay(std::chrono::seconds(2), backoff, std::chrono::seconds(30)), std::chrono::milliseconds(2000));
+  EXPECT_EQ(RetryDelay(std::chrono::seconds(60), backoff, std::chrono::seconds(30)), std::chrono::milliseconds(30000));
+  // The backoff kept growing underneath (consecutive failures).
+  EXPECT_EQ(RetryDelay(std::chrono::milliseconds(0), backoff, std::chrono::seconds(30)), std::chrono::milliseconds(800));
+  for (int code : {0, 429, 500, 502, 503, 504}) EXPECT_TRUE(IsTransient(code)) << code;
+  for (int code : {200, 400, 401, 403, 404, 409, 410, 422, 501}) EXPECT_FALSE(IsTransient(code)) << code;
 }
 
 TEST_F(KubeClientTest, RateLimitSpacesRequests) {

@@ -136,6 +136,8 @@ TEST_F(InformerTest, CutWatchResumesFromLastVersionWithoutRelist) {
 TEST_F(InformerTest, ExpiredResumeInStreamRelistsAndPublishesMissedDeletions) {
   auto informer = AcquireNodes();
   ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  const auto unchanged_before = informer->Get("node-3");
+  ASSERT_NE(unchanged_before, nullptr);
   server_->CutWatches();
   Remove("node-0");
   Remove("node-9");
@@ -149,6 +151,8 @@ TEST_F(InformerTest, ExpiredResumeInStreamRelistsAndPublishesMissedDeletions) {
   EXPECT_EQ(Count(ResourceEvent::Type::kModified, "node-5"), 1);
   EXPECT_EQ(Count(ResourceEvent::Type::kAdded, "added-while-away"), 1);
   EXPECT_EQ(Count(ResourceEvent::Type::kModified, "node-3"), 0);  // unchanged objects stay quiet
+  // ...and are not decoded again: the cache keeps the very object it had.
+  EXPECT_EQ(informer->Get("node-3").get(), unchanged_before.get());
 }
 
 TEST_F(InformerTest, ExpireWatchesOnAnOpenWatchRelists) {
@@ -207,8 +211,9 @@ TEST_F(InformerTest, MalformedLineIsCountedAndRecoveredByRelist) {
 
 TEST_F(InformerTest, ServerErrorsAreRetriedWithBackoff) {
   server_->FailNextRequests(500, 2, "/api/v1/nodes");
-  auto informer = AcquireNodes();  // the first list fails twice, then succeeds
-  EXPECT_GE(informer->GetStats().errors, 2u);
+  auto informer = AcquireNodes();  // the first list fails twice: the client's own retries absorb it
+  EXPECT_EQ(client_->GetStats().retries, 2u);
+  EXPECT_EQ(informer->GetStats().errors, 0u);
   ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
 
   server_->ResetRequestCounts();
@@ -219,6 +224,83 @@ TEST_F(InformerTest, ServerErrorsAreRetriedWithBackoff) {
   EXPECT_EQ(server_->RequestCount("list"), 0u);  // resumed, not relisted
   EXPECT_GE(server_->RequestCount("watch"), 4u);
   EXPECT_EQ(informer->GetStats().relists, 0u);
+}
+
+// A registry whose backoff would outlast RunUntil's limit: whatever converges below did so
+// without backing off (or by waiting only what the server asked).
+std::unique_ptr<InformerRegistry> SlowBackoffRegistry(std::shared_ptr<KubeClient> client, gns::test::LoopHarness& h) {
+  InformerOptions options;
+  options.backoff = BackoffPolicy{std::chrono::seconds(60), std::chrono::seconds(120), 2.0, 0.0};
+  options.idle_timeout = std::chrono::milliseconds(3000);
+  return std::make_unique<InformerRegistry>(std::move(client), h.bus, h.loop.Io(), h.metrics, test::TestLogger(),
+                                            options);
+}
+
+TEST_F(InformerTest, AHealthyWatchThatIsCutReopensAtOnceEveryTime) {
+  auto registry = SlowBackoffRegistry(client_, h_);
+  informer_ = registry->Acquire(InformerSpec{nodes_.Collection(), "", ""});
+  ASSERT_TRUE(h_.RunUntil([&] { return informer_->Synced() && server_->OpenWatches().size() == 1; }));
+  for (int i = 0; i < 3; ++i) {
+    Modify("node-1", "v" + std::to_string(i));  // the watch delivers something: it is healthy
+    ASSERT_TRUE(h_.RunUntil([&] { return Count(ResourceEvent::Type::kModified, "node-1") == i + 1; }));
+    server_->CutWatches();
+    Modify("node-2", "v" + std::to_string(i));  // while no watch is open
+    ExpectConverged();
+  }
+  EXPECT_EQ(informer_->GetStats().immediate_rewatches, 3u);
+  EXPECT_EQ(informer_->GetStats().relists, 0u);
+  informer_.reset();
+}
+
+TEST_F(InformerTest, RetryAfterIsHonouredForWatches) {
+  auto registry = SlowBackoffRegistry(client_, h_);
+  informer_ = registry->Acquire(InformerSpec{nodes_.Collection(), "", ""});
+  ASSERT_TRUE(h_.RunUntil([&] { return informer_->Synced() && server_->OpenWatches().size() == 1; }));
+  Modify("node-1", "seen");
+  ASSERT_TRUE(h_.RunUntil([&] { return Count(ResourceEvent::Type::kModified, "node-1") == 1; }));
+  // The immediate re-watch is refused with 429 Retry-After 1: one second, not the 60 s backoff.
+  server_->FailNextRequests(429, 1, "/api/v1/nodes", 1);
+  server_->CutWatches();
+  Modify("node-3", "after-429");
+  ExpectConverged();
+  EXPECT_EQ(informer_->GetStats().last_delay, std::chrono::milliseconds(1000));
+  EXPECT_EQ(informer_->GetStats().relists, 0u);
+  informer_.reset();
+}
+
+TEST_F(InformerTest, ListenerRestartAndTokenRotationResumeWithoutRelist) {
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1; }));
+  server_->RestartListener(std::chrono::milliseconds(300));
+  Modify("node-4", "during-restart");
+  ExpectConverged();
+
+  // The server stops taking the token until it rotates (the file gets the new one): the
+  // watch's 401 makes the client re-read the file.
+  server_->RejectTokenUntilRotated();
+  server_->CutWatches();
+  Modify("node-5", "during-rejection");
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
+  server_->RotateToken();
+  ExpectConverged();
+  EXPECT_EQ(informer->GetStats().relists, 0u);
+}
+
+TEST_F(InformerTest, ErrorsDoNotRepublishSynced) {
+  int synced_messages = 0;
+  auto sub = h_.bus.Subscribe<InformerSynced>([&](const InformerSynced& s) { synced_messages += s.synced; });
+  auto informer = AcquireNodes();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 1 && synced_messages == 1; }));
+  server_->FailNextRequests(500, 2, "/api/v1/nodes");
+  server_->CutWatches();
+  Modify("node-6", "after-errors");
+  ExpectConverged();
+  server_->MalformedNextWatchLine();  // an undecodable line: relist (a list: synced again)
+  Modify("node-7", "after-malformed");
+  ExpectConverged();
+  EXPECT_GE(informer->GetStats().errors, 3u);
+  EXPECT_EQ(informer->GetStats().relists, 1u);
+  EXPECT_EQ(synced_messages, 2);  // the first list and the relist, none for the errors
 }
 
 TEST_F(InformerTest, ReadIdleTimeoutReconnects) {

@@ -104,5 +104,85 @@ TEST(JsonReader, ErrorIsOptional) {
   EXPECT_EQ(ParseJson(R"({"a":1})").at("a"), 1);
 }
 
+TEST(ListPageTest, ProjectsItemsAndLeavesCachedOnesAsTheirIdentity) {
+  const Projection projection({"metadata.labels"});
+  const json page = json::parse(R"({"kind":"NodeList","apiVersion":"v1",
+    "metadata":{"resourceVersion":"90","continue":"next"},
+    "items":[
+      {"metadata":{"name":"n1","resourceVersion":"7","labels":{"a":"1"},"annotations":{"x":"y"}},"status":{"big":1}},
+      {"metadata":{"name":"n2","resourceVersion":"8","labels":{"b":"2"}},"status":{"big":2}},
+      {"metadata":{"name":"p1","namespace":"ns","resourceVersion":"9"},"spec":{}},
+      {"metadata":{"resourceVersion":"10"}},
+      "not an object"]})");
+  std::vector<std::string> asked;
+  const CachedFn cached = [&](std::string_view key, std::string_view rv) {
+    asked.push_back(std::string(key) + "@" + std::string(rv));
+    return key == "n2" || key == "ns/p1";
+  };
+  // Small pages use the loop's parser, large ones a parser of their own: same result.
+  for (const std::size_t padding : {std::size_t{0}, kRetainedJsonBytes, kSimdjsonMaxBytes}) {
+    SCOPED_TRACE(padding);
+    json padded = page;
+    padded["padding"] = std::string(padding, 'x');
+    asked.clear();
+    const json got = ParseListPage(padded.dump(), projection.Root(), cached);
+    EXPECT_EQ(got.at("metadata"), page.at("metadata"));
+    EXPECT_EQ(got.at("padding").get_ref<const std::string&>().size(), padding);
+    ASSERT_EQ(got.at("items").size(), 5u);
+    EXPECT_EQ(got["items"][0], json::parse(R"({"metadata":{"name":"n1","resourceVersion":"7","labels":{"a":"1"}}})"));
+    EXPECT_EQ(got["items"][1], json::parse(R"({"metadata":{"name":"n2","resourceVersion":"8"}})"));
+    EXPECT_EQ(got["items"][2], json::parse(R"({"metadata":{"name":"p1","namespace":"ns","resourceVersion":"9"}})"));
+    EXPECT_EQ(got["items"][3], json::parse(R"({"metadata":{"resourceVersion":"10"}})"));  // the cache reports it
+    EXPECT_EQ(got["items"][4], "not an object");
+    EXPECT_EQ(asked, (std::vector<std::string>{"n1@7", "n2@8", "ns/p1@9"}));
+  }
+  // Text simdjson refuses (nested too deep) goes to nlohmann: projected, nothing left out.
+  const std::string deep = R"({"metadata":{},"items":[{"metadata":{"name":"d","resourceVersion":"1","labels":{}},"x":)" +
+                           std::string(1100, '[') + std::string(1100, ']') + "}]}";
+  const json fallback = ParseListPage(deep, projection.Root(), cached);
+  EXPECT_EQ(fallback["items"][0], json::parse(R"({"metadata":{"name":"d","resourceVersion":"1","labels":{}}})"));
+  std::string why;
+  EXPECT_TRUE(ParseListPage("{", projection.Root(), cached, &why).is_discarded());
+  EXPECT_NE(why.find("parse error"), std::string::npos) << why;
+}
+
+TEST(ProjectionTest, KeepsOnlyTheNamedFieldsAndTheIdentity) {
+  const json node = json::parse(R"({"apiVersion":"v1","kind":"Node",
+    "metadata":{"name":"n1","uid":"u1","resourceVersion":"7","generation":2,"labels":{"a":"1","b":"2"},
+                "annotations":{"big":"xxxxxxxx"},"managedFields":[{"manager":"kubelet"}],"finalizers":["f"]},
+    "spec":{"providerID":"p"},
+    "status":{"addresses":[{"type":"InternalIP","address":"10.0.0.1"}],"images":[{"names":["i"]}],
+              "nodeInfo":{"kubeletVersion":"v1"}}})");
+  const json want = json::parse(R"({
+    "metadata":{"name":"n1","uid":"u1","resourceVersion":"7","generation":2,"labels":{"a":"1","b":"2"},
+                "finalizers":["f"]},
+    "spec":{},
+    "status":{"addresses":[{"type":"InternalIP","address":"10.0.0.1"}],"nodeInfo":{"kubeletVersion":"v1"}}})");
+  const Projection projection({"metadata.labels", "status.addresses", "status.nodeInfo.kubeletVersion",
+                               "spec.providerID.notAnObject"});
+  // Decoding with the projection, as a watch event and as a bare object...
+  const std::string event = json{{"type", "MODIFIED"}, {"object", node}}.dump();
+  const json decoded = ParseJson(event, projection.Event());
+  EXPECT_EQ(decoded, (json{{"type", "MODIFIED"}, {"object", want}})) << decoded.dump();
+  EXPECT_EQ(ParseJson(node.dump(), projection.Root()), want);
+  // ...and pruning an object already decoded (list items) give the same.
+  json pruned = node;
+  projection.Apply(pruned);
+  EXPECT_EQ(pruned, want) << pruned.dump();
+
+  // No fields: everything but managedFields.
+  json all = node;
+  Projection().Apply(all);
+  json expected = node;
+  expected["metadata"].erase("managedFields");
+  EXPECT_EQ(all, expected);
+  EXPECT_EQ(ParseJson(node.dump(), Projection().Root()), expected);
+
+  // Malformed text stays an error, with nlohmann's words.
+  std::string why;
+  EXPECT_TRUE(ParseJson(R"({"type":"ADDED","object":{)", projection.Event(), &why).is_discarded());
+  EXPECT_NE(why.find("parse error"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace gns::kube
