@@ -1,6 +1,8 @@
 // The gpu-inventory module: the loop side of NVML (state machine, publishing, metrics, logs).
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
 
+#include "modules/gpu_inventory/nvml_maintenance.hpp"
+
 #include <algorithm>
 #include <utility>
 
@@ -39,6 +41,12 @@ GpuInventoryModule::Config GpuInventoryModule::ParseConfig(ConfigMap& section, c
   if (config.nvml_library.empty()) section.Fail("nvmlLibrary", "must not be empty");
   config.event_wait_timeout =
       section.Duration("eventWaitTimeout", milliseconds(100), milliseconds(30000), milliseconds(5000));
+  config.short_event_wait = section.Duration("shortEventWait", milliseconds(1), milliseconds(1000), Config{}.short_event_wait);
+  if (config.short_event_wait > config.event_wait_timeout) {
+    section.Fail("shortEventWait", "must not be longer than eventWaitTimeout");
+  }
+  config.short_waits_after_xid =
+      section.Duration("shortWaitsAfterXid", milliseconds(0), milliseconds(600000), Config{}.short_waits_after_xid);
   {
     auto backoff = section.Section("retryBackoff");
     config.retry_backoff.initial =
@@ -60,6 +68,8 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
       backoff_(config.retry_backoff),
       retry_timer_(context.GetLoop().Io()),
       refresh_timer_(context.GetLoop().Io()),
+      pace_(std::make_shared<WaitPace>(config.event_wait_timeout, config.short_event_wait,
+                                       config.short_waits_after_xid)),
       link_(LoopLink::Make(context.GetLoop())),
       gpus_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_gpus",
                                            "GPUs NVML reports (0 while NVML is unavailable)")),
@@ -84,6 +94,10 @@ void GpuInventoryModule::Start() {
   context_.SetHealth(ModuleHealth::kUnhealthy, "opening NVML");
   release_sub_ = context_.GetBus().Subscribe<NvmlReleaseRequest>(
       [this](const NvmlReleaseRequest& request) { OnReleaseRequest(request); });
+  ahead_sub_ = context_.GetBus().Subscribe<NvmlReleaseAhead>(
+      [this](const NvmlReleaseAhead& ahead) { OnReleaseAhead(ahead); });
+  context_.GetServices().Provide<GpuMaintenance>(
+      std::make_shared<NvmlMaintenance>(context_.Pool(), config_.nvml_library));
   Reconcile();
 }
 
@@ -91,6 +105,8 @@ void GpuInventoryModule::Stop(std::function<void()> done) {
   GNS_ASSERT_ON_LOOP(context_.GetLoop());
   stopping_ = true;
   release_sub_.Reset();
+  ahead_sub_.Reset();
+  context_.GetServices().Withdraw<GpuMaintenance>();
   CancelRetry();
   ++refresh_seq_;
   refresh_timer_.cancel();
@@ -111,7 +127,11 @@ void GpuInventoryModule::Reconcile() {
   if (session_) {
     // A per-GPU release or take-back reopens the session with the new set of excluded GPUs
     // (NVML cannot unregister one GPU's events): the inventory stays available meanwhile.
-    if (stopping_ || released_ || session_failed_ || !SameGpus(session_released_, released_gpus_)) StartClose();
+    if (stopping_ || released_ || session_failed_ || !SameGpus(session_released_, released_gpus_)) {
+      StartClose();
+    } else if (refresh_wanted_ && armed_) {
+      StartRefresh();
+    }
     return;
   }
   if (stopping_) return;
@@ -151,6 +171,11 @@ XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
       if (*alive) OnXid(std::move(event));
     });
   };
+  callbacks.mig_changed = [link, alive, this](std::string uuid) {
+    link->Post([alive, uuid = std::move(uuid), this]() mutable {
+      if (*alive) OnMigChanged(std::move(uuid));
+    });
+  };
   callbacks.failed = [link, alive, generation, this](nvml::Return, std::string message) {
     link->Post([alive, generation, message = std::move(message), this]() mutable {
       if (*alive) OnWaiterFailed(generation, std::move(message));
@@ -161,8 +186,9 @@ XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
 
 void GpuInventoryModule::StartOpen() {
   task_in_flight_ = true;
+  refresh_wanted_ = false;  // the open reads every GPU
   const uint64_t generation = ++generation_;
-  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, config_.event_wait_timeout, {}};
+  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, pace_, {}};
   session_released_ = released_gpus_;
   uint32_t unknown_index = 0xFFFFFFFF;  // a UUID we never read: excluded by UUID only
   for (const auto& [uuid, reason] : released_gpus_) {
@@ -224,6 +250,8 @@ void GpuInventoryModule::OnArmed(uint64_t generation) {
   suppressed_errors_ = 0;
   SetOkHealth();
   ScheduleRefresh();
+  // A MIG reconfiguration reported before the inventory was published may postdate its read.
+  Reconcile();
 }
 
 void GpuInventoryModule::OnXid(XidEvent event) {
@@ -256,6 +284,23 @@ void GpuInventoryModule::OnXid(XidEvent event) {
     ++suppressed;
   }
   context_.GetBus().Publish(std::move(observation));
+}
+
+void GpuInventoryModule::OnMigChanged(std::string uuid) {
+  if (stopping_) return;
+  context_.Metrics()
+      .Counter("gpu_node_supervisor_nvml_mig_config_changes_total",
+               "MIG reconfigurations reported by NVML (nvmlEventMigConfigChange)", {{"gpu", uuid}})
+      .Inc();
+  // Creating or destroying instances reports one event per step; they coalesce into the one
+  // refresh owed, and only the first of a burst is logged at info.
+  if (refresh_wanted_) {
+    context_.Log().debug("MIG configuration of {} changed (a refresh is already owed)", uuid);
+  } else {
+    context_.Log().info("MIG configuration of {} changed: reading the GPUs again", uuid.empty() ? "a GPU" : uuid);
+  }
+  refresh_wanted_ = true;
+  StartRefresh();
 }
 
 void GpuInventoryModule::OnWaiterFailed(uint64_t generation, std::string message) {
@@ -332,9 +377,12 @@ void GpuInventoryModule::ScheduleRefresh() {
 void GpuInventoryModule::StartRefresh() {
   if (!session_ || !armed_ || session_failed_ || stopping_ || released_) return;
   if (task_in_flight_) {
-    ScheduleRefresh();
+    // With a session in place that task is a refresh, whose read may predate what asked for
+    // this one: another follows it (Reconcile).
+    refresh_wanted_ = true;
     return;
   }
+  refresh_wanted_ = false;
   task_in_flight_ = true;
   const uint64_t generation = generation_;
   // The task holds its own reference: Read() and the waiter may use NVML at the same time
@@ -392,6 +440,21 @@ void GpuInventoryModule::OnReleaseRequest(const NvmlReleaseRequest& request) {
   Reconcile();
 }
 
+void GpuInventoryModule::OnReleaseAhead(const NvmlReleaseAhead& ahead) {
+  if (stopping_) return;
+  const bool changed = ahead.ahead ? ahead_gpus_.insert(ahead.gpu_uuid).second : ahead_gpus_.erase(ahead.gpu_uuid) > 0;
+  if (!changed) return;
+  context_.Log().debug("release of {} {}", ahead.gpu_uuid, ahead.ahead ? "ahead: short NVML event waits" : "no longer ahead");
+  UpdatePace();
+}
+
+void GpuInventoryModule::UpdatePace() {
+  const bool short_waits = !ahead_gpus_.empty() || !released_gpus_.empty();
+  if (short_waits == pace_->Short()) return;
+  pace_->SetShort(short_waits);
+  context_.Log().debug("NVML event waits: {}", short_waits ? "short (a GPU release is ahead or in force)" : "long");
+}
+
 void GpuInventoryModule::OnGpuReleaseRequest(const NvmlReleaseRequest& request) {
   const std::string& uuid = request.gpu_uuid;
   if (request.release) {
@@ -403,6 +466,7 @@ void GpuInventoryModule::OnGpuReleaseRequest(const NvmlReleaseRequest& request) 
     if (released_gpus_.erase(uuid) == 0) return;
     context_.Log().info("taking {} back{}", uuid, request.reason.empty() ? "" : ": " + request.reason);
   }
+  UpdatePace();
   // No session and no task: nothing touches any GPU, so a release holds at once.
   if (!session_ && !task_in_flight_) AckGpuReleases();
   Reconcile();

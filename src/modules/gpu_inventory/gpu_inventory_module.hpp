@@ -1,7 +1,8 @@
 #pragma once
 // The `gpu-inventory` module: loads NVML with dlopen (never linked, so the daemon starts on
 // nodes without a driver), publishes the node's GPUs (GpuInventory) and NVLink clique
-// (NodeClique) as retained state, and NVML XID events (XidObservation). NVML trouble never
+// (NodeClique) as retained state, and NVML XID events (XidObservation); a MIG reconfiguration
+// NVML reports is read and republished at once. NVML trouble never
 // fails the module: the inventory becomes unavailable, the module unhealthy, and NVML is opened
 // again with jittered backoff. NvmlReleaseRequest lets go of NVML (or of one GPU) for a GPU
 // reset and takes it back; releasing one GPU reopens the session without it, and the others stay
@@ -26,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,13 +41,21 @@ class GpuInventoryModule final : public Module {
   struct Config {
     // dlopen'd as is: a soname searched like the dynamic linker does, or a path.
     std::string nvml_library = nvml::kLibraryName;
-    // How long one nvmlEventSetWait_v2 blocks. An event wakes it at once; the timeout only
-    // bounds how long a release waits for the waiter thread (Stop and the process exit never
-    // wait for it).
+    // How long one nvmlEventSetWait_v2 blocks at rest. An event wakes it at once; the timeout
+    // only bounds how long a release waits for the waiter thread (Stop and the process exit
+    // never wait for it) when no release was announced (wait_pace.hpp).
     std::chrono::milliseconds event_wait_timeout{5000};
+    // The waits while a per-GPU release is ahead or in force: what a GPU reset's release waits.
+    std::chrono::milliseconds short_event_wait{10};
+    // Short waits for this long after each XID NVML reports (0: never), since a reset of that
+    // GPU often follows and its announcement (NvmlReleaseAhead) comes after the next wait
+    // began. Long enough for XID → verdict → accepted reset; short, because an XID storm
+    // (XID 13/31 from a faulting application) keeps the waits short all along.
+    std::chrono::milliseconds short_waits_after_xid{2000};
     // Between attempts to open NVML again after it failed or was missing.
     BackoffPolicy retry_backoff{std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), 2.0, 0.5};
-    // How often the inventory is read again (fabric registration completes after boot).
+    // How often the inventory is read again (fabric registration completes after boot). A MIG
+    // reconfiguration that NVML reports (nvmlEventMigConfigChange) is read at once instead.
     std::chrono::milliseconds refresh_interval{60000};
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
@@ -63,6 +73,7 @@ class GpuInventoryModule final : public Module {
   void OnOpened(uint64_t generation, NvmlSession::Opened opened, std::exception_ptr error);
   void OnArmed(uint64_t generation);
   void OnXid(XidEvent event);
+  void OnMigChanged(std::string uuid);
   void OnWaiterFailed(uint64_t generation, std::string message);
   void StartClose();
   void OnClosed(NvmlSession::Closed closed);
@@ -72,6 +83,8 @@ class GpuInventoryModule final : public Module {
   void StartRefresh();
   void OnRefreshed(uint64_t generation, ReadResult read, std::exception_ptr error);
   void OnReleaseRequest(const NvmlReleaseRequest& request);
+  void OnReleaseAhead(const NvmlReleaseAhead& ahead);
+  void UpdatePace();
   void OnGpuReleaseRequest(const NvmlReleaseRequest& request);
   // Nothing holds any GPU's handles now: every requested per-GPU release is acknowledged.
   void AckGpuReleases();
@@ -106,6 +119,9 @@ class GpuInventoryModule final : public Module {
   Clock::SteadyTime armed_at_{};
   ReadResult pending_read_;       // read at open, published once the waiter is armed
   bool retry_due_ = false;        // the last attempt failed: back off before the next
+  // A refresh is owed (a MIG reconfiguration, or a refresh asked for while one ran): started as
+  // soon as the session is armed and no task runs; an open (which reads everything) settles it.
+  bool refresh_wanted_ = false;
   bool retry_pending_ = false;    // the retry timer runs
   bool released_ = false;         // NvmlReleaseRequest{release=true} (whole NVML) is in force
   bool release_published_ = false;
@@ -115,6 +131,8 @@ class GpuInventoryModule final : public Module {
   std::map<std::string, std::string> released_gpus_;
   std::map<std::string, std::string> session_released_;
   std::map<std::string, std::string> acked_gpus_;
+  std::set<std::string> ahead_gpus_;  // NvmlReleaseAhead: a release of these GPUs is coming
+  std::shared_ptr<WaitPace> pace_;    // shared with every session's waiter
   bool stopping_ = false;
 
   // What was published last (republish only on change) and the last good read.
@@ -138,6 +156,7 @@ class GpuInventoryModule final : public Module {
   MetricsRegistry::Series* nvml_up_gauge_;
   MetricsRegistry::Series* inventory_reads_;
   Subscription release_sub_;
+  Subscription ahead_sub_;
 };
 
 }  // namespace gns::gpu_inventory

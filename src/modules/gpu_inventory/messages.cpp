@@ -23,6 +23,30 @@ const GpuInfo* GpuInventory::FindByPci(const PciAddress& pci) const {
 
 
 
+std::string MigProfileName(uint32_t gpu_instance_slices, uint32_t compute_instance_slices, uint64_t memory_size_mib,
+                           uint64_t parent_memory_bytes) {
+  constexpr uint64_t kMiB = 1024ULL * 1024;
+  constexpr uint64_t kGiB = 1024ULL * kMiB;
+  uint64_t gb = 0;
+  if (parent_memory_bytes > 0) {
+    // Integer form of ceil(mem / total * 8) / 8 * ceil(total / GiB), rounded half up.
+    const uint64_t mem = memory_size_mib * kMiB;
+    const uint64_t eighths = (mem * 8 + parent_memory_bytes - 1) / parent_memory_bytes;
+    const uint64_t total_gb = (parent_memory_bytes + kGiB - 1) / kGiB;
+    gb = (eighths * total_gb * 2 + 8) / 16;
+  } else {
+    gb = (memory_size_mib + 1023) / 1024;
+  }
+  std::string name;
+  if (compute_instance_slices != gpu_instance_slices) name = std::to_string(compute_instance_slices) + "c.";
+  return name + std::to_string(gpu_instance_slices) + "g." + std::to_string(gb) + "gb";
+}
+
+void to_json(nlohmann::json& j, const MigDeviceInfo& m) {
+  j = nlohmann::json{{"index", m.index},     {"uuid", m.uuid},           {"gpuInstance", m.gpu_instance},
+                     {"computeInstance", m.compute_instance}, {"profile", m.profile}, {"memoryBytes", m.memory_bytes}};
+}
+
 void to_json(nlohmann::json& j, const FabricInfo& f) {
   j = nlohmann::json{{"clusterUuid", f.cluster_uuid},
                      {"cliqueId", f.clique_id},
@@ -43,6 +67,7 @@ void to_json(nlohmann::json& j, const GpuInfo& g) {
                      {"nvlinkPeers", g.nvlink_peers}};
   if (g.fabric) j["fabric"] = *g.fabric;
   if (g.released) j["released"] = g.release_reason.empty() ? "released" : g.release_reason;
+  if (g.mig_enabled) j["migDevices"] = g.mig_devices;
   if (g.cc_major > 0) j["computeCapability"] = std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor);
 }
 
@@ -62,5 +87,7 @@ void to_json(nlohmann::json& j, const XidObservation& x) {
   if (x.gpu_instance != 0xFFFFFFFFu) j["gpuInstance"] = x.gpu_instance;
   if (x.compute_instance != 0xFFFFFFFFu) j["computeInstance"] = x.compute_instance;
 }
+
+void to_json(nlohmann::json& j, const NvmlReleaseAhead& a) { j = nlohmann::json{{"gpu", a.gpu_uuid}, {"ahead", a.ahead}}; }
 
 }  // namespace gns::gpu_inventory

@@ -32,6 +32,26 @@ struct FabricInfo {
   bool operator==(const FabricInfo&) const = default;
 };
 
+// One MIG device (a compute instance inside a GPU instance) of a MIG-enabled GPU.
+struct MigDeviceInfo {
+  uint32_t index = 0;  // nvmlDeviceGetMigDeviceHandleByIndex slot on its parent
+  std::string uuid;    // "MIG-…"
+  uint32_t gpu_instance = 0;
+  uint32_t compute_instance = 0;
+  // Profile name as NVIDIA's tools spell it: "<g>g.<mem>gb", or "<c>c.<g>g.<mem>gb" when the
+  // compute instance has fewer slices than its GPU instance (go-nvlib's rule; see MigProfileName).
+  std::string profile;
+  uint64_t memory_bytes = 0;
+  uint32_t multiprocessors = 0;
+  bool operator==(const MigDeviceInfo&) const = default;
+};
+
+// "1g.10gb" from the attributes NVML reports for a MIG device and its parent's total memory:
+// the MIG memory as a fraction of the GPU's, rounded up to eighths, times the GPU's memory in
+// GiB rounded up, rounded to the nearest GB.
+std::string MigProfileName(uint32_t gpu_instance_slices, uint32_t compute_instance_slices, uint64_t memory_size_mib,
+                           uint64_t parent_memory_bytes);
+
 struct GpuInfo {
   uint32_t index = 0;
   std::string uuid;        // "GPU-…"
@@ -53,6 +73,10 @@ struct GpuInfo {
   // CUDA compute capability (9.0 for Hopper); 0.0 when NVML could not say.
   int cc_major = 0;
   int cc_minor = 0;
+  // MIG: the current mode (nvmlDeviceGetMigMode) and, when enabled, its MIG devices in slot
+  // order. A MIG-enabled GPU with no MIG devices has nothing to hand out.
+  bool mig_enabled = false;
+  std::vector<MigDeviceInfo> mig_devices = {};
   bool operator==(const GpuInfo&) const = default;
 };
 
@@ -116,10 +140,25 @@ struct NvmlReleaseRequest {
   std::string gpu_uuid = {};  // empty: the whole NVML
 };
 
+// A reset of this GPU was accepted: its NvmlReleaseRequest follows within seconds. gpu-inventory
+// keeps its NVML event waits short from now until no release is ahead or in force, so the release
+// does not sit out a long nvmlEventSetWait_v2 that NVML cannot interrupt (wait_pace.hpp).
+// `ahead = false` once the reset of that GPU ended, released or not. Retained per GPU, so a
+// restarted gpu-inventory still knows.
+struct NvmlReleaseAhead {
+  static constexpr std::string_view kTopic = "gpu-inventory.release-ahead";
+  static constexpr bool kRetained = true;
+  std::string gpu_uuid;
+  bool ahead = true;
+  const std::string& RetainKey() const { return gpu_uuid; }
+};
+
+void to_json(nlohmann::json& j, const MigDeviceInfo& m);
 void to_json(nlohmann::json& j, const FabricInfo& f);
 void to_json(nlohmann::json& j, const GpuInfo& g);
 void to_json(nlohmann::json& j, const GpuInventory& inv);
 void to_json(nlohmann::json& j, const NodeClique& c);
 void to_json(nlohmann::json& j, const XidObservation& x);
+void to_json(nlohmann::json& j, const NvmlReleaseAhead& a);
 
 }  // namespace gns::gpu_inventory

@@ -199,6 +199,15 @@ struct GpuFabricInfo_v3 {
 // the caller retries with kGpuFabricInfoV2Version in the same (larger) buffer.
 using GpuFabricInfoV = GpuFabricInfo_v3;
 
+// nvmlProcessInfo_t as the *_v3 process queries fill it (the header's nvmlProcessInfo_v2_t
+// layout): one process with a context on the GPU.
+struct ProcessInfo {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;      // 0xFFFFFFFF without MIG
+  unsigned int computeInstanceId;  // 0xFFFFFFFF without MIG
+};
+
 // NVML_STRUCT_VERSION(name, ver) = sizeof(nvml<name>_v<ver>_t) | (ver << 24).
 constexpr unsigned int StructVersion(std::size_t size, unsigned int version) {
   return static_cast<unsigned int>(size) | (version << 24U);
@@ -224,6 +233,8 @@ static_assert(offsetof(GpuFabricInfo, status) == 16 && offsetof(GpuFabricInfo, c
 static_assert(offsetof(GpuFabricInfo, state) == 24);
 static_assert(sizeof(GpuFabricInfo_v2) == 36 && offsetof(GpuFabricInfo_v2, healthMask) == 32);
 static_assert(sizeof(GpuFabricInfo_v3) == 40 && offsetof(GpuFabricInfo_v3, healthSummary) == 36);
+static_assert(sizeof(ProcessInfo) == 24 && offsetof(ProcessInfo, usedGpuMemory) == 8);
+static_assert(offsetof(ProcessInfo, gpuInstanceId) == 16 && offsetof(ProcessInfo, computeInstanceId) == 20);
 // The tags NVIDIA's headers print: the strongest check that the layouts above are right.
 static_assert(kGpuFabricInfoV2Version == 0x02000024u);
 static_assert(kGpuFabricInfoV3Version == 0x03000028u);
@@ -258,6 +269,15 @@ using DeviceGetNvLinkStateFn = Return (*)(Device device, unsigned int link, Enab
 using DeviceGetNvLinkRemotePciInfoFn = Return (*)(Device device, unsigned int link, PciInfo* pci);
 using DeviceGetGpuFabricInfoFn = Return (*)(Device device, GpuFabricInfo* info);
 using DeviceGetGpuFabricInfoVFn = Return (*)(Device device, GpuFabricInfoV* info);
+// GPU maintenance (resets): who holds the GPU, persistence mode, pending memory repairs.
+// `info_count` is in/out: the array's size, then the number of processes
+// (kErrorInsufficientSize with the needed count when the array is too small).
+using DeviceGetComputeRunningProcessesFn = Return (*)(Device device, unsigned int* info_count, ProcessInfo* infos);
+using DeviceGetPersistenceModeFn = Return (*)(Device device, EnableState* mode);
+using DeviceSetPersistenceModeFn = Return (*)(Device device, EnableState mode);  // root only
+using DeviceGetRetiredPagesPendingStatusFn = Return (*)(Device device, EnableState* is_pending);
+using DeviceGetRemappedRowsFn = Return (*)(Device device, unsigned int* corrected_rows, unsigned int* uncorrected_rows,
+                                           unsigned int* is_pending, unsigned int* failure_occurred);
 using EventSetCreateFn = Return (*)(EventSet* set);
 using DeviceGetSupportedEventTypesFn = Return (*)(Device device, unsigned long long* event_types);
 using DeviceRegisterEventsFn = Return (*)(Device device, unsigned long long event_types, EventSet set);
@@ -265,12 +285,18 @@ using EventSetWaitFn = Return (*)(EventSet set, EventData* data, unsigned int ti
 using EventSetFreeFn = Return (*)(EventSet set);
 }  // extern "C"
 
+// ---- MIG (its own file, nvml_abi_mig.hpp) ---------------------------------------------------------
+}  // namespace gns::nvml
+#include "modules/gpu_inventory/nvml_abi_mig.hpp"
+namespace gns::nvml {
+
 // ---- Symbol table ------------------------------------------------------------------------------
 // X(symbol, FnType, required). `symbol` is the versioned name the library exports (the header's
 // unversioned macros such as nvmlInit map to these). `required` = present in every driver we
 // support (R450+); the others appeared later and are resolved when present.
 #define GNS_NVML_FUNCTIONS(X)                                                   \
   X(nvmlInit_v2, InitFn, true)                                                  \
+  GNS_NVML_MIG_FUNCTIONS(X)                                                     \
   X(nvmlInitWithFlags, InitWithFlagsFn, false)                                  \
   X(nvmlShutdown, ShutdownFn, true)                                             \
   X(nvmlErrorString, ErrorStringFn, true)                                       \
@@ -293,6 +319,11 @@ using EventSetFreeFn = Return (*)(EventSet set);
   X(nvmlDeviceGetNvLinkRemotePciInfo_v2, DeviceGetNvLinkRemotePciInfoFn, true)  \
   X(nvmlDeviceGetGpuFabricInfo, DeviceGetGpuFabricInfoFn, false)                \
   X(nvmlDeviceGetGpuFabricInfoV, DeviceGetGpuFabricInfoVFn, false)              \
+  X(nvmlDeviceGetComputeRunningProcesses_v3, DeviceGetComputeRunningProcessesFn, false) \
+  X(nvmlDeviceGetPersistenceMode, DeviceGetPersistenceModeFn, false)            \
+  X(nvmlDeviceSetPersistenceMode, DeviceSetPersistenceModeFn, false)            \
+  X(nvmlDeviceGetRetiredPagesPendingStatus, DeviceGetRetiredPagesPendingStatusFn, false) \
+  X(nvmlDeviceGetRemappedRows, DeviceGetRemappedRowsFn, false)                  \
   X(nvmlEventSetCreate, EventSetCreateFn, true)                                 \
   X(nvmlDeviceGetSupportedEventTypes, DeviceGetSupportedEventTypesFn, true)     \
   X(nvmlDeviceRegisterEvents, DeviceRegisterEventsFn, true)                     \

@@ -133,6 +133,7 @@ class Reader {
       gpu.numa_node = NumaNode(device, gpu);
       remotes[i] = NvLinkRemotes(device, gpu.uuid);
       if (auto fabric = Fabric(device, gpu.uuid, fabric_errors)) gpu.fabric = std::move(*fabric);
+      if (!ReadMig(device, gpu)) return false;
 
       inventory.gpus.push_back(std::move(gpu));
       raw.handles.push_back(device);
@@ -250,6 +251,57 @@ class Reader {
     return failed("nvmlDeviceGetGpuFabricInfo", rc);
   }
 
+  // MIG mode and, when enabled, every MIG device in slot order. A driver or GPU without MIG
+  // answers NOT_SUPPORTED (or lacks the symbols): MIG disabled. A MIG device that cannot be read
+  // fails the whole read (advertising a partial set would hand out the wrong capacity).
+  bool ReadMig(nvml::Device device, GpuInfo& gpu) {
+    if (api_.nvmlDeviceGetMigMode == nullptr) return true;
+    unsigned int current = nvml::kDeviceMigDisable, pending = nvml::kDeviceMigDisable;
+    nvml::Return rc = api_.nvmlDeviceGetMigMode(device, &current, &pending);
+    if (rc == nvml::kErrorNotSupported) return true;
+    if (rc != nvml::kSuccess) {
+      Warn("nvmlDeviceGetMigMode", rc, gpu.uuid);
+      return true;
+    }
+    if (current != nvml::kDeviceMigEnable) return true;
+    gpu.mig_enabled = true;
+    if (api_.nvmlDeviceGetMaxMigDeviceCount == nullptr || api_.nvmlDeviceGetMigDeviceHandleByIndex == nullptr ||
+        api_.nvmlDeviceGetGpuInstanceId == nullptr || api_.nvmlDeviceGetComputeInstanceId == nullptr ||
+        api_.nvmlDeviceGetAttributes_v2 == nullptr) {
+      out_->error = gpu.uuid + " has MIG enabled but the driver lacks the MIG device functions";
+      return false;
+    }
+    unsigned int max = 0;
+    rc = api_.nvmlDeviceGetMaxMigDeviceCount(device, &max);
+    if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetMaxMigDeviceCount", rc, " for " + gpu.uuid);
+    for (unsigned int slot = 0; slot < max; ++slot) {
+      nvml::Device mig = nullptr;
+      rc = api_.nvmlDeviceGetMigDeviceHandleByIndex(device, slot, &mig);
+      if (rc == nvml::kErrorNotFound) continue;  // an empty slot
+      const std::string which = " for MIG slot " + std::to_string(slot) + " of " + gpu.uuid;
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetMigDeviceHandleByIndex", rc, which);
+      MigDeviceInfo info;
+      info.index = slot;
+      char uuid[nvml::kDeviceUuidV2BufferSize] = {};
+      rc = api_.nvmlDeviceGetUUID(mig, uuid, sizeof(uuid));
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetUUID", rc, which);
+      info.uuid = uuid;
+      rc = api_.nvmlDeviceGetGpuInstanceId(mig, &info.gpu_instance);
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetGpuInstanceId", rc, which);
+      rc = api_.nvmlDeviceGetComputeInstanceId(mig, &info.compute_instance);
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetComputeInstanceId", rc, which);
+      nvml::DeviceAttributes attributes{};
+      rc = api_.nvmlDeviceGetAttributes_v2(mig, &attributes);
+      if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetAttributes_v2", rc, which);
+      info.profile = MigProfileName(attributes.gpuInstanceSliceCount, attributes.computeInstanceSliceCount,
+                                    attributes.memorySizeMB, gpu.memory_total_bytes);
+      info.memory_bytes = attributes.memorySizeMB * 1024ULL * 1024ULL;
+      info.multiprocessors = attributes.multiprocessorCount;
+      gpu.mig_devices.push_back(std::move(info));
+    }
+    return true;
+  }
+
   bool IsExcluded(const std::string& uuid) const {
     for (const auto& [index, excluded] : excluded_)
       if (excluded == uuid) return true;
@@ -319,16 +371,18 @@ NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
   const auto& gpus = out.read.inventory.gpus;
   for (std::size_t i = 0; i < gpus.size(); ++i) {
     session->devices_.emplace_back(raw.handles[i], gpus[i].uuid);
-    // Only XIDs: SBE/DBE counters are not our business, and registering a type the GPU does
-    // not support fails the whole call.
+    // XIDs, and MIG reconfigurations where the GPU reports them (MIG-capable GPUs), so a new
+    // MIG layout is read at once instead of at the next refresh. SBE/DBE counters are not our
+    // business, and registering a type the GPU does not support fails the whole call.
     unsigned long long supported = 0;
     rc = api.nvmlDeviceGetSupportedEventTypes(raw.handles[i], &supported);
     if (rc != nvml::kSuccess) return fail("nvmlDeviceGetSupportedEventTypes", rc, " for " + gpus[i].uuid);
-    if ((supported & nvml::kEventTypeXidCriticalError) == 0) {
+    const unsigned long long types = supported & (nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange);
+    if ((types & nvml::kEventTypeXidCriticalError) == 0) {
       out.read.warnings.push_back(gpus[i].uuid + " does not report XID events through NVML");
-      continue;
     }
-    rc = api.nvmlDeviceRegisterEvents(raw.handles[i], nvml::kEventTypeXidCriticalError, session->event_set_);
+    if (types == 0) continue;
+    rc = api.nvmlDeviceRegisterEvents(raw.handles[i], types, session->event_set_);
     if (rc == nvml::kErrorNotSupported) {
       out.read.warnings.push_back(gpus[i].uuid + ": nvmlDeviceRegisterEvents: " + library->Describe(rc));
       continue;
@@ -341,7 +395,10 @@ NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
 
 void NvmlSession::StartWaiter(XidWaiter::Callbacks callbacks) {
   if (waiter_ || event_set_ == nullptr) return;
-  waiter_ = std::make_unique<XidWaiter>(library_, event_set_, devices_, options_.wait_timeout, std::move(callbacks));
+  auto pace = options_.pace ? options_.pace
+                            : std::make_shared<WaitPace>(std::chrono::milliseconds(5000), std::chrono::milliseconds(5000),
+                                                         std::chrono::milliseconds(0));
+  waiter_ = std::make_unique<XidWaiter>(library_, event_set_, devices_, std::move(pace), std::move(callbacks));
 }
 
 NvmlSession::~NvmlSession() { Close(std::function<void(Closed)>{}); }

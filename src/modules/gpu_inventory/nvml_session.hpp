@@ -37,7 +37,8 @@ using ExcludedGpus = std::map<uint32_t, std::string>;
 struct SessionOptions {
   std::string library;    // soname or path to dlopen
   std::string host_root;  // where the host's /sys is (NUMA fallback)
-  std::chrono::milliseconds wait_timeout{5000};
+  // Timeouts of the waiter's waits; null: 5 s waits, never shortened (one-shot commands).
+  std::shared_ptr<WaitPace> pace;
   ExcludedGpus excluded;
 };
 
@@ -57,7 +58,8 @@ class NvmlSession {
     std::vector<std::string> failed_functions;
   };
 
-  // dlopen, nvmlInit_v2, read every GPU, create the event set, register XIDs. Blocking.
+  // dlopen, nvmlInit_v2, read every GPU, create the event set, register XIDs (and MIG
+  // reconfigurations where supported). Blocking.
   static Opened Open(const SessionOptions& options);
 
   // Close({}) if Close was not called. Never blocks on the waiter.

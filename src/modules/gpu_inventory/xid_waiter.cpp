@@ -21,7 +21,7 @@ struct XidWaiter::State {
   std::shared_ptr<const NvmlLibrary> library;
   nvml::EventSet set = nullptr;
   std::vector<std::pair<nvml::Device, std::string>> devices;
-  unsigned int timeout_ms = 1;
+  std::shared_ptr<WaitPace> pace;
   Callbacks callbacks;
 
   std::atomic<bool> stop{false};
@@ -38,13 +38,13 @@ struct XidWaiter::State {
 };
 
 XidWaiter::XidWaiter(std::shared_ptr<const NvmlLibrary> library, nvml::EventSet set,
-                     std::vector<std::pair<nvml::Device, std::string>> devices, std::chrono::milliseconds timeout,
+                     std::vector<std::pair<nvml::Device, std::string>> devices, std::shared_ptr<WaitPace> pace,
                      Callbacks callbacks)
     : state_(std::make_shared<State>()) {
   state_->library = std::move(library);
   state_->set = set;
   state_->devices = std::move(devices);
-  state_->timeout_ms = static_cast<unsigned int>(std::max<std::chrono::milliseconds::rep>(timeout.count(), 1));
+  state_->pace = std::move(pace);
   state_->callbacks = std::move(callbacks);
   // Detached: the thread owns its share of the state; nothing waits for a blocked wait.
   std::thread([state = state_] { Run(state); }).detach();
@@ -73,17 +73,21 @@ void XidWaiter::Run(const std::shared_ptr<State>& state) {
   bool armed = false;
   while (!state->stop.load()) {
     nvml::EventData data{};
-    const nvml::Return rc = wait(state->set, &data, armed ? state->timeout_ms : kProbeTimeoutMs);
+    const nvml::Return rc = wait(state->set, &data, armed ? state->pace->NextTimeoutMs() : kProbeTimeoutMs);
     if (rc == nvml::kSuccess || rc == nvml::kErrorTimeout) {
       if (state->stop.load()) break;  // nobody listens any more
       if (!armed) {
         armed = true;
         state->callbacks.armed();
       }
-      // Only XIDs are published; SBE/DBE are not registered, and anything else is ignored.
+      // XIDs and MIG reconfigurations; SBE/DBE are not registered, and anything else is ignored.
       if (rc == nvml::kSuccess && (data.eventType & nvml::kEventTypeXidCriticalError) != 0) {
+        state->pace->AfterXid();
         state->callbacks.xid(
             XidEvent{state->UuidOf(data.device), data.eventData, data.gpuInstanceId, data.computeInstanceId});
+      }
+      if (rc == nvml::kSuccess && (data.eventType & nvml::kEventMigConfigChange) != 0 && state->callbacks.mig_changed) {
+        state->callbacks.mig_changed(state->UuidOf(data.device));
       }
       continue;
     }

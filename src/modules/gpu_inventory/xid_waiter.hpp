@@ -1,14 +1,15 @@
 #pragma once
 // The one thread gpu-inventory owns: it blocks in nvmlEventSetWait_v2 (there is no file
-// descriptor to hand to the loop) and reports what it sees through callbacks, which must only
+// descriptor to hand to the loop) and reports what it sees (XIDs, MIG reconfigurations) through callbacks, which must only
 // post to the loop. Nobody ever joins it: a stop request takes effect when the current wait
-// returns (at the latest after `timeout`), and what must happen only after the wait ended
+// returns (at the latest after the timeout WaitPace gave it), and what must happen only after the wait ended
 // (freeing the event set, nvmlShutdown) is handed to the thread with Finish(). So stopping never
 // blocks: a process that exits leaves a blocked wait behind instead of sitting it out (SIGTERM
 // exits at once), and the thread shares ownership of everything it touches, so it may outlive
 // the module and its XidWaiter handle.
 
 #include "modules/gpu_inventory/nvml_library.hpp"
+#include "modules/gpu_inventory/wait_pace.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -35,13 +36,16 @@ class XidWaiter {
     // The first wait returned normally: the event set works (called once).
     std::function<void()> armed;
     std::function<void(XidEvent)> xid;
+    // NVML reported a MIG reconfiguration (nvmlEventMigConfigChange) of the GPU with this UUID
+    // (empty if unregistered): its MIG devices must be read again. Optional.
+    std::function<void(std::string uuid)> mig_changed;
     // A wait failed with something other than TIMEOUT; the thread then ends.
     std::function<void(nvml::Return code, std::string message)> failed;
   };
 
   // Starts the (detached) thread at once. `devices` maps the handles NVML puts in events to UUIDs.
   XidWaiter(std::shared_ptr<const NvmlLibrary> library, nvml::EventSet set,
-            std::vector<std::pair<nvml::Device, std::string>> devices, std::chrono::milliseconds timeout,
+            std::vector<std::pair<nvml::Device, std::string>> devices, std::shared_ptr<WaitPace> pace,
             Callbacks callbacks);
   // Finish({}) unless Finish was called. Never blocks.
   ~XidWaiter();

@@ -606,5 +606,112 @@ TEST_F(FakeNvmlTest, ConcurrentCallersAndInjection) {
   EXPECT_EQ(api_.nvmlEventSetFree(set), nvml::kSuccess);
 }
 
+
+// Two GPUs, the first MIG-enabled with `mig` as its "migDevices" (JSON array text).
+std::string MigConfig(const std::string& mig, const std::string& second_uuid = "GPU-re000000-0000-0000-0000-000000000002") {
+  return R"({"gpus":[{"uuid":"GPU-re000000-0000-0000-0000-000000000001","pciBusId":"00000000:18:00.0","minor":0,
+                     "memoryTotalBytes":85520809984,"migEnabled":true,"migDevices":)" +
+         mig + R"(},
+                    {"uuid":")" + second_uuid + R"(","pciBusId":"00000000:2A:00.0","minor":1,
+                     "memoryTotalBytes":85520809984}]})";
+}
+
+TEST_F(FakeNvmlTest, ReloadConfigPlaysAMigReconfigurationAndQueuesItsEvent) {
+  const auto reload = reinterpret_cast<fakeNvmlReloadConfig_t>(dlsym(library_, "fakeNvmlReloadConfig"));
+  ASSERT_NE(reload, nullptr);
+  unsigned int changed = 99;
+  EXPECT_EQ(reload(&changed), nvml::kErrorUninitialized);
+
+  const std::string two_slices =
+      R"([{"uuid":"MIG-re000000-0000-0000-0000-00000000000a","gpuInstanceId":1,"gpuInstanceSliceCount":3,"memorySizeMB":40192},
+          {"uuid":"MIG-re000000-0000-0000-0000-00000000000b","gpuInstanceId":2,"gpuInstanceSliceCount":3,"memorySizeMB":40192}])";
+  const std::string seven_slices = [] {
+    std::string text = "[";
+    for (int i = 0; i < 7; ++i) {
+      text += std::string(i == 0 ? "" : ",") + R"({"uuid":"MIG-re000000-0000-0000-0000-00000000010)" +
+              std::to_string(i) + R"(","gpuInstanceId":)" + std::to_string(7 + i) +
+              R"(,"gpuInstanceSliceCount":1,"memorySizeMB":9856})";
+    }
+    return text + "]";
+  }();
+  const std::string config = WriteFile("mig.json", MigConfig(two_slices));
+  setenv("FAKE_NVML_CONFIG", config.c_str(), 1);
+  const std::string socket_path = temp_dir_ + "/control.sock";
+  setenv("FAKE_NVML_CONTROL", socket_path.c_str(), 1);
+  Session session(api_);
+
+  const nvml::Device mig_gpu = Handle(0);
+  const nvml::Device plain_gpu = Handle(1);
+  unsigned long long supported = 0;
+  ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(mig_gpu, &supported), nvml::kSuccess);
+  EXPECT_NE(supported & nvml::kEventMigConfigChange, 0u) << "MIG-enabled GPUs report MIG reconfigurations by default";
+  ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(plain_gpu, &supported), nvml::kSuccess);
+  EXPECT_EQ(supported & nvml::kEventMigConfigChange, 0u);
+  nvml::EventSet set = nullptr;
+  ASSERT_EQ(api_.nvmlEventSetCreate(&set), nvml::kSuccess);
+  ASSERT_EQ(api_.nvmlDeviceRegisterEvents(mig_gpu, nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange, set),
+            nvml::kSuccess);
+  ASSERT_EQ(api_.nvmlDeviceRegisterEvents(plain_gpu, nvml::kEventTypeXidCriticalError, set), nvml::kSuccess);
+  nvml::Device old_mig = nullptr;
+  ASSERT_EQ(api_.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 1, &old_mig), nvml::kSuccess);
+  EXPECT_EQ(Uuid(old_mig), "MIG-re000000-0000-0000-0000-00000000000b");
+
+  // Unchanged file: no GPU changed, no event.
+  changed = 99;
+  ASSERT_EQ(reload(&changed), nvml::kSuccess);
+  EXPECT_EQ(changed, 0u);
+  nvml::EventData data{};
+  EXPECT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kErrorTimeout);
+
+  // 2 × 3g → 7 × 1g, woken from another thread as the driver would wake a waiter.
+  WriteFile("mig.json", MigConfig(seven_slices));
+  std::thread reloader([&] {
+    unsigned int count = 0;
+    EXPECT_EQ(reload(&count), nvml::kSuccess);
+    EXPECT_EQ(count, 1u);
+  });
+  const nvml::Return rc = api_.nvmlEventSetWait_v2(set, &data, 60000);
+  reloader.join();
+  ASSERT_EQ(rc, nvml::kSuccess);
+  EXPECT_EQ(data.device, mig_gpu) << "the whole-GPU handle stays valid and names the GPU";
+  EXPECT_EQ(data.eventType, nvml::kEventMigConfigChange);
+  EXPECT_EQ(data.eventData, 0u);
+  EXPECT_EQ(data.gpuInstanceId, nvml::kInstanceIdNone);
+  EXPECT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kErrorTimeout) << "one event for the one changed GPU";
+  nvml::Device new_mig = nullptr;
+  ASSERT_EQ(api_.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 6, &new_mig), nvml::kSuccess);
+  EXPECT_EQ(Uuid(new_mig), "MIG-re000000-0000-0000-0000-000000000106");
+  char buffer[nvml::kDeviceUuidV2BufferSize] = {};
+  EXPECT_EQ(api_.nvmlDeviceGetUUID(plain_gpu, buffer, sizeof(buffer)), nvml::kSuccess);
+
+  // The same through the control socket and fakenvmlctl.py: back to 2 × 3g.
+  WriteFile("mig.json", MigConfig(two_slices));
+  json reply = SendCommand(socket_path, R"({"reloadConfig":true})");
+  EXPECT_EQ(reply["ok"], true);
+  EXPECT_EQ(reply["changed"], 1);
+  ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 5000), nvml::kSuccess);
+  EXPECT_EQ(data.eventType, nvml::kEventMigConfigChange);
+  EXPECT_EQ(api_.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 6, &new_mig), nvml::kErrorNotFound);
+  WriteFile("mig.json", MigConfig(seven_slices));
+  EXPECT_EQ(RunCtl(socket_path, "reload-config"), 0);
+  ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 5000), nvml::kSuccess);
+  EXPECT_EQ(data.eventType, nvml::kEventMigConfigChange);
+
+  // A file with other GPUs is refused, and nothing changes.
+  WriteFile("mig.json", MigConfig(two_slices, "GPU-re000000-0000-0000-0000-0000000000ff"));
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(reload(&changed), nvml::kErrorInvalidArgument);
+  reply = SendCommand(socket_path, R"({"reloadConfig":true})");
+  EXPECT_EQ(reply["ok"], false);
+  EXPECT_THAT(reply["error"].get<std::string>(), HasSubstr("the GPUs"));
+  WriteFile("mig.json", "{not json");
+  EXPECT_NE(reload(&changed), nvml::kSuccess);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kErrorTimeout);
+  EXPECT_EQ(api_.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 6, &new_mig), nvml::kSuccess);
+  EXPECT_EQ(Uuid(new_mig), "MIG-re000000-0000-0000-0000-000000000106");
+  EXPECT_EQ(api_.nvmlEventSetFree(set), nvml::kSuccess);
+}
+
 }  // namespace
 }  // namespace gns::sim

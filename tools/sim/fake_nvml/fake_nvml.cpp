@@ -7,6 +7,11 @@
 // NVML is a process-wide C library, so this fake keeps process-wide state (one FakeNvml
 // object); everything behind one mutex, which is plenty for a handful of fake GPUs.
 #include "fake_nvml_control.h"
+#include "maintenance_state.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -83,6 +88,20 @@ struct Fabric {
   unsigned char health_summary = 0;
 };
 
+// One MIG device of a MIG-enabled GPU (a compute instance in a GPU instance).
+struct MigDevice {
+  std::string uuid;  // "MIG-…"
+  unsigned int gpu_instance = 0;
+  unsigned int compute_instance = 0;
+  nvml::DeviceAttributes attributes{};
+
+  // What a MIG reconfiguration changes (fakeNvmlReloadConfig compares layouts with it).
+  bool SameLayout(const MigDevice& other) const {
+    return uuid == other.uuid && gpu_instance == other.gpu_instance && compute_instance == other.compute_instance &&
+           std::memcmp(&attributes, &other.attributes, sizeof attributes) == 0;
+  }
+};
+
 struct Gpu {
   std::string uuid;
   std::string name;
@@ -99,7 +118,12 @@ struct Gpu {
   std::vector<nvml::PciInfo> nvlink_remote;    // one entry per active link, in link order
   Fabric fabric;
   unsigned long long supported_events = kDefaultSupportedEvents;
+  bool mig_enabled = false;
+  std::vector<std::optional<MigDevice>> mig_slots;  // index = nvmlDeviceGetMigDeviceHandleByIndex slot
 };
+
+// MIG devices per GPU are at most 7 on every MIG-capable GPU so far; the fake allows 8 slots.
+constexpr unsigned int kMaxMigSlots = 8;
 
 struct Config {
   std::string driver_version = kDefaultDriverVersion;
@@ -203,12 +227,46 @@ Return ParseReturnCode(const Json& value, const std::string& where) {
   throw ConfigError(nvml::kErrorUnknown, where + " must be an NVML return code or \"success\"");
 }
 
+// "migEnabled": true and "migDevices": [{"slot": 0, "uuid": "MIG-…", "gpuInstanceId": 7,
+// "computeInstanceId": 0, "gpuInstanceSliceCount": 1, "computeInstanceSliceCount": 1,
+// "memorySizeMB": 9856, "multiprocessorCount": 16}]. "slot" defaults to the entry's position.
+void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
+  gpu.mig_enabled = j.value("migEnabled", false);
+  if (!j.contains("migDevices")) return;
+  if (!gpu.mig_enabled) throw ConfigError(nvml::kErrorUnknown, where + ": migDevices needs migEnabled: true");
+  const Json& devices = j.at("migDevices");
+  if (!devices.is_array()) throw ConfigError(nvml::kErrorUnknown, where + ".migDevices must be an array");
+  gpu.mig_slots.assign(kMaxMigSlots, std::nullopt);
+  std::set<std::pair<unsigned int, unsigned int>> instances;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const std::string at = where + ".migDevices[" + std::to_string(i) + "]";
+    const Json& d = devices[i];
+    CheckKeys(d, {"slot", "uuid", "gpuInstanceId", "computeInstanceId", "gpuInstanceSliceCount",
+                  "computeInstanceSliceCount", "memorySizeMB", "multiprocessorCount"}, at);
+    const auto slot = d.value("slot", static_cast<unsigned int>(i));
+    if (slot >= kMaxMigSlots || gpu.mig_slots[slot]) throw ConfigError(nvml::kErrorUnknown, at + ": slot taken or >= 8");
+    MigDevice mig;
+    mig.uuid = d.at("uuid").get<std::string>();
+    if (mig.uuid.rfind("MIG-", 0) != 0) throw ConfigError(nvml::kErrorUnknown, at + ".uuid must start with MIG-");
+    mig.gpu_instance = d.at("gpuInstanceId").get<unsigned int>();
+    mig.compute_instance = d.value("computeInstanceId", 0u);
+    if (!instances.insert({mig.gpu_instance, mig.compute_instance}).second) {
+      throw ConfigError(nvml::kErrorUnknown, at + ": duplicate (gpuInstanceId, computeInstanceId)");
+    }
+    mig.attributes.gpuInstanceSliceCount = d.at("gpuInstanceSliceCount").get<unsigned int>();
+    mig.attributes.computeInstanceSliceCount = d.value("computeInstanceSliceCount", mig.attributes.gpuInstanceSliceCount);
+    mig.attributes.memorySizeMB = d.at("memorySizeMB").get<unsigned long long>();
+    mig.attributes.multiprocessorCount = d.value("multiprocessorCount", 16u * mig.attributes.computeInstanceSliceCount);
+    gpu.mig_slots[slot] = std::move(mig);
+  }
+}
+
 Gpu ParseGpu(const Json& j, std::size_t index) {
   const std::string where = "gpus[" + std::to_string(index) + "]";
   CheckKeys(j,
             {"uuid", "name", "pciBusId", "minor", "memoryTotalBytes", "memoryReservedBytes",
              "memoryUsedBytes", "numaNode", "nvlinkPeers", "fabric", "pciDeviceId",
-             "pciSubSystemId", "supportedEventTypes", "computeCapability"},
+             "pciSubSystemId", "supportedEventTypes", "computeCapability", "migEnabled", "migDevices"},
             where);
   Gpu gpu;
   gpu.uuid = j.at("uuid").get<std::string>();
@@ -241,7 +299,9 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
   if (gpu.nvlink_peer_names.size() > nvml::kNvLinkMaxLinks) {
     throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkPeers has more than 18 links");
   }
-  gpu.supported_events = j.value("supportedEventTypes", kDefaultSupportedEvents);
+  ParseMig(j, gpu, where);
+  // MIG-enabled GPUs also report MIG reconfigurations (nvmlEventMigConfigChange) by default.
+  gpu.supported_events = j.value("supportedEventTypes", kDefaultSupportedEvents | (gpu.mig_enabled ? nvml::kEventMigConfigChange : 0));
   if (j.contains("fabric")) {
     const Json& f = j.at("fabric");
     CheckKeys(f, {"clusterUuid", "cliqueId", "state", "status", "healthMask", "healthSummary"}, where + ".fabric");
@@ -307,6 +367,9 @@ Config LoadConfig() {
     std::set<unsigned int> minors;
     for (const Gpu& gpu : config.gpus) {
       if (!uuids.insert(gpu.uuid).second) throw ConfigError(nvml::kErrorUnknown, "duplicate uuid " + gpu.uuid);
+      for (const auto& mig : gpu.mig_slots) {
+        if (mig && !uuids.insert(mig->uuid).second) throw ConfigError(nvml::kErrorUnknown, "duplicate uuid " + mig->uuid);
+      }
       if (!bus_ids.insert(gpu.pci.busId).second) throw ConfigError(nvml::kErrorUnknown, std::string("duplicate pciBusId ") + gpu.pci.busId);
       if (!minors.insert(gpu.minor).second) throw ConfigError(nvml::kErrorUnknown, "duplicate minor " + std::to_string(gpu.minor));
     }
@@ -362,11 +425,6 @@ class ControlServer {
       *error = "cannot bind control socket " + path + ": " + std::strerror(errno);
       return nullptr;
     }
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) {
-      server->inode_ = st.st_ino;
-      server->dev_ = st.st_dev;
-    }
     server->thread_ = std::thread([s = server.get()] { s->Run(); });
     return server;
   }
@@ -380,12 +438,15 @@ class ControlServer {
     }
     if (sock_fd_ >= 0) ::close(sock_fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
-    // Remove the socket only if it is still ours: a newer nvmlInit may already have bound a
-    // fresh socket at the same path while this one was shutting down.
-    struct stat st {};
-    if (inode_ != 0 && ::stat(path_.c_str(), &st) == 0 && st.st_ino == inode_ && st.st_dev == dev_) {
-      ::unlink(path_.c_str());
-    }
+  }
+
+  // Removes the socket's path. Called under the library's lock, before the server is handed
+  // out of it to be joined: a newer nvmlInit may bind a fresh socket at the same path right
+  // after, and removing the path later (even "only if the inode is still ours") could remove
+  // that one, since a freed inode number is often reused at once.
+  void Unlink() {
+    if (!unlinked_) ::unlink(path_.c_str());
+    unlinked_ = true;
   }
 
   ControlServer(const ControlServer&) = delete;
@@ -422,8 +483,7 @@ class ControlServer {
   Handler handler_;
   int sock_fd_ = -1;
   int wake_fd_ = -1;
-  ino_t inode_ = 0;
-  dev_t dev_ = 0;
+  bool unlinked_ = false;
   std::thread thread_;
 };
 
@@ -438,12 +498,13 @@ struct EventSetState {
 
 class FakeNvml {
  public:
-  ~FakeNvml() {
-    // At exit or dlclose: stop the control thread before the state it uses goes away.
+  // At exit or dlclose (ControlStopper below): stop the control thread.
+  void StopControl() {
     std::unique_ptr<ControlServer> control;
     {
       std::lock_guard lock(mu_);
       control = std::move(control_);
+      if (control) control->Unlink();
     }
   }
 
@@ -495,6 +556,7 @@ class FakeNvml {
       event_sets_.clear();
       config_ = Config{};
       stopping = std::move(control_);
+      if (stopping) stopping->Unlink();
     }
     // Joined outside the lock: the control thread may be waiting for it in a command.
     stopping.reset();
@@ -520,17 +582,40 @@ class FakeNvml {
     });
   }
 
-  // Handles encode (init generation, GPU index) instead of pointing at memory, so a handle kept
-  // across nvmlShutdown is rejected instead of dereferenced.
-  nvml::Device HandleOf(std::size_t index) const {
-    return reinterpret_cast<nvml::Device>(static_cast<std::uintptr_t>((generation_ << 16) | (index + 1)));
+  // Handles encode (init generation, MIG slot + 1 or 0 for the whole GPU, GPU index + 1) instead
+  // of pointing at memory, so a handle kept across nvmlShutdown is rejected instead of
+  // dereferenced. Whole-GPU functions reject MIG handles (INVALID_ARGUMENT).
+  nvml::Device HandleOf(std::size_t index, std::optional<std::size_t> mig_slot = std::nullopt) const {
+    const std::uintptr_t mig = mig_slot ? *mig_slot + 1 : 0;
+    return reinterpret_cast<nvml::Device>(static_cast<std::uintptr_t>((generation_ << 16) | (mig << 8) | (index + 1)));
   }
 
   std::optional<std::size_t> IndexOf(nvml::Device device, const Config& config) const {
     const auto value = reinterpret_cast<std::uintptr_t>(device);
-    const std::size_t index = (value & 0xFFFFu) - 1;
-    if ((value >> 16) != generation_ || (value & 0xFFFFu) == 0 || index >= config.gpus.size()) return std::nullopt;
+    if ((value & 0xFF00u) != 0) return std::nullopt;  // a MIG handle
+    const std::size_t index = (value & 0xFFu) - 1;
+    if ((value >> 16) != generation_ || (value & 0xFFu) == 0 || index >= config.gpus.size()) return std::nullopt;
     return index;
+  }
+
+  // Runs `body(gpu, index, mig)` for a whole-GPU handle (mig == nullptr) or a MIG handle.
+  template <typename Body>
+  Return WithDevice(std::string_view function, nvml::Device device, Body&& body) {
+    return WithInit(function, [&](const Config& config) {
+      const auto value = reinterpret_cast<std::uintptr_t>(device);
+      const std::size_t index = (value & 0xFFu) - 1;
+      const std::size_t mig = (value >> 8) & 0xFFu;
+      if ((value >> 16) != generation_ || (value & 0xFFu) == 0 || index >= config.gpus.size()) {
+        return nvml::kErrorInvalidArgument;
+      }
+      const Gpu& gpu = config.gpus[index];
+      if (mig == 0) return body(gpu, index, static_cast<const MigDevice*>(nullptr));
+      // A MIG handle from before a reconfiguration is stale.
+      if (!gpu.mig_enabled || mig - 1 >= gpu.mig_slots.size() || !gpu.mig_slots[mig - 1]) {
+        return nvml::kErrorInvalidArgument;
+      }
+      return body(gpu, index, &*gpu.mig_slots[mig - 1]);
+    });
   }
 
   Return EventSetCreate(std::string_view function, nvml::EventSet* set) {
@@ -557,6 +642,7 @@ class FakeNvml {
 
   Return EventSetWait(std::string_view function, nvml::EventSet set, nvml::EventData* data, unsigned int timeout_ms) {
     std::unique_lock lock(mu_);
+    last_wait_timeout_ms_ = timeout_ms;
     if (const auto failure = Failure(function)) return *failure;
     if (init_count_ == 0) return nvml::kErrorUninitialized;
     const auto it = event_sets_.find(reinterpret_cast<std::uintptr_t>(set));
@@ -592,7 +678,9 @@ class FakeNvml {
   }
 
   // Returns the NVML code and, through `delivered`, how many event sets got the event.
-  Return InjectXid(std::string_view gpu_name, unsigned long long xid, std::size_t* delivered) {
+  Return InjectXid(std::string_view gpu_name, unsigned long long xid, std::size_t* delivered,
+                   unsigned int gpu_instance = nvml::kInstanceIdNone,
+                   unsigned int compute_instance = nvml::kInstanceIdNone) {
     std::lock_guard lock(mu_);
     *delivered = 0;
     if (init_count_ == 0) return nvml::kErrorUninitialized;
@@ -607,12 +695,80 @@ class FakeNvml {
     for (auto& [id, set] : event_sets_) {
       const auto reg = set->registered.find(*index);
       if (reg == set->registered.end() || (reg->second & nvml::kEventTypeXidCriticalError) == 0) continue;
-      set->queue.push_back(nvml::EventData{HandleOf(*index), nvml::kEventTypeXidCriticalError, xid,
-                                           nvml::kInstanceIdNone, nvml::kInstanceIdNone});
+      // A MIG-attributed Xid names the GPU instance (and compute instance) on the parent's handle.
+      set->queue.push_back(
+          nvml::EventData{HandleOf(*index), nvml::kEventTypeXidCriticalError, xid, gpu_instance, compute_instance});
       set->cv.notify_all();
       ++*delivered;
     }
     return nvml::kSuccess;
+  }
+
+  // Reads FAKE_NVML_CONFIG again, as a MIG reconfiguration changes what the driver reports
+  // while NVML stays initialized: the same GPUs (UUIDs, in order) must be listed, so the init
+  // generation and every whole-GPU handle stay valid; MIG handles of changed GPUs go stale.
+  // Queues nvmlEventMigConfigChange on every event set registered for it on each GPU whose MIG
+  // mode or MIG devices changed; `changed` counts those GPUs.
+  Return ReloadConfig(std::size_t* changed, std::string* error) {
+    std::lock_guard lock(mu_);
+    *changed = 0;
+    if (init_count_ == 0) {
+      *error = "NVML is not initialized";
+      return nvml::kErrorUninitialized;
+    }
+    Config config;
+    try {
+      config = LoadConfig();
+    } catch (const ConfigError& e) {
+      *error = e.what();
+      return e.code;
+    }
+    bool same_gpus = config.gpus.size() == config_.gpus.size();
+    for (std::size_t i = 0; same_gpus && i < config.gpus.size(); ++i) same_gpus = config.gpus[i].uuid == config_.gpus[i].uuid;
+    if (!same_gpus) {
+      *error = "reloadConfig: the GPUs (UUIDs, in order) must stay the same; only what a MIG reconfiguration changes may";
+      return nvml::kErrorInvalidArgument;
+    }
+    std::vector<std::size_t> changed_gpus;
+    for (std::size_t i = 0; i < config.gpus.size(); ++i) {
+      const Gpu& before = config_.gpus[i];
+      const Gpu& after = config.gpus[i];
+      bool same = before.mig_enabled == after.mig_enabled;
+      // A GPU without "migDevices" has no slots at all: the same as eight empty ones.
+      for (std::size_t slot = 0; same && slot < kMaxMigSlots; ++slot) {
+        const MigDevice* a = slot < before.mig_slots.size() && before.mig_slots[slot] ? &*before.mig_slots[slot] : nullptr;
+        const MigDevice* b = slot < after.mig_slots.size() && after.mig_slots[slot] ? &*after.mig_slots[slot] : nullptr;
+        same = (a == nullptr) == (b == nullptr) && (a == nullptr || a->SameLayout(*b));
+      }
+      if (!same) changed_gpus.push_back(i);
+    }
+    config_ = std::move(config);
+    for (const std::size_t index : changed_gpus) {
+      for (auto& [id, set] : event_sets_) {
+        const auto reg = set->registered.find(index);
+        if (reg == set->registered.end() || (reg->second & nvml::kEventMigConfigChange) == 0) continue;
+        set->queue.push_back(
+            nvml::EventData{HandleOf(index), nvml::kEventMigConfigChange, 0, nvml::kInstanceIdNone, nvml::kInstanceIdNone});
+        set->cv.notify_all();
+      }
+    }
+    *changed = changed_gpus.size();
+    return nvml::kSuccess;
+  }
+
+  // For a reset: "" when `uuid` is a configured GPU that no event set holds, else why not.
+  std::string ResetBlocker(const std::string& uuid) {
+    std::lock_guard lock(mu_);
+    if (init_count_ == 0) return "NVML is not initialized (no GPUs visible)";
+    std::optional<std::size_t> index;
+    for (std::size_t i = 0; i < config_.gpus.size(); ++i) {
+      if (config_.gpus[i].uuid == uuid) index = i;
+    }
+    if (!index) return "No GPU with UUID " + uuid + " was found";
+    for (const auto& [id, set] : event_sets_) {
+      if (set->registered.count(*index) != 0) return "GPU " + uuid + " is in use by an NVML client (an event set holds it)";
+    }
+    return "";
   }
 
   Return SetFailure(std::string_view function, Return code) {
@@ -626,6 +782,13 @@ class FakeNvml {
   Return ClearFailures() {
     std::lock_guard lock(mu_);
     failures_.clear();
+    return nvml::kSuccess;
+  }
+
+  Return LastWaitTimeout(unsigned int* timeout_ms) const {
+    if (timeout_ms == nullptr) return nvml::kErrorInvalidArgument;
+    std::lock_guard lock(mu_);
+    *timeout_ms = last_wait_timeout_ms_;
     return nvml::kSuccess;
   }
 
@@ -645,6 +808,7 @@ class FakeNvml {
   static std::string HandleCommand(std::string_view text);
 
   mutable std::mutex mu_;
+  unsigned int last_wait_timeout_ms_ = 0;  // of the latest nvmlEventSetWait_v2 call (0: none yet)
   int init_count_ = 0;
   std::uintptr_t generation_ = 0;
   Config config_;
@@ -656,12 +820,26 @@ class FakeNvml {
 };
 
 FakeNvml& Fake() {
-  static FakeNvml fake;
-  return fake;
+  // Never destroyed: a caller's detached event waiter may still be inside nvmlEventSetWait_v2
+  // (and then free its set) while the process exits; the state must outlive static destruction.
+  static FakeNvml* fake = [] {
+    auto* created = new FakeNvml;
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_ignore_object(created);  // kept on purpose, also after dlclose unmaps the pointer to it
+#endif
+    return created;
+  }();
+  return *fake;
 }
 
+// Stops the control thread at exit or dlclose, before the code it runs goes away.
+struct ControlStopper {
+  ~ControlStopper() { Fake().StopControl(); }
+} control_stopper;
+
 // One control-socket command: {"injectXid":{"uuid":"GPU-…","xid":79}},
-// {"fail":{"function":"*","return":999}}, {"clearFailures":true} or {"ping":true}. Several keys
+// {"fail":{"function":"*","return":999}}, {"clearFailures":true}, {"reloadConfig":true} or
+// {"ping":true}. Several keys
 // in one object run in order. The reply is {"ok":true} or {"ok":false,"error":"…"}.
 std::string FakeNvml::HandleCommand(std::string_view text) {
   Json reply = {{"ok", true}};
@@ -672,7 +850,10 @@ std::string FakeNvml::HandleCommand(std::string_view text) {
       if (key == "injectXid") {
         std::size_t delivered = 0;
         const auto gpu = value.at("uuid").get<std::string>();
-        const Return rc = Fake().InjectXid(gpu, value.at("xid").get<unsigned long long>(), &delivered);
+        // Optional MIG attribution: "gpuInstance" / "computeInstance" (absent: the whole GPU).
+        const Return rc = Fake().InjectXid(gpu, value.at("xid").get<unsigned long long>(), &delivered,
+                                           value.value("gpuInstance", nvml::kInstanceIdNone),
+                                           value.value("computeInstance", nvml::kInstanceIdNone));
         if (rc != nvml::kSuccess) throw std::runtime_error("injectXid " + gpu + ": NVML error " + std::to_string(rc));
         reply["delivered"] = delivered;
       } else if (key == "fail") {
@@ -682,6 +863,22 @@ std::string FakeNvml::HandleCommand(std::string_view text) {
         }
       } else if (key == "clearFailures") {
         Fake().ClearFailures();
+      } else if (key == "reloadConfig") {
+        std::size_t changed = 0;
+        std::string error;
+        if (Fake().ReloadConfig(&changed, &error) != nvml::kSuccess) throw std::runtime_error("reloadConfig: " + error);
+        reply["changed"] = changed;
+      } else if (key == "setGpuState") {
+        Maintenance().Set(value);
+      } else if (key == "getGpuState") {
+        reply["state"] = Maintenance().Get(value.at("uuid").get<std::string>());
+      } else if (key == "resetGpu") {
+        const auto uuid = value.at("uuid").get<std::string>();
+        std::string error = Fake().ResetBlocker(uuid);
+        bool hang = false;
+        if (error.empty()) error = Maintenance().Reset(uuid, hang);
+        if (!error.empty()) throw std::runtime_error(error);
+        if (hang) reply["hang"] = true;
       } else if (key != "ping") {
         throw std::runtime_error("unknown command \"" + key + "\"");
       }
@@ -801,7 +998,9 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetHandleByPciBusId_v2(const char* pci_bus_id,
 }
 
 FAKE_NVML_EXPORT Return nvmlDeviceGetUUID(nvml::Device device, char* uuid, unsigned int length) {
-  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) { return fake::CopyString(g.uuid, uuid, length); });
+  return fake::Fake().WithDevice(__func__, device, [&](const fake::Gpu& g, std::size_t, const fake::MigDevice* mig) {
+    return fake::CopyString(mig != nullptr ? mig->uuid : g.uuid, uuid, length);
+  });
 }
 
 FAKE_NVML_EXPORT Return nvmlDeviceGetName(nvml::Device device, char* name, unsigned int length) {
@@ -937,6 +1136,66 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetGpuFabricInfoV(nvml::Device device, nvml::G
   });
 }
 
+// ---- MIG (nvml_abi_mig.hpp) ------------------------------------------------------------------
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMigMode(nvml::Device device, unsigned int* current_mode, unsigned int* pending_mode) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (current_mode == nullptr || pending_mode == nullptr) return nvml::kErrorInvalidArgument;
+    *current_mode = *pending_mode = g.mig_enabled ? nvml::kDeviceMigEnable : nvml::kDeviceMigDisable;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMaxMigDeviceCount(nvml::Device device, unsigned int* count) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (count == nullptr) return nvml::kErrorInvalidArgument;
+    *count = g.mig_enabled ? fake::kMaxMigSlots : 0;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMigDeviceHandleByIndex(nvml::Device device, unsigned int index, nvml::Device* mig_device) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t gpu_index) {
+    if (mig_device == nullptr) return nvml::kErrorInvalidArgument;
+    if (!g.mig_enabled) return nvml::kErrorNotSupported;
+    if (index >= fake::kMaxMigSlots) return nvml::kErrorInvalidArgument;
+    if (index >= g.mig_slots.size() || !g.mig_slots[index]) return nvml::kErrorNotFound;
+    *mig_device = fake::Fake().HandleOf(gpu_index, index);
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetGpuInstanceId(nvml::Device device, unsigned int* id) {
+  return fake::Fake().WithDevice(__func__, device, [&](const fake::Gpu&, std::size_t, const fake::MigDevice* mig) {
+    if (id == nullptr || mig == nullptr) return nvml::kErrorInvalidArgument;
+    *id = mig->gpu_instance;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetComputeInstanceId(nvml::Device device, unsigned int* id) {
+  return fake::Fake().WithDevice(__func__, device, [&](const fake::Gpu&, std::size_t, const fake::MigDevice* mig) {
+    if (id == nullptr || mig == nullptr) return nvml::kErrorInvalidArgument;
+    *id = mig->compute_instance;
+    return nvml::kSuccess;
+  });
+}
+
+// For a whole GPU: its SM count is not modelled (0) and the slice counts are 0, as NVML reports
+// them for a GPU that is not a MIG device.
+FAKE_NVML_EXPORT Return nvmlDeviceGetAttributes_v2(nvml::Device device, nvml::DeviceAttributes* attributes) {
+  return fake::Fake().WithDevice(__func__, device, [&](const fake::Gpu& g, std::size_t, const fake::MigDevice* mig) {
+    if (attributes == nullptr) return nvml::kErrorInvalidArgument;
+    if (mig != nullptr) {
+      *attributes = mig->attributes;
+    } else {
+      *attributes = nvml::DeviceAttributes{};
+      attributes->memorySizeMB = g.memory_total / (1024ULL * 1024ULL);
+    }
+    return nvml::kSuccess;
+  });
+}
+
 FAKE_NVML_EXPORT Return nvmlEventSetCreate(nvml::EventSet* set) { return fake::Fake().EventSetCreate(__func__, set); }
 
 FAKE_NVML_EXPORT Return nvmlDeviceGetSupportedEventTypes(nvml::Device device, unsigned long long* event_types) {
@@ -957,6 +1216,72 @@ FAKE_NVML_EXPORT Return nvmlEventSetWait_v2(nvml::EventSet set, nvml::EventData*
 
 FAKE_NVML_EXPORT Return nvmlEventSetFree(nvml::EventSet set) { return fake::Fake().EventSetFree(__func__, set); }
 
+// ---- GPU maintenance (maintenance_state.h) ----------------------------------------------------
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetComputeRunningProcesses_v3(nvml::Device device, unsigned int* info_count,
+                                                                nvml::ProcessInfo* infos) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (info_count == nullptr) return nvml::kErrorInvalidArgument;
+    return fake::Maintenance().With(g.uuid, [&](const fake::GpuMaintenance& m) {
+      const auto n = static_cast<unsigned int>(m.processes.size());
+      if (*info_count < n || (n > 0 && infos == nullptr)) {
+        *info_count = n;
+        return nvml::kErrorInsufficientSize;
+      }
+      std::copy(m.processes.begin(), m.processes.end(), infos);
+      *info_count = n;
+      return nvml::kSuccess;
+    });
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetPersistenceMode(nvml::Device device, nvml::EnableState* mode) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (mode == nullptr) return nvml::kErrorInvalidArgument;
+    return fake::Maintenance().With(g.uuid, [&](const fake::GpuMaintenance& m) {
+      *mode = m.persistence ? nvml::kFeatureEnabled : nvml::kFeatureDisabled;
+      return nvml::kSuccess;
+    });
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceSetPersistenceMode(nvml::Device device, nvml::EnableState mode) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (mode != nvml::kFeatureEnabled && mode != nvml::kFeatureDisabled) return nvml::kErrorInvalidArgument;
+    return fake::Maintenance().With(g.uuid, [&](fake::GpuMaintenance& m) {
+      m.persistence = mode == nvml::kFeatureEnabled;
+      return nvml::kSuccess;
+    });
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetRetiredPagesPendingStatus(nvml::Device device, nvml::EnableState* is_pending) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (is_pending == nullptr) return nvml::kErrorInvalidArgument;
+    return fake::Maintenance().With(g.uuid, [&](const fake::GpuMaintenance& m) {
+      *is_pending = m.retired_pages_pending ? nvml::kFeatureEnabled : nvml::kFeatureDisabled;
+      return nvml::kSuccess;
+    });
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetRemappedRows(nvml::Device device, unsigned int* corrected_rows,
+                                                  unsigned int* uncorrected_rows, unsigned int* is_pending,
+                                                  unsigned int* failure_occurred) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (corrected_rows == nullptr || uncorrected_rows == nullptr || is_pending == nullptr || failure_occurred == nullptr) {
+      return nvml::kErrorInvalidArgument;
+    }
+    return fake::Maintenance().With(g.uuid, [&](const fake::GpuMaintenance& m) {
+      *corrected_rows = 0;
+      *uncorrected_rows = m.remap_pending ? 1 : 0;
+      *is_pending = m.remap_pending ? 1 : 0;
+      *failure_occurred = m.remap_failure ? 1 : 0;
+      return nvml::kSuccess;
+    });
+  });
+}
+
 // ---- Control entry points -------------------------------------------------------------------
 
 FAKE_NVML_EXPORT int fakeNvmlInjectXid(const char* uuid, unsigned long long xid) {
@@ -972,6 +1297,19 @@ FAKE_NVML_EXPORT int fakeNvmlSetFailure(const char* function_name, int nvml_retu
 
 FAKE_NVML_EXPORT int fakeNvmlClearFailures() { return fake::Fake().ClearFailures(); }
 
+FAKE_NVML_EXPORT int fakeNvmlLastWaitTimeout(unsigned int* timeout_ms) {
+  return fake::Fake().LastWaitTimeout(timeout_ms);
+}
+
+FAKE_NVML_EXPORT int fakeNvmlReloadConfig(unsigned int* changed_gpus) {
+  std::size_t changed = 0;
+  std::string error;
+  const Return rc = fake::Fake().ReloadConfig(&changed, &error);
+  if (rc != nvml::kSuccess) std::fprintf(stderr, "fake_nvml: fakeNvmlReloadConfig: %s\n", error.c_str());
+  if (changed_gpus != nullptr) *changed_gpus = static_cast<unsigned int>(changed);
+  return rc;
+}
+
 // Every symbol the daemon resolves is exported here with exactly the type nvml_abi.hpp gives it.
 #define GNS_FAKE_NVML_CHECK(symbol, type, required) \
   static_assert(std::is_same_v<decltype(&::symbol), nvml::type>, #symbol " does not match nvml_abi.hpp");
@@ -981,3 +1319,5 @@ GNS_NVML_FUNCTIONS(GNS_FAKE_NVML_CHECK)
 static_assert(std::is_same_v<decltype(&::fakeNvmlInjectXid), fakeNvmlInjectXid_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlSetFailure), fakeNvmlSetFailure_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlClearFailures), fakeNvmlClearFailures_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlLastWaitTimeout), fakeNvmlLastWaitTimeout_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlReloadConfig), fakeNvmlReloadConfig_t>);

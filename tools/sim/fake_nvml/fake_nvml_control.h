@@ -28,9 +28,24 @@ FAKE_NVML_CONTROL_API int fakeNvmlSetFailure(const char* function_name, int nvml
 // Removes every injected failure.
 FAKE_NVML_CONTROL_API int fakeNvmlClearFailures(void);
 
+// The timeout the latest nvmlEventSetWait_v2 call was given (0 before any), so a test can see
+// how its caller paces its waits.
+FAKE_NVML_CONTROL_API int fakeNvmlLastWaitTimeout(unsigned int* timeout_ms);
+
+// Reads FAKE_NVML_CONFIG again while NVML stays initialized, as the driver's view changes in a
+// MIG reconfiguration: the file must list the same GPUs (UUIDs, in order), so the init
+// generation and whole-GPU handles stay valid (MIG handles of a changed GPU go stale). For
+// every GPU whose MIG mode or MIG devices changed, queues nvmlEventMigConfigChange (eventData
+// 0) on each event set registered for it. `changed_gpus` (may be null) gets how many GPUs
+// changed. Returns NVML_ERROR_UNINITIALIZED before nvmlInit, the load error's code for an
+// unreadable file, NVML_ERROR_INVALID_ARGUMENT when the GPUs differ (nothing changes then).
+FAKE_NVML_CONTROL_API int fakeNvmlReloadConfig(unsigned int* changed_gpus);
+
 typedef int (*fakeNvmlInjectXid_t)(const char*, unsigned long long);
 typedef int (*fakeNvmlSetFailure_t)(const char*, int);
 typedef int (*fakeNvmlClearFailures_t)(void);
+typedef int (*fakeNvmlLastWaitTimeout_t)(unsigned int*);
+typedef int (*fakeNvmlReloadConfig_t)(unsigned int*);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -45,11 +45,18 @@ def return_code(text):
 
 def build_command(args):
     if args.command == "inject-xid":
-        return {"injectXid": {"uuid": args.gpu, "xid": args.xid}}
+        command = {"uuid": args.gpu, "xid": args.xid}
+        if args.gpu_instance is not None:
+            command["gpuInstance"] = args.gpu_instance
+        if args.compute_instance is not None:
+            command["computeInstance"] = args.compute_instance
+        return {"injectXid": command}
     if args.command == "fail":
         return {"fail": {"function": args.function, "return": args.code}}
     if args.command == "clear-failures":
         return {"clearFailures": True}
+    if args.command == "reload-config":
+        return {"reloadConfig": True}
     if args.command == "ping":
         return {"ping": True}
     return json.loads(args.json)
@@ -77,10 +84,14 @@ def main(argv=None):
     p = sub.add_parser("inject-xid", help="queue an Xid event for a GPU (UUID or PCI bus id)")
     p.add_argument("gpu")
     p.add_argument("xid", type=int)
+    p.add_argument("--gpu-instance", type=int, help="MIG GPU instance id the Xid names")
+    p.add_argument("--compute-instance", type=int, help="MIG compute instance id the Xid names")
     p = sub.add_parser("fail", help="make an NVML function ('*' = all) return an error")
     p.add_argument("function")
     p.add_argument("code", type=return_code, help="NVML return code: number or name (GPU_IS_LOST)")
     sub.add_parser("clear-failures", help="remove every injected failure")
+    sub.add_parser("reload-config",
+                   help="re-read FAKE_NVML_CONFIG (a MIG reconfiguration: same GPUs, new MIG layout)")
     sub.add_parser("ping", help="check that the fake is listening")
     p = sub.add_parser("raw", help="send a JSON command as is")
     p.add_argument("json")

@@ -51,6 +51,7 @@ class GpuInventoryModuleTest : public ::testing::Test {
     inject_xid_ = reinterpret_cast<fakeNvmlInjectXid_t>(dlsym(library_, "fakeNvmlInjectXid"));
     set_failure_ = reinterpret_cast<fakeNvmlSetFailure_t>(dlsym(library_, "fakeNvmlSetFailure"));
     clear_failures_ = reinterpret_cast<fakeNvmlClearFailures_t>(dlsym(library_, "fakeNvmlClearFailures"));
+    last_wait_timeout_ = reinterpret_cast<fakeNvmlLastWaitTimeout_t>(dlsym(library_, "fakeNvmlLastWaitTimeout"));
   }
 
   void SetUp() override {
@@ -58,6 +59,7 @@ class GpuInventoryModuleTest : public ::testing::Test {
     ASSERT_NE(inject_xid_, nullptr);
     ASSERT_NE(set_failure_, nullptr);
     ASSERT_NE(clear_failures_, nullptr);
+    ASSERT_NE(last_wait_timeout_, nullptr);
     setenv("FAKE_NVML_CONFIG", kGpus8Path, 1);
     unsetenv("FAKE_NVML_CONTROL");
     clear_failures_();
@@ -143,6 +145,14 @@ class GpuInventoryModuleTest : public ::testing::Test {
   static inline fakeNvmlInjectXid_t inject_xid_ = nullptr;
   static inline fakeNvmlSetFailure_t set_failure_ = nullptr;
   static inline fakeNvmlClearFailures_t clear_failures_ = nullptr;
+  static inline fakeNvmlLastWaitTimeout_t last_wait_timeout_ = nullptr;
+
+  // The timeout the module's waiter gave its latest nvmlEventSetWait_v2.
+  unsigned int LastWaitTimeout() {
+    unsigned int ms = 0;
+    EXPECT_EQ(last_wait_timeout_(&ms), 0);
+    return ms;
+  }
 
   test::LoopHarness h_;
   std::string temp_dir_;
@@ -204,6 +214,105 @@ TEST_F(GpuInventoryModuleTest, PublishesTheFullInventoryOfEightGpus) {
   const auto state = h_.bus.RetainedState();
   EXPECT_EQ(state.at("gpu-inventory.clique").at("cliqueId"), kClique);
   EXPECT_EQ(state.at("gpu-inventory.devices").at("gpus").size(), 8u);
+}
+
+// MIG through NVML: mode, sparse slots, GI/CI ids, profile names from the attributes, and an
+// Xid naming a GPU instance keeps its attribution on the bus.
+TEST_F(GpuInventoryModuleTest, MigDevicesAreEnumeratedPerGpuWithTheirProfiles) {
+  setenv("FAKE_NVML_CONFIG", GNS_FAKE_NVML_GPUS_MIG, 1);
+  StartModule();
+  ASSERT_TRUE(WaitAvailable()) << health_detail_;
+  const GpuInventory& inventory = *Inventory();
+  ASSERT_EQ(inventory.gpus.size(), 4u);
+  auto profiles = [&](int i) {
+    std::vector<std::string> out;
+    for (const auto& m : inventory.gpus[i].mig_devices) out.push_back(m.profile);
+    return out;
+  };
+  EXPECT_TRUE(inventory.gpus[0].mig_enabled);
+  EXPECT_EQ(profiles(0), (std::vector<std::string>{"3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"}));
+  EXPECT_EQ(profiles(1), std::vector<std::string>(7, "1g.10gb"));
+  EXPECT_EQ(profiles(2), std::vector<std::string>{"7g.80gb"});
+  EXPECT_FALSE(inventory.gpus[3].mig_enabled);
+  EXPECT_TRUE(inventory.gpus[3].mig_devices.empty());
+  const auto& first = inventory.gpus[0].mig_devices[0];
+  EXPECT_EQ(first.uuid.rfind("MIG-", 0), 0u);
+  EXPECT_EQ(first.gpu_instance, 1u);
+  EXPECT_EQ(first.compute_instance, 0u);
+  EXPECT_EQ(first.memory_bytes, 40192ull * 1024 * 1024);
+  EXPECT_EQ(inventory.gpus[1].mig_devices[6].index, 6u);
+
+  const auto state = h_.bus.RetainedState();
+  EXPECT_EQ(state.at("gpu-inventory.devices").at("gpus")[1].at("migDevices").size(), 7u);
+}
+
+// A MIG reconfiguration (the fake re-reads its GPU description and reports
+// nvmlEventMigConfigChange, as the driver does) is read and published at once: the refresh
+// interval is an hour, so only the event can bring the new layout.
+TEST_F(GpuInventoryModuleTest, AMigReconfigurationIsPublishedWhenNvmlReportsIt) {
+  const auto reload = reinterpret_cast<fakeNvmlReloadConfig_t>(dlsym(library_, "fakeNvmlReloadConfig"));
+  ASSERT_NE(reload, nullptr);
+  std::ifstream in(GNS_FAKE_NVML_GPUS_MIG);
+  nlohmann::json config = nlohmann::json::parse(in);
+  const std::string path = temp_dir_ + "/gpus-mig.json";
+  auto write = [&] { std::ofstream(path, std::ios::trunc) << config.dump(2); };
+  write();
+  setenv("FAKE_NVML_CONFIG", path.c_str(), 1);
+  StartModule();  // refreshInterval: 1h
+  ASSERT_TRUE(WaitAvailable()) << health_detail_;
+  const std::string gpu2 = Inventory()->gpus[2].uuid;
+  ASSERT_EQ(Inventory()->gpus[2].mig_devices.size(), 1u);
+  const double reads = Metric("gpu_node_supervisor_nvml_inventory_reads_total");
+
+  // GPU 2: its 7g.80gb instance becomes two 3g.40gb instances.
+  auto& devices = config["gpus"][2]["migDevices"];
+  devices = nlohmann::json::array();
+  for (int i = 0; i < 2; ++i) {
+    devices.push_back({{"uuid", "MIG-5eed0000-0202-5000-8000-00000000001" + std::to_string(i)},
+                       {"gpuInstanceId", 1 + i},
+                       {"gpuInstanceSliceCount", 3},
+                       {"memorySizeMB", 40192}});
+  }
+  write();
+  unsigned int changed = 0;
+  ASSERT_EQ(reload(&changed), 0);
+  ASSERT_EQ(changed, 1u);
+  auto profiles = [&](int gpu) {
+    std::vector<std::string> out;
+    if (Inventory() == nullptr || !Inventory()->available) return out;
+    for (const auto& m : Inventory()->gpus[gpu].mig_devices) out.push_back(m.profile);
+    return out;
+  };
+  ASSERT_TRUE(h_.RunUntil([&] { return profiles(2) == std::vector<std::string>{"3g.40gb", "3g.40gb"}; }));
+  EXPECT_EQ(Inventory()->gpus[2].mig_devices[1].uuid, "MIG-5eed0000-0202-5000-8000-000000000011");
+  EXPECT_GT(Metric("gpu_node_supervisor_nvml_inventory_reads_total"), reads);
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_mig_config_changes_total", {{"gpu", gpu2}}), 1);
+  EXPECT_EQ(health_, ModuleHealth::kOk);
+
+  // Two reconfigurations back to back (GPU 0 loses an instance, then GPU 1 does): whichever
+  // event finds a refresh running, a refresh follows it, so the last layout is what is published.
+  config["gpus"][0]["migDevices"].erase(3);
+  write();
+  ASSERT_EQ(reload(&changed), 0);
+  config["gpus"][1]["migDevices"].erase(6);
+  write();
+  ASSERT_EQ(reload(&changed), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return profiles(0).size() == 3 && profiles(1).size() == 6; }));
+  EXPECT_EQ(profiles(0), (std::vector<std::string>{"3g.40gb", "2g.20gb", "1g.10gb"}));
+  EXPECT_EQ(profiles(2).size(), 2u);
+}
+
+TEST(MigProfileName, FollowsNvidiasRoundingToEighthsOfTheGpu) {
+  constexpr uint64_t kH100 = 85520809984ull;  // 81559 MiB
+  EXPECT_EQ(MigProfileName(1, 1, 9856, kH100), "1g.10gb");
+  EXPECT_EQ(MigProfileName(2, 2, 19968, kH100), "2g.20gb");
+  EXPECT_EQ(MigProfileName(3, 3, 40192, kH100), "3g.40gb");
+  EXPECT_EQ(MigProfileName(4, 4, 40192, kH100), "4g.40gb");
+  EXPECT_EQ(MigProfileName(7, 7, 80384, kH100), "7g.80gb");
+  EXPECT_EQ(MigProfileName(3, 1, 40192, kH100), "1c.3g.40gb");
+  constexpr uint64_t kA100_40 = 42949672960ull;  // 40960 MiB
+  EXPECT_EQ(MigProfileName(1, 1, 4864, kA100_40), "1g.5gb");
+  EXPECT_EQ(MigProfileName(2, 2, 9856, kA100_40), "2g.10gb");
 }
 
 TEST_F(GpuInventoryModuleTest, NvmlXidEventsReachTheBus) {
@@ -353,6 +462,53 @@ TEST_F(GpuInventoryModuleTest, ReleasingOneGpuKeepsServingTheOthersAndTakingItBa
   for (const auto& inventory : inventories_) EXPECT_TRUE(inventory.available) << inventory.error;
   // NVML was read again for it: the reads counter moved past the first open and the reopen.
   EXPECT_GE(Metric("gpu_node_supervisor_nvml_inventory_reads_total"), 3);
+}
+
+// NVML cannot interrupt a wait, and a GPU is let go of only once the wait on the set holding it
+// returned: waits are long at rest, short while a release is announced or in force, and for a
+// while after an XID (a reset often follows one).
+TEST_F(GpuInventoryModuleTest, EventWaitsAreShortWhileAReleaseIsAheadOrInForceAndAfterAnXid) {
+  auto config = TestConfig();
+  config.event_wait_timeout = milliseconds(300);
+  config.short_event_wait = milliseconds(7);
+  config.short_waits_after_xid = milliseconds(0);
+  StartModule(config);
+  ASSERT_TRUE(WaitAvailable());
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
+
+  h_.bus.Publish(NvmlReleaseAhead{Uuid(2), true});
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 7; }));
+  // The release itself keeps them short, and so does the reopened session without GPU 2.
+  h_.bus.Publish(NvmlReleaseRequest{true, "reset of GPU 2", Uuid(2)});
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory()->gpus[2].released && health_ == ModuleHealth::kDegraded; }));
+  h_.bus.Publish(NvmlReleaseAhead{Uuid(2), false});
+  h_.Drain();
+  EXPECT_EQ(LastWaitTimeout(), 7u) << "the release is still in force";
+  h_.bus.Publish(NvmlReleaseRequest{false, "reset done", Uuid(2)});
+  ASSERT_TRUE(h_.RunUntil([&] { return !Inventory()->gpus[2].released && health_ == ModuleHealth::kOk; }));
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
+
+  // A reset that ended before its release (refused, say) also ends the short waits.
+  h_.bus.Publish(NvmlReleaseAhead{Uuid(5), true});
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 7; }));
+  h_.bus.Publish(NvmlReleaseAhead{Uuid(5), false});
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
+}
+
+TEST_F(GpuInventoryModuleTest, AnXidShortensTheWaitsForAWhile) {
+  auto config = TestConfig();
+  config.event_wait_timeout = milliseconds(300);
+  config.short_event_wait = milliseconds(7);
+  config.short_waits_after_xid = milliseconds(1500);
+  StartModule(config);
+  ASSERT_TRUE(WaitAvailable());
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
+  ASSERT_EQ(inject_xid_(Uuid(1).c_str(), 48), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return !xids_.empty(); }));
+  // The wait the waiter begins right after the XID is short already.
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 7; }));
+  // ... and they turn long again once the window is over.
+  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }, std::chrono::seconds(10)));
 }
 
 TEST_F(GpuInventoryModuleTest, ReleaseWhileFailingStopsRetryingUntilTakenBack) {
