@@ -96,7 +96,7 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                 std::string(kName), [this](std::string_view target, std::string_view who) { return SetHealthy(target, who); },
                 [this] {
                   nlohmann::json out = nlohmann::json::object();
-                  for (const auto& h : judge_.Verdicts().All()) out[h.uuid] = h;
+                  for (const auto& h : judge_.Verdicts().All()) out[h.RetainKey()] = h;
                   return out.dump();
                 }),
       position_timer_(context.GetLoop().Io()) {

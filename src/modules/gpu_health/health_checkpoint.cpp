@@ -55,13 +55,16 @@ std::string NormalizeBootId(std::string_view text) {
 std::string HealthCheckpoint::Serialize() const {
   nlohmann::json out_devices = nlohmann::json::array();
   for (const auto& d : devices) {
-    out_devices.push_back({{"uuid", d.uuid},
-                           {"healthy", d.healthy},
-                           {"reason", d.reason},
-                           {"xid", d.xid},
-                           {"recommendedAction", d.recommended_action},
-                           {"sinceUnixMs", d.since_unix_ms},
-                           {"pci", d.pci}});
+    nlohmann::json device = {{"uuid", d.uuid},
+                             {"healthy", d.healthy},
+                             {"reason", d.reason},
+                             {"xid", d.xid},
+                             {"recommendedAction", d.recommended_action},
+                             {"sinceUnixMs", d.since_unix_ms},
+                             {"pci", d.pci}};
+    // Only on a GPU instance's verdict: files without it read as before.
+    if (d.gpu_instance != kWholeGpu) device["gpuInstance"] = d.gpu_instance;
+    out_devices.push_back(std::move(device));
   }
   nlohmann::json counts = nlohmann::json::array();
   for (const auto& c : xid_counts) counts.push_back({{"gpu", c.gpu}, {"xid", c.xid}, {"count", c.count}});
@@ -142,8 +145,17 @@ std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, s
     h.healthy = healthy->get<bool>();
     h.xid = xid;
     h.since_unix_ms = since->get<int64_t>();
-    if (std::any_of(out.devices.begin(), out.devices.end(), [&](const auto& o) { return o.uuid == h.uuid; })) {
-      error = where + ": " + h.uuid + " appears twice";
+    if (d.contains("gpuInstance")) {
+      uint64_t instance = 0;
+      if (!UnsignedField(d, "gpuInstance", instance) || instance >= kWholeGpu) {
+        error = where + " (" + h.uuid + "): gpuInstance is not a GPU instance number";
+        return std::nullopt;
+      }
+      h.gpu_instance = static_cast<uint32_t>(instance);
+    }
+    if (std::any_of(out.devices.begin(), out.devices.end(),
+                    [&](const auto& o) { return o.RetainKey() == h.RetainKey(); })) {
+      error = where + ": " + h.RetainKey() + " appears twice";
       return std::nullopt;
     }
     out.devices.push_back(std::move(h));

@@ -7,6 +7,7 @@
 #include "modules/kube/events.hpp"
 
 #include <algorithm>
+#include <set>
 
 namespace gns::gpu_health {
 
@@ -34,13 +35,24 @@ void HealthReport::UseKube(std::shared_ptr<kube::KubeClient> client, std::shared
 void HealthReport::Verdicts(const std::vector<DeviceHealth>& devices, std::size_t known_gpus) {
   devices_ = devices;
   std::size_t unhealthy = 0;
+  std::size_t gpus = 0;
   for (const auto& d : devices_) {
+    if (d.gpu_instance != kWholeGpu) {
+      // A MIG GPU instance's own verdict: its own gauge; the GPU's counts are about whole GPUs.
+      metrics_
+          .Gauge("gpu_node_supervisor_gpu_instance_healthy",
+                 "1 while the MIG GPU instance is Healthy, 0 while an XID that named it holds it Unhealthy",
+                 {{"gpu", d.uuid}, {"gpu_instance", std::to_string(d.gpu_instance)}})
+          .Set(d.healthy ? 1 : 0);
+      continue;
+    }
+    ++gpus;
     unhealthy += d.healthy ? 0 : 1;
     metrics_.Gauge("gpu_node_supervisor_gpu_healthy", "1 while the GPU is Healthy, 0 while Unhealthy", {{"gpu", d.uuid}})
         .Set(d.healthy ? 1 : 0);
   }
   // GPUs with a verdict that the inventory does not list count too.
-  const std::size_t total = std::max(known_gpus, devices_.size());
+  const std::size_t total = std::max(known_gpus, gpus);
   healthy_gauge_->Set(static_cast<double>(total - unhealthy));
   unhealthy_gauge_->Set(static_cast<double>(unhealthy));
   UpdateCondition();
@@ -87,8 +99,12 @@ void HealthReport::UpdateCondition() {
   kube::NodeCondition condition;
   condition.type = settings_.condition_type;
   std::vector<std::string> bad;
+  std::set<std::string_view> bad_gpus;  // a GPU with verdicts for several GPU instances counts once
   for (const auto& d : devices_) {
-    if (!d.healthy) bad.push_back(d.uuid + ": " + d.reason + " → " + d.recommended_action);
+    if (d.healthy) continue;
+    // A GPU instance's reason names the instance ("… on GPU instance N").
+    bad.push_back(d.uuid + ": " + d.reason + " → " + d.recommended_action);
+    bad_gpus.insert(d.uuid);
   }
   if (bad.empty()) {
     condition.status = "True";
@@ -97,7 +113,7 @@ void HealthReport::UpdateCondition() {
   } else {
     condition.status = "False";
     condition.reason = "FatalXid";
-    condition.message = std::to_string(bad.size()) + " GPU(s) unhealthy: ";
+    condition.message = std::to_string(bad_gpus.size()) + " GPU(s) unhealthy: ";
     for (std::size_t i = 0; i < bad.size(); ++i) condition.message += (i ? "; " : "") + bad[i];
   }
   condition_in_flight_ = true;

@@ -31,7 +31,10 @@ constexpr std::string_view kFallenText = "fallen off the bus";
 // "executed", later with ", success: true|false". Accept all three.
 constexpr std::string_view kResetExecuted = "GPU reset executed: ";
 constexpr std::string_view kResetOccurred = "GPU reset occurred: ";
-constexpr std::string_view kResetCommon = "GPU reset ";  // how both of the above start
+// Ours (the gpu-reset module): a reset of this GPU begins; it is held Unhealthy until the
+// "occurred" line (or a failed "executed" one) ends it.
+constexpr std::string_view kResetStarted = "GPU reset started: ";
+constexpr std::string_view kResetCommon = "GPU reset ";  // how all of the above start
 constexpr std::string_view kUuidPrefix = "GPU-";
 constexpr std::string_view kUnknownQuoted = "'<unknown>'";
 constexpr std::string_view kUnknown = "<unknown>";
@@ -475,7 +478,7 @@ ParsedLine ParseFallenOffBus(std::string_view msg) {
   return Parsed(f);
 }
 
-ParsedLine ParseResetAck(std::string_view msg, std::size_t marker, std::size_t marker_size) {
+ParsedLine ParseResetAck(std::string_view msg, std::size_t marker, std::size_t marker_size, bool started = false) {
   Cursor c(msg, marker + marker_size);
   auto fail = [&](std::string_view expected) {
     return Malformed(LineKind::kResetAck, c.pos(), expected);
@@ -484,6 +487,8 @@ ParsedLine ParseResetAck(std::string_view msg, std::size_t marker, std::size_t m
   if (!uuid) return fail("expected 'GPU-' followed by hex digits and dashes");
   ResetAckLine ack;
   ack.uuid = std::move(*uuid);
+  ack.started = started;
+  if (started) return Parsed(std::move(ack));
   if (c.Consume(", success: ")) {
     if (c.Consume("true")) {
       ack.success = true;
@@ -586,6 +591,9 @@ ParsedLine ParseKernelLine(std::string_view message) noexcept {
     }
     if (const std::size_t p = message.find(kResetOccurred, reset); p != npos) {
       return ParseResetAck(message, p, kResetOccurred.size());
+    }
+    if (const std::size_t p = message.find(kResetStarted, reset); p != npos) {
+      return ParseResetAck(message, p, kResetStarted.size(), true);
     }
   }
   return Unrelated();

@@ -38,7 +38,7 @@ enum class LineKind : uint8_t {
   kXid,           // NVRM: Xid (PCI:…): N, …
   kGpuUuid,       // NVRM: GPU at PCI:…: GPU-<uuid>
   kFallenOffBus,  // NVRM: GPU … has fallen off the bus / … fallen off the bus and is not responding
-  kResetAck,      // GPU reset executed|occurred: GPU-<uuid>[, success: true|false]
+  kResetAck,      // GPU reset executed|occurred|started: GPU-<uuid>[, success: true|false]
   kMalformed,     // began like one of the above but did not parse
 };
 
@@ -88,6 +88,8 @@ struct ResetAckLine {
   std::string uuid;  // "GPU-…"
   // The reset job's newer form says ", success: true|false"; the older forms say nothing.
   std::optional<bool> success;
+  // "GPU reset started: GPU-…" (ours): the GPU is under maintenance until the outcome line.
+  bool started = false;
 };
 
 struct MalformedLine {

@@ -11,6 +11,13 @@
 
 namespace gns::gpu_health {
 
+// The reason of a verdict held Unhealthy while the GPU is being reset (after the gpu-reset
+// module's "GPU reset started" line, until its outcome line).
+inline constexpr std::string_view kResetInProgress = "GPU reset in progress";
+
+// DeviceHealth::gpu_instance of a verdict about the whole GPU (NVML's "no instance" value).
+inline constexpr uint32_t kWholeGpu = 0xFFFFFFFFu;
+
 struct DeviceHealth {
   static constexpr std::string_view kTopic = "gpu-health.device";
   static constexpr bool kRetained = true;
@@ -21,7 +28,16 @@ struct DeviceHealth {
   std::string recommended_action;  // NVSentinel vocabulary, e.g. COMPONENT_RESET
   int64_t since_unix_ms = 0;
   std::string pci;  // "0000:3b:00" when known (added by gpu-health)
-  std::string RetainKey() const { return uuid; }
+  // MIG: the GPU instance the verdict is about (kernel "GPU-I:NN", NVML gpuInstanceId);
+  // kWholeGpu (the default) = the whole GPU, which covers all of its MIG devices. A verdict for
+  // one GPU instance is retained beside the whole-GPU one (its own key).
+  uint32_t gpu_instance = kWholeGpu;
+  std::string RetainKey() const { return KeyOf(uuid, gpu_instance); }
+  static std::string KeyOf(std::string_view gpu_uuid, uint32_t instance) {
+    std::string key(gpu_uuid);
+    if (instance != kWholeGpu) key += "/gi" + std::to_string(instance);
+    return key;
+  }
 };
 
 inline void to_json(nlohmann::json& j, const DeviceHealth& h) {
@@ -30,6 +46,7 @@ inline void to_json(nlohmann::json& j, const DeviceHealth& h) {
   if (h.xid != 0) j["xid"] = h.xid;
   if (!h.recommended_action.empty()) j["recommendedAction"] = h.recommended_action;
   if (!h.pci.empty()) j["pci"] = h.pci;
+  if (h.gpu_instance != kWholeGpu) j["gpuInstance"] = h.gpu_instance;
 }
 
 // One impacted entity of a HealthEvent: "PCI" ("0000:3b:00") or "GPU_UUID" ("GPU-…").
@@ -94,14 +111,14 @@ struct GpuHealthState {
   static constexpr bool kRetained = true;
   std::string boot_id;
   std::string catalog_source;
-  std::vector<DeviceHealth> devices;       // every device the module has a verdict for
+  std::vector<DeviceHealth> devices;       // every verdict (GPUs and GPU instances), by RetainKey
   std::vector<HealthEvent> recent_events;  // newest last, bounded
   std::vector<std::pair<std::string, std::string>> pci_to_uuid;  // learned from the kernel log
 };
 
 inline void to_json(nlohmann::json& j, const GpuHealthState& s) {
   nlohmann::json devices = nlohmann::json::object();
-  for (const auto& d : s.devices) devices[d.uuid] = d;
+  for (const auto& d : s.devices) devices[d.RetainKey()] = d;
   nlohmann::json pci = nlohmann::json::object();
   for (const auto& [p, u] : s.pci_to_uuid) pci[p] = u;
   j = nlohmann::json{{"bootId", s.boot_id},   {"catalog", s.catalog_source}, {"devices", devices},

@@ -28,7 +28,8 @@ OperatorChannel::~OperatorChannel() {
 
 void OperatorChannel::StartSocket(const std::string& path) {
   if (path.empty()) return;
-  socket_ = std::make_unique<AdminSocket>(io_, path, [this](std::string_view line) { return HandleLine(line); });
+  socket_ = std::make_unique<AdminSocket>(io_, path,
+                                          AdminSocket::OneShot([this](std::string_view line) { return HandleLine(line); }));
   socket_->Start();
 }
 

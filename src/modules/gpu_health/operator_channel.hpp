@@ -8,7 +8,7 @@
 
 #include "loop/bus.hpp"
 #include "loop/rate_limited_log.hpp"
-#include "modules/gpu_health/admin_socket.hpp"
+#include "loop/admin_socket.hpp"
 
 #include <spdlog/logger.h>
 

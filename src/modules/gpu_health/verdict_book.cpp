@@ -1,17 +1,20 @@
 // Per-GPU health verdicts (see verdict_book.hpp).
 #include "modules/gpu_health/verdict_book.hpp"
 
+#include <algorithm>
+
 namespace gns::gpu_health {
 
 const DeviceHealth* VerdictBook::MarkUnhealthy(const std::string& uuid, const std::string& pci,
                                                const std::string& reason, uint32_t xid, RecommendedAction action,
-                                               int64_t now_unix_ms) {
+                                               int64_t now_unix_ms, uint32_t gpu_instance) {
   const std::string action_name(ActionName(action));
-  auto [it, fresh] = devices_.try_emplace(uuid);
+  auto [it, fresh] = devices_.try_emplace(DeviceHealth::KeyOf(uuid, gpu_instance));
   DeviceHealth& h = it->second;
   if (!fresh && !h.healthy && h.xid == xid && h.recommended_action == action_name) return nullptr;
   const bool was_healthy = fresh || h.healthy;
   h.uuid = uuid;
+  h.gpu_instance = gpu_instance;
   h.healthy = false;
   h.reason = reason;
   h.xid = xid;
@@ -21,52 +24,57 @@ const DeviceHealth* VerdictBook::MarkUnhealthy(const std::string& uuid, const st
   return &h;
 }
 
-const DeviceHealth* VerdictBook::MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms) {
-  const auto it = devices_.find(uuid);
-  if (it == devices_.end() || it->second.healthy) return nullptr;
-  DeviceHealth& h = it->second;
-  h.healthy = true;
-  h.reason = reason;
-  h.xid = 0;
-  h.recommended_action.clear();
-  h.since_unix_ms = now_unix_ms;
-  return &h;
+std::vector<DeviceHealth> VerdictBook::MarkHealthy(const std::string& uuid, const std::string& reason,
+                                                   int64_t now_unix_ms) {
+  std::vector<DeviceHealth> changed;
+  // The GPU's key, then "<uuid>/gi…": keys that begin with the UUID, the GPU first.
+  for (auto it = devices_.lower_bound(uuid); it != devices_.end() && it->first.starts_with(uuid); ++it) {
+    DeviceHealth& h = it->second;
+    if (h.uuid != uuid || h.healthy) continue;
+    h.healthy = true;
+    h.reason = reason;
+    h.xid = 0;
+    h.recommended_action.clear();
+    h.since_unix_ms = now_unix_ms;
+    changed.push_back(h);
+  }
+  return changed;
 }
 
 bool VerdictBook::Restore(const DeviceHealth& saved) {
   if (saved.healthy) return false;  // Healthy is where every device starts
-  const auto [it, fresh] = devices_.try_emplace(saved.uuid, saved);
+  const auto [it, fresh] = devices_.try_emplace(saved.RetainKey(), saved);
   return fresh;
 }
 
-const DeviceHealth* VerdictBook::Find(std::string_view uuid) const {
-  const auto it = devices_.find(uuid);
+const DeviceHealth* VerdictBook::Find(std::string_view uuid, uint32_t gpu_instance) const {
+  const auto it = devices_.find(DeviceHealth::KeyOf(uuid, gpu_instance));
   return it == devices_.end() ? nullptr : &it->second;
 }
 
-bool VerdictBook::IsUnhealthy(std::string_view uuid) const {
-  const DeviceHealth* h = Find(uuid);
+bool VerdictBook::IsUnhealthy(std::string_view uuid, uint32_t gpu_instance) const {
+  const DeviceHealth* h = Find(uuid, gpu_instance);
   return h != nullptr && !h->healthy;
 }
 
 std::vector<DeviceHealth> VerdictBook::All() const {
   std::vector<DeviceHealth> out;
   out.reserve(devices_.size());
-  for (const auto& [uuid, h] : devices_) out.push_back(h);
+  for (const auto& [key, h] : devices_) out.push_back(h);
   return out;
 }
 
 std::vector<std::string> VerdictBook::UnhealthyUuids() const {
   std::vector<std::string> out;
-  for (const auto& [uuid, h] : devices_) {
-    if (!h.healthy) out.push_back(uuid);
+  for (const auto& [key, h] : devices_) {
+    if (!h.healthy && std::find(out.begin(), out.end(), h.uuid) == out.end()) out.push_back(h.uuid);
   }
   return out;
 }
 
 std::size_t VerdictBook::UnhealthyCount() const {
   std::size_t n = 0;
-  for (const auto& [uuid, h] : devices_) n += h.healthy ? 0 : 1;
+  for (const auto& [key, h] : devices_) n += h.healthy ? 0 : 1;
   return n;
 }
 

@@ -2,6 +2,11 @@
 // which XID and recommended action, since when. The one place the verdict lives; everything
 // else (the device plugin, the Node condition, the state file) follows what changes here.
 //
+// MIG: a report that names a GPU instance gets a verdict of its own, beside the GPU's (keyed by
+// DeviceHealth::RetainKey, "<uuid>/gi<N>"); the device plugin marks that MIG device alone. What
+// heals a GPU (a reset, a new boot, set-healthy) heals its GPU instances with it: a reset takes
+// the whole GPU.
+//
 // Pure state, no I/O, no clock: each call takes the time and returns the verdict when it
 // changed, and the module publishes, persists and reports that change. Loop thread only.
 #pragma once
@@ -22,24 +27,29 @@ class VerdictBook {
  public:
   // The verdict after the change, or nullptr when it was already so (Unhealthy for the same
   // XID and action). The pointer stays valid until the next call that changes the book.
+  // `gpu_instance`: kWholeGpu, or the GPU instance the report named.
   const DeviceHealth* MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason,
-                                    uint32_t xid, RecommendedAction action, int64_t now_unix_ms);
-  // nullptr when the GPU was not Unhealthy.
-  const DeviceHealth* MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
+                                    uint32_t xid, RecommendedAction action, int64_t now_unix_ms,
+                                    uint32_t gpu_instance = kWholeGpu);
+  // The GPU and every GPU instance of it that were Unhealthy, now Healthy (GPU first); empty
+  // when none was.
+  std::vector<DeviceHealth> MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
   // An Unhealthy verdict restored from the state file of this boot. False (nothing changed)
-  // when this run already decided about the GPU: its verdict is newer.
+  // when this run already decided about the GPU (or GPU instance): its verdict is newer.
   bool Restore(const DeviceHealth& saved);
 
-  [[nodiscard]] const DeviceHealth* Find(std::string_view uuid) const;
-  [[nodiscard]] bool IsUnhealthy(std::string_view uuid) const;
-  // Every verdict of this run or restored, in UUID order.
+  [[nodiscard]] const DeviceHealth* Find(std::string_view uuid, uint32_t gpu_instance = kWholeGpu) const;
+  [[nodiscard]] bool IsUnhealthy(std::string_view uuid, uint32_t gpu_instance = kWholeGpu) const;
+  // Every verdict of this run or restored, in key order (a GPU, then its GPU instances).
   [[nodiscard]] std::vector<DeviceHealth> All() const;
+  // The GPUs with an Unhealthy verdict, whole or for one of their GPU instances; each once.
   [[nodiscard]] std::vector<std::string> UnhealthyUuids() const;
+  // Unhealthy verdicts, GPU instances included.
   [[nodiscard]] std::size_t UnhealthyCount() const;
   [[nodiscard]] std::size_t size() const { return devices_.size(); }
 
  private:
-  std::map<std::string, DeviceHealth, std::less<>> devices_;
+  std::map<std::string, DeviceHealth, std::less<>> devices_;  // by DeviceHealth::RetainKey
 };
 
 }  // namespace gns::gpu_health

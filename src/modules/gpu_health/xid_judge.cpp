@@ -48,7 +48,7 @@ void XidJudge::OnInventory(const std::vector<gpu_inventory::GpuInfo>& gpus, int6
     }
     const Pending p = it->second;
     it = pending_.erase(it);
-    MarkUnhealthy(uuid, p.pci, p.reason, p.xid, p.action, now_unix_ms);
+    MarkUnhealthy(uuid, p.pci, p.reason, p.xid, p.action, now_unix_ms, p.gpu_instance);
   }
 }
 
@@ -63,9 +63,9 @@ void XidJudge::OnKernelLine(std::string_view message, uint64_t at_usec, bool ack
       const XidLine& x = *parsed.xid();
       const XidSubject who = directory_.SubjectFor(x.pci);
       if (x.xid == kRecoveryActionXid) {
-        HandleRecoveryAction(who, x, at, now_unix_ms);
+        HandleRecoveryAction(who, x, at, now_unix_ms);  // the driver's action is for the GPU
       } else {
-        HandleXid(who, x.xid, at, XidSource::kKernel, x.raw_detail, now_unix_ms);
+        HandleXid(who, x.xid, at, XidSource::kKernel, x.raw_detail, now_unix_ms, x.gpu_instance.value_or(kWholeGpu));
       }
       return;
     }
@@ -84,7 +84,7 @@ void XidJudge::OnKernelLine(std::string_view message, uint64_t at_usec, bool ack
       return;
     }
     case LineKind::kResetAck:
-      HandleResetAck(parsed.reset_ack()->uuid, parsed.reset_ack()->success, now_unix_ms);
+      HandleResetAck(*parsed.reset_ack(), now_unix_ms);
       return;
     case LineKind::kMalformed: {
       const auto& m = *parsed.malformed();
@@ -108,8 +108,9 @@ void XidJudge::OnNvmlXid(const gpu_inventory::XidObservation& xid, int64_t now_u
   std::optional<PciAddress> pci;
   if (const auto text = directory_.PciForUuid(xid.uuid); !text.empty()) pci = ParsePciAddress(text);
   const int64_t ms = xid.observed_unix_ms != 0 ? xid.observed_unix_ms : now_unix_ms;
+  // NVML names the GPU instance the same way (gpuInstanceId; 0xFFFFFFFF when none).
   HandleXid(XidSubject(xid.uuid, pci), static_cast<uint32_t>(xid.xid), Timestamp(ms * 1000), XidSource::kNvml, {},
-            now_unix_ms);
+            now_unix_ms, xid.gpu_instance);
 }
 
 void XidJudge::OnNewBoot(const std::string& boot_id, int64_t now_unix_ms) {
@@ -182,14 +183,24 @@ void XidJudge::HandleRecoveryAction(const XidSubject& who, const XidLine& line, 
 }
 
 void XidJudge::HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, XidSource source, std::string_view detail,
-                         int64_t now_unix_ms) {
-  // Runs for every Xid line: nothing here allocates until something is reported or changes.
-  const XidDecision decision = policy_.Decide(who.policy_id(), xid, at, source);
-  Decided(who, xid, decision, source == XidSource::kNvml ? "nvml" : "kernel", detail, {}, now_unix_ms);
+                         int64_t now_unix_ms, uint32_t gpu_instance) {
+  // Runs for every Xid line: nothing here allocates until something is reported or changes
+  // (or a GPU instance is named). A GPU instance is a device of its own to the policy too: the
+  // two sources' reports fold only when they name the same one (two GPU instances failing at
+  // once are two occurrences), and thresholds and the rate limit count per GPU instance.
+  std::string instance_id;
+  std::string_view policy_id = who.policy_id();
+  if (gpu_instance != kWholeGpu) {
+    instance_id = DeviceHealth::KeyOf(policy_id, gpu_instance);
+    policy_id = instance_id;
+  }
+  const XidDecision decision = policy_.Decide(policy_id, xid, at, source);
+  Decided(who, xid, decision, source == XidSource::kNvml ? "nvml" : "kernel", detail, {}, now_unix_ms, gpu_instance);
 }
 
 void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& decision, std::string_view source,
-                       std::string_view detail, std::string_view action_note, int64_t now_unix_ms) {
+                       std::string_view detail, std::string_view action_note, int64_t now_unix_ms,
+                       uint32_t gpu_instance) {
   const std::string_view uuid = who.uuid();
   const std::optional<PciAddress>& pci = who.address();
   if (decision.verdict == Verdict::kDuplicate) {
@@ -210,11 +221,13 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
   };
   if (decision.verdict == Verdict::kFatal) {
     std::string reason = "XID " + std::to_string(xid) + " (" + name() + ")";
+    if (gpu_instance != kWholeGpu) reason += " on GPU instance " + std::to_string(gpu_instance);
     if (!action_note.empty()) reason += ", " + std::string(action_note);
     if (!uuid.empty()) {
-      MarkUnhealthy(std::string(uuid), who.pci(), reason, xid, decision.action, now_unix_ms);
+      MarkUnhealthy(std::string(uuid), who.pci(), reason, xid, decision.action, now_unix_ms, gpu_instance);
     } else if (pci && (pending_.size() < kMaxPending || pending_.count(pci->DeviceKey()))) {
-      pending_[pci->DeviceKey()] = Pending{*pci, who.pci(), reason, xid, decision.action};
+      // One pending verdict per address: the latest fatal XID, whichever instance it named.
+      pending_[pci->DeviceKey()] = Pending{*pci, who.pci(), reason, xid, decision.action, gpu_instance};
     }
   }
   if (!decision.emit) return;
@@ -222,6 +235,7 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
   event.is_fatal = decision.verdict == Verdict::kFatal;
   event.is_healthy = false;
   event.message = name();
+  if (gpu_instance != kWholeGpu) event.message += " on GPU instance " + std::to_string(gpu_instance);
   // Sanitised only now: most occurrences are not emitted.
   if (!detail.empty()) event.message += ": " + SanitizedText(detail, kMaxDetailBytes).substr(0, 512);
   if (decision.verdict == Verdict::kBelowThreshold) {
@@ -239,12 +253,28 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
              KubeEvent{reportable, "Warning", decision.verdict == Verdict::kFatal ? "GpuXidFatal" : "GpuXid"});
 }
 
-void XidJudge::HandleResetAck(const std::string& uuid, std::optional<bool> success, int64_t now_unix_ms) {
-  if (success.has_value() && !*success) {
-    out_.bad("reset_failed", "the reset job reported a failed reset of " + uuid);
+void XidJudge::HandleResetAck(const ResetAckLine& ack, int64_t now_unix_ms) {
+  const std::string& uuid = ack.uuid;
+  if (ack.started) {
+    // A reset begins: nothing new may land on the GPU. An Unhealthy verdict keeps its XID and
+    // action (the reason the GPU is being reset); a Healthy one turns Unhealthy for maintenance,
+    // with no remediation of its own (no HealthEvent: a hold is not a fault).
+    const DeviceHealth* current = verdicts_.Find(uuid);
+    if (current != nullptr && !current->healthy) return;
+    MarkUnhealthy(uuid, "", std::string(kResetInProgress), 0, RecommendedAction::kNone, now_unix_ms);
+    return;
+  }
+  if (ack.success.has_value() && !*ack.success) {
+    // A failed reset leaves the GPU Unhealthy whatever it was, and only a reboot is left.
+    out_.bad("reset_failed", "a failed reset of " + uuid + " was reported");
+    MarkUnhealthy(uuid, "", "GPU reset failed", 0, RecommendedAction::kRestartBm, now_unix_ms);
     auto event = NewEvent("reset-ack", now_unix_ms);
     event.is_fatal = true;
     event.message = "GPU reset failed";
+    event.recommended_action = static_cast<int>(RecommendedAction::kRestartBm);
+    event.recommended_action_name = std::string(ActionName(RecommendedAction::kRestartBm));
+    const std::string pci = directory_.PciForUuid(uuid);
+    if (!pci.empty()) event.entities_impacted.push_back({"PCI", pci});
     event.entities_impacted.push_back({"GPU_UUID", uuid});
     out_.event(std::move(event), KubeEvent{true, "Warning", "GpuResetFailed"});
     return;
@@ -278,7 +308,7 @@ void XidJudge::Learn(const PciAddress& pci, const std::string& uuid, int64_t now
   if (const auto p = pending_.find(pci.DeviceKey()); p != pending_.end()) {
     const Pending pending = p->second;
     pending_.erase(p);
-    MarkUnhealthy(uuid, pending.pci, pending.reason, pending.xid, pending.action, now_unix_ms);
+    MarkUnhealthy(uuid, pending.pci, pending.reason, pending.xid, pending.action, now_unix_ms, pending.gpu_instance);
   }
 }
 
@@ -291,21 +321,22 @@ void XidJudge::Forget(const std::string& uuid) {
 // --- verdicts -----------------------------------------------------------------------------
 
 void XidJudge::MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
-                             RecommendedAction action, int64_t now_unix_ms) {
+                             RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance) {
   const DeviceHealth* h = verdicts_.MarkUnhealthy(uuid, pci.empty() ? directory_.PciForUuid(uuid) : pci, reason, xid,
-                                                  action, now_unix_ms);
+                                                  action, now_unix_ms, gpu_instance);
   if (h == nullptr) return;
-  log_.warn("{} is Unhealthy: {}, recommended action {}", uuid, reason, h->recommended_action);
+  log_.warn("{} is Unhealthy: {}, recommended action {}", h->RetainKey(), reason, h->recommended_action);
   out_.verdict(*h);
 }
 
 bool XidJudge::MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms) {
-  const DeviceHealth* h = verdicts_.MarkHealthy(uuid, reason, now_unix_ms);
-  if (h == nullptr) return false;
-  log_.info("{} is Healthy again: {}", uuid, reason);
-  out_.recovered();
-  out_.verdict(*h);
-  return true;
+  const std::vector<DeviceHealth> changed = verdicts_.MarkHealthy(uuid, reason, now_unix_ms);
+  for (const DeviceHealth& h : changed) {
+    log_.info("{} is Healthy again: {}", h.RetainKey(), reason);
+    out_.recovered();
+    out_.verdict(h);
+  }
+  return !changed.empty();
 }
 
 HealthEvent XidJudge::NewEvent(std::string_view source, int64_t now_unix_ms) const {

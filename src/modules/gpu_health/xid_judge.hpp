@@ -77,16 +77,20 @@ class XidJudge {
   std::size_t KnownGpus() const { return gpus_; }
 
  private:
+  // `gpu_instance`: the GPU instance the report names (kWholeGpu when none): a fatal verdict is
+  // then about that GPU instance alone.
   void HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, XidSource source, std::string_view detail,
-                 int64_t now_unix_ms);
+                 int64_t now_unix_ms, uint32_t gpu_instance = kWholeGpu);
   void HandleRecoveryAction(const XidSubject& who, const XidLine& line, Timestamp at, int64_t now_unix_ms);
-  void HandleResetAck(const std::string& uuid, std::optional<bool> success, int64_t now_unix_ms);
+  void HandleResetAck(const ResetAckLine& ack, int64_t now_unix_ms);
   void Learn(const PciAddress& pci, const std::string& uuid, int64_t now_unix_ms);
   void MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
-                     RecommendedAction action, int64_t now_unix_ms);
+                     RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance = kWholeGpu);
+  // True when the GPU or one of its GPU instances was Unhealthy.
   bool MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
   void Decided(const XidSubject& who, uint32_t xid, const XidDecision& decision, std::string_view source,
-               std::string_view detail, std::string_view action_note, int64_t now_unix_ms);
+               std::string_view detail, std::string_view action_note, int64_t now_unix_ms,
+               uint32_t gpu_instance = kWholeGpu);
   HealthEvent NewEvent(std::string_view source, int64_t now_unix_ms) const;
   void Forget(const std::string& uuid);
 
@@ -106,6 +110,7 @@ class XidJudge {
     std::string reason;
     uint32_t xid = 0;
     RecommendedAction action = RecommendedAction::kNone;
+    uint32_t gpu_instance = kWholeGpu;
   };
   std::map<uint64_t, Pending> pending_;  // fatal XIDs on a PCI address not yet mapped to a GPU
 };

@@ -182,7 +182,9 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
 void XidPolicy::ForgetGpu(std::string_view gpu_id) {
   // Rare (a reset, an operator): a walk over at most kMaxTrackedKeys states.
   for (auto it = states_.begin(); it != states_.end();) {
-    if (it->first.gpu == gpu_id) {
+    // The GPU and its GPU instances ("<id>/gi<N>", as the judge keys them).
+    const std::string_view key = it->first.gpu;
+    if (key == gpu_id || (key.starts_with(gpu_id) && key.substr(gpu_id.size()).starts_with("/gi"))) {
       lru_.erase(it->second.lru);
       it = states_.erase(it);
     } else {

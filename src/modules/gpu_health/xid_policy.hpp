@@ -81,7 +81,8 @@ class XidPolicy {
   XidDecision Decide(std::string_view gpu_id, uint32_t xid, Timestamp at, XidSource source = XidSource::kKernel,
                      std::optional<RecommendedAction> line_action = std::nullopt);
 
-  // Drops every state of one GPU (after a successful reset: counts start again).
+  // Drops every state of one GPU and of its GPU instances ("<gpu_id>/gi<N>"), after a
+  // successful reset: counts start again.
   void ForgetGpu(std::string_view gpu_id);
 
   [[nodiscard]] const XidCatalog& catalog() const noexcept { return catalog_; }

@@ -60,7 +60,7 @@ class JournaldModule final : public Module {
     std::string directory;  // empty: the system journal
     bool kernel = true;
     std::vector<std::string> units;
-    std::string ack_identifier = "gpu-reset";
+    std::string ack_identifier{kDefaultAckIdentifier};
     std::chrono::milliseconds cursor_flush_interval{5000};
     std::chrono::milliseconds boot_lookback{std::chrono::hours(24)};
     std::size_t max_message_bytes = 16384;

@@ -21,6 +21,10 @@
 
 namespace gns::journald {
 
+// SYSLOG_IDENTIFIER of GPU reset acknowledgements: what journald reads them by and what the
+// gpu-reset module writes them with (one default for both configs).
+inline constexpr std::string_view kDefaultAckIdentifier = "gpu-reset";
+
 // A place in the journal: the entry last read (cursor) with its boot and times. Empty cursor:
 // nothing read yet.
 struct JournalPosition {

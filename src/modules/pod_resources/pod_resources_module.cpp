@@ -24,6 +24,8 @@ namespace {
 // The kubelet records an allocation after Allocate returns: a List made in between does not
 // show it. Lists tried (with growing waits) before an allocated device is given up on.
 constexpr int kExpectAttempts = 5;
+// A deleted pod the kubelet still lists is looked for again this many times (backoff up to retryMax).
+constexpr int kDepartingAttempts = 12;
 
 std::string StringAt(const json& object, const char* pointer) {
   const json::json_pointer ptr(pointer);
@@ -329,6 +331,23 @@ void PodResourcesModule::RebuildView() {
 }
 
 void PodResourcesModule::CheckExpected() {
+  // Pods the API deleted that the kubelet still lists (their containers are stopping): listed
+  // again with backoff until they are gone, since no other event will say so — a GPU reset waits
+  // on exactly this.
+  int departing_most = -1;
+  for (auto it = departing_.begin(); it != departing_.end();) {
+    const bool listed = std::any_of(view_.pods.begin(), view_.pods.end(),
+                                    [&](const PodView& pod) { return pod.Key() == it->first; });
+    if (!listed || ++it->second >= kDepartingAttempts) {
+      it = departing_.erase(it);
+    } else {
+      departing_most = std::max(departing_most, it->second);
+      ++it;
+    }
+  }
+  if (departing_most >= 0) {
+    ArmListTimer(std::min(config_.retry_max, std::max(config_.coalesce, milliseconds(50)) * (1 << std::min(departing_most, 8))));
+  }
   if (expected_.empty()) return;
   std::set<std::string> held;
   for (const auto& pod : view_.pods) {
@@ -365,6 +384,7 @@ void PodResourcesModule::OnPodEvent(const kube::ResourceEvent& event) {
   bool echo = false;
   if (event.type == kube::ResourceEvent::Type::kDeleted) {
     acked_.erase(key);
+    departing_.emplace(key, 0);
   } else if (const auto it = acked_.find(key); it != acked_.end()) {
     if (StringAt(pod, "/metadata/resourceVersion") == it->second.resource_version) {
       acked_.erase(it);  // the watch shows our own write: the cache is current again

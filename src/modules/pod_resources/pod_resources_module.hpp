@@ -123,6 +123,8 @@ class PodResourcesModule final : public Module {
   int64_t listed_at_ms_ = 0;
   // Devices our plugin allocated that no List has shown yet -> Lists tried since.
   std::map<std::string, int> expected_;
+  // Pods deleted in the API that the last List still showed -> Lists tried since.
+  std::map<std::string, int> departing_;
   std::set<std::string> known_gpus_;  // from the inventory; empty: every ID accepted
   std::set<std::string> prepared_claims_;
   std::optional<GpuPodMap> published_;

@@ -120,6 +120,18 @@ class GpuHealthModuleTest : public ::testing::Test {
     return h != nullptr && !h->healthy;
   }
 
+  // A kubelet simulator on <dir>/kubelet, the device plugin's kubelet directory.
+  std::unique_ptr<sim::KubeletSim> StartKubelet() {
+    h_.site.paths.kubelet_dir = dir_ + "/kubelet";
+    h_.site.paths.host_root = dir_ + "/host";
+    fs::create_directories(h_.site.paths.kubelet_dir);
+    sim::KubeletSimOptions kubelet_options;
+    kubelet_options.kubelet_dir = h_.site.paths.kubelet_dir;
+    auto kubelet = std::make_unique<sim::KubeletSim>(kubelet_options);
+    kubelet->Start();
+    return kubelet;
+  }
+
   double Metric(const std::string& text) {
     const auto rendered = h_.metrics.Render();
     const auto at = rendered.find("\n" + text + " ");
@@ -510,13 +522,7 @@ TEST_F(GpuHealthKubeTest, AStartFindsTheKubeServicesOfThatMoment) {
 TEST_F(GpuHealthModuleTest, JournalXidToUnhealthyAtTheKubeletAndResetAckBackToHealthy) {
   const std::string journal_dir = dir_ + "/journal";
   fs::create_directories(journal_dir);
-  h_.site.paths.kubelet_dir = dir_ + "/kubelet";
-  h_.site.paths.host_root = dir_ + "/host";
-  fs::create_directories(h_.site.paths.kubelet_dir);
-  sim::KubeletSimOptions kubelet_options;
-  kubelet_options.kubelet_dir = h_.site.paths.kubelet_dir;
-  auto kubelet = std::make_unique<sim::KubeletSim>(kubelet_options);
-  kubelet->Start();
+  auto kubelet = StartKubelet();
   h_.bus.Publish(TwoGpus());
 
   auto noop_failure = [](std::string) {};
@@ -560,6 +566,75 @@ TEST_F(GpuHealthModuleTest, JournalXidToUnhealthyAtTheKubeletAndResetAckBackToHe
     ASSERT_TRUE(h_.RunUntil([&] { return stopped; }));
   }
   journal.reset();
+  dp.reset();
+  StopModule();
+  h_.OffLoop([&] {
+    kubelet.reset();
+    return 0;
+  });
+}
+
+// A MIG GPU: an XID that names a GPU instance (kernel GPU-I, NVML's gpuInstanceId) makes that
+// MIG device alone Unhealthy at the kubelet; one without makes all of them; the reset heals all.
+TEST_F(GpuHealthModuleTest, AnXidOnOneGpuInstanceMarksOnlyItsMigDeviceAtTheKubelet) {
+  auto kubelet = StartKubelet();
+  gpu_inventory::GpuInventory inventory = TwoGpus();
+  inventory.gpus[0].mig_enabled = true;
+  for (uint32_t gi : {1u, 2u}) {
+    gpu_inventory::MigDeviceInfo mig;
+    mig.index = gi - 1;
+    mig.uuid = "MIG-gi" + std::to_string(gi);
+    mig.gpu_instance = gi;
+    mig.profile = "3g.40gb";
+    inventory.gpus[0].mig_devices.push_back(mig);
+  }
+  h_.bus.Publish(inventory);
+
+  auto noop_failure = [](std::string) {};
+  auto noop_health = [](ModuleHealth, std::string) {};
+  ModuleContext dp_context(h_.Parts(), "device-plugin", noop_failure, noop_health);
+  device_plugin::DevicePluginModule::Config dp_config;
+  dp_config.mig_strategy = device_plugin::MigStrategy::kMixed;
+  auto dp = std::make_unique<device_plugin::DevicePluginModule>(dp_context, dp_config);
+  dp->Start();
+  StartModule();
+  const std::string resource = "nvidia.com/mig-3g.40gb";
+  auto health_of = [&](const std::string& id, const std::string& health) {
+    return h_.OffLoop([&] { return kubelet->WaitForDeviceHealth(resource, id, health, seconds(20)); });
+  };
+  ASSERT_TRUE(health_of("MIG-gi1", "Healthy"));
+  ASSERT_TRUE(health_of("MIG-gi2", "Healthy"));
+
+  h_.bus.Publish(Kernel("NVRM: Xid (PCI:0000:03:00 GPU-I:02): 48, pid=1, name=python, DBE"));
+  ASSERT_TRUE(health_of("MIG-gi2", "Unhealthy"));
+  EXPECT_TRUE(health_of("MIG-gi1", "Healthy"));
+  EXPECT_FALSE(IsUnhealthy(kUuid));  // the GPU's own verdict is untouched
+  const auto& retained = h_.bus.LatestByKey<DeviceHealth>();
+  const auto gi2 = retained.find(std::string(kUuid) + "/gi2");
+  ASSERT_NE(gi2, retained.end());
+  EXPECT_FALSE(gi2->second.healthy);
+  EXPECT_EQ(gi2->second.gpu_instance, 2u);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_instance_healthy{gpu=\"" + std::string(kUuid) + "\",gpu_instance=\"2\"}"), 0);
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_devices{health=\"Unhealthy\"}"), 0);  // whole GPUs
+
+  // NVML names GPU instance 1 in a later occurrence.
+  h_.bus.Publish(gpu_inventory::XidObservation{kUuid, 48, 1, 0, 1'700'000'100'000});
+  ASSERT_TRUE(health_of("MIG-gi1", "Unhealthy"));
+
+  // A reset of the GPU heals both GPU instances.
+  h_.bus.Publish(Ack(kUuid));
+  ASSERT_TRUE(health_of("MIG-gi1", "Healthy"));
+  ASSERT_TRUE(health_of("MIG-gi2", "Healthy"));
+
+  // No instance named: the whole GPU, so every MIG device of it.
+  h_.bus.Publish(Kernel("NVRM: Xid (PCI:0000:03:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+                        std::string(32, 'a'), 1'700'000'200'000'000));
+  ASSERT_TRUE(health_of("MIG-gi1", "Unhealthy"));
+  ASSERT_TRUE(health_of("MIG-gi2", "Unhealthy"));
+
+  bool stopped = false;
+  dp->Stop([&] { stopped = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return stopped; }));
   dp.reset();
   StopModule();
   h_.OffLoop([&] {
@@ -673,6 +748,23 @@ TEST_F(GpuHealthPersistTest, UnhealthySurvivesARestartInTheSameBoot) {
   h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
   ASSERT_TRUE(h_.RunUntil([&] { return !events_.empty(); }));
   EXPECT_EQ(health_.size(), 1u);
+}
+
+TEST_F(GpuHealthPersistTest, AGpuInstanceVerdictSurvivesARestartAsItsOwn) {
+  SetHostBoot(kBootA);
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel("NVRM: Xid (PCI:0000:03:00 GPU-I:03): 48, pid=1, name=x, DBE", kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto saved = Saved();
+    return saved && saved->devices.size() == 1 && saved->devices[0].gpu_instance == 3;
+  }));
+  Restart();
+  const auto* restored = PublishedSinceRestart(kUuid);
+  ASSERT_NE(restored, nullptr) << "no DeviceHealth published at start";
+  EXPECT_FALSE(restored->healthy);
+  EXPECT_EQ(restored->gpu_instance, 3u);
+  EXPECT_FALSE(IsUnhealthy(kUuid));  // the whole GPU's key stays clear
 }
 
 TEST_F(GpuHealthPersistTest, AnotherBootRestoresNothing) {
@@ -792,14 +884,20 @@ TEST(GpuHealthStateFile, RoundTripAndValidation) {
   d.since_unix_ms = 1'700'000'000'123;
   d.pci = "0000:03:00";
   saved.devices.push_back(d);
+  DeviceHealth instance = d;  // a MIG GPU instance's verdict beside its GPU's
+  instance.gpu_instance = 5;
+  instance.reason = "XID 48 (ROBUST_CHANNEL_GPU_ECC_DBE) on GPU instance 5";
+  saved.devices.push_back(instance);
   saved.journal = {kBootAHex, "s=abc;i=12;b=" + std::string(kBootAHex) + ";m=1f;t=5;x=9", 31, 1'700'000'000'000'005};
   saved.xid_counts = {{kUuid, 48, 3}, {"0000:99:00", 13, 1}};
   std::string error;
   const auto back = HealthCheckpoint::Parse(saved.Serialize(), error);
   ASSERT_TRUE(back) << error;
   EXPECT_EQ(back->boot_id, kBootAHex);
-  ASSERT_EQ(back->devices.size(), 1u);
+  ASSERT_EQ(back->devices.size(), 2u);
   EXPECT_EQ(nlohmann::json(back->devices[0]), nlohmann::json(d));
+  EXPECT_EQ(nlohmann::json(back->devices[1]), nlohmann::json(instance));
+  EXPECT_EQ(back->devices[1].gpu_instance, 5u);
   EXPECT_EQ(back->journal, saved.journal);
   EXPECT_EQ(back->xid_counts, saved.xid_counts);
   // Version 1 files (verdicts only) are still read: no position, no counts.
@@ -811,6 +909,9 @@ TEST(GpuHealthStateFile, RoundTripAndValidation) {
   for (const char* bad : {"", "[]", "{\"version\":\"1\"}", "{\"version\":1,\"bootId\":\"xyz\",\"devices\":[]}",
                           "{\"version\":1,\"bootId\":\"\",\"devices\":[{\"uuid\":\"nope\"}]}",
                           "{\"version\":1,\"bootId\":\"\",\"devices\":{}}",
+                          "{\"version\":1,\"bootId\":\"\",\"devices\":[{\"uuid\":\"GPU-1\",\"healthy\":false,"
+                          "\"reason\":\"\",\"xid\":1,\"recommendedAction\":\"\",\"sinceUnixMs\":1,\"pci\":\"\","
+                          "\"gpuInstance\":4294967295}]}",
                           "{\"version\":2,\"bootId\":\"\",\"devices\":[]}",
                           "{\"version\":2,\"bootId\":\"\",\"devices\":[],\"journal\":{\"bootId\":\"\",\"cursor\":\"\","
                           "\"monotonicUsec\":0,\"realtimeUsec\":0},\"xidCounts\":[{\"gpu\":1}]}"}) {

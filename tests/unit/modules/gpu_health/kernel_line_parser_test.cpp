@@ -405,5 +405,14 @@ TEST(PciAddress, ComparesNumericallyAcrossForms) {
   }
 }
 
+TEST(KernelLineParserTest, ResetStartedIsAnAcknowledgementOfItsOwn) {
+  const ParsedLine p = ParseKernelLine("GPU reset started: GPU-455d8f70-2051-db6c-0430-ffc457bff834");
+  ASSERT_EQ(p.kind(), LineKind::kResetAck);
+  EXPECT_TRUE(p.reset_ack()->started);
+  EXPECT_EQ(p.reset_ack()->uuid, "GPU-455d8f70-2051-db6c-0430-ffc457bff834");
+  EXPECT_FALSE(ParseKernelLine("GPU reset occurred: GPU-455d8f70-2051-db6c-0430-ffc457bff834").reset_ack()->started);
+  EXPECT_EQ(ParseKernelLine("GPU reset started: not-a-gpu").kind(), LineKind::kMalformed);
+}
+
 }  // namespace
 }  // namespace gns::gpu_health

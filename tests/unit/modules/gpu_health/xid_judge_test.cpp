@@ -216,6 +216,32 @@ TEST_F(XidJudgeTest, ResetAckSetHealthyAndNewBootHeal) {
   EXPECT_TRUE(judge_->Verdicts().UnhealthyUuids().empty());
 }
 
+TEST_F(XidJudgeTest, ResetStartedHoldsAndAFailedResetLeavesRestartBm) {
+  Make();
+  // A Healthy GPU under a reset: Unhealthy for maintenance, no remediation, no HealthEvent.
+  judge_->OnKernelLine("GPU reset started: " + std::string(kA), 1, true, kNow);
+  ASSERT_TRUE(Unhealthy(kA));
+  EXPECT_EQ(Verdict(kA)->reason, kResetInProgress);
+  EXPECT_EQ(Verdict(kA)->recommended_action, "NONE");
+  EXPECT_TRUE(events_.empty());
+  // An Unhealthy one keeps the reason it is being reset for.
+  Line("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE");
+  const std::size_t before = events_.size();
+  judge_->OnKernelLine("GPU reset started: " + std::string(kB), 2, true, kNow);
+  EXPECT_EQ(Verdict(kB)->xid, 48u);
+  EXPECT_EQ(events_.size(), before);
+  // The reset failed: only a reboot is left.
+  judge_->OnKernelLine("GPU reset executed: " + std::string(kB) + ", success: false", 3, true, kNow);
+  EXPECT_TRUE(Unhealthy(kB));
+  EXPECT_EQ(Verdict(kB)->recommended_action, "RESTART_BM");
+  ASSERT_FALSE(events_.empty());
+  EXPECT_EQ(events_.back().recommended_action_name, "RESTART_BM");
+  EXPECT_TRUE(events_.back().is_fatal);
+  // Validated: Healthy through the normal path.
+  judge_->OnKernelLine("GPU reset occurred: " + std::string(kA), 4, true, kNow);
+  EXPECT_FALSE(Unhealthy(kA));
+}
+
 TEST(RecoveryAction, CodesNamesAndWordings) {
   const auto reset = ParseRecoveryActionChange("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)");
   ASSERT_TRUE(reset);
@@ -257,7 +283,7 @@ TEST(VerdictBook, ChangesAreReportedOnceAndRestoresYieldToThisRun) {
   ASSERT_NE(worse, nullptr);
   EXPECT_EQ(worse->since_unix_ms, 10);  // Unhealthy since the first
   EXPECT_EQ(worse->pci, "0000:03:00");
-  EXPECT_EQ(book.MarkHealthy(kB, "x", 40), nullptr);
+  EXPECT_TRUE(book.MarkHealthy(kB, "x", 40).empty());
   DeviceHealth saved;
   saved.uuid = kA;
   saved.healthy = false;
@@ -265,8 +291,116 @@ TEST(VerdictBook, ChangesAreReportedOnceAndRestoresYieldToThisRun) {
   saved.uuid = kB;
   EXPECT_TRUE(book.Restore(saved));
   EXPECT_EQ(book.UnhealthyCount(), 2u);
-  ASSERT_NE(book.MarkHealthy(kA, "GPU reset occurred", 50), nullptr);
+  EXPECT_EQ(book.MarkHealthy(kA, "GPU reset occurred", 50).size(), 1u);
   EXPECT_EQ(book.UnhealthyUuids(), std::vector<std::string>{kB});
+}
+
+TEST(VerdictBook, AGpuInstanceHasItsOwnVerdictAndHealsWithItsGpu) {
+  VerdictBook book;
+  const DeviceHealth* gi5 = book.MarkUnhealthy(kD, "0000:cb:00", "XID 48 on GPU instance 5", 48,
+                                               RecommendedAction::kComponentReset, 10, 5);
+  ASSERT_NE(gi5, nullptr);
+  EXPECT_EQ(gi5->gpu_instance, 5u);
+  EXPECT_EQ(gi5->RetainKey(), std::string(kD) + "/gi5");
+  EXPECT_TRUE(book.IsUnhealthy(kD, 5));
+  EXPECT_FALSE(book.IsUnhealthy(kD));     // the GPU itself is not judged
+  EXPECT_FALSE(book.IsUnhealthy(kD, 6));  // nor its other GPU instances
+  ASSERT_NE(book.MarkUnhealthy(kD, "", "XID 48 on GPU instance 6", 48, RecommendedAction::kComponentReset, 20, 6),
+            nullptr);
+  ASSERT_NE(book.MarkUnhealthy(kA, "", "XID 79", 79, RecommendedAction::kRestartBm, 20), nullptr);
+  EXPECT_EQ(book.UnhealthyCount(), 3u);
+  EXPECT_EQ(book.UnhealthyUuids(), (std::vector<std::string>{kD, kA}));  // each GPU once, in key order
+  // A reset of the GPU heals its GPU instances; other GPUs keep their verdicts.
+  const auto healed = book.MarkHealthy(kD, "GPU reset occurred", 30);
+  ASSERT_EQ(healed.size(), 2u);
+  EXPECT_EQ(healed[0].gpu_instance, 5u);
+  EXPECT_EQ(healed[1].gpu_instance, 6u);
+  EXPECT_TRUE(healed[0].healthy && healed[1].healthy);
+  EXPECT_FALSE(book.IsUnhealthy(kD, 5));
+  EXPECT_EQ(book.UnhealthyUuids(), std::vector<std::string>{kA});
+  // Restored per key: a GPU instance's saved verdict does not yield to its GPU's.
+  DeviceHealth saved;
+  saved.uuid = kB;
+  saved.healthy = false;
+  saved.gpu_instance = 2;
+  EXPECT_TRUE(book.Restore(saved));
+  saved.gpu_instance = kWholeGpu;
+  EXPECT_TRUE(book.Restore(saved));
+  EXPECT_TRUE(book.IsUnhealthy(kB, 2) && book.IsUnhealthy(kB));
+}
+
+TEST_F(XidJudgeTest, AnXidThatNamesAGpuInstanceMarksThatGpuInstanceAlone) {
+  Make();
+  // The kernel names GPU instance 5: its verdict, not the GPU's.
+  Line("NVRM: Xid (PCI:0000:cb:00 GPU-I:05): 48, pid=1, name=x, DBE", static_cast<uint64_t>(kNow) * 1000);
+  EXPECT_FALSE(Unhealthy(kD));
+  ASSERT_TRUE(judge_->Verdicts().IsUnhealthy(kD, 5));
+  ASSERT_EQ(verdicts_.size(), 1u);
+  EXPECT_EQ(verdicts_[0].uuid, kD);
+  EXPECT_EQ(verdicts_[0].gpu_instance, 5u);
+  EXPECT_EQ(verdicts_[0].xid, 48u);
+  EXPECT_NE(verdicts_[0].reason.find("GPU instance 5"), std::string::npos) << verdicts_[0].reason;
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_NE(events_[0].message.find("on GPU instance 5"), std::string::npos) << events_[0].message;
+  EXPECT_EQ(events_[0].entities_impacted.back().value, kD);  // the event names the GPU
+  // NVML's report of the same occurrence (same GPU instance) is folded into it.
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kD, 48, 5, 0, kNow + 100}, kNow);
+  EXPECT_EQ(duplicates_, 1);
+  EXPECT_EQ(verdicts_.size(), 1u);
+  // NVML names GPU instance 3 in a later occurrence: that GPU instance too.
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kD, 48, 3, 0, kNow + 60'000}, kNow);
+  EXPECT_TRUE(judge_->Verdicts().IsUnhealthy(kD, 3));
+  EXPECT_FALSE(Unhealthy(kD));
+  // Without an instance the XID is the whole GPU's, beside the GPU instances' verdicts.
+  Line("NVRM: Xid (PCI:0000:cb:00): 79, pid=1, name=x, GPU has fallen off the bus.");
+  EXPECT_TRUE(Unhealthy(kD));
+  EXPECT_EQ(Verdict(kD)->gpu_instance, kWholeGpu);
+  // A reset heals the GPU and every GPU instance of it.
+  verdicts_.clear();
+  judge_->OnKernelLine("GPU reset occurred: " + std::string(kD), 1, true, kNow);
+  EXPECT_TRUE(judge_->Verdicts().UnhealthyUuids().empty());
+  ASSERT_EQ(verdicts_.size(), 3u);
+  for (const auto& v : verdicts_) EXPECT_TRUE(v.healthy) << v.RetainKey();
+}
+
+TEST_F(XidJudgeTest, TwoGpuInstancesFailingAtOnceAreTwoOccurrences) {
+  Make();
+  const auto usec = static_cast<uint64_t>(kNow) * 1000;
+  // Interleaved so that folding per GPU would take NVML's GPU-instance-3 report for the
+  // kernel's GPU-instance-5 one and lose instance 3's.
+  Line("NVRM: Xid (PCI:0000:cb:00 GPU-I:05): 48, pid=1, name=x, DBE", usec);
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kD, 48, 3, 0, kNow + 10}, kNow);
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kD, 48, 5, 0, kNow + 20}, kNow);
+  Line("NVRM: Xid (PCI:0000:cb:00 GPU-I:03): 48, pid=1, name=x, DBE", usec + 30'000);
+  EXPECT_TRUE(judge_->Verdicts().IsUnhealthy(kD, 5));
+  EXPECT_TRUE(judge_->Verdicts().IsUnhealthy(kD, 3));
+  EXPECT_FALSE(Unhealthy(kD));
+  EXPECT_EQ(judge_->Counts().Get(kD, 48), 2u);
+  EXPECT_EQ(duplicates_, 2);
+}
+
+TEST_F(XidJudgeTest, AGpuInstanceVerdictIsHealedBySetHealthyAndANewBoot) {
+  Make();
+  Line("NVRM: Xid (PCI:0000:cb:00 GPU-I:01 GPU-CI:00): 48, pid=1, name=x, DBE");
+  ASSERT_TRUE(judge_->Verdicts().IsUnhealthy(kD, 1));
+  EXPECT_EQ(judge_->SetHealthy(kD, "test", kNow), "ok: 1 device(s) set healthy");
+  EXPECT_FALSE(judge_->Verdicts().IsUnhealthy(kD, 1));
+  Line("NVRM: Xid (PCI:0000:cb:00 GPU-I:02): 48, pid=1, name=x, DBE", 1'700'000'100'000'000);
+  ASSERT_TRUE(judge_->Verdicts().IsUnhealthy(kD, 2));
+  judge_->OnNewBoot(std::string(32, 'c'), kNow);
+  EXPECT_FALSE(judge_->Verdicts().IsUnhealthy(kD, 2));
+}
+
+TEST_F(XidJudgeTest, AGpuInstanceXidOnAnUnknownAddressWaitsWithItsInstance) {
+  Make();
+  Line("NVRM: Xid (PCI:0000:99:00 GPU-I:04): 48, pid=1, name=x, DBE");
+  EXPECT_TRUE(verdicts_.empty());
+  constexpr const char* kE = "GPU-00000000-0000-0000-0000-00000000000e";
+  judge_->OnKernelLine("NVRM: GPU at PCI:0000:99:00: " + std::string(kE), 2, false, kNow);
+  ASSERT_EQ(verdicts_.size(), 1u);
+  EXPECT_EQ(verdicts_[0].uuid, kE);
+  EXPECT_EQ(verdicts_[0].gpu_instance, 4u);
+  EXPECT_FALSE(judge_->Verdicts().IsUnhealthy(kE));
 }
 
 }  // namespace

@@ -57,6 +57,21 @@ TEST(XidPolicy, CatalogVerdicts) {
   EXPECT_EQ(benign.action, RecommendedAction::kNone);
 }
 
+TEST(XidPolicy, ForgetGpuDropsItsGpuInstancesAndNoOtherGpu) {
+  XidPolicy policy = MakePolicy();
+  const std::string gi3 = std::string(kGpuA) + "/gi3";  // how the judge keys a GPU instance
+  policy.Decide(kGpuA, 48, At(seconds(1)));
+  policy.Decide(gi3, 48, At(seconds(1)));
+  policy.Decide(kGpuB, 48, At(seconds(1)));
+  policy.Decide(std::string(kGpuA) + "x", 48, At(seconds(1)));  // another id with A's as prefix
+  ASSERT_EQ(policy.TrackedKeys(), 4u);
+  policy.ForgetGpu(kGpuA);
+  EXPECT_EQ(policy.TrackedKeys(), 2u);
+  // Forgotten: the GPU instance's next occurrence is a first one again (emitted).
+  EXPECT_TRUE(policy.Decide(gi3, 48, At(seconds(2))).emit);
+  EXPECT_FALSE(policy.Decide(kGpuB, 48, At(seconds(2))).emit);  // kept: within its window
+}
+
 TEST(XidPolicy, UnknownXidIsFatalContactSupport) {
   XidPolicy policy = MakePolicy();
   const XidDecision d = policy.Decide(kGpuA, 777, At(seconds(1)));

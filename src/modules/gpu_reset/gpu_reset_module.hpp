@@ -1,0 +1,205 @@
+#pragma once
+// The `gpu-reset` module (issue #12, seed 003 Part 1): resets one GPU while the node keeps
+// serving the others. Requests come from GPUReset objects (janitor.dgxc.nvidia.com/v1alpha1) for
+// this node, from `gpu-node-supervisor reset-gpu` over <stateDir>/reset.sock, and optionally
+// (`autoReset`) from a COMPONENT_RESET verdict on a GPU no pod holds. One maintenance at a time
+// on the node: later requests wait in order; a request for a GPU already queued or resetting
+// joins that job.
+//
+// Each GPU's reset is one coroutine of eight steps (reset_book.hpp), each logged, timed, kept
+// in the durable record before it starts and shown in the object's status. The verdict stays
+// with gpu-health, the one judge: a "GPU reset started" journal line holds the GPU Unhealthy,
+// "GPU reset occurred" (after validation only) makes it Healthy, "GPU reset executed: …,
+// success: false" keeps it Unhealthy with RESTART_BM. The journal is durable and gpu-health
+// reads it at its checkpointed position, so the hold and the outcome survive kill -9 of either
+// side. After a restart a job resumes at its step: before the reset command it starts again
+// from the hold; after it, validation runs again — never Healthy without it.
+
+#include "loop/admin_socket.hpp"
+#include "loop/run_command.hpp"
+#include "loop/module.hpp"
+#include "modules/gpu_reset/messages.hpp"
+#include "modules/gpu_reset/reset_book.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <array>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::kube {
+class KubeClient;
+class Informer;
+class EventRecorder;
+struct ResourceEvent;
+struct Result;
+}  // namespace gns::kube
+
+namespace gns::gpu_inventory {
+class GpuMaintenance;
+struct GpuMaintenanceRead;
+}  // namespace gns::gpu_inventory
+
+namespace gns::gpu_reset {
+
+class GpuResetModule final : public Module {
+ public:
+  static constexpr std::string_view kName = "gpu-reset";
+  static constexpr std::string_view kSummary =
+      "resets one GPU in place (GPUReset objects, reset-gpu, autoReset); one maintenance at a time";
+  // NVML (holders, persistence, pending repairs) through gpu-inventory's GpuMaintenance.
+  static constexpr std::array<std::string_view, 1> kUses = {"gpu-inventory"};
+  // The API (GPUReset objects, status, evictions, Events) when it is there; resets asked for on
+  // the node work without it.
+  static constexpr std::array<std::string_view, 1> kFollows = {"kube"};
+
+  enum class HolderPolicy { kFail, kWait, kEvict };
+
+  struct Config {
+    HolderPolicy holders = HolderPolicy::kWait;
+    std::chrono::milliseconds holders_timeout{std::chrono::minutes(5)};
+    // While waiting for holders to go: how often NVML's process list is read again (the pod
+    // map needs no polling: its changes wake the wait).
+    std::chrono::milliseconds holders_recheck{std::chrono::seconds(2)};
+    std::chrono::milliseconds hold_timeout{std::chrono::seconds(10)};     // verdict turns Unhealthy
+    std::chrono::milliseconds release_timeout{std::chrono::seconds(30)};  // NVML lets go / takes back
+    // {uuid} and {pci} are replaced in each argument.
+    std::vector<std::string> command{"nvidia-smi", "--gpu-reset", "-i", "{uuid}"};
+    std::chrono::milliseconds command_timeout{std::chrono::minutes(5)};
+    std::size_t command_output_bytes = 8192;
+    std::chrono::milliseconds settle{std::chrono::seconds(10)};  // no new XID this long after the reset
+    std::chrono::milliseconds healthy_timeout{std::chrono::seconds(30)};  // verdict Healthy after the ack
+    bool auto_reset = false;
+    bool watch_objects = true;
+    std::string journal_socket;  // "": <hostRoot>/run/systemd/journal/socket
+    std::string ack_identifier;  // SYSLOG_IDENTIFIER of our journal lines
+    bool admin_socket = true;    // <stateDir>/reset.sock
+  };
+  static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
+
+  GpuResetModule(ModuleContext& context, const Config& config);
+  ~GpuResetModule() override;
+
+  void Start() override;
+  void Stop(std::function<void()> done) override;
+
+ private:
+  using Awaitable = boost::asio::awaitable<void>;
+
+  // Requests.
+  void OnObjectEvent(const kube::ResourceEvent& event);
+  void OnObject(const nlohmann::json& object);
+  void OnCliLine(std::string_view line, std::shared_ptr<AdminSocket::Reply> reply);
+  void OnVerdictForAutoReset(const std::string& uuid);
+  // Adds a job (or joins the one holding its GPU); returns the id of the job that will do it.
+  std::string Enqueue(ResetJob job);
+  void Kick();
+
+  // The runner: one coroutine for the node's maintenance slot.
+  Awaitable RunJobs();
+  Awaitable RunJob(ResetJob& job);
+  Awaitable RunGpu(ResetJob& job, GpuReset& gpu);
+  Awaitable StepHold(ResetJob& job, GpuReset& gpu);
+  Awaitable StepHolders(ResetJob& job, GpuReset& gpu);
+  Awaitable StepRelease(ResetJob& job, GpuReset& gpu);
+  Awaitable StepPersistence(ResetJob& job, GpuReset& gpu);
+  Awaitable StepReset(ResetJob& job, GpuReset& gpu);
+  Awaitable StepValidate(ResetJob& job, GpuReset& gpu);
+  Awaitable StepRestore(ResetJob& job, GpuReset& gpu);
+  // The GPU's reset ends without success; `refused`: before the command ran (GPU untouched).
+  void FailGpu(ResetJob& job, GpuReset& gpu, std::string reason, std::string message, bool refused);
+  // Waits until every change to the record made so far is on disk.
+  Awaitable Persisted();
+  // Sleeps until a bus change wakes it, the deadline passes or the module stops.
+  Awaitable Wake(std::chrono::steady_clock::time_point deadline);
+  boost::asio::awaitable<gpu_inventory::GpuMaintenanceRead> Inspect(const std::string& uuid);
+  boost::asio::awaitable<std::string> SetPersistence(const std::string& uuid, bool enabled);
+  boost::asio::awaitable<CommandResult> RunResetCommand(const std::vector<std::string>& argv);
+
+  // Step bookkeeping: log, record, publish, progress to the CLI and the object's status.
+  void BeginStep(ResetJob& job, GpuReset& gpu, Step step);
+  void EndStep(ResetJob& job, GpuReset& gpu, bool ok, std::string message);
+  void Progress(const ResetJob& job, const std::string& line);
+  void FinishJob(ResetJob& job);
+
+  // State and outputs.
+  void LoadBook();
+  void SaveBook();
+  void PublishState();
+  void AnnounceReleases();
+  void WriteStatus(ResetJob& job);
+  void SendStatus(const std::string& name);
+  void OnStatusWritten(const std::string& name, const kube::Result& result);
+  void RecordEvent(std::string_view type, std::string_view reason, const std::string& note);
+  std::string WriteJournal(const std::string& message, int priority, const std::string& uuid);
+  std::string DescribeGpu(const std::string& uuid) const;
+  std::vector<std::string> Holders(const std::string& uuid, const gpu_inventory::GpuMaintenanceRead& read,
+                                   bool& map_usable, std::string& map_problem) const;
+  void Evict(const std::string& pod_namespace, const std::string& pod_name);
+  int64_t NowMs() const;
+
+  ModuleContext& context_;
+  Config config_;
+  std::string node_name_;
+  std::string book_path_;
+  std::string socket_path_;
+  ResetBook book_;
+  uint64_t book_version_ = 0;   // bumped by every change
+  uint64_t saved_version_ = 0;  // the newest version on disk
+  bool save_in_flight_ = false;
+
+  std::shared_ptr<gpu_inventory::GpuMaintenance> maintenance_;
+  std::shared_ptr<kube::KubeClient> kube_;
+  std::shared_ptr<kube::Informer> objects_;
+  std::string objects_key_;
+  std::shared_ptr<kube::EventRecorder> events_;
+  std::unique_ptr<AdminSocket> socket_;
+
+  // The runner.
+  bool running_ = false;
+  bool stopping_ = false;
+  std::function<void()> stop_done_;
+  boost::asio::steady_timer wake_;
+  std::shared_ptr<RunningCommand> child_;
+  ResetJob* current_job_ = nullptr;
+  GpuReset* current_gpu_ = nullptr;
+  std::chrono::steady_clock::time_point step_started_{};
+  // XIDs seen for the GPU being validated (uuid → count), fed by NVML and gpu-health events.
+  std::map<std::string, std::vector<std::string>> recent_xids_;
+  int64_t validate_started_unix_ms_ = 0;
+  // CLI connections following a job (job id → replies).
+  std::multimap<std::string, std::shared_ptr<AdminSocket::Reply>> followers_;
+  // autoReset: the verdicts already acted on (uuid → since_unix_ms).
+  std::map<std::string, int64_t> auto_seen_;
+  // Evictions asked for in this wait (namespace/name), so each is asked once per holders step.
+  std::set<std::string> evicted_;
+
+  // Status writes: one in flight per object; the latest wins.
+  struct StatusSlot {
+    std::string job_id;
+    nlohmann::json status;
+    bool in_flight = false;
+    bool dirty = false;
+    int failures = 0;
+  };
+  std::map<std::string, StatusSlot> status_;
+  boost::asio::steady_timer status_retry_;
+
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  MetricsRegistry::Series* resets_ok_;
+  MetricsRegistry::Series* resets_failed_;
+  MetricsRegistry::Series* resets_refused_;
+  MetricsRegistry::Series* queue_gauge_;
+  MetricsRegistry::Series* last_overhead_ms_;
+  MetricsRegistry::Series* last_command_ms_;
+  std::vector<Subscription> subs_;
+};
+
+}  // namespace gns::gpu_reset

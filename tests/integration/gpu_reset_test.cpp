@@ -1,0 +1,366 @@
+// The gpu-reset module through the real binary and real peers: the fake NVML (dlopen'd, its
+// per-GPU maintenance state), the fake nvidia-smi as the reset command (a child process), real
+// journal files fed by journald-sim.py from journald's native protocol, gpu-health reading them,
+// `reset-gpu` over the admin socket, and GPUReset objects in the API-server simulator.
+// Covers: a reset that validates (persistence mode restored, the others untouched); a failed
+// command and a pending row remap (Unhealthy, RESTART_BM); a holder that refuses it; kill -9
+// while the command runs, resumed after the restart and validated; GPUReset objects for this
+// node, for another node and naming an unknown GPU.
+#include "apiserver.h"
+#include "support/http_client.hpp"
+#include "support/subprocess.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <thread>
+#include <unistd.h>
+
+namespace gns {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
+std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
+std::string Built(const std::string& rel) { return std::string(std::getenv("GNS_BINARY_DIR")) + "/" + rel; }
+
+constexpr const char* kGpu0 = "GPU-3f8a1c52-7e00-4b9d-9c1e-5a7d2e8f6b10";
+
+unsigned short PortIn(const std::string& line) {
+  std::smatch m;
+  if (!std::regex_search(line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) return 0;
+  return static_cast<unsigned short>(std::stoi(m[1]));
+}
+
+// Whether a process whose command line contains `needle` (arguments NUL-separated) runs.
+bool ProcessRunning(const std::string& needle) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+template <typename Pred>
+bool Eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return pred();
+}
+
+class GpuResetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Short: unix socket paths live under it (108 bytes at most).
+    static int n = 0;
+    dir_ = fs::temp_directory_path() / ("gns-gr-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "journal");
+    fs::create_directories(dir_ / "state");
+    fs::permissions(dir_ / "state", fs::perms::owner_all, fs::perm_options::replace);
+    fs::create_directories(dir_ / "host/proc/sys/kernel/random");
+    // This machine's boot (journald-sim stamps entries with it), as the kernel writes it.
+    // (procfs reports size 0: read it, do not copy the file.)
+    std::string boot;
+    std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot);
+    std::ofstream(dir_ / "host/proc/sys/kernel/random/boot_id") << boot << "\n";
+    // The GPU description: the first GPUs of gpus-8.json.
+    gpus_ = json::parse(std::ifstream(Source("tools/sim/fake_nvml/gpus-8.json")));
+    for (const auto& g : gpus_["gpus"]) uuids_.push_back(g["uuid"].get<std::string>());
+    ASSERT_EQ(uuids_.front(), kGpu0);
+    journald_ = std::make_unique<test::Subprocess>(std::vector<std::string>{
+        "/usr/bin/python3", Source("tools/sim/journal/journald-sim.py"), "--socket",
+        (dir_ / "host/run/systemd/journal/socket").string(), "--output", (dir_ / "journal/native.journal").string()});
+    ASSERT_TRUE(journald_->WaitForLine("journald-sim:")) << journald_->Output();
+  }
+
+  void TearDown() override {
+    supervisor_.reset();
+    journald_.reset();
+    fs::remove_all(dir_);
+  }
+
+  std::string WriteConfig(const std::string& gpu_reset_extra = "", const std::string& kube = "") {
+    const std::string path = (dir_ / "site.yaml").string();
+    std::ofstream(path) << "version: v1\nnodeName: n1\npaths:\n  kubeletDir: " << (dir_ / "kubelet").string()
+                        << "\n  cdiDir: " << (dir_ / "cdi").string() << "\n  stateDir: " << (dir_ / "state").string()
+                        << "\n  hostRoot: " << (dir_ / "host").string()
+                        << "\nmodules:\n  metrics:\n    enabled: true\n    listen: 127.0.0.1:0\n"
+                        << kube
+                        << "  gpu-inventory:\n    enabled: true\n    nvmlLibrary: "
+                        << Built("tools/sim/fake_nvml/libnvidia-ml.so.1")
+                        << "\n    eventWaitTimeout: 200ms\n"
+                           "  journald:\n    enabled: true\n    directory: "
+                        << (dir_ / "journal").string()
+                        << "\n    units: []\n"
+                           "  gpu-health:\n    enabled: true\n    checkpointInterval: 50ms\n"
+                           "  gpu-reset:\n    enabled: true\n    holders: fail\n    command: ["
+                        << Source("tools/sim/fake_nvml/nvidia-smi")
+                        << ", --gpu-reset, -i, \"{uuid}\"]\n    commandTimeout: 3s\n    settle: 300ms\n"
+                           "    healthyTimeout: 10s\n"
+                        << gpu_reset_extra;
+    return path;
+  }
+
+  void StartSupervisor(const std::string& config) {
+    supervisor_ = std::make_unique<test::Subprocess>(
+        std::vector<std::string>{Binary(), "run", "--config", config},
+        std::map<std::string, std::string>{{"FAKE_NVML_CONFIG", Source("tools/sim/fake_nvml/gpus-8.json")},
+                                           {"FAKE_NVML_CONTROL", (dir_ / "nvml.sock").string()}});
+    const auto line = supervisor_->WaitForLine("serving /metrics");
+    ASSERT_TRUE(line) << supervisor_->Output();
+    port_ = PortIn(*line);
+    ASSERT_NE(port_, 0u);
+    // Every GPU seen and judged Healthy: the module can take requests.
+    ASSERT_TRUE(Eventually([&] {
+      const auto state = DebugState();
+      return state.contains("gpu-inventory.devices") && state["gpu-inventory.devices"].value("available", false) &&
+             state.contains("gpu-health.state");
+    })) << supervisor_->Output();
+  }
+
+  json DebugState() {
+    const auto r = test::HttpRequest("127.0.0.1", port_, "GET", "/debug/state");
+    if (r.status != 200) return json::object();
+    return json::parse(r.body, nullptr, false);
+  }
+
+  json Verdict(const std::string& uuid) {
+    const auto state = DebugState();
+    if (!state.contains("gpu-health.device") || !state["gpu-health.device"].contains(uuid)) return json();
+    return state["gpu-health.device"][uuid];
+  }
+
+  bool Healthy(const std::string& uuid) {
+    const auto v = Verdict(uuid);
+    return v.is_null() || v.value("healthy", true);
+  }
+
+  json FakeNvml(const json& command) {
+    const auto [code, out] = test::RunToCompletion(
+        {"/usr/bin/python3", Source("tools/sim/fake_nvml/fakenvmlctl.py"), "--socket", (dir_ / "nvml.sock").string(),
+         "raw", command.dump()});
+    const auto reply = json::parse(out, nullptr, false);
+    EXPECT_FALSE(reply.is_discarded()) << out;
+    return reply;
+  }
+
+  json GpuState(const std::string& uuid) { return FakeNvml({{"getGpuState", {{"uuid", uuid}}}})["state"]; }
+
+  std::pair<int, std::string> ResetGpu(const std::string& uuid) {
+    return test::RunToCompletion({Binary(), "reset-gpu", "--state-dir", (dir_ / "state").string(), "--gpu", uuid});
+  }
+
+  std::string Journal() {
+    const auto [code, out] = test::RunToCompletion(
+        {"/usr/bin/journalctl", "--directory=" + (dir_ / "journal").string(), "-o", "cat", "SYSLOG_IDENTIFIER=gpu-reset"});
+    return out;
+  }
+
+  fs::path dir_;
+  json gpus_;
+  std::vector<std::string> uuids_;
+  std::unique_ptr<test::Subprocess> journald_;
+  std::unique_ptr<test::Subprocess> supervisor_;
+  unsigned short port_ = 0;
+};
+
+TEST_F(GpuResetTest, ResetValidatesRestoresPersistenceAndLeavesTheOtherGpusAlone) {
+  StartSupervisor(WriteConfig());
+  FakeNvml({{"setGpuState", {{"uuid", kGpu0}, {"persistence", true}}}});
+
+  const auto [code, out] = ResetGpu(kGpu0);
+  ASSERT_EQ(code, 0) << out << supervisor_->Output();
+  // Every step, in order, then the verdict.
+  std::size_t at = 0;
+  for (const char* step : {"hold ok", "holders ok", "persistence ok", "release ok", "reset ok", "validate ok",
+                           "restore ok", "ok: "}) {
+    const auto found = out.find(step, at);
+    ASSERT_NE(found, std::string::npos) << step << " missing or out of order in:\n" << out;
+    at = found;
+  }
+  EXPECT_NE(out.find("persistence mode was on"), std::string::npos) << out;
+
+  const auto gpu = GpuState(kGpu0);
+  EXPECT_EQ(gpu["resets"], 1) << gpu.dump();
+  EXPECT_EQ(gpu["persistence"], true) << "persistence mode restored";
+  EXPECT_TRUE(Eventually([&] { return Healthy(kGpu0); })) << Verdict(kGpu0).dump();
+  for (std::size_t i = 1; i < uuids_.size(); ++i) {
+    EXPECT_TRUE(Healthy(uuids_[i])) << uuids_[i];
+    EXPECT_EQ(GpuState(uuids_[i])["resets"], 0) << uuids_[i];
+  }
+  // Other monitors read the same lines: started, then occurred.
+  const std::string journal = Journal();
+  const auto started = journal.find(std::string("GPU reset started: ") + kGpu0);
+  const auto occurred = journal.find(std::string("GPU reset occurred: ") + kGpu0);
+  ASSERT_NE(started, std::string::npos) << journal;
+  ASSERT_NE(occurred, std::string::npos) << journal;
+  EXPECT_LT(started, occurred);
+
+  // Its release is no longer announced: gpu-inventory's NVML event waits are long again.
+  EXPECT_TRUE(Eventually([&] { return DebugState()["gpu-inventory.release-ahead"][kGpu0]["ahead"] == false; }))
+      << DebugState()["gpu-inventory.release-ahead"].dump();
+
+  // The record says so too, and survives the process.
+  const auto state = DebugState()["gpu-reset.state"];
+  ASSERT_EQ(state["jobs"].size(), 1u) << state.dump();
+  EXPECT_EQ(state["jobs"][0]["phase"], "Succeeded") << state.dump();
+  supervisor_->Signal(SIGTERM);
+  EXPECT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
+  const auto book = json::parse(std::ifstream(dir_ / "state/gpu-reset.json"));
+  EXPECT_EQ(book["jobs"][0]["phase"], "Succeeded");
+  EXPECT_EQ((fs::status(dir_ / "state/gpu-reset.json").permissions() & fs::perms::all), fs::perms::owner_read | fs::perms::owner_write);
+}
+
+TEST_F(GpuResetTest, AFailedCommandOrAPendingRemapKeepsTheGpuUnhealthyWithRestartBm) {
+  StartSupervisor(WriteConfig());
+  FakeNvml({{"setGpuState", {{"uuid", uuids_[1]}, {"resetMode", "fail"}}}});
+  auto [code, out] = ResetGpu(uuids_[1]);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("ResetCommandFailed"), std::string::npos) << out;
+  EXPECT_NE(out.find("Unknown Error (simulated)"), std::string::npos) << "the command's own words reach the operator: " << out;
+  ASSERT_TRUE(Eventually([&] { return Verdict(uuids_[1]).value("recommendedAction", "") == "RESTART_BM"; }))
+      << Verdict(uuids_[1]).dump() << supervisor_->Output();
+  EXPECT_FALSE(Healthy(uuids_[1]));
+
+  FakeNvml({{"setGpuState", {{"uuid", uuids_[2]}, {"resetMode", "leavePendingRemap"}}}});
+  std::tie(code, out) = ResetGpu(uuids_[2]);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("PendingRowRemap"), std::string::npos) << out;
+  EXPECT_EQ(GpuState(uuids_[2])["resets"], 1);
+  ASSERT_TRUE(Eventually([&] { return Verdict(uuids_[2]).value("recommendedAction", "") == "RESTART_BM"; }));
+  EXPECT_EQ(Journal().find("GPU reset occurred"), std::string::npos) << "no acknowledgement without validation";
+  for (std::size_t i : {0u, 3u, 4u}) EXPECT_TRUE(Healthy(uuids_[i])) << uuids_[i];
+}
+
+TEST_F(GpuResetTest, AHoldingProcessRefusesTheResetAndTheGpuIsNotTouched) {
+  StartSupervisor(WriteConfig());
+  FakeNvml({{"setGpuState", {{"uuid", uuids_[3]}, {"processes", {4242}}}}});
+  const auto [code, out] = ResetGpu(uuids_[3]);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("GpuInUse"), std::string::npos) << out;
+  EXPECT_NE(out.find("process 4242"), std::string::npos) << out;
+  EXPECT_EQ(GpuState(uuids_[3])["resets"], 0);
+  // Refused: held Unhealthy (the reset began), but no reboot is recommended.
+  EXPECT_FALSE(Healthy(uuids_[3]));
+  EXPECT_NE(Verdict(uuids_[3]).value("recommendedAction", ""), "RESTART_BM");
+  // Bad input: not a UUID, not on this node.
+  auto bad = ResetGpu("not-a-gpu");
+  EXPECT_EQ(bad.first, 1) << bad.second;
+  EXPECT_NE(bad.second.find("is not a GPU UUID"), std::string::npos) << bad.second;
+  bad = ResetGpu("GPU-00000000-0000-0000-0000-000000000000");
+  EXPECT_EQ(bad.first, 1) << bad.second;
+  EXPECT_NE(bad.second.find("not on this node"), std::string::npos) << bad.second;
+}
+
+TEST_F(GpuResetTest, KillNineWhileTheCommandRunsResumesAndValidatesAfterTheRestart) {
+  const std::string config = WriteConfig();
+  StartSupervisor(config);
+  const std::string gpu = uuids_[4];
+  FakeNvml({{"setGpuState", {{"uuid", gpu}, {"resetMode", "hang"}}}});
+  test::Subprocess cli({Binary(), "reset-gpu", "--state-dir", (dir_ / "state").string(), "--gpu", gpu});
+  ASSERT_TRUE(cli.WaitForLine("running ")) << cli.Output() << supervisor_->Output();
+  const std::string command_line = std::string("--gpu-reset\0-i\0", 15) + gpu;
+  ASSERT_TRUE(Eventually([&] { return ProcessRunning(command_line); }, std::chrono::seconds(10)))
+      << "the hanging reset command runs";
+  // While its reset runs, the GPU's release is announced (short NVML event waits).
+  EXPECT_EQ(DebugState()["gpu-inventory.release-ahead"][gpu]["ahead"], true)
+      << DebugState()["gpu-inventory.release-ahead"].dump();
+  supervisor_->Signal(SIGKILL);
+  ASSERT_EQ(supervisor_->Wait(), 128 + SIGKILL);
+  EXPECT_EQ(cli.Wait(), 3) << cli.Output();
+  const auto book = json::parse(std::ifstream(dir_ / "state/gpu-reset.json"));
+  EXPECT_EQ(book["jobs"][0]["gpus"][0]["step"], "reset") << book.dump();
+  // The hung nvidia-smi died with the supervisor (PR_SET_PDEATHSIG on its process group).
+  EXPECT_TRUE(Eventually([&] { return !ProcessRunning(command_line); }, std::chrono::seconds(5)))
+      << "the reset command died with the supervisor";
+
+  // A new process: the fake NVML's per-GPU state starts afresh (resetMode ok, no resets).
+  StartSupervisor(config);
+  // Resumed: the reset runs again and validates; the GPU was not Healthy before that.
+  ASSERT_TRUE(Eventually([&] {
+    const auto state = DebugState()["gpu-reset.state"];
+    return state.contains("jobs") && !state["jobs"].empty() && state["jobs"][0]["phase"] == "Succeeded";
+  })) << DebugState()["gpu-reset.state"].dump() << supervisor_->Output();
+  EXPECT_NE(supervisor_->Output().find("resuming the reset of " + gpu), std::string::npos) << supervisor_->Output();
+  EXPECT_EQ(GpuState(gpu)["resets"], 1);
+  EXPECT_TRUE(Eventually([&] { return Healthy(gpu); }));
+  const std::string journal = Journal();
+  EXPECT_NE(journal.find("GPU reset occurred: " + gpu), std::string::npos) << journal;
+}
+
+TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStatus) {
+  sim::ApiServerOptions options;
+  options.state_dir = dir_ / "api";
+  sim::ApiServer server(options);
+  server.Start();
+  server.Seed(json::parse(R"({"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}})"));
+  const std::string kube = "  kube:\n    enabled: true\n    kubeconfig: " + (dir_ / "api/kubeconfig").string() + "\n";
+  StartSupervisor(WriteConfig("", kube));
+  const std::string path = "/apis/janitor.dgxc.nvidia.com/v1alpha1/gpuresets";
+  auto create = [&](const std::string& name, const std::string& node, const json& uuids) {
+    const json object{{"apiVersion", "janitor.dgxc.nvidia.com/v1alpha1"},
+                      {"kind", "GPUReset"},
+                      {"metadata", {{"name", name}}},
+                      {"spec", {{"nodeName", node}, {"selector", {{"uuids", uuids}}}}}};
+    ASSERT_EQ(server.Call("POST", path, object.dump()).status, 201);
+  };
+  auto complete = [&](const std::string& name) -> json {
+    const auto r = server.Call("GET", path + "/" + name);
+    const auto status = r.Json().value("status", json::object());
+    for (const auto& c : status.value("conditions", json::array())) {
+      if (c.value("type", "") == "Complete" && c.value("status", "") != "Unknown") return c;
+    }
+    return json();
+  };
+  create("reset-mine", "n1", {uuids_[5]});
+  create("reset-other-node", "n2", {uuids_[6]});
+  create("reset-unknown", "n1", {"GPU-00000000-1111-2222-3333-444444444444"});
+  ASSERT_TRUE(Eventually([&] { return !complete("reset-mine").is_null() && !complete("reset-unknown").is_null(); }))
+      << server.Call("GET", path).body << supervisor_->Output();
+  const auto mine = complete("reset-mine");
+  EXPECT_EQ(mine["status"], "True") << mine.dump();
+  const auto mine_status = server.Call("GET", path + "/reset-mine").Json()["status"];
+  EXPECT_EQ(mine_status["phase"], "Succeeded");
+  EXPECT_TRUE(mine_status.contains("startTime") && mine_status.contains("completionTime")) << mine_status.dump();
+  EXPECT_EQ(mine_status["gpus"][0]["uuid"], uuids_[5]);
+  EXPECT_GE(mine_status["gpus"][0]["steps"].size(), 7u) << mine_status.dump();
+  const auto unknown = complete("reset-unknown");
+  EXPECT_EQ(unknown["status"], "False");
+  EXPECT_EQ(unknown["reason"], "InvalidRequest");
+  EXPECT_NE(unknown["message"].get<std::string>().find("not on node n1"), std::string::npos) << unknown.dump();
+  EXPECT_FALSE(server.Call("GET", path + "/reset-other-node").Json().contains("status"))
+      << "another node's object is not ours to touch";
+  EXPECT_EQ(GpuState(uuids_[5])["resets"], 1);
+  EXPECT_EQ(GpuState(uuids_[6])["resets"], 0);
+
+  // A restart does not act on a finished object again.
+  supervisor_->Signal(SIGTERM);
+  ASSERT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
+  StartSupervisor(WriteConfig("", kube));
+  std::this_thread::sleep_for(milliseconds(1500));
+  // (A new process: the fake's reset count starts at 0 again; a second reset would show as 1.)
+  EXPECT_EQ(GpuState(uuids_[5])["resets"], 0) << supervisor_->Output();
+  EXPECT_EQ(supervisor_->Output().find("step hold"), std::string::npos) << supervisor_->Output();
+  supervisor_->Signal(SIGTERM);
+  EXPECT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
+  server.Stop();
+}
+
+}  // namespace
+}  // namespace gns
