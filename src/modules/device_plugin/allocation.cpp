@@ -7,39 +7,76 @@
 namespace gns::device_plugin {
 
 std::string AllocateContainer(const AllocationSettings& settings, const DeviceLookup& lookup,
-                              const std::vector<std::string>& ids, ContainerAllocation& out) {
+                              const std::vector<std::string>& ids, ContainerAllocation& out,
+                              const RequestRules& rules) {
+  if (ids.empty()) return "no device IDs in the container request";
   std::vector<std::string> unknown, unhealthy;
-  std::vector<std::pair<std::string, DeviceFacts>> devices;
+  std::vector<std::pair<std::string, DeviceFacts>> devices;  // physical id → facts, deduplicated
   std::set<std::string> seen;
+  bool any_replica = false;
   for (const auto& id : ids) {
     if (!seen.insert(id).second) continue;
-    const auto facts = lookup(id);
-    if (!facts) unknown.push_back(id);
-    else if (!facts->healthy) unhealthy.push_back(id);
-    else devices.emplace_back(id, *facts);
+    auto facts = lookup(id);
+    if (!facts) {
+      unknown.push_back(id);
+      continue;
+    }
+    any_replica = any_replica || facts->replica;
+    if (!facts->healthy) {
+      unhealthy.push_back(id);
+      continue;
+    }
+    if (facts->physical_id.empty()) facts->physical_id = id;
+    const bool known = std::any_of(devices.begin(), devices.end(),
+                                   [&](const auto& d) { return d.first == facts->physical_id; });
+    if (!known) devices.emplace_back(facts->physical_id, *facts);
   }
-  if (ids.empty()) return "no device IDs in the container request";
+  if (rules.fail_requests_greater_than_one && any_replica && ids.size() > 1) {
+    return "request for '" + rules.resource + ": " + std::to_string(ids.size()) +
+           "' too large: maximum request size for shared resources is 1";
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  if (ids.size() > rules.healthy_devices) {
+    std::string error = "request for " + std::to_string(ids.size()) + " devices of " + rules.resource +
+                        " exceeds the " + std::to_string(rules.healthy_devices) + " healthy devices";
+    if (!unhealthy.empty()) error += "; unhealthy device IDs: " + join(unhealthy);
+    if (!unknown.empty()) error += "; unknown device IDs: " + join(unknown);
+    return error;
+  }
   if (!unknown.empty() || !unhealthy.empty()) {
-    auto join = [](const std::vector<std::string>& v) {
-      std::string s;
-      for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-      return s;
-    };
     std::string error;
     if (!unknown.empty()) error += "unknown device IDs: " + join(unknown);
     if (!unhealthy.empty()) error += (error.empty() ? "" : "; ") + std::string("unhealthy device IDs: ") + join(unhealthy);
     return error;
   }
 
-  if (settings.strategy == DeviceListStrategy::kEnvVar) {
+  std::vector<std::string> cdi_names;
+  for (const auto& [id, facts] : devices) cdi_names.push_back(settings.cdi_kind + "=" + id);
+  if (settings.strategies.envvar) {
     std::string visible;
     for (const auto& [id, facts] : devices) visible += (visible.empty() ? "" : ",") + id;
-    out.envs["NVIDIA_VISIBLE_DEVICES"] = visible;
-  } else {
-    for (const auto& [id, facts] : devices) out.cdi_devices.push_back(settings.cdi_kind + "=" + id);
+    out.envs[kVisibleDevicesEnv] = visible;
   }
+  if (settings.strategies.volume_mounts) {
+    // The runtime hook reads the IDs from the mount points; the variable points at them.
+    out.envs[kVisibleDevicesEnv] = kVolumeMountsRoot;
+    for (const auto& [id, facts] : devices)
+      out.mounts.push_back({std::string(kVolumeMountsRoot) + "/" + id, kVolumeMountsHostPath, true});
+  }
+  if (settings.strategies.cdi_annotations) {
+    std::string value;
+    for (const auto& name : cdi_names) value += (value.empty() ? "" : ",") + name;
+    out.annotations[std::string(kCdiAnnotationPrefix) + rules.annotation_key] = value;
+  }
+  if (settings.strategies.cdi_cri) out.cdi_devices = cdi_names;
   if (settings.pass_device_specs) {
+    std::set<uint32_t> minors;  // MIG devices and replicas of one GPU share its node
     for (const auto& [id, facts] : devices) {
+      if (!minors.insert(facts.minor).second) continue;
       const std::string node = "/dev/nvidia" + std::to_string(facts.minor);
       out.devices.push_back({node, node, "rw"});
     }
@@ -49,6 +86,18 @@ std::string AllocateContainer(const AllocationSettings& settings, const DeviceLo
 }
 
 namespace {
+
+// Why `size` devices cannot be picked from `available` with `must` of them fixed; empty if they can.
+std::string SizeProblem(int size, std::size_t available, std::size_t must) {
+  if (size < 0 || static_cast<std::size_t>(size) > available) {
+    return "cannot pick " + std::to_string(size) + " devices from " + std::to_string(available) + " available";
+  }
+  if (must > static_cast<std::size_t>(size)) {
+    return "allocation size " + std::to_string(size) + " is smaller than the " + std::to_string(must) +
+           " must-include devices";
+  }
+  return {};
+}
 
 // Locality of a set: higher is better, compared lexicographically.
 using Score = std::tuple<int, int, long>;
@@ -94,15 +143,8 @@ Preferred PreferredAllocation(const std::vector<TopologyDevice>& topology, const
     }
     if (std::find(chosen.begin(), chosen.end(), it->second) == chosen.end()) chosen.push_back(it->second);
   }
-  if (size < 0 || static_cast<std::size_t>(size) > pool.size()) {
-    result.error = "cannot pick " + std::to_string(size) + " devices from " + std::to_string(pool.size()) + " available";
-    return result;
-  }
-  if (chosen.size() > static_cast<std::size_t>(size)) {
-    result.error = "allocation size " + std::to_string(size) + " is smaller than the " +
-                   std::to_string(chosen.size()) + " must-include devices";
-    return result;
-  }
+  result.error = SizeProblem(size, pool.size(), chosen.size());
+  if (!result.error.empty()) return result;
 
   std::vector<const TopologyDevice*> rest;
   for (const auto* d : pool)
@@ -153,6 +195,42 @@ Preferred PreferredAllocation(const std::vector<TopologyDevice>& topology, const
     for (const auto* seed : rest) consider(grow({seed}));
   }
   result.ids = std::move(best_ids);
+  return result;
+}
+
+Preferred PreferredSpread(const std::vector<std::string>& available, const std::vector<std::string>& must_include,
+                          int size, const std::function<std::string(const std::string& id)>& gpu_of) {
+  Preferred result;
+  std::set<std::string> pool(available.begin(), available.end());
+  std::vector<std::string> chosen;
+  std::map<std::string, int> per_gpu;
+  for (const auto& id : must_include) {
+    if (pool.count(id) == 0) {
+      result.error = "must-include device " + id + " is not among the available devices";
+      return result;
+    }
+    if (std::find(chosen.begin(), chosen.end(), id) != chosen.end()) continue;
+    chosen.push_back(id);
+    ++per_gpu[gpu_of(id)];
+  }
+  result.error = SizeProblem(size, pool.size(), chosen.size());
+  if (!result.error.empty()) return result;
+  while (chosen.size() < static_cast<std::size_t>(size)) {
+    const std::string* best = nullptr;
+    int best_load = 0;
+    for (const auto& id : pool) {  // sorted: ties keep the smaller ID
+      if (std::find(chosen.begin(), chosen.end(), id) != chosen.end()) continue;
+      const int load = per_gpu[gpu_of(id)];
+      if (best == nullptr || load < best_load) {
+        best = &id;
+        best_load = load;
+      }
+    }
+    chosen.push_back(*best);
+    ++per_gpu[gpu_of(*best)];
+  }
+  std::sort(chosen.begin(), chosen.end());
+  result.ids = std::move(chosen);
   return result;
 }
 

@@ -5,6 +5,7 @@
 
 #include "modules/gpu_inventory/messages.hpp"
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -14,12 +15,25 @@
 
 namespace gns::device_plugin {
 
-enum class DeviceListStrategy { kEnvVar, kCdiCri };
+// How Allocate tells the runtime which devices a container gets (upstream's
+// deviceListStrategy; several may be on at once).
+struct DeviceListStrategies {
+  bool envvar = true;           // NVIDIA_VISIBLE_DEVICES=<ids>
+  bool volume_mounts = false;   // /dev/null mounted at /var/run/nvidia-container-devices/<id>
+  bool cdi_annotations = false; // cdi.k8s.io/<key>: <CDI names>
+  bool cdi_cri = false;         // the CRI's CDIDevice field
+  bool operator==(const DeviceListStrategies&) const = default;
+};
+
+inline constexpr const char* kVisibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES";
+inline constexpr const char* kVolumeMountsRoot = "/var/run/nvidia-container-devices";
+inline constexpr const char* kVolumeMountsHostPath = "/dev/null";
+inline constexpr const char* kCdiAnnotationPrefix = "cdi.k8s.io/";
 
 struct AllocationSettings {
-  DeviceListStrategy strategy = DeviceListStrategy::kEnvVar;
+  DeviceListStrategies strategies;
   bool pass_device_specs = false;
-  std::string cdi_kind = "nvidia.com/gpu";  // CDI names are "<kind>=<uuid>"
+  std::string cdi_kind = "nvidia.com/gpu";  // CDI names are "<kind>=<device id>"
   // Control device nodes that exist on the host (e.g. /dev/nvidiactl), added with
   // pass_device_specs; the caller checks which exist.
   std::vector<std::string> control_devices;
@@ -32,23 +46,47 @@ struct DeviceSpecOut {
   auto operator<=>(const DeviceSpecOut&) const = default;
 };
 
+struct MountOut {
+  std::string container_path;
+  std::string host_path;
+  bool read_only = true;
+  auto operator<=>(const MountOut&) const = default;
+};
+
 struct ContainerAllocation {
   std::map<std::string, std::string> envs;
   std::vector<DeviceSpecOut> devices;
   std::vector<std::string> cdi_devices;
+  std::vector<MountOut> mounts;
+  std::map<std::string, std::string> annotations;
 };
 
 // What Allocate needs to know of one device ID.
 struct DeviceFacts {
   bool healthy = false;
   uint32_t minor = 0;
+  // The device the runtime is told about (a time-sliced replica's physical device); empty: the
+  // requested ID itself.
+  std::string physical_id = {};
+  bool replica = false;
 };
 using DeviceLookup = std::function<std::optional<DeviceFacts>(const std::string& id)>;
 
-// Fills `out` for one container's device IDs. Returns an error message naming every unknown
-// or unhealthy ID (empty on success): the caller answers INVALID_ARGUMENT with it.
+// The resource's rules for one container request.
+struct RequestRules {
+  std::string resource = "nvidia.com/gpu";
+  bool fail_requests_greater_than_one = false;  // time-slicing: at most one replica per container
+  std::size_t healthy_devices = SIZE_MAX;       // healthy devices the resource advertises
+  std::string annotation_key = "nvidia-device-plugin";  // cdi.k8s.io/<annotation_key>
+};
+
+// Fills `out` for one container's device IDs. Returns an error message (empty on success): a
+// shared resource asked for more than one replica (upstream's wording), a request larger than
+// the healthy devices, or every unknown or unhealthy ID named. The caller answers
+// INVALID_ARGUMENT with it. Replicas of one physical device are passed once.
 std::string AllocateContainer(const AllocationSettings& settings, const DeviceLookup& lookup,
-                              const std::vector<std::string>& ids, ContainerAllocation& out);
+                              const std::vector<std::string>& ids, ContainerAllocation& out,
+                              const RequestRules& rules = {});
 
 struct TopologyDevice {
   std::string id;
@@ -67,5 +105,11 @@ struct Preferred {
 // go to the lexicographically smallest ID set, so the answer is deterministic.
 Preferred PreferredAllocation(const std::vector<TopologyDevice>& topology, const std::vector<std::string>& available,
                               const std::vector<std::string>& must_include, int size);
+
+// For MIG devices and time-sliced replicas: must-include devices first, then the available IDs
+// that land on the physical GPUs used least so far (a request for two replicas gets two GPUs
+// when it can); ties go to the smaller ID, so the answer is deterministic.
+Preferred PreferredSpread(const std::vector<std::string>& available, const std::vector<std::string>& must_include,
+                          int size, const std::function<std::string(const std::string& id)>& gpu_of);
 
 }  // namespace gns::device_plugin

@@ -29,7 +29,13 @@ class DeviceHealthTracker {
   bool OnInventory(const gpu_inventory::GpuInventory& inventory);
   bool OnDeviceHealth(const gpu_health::DeviceHealth& health);
 
+  // Whole GPUs, in inventory order.
   const std::vector<AdvertisedDevice>& Devices() const { return advertised_; }
+  // MIG devices of MIG-enabled GPUs, in inventory order. A MIG device is Unhealthy when its GPU
+  // is (NVML down, released, a whole-GPU verdict) or gpu-health's verdict names its GPU instance.
+  const std::vector<AdvertisedDevice>& MigDevices() const { return mig_advertised_; }
+  // The health of a GPU or MIG device by UUID; nullptr when unknown.
+  const AdvertisedDevice* HealthOf(const std::string& uuid) const;
   const gpu_inventory::GpuInfo* Find(const std::string& id) const;
   const std::vector<gpu_inventory::GpuInfo>& Gpus() const { return gpus_; }
 
@@ -39,8 +45,9 @@ class DeviceHealthTracker {
   std::vector<gpu_inventory::GpuInfo> gpus_;  // last known, kept while NVML is down
   bool inventory_available_ = false;
   std::string inventory_error_ = "GPU inventory not known yet";
-  std::map<std::string, gpu_health::DeviceHealth> health_;  // uuid → latest from gpu-health
+  std::map<std::string, gpu_health::DeviceHealth> health_;  // RetainKey → latest from gpu-health
   std::vector<AdvertisedDevice> advertised_;
+  std::vector<AdvertisedDevice> mig_advertised_;
 };
 
 }  // namespace gns::device_plugin

@@ -4,16 +4,15 @@
 #include "loop/supervisor_messages.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/device_plugin/plugin_server.hpp"
+#include "modules/device_plugin/resource_endpoint.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
+#include <set>
 
 namespace gns::device_plugin {
 
@@ -32,23 +31,73 @@ bool IsExtendedResourceName(const std::string& name) {
   return domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io") && domain.find('.') != std::string::npos;
 }
 
-v1beta1::ListAndWatchResponse ToListAndWatch(const std::vector<AdvertisedDevice>& devices) {
-  v1beta1::ListAndWatchResponse list;
-  for (const auto& d : devices) {
-    auto* device = list.add_devices();
-    device->set_id(d.id);
-    device->set_health(d.healthy ? "Healthy" : "Unhealthy");
-    if (d.numa_node >= 0) device->mutable_topology()->add_nodes()->set_id(d.numa_node);
-  }
-  return list;
-}
-
 std::vector<std::string> AllocatedIds(const v1beta1::AllocateRequest& request) {
   std::vector<std::string> ids;
   for (const auto& container : request.container_requests()) {
     ids.insert(ids.end(), container.devices_ids().begin(), container.devices_ids().end());
   }
   return ids;
+}
+
+// deviceListStrategy: one name or a list of them (upstream allows several at once).
+DeviceListStrategies ParseDeviceListStrategies(ConfigMap& section) {
+  constexpr std::string_view kKey = "deviceListStrategy";
+  const ConfigValue* raw = section.Raw(kKey);
+  if (raw == nullptr) return {};
+  std::vector<const ConfigValue*> items;
+  if (raw->kind == ConfigValue::Kind::kScalar) items.push_back(raw);
+  else if (raw->kind == ConfigValue::Kind::kSequence)
+    for (const auto& item : raw->items) items.push_back(&item);
+  else section.Fail(kKey, "expected a strategy name or a list of them");
+  if (items.empty()) section.Fail(kKey, "needs at least one of envvar, volume-mounts, cdi-annotations, cdi-cri");
+  DeviceListStrategies out;
+  out.envvar = false;
+  std::set<std::string> seen;
+  for (const auto* item : items) {
+    if (item->kind != ConfigValue::Kind::kScalar) section.Fail(kKey, "expected strategy names");
+    const std::string name = ExpandEnv(item->scalar, item->where, section.Path() + "." + std::string(kKey));
+    if (!seen.insert(name).second) section.Fail(kKey, "\"" + name + "\" is listed twice");
+    if (name == "envvar") out.envvar = true;
+    else if (name == "volume-mounts") out.volume_mounts = true;
+    else if (name == "cdi-annotations") out.cdi_annotations = true;
+    else if (name == "cdi-cri") out.cdi_cri = true;
+    else section.Fail(kKey, "unknown strategy \"" + name + "\" (envvar, volume-mounts, cdi-annotations, cdi-cri)");
+  }
+  return out;
+}
+
+// sharing.timeSlicing, as upstream's config file spells it.
+SharingSettings ParseSharing(ConfigMap& section, const std::string& gpu_resource) {
+  SharingSettings sharing;
+  auto sharing_section = section.Section("sharing");
+  auto ts = sharing_section.Section("timeSlicing");
+  sharing.rename_by_default = ts.Bool("renameByDefault", false);
+  sharing.fail_requests_greater_than_one = ts.Bool("failRequestsGreaterThanOne", false);
+  const std::string mig_prefix = gpu_resource.substr(0, gpu_resource.find('/')) + "/mig-";
+  if (const ConfigValue* resources = ts.Raw("resources"); resources != nullptr) {
+    if (resources->kind != ConfigValue::Kind::kSequence) ts.Fail("resources", "expected a list of {name, replicas}");
+    std::set<std::string> names;
+    for (std::size_t i = 0; i < resources->items.size(); ++i) {
+      ConfigMap item(resources->items[i], ts.Path() + ".resources[" + std::to_string(i) + "]");
+      TimeSlicedResource r;
+      r.name = item.String("name");
+      if (r.name != gpu_resource && !r.name.starts_with(mig_prefix)) {
+        item.Fail("name", "must be " + gpu_resource + " or a MIG resource " + mig_prefix + "<profile>, got \"" +
+                              r.name + "\"");
+      }
+      if (!names.insert(r.name).second) item.Fail("name", "\"" + r.name + "\" is listed twice");
+      r.replicas = static_cast<int>(item.Int("replicas", 1, 1024));
+      r.rename = item.String("rename", "");
+      if (!r.rename.empty() && !IsExtendedResourceName(r.rename)) {
+        item.Fail("rename", "must be an extended resource name, got \"" + r.rename + "\"");
+      }
+      item.Finish();
+      sharing.time_slicing.push_back(std::move(r));
+    }
+  }
+  ts.Finish();
+  sharing_section.Finish();
+  return sharing;
 }
 
 }  // namespace
@@ -66,14 +115,23 @@ DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, c
       config.socket_name == "kubelet.sock") {
     section.Fail("socketName", "must be a plain file name other than kubelet.sock, got \"" + config.socket_name + "\"");
   }
-  config.allocation.strategy = section.Enum("deviceListStrategy", {"envvar", "cdi-cri"}, "envvar") == "cdi-cri"
-                                   ? DeviceListStrategy::kCdiCri
-                                   : DeviceListStrategy::kEnvVar;
+  config.allocation.strategies = ParseDeviceListStrategies(section);
   config.allocation.pass_device_specs = section.Bool("passDeviceSpecs", false);
   config.allocation.cdi_kind = section.String("cdiKind", "nvidia.com/gpu");
   if (config.allocation.cdi_kind.find('/') == std::string::npos) {
     section.Fail("cdiKind", "must be vendor/class, e.g. nvidia.com/gpu");
   }
+  const auto mig = section.Enum("migStrategy", {"none", "single", "mixed"}, "none");
+  config.mig_strategy = mig == "single" ? MigStrategy::kSingle : mig == "mixed" ? MigStrategy::kMixed : MigStrategy::kNone;
+  config.id_strategy = section.Enum("deviceIDStrategy", {"uuid", "index"}, "uuid") == "index" ? DeviceIdStrategy::kIndex
+                                                                                              : DeviceIdStrategy::kUuid;
+  config.sharing = ParseSharing(section, config.resource_name);
+  auto cdi = section.Section("cdi");
+  config.cdi_spec = cdi.Bool("enabled", false);
+  config.driver_root = cdi.String("driverRoot", "/");
+  if (config.driver_root.empty() || config.driver_root.front() != '/') cdi.Fail("driverRoot", "must be an absolute path");
+  config.cdi_remove_on_stop = cdi.Bool("removeOnStop", false);
+  cdi.Finish();
   config.register_timeout = section.Duration("registerTimeout", milliseconds(100), milliseconds(60000), milliseconds(5000));
   auto backoff = section.Section("registerBackoff");
   config.register_backoff.initial = backoff.Duration("initial", milliseconds(1), milliseconds(60000), milliseconds(200));
@@ -87,44 +145,45 @@ DevicePluginModule::DevicePluginModule(ModuleContext& context, const Config& con
     : context_(context),
       config_(config),
       plugin_dir_(context.Site().paths.kubelet_dir + "/device-plugins"),
-      socket_path_(plugin_dir_ + "/" + config.socket_name),
       kubelet_socket_(plugin_dir_ + "/kubelet.sock"),
       watcher_(context.GetLoop().Io(), plugin_dir_,
                [this](DirWatcher::Change change, const std::string& name) { OnDirectoryChange(change, name); }),
-      register_backoff_(config.register_backoff),
-      register_timer_(context.GetLoop().Io()) {
-  const MetricLabels resource{{"resource", config_.resource_name}};
-  auto& m = context_.Metrics();
-  registrations_total_ = &m.Counter("gpu_node_supervisor_device_plugin_registrations_total",
-                                    "Successful registrations with the kubelet", resource);
-  allocations_ok_ = &m.Counter("gpu_node_supervisor_device_plugin_allocations_total", "Allocate requests",
-                               {{"resource", config_.resource_name}, {"result", "ok"}});
-  allocations_rejected_ = &m.Counter("gpu_node_supervisor_device_plugin_allocations_total", "Allocate requests",
-                                     {{"resource", config_.resource_name}, {"result", "rejected"}});
-  healthy_devices_ = &m.Gauge("gpu_node_supervisor_device_plugin_devices", "Devices advertised to the kubelet",
-                              {{"resource", config_.resource_name}, {"health", "Healthy"}});
-  unhealthy_devices_ = &m.Gauge("gpu_node_supervisor_device_plugin_devices", "Devices advertised to the kubelet",
-                                {{"resource", config_.resource_name}, {"health", "Unhealthy"}});
-}
+      cdi_(context,
+           CdiWriter::Settings{config.cdi_spec, context.Site().paths.cdi_dir,
+                               CdiSettings{config.allocation.cdi_kind, config.driver_root}, config.cdi_remove_on_stop},
+           [this] { PublishState(); }) {}
 
 DevicePluginModule::~DevicePluginModule() { *alive_ = false; }
+
+PlanSettings DevicePluginModule::MakePlanSettings() const {
+  PlanSettings settings;
+  settings.gpu_resource = config_.resource_name;
+  settings.gpu_socket = config_.socket_name;
+  settings.mig_strategy = config_.mig_strategy;
+  settings.id_strategy = config_.id_strategy;
+  settings.sharing = config_.sharing;
+  return settings;
+}
 
 void DevicePluginModule::Start() {
   std::error_code ec;
   std::filesystem::create_directories(plugin_dir_, ec);
   if (ec) throw std::runtime_error("cannot create " + plugin_dir_ + ": " + ec.message());
   watcher_.Start();
+  started_ = true;
 
   auto& bus = context_.GetBus();
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
-    if (tracker_.OnInventory(inv)) OnDevicesChanged();
+    const bool first = !inventory_seen_ && inv.available;
+    inventory_seen_ = inventory_seen_ || inv.available;
+    if (tracker_.OnInventory(inv) || first) Replan();
   });
   health_sub_ = bus.Subscribe<gpu_health::DeviceHealth>([this](const gpu_health::DeviceHealth& health) {
-    if (tracker_.OnDeviceHealth(health)) OnDevicesChanged();
+    if (tracker_.OnDeviceHealth(health)) Replan();
   });
   SayWhatHealthMeans();
-
-  StartServing();
+  Replan();
+  serving_started_ = true;
 }
 
 void DevicePluginModule::SayWhatHealthMeans() {
@@ -141,157 +200,196 @@ void DevicePluginModule::SayWhatHealthMeans() {
       kHealthModule);
 }
 
-void DevicePluginModule::StartServing() {
-  PluginServer::Handlers handlers;
-  handlers.options.set_pre_start_required(false);
-  handlers.options.set_get_preferred_allocation_available(true);
-  handlers.current_list = [this] { return ToListAndWatch(tracker_.Devices()); };
-  handlers.allocate = [this](const v1beta1::AllocateRequest& request, v1beta1::AllocateResponse* response) {
-    AllocationSettings settings = config_.allocation;
-    if (settings.pass_device_specs) settings.control_devices = ExistingControlDevices();
-    const DeviceLookup lookup = [this](const std::string& id) -> std::optional<DeviceFacts> {
-      const auto* gpu = tracker_.Find(id);
-      if (gpu == nullptr) return std::nullopt;
-      bool healthy = false;
-      for (const auto& d : tracker_.Devices())
-        if (d.id == id) healthy = d.healthy;
-      return DeviceFacts{healthy, gpu->minor};
-    };
-    for (const auto& container : request.container_requests()) {
-      ContainerAllocation allocation;
-      const std::vector<std::string> ids(container.devices_ids().begin(), container.devices_ids().end());
-      const auto error = AllocateContainer(settings, lookup, ids, allocation);
-      if (!error.empty()) {
-        allocations_rejected_->Inc();
-        context_.Log().warn("Allocate rejected: {}", error);
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, error);
-      }
-      auto* out = response->add_container_responses();
-      for (const auto& [k, v] : allocation.envs) (*out->mutable_envs())[k] = v;
-      for (const auto& name : allocation.cdi_devices) out->add_cdi_devices()->set_name(name);
-      for (const auto& spec : allocation.devices) {
-        auto* d = out->add_devices();
-        d->set_container_path(spec.container_path);
-        d->set_host_path(spec.host_path);
-        d->set_permissions(spec.permissions);
-      }
-    }
-    allocations_ok_->Inc();
-    context_.GetBus().Publish(DevicesAllocated{config_.resource_name, AllocatedIds(request)});
-    return grpc::Status::OK;
-  };
-  handlers.preferred = [this](const v1beta1::PreferredAllocationRequest& request,
-                              v1beta1::PreferredAllocationResponse* response) {
-    std::vector<TopologyDevice> topology;
-    for (const auto& gpu : tracker_.Gpus()) {
-      topology.push_back({gpu.uuid, gpu.numa_node, gpu.pci, {gpu.nvlink_peers.begin(), gpu.nvlink_peers.end()}});
-    }
-    for (const auto& container : request.container_requests()) {
-      const std::vector<std::string> available(container.available_deviceids().begin(),
-                                               container.available_deviceids().end());
-      const std::vector<std::string> must(container.must_include_deviceids().begin(),
-                                          container.must_include_deviceids().end());
-      const auto preferred = PreferredAllocation(topology, available, must, container.allocation_size());
-      if (!preferred.error.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, preferred.error);
-      auto* out = response->add_container_responses();
-      for (const auto& id : preferred.ids) out->add_deviceids(id);
-    }
-    return grpc::Status::OK;
-  };
+void DevicePluginModule::Replan() {
+  if (!started_ || stopping_) return;
+  Plan next = MakePlan(tracker_.Gpus(), MakePlanSettings());
+  if (next.error != plan_.error && !next.error.empty()) context_.Log().error("{}", next.error);
+  plan_ = std::move(next);
 
-  server_ = std::make_unique<PluginServer>(context_.GetLoop(), std::move(handlers));
-  server_->Start(socket_path_);
-  serving_ = true;
-  context_.Log().info("serving {} on {}", config_.resource_name, socket_path_);
-  if (::access(kubelet_socket_.c_str(), F_OK) == 0) {
-    Register();
-  } else {
-    context_.Log().info("waiting for {} before registering", kubelet_socket_);
-    context_.SetHealth(ModuleHealth::kUnhealthy, "kubelet.sock not present; not registered");
+  // Resources gone: their sockets go (the kubelet then drops their capacity).
+  for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+    const ResourcePlan* planned = plan_.Find(it->first);
+    if (planned != nullptr && planned->socket == it->second->SocketName()) {
+      ++it;
+      continue;
+    }
+    context_.Log().info("{} is no longer advertised: stopping its endpoint", it->first);
+    auto gone = std::shared_ptr<ResourceEndpoint>(std::move(it->second));
+    it = endpoints_.erase(it);
+    gone->Stop([gone] {});  // keeps itself alive until its server is down
   }
-  PublishState();
-}
-
-void DevicePluginModule::RestartServing(const std::string& why) {
-  if (restarting_ || stopping_) return;
-  context_.Log().warn("{}: serving again", why);
-  restarting_ = true;
-  serving_ = false;
-  registered_ = false;
-  register_timer_.cancel();
-  context_.SetHealth(ModuleHealth::kUnhealthy, why);
-  PublishState();
-  auto old = std::move(server_);
-  auto* raw = old.get();
-  raw->Shutdown(context_.Pool(), [this, alive = alive_, old = std::shared_ptr<PluginServer>(std::move(old))] {
-    if (!*alive || stopping_) return;
-    restarting_ = false;
+  for (const auto& resource : plan_.resources) {
+    if (endpoints_.count(resource.name) != 0) continue;
     try {
-      StartServing();
+      StartEndpoint(resource.name, resource.socket);
     } catch (const std::exception& e) {
-      context_.ReportFailure(std::string("cannot serve again: ") + e.what());
+      // At start this fails Start (the supervisor retries); later, from a bus message, the
+      // supervisor restarts the module.
+      if (!serving_started_) throw;
+      context_.ReportFailure("cannot serve " + resource.name + ": " + e.what());
+      return;
     }
-  });
+  }
+  for (auto& [name, endpoint] : endpoints_) endpoint->Refresh();
+  // No spec before the first inventory: an empty one would only be replaced a moment later.
+  if (inventory_seen_) cdi_.Update(PhysicalDevices(plan_));
+  OnEndpointStateChanged();
 }
 
-void DevicePluginModule::Register() {
-  if (registering_ || !serving_ || stopping_) return;
-  registering_ = true;
-  v1beta1::RegisterRequest request;
-  request.set_version("v1beta1");
-  request.set_endpoint(config_.socket_name);
-  request.set_resource_name(config_.resource_name);
-  request.mutable_options()->set_get_preferred_allocation_available(true);
-  RegisterWithKubelet(context_.GetLoop(), kubelet_socket_, request, config_.register_timeout,
-                      [this, alive = alive_](const grpc::Status& status) {
-                        if (!*alive) return;
-                        registering_ = false;
-                        if (stopping_ || !serving_) return;
-                        if (status.ok()) {
-                          registered_ = true;
-                          ++registrations_;
-                          registrations_total_->Inc();
-                          register_backoff_.Reset();
-                          context_.SetHealth(ModuleHealth::kOk);
-                          context_.Log().info("registered {} with the kubelet", config_.resource_name);
-                          PublishState();
-                          return;
-                        }
-                        const auto delay = register_backoff_.Next();
-                        context_.Log().warn("registration failed ({}: {}); retrying in {} ms",
-                                            static_cast<int>(status.error_code()), status.error_message(),
-                                            delay.count());
-                        context_.SetHealth(ModuleHealth::kUnhealthy, "registration failed: " + status.error_message());
-                        register_timer_.expires_after(delay);
-                        register_timer_.async_wait([this, alive](const boost::system::error_code& ec) {
-                          if (ec || !*alive) return;
-                          if (::access(kubelet_socket_.c_str(), F_OK) == 0) Register();
-                        });
-                      });
+void DevicePluginModule::StartEndpoint(const std::string& resource, const std::string& socket) {
+  ResourceEndpoint::Settings settings;
+  settings.resource = resource;
+  settings.plugin_dir = plugin_dir_;
+  settings.socket_name = socket;
+  settings.register_timeout = config_.register_timeout;
+  settings.register_backoff = config_.register_backoff;
+  ResourceEndpoint::Hooks hooks;
+  hooks.current_list = [this, resource] { return ListFor(resource); };
+  hooks.allocate = [this, resource](const v1beta1::AllocateRequest& request, v1beta1::AllocateResponse* response) {
+    return Allocate(resource, request, response);
+  };
+  hooks.preferred = [this, resource](const v1beta1::PreferredAllocationRequest& request,
+                                     v1beta1::PreferredAllocationResponse* response) {
+    return PreferredFor(resource, request, response);
+  };
+  hooks.state_changed = [this] { OnEndpointStateChanged(); };
+  auto endpoint = std::make_unique<ResourceEndpoint>(context_, std::move(settings), std::move(hooks));
+  auto* raw = endpoint.get();
+  endpoints_[resource] = std::move(endpoint);
+  raw->Start();
+}
+
+v1beta1::ListAndWatchResponse DevicePluginModule::ListFor(const std::string& resource) const {
+  v1beta1::ListAndWatchResponse list;
+  const ResourcePlan* plan = plan_.Find(resource);
+  if (plan == nullptr) return list;
+  for (const auto& d : plan->devices) {
+    const AdvertisedDevice* health = tracker_.HealthOf(d.physical.uuid);
+    auto* device = list.add_devices();
+    device->set_id(d.id);
+    device->set_health(health != nullptr && health->healthy ? "Healthy" : "Unhealthy");
+    if (d.physical.numa_node >= 0) device->mutable_topology()->add_nodes()->set_id(d.physical.numa_node);
+  }
+  return list;
+}
+
+grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1beta1::AllocateRequest& request,
+                                          v1beta1::AllocateResponse* response) {
+  auto& metrics = context_.Metrics();
+  auto rejected = [&](const std::string& error) {
+    metrics.Counter("gpu_node_supervisor_device_plugin_allocations_total", "Allocate requests",
+                    {{"resource", resource}, {"result", "rejected"}}).Inc();
+    context_.Log().warn("Allocate for {} rejected: {}", resource, error);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, error);
+  };
+  const ResourcePlan* plan = plan_.Find(resource);
+  if (plan == nullptr) return rejected(resource + " is no longer advertised");
+  AllocationSettings settings = config_.allocation;
+  if (settings.pass_device_specs) settings.control_devices = ExistingControlDevices();
+  RequestRules rules;
+  rules.resource = resource;
+  rules.fail_requests_greater_than_one = plan->fail_requests_greater_than_one;
+  rules.healthy_devices = 0;
+  for (const auto& d : plan->devices) {
+    const AdvertisedDevice* health = tracker_.HealthOf(d.physical.uuid);
+    if (health != nullptr && health->healthy) ++rules.healthy_devices;
+  }
+  const DeviceLookup lookup = [this, plan](const std::string& id) -> std::optional<DeviceFacts> {
+    const PlannedDevice* d = plan->Find(id);
+    if (d == nullptr) return std::nullopt;
+    const AdvertisedDevice* health = tracker_.HealthOf(d->physical.uuid);
+    return DeviceFacts{health != nullptr && health->healthy, d->physical.minor, d->physical.id, plan->replicas > 1};
+  };
+  for (const auto& container : request.container_requests()) {
+    ContainerAllocation allocation;
+    rules.annotation_key = "gpu-node-supervisor_" + std::to_string(++allocations_);
+    const std::vector<std::string> ids(container.devices_ids().begin(), container.devices_ids().end());
+    const auto error = AllocateContainer(settings, lookup, ids, allocation, rules);
+    if (!error.empty()) return rejected(error);
+    auto* out = response->add_container_responses();
+    for (const auto& [k, v] : allocation.envs) (*out->mutable_envs())[k] = v;
+    for (const auto& [k, v] : allocation.annotations) (*out->mutable_annotations())[k] = v;
+    for (const auto& name : allocation.cdi_devices) out->add_cdi_devices()->set_name(name);
+    for (const auto& mount : allocation.mounts) {
+      auto* m = out->add_mounts();
+      m->set_container_path(mount.container_path);
+      m->set_host_path(mount.host_path);
+      m->set_read_only(mount.read_only);
+    }
+    for (const auto& spec : allocation.devices) {
+      auto* d = out->add_devices();
+      d->set_container_path(spec.container_path);
+      d->set_host_path(spec.host_path);
+      d->set_permissions(spec.permissions);
+    }
+  }
+  metrics.Counter("gpu_node_supervisor_device_plugin_allocations_total", "Allocate requests",
+                  {{"resource", resource}, {"result", "ok"}}).Inc();
+  context_.GetBus().Publish(DevicesAllocated{resource, AllocatedIds(request)});
+  return grpc::Status::OK;
+}
+
+grpc::Status DevicePluginModule::PreferredFor(const std::string& resource,
+                                           const v1beta1::PreferredAllocationRequest& request,
+                                           v1beta1::PreferredAllocationResponse* response) const {
+  const ResourcePlan* plan = plan_.Find(resource);
+  if (plan == nullptr) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, resource + " is no longer advertised");
+  // Whole GPUs, not shared: NVLink/NUMA locality from the inventory. MIG devices and replicas:
+  // spread over as many physical GPUs as possible (upstream's best effort for replicas).
+  const bool whole_gpus = plan->replicas == 1 &&
+                          std::none_of(plan->devices.begin(), plan->devices.end(),
+                                       [](const PlannedDevice& d) { return d.physical.mig; });
+  std::vector<TopologyDevice> topology;
+  if (whole_gpus) {
+    std::map<std::string, std::string> id_of;  // GPU UUID → advertised ID
+    for (const auto& d : plan->devices) id_of[d.physical.uuid] = d.id;
+    for (const auto& d : plan->devices) {
+      const auto* gpu = tracker_.Find(d.physical.uuid);
+      TopologyDevice t{d.id, d.physical.numa_node, gpu != nullptr ? gpu->pci : gpu_inventory::PciAddress{}, {}};
+      if (gpu != nullptr)
+        for (const auto& peer : gpu->nvlink_peers)
+          if (const auto it = id_of.find(peer); it != id_of.end()) t.nvlink_peers.insert(it->second);
+      topology.push_back(std::move(t));
+    }
+  }
+  for (const auto& container : request.container_requests()) {
+    const std::vector<std::string> available(container.available_deviceids().begin(),
+                                             container.available_deviceids().end());
+    const std::vector<std::string> must(container.must_include_deviceids().begin(),
+                                        container.must_include_deviceids().end());
+    Preferred preferred;
+    if (whole_gpus) {
+      preferred = PreferredAllocation(topology, available, must, container.allocation_size());
+    } else {
+      preferred = PreferredSpread(
+          available, must, container.allocation_size(), [plan](const std::string& id) -> std::string {
+            const PlannedDevice* d = plan->Find(id);
+            return d == nullptr ? std::string() : d->physical.parent_uuid;
+          });
+    }
+    if (!preferred.error.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, preferred.error);
+    auto* out = response->add_container_responses();
+    for (const auto& id : preferred.ids) out->add_deviceids(id);
+  }
+  return grpc::Status::OK;
 }
 
 void DevicePluginModule::OnDirectoryChange(DirWatcher::Change change, const std::string& name) {
   switch (change) {
     case DirWatcher::Change::kDeleted:
-      // The kubelet's start-up clean-up removes every socket there, ours included.
-      if (name == config_.socket_name && serving_) RestartServing("our socket " + socket_path_ + " was removed");
-      if (name == "kubelet.sock") {
-        registered_ = false;
-        context_.SetHealth(ModuleHealth::kUnhealthy, "kubelet.sock removed; waiting for the kubelet");
-        PublishState();
+      for (auto& [resource, endpoint] : endpoints_) {
+        if (name == endpoint->SocketName()) endpoint->OnOurSocketDeleted();
+        if (name == "kubelet.sock") endpoint->OnKubeletSocketDeleted();
       }
       break;
     case DirWatcher::Change::kCreated:
       if (name == "kubelet.sock") {
         context_.Log().info("kubelet.sock appeared: registering");
-        register_backoff_.Reset();
-        register_timer_.cancel();
-        Register();  // no-op while restarting: StartServing registers when done
+        for (auto& [resource, endpoint] : endpoints_) endpoint->OnKubeletSocketCreated();
       }
       break;
     case DirWatcher::Change::kOverflow:
-      if (::access(socket_path_.c_str(), F_OK) != 0) RestartServing("inotify overflow and our socket is gone");
-      else if (::access(kubelet_socket_.c_str(), F_OK) == 0) Register();
+      for (auto& [resource, endpoint] : endpoints_) endpoint->OnOverflow();
       break;
     case DirWatcher::Change::kDirectoryGone:
       context_.ReportFailure(plugin_dir_ + " was removed");
@@ -299,26 +397,74 @@ void DevicePluginModule::OnDirectoryChange(DirWatcher::Change change, const std:
   }
 }
 
-void DevicePluginModule::OnDevicesChanged() {
-  if (server_ && serving_) server_->Broadcast(ToListAndWatch(tracker_.Devices()));
+void DevicePluginModule::OnEndpointStateChanged() {
+  if (stopping_) return;
+  std::string problem = plan_.error;
+  for (const auto& [resource, endpoint] : endpoints_) {
+    if (problem.empty() && !endpoint->Problem().empty()) problem = resource + ": " + endpoint->Problem();
+  }
+  if (problem.empty()) context_.SetHealth(ModuleHealth::kOk);
+  else context_.SetHealth(ModuleHealth::kUnhealthy, problem);
   PublishState();
 }
 
 void DevicePluginModule::PublishState() {
   DevicePluginState state;
   state.resource_name = config_.resource_name;
-  state.socket = socket_path_;
-  state.serving = serving_;
-  state.registered = registered_;
-  state.registrations = registrations_;
-  state.open_streams = server_ ? server_->OpenStreams() : 0;
-  int healthy = 0, unhealthy = 0;
-  for (const auto& d : tracker_.Devices()) {
-    state.devices.push_back({d.id, d.healthy, d.numa_node, d.reason});
-    (d.healthy ? healthy : unhealthy)++;
+  state.serving = !endpoints_.empty();
+  state.registered = !endpoints_.empty();
+  state.error = plan_.error;
+  state.mig_strategy = config_.mig_strategy == MigStrategy::kSingle  ? "single"
+                       : config_.mig_strategy == MigStrategy::kMixed ? "mixed"
+                                                                     : "none";
+  if (const auto* shared = config_.sharing.Find(config_.resource_name); shared != nullptr && shared->replicas > 1) {
+    state.gpu_replicas = shared->replicas;
+    state.gpu_shared_renamed = !shared->rename.empty() || config_.sharing.rename_by_default;
   }
-  healthy_devices_->Set(healthy);
-  unhealthy_devices_->Set(unhealthy);
+  for (const auto& r : plan_.resources)
+    if (r.replicas > 1) state.sharing_strategy = "time-slicing";
+  if (cdi_.Enabled()) {
+    state.cdi_spec = cdi_.GetStatus().path;
+    state.cdi_writes = cdi_.GetStatus().writes;
+    state.cdi_error = cdi_.GetStatus().last_error;
+  }
+  if (const auto it = endpoints_.find(config_.resource_name); it != endpoints_.end()) {
+    state.socket = it->second->SocketPath();
+  }
+  for (const auto& [resource, endpoint] : endpoints_) {
+    state.serving = state.serving && endpoint->Serving();
+    state.registered = state.registered && endpoint->Registered();
+    state.registrations += endpoint->Registrations();
+    state.open_streams += endpoint->OpenStreams();
+  }
+  std::set<std::string> physical_seen;
+  for (const auto& resource : plan_.resources) {
+    DevicePluginState::Resource r;
+    r.name = resource.name;
+    r.socket = resource.socket;
+    r.replicas = resource.replicas;
+    if (const auto it = endpoints_.find(resource.name); it != endpoints_.end()) {
+      r.serving = it->second->Serving();
+      r.registered = it->second->Registered();
+      r.registrations = it->second->Registrations();
+    }
+    int healthy = 0, unhealthy = 0;
+    for (const auto& d : resource.devices) {
+      const AdvertisedDevice* health = tracker_.HealthOf(d.physical.uuid);
+      const bool ok = health != nullptr && health->healthy;
+      (ok ? healthy : unhealthy)++;
+      r.device_ids.push_back(d.id);
+      if (!physical_seen.insert(d.physical.uuid).second) continue;
+      state.devices.push_back({d.physical.uuid, ok, d.physical.numa_node, health != nullptr ? health->reason : "unknown device"});
+    }
+    r.healthy = healthy;
+    auto& m = context_.Metrics();
+    m.Gauge("gpu_node_supervisor_device_plugin_devices", "Devices advertised to the kubelet",
+            {{"resource", resource.name}, {"health", "Healthy"}}).Set(healthy);
+    m.Gauge("gpu_node_supervisor_device_plugin_devices", "Devices advertised to the kubelet",
+            {{"resource", resource.name}, {"health", "Unhealthy"}}).Set(unhealthy);
+    state.resources.push_back(std::move(r));
+  }
   context_.GetBus().Publish(std::move(state));
 }
 
@@ -334,17 +480,17 @@ std::vector<std::string> DevicePluginModule::ExistingControlDevices() const {
 void DevicePluginModule::Stop(std::function<void()> done) {
   stopping_ = true;
   watcher_.Stop();
-  register_timer_.cancel();
   inventory_sub_.Reset();
   health_sub_.Reset();
-  if (!server_) {
-    done();
-    return;
-  }
-  server_->Shutdown(context_.Pool(), [this, alive = alive_, done = std::move(done)] {
-    if (*alive) server_.reset();  // the socket is already gone: the kubelet cannot dial a dead one
-    done();
-  });
+  // Every endpoint shuts down off the loop, and the CDI spec goes when configured; `done` once
+  // the last of them is done.
+  auto remaining = std::make_shared<std::size_t>(endpoints_.size() + 1);
+  auto shared_done = std::make_shared<std::function<void()>>(std::move(done));
+  auto one_done = [remaining, shared_done] {
+    if (--*remaining == 0) (*shared_done)();
+  };
+  for (auto& [resource, endpoint] : endpoints_) endpoint->Stop(one_done);
+  cdi_.Stop(one_done);
 }
 
 }  // namespace gns::device_plugin

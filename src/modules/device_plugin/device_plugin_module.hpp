@@ -1,8 +1,9 @@
 #pragma once
-// The `device-plugin` module: the kubelet device plugin (v1beta1) for `nvidia.com/gpu`.
-// Serves on <kubeletDir>/device-plugins/<socketName>, registers with kubelet.sock once it
-// exists, advertises every GPU with its live health, and notices a kubelet restart (our
-// socket removed, kubelet.sock recreated) through inotify to serve and register again.
+// The `device-plugin` module: the kubelet device plugin (v1beta1) for `nvidia.com/gpu`, the
+// MIG resources of the mixed strategy and time-sliced resources: one socket and registration
+// per resource (resource_plan, resource_endpoint), each advertising its devices with live
+// health; a kubelet restart (our sockets removed, kubelet.sock recreated) is noticed through
+// inotify and every resource serves and registers again.
 // Device health follows gpu-health's DeviceHealth verdicts and NVML availability from the GPU
 // inventory; the plugin judges no XID itself (one judge per verdict).
 
@@ -10,27 +11,48 @@
 #include "loop/dir_watcher.hpp"
 #include "loop/module.hpp"
 #include "modules/device_plugin/allocation.hpp"
+#include "modules/device_plugin/cdi_writer.hpp"
 #include "modules/device_plugin/device_health.hpp"
-
-#include <boost/asio/steady_timer.hpp>
+#include "modules/device_plugin/resource_plan.hpp"
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
+// Kept out of this widely included header (gRPC and protobuf are heavy to compile).
+namespace grpc {
+class Status;
+}
+namespace v1beta1 {
+class ListAndWatchResponse;
+class AllocateRequest;
+class AllocateResponse;
+class PreferredAllocationRequest;
+class PreferredAllocationResponse;
+}  // namespace v1beta1
+
 namespace gns::device_plugin {
 
-class PluginServer;
+class ResourceEndpoint;
 
 class DevicePluginModule final : public Module {
  public:
   static constexpr std::string_view kName = "device-plugin";
-  static constexpr std::string_view kSummary = "kubelet device plugin v1beta1 for nvidia.com/gpu";
+  static constexpr std::string_view kSummary =
+      "kubelet device plugin v1beta1 for nvidia.com/gpu, MIG devices and time-sliced replicas";
 
   struct Config {
     std::string resource_name = "nvidia.com/gpu";
     std::string socket_name = "nvidia-gpu.sock";
     AllocationSettings allocation;
+    MigStrategy mig_strategy = MigStrategy::kNone;
+    DeviceIdStrategy id_strategy = DeviceIdStrategy::kUuid;
+    SharingSettings sharing;
+    // Our CDI spec (kind = allocation.cdi_kind) in the site's CDI directory.
+    bool cdi_spec = false;
+    std::string driver_root = "/";
+    bool cdi_remove_on_stop = false;
     std::chrono::milliseconds register_timeout{5000};
     BackoffPolicy register_backoff{std::chrono::milliseconds(200), std::chrono::milliseconds(10000), 2.0, 0.5};
   };
@@ -43,37 +65,38 @@ class DevicePluginModule final : public Module {
   void Stop(std::function<void()> done) override;
 
  private:
-  void StartServing();
-  void RestartServing(const std::string& why);
-  void Register();
+  PlanSettings MakePlanSettings() const;
+  // Recomputes the plan from the tracker; starts endpoints for new resources, stops those of
+  // resources gone, and sends changed lists.
+  void Replan();
+  void StartEndpoint(const std::string& resource, const std::string& socket);
   void OnDirectoryChange(DirWatcher::Change change, const std::string& name);
-  void OnDevicesChanged();
+  void OnEndpointStateChanged();
   void PublishState();
   void SayWhatHealthMeans();
   std::vector<std::string> ExistingControlDevices() const;
 
+  v1beta1::ListAndWatchResponse ListFor(const std::string& resource) const;
+  grpc::Status Allocate(const std::string& resource, const v1beta1::AllocateRequest& request,
+                        v1beta1::AllocateResponse* response);
+  grpc::Status PreferredFor(const std::string& resource, const v1beta1::PreferredAllocationRequest& request,
+                         v1beta1::PreferredAllocationResponse* response) const;
+
   ModuleContext& context_;
   Config config_;
   std::string plugin_dir_;
-  std::string socket_path_;
   std::string kubelet_socket_;
   DeviceHealthTracker tracker_;
-  std::unique_ptr<PluginServer> server_;
+  Plan plan_;
+  std::map<std::string, std::unique_ptr<ResourceEndpoint>> endpoints_;  // by resource name
   DirWatcher watcher_;
-  Backoff register_backoff_;
-  boost::asio::steady_timer register_timer_;
-  bool serving_ = false;
-  bool restarting_ = false;
-  bool registering_ = false;
-  bool registered_ = false;
+  CdiWriter cdi_;
+  bool started_ = false;
+  bool serving_started_ = false;
+  bool inventory_seen_ = false;  // an available inventory arrived (the CDI spec waits for it)  // Start() finished: later serving failures are reported
   bool stopping_ = false;
-  int registrations_ = 0;
+  uint64_t allocations_ = 0;  // names each response's CDI annotation
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  MetricsRegistry::Series* registrations_total_;
-  MetricsRegistry::Series* allocations_ok_;
-  MetricsRegistry::Series* allocations_rejected_;
-  MetricsRegistry::Series* healthy_devices_;
-  MetricsRegistry::Series* unhealthy_devices_;
   Subscription inventory_sub_;
   Subscription health_sub_;
 };

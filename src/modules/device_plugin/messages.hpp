@@ -19,13 +19,34 @@ struct DevicePluginState {
     int numa_node = -1;
     std::string reason;
   };
-  std::string resource_name;
-  std::string socket;
-  bool serving = false;
-  bool registered = false;
-  int registrations = 0;
+  // One registered resource (nvidia.com/gpu, nvidia.com/mig-<profile>, a time-sliced one).
+  struct Resource {
+    std::string name;
+    std::string socket;
+    int replicas = 1;
+    bool serving = false;
+    bool registered = false;
+    int registrations = 0;
+    int healthy = 0;
+    std::vector<std::string> device_ids;  // as the kubelet sees them
+  };
+  std::string resource_name;  // the whole-GPU resource
+  std::string socket;         // its socket
+  bool serving = false;       // every resource serves
+  bool registered = false;    // every resource is registered
+  int registrations = 0;      // over all resources
   std::size_t open_streams = 0;
-  std::vector<Device> devices;
+  std::string error;          // the inventory does not fit the MIG strategy
+  std::vector<Device> devices;  // physical devices (GPUs, MIG devices) with their health
+  std::vector<Resource> resources;
+  // What the plugin is configured to do, for the node labels.
+  std::string mig_strategy;                // none | single | mixed
+  int gpu_replicas = 1;                    // time-slicing replicas of the whole-GPU resource
+  bool gpu_shared_renamed = false;         // ... advertised under another name (.shared or rename)
+  std::string sharing_strategy = "none";   // time-slicing when any resource is shared
+  std::string cdi_spec;  // our CDI spec's path when enabled
+  int cdi_writes = 0;
+  std::string cdi_error;
 };
 
 inline void to_json(nlohmann::json& j, const DevicePluginState& s) {
@@ -39,6 +60,21 @@ inline void to_json(nlohmann::json& j, const DevicePluginState& s) {
                      {"serving", s.serving},            {"registered", s.registered},
                      {"registrations", s.registrations}, {"openStreams", s.open_streams},
                      {"devices", std::move(devices)}};
+  nlohmann::json resources = nlohmann::json::object();
+  for (const auto& r : s.resources) {
+    resources[r.name] = nlohmann::json{{"socket", r.socket},         {"replicas", r.replicas},
+                                       {"serving", r.serving},       {"registered", r.registered},
+                                       {"registrations", r.registrations}, {"healthy", r.healthy},
+                                       {"devices", r.device_ids.size()}};
+  }
+  j["resources"] = std::move(resources);
+  j["migStrategy"] = s.mig_strategy;
+  j["sharingStrategy"] = s.sharing_strategy;
+  if (!s.error.empty()) j["error"] = s.error;
+  if (!s.cdi_spec.empty()) {
+    j["cdiSpec"] = nlohmann::json{{"path", s.cdi_spec}, {"writes", s.cdi_writes}};
+    if (!s.cdi_error.empty()) j["cdiSpec"]["error"] = s.cdi_error;
+  }
 }
 
 // One Allocate the kubelet made (an event): the devices now belong to a container being admitted.

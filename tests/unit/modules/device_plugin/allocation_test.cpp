@@ -27,7 +27,7 @@ TEST(Allocate, EnvVarStrategyListsUuids) {
 
 TEST(Allocate, CdiStrategyNamesCdiDevicesAndDeviceSpecsWhenAsked) {
   AllocationSettings settings;
-  settings.strategy = DeviceListStrategy::kCdiCri;
+  settings.strategies = {.envvar = false, .cdi_cri = true};
   settings.pass_device_specs = true;
   settings.control_devices = {"/dev/nvidiactl", "/dev/nvidia-uvm"};
   ContainerAllocation out;

@@ -294,7 +294,7 @@ TEST_F(DevicePluginFlowTest, AllocateAnswersPerStrategyAndRejectsBadIds) {
   sim_->Start();
   h_.bus.Publish(EightGpus());
   DevicePluginModule::Config config;
-  config.allocation.strategy = DeviceListStrategy::kCdiCri;
+  config.allocation.strategies = {.envvar = false, .cdi_cri = true};
   config.allocation.pass_device_specs = true;
   fs::create_directories(h_.site.paths.host_root + "/dev");
   std::ofstream(h_.site.paths.host_root + "/dev/nvidiactl") << "";
