@@ -25,6 +25,8 @@ ComputeDomainControllerModule::Config ComputeDomainControllerModule::ParseConfig
   config.workers = static_cast<std::size_t>(section.Int("workers", 1, 64, 4));
   config.conflict_retries = static_cast<int>(section.Int("conflictRetries", 0, 100, 5));
   config.resync = section.Duration("resyncPeriod", milliseconds(0), milliseconds(86400000), milliseconds(600000));
+  config.deregister_timeout =
+      section.Duration("deregisterTimeout", milliseconds(0), milliseconds(86400000), milliseconds(300000));
 
   auto backoff = section.Section("retryBackoff");
   config.retry.initial = backoff.Duration("initial", milliseconds(1), milliseconds(60000), milliseconds(500));
@@ -59,6 +61,11 @@ void ComputeDomainControllerModule::Start() {
   settings.resource_api = config_.resource_api;
   settings.conflict_retries = config_.conflict_retries;
   settings.field_manager = std::string(kName);
+  settings.deregister_timeout = config_.deregister_timeout;
+  settings.node_exists = [this](const std::string& node) {
+    // Until the Node list is in, every node counts as present.
+    return !nodes_ || !nodes_->Synced() || nodes_->Get(node) != nullptr;
+  };
   reconciler_ = std::make_unique<Reconciler>(client, events, context_.Logger(), settings);
   queue_ = std::make_unique<WorkQueue>(context_.GetLoop().Io(), config_.retry, config_.workers,
                                        [this](const std::string& key, std::function<void(bool)> done) {
@@ -88,11 +95,14 @@ void ComputeDomainControllerModule::Start() {
   elector_ = std::make_unique<kube::LeaderElector>(client, context_.GetLoop().Io(), context_.GetClock(),
                                                    &context_.GetBus(), context_.Metrics(), context_.Logger(),
                                                    config_.lease, std::move(callbacks));
-  if (!host_managed_) {
-    context_.Log().warn(
-        "HostManagedIMEX is off: driver-managed IMEX is not supported by this build; ComputeDomains will be "
-        "marked NotReady with an Event saying so");
+  std::string gates_line;
+  for (const auto& [name, value] : context_.Site().gates.Values()) {
+    gates_line += (gates_line.empty() ? "" : ", ") + name + "=" + (value ? "true" : "false");
   }
+  context_.Log().info("feature gates (resolved): {}; {}", gates_line,
+                      host_managed_ ? "host-managed IMEX: finalizer, workload template, Ready at once"
+                                    : "driver-managed IMEX: finalizer, workload template, no DaemonSet; Ready from "
+                                      "the nodes' registrations");
   context_.Log().info("candidate for lease {}/{} as {}", config_.lease.ns, config_.lease.lease_name,
                       config_.lease.identity);
   elector_->Start();
@@ -117,7 +127,7 @@ void ComputeDomainControllerModule::Stop(std::function<void()> done) {
 void ComputeDomainControllerModule::OnStartedLeading() {
   leading_ = true;
   context_.Log().info("leading: reconciling ComputeDomains in all namespaces ({} mode)",
-                      host_managed_ ? "host-managed IMEX" : "driver-managed, unsupported");
+                      host_managed_ ? "host-managed IMEX" : "driver-managed IMEX");
   const kube::InformerSpec spec{
       kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kResource)).Collection(),
       {}, {}};
@@ -128,8 +138,11 @@ void ComputeDomainControllerModule::OnStartedLeading() {
     Enqueue(*e.object);
   });
   // Also covers an informer that another holder had already synced (its ADDED events are past).
+  // Once per term: a relist publishes its changes as events, so reading every domain again
+  // would cost two GETs per domain for nothing.
   synced_sub_ = bus.Subscribe<kube::InformerSynced>([this](const kube::InformerSynced& s) {
     if (!leading_ || s.informer_key != informer_key_ || !s.synced || !informer_) return;
+    synced_sub_.Reset();
     for (const auto& [key, object] : informer_->Items()) queue_->Add(key);
   });
   informer_ = registry_->Acquire(spec);
@@ -143,7 +156,33 @@ void ComputeDomainControllerModule::OnStartedLeading() {
   templates_key_ = templates.Key();
   templates_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) { OnTemplateEvent(e); });
   templates_ = registry_->Acquire(templates);
+  if (!host_managed_) {
+    const kube::InformerSpec nodes{kube::ResourcePath::Core("nodes").Collection(), {}, {}};
+    nodes_key_ = nodes.Key();
+    nodes_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) { OnNodeEvent(e); });
+    nodes_ = registry_->Acquire(nodes);
+  }
   ArmResync();
+}
+
+void ComputeDomainControllerModule::OnNodeEvent(const kube::ResourceEvent& event) {
+  if (!leading_ || event.informer_key != nodes_key_ || !event.object ||
+      event.type != kube::ResourceEvent::Type::kDeleted || !informer_) {
+    return;
+  }
+  const auto meta = kube::ObjectMeta::From(*event.object);
+  if (!meta) return;
+  static const nlohmann::json::json_pointer kNodes("/status/nodes");
+  for (const auto& [key, domain] : informer_->Items()) {
+    if (!domain->contains(kNodes) || !domain->at(kNodes).is_array()) continue;
+    for (const auto& entry : domain->at(kNodes)) {
+      if (entry.is_object() && entry.value("name", "") == meta->name) {
+        context_.Log().info("{}: its node {} was deleted", key, meta->name);
+        queue_->Add(key);
+        break;
+      }
+    }
+  }
 }
 
 void ComputeDomainControllerModule::OnTemplateEvent(const kube::ResourceEvent& event) {
@@ -191,6 +230,8 @@ void ComputeDomainControllerModule::StopWork() {
   informer_.reset();
   templates_sub_.Reset();
   templates_.reset();
+  nodes_sub_.Reset();
+  nodes_.reset();
   if (resync_timer_) resync_timer_->cancel();
   if (reconciler_) reconciler_->Cancel();
   if (queue_) queue_->Clear();

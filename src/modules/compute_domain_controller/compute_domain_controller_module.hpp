@@ -45,6 +45,8 @@ class ComputeDomainControllerModule final : public Module {
     // Every cached domain is reconciled again this often while leading (0: never), so drift
     // no watch event reports is still repaired.
     std::chrono::milliseconds resync{600000};
+    // Driver-managed delete: how long the finalizer waits for the nodes to deregister.
+    std::chrono::milliseconds deregister_timeout{300000};
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 
@@ -66,6 +68,7 @@ class ComputeDomainControllerModule final : public Module {
   void StopWork();
   void Enqueue(const nlohmann::json& object);
   void OnTemplateEvent(const kube::ResourceEvent& event);
+  void OnNodeEvent(const kube::ResourceEvent& event);
   void ArmResync();
   void Work(const std::string& key, std::function<void(bool)> done);
   void Record(const std::string& key, const Outcome& outcome, double seconds);
@@ -85,6 +88,9 @@ class ComputeDomainControllerModule final : public Module {
   // the queue.
   std::shared_ptr<kube::Informer> templates_;
   std::string templates_key_;
+  // Driver-managed: the Nodes (a node that disappears leaves its domains' status).
+  std::shared_ptr<kube::Informer> nodes_;
+  std::string nodes_key_;
   std::unique_ptr<boost::asio::steady_timer> resync_timer_;
   std::map<std::string, std::string, std::less<>> domain_state_;  // key -> Ready/NotReady/Deleting
   MetricsRegistry::Series* latency_sum_ = nullptr;
@@ -94,6 +100,7 @@ class ComputeDomainControllerModule final : public Module {
   Subscription events_sub_;
   Subscription synced_sub_;
   Subscription templates_sub_;
+  Subscription nodes_sub_;
 };
 
 }  // namespace gns::cd_controller

@@ -2,6 +2,7 @@
 #include "modules/compute_domain_controller/reconciler.hpp"
 
 #include <algorithm>
+#include <ctime>
 #include <utility>
 
 namespace gns::cd_controller {
@@ -237,10 +238,6 @@ void Reconciler::OnDomain(const RunPtr& run, kube::Result r) {
     DeleteTemplateStep(run);
     return;
   }
-  if (!settings_.host_managed) {
-    DriverManaged(run);
-    return;
-  }
   if (run->template_name.empty()) {
     NotReady(run, "InvalidSpec", "spec.channel.resourceClaimTemplate.name is required", false);
     return;
@@ -296,7 +293,7 @@ void Reconciler::EnsureTemplate(const RunPtr& run) {
            });
       return;
     }
-    WriteStatus(run, true, {}, {}, [this, run] { Finish(run, Outcome{true, Outcome::State::kReady, {}, {}}); });
+    Settle(run);
   });
 }
 
@@ -312,7 +309,7 @@ void Reconciler::CreateTemplate(const RunPtr& run) {
     ++stats_.templates_created;
     log_->info("{}: created workload ResourceClaimTemplate {}/{} (domain {})", run->key, run->ns, run->template_name,
                run->uid);
-    WriteStatus(run, true, {}, {}, [this, run] { Finish(run, Outcome{true, Outcome::State::kReady, {}, {}}); });
+    Settle(run);
   });
 }
 
@@ -353,17 +350,70 @@ void Reconciler::NotReady(const RunPtr& run, std::string reason, std::string mes
   });
 }
 
-void Reconciler::DriverManaged(const RunPtr& run) {
-  static constexpr std::string_view kMessage =
-      "driver-managed IMEX (HostManagedIMEX=false) is not supported by this build: enable the HostManagedIMEX "
-      "feature gate and run IMEX on the hosts; nothing was created for this ComputeDomain";
-  if (warned_driver_managed_.insert(run->uid).second) {
-    log_->warn("{}: {}", run->key, kMessage);
+void Reconciler::Settle(const RunPtr& run) {
+  if (!settings_.host_managed) {
+    DriverManagedSettle(run);
+    return;
   }
-  if (!SaysNotReady(run->domain, "DriverManagedModeNotSupported")) Event(run, "Warning", "DriverManagedModeNotSupported", kMessage);
-  WriteStatus(run, false, "DriverManagedModeNotSupported", std::string(kMessage), [this, run] {
-    Finish(run, Outcome{true, Outcome::State::kNotReady, "DriverManagedModeNotSupported", {}});
-  });
+  WriteStatus(run, true, {}, {}, [this, run] { Finish(run, Outcome{true, Outcome::State::kReady, {}, {}}); });
+}
+
+void Reconciler::DriverManagedSettle(const RunPtr& run) {
+  const DriverManagedStatus judged = JudgeDriverManaged(run->domain, settings_.node_exists);
+  json current = run->domain.contains("status") && run->domain["status"].is_object() ? run->domain["status"]
+                                                                                      : json::object();
+  json desired = current;
+  desired["status"] = judged.domain_ready ? "Ready" : "NotReady";
+  desired.erase("conditions");
+  if (judged.removed > 0) desired["nodes"] = judged.nodes;
+  const Outcome outcome{true, judged.domain_ready ? Outcome::State::kReady : Outcome::State::kNotReady,
+                        judged.domain_ready ? std::string() : std::string("NodesNotReady"), {}};
+  if (desired == current) {
+    Finish(run, outcome);
+    return;
+  }
+  if (judged.removed > 0) {
+    log_->info("{}: removed {} node(s) that no longer exist from status.nodes", run->key, judged.removed);
+  }
+  if (StringAt(current, {"status"}) != StringAt(desired, {"status"})) {
+    log_->info("{}: {} ({} of {} node(s) of clique \"{}\" Ready, {} registered)", run->key,
+               judged.domain_ready ? "Ready" : "NotReady", judged.ready, judged.num_nodes, judged.clique,
+               judged.registered);
+  }
+  json object = run->domain;
+  object["status"] = desired;
+  Call(run, [&](auto cb) { client_->UpdateStatus(run->DomainPath(), object, std::move(cb)); },
+       [this, run, outcome](kube::Result r) {
+         if (!r.Ok()) return Restart(run, r, "update ComputeDomain status");
+         ++stats_.status_writes;
+         run->domain = std::move(r.object);
+         Finish(run, outcome);
+       });
+}
+
+DriverManagedStatus JudgeDriverManaged(const json& domain, const std::function<bool(const std::string&)>& node_exists) {
+  DriverManagedStatus out;
+  const json::json_pointer nodes_ptr("/status/nodes");
+  if (domain.contains(nodes_ptr) && domain.at(nodes_ptr).is_array()) {
+    for (const auto& entry : domain.at(nodes_ptr)) {
+      const std::string name = StringAt(entry, {"name"});
+      if (!name.empty() && node_exists && !node_exists(name)) {
+        ++out.removed;
+        continue;
+      }
+      out.nodes.push_back(entry);
+    }
+  }
+  out.registered = out.nodes.size();
+  // The domain's clique is the first registered node's (the node side refuses the others).
+  if (!out.nodes.empty()) out.clique = StringAt(out.nodes.front(), {"cliqueID"});
+  for (const auto& entry : out.nodes) {
+    if (StringAt(entry, {"cliqueID"}) == out.clique && StringAt(entry, {"status"}) == "Ready") ++out.ready;
+  }
+  const json::json_pointer num_ptr("/spec/numNodes");
+  if (domain.contains(num_ptr) && domain.at(num_ptr).is_number_integer()) out.num_nodes = domain.at(num_ptr).get<int64_t>();
+  out.domain_ready = out.ready > 0 && static_cast<int64_t>(out.ready) >= out.num_nodes;
+  return out;
 }
 
 // --- delete (§6.2)
@@ -416,15 +466,45 @@ void Reconciler::DeleteTemplateStep(const RunPtr& run) {
 }
 
 void Reconciler::RemoveDomainFinalizer(const RunPtr& run) {
+  if (!settings_.host_managed) {
+    const DriverManagedStatus judged = JudgeDriverManaged(run->domain, settings_.node_exists);
+    if (judged.registered > 0) {
+      WaitForNodes(run);
+      return;
+    }
+  }
   Call(run,
        [&](auto cb) { client_->Update(run->DomainPath(), WithFinalizer(run->domain, kFinalizer, false), std::move(cb)); },
        [this, run](kube::Result r) {
          if (r.http_status == 404) return Finish(run, Outcome{true, Outcome::State::kGone, {}, {}});
          if (!r.Ok()) return Restart(run, r, "remove ComputeDomain finalizer");
          log_->info("{}: deleted (template and finalizers removed)", run->key);
-         warned_driver_managed_.erase(run->uid);
          Finish(run, Outcome{true, Outcome::State::kDeleted, {}, {}});
        });
+}
+
+// Driver-managed delete: the nodes deregister when their claims are unprepared (their IMEX
+// daemons stop then). The finalizer waits for that, up to deregister_timeout after the
+// deletionTimestamp; then it goes anyway (a node that is down cannot answer).
+void Reconciler::WaitForNodes(const RunPtr& run) {
+  const DriverManagedStatus judged = JudgeDriverManaged(run->domain, settings_.node_exists);
+  std::tm tm{};
+  const std::string stamp = StringAt(run->domain, {"metadata", "deletionTimestamp"});
+  std::chrono::system_clock::time_point deleted_at = settings_.wall_now();
+  if (::strptime(stamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) != nullptr) {
+    deleted_at = std::chrono::system_clock::from_time_t(::timegm(&tm));
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(settings_.wall_now() - deleted_at);
+  if (waited < settings_.deregister_timeout) {
+    Finish(run, Outcome{false, Outcome::State::kNotReady, "WaitingForNodesToDeregister",
+                        std::to_string(judged.registered) + " node(s) still registered; waiting up to " +
+                            std::to_string(settings_.deregister_timeout.count() / 1000) + " s"});
+    return;
+  }
+  log_->warn("{}: {} node(s) still registered {} s after the delete: removing the finalizer anyway", run->key,
+             judged.registered, waited.count() / 1000);
+  run->domain["status"]["nodes"] = json::array();  // so the check above passes once
+  RemoveDomainFinalizer(run);
 }
 
 void Reconciler::Event(const RunPtr& run, std::string_view type, std::string_view reason, std::string_view note) {

@@ -14,8 +14,12 @@
 // finalizer → GET it again until it is gone → remove the domain's finalizer → the caller forgets
 // the domain's metrics.
 //
-// Driver-managed (gate off): nothing is created; the domain gets a Warning Event and a NotReady
-// status whose condition says this build does not support driver-managed mode.
+// Driver-managed (gate off, issue #16): the same finalizer and workload template, no DaemonSet
+// and no daemon claim template (the supervisors run the IMEX daemons). status.status is Ready
+// when the Ready nodes of the domain's clique (the clique of the first node in status.nodes, as
+// the node side reads it) reach spec.numNodes; entries of Nodes that no longer exist are
+// removed from status.nodes. The delete path waits for the nodes to deregister (up to
+// `deregister_timeout` after the deletionTimestamp) before it removes the finalizer.
 //
 // A 409 restarts the reconcile from the GET (fresh resourceVersion), a few times in a row.
 // Cancel() abandons every reconcile in flight: callbacks of requests already sent are ignored
@@ -27,6 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/logger.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,7 +73,25 @@ struct ReconcileSettings {
   ResourceApi resource_api = ResourceApi::kV1;
   int conflict_retries = 5;  // 409s in a row restarted at once before backing off
   std::string field_manager = "compute-domain-controller";
+  // Driver-managed only. Whether a Node exists (unset: every node does).
+  std::function<bool(const std::string& node)> node_exists;
+  std::chrono::milliseconds deregister_timeout{300000};
+  std::function<std::chrono::system_clock::time_point()> wall_now = [] { return std::chrono::system_clock::now(); };
 };
+
+// The driver-managed status verdict over a domain object (pure): status.nodes without the
+// entries of vanished Nodes, and Ready when the domain clique's Ready nodes reach numNodes.
+struct DriverManagedStatus {
+  nlohmann::json nodes = nlohmann::json::array();  // kept entries, in order
+  std::size_t removed = 0;
+  std::string clique;
+  std::size_t ready = 0;       // Ready nodes of `clique`
+  std::size_t registered = 0;  // kept entries
+  int64_t num_nodes = 0;
+  bool domain_ready = false;
+};
+DriverManagedStatus JudgeDriverManaged(const nlohmann::json& domain,
+                                       const std::function<bool(const std::string&)>& node_exists);
 
 struct Outcome {
   enum class State {
@@ -133,7 +156,9 @@ class Reconciler {
   void WriteStatus(const RunPtr& run, bool ready, std::string reason, std::string message,
                    std::function<void()> then);
   void NotReady(const RunPtr& run, std::string reason, std::string message, bool retry);
-  void DriverManaged(const RunPtr& run);
+  void Settle(const RunPtr& run);
+  void DriverManagedSettle(const RunPtr& run);
+  void WaitForNodes(const RunPtr& run);
 
   // delete
   void DeleteTemplateStep(const RunPtr& run);
@@ -147,7 +172,6 @@ class Reconciler {
   ReconcileSettings settings_;
   uint64_t epoch_ = 0;
   std::set<Run*> runs_;  // in flight, for the abandoned count
-  std::set<std::string> warned_driver_managed_;  // domain uids already logged
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   Stats stats_;
 };

@@ -4,12 +4,15 @@
 #include "modules/dra_compute_domain/driver_paths.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <random>
 
 namespace gns::dra {
 
@@ -47,29 +50,78 @@ std::string_view MinimumCdiVersion(std::string_view device_name) {
   return "0.5.0";
 }
 
-nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_major) {
+nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count) {
   const std::string device_name = CdiDeviceName(claim_uid);
-  nlohmann::json node{{"path", kChannelPath},
-                      {"type", "c"},
-                      {"major", channel_major},
-                      {"minor", kChannelMinor},
-                      {"fileMode", kChannelFileMode}};
-  nlohmann::json device{{"name", device_name},
-                        {"containerEdits", {{"deviceNodes", nlohmann::json::array({std::move(node)})}}}};
+  nlohmann::json nodes = nlohmann::json::array();
+  for (uint32_t minor = kChannelMinor; minor < kChannelMinor + std::max<uint32_t>(channel_count, 1); ++minor) {
+    nodes.push_back({{"path", minor == kChannelMinor ? std::string(kChannelPath)
+                                                     : std::string(kChannelDir) + "/channel" + std::to_string(minor)},
+                     {"type", "c"},
+                     {"major", channel_major},
+                     {"minor", minor},
+                     {"fileMode", kChannelFileMode}});
+  }
+  nlohmann::json device{{"name", device_name}, {"containerEdits", {{"deviceNodes", std::move(nodes)}}}};
   return nlohmann::json{{"cdiVersion", MinimumCdiVersion(device_name)},
                         {"kind", kCdiKind},
                         {"devices", nlohmann::json::array({std::move(device)})}};
 }
 
-FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major) {
+namespace {
+
+// Temp file (named as WriteFileAtomically names it, so the start's sweep knows it), rename; no
+// fsync (see SpecDurability::kVisibleOnly).
+FileWriteResult ReplaceVisibly(const std::string& path, const std::string& content) {
+  // Random like WriteFileAtomically's: in a container we may be pid 1 on every start.
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  const std::string tmp = AtomicWriteTempName(path, static_cast<long>(::getpid()), rng() % 1000000);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kCdiSpecFileMode);
+  if (fd < 0) return FileWriteResult{false, "create temp file: " + tmp + ": " + std::strerror(errno)};
+  std::string error;
+  if (::fchmod(fd, kCdiSpecFileMode) != 0) error = "chmod: " + tmp + ": " + std::strerror(errno);
+  for (std::size_t done = 0; error.empty() && done < content.size();) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno != EINTR) error = "write: " + tmp + ": " + std::strerror(errno);
+    if (n > 0) done += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0 && error.empty()) error = "close: " + tmp + ": " + std::strerror(errno);
+  if (error.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    error = "rename: " + path + ": " + std::strerror(errno);
+  }
+  if (!error.empty()) {
+    ::unlink(tmp.c_str());
+    return FileWriteResult{false, error};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string ChannelCdiSpecContent(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count) {
+  return BuildChannelCdiSpec(claim_uid, channel_major, channel_count).dump(2) + "\n";
+}
+
+bool CdiSpecIsCurrent(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major,
+                      uint32_t channel_count) {
+  if (!IsValidClaimUid(claim_uid)) return false;
+  std::string text;
+  std::string error;
+  if (!ReadWholeFile(JoinPath(cdi_dir, CdiSpecFileName(claim_uid)), text, error)) return false;
+  return text == ChannelCdiSpecContent(claim_uid, channel_major, channel_count);
+}
+
+FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major,
+                                    uint32_t channel_count, SpecDurability durability) {
   if (!IsValidClaimUid(claim_uid)) {
     return FileWriteResult{false, "invalid claim UID for a CDI spec name: \"" + std::string(claim_uid) + "\""};
   }
   std::string error;
   // /var/run/cdi is a tmpfs path: it may not exist yet after a reboot. 0755 as the runtimes make it.
   if (!EnsureDirectory(cdi_dir, 0755, error)) return FileWriteResult{false, error};
-  const std::string content = BuildChannelCdiSpec(claim_uid, channel_major).dump(2) + "\n";
-  return WriteFileAtomically(JoinPath(cdi_dir, CdiSpecFileName(claim_uid)), content, kCdiSpecFileMode);
+  const std::string content = ChannelCdiSpecContent(claim_uid, channel_major, channel_count);
+  const std::string path = JoinPath(cdi_dir, CdiSpecFileName(claim_uid));
+  if (durability == SpecDurability::kDurable) return WriteFileAtomically(path, content, kCdiSpecFileMode);
+  return ReplaceVisibly(path, content);
 }
 
 FileWriteResult DeleteCdiSpec(const std::string& cdi_dir, std::string_view claim_uid) {

@@ -22,6 +22,7 @@ namespace gns::dra {
 inline constexpr std::string_view kCdiVendor = "k8s.compute-domain.nvidia.com";
 inline constexpr std::string_view kCdiClass = "claim";
 inline constexpr std::string_view kCdiKind = "k8s.compute-domain.nvidia.com/claim";
+inline constexpr std::string_view kChannelDir = "/dev/nvidia-caps-imex-channels";
 inline constexpr std::string_view kChannelPath = "/dev/nvidia-caps-imex-channels/channel0";
 inline constexpr uint32_t kChannelMinor = 0;
 // The mode the upstream plugin gives the channel node (S_IFCHR | 0666): any container user.
@@ -41,11 +42,31 @@ std::string CdiQualifiedDeviceId(std::string_view claim_uid);  // "<kind>=<uid>-
 // with a letter needs 0.5.0, otherwise 0.3.0 (WIRE-FACTS §6; declaring less makes it invalid).
 std::string_view MinimumCdiVersion(std::string_view device_name);
 
-// The spec for one claim. `claim_uid` must satisfy IsValidClaimUid.
-nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_major);
+// The spec for one claim. `claim_uid` must satisfy IsValidClaimUid. `channel_count` > 1 (the
+// driver-managed allocationMode "All") puts channel0..channel<count-1> into the one device.
+nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count = 1);
+
+// kDurable: WriteFileAtomically (temp fsync'd, renamed, directory fsync'd). kVisibleOnly: the same
+// all-or-nothing replacement for readers and for kill -9 (temp, rename), without the fsyncs:
+// after a power loss the old content, the new or an empty file may be found. For the prepare hot
+// path only, where the spec is derived from a durable claim-log record and the start re-makes
+// it when it is not exactly right (CdiSpecIsCurrent).
+enum class SpecDurability { kDurable, kVisibleOnly };
+
+// The spec file's exact bytes (what WriteChannelCdiSpec writes and CdiSpecIsCurrent expects).
+std::string ChannelCdiSpecContent(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count = 1);
 
 // Writes the spec atomically (mode 0644), creating cdi_dir (0755) if missing. Blocking.
-FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major);
+// The prepare hot path writes it kVisibleOnly: the spec is derived from the claim log's record,
+// and the start-up reconcile re-makes a spec that a power loss emptied (CdiSpecIsCurrent).
+FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major,
+                                    uint32_t channel_count = 1,
+                                    SpecDurability durability = SpecDurability::kDurable);
+
+// True when the claim's spec file exists with exactly the content the record implies (false:
+// missing, unreadable, emptied by a power loss, or stale, e.g. the channel major changed). Blocking.
+bool CdiSpecIsCurrent(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major,
+                      uint32_t channel_count = 1);
 
 // Removes the claim's spec; a missing file is success (Unprepare is idempotent). Blocking.
 FileWriteResult DeleteCdiSpec(const std::string& cdi_dir, std::string_view claim_uid);

@@ -59,7 +59,9 @@ json DataOf(const Checkpoint& checkpoint) {
     entry.erase("uid");  // the key is the UID
     claims[uid] = std::move(entry);
   }
-  return json{{"preparedClaims", std::move(claims)}};
+  json data{{"preparedClaims", std::move(claims)}};
+  if (checkpoint.log_seq != 0) data["logSeq"] = checkpoint.log_seq;
+  return data;
 }
 
 std::string Compact(const json& value) {
@@ -67,8 +69,7 @@ std::string Compact(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-PreparedClaim ParseEntry(const std::string& uid, const json& entry) {
-  const std::string where = "data.preparedClaims[\"" + uid + "\"]";
+PreparedClaim ParseEntry(const std::string& uid, const json& entry, const std::string& where) {
   if (!entry.is_object()) throw ShapeError(where + ": expected an object, got " + std::string(entry.type_name()));
   PreparedClaim claim;
   claim.uid = uid;
@@ -91,6 +92,11 @@ PreparedClaim ParseEntry(const std::string& uid, const json& entry) {
   claim.cdi_device_id = StringField(entry, "cdiDeviceID", where, false);
   claim.started_unix_ms = IntField(entry, "startedAtUnixMs", where);
   claim.completed_unix_ms = IntField(entry, "completedAtUnixMs", where);
+  if (entry.contains("channels")) {
+    const int64_t channels = IntField(entry, "channels", where);
+    if (channels < 1 || channels > 65536) throw ShapeError(where + ".channels: out of range: " + std::to_string(channels));
+    claim.channels = static_cast<uint32_t>(channels);
+  }
   return claim;
 }
 
@@ -159,6 +165,11 @@ void to_json(nlohmann::json& j, const PreparedClaim& claim) {
            {"cdiDeviceID", claim.cdi_device_id},
            {"startedAtUnixMs", claim.started_unix_ms},
            {"completedAtUnixMs", claim.completed_unix_ms}};
+  if (claim.channels != 1) j["channels"] = claim.channels;
+}
+
+PreparedClaim ClaimFromJson(const std::string& uid, const nlohmann::json& entry, const std::string& where) {
+  return ParseEntry(uid, entry, where);
 }
 
 uint32_t Crc32(std::string_view data) {
@@ -212,7 +223,12 @@ CheckpointLoadResult ParseCheckpoint(std::string_view text) {
     result.status = CheckpointStatus::kLoaded;
     for (const auto& [uid, entry] : claims.items()) {
       if (uid.empty()) return Corrupt("data.preparedClaims: empty claim UID");
-      result.checkpoint.claims.emplace(uid, ParseEntry(uid, entry));
+      result.checkpoint.claims.emplace(uid, ParseEntry(uid, entry, "data.preparedClaims[\"" + uid + "\"]"));
+    }
+    if (data.contains("logSeq")) {
+      const json& seq = data["logSeq"];
+      if (!seq.is_number_unsigned()) return Corrupt("data.logSeq: expected an unsigned integer");
+      result.checkpoint.log_seq = seq.get<uint64_t>();
     }
     return result;
   } catch (const ShapeError& e) {

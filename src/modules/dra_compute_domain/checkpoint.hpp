@@ -38,11 +38,17 @@ struct PreparedClaim {
   std::string cdi_device_id;               // fully qualified, as returned to the kubelet
   int64_t started_unix_ms = 0;
   int64_t completed_unix_ms = 0;           // 0 until PrepareCompleted
+  // IMEX channels in the CDI spec (driver-managed allocationMode "All": allChannels), so the
+  // spec can be re-made exactly from the record. Absent in older files: 1.
+  uint32_t channels = 1;
   bool operator==(const PreparedClaim&) const = default;
 };
 
 struct Checkpoint {
   std::map<std::string, PreparedClaim> claims;  // by claim UID
+  // The last claim-log record (claim_log.hpp) this checkpoint includes; records up to it in the
+  // log are history. Absent in older files: 0.
+  uint64_t log_seq = 0;
   bool operator==(const Checkpoint&) const = default;
 
   const PreparedClaim* Find(std::string_view uid) const;
@@ -86,5 +92,8 @@ MoveAsideResult MoveCorruptCheckpointAside(const std::string& path, int64_t unix
 uint32_t Crc32(std::string_view data);
 
 void to_json(nlohmann::json& j, const PreparedClaim& claim);
+// The inverse of to_json (the "uid" member may be absent: `uid` names the claim). Throws
+// std::runtime_error naming the field (`where` prefixes it) when the shape is wrong.
+PreparedClaim ClaimFromJson(const std::string& uid, const nlohmann::json& entry, const std::string& where);
 
 }  // namespace gns::dra

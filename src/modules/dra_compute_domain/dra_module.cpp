@@ -2,6 +2,7 @@
 #include "modules/dra_compute_domain/dra_module.hpp"
 
 #include "modules/dra_compute_domain/cdi_spec.hpp"
+#include "modules/dra_compute_domain/claim_log.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/dra_compute_domain/proc_devices.hpp"
 #include "modules/dra_compute_domain/registration_server.hpp"
@@ -15,6 +16,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
 #include <stdexcept>
 
 namespace gns::dra {
@@ -55,11 +61,6 @@ std::string_view VersionOnly(ResourceApiVersion version) {
   return "v1";
 }
 
-// Worth another try within the prepare deadline: no answer, throttled, or a server error.
-bool IsTransient(const kube::Result& result) {
-  return result.http_status == 0 || result.http_status == 429 || result.http_status >= 500;
-}
-
 std::string Ref(const ClaimRef& claim) { return "ResourceClaim " + claim.namespace_name + "/" + claim.name; }
 
 PrepareResult ResultFrom(const PreparedClaim& entry) {
@@ -85,12 +86,6 @@ std::string StringAt(const json& object, const char* pointer) {
   return value.is_string() ? value.get<std::string>() : std::string{};
 }
 
-// What the pool reports back from the three prepare writes.
-struct WriteOutcome {
-  int stage = 0;  // 0: nothing saved, 1: PrepareStarted saved, 2: PrepareCompleted saved
-  std::string error;
-};
-
 }  // namespace
 
 DraComputeDomainModule::Config DraComputeDomainModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
@@ -115,6 +110,8 @@ DraComputeDomainModule::Config DraComputeDomainModule::ParseConfig(ConfigMap& se
       section.Duration("sliceResync", milliseconds(1000), milliseconds(86400000), milliseconds(600000));
   config.node_events_on_corrupt_checkpoint = section.Bool("nodeEventsOnCorruptCheckpoint", true);
   config.require_imex_ready = section.Bool("requireImexReady", false);
+  config.all_channels = static_cast<uint32_t>(section.Int("allChannels", 1, 2048, 2048));
+  config.driver_managed = ParseDriverManagedSection(section);
   return config;
 }
 
@@ -179,8 +176,10 @@ void DraComputeDomainModule::LogGates() {
                         gates::kIMEXDaemonsWithDNSNames, gates.Enabled(gates::kIMEXDaemonsWithDNSNames),
                         gates::kComputeDomainCliques, gates.Enabled(gates::kComputeDomainCliques));
   } else {
-    context_.Log().warn("HostManagedIMEX is off: driver-managed IMEX is not supported by this build; every prepare "
-                        "fails with a permanent error saying so");
+    context_.Log().info("HostManagedIMEX is off: driver-managed IMEX, the supervisor runs each ComputeDomain's {} "
+                        "(no per-domain DaemonSet); {}={}",
+                        config_.driver_managed.daemon.daemon_path, gates::kIMEXDaemonsWithDNSNames,
+                        gates.Enabled(gates::kIMEXDaemonsWithDNSNames));
   }
 }
 
@@ -206,6 +205,14 @@ void DraComputeDomainModule::Start() {
   context_.Log().info("IMEX channel major {} (from {})", channel_major_, paths_.proc_devices);
 
   LoadAndReconcile();
+  if (!host_managed_) {
+    DriverManagedSettings settings = config_.driver_managed;
+    settings.node_name = node_name_;
+    settings.state_dir = paths_.state_dir;
+    settings.dns_names = context_.Site().gates.Enabled(gates::kIMEXDaemonsWithDNSNames);
+    domains_ = std::make_unique<DriverManagedDomains>(context_, settings, client_, informers);
+    domains_->Load();
+  }
 
   auto& bus = context_.GetBus();
   clique_id_.clear();
@@ -215,6 +222,14 @@ void DraComputeDomainModule::Start() {
     clique_id_ = clique->clique_id;
     clique_known_ = clique->known || !clique->clique_id.empty();
     clique_reason_ = clique->reason;
+  }
+  if (domains_) {
+    domains_->SetClique(clique_id_);
+    std::vector<std::string> prepared;
+    for (const auto& [uid, entry] : checkpoint_.claims) {
+      if (entry.state == ClaimState::kPrepareCompleted) prepared.push_back(uid);
+    }
+    domains_->Resume(prepared);
   }
   clique_sub_ = bus.Subscribe<gpu_inventory::NodeClique>(
       [this](const gpu_inventory::NodeClique& clique) { OnClique(clique); });
@@ -267,40 +282,69 @@ void DraComputeDomainModule::Start() {
 void DraComputeDomainModule::LoadAndReconcile() {
   checkpoint_ = {};
   corrupt_note_.clear();
+  log_.reset();
   const auto& path = paths_.checkpoint_file;
-  auto loaded = LoadCheckpoint(path);
-  switch (loaded.status) {
+  const auto& log_path = paths_.claim_log_file;
+  ClaimStateLoad loaded = LoadClaimState(path, log_path);
+  const auto now_s = UnixMillis(context_.GetClock()) / 1000;
+  switch (loaded.checkpoint.status) {
     case CheckpointStatus::kLoaded:
-      checkpoint_ = std::move(loaded.checkpoint);
-      context_.Log().info("checkpoint {}: {} claim(s)", path, checkpoint_.claims.size());
+      context_.Log().info("checkpoint {}: {} claim(s), up to claim-log seq {}", path,
+                          loaded.checkpoint.checkpoint.claims.size(), loaded.checkpoint.checkpoint.log_seq);
       break;
     case CheckpointStatus::kMissing:
-      context_.Log().info("no checkpoint at {}: starting with no prepared claims", path);
+      context_.Log().info("no checkpoint at {}", path);
       break;
     case CheckpointStatus::kCorrupt: {
-      const auto now_s = UnixMillis(context_.GetClock()) / 1000;
       const auto moved = MoveCorruptCheckpointAside(path, now_s);
       if (!moved.ok) {
-        throw std::runtime_error("checkpoint " + path + " is corrupt (" + loaded.error +
+        throw std::runtime_error("checkpoint " + path + " is corrupt (" + loaded.checkpoint.error +
                                  ") and cannot be moved aside: " + moved.error);
       }
       corrupt_checkpoints_->Inc();
-      corrupt_note_ = "DRA checkpoint " + path + " was corrupt (" + loaded.error + "); moved to " + moved.moved_to +
-                      "; starting with no prepared claims";
+      corrupt_note_ = "DRA checkpoint " + path + " was corrupt (" + loaded.checkpoint.error + "); moved to " +
+                      moved.moved_to + "; starting with the claims the claim log holds (" +
+                      std::to_string(loaded.state.claims.size()) + ")";
       context_.Log().error("{}", corrupt_note_);
-      last_error_ = corrupt_note_;
       break;
     }
     case CheckpointStatus::kUnreadable:
-      throw std::runtime_error("cannot read checkpoint " + path + ": " + loaded.error);
+      throw std::runtime_error("cannot read checkpoint " + path + ": " + loaded.checkpoint.error);
   }
+  if (!loaded.log_error.empty()) throw std::runtime_error("cannot read the claim log: " + loaded.log_error);
+  if (!loaded.log.records.empty()) {
+    context_.Log().info("claim log {}: replayed {} record(s) (seq {}..{})", log_path, loaded.log.records.size(),
+                        loaded.log.records.front().seq, loaded.log.records.back().seq);
+  }
+  if (!loaded.log.torn_tail.empty()) {
+    // kill -9 or a power loss during an append: expected, and nothing the kubelet was told is lost.
+    context_.Log().warn("claim log {}: {}", log_path, loaded.log.torn_tail);
+  }
+  if (!loaded.log.corruption.empty()) {
+    // Damage between valid records: something other than a crash wrote here. Keep the file for
+    // the operator, serve with what is valid, and do not trust the CDI directory's absences.
+    std::string what;
+    for (const auto& c : loaded.log.corruption) what += (what.empty() ? "" : "; ") + c;
+    const std::string aside = log_path + ".corrupt-" + std::to_string(now_s);
+    std::string moved = std::rename(log_path.c_str(), aside.c_str()) == 0
+                            ? "moved to " + aside
+                            : "could not be moved aside (" + std::string(std::strerror(errno)) + ")";
+    corrupt_checkpoints_->Inc();
+    const std::string note = "DRA claim log " + log_path + " is damaged: " + what + "; " + moved +
+                             "; serving with the " + std::to_string(loaded.state.claims.size()) +
+                             " claim(s) it could read";
+    context_.Log().error("{}", note);
+    corrupt_note_ = corrupt_note_.empty() ? note : corrupt_note_ + "; " + note;
+  }
+  checkpoint_ = std::move(loaded.state);
+  last_error_ = corrupt_note_;
 
   // Finish or roll back what a crash interrupted.
-  bool changed = false;
   for (auto it = checkpoint_.claims.begin(); it != checkpoint_.claims.end();) {
     const PreparedClaim& entry = it->second;
     if (entry.state == ClaimState::kPrepareStarted) {
-      // The kubelet never got an answer for it, so it will call Prepare again: roll back.
+      // Only checkpoints written before the claim log have this state. The kubelet never got an
+      // answer for it, so it will call Prepare again: roll back.
       const auto deleted = DeleteCdiSpec(paths_.cdi_dir, entry.uid);
       if (!deleted) throw std::runtime_error("reconcile: " + deleted.error);
       context_.Log().warn("reconcile: rolled back claim {}/{} (uid {}) left in PrepareStarted: CDI spec deleted, "
@@ -308,24 +352,18 @@ void DraComputeDomainModule::LoadAndReconcile() {
                           entry.namespace_name, entry.name, entry.uid);
       reconcile_rollbacks_->Inc();
       it = checkpoint_.claims.erase(it);
-      changed = true;
       continue;
     }
-    const std::string spec_file = JoinPath(paths_.cdi_dir, CdiSpecFileName(entry.uid));
-    if (::access(spec_file.c_str(), F_OK) != 0) {
-      // PrepareCompleted but the spec is gone (someone cleaned the CDI dir): the kubelet still
-      // hands out the device id, so write it again.
-      const auto written = WriteChannelCdiSpec(paths_.cdi_dir, entry.uid, channel_major_);
+    // The spec is derived state, written without fsync in the hot path: make it again when it
+    // is missing (a cleaned CDI dir), emptied (a power loss) or stale (another channel major).
+    if (!CdiSpecIsCurrent(paths_.cdi_dir, entry.uid, channel_major_, entry.channels)) {
+      const auto written = WriteChannelCdiSpec(paths_.cdi_dir, entry.uid, channel_major_, entry.channels);
       if (!written) throw std::runtime_error("reconcile: " + written.error);
-      context_.Log().warn("reconcile: rewrote the missing CDI spec of prepared claim {}/{} (uid {})",
+      context_.Log().warn("reconcile: rewrote the missing or stale CDI spec of prepared claim {}/{} (uid {})",
                           entry.namespace_name, entry.name, entry.uid);
       reconcile_respecs_->Inc();
     }
     ++it;
-  }
-  if (changed) {
-    const auto saved = SaveCheckpoint(path, checkpoint_);
-    if (!saved) throw std::runtime_error("reconcile: " + saved.error);
   }
 
   // Temp files of our spec writes that a crash interrupted (only ours: the directory is shared).
@@ -342,14 +380,28 @@ void DraComputeDomainModule::LoadAndReconcile() {
     if (!corrupt_note_.empty()) {
       // With the record lost, a spec may still serve a running pod's container restarts: keep
       // it. An Unprepare of that claim removes it (Unprepare of an unknown claim deletes by UID).
-      context_.Log().warn("reconcile: keeping CDI spec of claim uid {} (the checkpoint was corrupt)", uid);
+      context_.Log().warn("reconcile: keeping CDI spec of claim uid {} (the claim state was damaged)", uid);
       continue;
     }
+    // A prepare that a crash cut before its record was durable: the kubelet got no answer and
+    // prepares again (writing the same spec), or never does.
     const auto deleted = DeleteCdiSpec(paths_.cdi_dir, uid);
     if (!deleted) throw std::runtime_error("reconcile: " + deleted.error);
-    context_.Log().warn("reconcile: deleted orphan CDI spec of claim uid {} (no checkpoint entry)", uid);
+    context_.Log().warn("reconcile: deleted orphan CDI spec of claim uid {} (no record of it)", uid);
     reconcile_orphans_->Inc();
   }
+
+  // Compact: the checkpoint takes in everything the old log held (up to the highest seq seen,
+  // so no later record can look older), then a fresh log. A crash between the two leaves the
+  // old log, whose records the checkpoint already covers.
+  checkpoint_.log_seq = std::max(checkpoint_.log_seq, loaded.log.max_seq);
+  if (const auto saved = SaveCheckpoint(path, checkpoint_); !saved) throw std::runtime_error("reconcile: " + saved.error);
+  auto log = std::make_shared<ClaimLog>(log_path);
+  if (const auto reset = log->Reset(); !reset) throw std::runtime_error("cannot create the claim log: " + reset.error);
+  log_ = std::move(log);
+  next_seq_ = checkpoint_.log_seq + 1;
+  pending_prepares_.clear();
+  compaction_queued_ = false;
   UpdateCheckpointGauge();
 }
 
@@ -377,6 +429,7 @@ void DraComputeDomainModule::OnClique(const gpu_inventory::NodeClique& clique) {
                         clique.clique_id.empty() ? "(none)" : clique.clique_id,
                         clique.clique_id.empty() ? " (" + clique.reason + ")" : std::string{});
     clique_id_ = clique.clique_id;
+    if (domains_) domains_->SetClique(clique_id_);
     PublishState();
     PublishSlice();
   }
@@ -401,8 +454,10 @@ void DraComputeDomainModule::Stop(std::function<void()> done) {
   slice_sub_.Reset();
   slice_informer_.reset();
   jobs_.clear();  // their calls are failed by the DRA server's shutdown
+  pending_prepares_.clear();  // never committed, never answered
   auto finish = [this, alive = alive_, done = std::move(done)] {
     if (*alive) {
+      domains_.reset();
       dra_server_.reset();
       registration_server_.reset();
       registered_ = false;
@@ -418,10 +473,18 @@ void DraComputeDomainModule::Stop(std::function<void()> done) {
     }
   };
   // Registration first: removing its socket deregisters us before the DRA socket goes.
-  if (registration_server_) {
-    registration_server_->Shutdown(context_.Pool(), std::move(stop_dra));
+  auto stop_servers = [this, alive = alive_, stop_dra = std::move(stop_dra)]() mutable {
+    if (*alive && registration_server_) {
+      registration_server_->Shutdown(context_.Pool(), std::move(stop_dra));
+    } else {
+      stop_dra();
+    }
+  };
+  // Driver-managed daemons stop with us; their registrations stay for the next start.
+  if (domains_) {
+    domains_->Stop(std::move(stop_servers));
   } else {
-    stop_dra();
+    stop_servers();
   }
 }
 
@@ -461,7 +524,7 @@ void DraComputeDomainModule::FetchWithRetry(bool list, std::string path, std::ch
                                             milliseconds delay, std::function<void(kube::Result)> done) {
   auto on_result = [this, alive = alive_, list, path, deadline, delay, done](kube::Result result) mutable {
     if (!*alive) return;
-    if (IsTransient(result) && !stopping_ && std::chrono::steady_clock::now() + delay < deadline) {
+    if (kube::IsTransient(result) && !stopping_ && std::chrono::steady_clock::now() + delay < deadline) {
       context_.Log().debug("{} {}: {} (HTTP {}); retrying in {} ms", list ? "list" : "get", path, result.error,
                            result.http_status, delay.count());
       After(delay, [this, list, path, deadline, delay, done = std::move(done)]() mutable {
@@ -494,6 +557,10 @@ void DraComputeDomainModule::Prepare(std::vector<ClaimRef> claims, std::function
 void DraComputeDomainModule::PrepareNext(std::shared_ptr<PrepareBatch> batch) {
   if (stopping_) return;  // the DRA server's shutdown answers the call
   if (batch->next == batch->claims.size()) {
+    if (!pending_prepares_.empty()) {
+      CommitPrepares(std::move(batch));
+      return;
+    }
     batch->done(std::move(batch->results));
     batch->finished();
     return;
@@ -508,7 +575,7 @@ void DraComputeDomainModule::PrepareNext(std::shared_ptr<PrepareBatch> batch) {
 
 void DraComputeDomainModule::PrepareOne(const ClaimRef& claim, std::function<void(PrepareResult)> done) {
   // A repeated Prepare (the kubelet lost our answer, or restarted) answers from the checkpoint.
-  if (auto existing = CompletedPrepare(checkpoint_, claim.uid)) {
+  if (auto existing = CompletedPrepare(DecideView(), claim.uid)) {
     prepares_already_->Inc();
     done(ResultFrom(*existing));
     return;
@@ -531,80 +598,90 @@ void DraComputeDomainModule::PrepareOne(const ClaimRef& claim, std::function<voi
   FetchClaim(claim, std::chrono::steady_clock::now() + config_.prepare_timeout, std::move(done));
 }
 
+// The claim and the ComputeDomains of its namespace, fetched at the same time (the namespace is
+// the kubelet's; only the match on the domain UID needs the claim): one API round trip of
+// latency per prepare instead of two. The list is wasted when the claim turns out not to need it.
+struct DraComputeDomainModule::Fetches {
+  std::optional<kube::Result> claim;
+  std::optional<kube::Result> domains;
+};
+
 void DraComputeDomainModule::FetchClaim(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
                                         std::function<void(PrepareResult)> done) {
-  const std::string path =
+  const std::string claim_path =
       kube::ResourcePath::Grouped("resource.k8s.io", std::string(VersionOnly(config_.api_version)), "resourceclaims",
                                   claim.namespace_name)
           .Object(claim.name);
-  FetchWithRetry(false, path, deadline, kFirstRetryDelay,
-                 [this, claim, deadline, done = std::move(done)](kube::Result result) mutable {
-                   if (stopping_) return;
-                   if (result.http_status == 404) {
-                     prepares_permanent_->Inc();
-                     SetError(Ref(claim) + ": not found");
-                     done(ErrorResult(Ref(claim) + ": not found (deleted?)"));
-                     return;
-                   }
-                   if (!result.Ok()) {
-                     prepares_retryable_->Inc();
-                     SetError(Ref(claim) + ": cannot fetch: " + result.error);
-                     done(ErrorResult(Ref(claim) + ": cannot fetch the claim: " + result.error));
-                     return;
-                   }
-                   std::string domain_uid = host_managed_ ? DomainUidOf(result.object) : std::string{};
-                   if (domain_uid.empty()) {
-                     // DecidePrepare fails before it needs the ComputeDomain.
-                     DecideAndWrite(claim, result.object, DomainLookup::Error("not looked up"), deadline,
-                                    std::move(done));
-                     return;
-                   }
-                   LookUpDomain(claim, std::move(result.object), std::move(domain_uid), deadline, std::move(done));
+  // A list per prepare (not an informer): prepares are rare, and the module then needs no
+  // cluster-wide watch on ComputeDomains. A domain in another namespace is therefore "not found".
+  const std::string domains_path =
+      kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", claim.namespace_name)
+          .Collection();
+  auto fetches = std::make_shared<Fetches>();
+  auto pending = std::make_shared<std::function<void(PrepareResult)>>(std::move(done));
+  FetchWithRetry(false, claim_path, deadline, kFirstRetryDelay,
+                 [this, claim, deadline, fetches, pending](kube::Result result) {
+                   fetches->claim = std::move(result);
+                   if (fetches->domains) OnFetched(claim, deadline, std::move(*fetches), std::move(*pending));
+                 });
+  FetchWithRetry(true, domains_path, deadline, kFirstRetryDelay,
+                 [this, claim, deadline, fetches, pending](kube::Result result) {
+                   fetches->domains = std::move(result);
+                   if (fetches->claim) OnFetched(claim, deadline, std::move(*fetches), std::move(*pending));
                  });
 }
 
-// The ComputeDomain by UID: a list of the claim's namespace, matched on metadata.uid. A list
-// per prepare (not an informer): prepares are rare, and the module then needs no cluster-wide
-// watch on ComputeDomains. A domain in another namespace is therefore "not found" here.
-void DraComputeDomainModule::LookUpDomain(const ClaimRef& claim, json object, std::string domain_uid,
-                                          std::chrono::steady_clock::time_point deadline,
-                                          std::function<void(PrepareResult)> done) {
-  const std::string path =
-      kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", claim.namespace_name)
-          .Collection();
-  FetchWithRetry(true, path, deadline, kFirstRetryDelay,
-                 [this, claim, object = std::move(object), domain_uid, deadline,
-                  done = std::move(done)](kube::Result result) mutable {
-                   if (stopping_) return;
-                   DomainLookup lookup = DomainLookup::NotFound();
-                   if (result.http_status == 404) {
-                     lookup = DomainLookup::Error("the ComputeDomain resource (resource.nvidia.com/v1beta1) is not "
-                                                  "served; is the CRD installed?");
-                   } else if (!result.Ok()) {
-                     lookup = DomainLookup::Error(result.error);
-                   } else if (result.object.contains("items") && result.object["items"].is_array()) {
-                     for (const auto& item : result.object["items"]) {
-                       if (StringAt(item, "/metadata/uid") != domain_uid) continue;
-                       lookup = DomainLookup::Found({domain_uid, StringAt(item, "/metadata/namespace"),
-                                                     StringAt(item, "/metadata/name")});
-                       if (lookup.domain.namespace_name.empty()) lookup.domain.namespace_name = claim.namespace_name;
-                       break;
-                     }
-                   }
-                   DecideAndWrite(claim, object, lookup, deadline, std::move(done));
-                 });
+void DraComputeDomainModule::OnFetched(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
+                                       Fetches fetches, std::function<void(PrepareResult)> done) {
+  if (stopping_) return;
+  kube::Result& result = *fetches.claim;
+  if (result.http_status == 404) {
+    prepares_permanent_->Inc();
+    SetError(Ref(claim) + ": not found");
+    done(ErrorResult(Ref(claim) + ": not found (deleted?)"));
+    return;
+  }
+  if (!result.Ok()) {
+    prepares_retryable_->Inc();
+    SetError(Ref(claim) + ": cannot fetch: " + result.error);
+    done(ErrorResult(Ref(claim) + ": cannot fetch the claim: " + result.error));
+    return;
+  }
+  const std::string domain_uid = DomainUidOf(result.object);
+  if (domain_uid.empty()) {
+    // DecidePrepare fails before it needs the ComputeDomain.
+    DecideAndWrite(claim, result.object, DomainLookup::Error("not looked up"), deadline, std::move(done));
+    return;
+  }
+  const kube::Result& domains = *fetches.domains;
+  DomainLookup lookup = DomainLookup::NotFound();
+  if (domains.http_status == 404) {
+    lookup = DomainLookup::Error("the ComputeDomain resource (resource.nvidia.com/v1beta1) is not served; is the CRD "
+                                 "installed?");
+  } else if (!domains.Ok()) {
+    lookup = DomainLookup::Error(domains.error);
+  } else if (domains.object.contains("items") && domains.object["items"].is_array()) {
+    for (const auto& item : domains.object["items"]) {
+      if (StringAt(item, "/metadata/uid") != domain_uid) continue;
+      lookup = DomainLookup::Found(
+          {domain_uid, StringAt(item, "/metadata/namespace"), StringAt(item, "/metadata/name")});
+      if (lookup.domain.namespace_name.empty()) lookup.domain.namespace_name = claim.namespace_name;
+      break;
+    }
+  }
+  DecideAndWrite(claim, result.object, lookup, deadline, std::move(done));
 }
 
 void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& object, const DomainLookup& domain,
                                             std::chrono::steady_clock::time_point deadline,
-                                            std::function<void(PrepareResult)> done) {
+                                            std::function<void(PrepareResult)> done, bool attached) {
   PrepareContext prepare_context;
   prepare_context.node_name = node_name_;
   prepare_context.clique_id = clique_id_;
   prepare_context.clique_known = clique_known_;
   prepare_context.clique_reason = clique_reason_;
   prepare_context.host_managed = host_managed_;
-  prepare_context.checkpoint = &checkpoint_;
+  prepare_context.checkpoint = &DecideView();
   const PrepareDecision decision =
       DecidePrepare(object, claim.uid, prepare_context, [&domain](std::string_view) { return domain; });
   switch (decision.outcome) {
@@ -649,12 +726,33 @@ void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& o
     case PrepareOutcome::kPrepare:
       break;
   }
+  if (domains_ && !attached) {
+    // Driver-managed: the domain's verdict for this node decides (driver_managed.hpp).
+    domains_->Attach(claim.uid, decision.claim_namespace, decision.claim_name, domain.domain,
+                     [this, alive = alive_, claim, object, domain, deadline, done](DomainVerdict verdict) mutable {
+                       if (!*alive || stopping_) return;
+                       if (verdict.kind == DomainVerdict::Kind::kReady) {
+                         DecideAndWrite(claim, object, domain, deadline, std::move(done), true);
+                         return;
+                       }
+                       const bool permanent = verdict.kind == DomainVerdict::Kind::kRefused;
+                       (permanent ? prepares_permanent_ : prepares_retryable_)->Inc();
+                       const std::string error =
+                           Ref(claim) + ": " + verdict.message + (permanent ? "" : "; the kubelet retries");
+                       context_.Log().warn("prepare {} (uid {}) {}: {}", claim.namespace_name + "/" + claim.name,
+                                           claim.uid, permanent ? "refused" : "waits for its ComputeDomain",
+                                           verdict.message);
+                       SetError(error);
+                       done(ErrorResult(error));
+                     });
+    return;
+  }
 
   PreparedClaim entry;
   entry.uid = claim.uid;
   entry.namespace_name = decision.claim_namespace;
   entry.name = decision.claim_name;
-  entry.state = ClaimState::kPrepareStarted;
+  entry.state = ClaimState::kPrepareCompleted;
   entry.domain_uid = decision.domain_uid;
   entry.device = decision.device_name;
   entry.pool_name = decision.pool_name;
@@ -662,63 +760,131 @@ void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& o
   entry.cdi_spec_file = CdiSpecFileName(claim.uid);
   entry.cdi_device_id = CdiQualifiedDeviceId(claim.uid);
   entry.started_unix_ms = UnixMillis(context_.GetClock());
-  Checkpoint started = checkpoint_;
-  started.claims[claim.uid] = entry;
-  Checkpoint completed = started;
-  completed.claims[claim.uid].state = ClaimState::kPrepareCompleted;
-  completed.claims[claim.uid].completed_unix_ms = UnixMillis(context_.GetClock());
+  entry.completed_unix_ms = entry.started_unix_ms;
+  entry.channels = decision.allocation_mode == "All" ? config_.all_channels : 1u;
+  // Not yet durable: the call's claims are committed together (CommitPrepares) before the
+  // kubelet hears of any; the answer below stands only if that commit succeeds.
+  pending_prepares_.push_back(entry);
+  done(ResultFrom(entry));
+}
 
-  // PrepareStarted → CDI spec → PrepareCompleted, in this order, off the loop.
+const Checkpoint& DraComputeDomainModule::DecideView() {
+  if (pending_prepares_.empty()) return checkpoint_;
+  decide_view_ = checkpoint_;
+  for (const auto& entry : pending_prepares_) decide_view_.claims[entry.uid] = entry;
+  return decide_view_;
+}
+
+namespace {
+
+// What the pool reports back from a commit: the records that reached the disk.
+struct CommitOutcome {
+  std::vector<std::string> committed;           // claim UIDs whose record is durable
+  std::map<std::string, std::string> failed;    // claim UID → why (its own file step failed)
+  std::string log_error;                        // the append failed: nothing is durable
+  uint64_t last_seq = 0;
+  std::size_t log_used = 0;
+};
+
+}  // namespace
+
+// One durable write for the whole call: each claim's CDI spec (visible at once, no fsync: it is
+// re-made from the record at start), then every record in one append + fdatasync.
+void DraComputeDomainModule::CommitPrepares(std::shared_ptr<PrepareBatch> batch) {
+  std::vector<PreparedClaim> entries = std::move(pending_prepares_);
+  pending_prepares_.clear();
   context_.Pool().Run(
-      [checkpoint_file = paths_.checkpoint_file, cdi_dir = paths_.cdi_dir, uid = claim.uid, major = channel_major_,
-       started, completed]() {
-        WriteOutcome out;
-        if (auto r = SaveCheckpoint(checkpoint_file, started); !r) {
-          out.error = "cannot record PrepareStarted: " + r.error;
-          return out;
+      [log = log_, cdi_dir = paths_.cdi_dir, major = channel_major_, entries, seq = next_seq_]() mutable {
+        CommitOutcome out;
+        std::string records;
+        for (const auto& entry : entries) {
+          if (auto r = WriteChannelCdiSpec(cdi_dir, entry.uid, major, entry.channels, SpecDurability::kVisibleOnly);
+              !r) {
+            out.failed[entry.uid] = "cannot write the CDI spec: " + r.error;
+            continue;
+          }
+          records += EncodeClaimLogRecord({seq++, ClaimLogRecord::Op::kPrepared, entry});
+          out.committed.push_back(entry.uid);
         }
-        out.stage = 1;
-        if (auto r = WriteChannelCdiSpec(cdi_dir, uid, major); !r) {
-          out.error = "cannot write the CDI spec: " + r.error;
-          return out;
+        out.last_seq = seq - 1;
+        if (!records.empty()) {
+          if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
         }
-        if (auto r = SaveCheckpoint(checkpoint_file, completed); !r) {
-          out.error = "cannot record PrepareCompleted: " + r.error;
-          return out;
-        }
-        out.stage = 2;
+        out.log_used = log->Used();
         return out;
       },
-      [this, alive = alive_, claim, started, completed, done = std::move(done)](WriteOutcome out,
-                                                                                  std::exception_ptr error) {
+      [this, alive = alive_, batch, entries](CommitOutcome out, std::exception_ptr error) {
         if (!*alive) return;
-        // The loop's checkpoint follows the disk.
-        if (out.stage == 1) checkpoint_ = started;
-        if (out.stage == 2) checkpoint_ = completed;
-        UpdateCheckpointGauge();
-        if (error && out.error.empty()) {
-          try {
-            std::rethrow_exception(error);
-          } catch (const std::exception& e) {
-            out.error = e.what();
+        if (error && out.log_error.empty()) out.log_error = "unexpected failure while committing";
+        for (const auto& entry : entries) {
+          const ClaimRef* claim = nullptr;
+          for (const auto& c : batch->claims) {
+            if (c.uid == entry.uid) claim = &c;
           }
-        }
-        if (out.stage != 2) {
-          prepares_retryable_->Inc();
-          const std::string message = Ref(claim) + ": " + out.error;
-          context_.Log().error("prepare {} (uid {}) failed: {}", claim.namespace_name + "/" + claim.name, claim.uid,
-                               out.error);
-          SetError(message);
-          done(ErrorResult(message));
-        } else {
+          const std::string who = claim ? Ref(*claim) : "ResourceClaim uid " + entry.uid;
+          std::string why;
+          if (const auto it = out.failed.find(entry.uid); it != out.failed.end()) why = it->second;
+          if (why.empty() && !out.log_error.empty()) why = out.log_error;
+          if (!why.empty()) {
+            prepares_retryable_->Inc();
+            context_.Log().error("prepare {} (uid {}) failed: {}", entry.namespace_name + "/" + entry.name, entry.uid,
+                                 why);
+            SetError(who + ": " + why);
+            batch->results[entry.uid] = ErrorResult(who + ": " + why);
+            continue;
+          }
+          checkpoint_.claims[entry.uid] = entry;
           prepares_ok_->Inc();
-          const PreparedClaim& entry = completed.claims.at(claim.uid);
-          context_.Log().info("prepared {} (uid {}) for ComputeDomain {}: {}",
-                              claim.namespace_name + "/" + claim.name, claim.uid, entry.domain_uid,
-                              entry.cdi_device_id);
-          done(ResultFrom(entry));
+          context_.Log().info("prepared {} (uid {}) for ComputeDomain {}: {}", entry.namespace_name + "/" + entry.name,
+                              entry.uid, entry.domain_uid, entry.cdi_device_id);
         }
-        PublishState();
+        CommitDone(out.log_error, out.last_seq, out.log_used, out.committed.size());
+        batch->done(std::move(batch->results));
+        batch->finished();
+      });
+}
+
+// The loop's side of a commit: the sequence moves on, a failed append restarts the module (the
+// file's state after a failed write or fdatasync is unknown: recover from what is on disk), a
+// full log is compacted before the next call.
+void DraComputeDomainModule::CommitDone(const std::string& log_error, uint64_t last_seq, std::size_t log_used,
+                                        std::size_t committed) {
+  UpdateCheckpointGauge();
+  PublishState();
+  if (!log_error.empty()) {
+    context_.ReportFailure(log_error);
+    return;
+  }
+  if (committed > 0) next_seq_ = last_seq + 1;
+  if (log_used >= config_.claim_log_compact_at && !compaction_queued_ && !stopping_) {
+    compaction_queued_ = true;
+    Enqueue([this](std::function<void()> finished) { Compact(std::move(finished)); });
+  }
+}
+
+// The checkpoint takes in the log (durably, atomically), then the log starts over. Runs as a job,
+// between kubelet calls.
+void DraComputeDomainModule::Compact(std::function<void()> finished) {
+  Checkpoint snapshot = checkpoint_;
+  snapshot.log_seq = next_seq_ - 1;
+  context_.Pool().Run(
+      [log = log_, path = paths_.checkpoint_file, snapshot]() {
+        if (auto r = SaveCheckpoint(path, snapshot); !r) return r.error;
+        log->Rewind();
+        return std::string{};
+      },
+      [this, alive = alive_, finished = std::move(finished)](std::string error, std::exception_ptr exception) {
+        if (!*alive) return;
+        compaction_queued_ = false;
+        if (exception && error.empty()) error = "unexpected failure";
+        if (!error.empty()) {
+          // The log keeps growing past its pre-zeroed size (slower appends); tried again after
+          // the next commit.
+          context_.Log().warn("claim log compaction failed: {}", error);
+        } else {
+          context_.Log().debug("claim log compacted into {} (up to seq {})", paths_.checkpoint_file, next_seq_ - 1);
+        }
+        finished();
       });
 }
 
@@ -736,62 +902,99 @@ void DraComputeDomainModule::Unprepare(std::vector<ClaimRef> claims, std::functi
 
 void DraComputeDomainModule::UnprepareNext(std::shared_ptr<UnprepareBatch> batch) {
   if (stopping_) return;
-  if (batch->next == batch->claims.size()) {
+  // Claims we hold a record of get one "unprepared" record each, all in one append; the spec of
+  // every valid UID is deleted first (by UID even for an unknown claim: after a damaged claim
+  // state, specs of claims we no longer know about are kept until their Unprepare). A crash
+  // after the deletion and before the record: the entry is still there at start, its spec is
+  // made again, and the kubelet's retry (it got no answer) deletes it.
+  std::vector<ClaimRef> work;
+  std::vector<bool> known;
+  for (const auto& claim : batch->claims) {
+    const UnprepareDecision decision = DecideUnprepare(checkpoint_, claim.uid);
+    if (!decision.known && !IsValidClaimUid(claim.uid)) {
+      unprepares_unknown_->Inc();
+      batch->results[claim.uid] = {};
+      continue;
+    }
+    work.push_back(claim);
+    known.push_back(decision.known);
+  }
+  if (work.empty()) {
+    FinishUnprepare(std::move(batch), {});
+    return;
+  }
+  context_.Pool().Run(
+      [log = log_, cdi_dir = paths_.cdi_dir, work, known, seq = next_seq_]() mutable {
+        CommitOutcome out;
+        std::string records;
+        for (std::size_t i = 0; i < work.size(); ++i) {
+          const std::string& uid = work[i].uid;
+          if (auto r = DeleteCdiSpec(cdi_dir, uid); !r) {
+            out.failed[uid] = "cannot delete the CDI spec: " + r.error;
+            continue;
+          }
+          if (!known[i]) continue;
+          ClaimLogRecord record;
+          record.seq = seq++;
+          record.op = ClaimLogRecord::Op::kUnprepared;
+          record.claim.uid = uid;
+          records += EncodeClaimLogRecord(record);
+          out.committed.push_back(uid);
+        }
+        out.last_seq = seq - 1;
+        if (!records.empty()) {
+          if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
+        }
+        out.log_used = log->Used();
+        return out;
+      },
+      [this, alive = alive_, batch, work, known](CommitOutcome out, std::exception_ptr error) mutable {
+        if (!*alive) return;
+        if (error && out.log_error.empty()) out.log_error = "unexpected failure while committing";
+        std::vector<ClaimRef> detach;
+        for (std::size_t i = 0; i < work.size(); ++i) {
+          const ClaimRef& claim = work[i];
+          std::string why;
+          if (const auto it = out.failed.find(claim.uid); it != out.failed.end()) why = it->second;
+          if (why.empty() && known[i] && !out.log_error.empty()) why = out.log_error;
+          UnprepareResult result;
+          if (!why.empty()) {
+            unprepares_error_->Inc();
+            result.error = Ref(claim) + ": " + why;
+            context_.Log().error("unprepare {} (uid {}) failed: {}", claim.namespace_name + "/" + claim.name,
+                                 claim.uid, why);
+            SetError(result.error);
+          } else if (known[i]) {
+            checkpoint_.claims.erase(claim.uid);
+            unprepares_ok_->Inc();
+            context_.Log().info("unprepared {} (uid {})", claim.namespace_name + "/" + claim.name, claim.uid);
+            detach.push_back(claim);
+          } else {
+            unprepares_unknown_->Inc();
+            detach.push_back(claim);
+          }
+          batch->results[claim.uid] = std::move(result);
+        }
+        CommitDone(out.log_error, out.last_seq, out.log_used, out.committed.size());
+        FinishUnprepare(std::move(batch), std::move(detach));
+      });
+}
+
+// Driver-managed: the domain's last claim stops its daemon and deregisters the node, claim by
+// claim; then the kubelet gets the call's answer.
+void DraComputeDomainModule::FinishUnprepare(std::shared_ptr<UnprepareBatch> batch, std::vector<ClaimRef> detach) {
+  if (!domains_ || detach.empty()) {
     batch->done(std::move(batch->results));
     batch->finished();
     return;
   }
-  const ClaimRef claim = batch->claims[batch->next++];
-  UnprepareOne(claim, [this, alive = alive_, batch, uid = claim.uid](UnprepareResult result) {
+  const ClaimRef claim = detach.back();
+  detach.pop_back();
+  domains_->Detach(claim.uid, [this, alive = alive_, batch, detach = std::move(detach), claim](std::string error) mutable {
     if (!*alive) return;
-    batch->results[uid] = std::move(result);
-    UnprepareNext(batch);
+    if (!error.empty()) batch->results[claim.uid].error = Ref(claim) + ": " + error;
+    FinishUnprepare(std::move(batch), std::move(detach));
   });
-}
-
-void DraComputeDomainModule::UnprepareOne(const ClaimRef& claim, std::function<void(UnprepareResult)> done) {
-  const UnprepareDecision decision = DecideUnprepare(checkpoint_, claim.uid);
-  if (!decision.known && !IsValidClaimUid(claim.uid)) {
-    unprepares_unknown_->Inc();
-    done({});
-    return;
-  }
-  Checkpoint without = checkpoint_;
-  without.claims.erase(claim.uid);
-  const bool known = decision.known;
-  // An unknown claim still gets its spec deleted by UID (idempotent): after a corrupt
-  // checkpoint, specs of claims we no longer know about are kept until their Unprepare.
-  context_.Pool().Run(
-      [checkpoint_file = paths_.checkpoint_file, cdi_dir = paths_.cdi_dir, uid = claim.uid, known, without]() {
-        if (auto r = DeleteCdiSpec(cdi_dir, uid); !r) return "cannot delete the CDI spec: " + r.error;
-        if (!known) return std::string{};
-        if (auto r = SaveCheckpoint(checkpoint_file, without); !r) {
-          return "cannot remove the checkpoint entry: " + r.error;
-        }
-        return std::string{};
-      },
-      [this, alive = alive_, claim, known, without, done = std::move(done)](std::string error,
-                                                                           std::exception_ptr exception) {
-        if (!*alive) return;
-        if (exception && error.empty()) error = "unexpected failure";
-        UnprepareResult result;
-        if (!error.empty()) {
-          unprepares_error_->Inc();
-          result.error = Ref(claim) + ": " + error;
-          context_.Log().error("unprepare {} (uid {}) failed: {}", claim.namespace_name + "/" + claim.name, claim.uid,
-                               error);
-          SetError(result.error);
-        } else if (known) {
-          checkpoint_ = without;
-          unprepares_ok_->Inc();
-          context_.Log().info("unprepared {} (uid {})", claim.namespace_name + "/" + claim.name, claim.uid);
-        } else {
-          unprepares_unknown_->Inc();
-        }
-        UpdateCheckpointGauge();
-        PublishState();
-        done(std::move(result));
-      });
 }
 
 // ---------------------------------------------------------------------------------- slice

@@ -5,16 +5,19 @@
 // bus (NodeClique in, DraComputeDomainState out) and the supervisor.
 //
 // Start (throws → the supervisor retries with backoff): the IMEX channel major from
-// <hostRoot>/proc/devices, the checkpoint (corrupt → moved aside + Node Event, start clean),
+// <hostRoot>/proc/devices, the checkpoint and the claim log replayed over it (damage → moved aside +
+// Node Event, serve what is valid),
 // the reconcile of checkpoint and CDI specs, the DRA server, then the registration server; the
 // ResourceSlice is published and kept true asynchronously. Prepare and Unprepare run one
-// operation at a time per node (a FIFO of jobs), so the checkpoint never races; file work runs
-// on the BlockingPool with copies of the checkpoint, and the loop's copy follows what reached
-// the disk.
+// kubelet call at a time per node (a FIFO of jobs), so the claim state never races; each call's
+// durable record is one claim-log append (claim_log.hpp) on the BlockingPool, and the loop's
+// state follows what reached the disk.
 
 #include "loop/module.hpp"
 #include "modules/dra_compute_domain/checkpoint.hpp"
+#include "modules/dra_compute_domain/claim_log.hpp"
 #include "modules/dra_compute_domain/dra_server.hpp"
+#include "modules/dra_compute_domain/driver_managed.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
 #include "modules/dra_compute_domain/resource_slice.hpp"
@@ -66,6 +69,14 @@ class DraComputeDomainModule final : public Module, private DraHandler {
     // Upstream's host-managed parity gate: while imex-health says host IMEX is not ready (or
     // has not said anything yet), Prepare answers with a retryable error naming the reason.
     bool require_imex_ready = false;
+    // HostManagedIMEX off (issue #16): the supervisor runs each domain's nvidia-imex
+    // (`driverManaged:` section; node name, state dir and the DNS-names gate come from the site).
+    DriverManagedSettings driver_managed;
+    // allocationMode "All": channels 0..allChannels-1 go into the container (upstream's 2048).
+    uint32_t all_channels = 2048;
+    // Bytes of claim log after which it is compacted into the checkpoint. Not a YAML key (the
+    // default suits every node); tests lower it to reach the compaction.
+    std::size_t claim_log_compact_at = kClaimLogCompactAt;
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 
@@ -91,15 +102,23 @@ class DraComputeDomainModule final : public Module, private DraHandler {
 
   void PrepareNext(std::shared_ptr<PrepareBatch> batch);
   void PrepareOne(const ClaimRef& claim, std::function<void(PrepareResult)> done);
+  struct Fetches;
   void FetchClaim(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
                   std::function<void(PrepareResult)> done);
-  void LookUpDomain(const ClaimRef& claim, nlohmann::json object, std::string domain_uid,
-                    std::chrono::steady_clock::time_point deadline, std::function<void(PrepareResult)> done);
+  void OnFetched(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline, Fetches fetches,
+                 std::function<void(PrepareResult)> done);
+  // `attached`: driver-managed mode's domain verdict was Ready (the claim is attached).
   void DecideAndWrite(const ClaimRef& claim, const nlohmann::json& object, const DomainLookup& domain,
-                      std::chrono::steady_clock::time_point deadline, std::function<void(PrepareResult)> done);
+                      std::chrono::steady_clock::time_point deadline, std::function<void(PrepareResult)> done,
+                      bool attached = false);
   void OnClique(const gpu_inventory::NodeClique& clique);
+  // The checkpoint the next decision reads: the loop's, plus this call's claims not yet committed.
+  const Checkpoint& DecideView();
+  void CommitPrepares(std::shared_ptr<PrepareBatch> batch);
+  void CommitDone(const std::string& log_error, uint64_t last_seq, std::size_t log_used, std::size_t committed);
+  void Compact(std::function<void()> finished);
   void UnprepareNext(std::shared_ptr<UnprepareBatch> batch);
-  void UnprepareOne(const ClaimRef& claim, std::function<void(UnprepareResult)> done);
+  void FinishUnprepare(std::shared_ptr<UnprepareBatch> batch, std::vector<ClaimRef> detach);
   // A GET retried on transport errors, 429 and 5xx until `deadline`.
   void FetchWithRetry(bool list, std::string path, std::chrono::steady_clock::time_point deadline,
                       std::chrono::milliseconds delay, std::function<void(kube::Result)> done);
@@ -131,7 +150,14 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   // The prepare that waits for the clique to become known (at most one: prepares run one at a
   // time); it also ends at its deadline.
   std::vector<std::function<void()>> clique_waiters_;
+  // The durable claim state: the checkpoint with the claim log replayed over it (start), then
+  // every committed record. Only what reached the disk.
   Checkpoint checkpoint_;
+  std::shared_ptr<ClaimLog> log_;  // used on the pool, by one job at a time
+  uint64_t next_seq_ = 1;
+  bool compaction_queued_ = false;
+  std::vector<PreparedClaim> pending_prepares_;  // decided in the running call, not yet committed
+  Checkpoint decide_view_;
   std::string corrupt_note_;  // set when the checkpoint was moved aside; the Node Event's note
 
   std::shared_ptr<kube::KubeClient> client_;
@@ -140,6 +166,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   std::string slice_informer_key_;
   std::unique_ptr<DraServer> dra_server_;
   std::unique_ptr<RegistrationServer> registration_server_;
+  std::unique_ptr<DriverManagedDomains> domains_;  // gate off only
 
   std::deque<Job> jobs_;
   bool job_running_ = false;

@@ -26,6 +26,7 @@ DriverPaths MakeDriverPaths(const SitePaths& site) {
   paths.dra_socket = JoinPath(paths.plugin_dir, "dra.sock");
   paths.state_dir = JoinPath(site.state_dir, "dra-compute-domain");
   paths.checkpoint_file = JoinPath(paths.state_dir, "checkpoint.json");
+  paths.claim_log_file = JoinPath(paths.state_dir, "claims.log");
   paths.cdi_dir = site.cdi_dir;
   paths.proc_devices = JoinPath(site.host_root.empty() ? "/" : site.host_root, "proc/devices");
   return paths;

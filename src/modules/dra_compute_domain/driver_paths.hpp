@@ -26,6 +26,7 @@ struct DriverPaths {
   std::string dra_socket;            // <plugin_dir>/dra.sock
   std::string state_dir;             // <stateDir>/dra-compute-domain
   std::string checkpoint_file;       // <state_dir>/checkpoint.json
+  std::string claim_log_file;        // <state_dir>/claims.log (claim_log.hpp)
   std::string cdi_dir;               // paths.cdiDir
   std::string proc_devices;          // <hostRoot>/proc/devices
 };

@@ -87,8 +87,6 @@ PrepareDecision AnalyzeClaim(const json& claim, const PrepareContext& context, s
   const std::string ref = "ResourceClaim " + ns + "/" + name;
   const auto permanent = [&](std::string why) { return Fail(PrepareOutcome::kPermanentError, ref, std::move(why)); };
 
-  if (!context.host_managed) return permanent(std::string(kDriverManagedUnsupportedMessage));
-
   const ResultsScan scan = ScanResults(claim);
   if (!scan.ok) return permanent(scan.error);
   if (!scan.has_allocation) return permanent("status.allocation is not set (the claim is not allocated)");
@@ -98,7 +96,8 @@ PrepareDecision AnalyzeClaim(const json& claim, const PrepareContext& context, s
   if (!configs.ok) return permanent("invalid opaque config: " + configs.error);
   for (const auto& config : configs.configs) {
     if (config.kind == ConfigKind::kDaemon) {
-      return permanent(std::string(kDaemonDisabledMessage) + " (" + config.where + " is a " +
+      return permanent(std::string(context.host_managed ? kDaemonDisabledMessage : kDaemonUnusedMessage) + " (" +
+                       config.where + " is a " +
                        std::string(kDaemonConfigKind) + ")");
     }
   }
@@ -123,15 +122,20 @@ PrepareDecision AnalyzeClaim(const json& claim, const PrepareContext& context, s
   }
 
   // Step 3: an explicit allowlist, not an "== All" check (seed 000 §7.2 step 3).
-  if (!config->allocation_mode.empty() && config->allocation_mode != "Single") {
+  // Driver-managed mode also serves "All" (every channel of the domain, as upstream).
+  const bool all_allowed = !context.host_managed && config->allocation_mode == "All";
+  if (!config->allocation_mode.empty() && config->allocation_mode != "Single" && !all_allowed) {
     return permanent(config->where + ".opaque.parameters.allocationMode: \"" + config->allocation_mode +
-                     "\" is not supported under HostManagedIMEX (only \"Single\" or empty)");
+                     "\" is not supported" +
+                     (context.host_managed ? std::string(" under HostManagedIMEX (only \"Single\" or empty)")
+                                           : std::string(" (only \"Single\", \"All\" or empty)")));
   }
 
   // Step 4: the config state.
   PrepareDecision decision;
   decision.outcome = PrepareOutcome::kPrepare;
   decision.domain_uid = config->domain_id;
+  decision.allocation_mode = config->allocation_mode;
   decision.device_name = std::string(kChannelDeviceName);
   decision.request_names = {result.request};
   decision.pool_name = context.node_name;
@@ -195,7 +199,18 @@ PrepareDecision DecidePrepare(const json& claim, std::string_view expected_uid, 
 
   // Step 5: channel-0 is node-local and single: another completed claim holding it is a
   // conflict. Retryable, as upstream: the other claim may be on its way out.
-  if (const PreparedClaim* holder = checkpoint.CompletedHolderOf(decision.device_name, expected_uid)) {
+  // Driver-managed: claims of the same domain share the node's channels (several pods of one
+  // job on a node); another domain's claim holding them is the conflict.
+  const PreparedClaim* holder = nullptr;
+  for (const auto& [uid, entry] : checkpoint.claims) {
+    if (uid == expected_uid || entry.state != ClaimState::kPrepareCompleted || entry.device != decision.device_name) {
+      continue;
+    }
+    if (!context.host_managed && entry.domain_uid == decision.domain_uid) continue;
+    holder = &entry;
+    break;
+  }
+  if (holder != nullptr) {
     return Fail(PrepareOutcome::kRetryableError, ref,
                 "requested device " + decision.device_name + " is already prepared for claim " +
                     holder->namespace_name + "/" + holder->name + " (uid " + holder->uid + ") on this node");

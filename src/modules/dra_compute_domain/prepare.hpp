@@ -1,18 +1,19 @@
 #pragma once
 // The decision for one NodePrepareResources claim under HostManagedIMEX, as a pure function over
 // plain inputs: the ResourceClaim as fetched from the API, the UID the kubelet asked for, the
-// ComputeDomain lookup, the node's clique ID and the checkpoint. No I/O: the module fetches,
-// then decides, then writes the checkpoint (PrepareStarted), the CDI spec and the checkpoint
-// again (PrepareCompleted).
+// ComputeDomain lookup, the node's clique ID and the claim state. No I/O: the module fetches,
+// then decides, then writes the CDI spec and one claim-log record (claim_log.hpp).
 //
 // Order (seed 000 §7.2, with the upstream plugin's two preliminaries):
 //   0. the same claim already PrepareCompleted in the checkpoint → its stored result (idempotent);
-//      the claim's metadata.uid must be the UID the kubelet asked for; gate off → not supported;
+//      the claim's metadata.uid must be the UID the kubelet asked for;
 //   1. decode our opaque configs (a daemon config → "daemon claims are disabled");
 //   2. exactly one allocation result of our driver (device channel-0, pool = this node);
-//   3. allocationMode is "" or "Single" (an allowlist: "All", "foo"… are rejected);
+//   3. allocationMode is "" or "Single" (an allowlist: "All", "foo"… are rejected), and "All"
+//      too with the gate off (driver-managed IMEX, issue #16);
 //   4. (the config state: the domain UID)
 //   5. channel-0 not PrepareCompleted for another claim (retryable: the other may be unpreparing);
+//      with the gate off, claims of the same ComputeDomain share it;
 //   6. the ComputeDomain with that UID exists, in the claim's namespace;
 //   7. the node has a clique ID (retryable while gpu-inventory has not read the fabric yet:
 //      right after start "no clique" is not known to be true).
@@ -35,9 +36,8 @@ inline constexpr std::string_view kNoCliqueMessage =
 inline constexpr std::string_view kCliqueUnknownMessage =
     "the node's NVLink clique is not known yet (gpu-inventory has not read NVML's fabric info); retry";
 inline constexpr std::string_view kDaemonDisabledMessage = "daemon claims are disabled under HostManagedIMEX";
-inline constexpr std::string_view kDriverManagedUnsupportedMessage =
-    "driver-managed IMEX (HostManagedIMEX=false) is not supported by this build; enable the HostManagedIMEX "
-    "feature gate";
+inline constexpr std::string_view kDaemonUnusedMessage =
+    "daemon claims are not used: in driver-managed mode the supervisor runs each ComputeDomain's IMEX daemon itself";
 
 struct ComputeDomainInfo {
   std::string uid;
@@ -68,7 +68,7 @@ struct PrepareContext {
 };
 
 enum class PrepareOutcome {
-  kPrepare,          // go ahead: record PrepareStarted, write the CDI spec, record PrepareCompleted
+  kPrepare,          // go ahead: write the CDI spec, append the claim's record
   kAlreadyPrepared,  // the claim is PrepareCompleted: answer with `existing`, touch nothing
   kPermanentError,
   kRetryableError,
@@ -80,6 +80,7 @@ struct PrepareDecision {
   std::string error;  // for the two error outcomes; starts with the claim's namespace/name
   // kPrepare:
   std::string domain_uid;
+  std::string allocation_mode;             // "", "Single" or (driver-managed) "All"
   std::string device_name;                 // "channel-0"
   std::vector<std::string> request_names;  // of the allocation result
   std::string pool_name;                   // = node name

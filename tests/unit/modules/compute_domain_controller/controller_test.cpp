@@ -1,7 +1,7 @@
 // The ComputeDomain controller module against the simulated API server (seed 000 §14.1): the
 // add path creates only the workload template and sets Ready with the finalizer; the delete
 // path removes template, finalizers and metrics; a foreign template is reported, not
-// overwritten; driver-managed mode says it is unsupported; only the leader reconciles; losing
+// overwritten; driver-managed mode judges Ready from the nodes' registrations; only the leader reconciles; losing
 // the lease mid-reconcile stops the work, and the next leader finishes it.
 #include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
 #include "modules/compute_domain_controller/work_queue.hpp"
@@ -199,11 +199,56 @@ TEST_F(ControllerTest, AddPathCreatesOnlyTheWorkloadTemplateAndSetsReadyWithTheF
   EXPECT_TRUE(IsReady("train-a"));
 }
 
+TEST_F(ControllerTest, InformerFaultsAndRelistsReconcileOnlyWhatChanged) {
+  auto& s = StartSupervisor("node-a");
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  for (int i = 0; i < 5; ++i) CreateDomain(Domain("d" + std::to_string(i), "d" + std::to_string(i) + "-channel"));
+  auto idle = [&] { return s.module->Queue()->InFlight() == 0 && s.module->Queue()->Queued() == 0; };
+  // Settled: every domain Ready, nothing queued, and the controller's caches hold what the
+  // server holds (the events of its own last writes are in).
+  const auto domains = s.informers->Acquire(kube::InformerSpec{
+      "/apis/resource.nvidia.com/v1beta1/computedomains", {}, {}});
+  auto cached = [&] {
+    std::map<std::string, std::string> out;
+    for (const auto& [key, object] : domains->Items()) out[key] = kube::ObjectMeta::From(*object)->resource_version;
+    return out;
+  };
+  ASSERT_TRUE(h_.RunUntil([&] {
+    for (int i = 0; i < 5; ++i) {
+      if (!IsReady("d" + std::to_string(i))) return false;
+    }
+    return idle() && cached() == ServerState(kDomains);
+  }));
+  h_.RunUntil([] { return false; }, milliseconds(300));  // the reconciles those last events started
+  ASSERT_TRUE(h_.RunUntil([&] { return idle() && cached() == ServerState(kDomains); }));
+  const auto started = s.Stats().started;
+  std::vector<std::string> seen;  // what the informers published from here on (for a failure's message)
+  auto sub = s.bus.Subscribe<kube::ResourceEvent>([&](const kube::ResourceEvent& e) {
+    seen.push_back(std::to_string(static_cast<int>(e.type)) + " " + e.object->value("/metadata/name"_json_pointer, ""));
+  });
+
+  // Cut watches, refused re-watches, and a compaction that forces a relist: the cache is the
+  // source, so none of it makes the controller read the domains again.
+  server_->CutWatches();
+  server_->FailNextRequests(500, 2, "computedomains");
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 2; }));
+  server_->ExpireWatches();
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->OpenWatches().size() == 2; }));
+  // One change while it all happened is reconciled, and only that one.
+  auto d2 = GetDomain("d2");
+  d2["metadata"]["labels"]["touched"] = "yes";
+  ASSERT_EQ(server_->Call("PUT", std::string(kDomains) + "/d2", d2.dump()).status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().started > started && idle(); }));
+  h_.RunUntil([] { return false; }, milliseconds(300));  // anything else that would follow
+  EXPECT_EQ(s.Stats().started, started + 1) << json(seen).dump();
+}
+
 TEST_F(ControllerTest, DeletePathRemovesTemplateFinalizersAndMetrics) {
   auto& s = StartSupervisor("node-a");
   ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
   // The first template read fails: an error series for this domain exists before the delete.
-  server_->FailNextRequests(500, 1, "namespaces/team/resourceclaimtemplates");
+  // As many as the client's own attempts (a GET is retried on a 500): the reconcile sees it.
+  server_->FailNextRequests(500, kube::RetryPolicy{}.max_attempts, "namespaces/team/resourceclaimtemplates");
   CreateDomain(Domain("train-a", "train-a-channel"));
   ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
   EXPECT_EQ(s.Metric("gpu_node_supervisor_compute_domain_reconcile_errors_total{domain=\"team/train-a\",reason="
@@ -247,26 +292,67 @@ TEST_F(ControllerTest, ATemplateNotMadeForTheDomainIsReportedAndNotOverwritten) 
   EXPECT_EQ(Get(std::string(kTemplates) + "/shared-channel").Json(), before);
 }
 
-TEST_F(ControllerTest, WithoutTheGateTheDomainSaysDriverManagedModeIsNotSupported) {
+// Driver-managed (issue #16): finalizer and workload template as with the gate, no DaemonSet;
+// Ready only when the Ready nodes of the domain's clique reach numNodes; a deleted Node leaves
+// status.nodes; the delete waits for the nodes to deregister.
+TEST_F(ControllerTest, WithoutTheGateReadyComesFromTheNodesOfOneClique) {
+  // The Nodes exist before the controller starts, as they do in a cluster: seeded later, the
+  // controller's Node cache could lag the status write and drop n3 as a Node that does not exist.
+  for (const char* node : {"n1", "n2", "n3"}) {
+    server_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", node}}}});
+  }
   auto& s = StartSupervisor("node-a", /*host_managed=*/false);
   ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
-  CreateDomain(Domain("train-a", "train-a-channel"));
+  CreateDomain(Domain("train-a", "train-a-channel", "Single", 2));
+  ASSERT_TRUE(h_.RunUntil([&] { return TemplateStatusCode("train-a-channel") == 200; }));
+  ASSERT_TRUE(h_.RunUntil([&] { return GetDomain("train-a").value(json::json_pointer("/status/status"), "") == "NotReady"; }));
+  EXPECT_EQ(GetDomain("train-a")["metadata"]["finalizers"], json::array({"resource.nvidia.com/computeDomain"}));
+  EXPECT_EQ(Count("/apis/apps/v1/namespaces/team/daemonsets"), 0u);
+  const auto set_nodes = [&](json nodes) {
+    auto d = GetDomain("train-a");
+    d["status"]["nodes"] = std::move(nodes);
+    const auto r = server_->Call("PUT", std::string(kDomains) + "/train-a/status", d.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+  };
+  const auto node = [](const char* name, const char* clique, int index, const char* status) {
+    return json{{"name", name}, {"ipAddress", "10.0.0.1"}, {"cliqueID", clique}, {"index", index}, {"status", status}};
+  };
+  // Two Ready nodes, but of two cliques: IMEX cannot span them.
+  const auto before = s.Stats().finished;
+  set_nodes(json::array({node("n1", "c.1", 0, "Ready"), node("n2", "c.2", 0, "Ready")}));
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().finished > before && s.module->Queue()->InFlight() == 0; }));
+  EXPECT_FALSE(IsReady("train-a"));
+  // Two Ready nodes of the first node's clique (the third, of another clique, is not counted).
+  set_nodes(json::array({node("n1", "c.1", 0, "Ready"), node("n2", "c.2", 0, "Ready"), node("n3", "c.1", 1, "Ready")}));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
+  // n3's Node is deleted: its entry leaves the status, and the domain is no longer Ready.
+  ASSERT_EQ(server_->Call("DELETE", "/api/v1/nodes/n3").status, 200);
   ASSERT_TRUE(h_.RunUntil([&] {
-    return ConditionReason("train-a") == "DriverManagedModeNotSupported" && !EventsFor("train-a").empty();
+    const auto nodes = GetDomain("train-a").value(json::json_pointer("/status/nodes"), json::array());
+    return nodes.size() == 2 && !IsReady("train-a");
   }));
-  const auto domain = GetDomain("train-a");
-  EXPECT_EQ(domain["status"]["status"], "NotReady");
-  EXPECT_NE(domain["status"]["conditions"][0]["message"].get<std::string>().find("not supported by this build"),
-            std::string::npos);
-  EXPECT_FALSE(domain["metadata"].contains("finalizers") && !domain["metadata"]["finalizers"].empty());
-  const auto events = EventsFor("train-a");
-  EXPECT_EQ(events[0]["type"], "Warning");
-  EXPECT_NE(events[0]["note"].get<std::string>().find("not supported by this build"), std::string::npos);
-  EXPECT_EQ(Count(kTemplates), 0u);
-  // The status write's own MODIFIED event reconciles once more: no second Event, no write.
-  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().finished >= 2 && s.module->Queue()->InFlight() == 0; }));
-  EXPECT_EQ(s.Stats().status_writes, 1u);
-  EXPECT_EQ(EventsFor("train-a").size(), 1u);
+
+  // The delete waits while nodes are registered, then completes once they deregister.
+  ASSERT_EQ(server_->Call("DELETE", std::string(kDomains) + "/train-a").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return TemplateStatusCode("train-a-channel") == 404; }));
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Queue()->Failures("team/train-a") >= 2; }));
+  EXPECT_EQ(DomainStatusCode("train-a"), 200);
+  set_nodes(json::array());
+  ASSERT_TRUE(h_.RunUntil([&] { return DomainStatusCode("train-a") == 404; }));
+}
+
+TEST_F(ControllerTest, WithoutTheGateTheDeleteGivesUpWaitingAfterTheTimeout) {
+  auto config = ControllerConfig("node-a");
+  config.deregister_timeout = milliseconds(0);
+  auto& s = StartSupervisor("node-a", /*host_managed=*/false, config);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  CreateDomain(Domain("train-a", "train-a-channel", "Single", 1));
+  ASSERT_TRUE(h_.RunUntil([&] { return GetDomain("train-a").value(json::json_pointer("/status/status"), "") == "NotReady"; }));
+  auto d = GetDomain("train-a");
+  d["status"]["nodes"] = json::array({{{"name", "gone-node"}, {"ipAddress", "10.0.0.9"}, {"cliqueID", "c"}, {"index", 0}}});
+  ASSERT_EQ(server_->Call("PUT", std::string(kDomains) + "/train-a/status", d.dump()).status, 200);
+  ASSERT_EQ(server_->Call("DELETE", std::string(kDomains) + "/train-a").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return DomainStatusCode("train-a") == 404; }));
 }
 
 TEST_F(ControllerTest, TwoSupervisorsOnlyTheLeaderReconciles) {

@@ -9,6 +9,7 @@
 #include "loop/config.hpp"
 #include "modules/dra_compute_domain/cdi_spec.hpp"
 #include "modules/dra_compute_domain/checkpoint.hpp"
+#include "modules/dra_compute_domain/claim_log.hpp"
 #include "modules/dra_compute_domain/dra_module.hpp"
 #include "modules/imex_health/messages.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
@@ -31,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <unistd.h>
 #include <sstream>
 
 namespace gns::dra {
@@ -127,6 +129,8 @@ class DraModuleTest : public ::testing::Test {
     h_.services.Provide<kube::InformerRegistry>(informers_);
     h_.services.Provide<kube::EventRecorder>(events_);
 
+    // Our CRD: status.nodes is a list-map keyed by name (driver-managed nodes apply their own entry).
+    api_->SeedFile(std::string(std::getenv("GNS_SOURCE_DIR")) + "/deploy/crd-computedomains.yaml");
     api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
     node_uid_ = Get("/api/v1/nodes/" + std::string(kNode))["metadata"]["uid"].get<std::string>();
     api_->Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
@@ -206,6 +210,9 @@ class DraModuleTest : public ::testing::Test {
     if (it == result.claims.end()) return "<no entry>";
     return it->second.error;
   }
+
+  // What a restart would recover: the checkpoint with the claim log replayed over it.
+  Checkpoint Claims() const { return LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file).state; }
 
   std::string SpecPath(const std::string& uid) const { return JoinPath(paths_.cdi_dir, CdiSpecFileName(uid)); }
 
@@ -324,9 +331,11 @@ TEST_F(DraModuleTest, PrepareWritesTheCdiSpecAndCheckpointAndReturnsTheCdiId) {
   EXPECT_EQ(spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"], "/dev/nvidia-caps-imex-channels/channel0");
   EXPECT_EQ(spec["devices"][0]["containerEdits"]["deviceNodes"][0]["major"], kMajor);
 
-  const auto loaded = LoadCheckpoint(paths_.checkpoint_file);
-  ASSERT_EQ(loaded.status, CheckpointStatus::kLoaded);
-  const auto* entry = loaded.checkpoint.Find(claim.uid);
+  // The durable record: one claim-log append over the checkpoint the start wrote.
+  const auto loaded = LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file);
+  ASSERT_EQ(loaded.checkpoint.status, CheckpointStatus::kLoaded);
+  ASSERT_EQ(loaded.log.records.size(), 1u);
+  const auto* entry = loaded.state.Find(claim.uid);
   ASSERT_NE(entry, nullptr);
   EXPECT_EQ(entry->state, ClaimState::kPrepareCompleted);
   EXPECT_EQ(entry->domain_uid, domain_uid_);
@@ -373,7 +382,7 @@ TEST_F(DraModuleTest, UnprepareRemovesSpecAndEntryAndIsIdempotent) {
   ASSERT_TRUE(result.ok()) << result.status.ToString();
   EXPECT_EQ(result.claims.at(claim.uid), "");
   EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
-  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.Find(claim.uid), nullptr);
+  EXPECT_EQ(Claims().Find(claim.uid), nullptr);
 
   result = Unprepare({claim});  // again: nothing left, still success
   ASSERT_TRUE(result.ok());
@@ -400,7 +409,7 @@ TEST_F(DraModuleTest, AllocationModeAllAndUnknownModesArePermanentErrors) {
   EXPECT_NE(error_foo.find("allocationMode: \"foo\" is not supported"), std::string::npos) << error_foo;
   EXPECT_EQ(Prepares("permanent_error"), 2);
   EXPECT_TRUE(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.empty());
-  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.claims.size(), 0u);
+  EXPECT_EQ(Claims().claims.size(), 0u);
 }
 
 TEST_F(DraModuleTest, EmptyCliqueIsAPermanentErrorNamingTheMissingClique) {
@@ -499,7 +508,7 @@ TEST_F(DraModuleTest, ConcurrentPreparesAreSerialisedSoOnlyOneClaimGetsTheChanne
   const std::string eb = rb.claims.at(b.uid).error;
   EXPECT_TRUE(ea.empty() != eb.empty()) << "a: " << ea << "\nb: " << eb;
   EXPECT_NE((ea.empty() ? eb : ea).find("already prepared for claim"), std::string::npos);
-  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.claims.size(), 1u);
+  EXPECT_EQ(Claims().claims.size(), 1u);
   EXPECT_EQ(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.size(), 1u);
 }
 
@@ -522,13 +531,88 @@ TEST_F(DraModuleTest, AMissingComputeDomainOrClaimIsAnError) {
   EXPECT_TRUE(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.empty());
 }
 
-TEST_F(DraModuleTest, WithoutTheGateEveryPrepareFailsLoudly) {
+// Driver-managed IMEX (issue #16) on one node, with tools/sim/imex's fake daemon: the first
+// prepare labels the Node, registers it in status.nodes and starts the domain's daemon, and
+// answers "not Ready yet"; once the domain is Ready (the controller's verdict, written here by
+// the test) the prepare succeeds; a restart of the module resumes the domain from its record;
+// the last unprepare stops the daemon, deregisters the node and removes the label.
+TEST_F(DraModuleTest, WithoutTheGateTheNodeJoinsItsDomainAndPreparesOnceItIsReady) {
   h_.site.gates.Set(gates::kHostManagedIMEX, false);
-  StartAndRegister();
+  sim_->Start();
+  DraComputeDomainModule::Config config;
+  const std::string sim_dir = std::string(std::getenv("GNS_SOURCE_DIR")) + "/tools/sim/imex/";
+  config.driver_managed.daemon.daemon_path = sim_dir + "nvidia-imex";
+  config.driver_managed.daemon.ctl_path = sim_dir + "nvidia-imex-ctl";
+  config.driver_managed.daemon.probe_interval = std::chrono::milliseconds(50);
+  config.driver_managed.node_address = "127.0.77." + std::to_string(1 + ::getpid() % 200);
+  config.driver_managed.server_port = static_cast<uint16_t>(40000 + ::getpid() % 10000);
+  config.driver_managed.cmd_port = static_cast<uint16_t>(config.driver_managed.server_port + 1);
+  config.driver_managed.ready_wait = std::chrono::milliseconds(200);
+  StartModule(config);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
   EXPECT_FALSE(State()->host_managed);
+
   const auto claim = SeedChannelClaim("gate-off");
-  const auto error = PrepareError(claim);
-  EXPECT_NE(error.find(kDriverManagedUnsupportedMessage), std::string::npos) << error;
+  // Retryable until the domain is Ready: first while this node registers, then "not Ready yet".
+  std::string first;
+  ASSERT_TRUE(h_.RunUntil([&] {
+    first = PrepareError(claim);
+    return first.find("ComputeDomain team-a/train-a is not Ready yet") != std::string::npos;
+  })) << first;
+  EXPECT_NE(first.find("the kubelet retries"), std::string::npos) << first;
+  const auto label = [&] {
+    return Get("/api/v1/nodes/" + std::string(kNode))
+        .value(json::json_pointer("/metadata/labels/resource.nvidia.com~1computeDomain"), std::string());
+  };
+  const auto entry = [&] {
+    const auto nodes = Get(kDomains + "/train-a").value(json::json_pointer("/status/nodes"), json::array());
+    return nodes.size() == 1 ? nodes[0] : json::object();
+  };
+  EXPECT_EQ(label(), domain_uid_);
+  ASSERT_TRUE(h_.RunUntil([&] { return entry().value("status", "") == "Ready"; })) << entry().dump();
+  EXPECT_EQ(entry()["name"], kNode);
+  EXPECT_EQ(entry()["cliqueID"], kClique);
+  EXPECT_EQ(entry()["ipAddress"], config.driver_managed.node_address);
+  EXPECT_EQ(entry()["index"], 0);
+  // Applied (server-side apply on /status) under this node's own field manager, which owns it.
+  const json applied = Get(kDomains + "/train-a");
+  bool owned = false;
+  for (const auto& m : applied["metadata"]["managedFields"]) {
+    const json items = m.value(json::json_pointer("/fieldsV1/f:status/f:nodes"), json::object());
+    owned = owned || (m.value("manager", "") == "gpu-node-supervisor/" + std::string(kNode) &&
+                      m.value("subresource", "") == "status" &&
+                      items.contains("k:{\"name\":\"" + std::string(kNode) + "\"}"));
+  }
+  EXPECT_TRUE(owned) << applied["metadata"].dump();
+  const std::string domain_dir = paths_.state_dir + "/domains/" + domain_uid_;
+  EXPECT_EQ(ReadFile(domain_dir + "/nodes_config.cfg"), config.driver_managed.node_address + "\n");
+  EXPECT_NE(ReadFile(domain_dir + "/config.cfg").find("SERVER_PORT=" + std::to_string(config.driver_managed.server_port)),
+            std::string::npos);
+
+  // The controller's verdict (written by hand here): the next prepare injects the channel.
+  auto domain = Get(kDomains + "/train-a");
+  domain["status"]["status"] = "Ready";
+  ASSERT_EQ(api_->Call("PUT", kDomains + "/train-a/status", domain.dump()).status, 200);
+  std::string error = "not tried";
+  ASSERT_TRUE(h_.RunUntil([&] { return (error = PrepareError(claim)).empty(); })) << error;
+  EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
+
+  // A restart resumes the domain from its record: the registration stays, the daemon runs again.
+  StopModule();
+  EXPECT_EQ(label(), domain_uid_);
+  EXPECT_FALSE(entry().empty());
+  StartModule(config);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+  EXPECT_EQ(PrepareError(claim), "");  // from the checkpoint
+  ASSERT_TRUE(h_.RunUntil([&] { return entry().value("status", "") == "Ready"; }));
+
+  // The last claim goes: daemon stopped, node deregistered, label removed, files removed.
+  const auto unprepared = Unprepare({claim});
+  ASSERT_TRUE(unprepared.ok());
+  EXPECT_EQ(unprepared.claims.at(claim.uid), "");
+  ASSERT_TRUE(h_.RunUntil([&] { return entry().empty() && label().empty() && !fs::exists(domain_dir); }))
+      << entry().dump() << " label " << label();
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
 }
 
 // ------------------------------------------------------------------------------ restart paths
@@ -558,14 +642,14 @@ TEST_F(DraModuleTest, ACrashBetweenPrepareStartedAndCompletedIsRolledBackOnStart
   StartAndRegister();
   EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
   EXPECT_FALSE(fs::exists(SpecPath(orphan)));
-  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.claims.size(), 0u);
+  EXPECT_EQ(Claims().claims.size(), 0u);
   EXPECT_EQ(Metric("gpu_node_supervisor_dra_reconciled_total", {{"action", "rollback_prepare_started"}}), 1);
   EXPECT_EQ(Metric("gpu_node_supervisor_dra_reconciled_total", {{"action", "delete_orphan_spec"}}), 1);
 
   // The kubelet retries the prepare it never got an answer for.
   EXPECT_EQ(PrepareError(claim), "");
   EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
-  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).checkpoint.Find(claim.uid)->state, ClaimState::kPrepareCompleted);
+  EXPECT_EQ(Claims().Find(claim.uid)->state, ClaimState::kPrepareCompleted);
 }
 
 TEST_F(DraModuleTest, OurInterruptedSpecWritesAreRemovedOnStartAndOtherProducersFilesAreNot) {
@@ -607,7 +691,8 @@ TEST_F(DraModuleTest, ACompletedClaimSurvivesARestart) {
 TEST_F(DraModuleTest, ACorruptCheckpointIsMovedAsideReportedAndTheModuleStartsClean) {
   WriteFile(paths_.checkpoint_file, "{\"version\": 1, \"data\": {\"claims\": {}}, \"checksum\": 12");
   StartAndRegister();
-  EXPECT_FALSE(fs::exists(paths_.checkpoint_file));
+  // Moved aside; the start wrote a new, valid one (its compaction of checkpoint and claim log).
+  EXPECT_EQ(LoadCheckpoint(paths_.checkpoint_file).status, CheckpointStatus::kLoaded);
   bool moved = false;
   for (const auto& file : fs::directory_iterator(paths_.state_dir)) {
     if (file.path().filename().string().starts_with("checkpoint.json.corrupt-")) moved = true;
@@ -630,6 +715,140 @@ TEST_F(DraModuleTest, ACorruptCheckpointIsMovedAsideReportedAndTheModuleStartsCl
   EXPECT_TRUE(module_.failures.empty());
   // Clean start: prepares work.
   EXPECT_EQ(PrepareError(SeedChannelClaim("after-corrupt")), "");
+}
+
+// ------------------------------------------------------------------------------ the claim log
+
+TEST_F(DraModuleTest, ATornLastAppendIsLoggedAndEveryAcknowledgedClaimSurvives) {
+  StartAndRegister();
+  const auto kept = SeedChannelClaim("kept");
+  ASSERT_EQ(PrepareError(kept), "");
+  StopModule();
+  // What kill -9 in the middle of the next append leaves: half a record after the last one.
+  const auto before = LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file);
+  ASSERT_EQ(before.log.records.size(), 1u);
+  ClaimLogRecord next{before.log.last_seq + 1, ClaimLogRecord::Op::kUnprepared, {}};
+  next.claim.uid = kept.uid;
+  const std::string half = EncodeClaimLogRecord(next).substr(0, 30);
+  {
+    std::fstream log(paths_.claim_log_file, std::ios::in | std::ios::out | std::ios::binary);
+    log.seekp(static_cast<std::streamoff>(before.log.end_offset));
+    log.write(half.data(), static_cast<std::streamsize>(half.size()));
+  }
+  ASSERT_FALSE(LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file).log.torn_tail.empty());
+
+  StartModule();
+  EXPECT_TRUE(module_.failures.empty());
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
+  EXPECT_TRUE(fs::exists(SpecPath(kept.uid)));
+  EXPECT_EQ(Metric("gpu_node_supervisor_dra_corrupt_checkpoints_total", {}), 0);
+  EXPECT_EQ(State()->last_error, "");
+  // The start compacted: the checkpoint holds the claim, the log is fresh.
+  const auto after = LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file);
+  EXPECT_NE(after.checkpoint.checkpoint.Find(kept.uid), nullptr);
+  EXPECT_TRUE(after.log.records.empty());
+  EXPECT_TRUE(after.log.torn_tail.empty());
+}
+
+TEST_F(DraModuleTest, ADamagedClaimLogIsReportedMovedAsideAndTheModuleServesWhatIsValid) {
+  StartAndRegister();
+  const auto first = SeedChannelClaim("first");
+  const auto second = SeedChannelClaim("second");
+  ASSERT_EQ(PrepareError(first), "");                       // seq 1
+  ASSERT_EQ(Unprepare({first}).claims.at(first.uid), "");  // seq 2
+  ASSERT_EQ(PrepareError(second), "");                      // seq 3
+  StopModule();
+  // A flipped byte inside the first record: damage in the middle, not a cut append.
+  {
+    std::fstream log(paths_.claim_log_file, std::ios::in | std::ios::out | std::ios::binary);
+    log.seekg(kClaimLogHeaderSize + 15);
+    char byte = 0;
+    log.read(&byte, 1);
+    byte ^= 0x01;
+    log.seekp(kClaimLogHeaderSize + 15);
+    log.write(&byte, 1);
+  }
+
+  StartModule();
+  EXPECT_TRUE(module_.failures.empty());  // never a crash loop
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered; }));
+  // The records after the damage were applied: the second claim is prepared, its spec is there.
+  ASSERT_EQ(State()->prepared_claims.size(), 1u);
+  EXPECT_EQ(State()->prepared_claims[0].uid, second.uid);
+  EXPECT_TRUE(fs::exists(SpecPath(second.uid)));
+  EXPECT_NE(State()->last_error.find("record seq 1 is lost"), std::string::npos) << State()->last_error;
+  bool moved = false;
+  for (const auto& file : fs::directory_iterator(paths_.state_dir)) {
+    if (file.path().filename().string().starts_with("claims.log.corrupt-")) moved = true;
+  }
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(Metric("gpu_node_supervisor_dra_corrupt_checkpoints_total", {}), 1);
+  json event;
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto list = api_->Call("GET", "/apis/events.k8s.io/v1/namespaces/default/events").Json();
+    for (const auto& item : list["items"]) {
+      if (item.value("reason", "") == "CorruptCheckpoint") event = item;
+    }
+    return !event.is_null();
+  }));
+  EXPECT_NE(event["note"].get<std::string>().find("claim log"), std::string::npos) << event.dump();
+  ASSERT_TRUE(h_.OffLoop([&] {
+    return sim_->WaitFor([](const sim::KubeletState& s) {
+      const auto* d = s.FindDraDriver(kDriverName);
+      return d != nullptr && d->registrations >= 2;
+    }, seconds(20));
+  }));
+  // It keeps serving: the prepared claim answers from its record, unprepare works.
+  EXPECT_EQ(PrepareError(second), "");
+  EXPECT_EQ(Unprepare({second}).claims.at(second.uid), "");
+  EXPECT_FALSE(fs::exists(SpecPath(second.uid)));
+}
+
+TEST_F(DraModuleTest, AnEmptiedOrStaleSpecOfAPreparedClaimIsMadeAgainAtStart) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("respec");
+  ASSERT_EQ(PrepareError(claim), "");
+  StopModule();
+  // A power loss after the (unsynced) spec write: an empty file; and the driver reloaded with
+  // another channel major.
+  WriteFile(SpecPath(claim.uid), "");
+  WriteFile(paths_.proc_devices, "Character devices:\n511 nvidia-caps-imex-channels\n");
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
+  const json spec = json::parse(ReadFile(SpecPath(claim.uid)));
+  EXPECT_EQ(spec["devices"][0]["containerEdits"]["deviceNodes"][0]["major"], 511);
+  EXPECT_EQ(Metric("gpu_node_supervisor_dra_reconciled_total", {{"action", "rewrite_missing_spec"}}), 1);
+}
+
+TEST_F(DraModuleTest, TheClaimLogIsCompactedIntoTheCheckpointAndAppendsStartOver) {
+  sim_->Start();
+  DraComputeDomainModule::Config config;
+  config.claim_log_compact_at = 1500;  // a few records
+  StartModule(config);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+  std::vector<sim::DraClaim> claims;
+  for (int i = 0; i < 6; ++i) {
+    claims.push_back(SeedChannelClaim("c" + std::to_string(i)));
+    ASSERT_EQ(PrepareError(claims.back()), "");
+    if (i < 5) {
+      ASSERT_EQ(Unprepare({claims.back()}).claims.at(claims.back().uid), "");
+    }
+  }
+  // 11 records went through the log; compactions moved them into the checkpoint.
+  const auto loaded = LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file);
+  EXPECT_GT(loaded.checkpoint.checkpoint.log_seq, 0u);
+  EXPECT_LT(loaded.log.records.size(), 11u);
+  EXPECT_TRUE(loaded.log.torn_tail.empty()) << loaded.log.torn_tail;
+  EXPECT_TRUE(loaded.log.corruption.empty());
+  EXPECT_EQ(loaded.state.log_seq, 11u);
+  ASSERT_EQ(loaded.state.claims.size(), 1u);
+  EXPECT_NE(loaded.state.Find(claims.back().uid), nullptr);
+  // And a restart reads the same.
+  StopModule();
+  StartModule(config);
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
+  EXPECT_TRUE(module_.failures.empty());
+  EXPECT_EQ(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids, std::vector<std::string>{claims.back().uid});
 }
 
 TEST_F(DraModuleTest, AMissingChannelMajorFailsTheStartClearly) {

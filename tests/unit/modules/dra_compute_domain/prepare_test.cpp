@@ -164,10 +164,33 @@ const Case kCases[] = {
      .outcome = PrepareOutcome::kPermanentError,
      .error_contains = "expected a ResourceClaim object",
      .lookup_called = false},
-    {.name = "GateOffIsNotSupported",
+    // --- the gate off: driver-managed IMEX (issue #16) ---
+    {.name = "GateOffPreparesSingle",
+     .edit_context = [](PrepareContext& ctx, Checkpoint&) { ctx.host_managed = false; }},
+    {.name = "GateOffPreparesAll",
+     .edit_claim = [](json& c) { Params(c)["allocationMode"] = "All"; },
+     .edit_context = [](PrepareContext& ctx, Checkpoint&) { ctx.host_managed = false; }},
+    {.name = "GateOffClaimsOfOneDomainShareTheChannels",
+     .edit_context =
+         [](PrepareContext& ctx, Checkpoint& cp) {
+           ctx.host_managed = false;
+           cp.claims[kOtherUid] = CompletedEntry(kOtherUid, "job-b");
+           cp.claims[kOtherUid].domain_uid = kDomainUid;
+         }},
+    {.name = "GateOffAnotherDomainsClaimHoldingTheChannelsIsRetryable",
+     .edit_context =
+         [](PrepareContext& ctx, Checkpoint& cp) {
+           ctx.host_managed = false;
+           cp.claims[kOtherUid] = CompletedEntry(kOtherUid, "job-b");
+         },
+     .outcome = PrepareOutcome::kRetryableError,
+     .error_contains = "requested device channel-0 is already prepared for claim team-b/job-b",
+     .lookup_called = false},
+    {.name = "GateOffUnknownModeIsRejected",
+     .edit_claim = [](json& c) { Params(c)["allocationMode"] = "Some"; },
      .edit_context = [](PrepareContext& ctx, Checkpoint&) { ctx.host_managed = false; },
      .outcome = PrepareOutcome::kPermanentError,
-     .error_contains = "driver-managed IMEX (HostManagedIMEX=false) is not supported by this build",
+     .error_contains = "allocationMode: \"Some\" is not supported (only \"Single\", \"All\" or empty)",
      .lookup_called = false},
 
     // --- step 1: opaque config ---

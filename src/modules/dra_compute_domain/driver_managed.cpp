@@ -1,0 +1,905 @@
+// Driver-managed IMEX on this node: domains, registration, files, daemons.
+#include "modules/dra_compute_domain/driver_managed.hpp"
+
+#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/informer.hpp"
+#include "modules/kube/messages.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+
+namespace gns::dra {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::string StringAt(const json& object, const char* pointer) {
+  const json::json_pointer ptr(pointer);
+  if (!object.is_object() || !object.contains(ptr)) return {};
+  const auto& value = object.at(ptr);
+  return value.is_string() ? value.get<std::string>() : std::string{};
+}
+
+// resourceVersions are opaque, but etcd's (and the simulator's) are increasing integers: an
+// object older than the one we hold (a late watch event after our own write) is skipped; any
+// other shape is taken as newer.
+bool OlderVersion(const std::string& got, const std::string& have) {
+  const auto digits = [](const std::string& v) {
+    return !v.empty() && v.size() < 19 && v.find_first_not_of("0123456789") == std::string::npos;
+  };
+  return digits(got) && digits(have) && std::stoull(got) < std::stoull(have);
+}
+
+// The hosts file is bind-mounted over the running daemon's /etc/hosts: the mount holds the
+// inode, so a rename would leave the daemon reading the old file. Once it exists it is
+// rewritten in place (truncate, write, fsync), as upstream's daemon rewrites /etc/hosts; a
+// resolver reading at that instant may see it short, and IMEX retries its connections.
+std::string WriteHostsFile(const std::string& path, const std::string& content) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) return "open " + path + ": " + std::strerror(errno);
+    const auto r = WriteFileAtomically(path, content, 0644);
+    return r ? std::string{} : r.error;
+  }
+  std::size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string error = "write " + path + ": " + std::strerror(errno);
+      ::close(fd);
+      return error;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const std::string error = synced ? std::string{} : "fsync " + path + ": " + std::strerror(errno);
+  ::close(fd);
+  return error;
+}
+
+std::string DomainsPath(const std::string& ns) {
+  return kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", ns).Collection();
+}
+
+}  // namespace
+
+DriverManagedSettings ParseDriverManagedSection(ConfigMap& module_section) {
+  DriverManagedSettings s;
+  auto section = module_section.Section("driverManaged");
+  s.daemon.daemon_path = section.String("imexDaemonPath", "/usr/bin/nvidia-imex");
+  s.daemon.ctl_path = section.String("imexCtlPath", "/usr/bin/nvidia-imex-ctl");
+  for (const char* key : {"imexDaemonPath", "imexCtlPath"}) {
+    const std::string& path = std::string_view(key) == "imexDaemonPath" ? s.daemon.daemon_path : s.daemon.ctl_path;
+    if (path.empty() || path.front() != '/') section.Fail(key, "must be an absolute path, got \"" + path + "\"");
+  }
+  s.server_port = static_cast<uint16_t>(section.Int("serverPort", 1, 65535, 50000));
+  s.cmd_port = static_cast<uint16_t>(section.Int("cmdPort", 1, 65535, 50005));
+  if (s.server_port == s.cmd_port) section.Fail("cmdPort", "must differ from serverPort");
+  s.node_address = section.String("nodeAddress", "");
+  s.ready_wait = section.Duration("readyWait", milliseconds(0), milliseconds(30000), milliseconds(10000));
+  s.daemon.probe_interval = section.Duration("readyProbeInterval", milliseconds(50), milliseconds(60000),
+                                             milliseconds(1000));
+  s.daemon.health_interval = section.Duration("healthProbeInterval", milliseconds(1000), milliseconds(3600000),
+                                              milliseconds(30000));
+  s.daemon.ctl_timeout = section.Duration("ctlTimeout", milliseconds(100), milliseconds(60000), milliseconds(5000));
+  s.daemon.stop_grace = section.Duration("stopGrace", milliseconds(100), milliseconds(60000), milliseconds(5000));
+  s.daemon.restart.initial =
+      section.Duration("restartInitial", milliseconds(10), milliseconds(60000), milliseconds(1000));
+  s.daemon.restart.max = section.Duration("restartMax", milliseconds(100), milliseconds(3600000), milliseconds(60000));
+  if (s.daemon.restart.max < s.daemon.restart.initial) section.Fail("restartMax", "must not be below restartInitial");
+  section.Finish();
+  return s;
+}
+
+struct DriverManagedDomains::Waiter {
+  std::function<void(DomainVerdict)> done;
+  std::unique_ptr<boost::asio::steady_timer> timer;
+};
+
+struct DriverManagedDomains::Domain {
+  explicit Domain(BackoffPolicy policy) : backoff(policy) {}
+  std::string uid;
+  std::string ns;
+  std::string name;
+  std::map<std::string, RecordedClaim> claims;
+  std::string dir;
+  std::shared_ptr<kube::Informer> informer;
+  std::string informer_key;
+  std::shared_ptr<const json> object;  // the latest state seen (watch or our own write)
+  std::unique_ptr<ImexDaemon> daemon;
+  bool active = false;
+  bool leaving = false;
+  bool gone = false;  // the ComputeDomain was deleted: nothing to deregister from
+  bool labelled = false;
+  bool entry_busy = false;
+  bool entry_again = false;
+  Backoff backoff;
+  uint64_t retry_epoch = 0;  // bumped to drop the retries already scheduled
+  std::string written_config, written_map, written_hosts;
+  bool files_busy = false;
+  bool files_again = false;
+  std::vector<std::shared_ptr<Waiter>> waiters;
+  std::string error;
+  int teardown_step = 0;
+  std::string Label() const { return ns + "/" + name; }
+  std::string Path() const { return DomainsPath(ns) + "/" + name; }
+};
+
+DriverManagedDomains::DriverManagedDomains(ModuleContext& context, DriverManagedSettings settings,
+                                           std::shared_ptr<kube::KubeClient> client,
+                                           std::shared_ptr<kube::InformerRegistry> informers)
+    : context_(context),
+      settings_(std::move(settings)),
+      client_(std::move(client)),
+      informers_(std::move(informers)),
+      field_manager_(EntryFieldManager(settings_.node_name)),
+      node_address_(settings_.node_address),
+      record_file_(JoinPath(settings_.state_dir, "domains.json")) {
+  events_sub_ = context_.GetBus().Subscribe<kube::ResourceEvent>(
+      [this](const kube::ResourceEvent& event) { OnEvent(event); });
+}
+
+DriverManagedDomains::~DriverManagedDomains() { *alive_ = false; }
+
+// ---------------------------------------------------------------------------------- start
+
+void DriverManagedDomains::Load() {
+  auto loaded = LoadDomainRecord(record_file_);
+  switch (loaded.status) {
+    case RecordLoad::kLoaded:
+      loaded_ = std::move(loaded.record);
+      context_.Log().info("driver-managed IMEX: {} domain(s) in {}", loaded_.domains.size(), record_file_);
+      break;
+    case RecordLoad::kMissing:
+      loaded_ = {};
+      break;
+    case RecordLoad::kCorrupt: {
+      loaded_ = {};
+      const std::string aside = record_file_ + ".corrupt";
+      std::error_code ec;
+      std::filesystem::rename(record_file_, aside, ec);
+      if (ec) throw std::runtime_error("domain record " + loaded.error + " and cannot be moved aside: " + ec.message());
+      context_.Log().error("driver-managed IMEX: the domain record was corrupt ({}); moved to {}; starting with no "
+                           "domains (check the Node's {} label and the domains' status.nodes by hand)",
+                           loaded.error, aside, kComputeDomainLabel);
+      break;
+    }
+    case RecordLoad::kUnreadable:
+      throw std::runtime_error("cannot read the domain record " + record_file_ + ": " + loaded.error);
+  }
+}
+
+void DriverManagedDomains::Resume(const std::vector<std::string>& prepared_claim_uids) {
+  const std::set<std::string> prepared(prepared_claim_uids.begin(), prepared_claim_uids.end());
+  for (const auto& [uid, recorded] : loaded_.domains) {
+    DomainPtr d = Ensure(uid, recorded.namespace_name, recorded.name);
+    d->claims = recorded.claims;
+    // A claim attached but never answered as prepared may have been deleted meanwhile (its pod
+    // gone while we were down): ask the API, so no registration outlives its last claim.
+    std::vector<std::pair<std::string, RecordedClaim>> unsure;
+    for (const auto& [cuid, claim] : d->claims) {
+      if (prepared.count(cuid) == 0) unsure.emplace_back(cuid, claim);
+    }
+    auto left = std::make_shared<std::size_t>(unsure.size());
+    auto decide = [this, d] {
+      if (d->claims.empty()) {
+        context_.Log().info("driver-managed IMEX: ComputeDomain {} has no claims left on this node: tearing down",
+                            d->Label());
+        d->leaving = true;
+        Persist([](std::string) {});
+        Teardown(d);
+      } else {
+        context_.Log().info("driver-managed IMEX: resuming ComputeDomain {} ({} claim(s))", d->Label(),
+                            d->claims.size());
+        Activate(d);
+      }
+    };
+    if (unsure.empty()) {
+      decide();
+      continue;
+    }
+    for (const auto& [cuid, claim] : unsure) {
+      const std::string path =
+          kube::ResourcePath::Grouped("resource.k8s.io", "v1", "resourceclaims", claim.namespace_name).Object(claim.name);
+      ++api_requests_;
+      client_->Get(path, [this, alive = alive_, d, cuid = cuid, left, decide](kube::Result r) {
+        if (!*alive) return;
+        const bool gone = r.http_status == 404 || (r.Ok() && StringAt(r.object, "/metadata/uid") != cuid);
+        if (gone) {
+          context_.Log().info("driver-managed IMEX: claim uid {} of ComputeDomain {} is gone: detached", cuid,
+                              d->Label());
+          d->claims.erase(cuid);
+        }
+        if (--*left == 0) decide();
+      });
+    }
+  }
+  loaded_ = {};
+}
+
+void DriverManagedDomains::SetClique(const std::string& clique_id) {
+  if (clique_id == clique_id_) return;
+  clique_id_ = clique_id;
+  for (auto& [uid, d] : domains_) {
+    if (d->active && !d->leaving) SyncEntry(d);
+  }
+}
+
+// ---------------------------------------------------------------------------------- attach
+
+DriverManagedDomains::DomainPtr DriverManagedDomains::Ensure(const std::string& uid, const std::string& ns,
+                                                             const std::string& name) {
+  auto& slot = domains_[uid];
+  if (!slot) {
+    slot = std::make_shared<Domain>(settings_.api_retry);
+    slot->uid = uid;
+    slot->ns = ns;
+    slot->name = name;
+    slot->dir = JoinPath(JoinPath(settings_.state_dir, "domains"), uid);
+  }
+  return slot;
+}
+
+void DriverManagedDomains::Attach(const std::string& claim_uid, const std::string& claim_namespace,
+                                  const std::string& claim_name, const ComputeDomainInfo& domain,
+                                  std::function<void(DomainVerdict)> done) {
+  if (stopping_) {
+    done({DomainVerdict::Kind::kNotReady, "the plugin is stopping"});
+    return;
+  }
+  for (const auto& [uid, other] : domains_) {
+    if (uid == domain.uid) continue;
+    // One IMEX channel set per node: the node serves one domain at a time.
+    done({DomainVerdict::Kind::kNotReady, "this node serves ComputeDomain " + other->Label() + " (UID " + uid +
+                                              ") until its last claim is unprepared" +
+                                              (other->leaving ? " (it is being torn down)" : "")});
+    return;
+  }
+  DomainPtr d = Ensure(domain.uid, domain.namespace_name, domain.name);
+  if (d->leaving) {
+    done({DomainVerdict::Kind::kNotReady,
+          "ComputeDomain " + d->Label() + " is being torn down on this node (its last claim was unprepared)"});
+    return;
+  }
+  auto answer = [this, alive = alive_, d, done = std::move(done)](std::string error) mutable {
+    if (!*alive) return;
+    if (!error.empty()) {
+      done({DomainVerdict::Kind::kNotReady, "cannot record the domain on this node: " + error});
+      return;
+    }
+    if (!d->active) Activate(d);
+    DomainVerdict verdict = Verdict(*d);
+    if (verdict.kind != DomainVerdict::Kind::kNotReady || settings_.ready_wait.count() == 0 || stopping_) {
+      done(std::move(verdict));
+      return;
+    }
+    auto waiter = std::make_shared<Waiter>();
+    waiter->done = std::move(done);
+    waiter->timer = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io(), settings_.ready_wait);
+    waiter->timer->async_wait([this, alive, d, w = std::weak_ptr<Waiter>(waiter)](const boost::system::error_code& ec) {
+      if (ec || !*alive) return;
+      auto waiter = w.lock();
+      if (!waiter) return;
+      std::erase(d->waiters, waiter);
+      if (auto fn = std::move(waiter->done)) fn(Verdict(*d));
+    });
+    d->waiters.push_back(std::move(waiter));
+  };
+  if (d->claims.count(claim_uid) != 0) {
+    answer({});
+    return;
+  }
+  d->claims[claim_uid] = RecordedClaim{claim_namespace, claim_name};
+  Persist(std::move(answer));
+}
+
+DomainVerdict DriverManagedDomains::Verdict(const Domain& d) const {
+  using Kind = DomainVerdict::Kind;
+  const std::string ref = "ComputeDomain " + d.Label();
+  if (d.leaving) return {Kind::kNotReady, ref + " is being torn down on this node"};
+  if (d.gone) return {Kind::kNotReady, ref + " was deleted"};
+  if (!d.object) {
+    return {Kind::kNotReady, "registering this node in " + ref + (d.error.empty() ? "" : " (last error: " + d.error + ")")};
+  }
+  const auto parsed = ParseDomainNodes(*d.object);
+  if (!parsed.ok()) return {Kind::kNotReady, ref + ": " + parsed.error};
+  const DomainNode* me = FindNode(parsed.nodes, settings_.node_name);
+  if (me == nullptr) {
+    return {Kind::kNotReady, "registering this node in " + ref + (d.error.empty() ? "" : " (last error: " + d.error + ")")};
+  }
+  const std::string clique = DomainClique(parsed.nodes);
+  if (clique != clique_id_) {
+    return {Kind::kRefused, "this node's NVLink clique \"" + clique_id_ + "\" is not " + ref + "'s clique \"" + clique +
+                                "\" (of node " + parsed.nodes.front().name +
+                                ", the first to register): IMEX cannot span cliques; schedule the workload onto "
+                                "nodes of clique \"" + clique + "\""};
+  }
+  if (StringAt(*d.object, "/status/status") == "Ready") {
+    // The domain's verdict is the controller's; this node's daemon must be ready too (a domain
+    // that was Ready before this node joined, or one whose numNodes is 0).
+    if (me->Ready()) return {Kind::kReady, ref + " is Ready"};
+    return {Kind::kNotReady, ref + " is Ready, but this node's IMEX daemon is not ready yet"};
+  }
+  std::size_t ready = 0;
+  for (const auto& n : CliquePeers(parsed.nodes, clique)) ready += n.Ready() ? 1 : 0;
+  const json num = d.object->value(json::json_pointer("/spec/numNodes"), json(0));
+  return {Kind::kNotReady, ref + " is not Ready yet: " + std::to_string(ready) + " of " +
+                               (num.is_number_integer() ? std::to_string(num.get<int64_t>()) : "?") +
+                               " node(s) ready (this node: " + (me->Ready() ? "Ready" : "NotReady") + ")"};
+}
+
+void DriverManagedDomains::AnswerWaiters(const DomainPtr& d, bool at_deadline) {
+  if (d->waiters.empty()) return;
+  const DomainVerdict verdict = Verdict(*d);
+  if (verdict.kind == DomainVerdict::Kind::kNotReady && !at_deadline) return;
+  auto waiters = std::move(d->waiters);
+  d->waiters.clear();
+  for (auto& w : waiters) {
+    w->timer->cancel();
+    if (auto fn = std::move(w->done)) fn(verdict);
+  }
+}
+
+// ---------------------------------------------------------------------------------- activate
+
+void DriverManagedDomains::Activate(const DomainPtr& d) {
+  d->active = true;
+  const kube::InformerSpec spec{DomainsPath(d->ns), "", "metadata.name=" + d->name};
+  d->informer_key = spec.Key();
+  api_requests_ += 2;  // its list and its watch
+  d->informer = informers_->Acquire(spec);
+  if (auto cached = d->informer->Get(d->ns + "/" + d->name)) OnDomainObject(d, cached);
+  Label(d, true);
+  Register(d);
+}
+
+void DriverManagedDomains::Register(const DomainPtr& d) {
+  EnsureAddress([this, alive = alive_, d](std::string error) {
+    if (!*alive || d->leaving) return;
+    if (!error.empty()) {
+      d->error = error;
+      RetryLater(d, [this, d] { Register(d); });
+      return;
+    }
+    SyncEntry(d);
+  });
+}
+
+void DriverManagedDomains::EnsureAddress(std::function<void(std::string)> done) {
+  if (!node_address_.empty()) {
+    done({});
+    return;
+  }
+  ++api_requests_;
+  client_->Get(kube::ResourcePath::Core("nodes").Object(settings_.node_name),
+               [this, alive = alive_, done = std::move(done)](kube::Result r) {
+                 if (!*alive) return;
+                 if (!r.Ok()) {
+                   done("cannot read Node " + settings_.node_name + " for its address: " + r.error);
+                   return;
+                 }
+                 const json addresses = r.object.value(json::json_pointer("/status/addresses"), json::array());
+                 for (const auto& a : addresses) {
+                   if (a.is_object() && a.value("type", "") == "InternalIP" && a.value("address", "") != "") {
+                     node_address_ = a.value("address", "");
+                     break;
+                   }
+                 }
+                 if (node_address_.empty()) {
+                   done("Node " + settings_.node_name +
+                        " has no InternalIP in status.addresses (set modules.dra-compute-domain.imex.nodeAddress)");
+                   return;
+                 }
+                 context_.Log().info("driver-managed IMEX: this node's IMEX address is {}", node_address_);
+                 done({});
+               });
+}
+
+void DriverManagedDomains::OnEvent(const kube::ResourceEvent& event) {
+  for (auto& [uid, d] : domains_) {
+    if (event.informer_key != d->informer_key || !event.object) continue;
+    if (StringAt(*event.object, "/metadata/uid") != d->uid) continue;  // a namesake
+    if (event.type == kube::ResourceEvent::Type::kDeleted) {
+      context_.Log().warn("driver-managed IMEX: ComputeDomain {} was deleted", d->Label());
+      d->gone = true;
+      d->object.reset();
+      AnswerWaiters(d, true);
+      return;
+    }
+    OnDomainObject(d, event.object);
+    return;
+  }
+}
+
+void DriverManagedDomains::OnDomainObject(const DomainPtr& d, std::shared_ptr<const json> object) {
+  if (StringAt(*object, "/metadata/uid") != d->uid) return;
+  // Keep the newer of the watch's object and our own write's answer (a newer one already
+  // holds our write).
+  bool newer = true;
+  if (d->object) {
+    const std::string have = StringAt(*d->object, "/metadata/resourceVersion");
+    const std::string got = StringAt(*object, "/metadata/resourceVersion");
+    newer = !OlderVersion(got, have);
+  }
+  if (newer) {
+    d->object = std::move(object);
+    d->gone = false;
+  }
+  if (d->leaving || stopping_) return;
+  // Our entry must say what is true: missing (someone removed it) or stale → write it again.
+  // (A duplicate index from a concurrent registration counts as stale: see ResolveIndices.)
+  const auto parsed = ParseDomainNodes(*d->object);
+  if (parsed.ok() && !node_address_.empty()) {
+    DomainNode me;
+    me.name = settings_.node_name;
+    me.ip_address = node_address_;
+    me.clique_id = clique_id_;
+    me.status = std::string(d->daemon && d->daemon->Ready() ? kNodeReady : kNodeNotReady);
+    if (RegisterNode(parsed.nodes, me).changed) SyncEntry(d);
+  }
+  if (!newer) return;
+  RenderFiles(d);
+  AnswerWaiters(d, false);
+}
+
+// ---------------------------------------------------------------------------------- API writes
+
+void DriverManagedDomains::Label(const DomainPtr& d, bool set) {
+  const std::string path = kube::ResourcePath::Core("nodes").Object(settings_.node_name);
+  auto patch = [this, alive = alive_, d, set, path] {
+    json labels = json::object();
+    labels[std::string(kComputeDomainLabel)] = set ? json(d->uid) : json(nullptr);
+    ++api_requests_;
+    client_->Patch(path, kube::PatchType::kMerge, json{{"metadata", {{"labels", labels}}}}, "gpu-node-supervisor",
+                   [this, alive, d, set](kube::Result r) {
+                     if (!*alive) return;
+                     if (!r.Ok()) {
+                       context_.Log().warn("driver-managed IMEX: cannot {} label {} on Node {}: {}",
+                                           set ? "set" : "remove", kComputeDomainLabel, settings_.node_name, r.error);
+                       RetryLater(d, [this, d, set] { Label(d, set); });
+                       return;
+                     }
+                     d->labelled = set;
+                     if (!set && d->teardown_step == 3) TeardownStep(d);
+                   });
+  };
+  if (set) {
+    if (d->leaving) return;
+    patch();
+    return;
+  }
+  // Removed only while it names this domain (another domain's may have replaced it).
+  ++api_requests_;
+  client_->Get(path, [this, alive = alive_, d, patch](kube::Result r) {
+    if (!*alive) return;
+    if (r.http_status == 404) {
+      if (d->teardown_step == 3) TeardownStep(d);
+      return;
+    }
+    if (!r.Ok()) {
+      RetryLater(d, [this, d] { Label(d, false); });
+      return;
+    }
+    const json labels = r.object.value(json::json_pointer("/metadata/labels"), json::object());
+    if (!labels.is_object() || labels.value(std::string(kComputeDomainLabel), std::string()) != d->uid) {
+      d->labelled = false;
+      if (d->teardown_step == 3) TeardownStep(d);
+      return;
+    }
+    patch();
+  });
+}
+
+// The node's entry in status.nodes is written with server-side apply on the status
+// subresource, under a field manager of this node's own: status.nodes is a list-map keyed by
+// `name` (the CRD declares it so, as upstream's), so each node owns its entry and no write
+// conflicts with another node's or waits for a fresh read. The applied configuration is the
+// whole intent of this node: its entry, or (leaving) nothing, which removes the entry the
+// manager owned. `force`: this node is the only rightful writer of its entry.
+void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
+  if (stopping_ && !d->leaving) return;
+  // Registered only with the node's clique known (right after a start gpu-inventory may not
+  // have read it yet): SetClique writes the entry then. An entry with an empty clique would
+  // take this node out of its peers' maps.
+  if (!d->leaving && clique_id_.empty()) return;
+  if (d->entry_busy) {
+    d->entry_again = true;
+    return;
+  }
+  d->entry_busy = true;
+  json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
+            {"kind", "ComputeDomain"},
+            {"metadata", {{"name", d->name}, {"namespace", d->ns}}}};
+  DomainNode me;
+  if (!d->leaving) {
+    // The index from the latest list seen (the informer's or our last write's answer): the
+    // lowest free one, or ours resolved against concurrent registrations (ResolveIndices).
+    std::vector<DomainNode> seen;
+    if (d->object) {
+      auto parsed = ParseDomainNodes(*d->object);
+      if (parsed.ok()) seen = std::move(parsed.nodes);
+    }
+    me.name = settings_.node_name;
+    me.ip_address = node_address_;
+    me.clique_id = clique_id_;
+    me.status = std::string(d->daemon && d->daemon->Ready() ? kNodeReady : kNodeNotReady);
+    me = RegisterNode(seen, me).me;
+    body["status"]["nodes"] = NodesToJson({me});
+  }
+  ++api_requests_;
+  // What this write is (a teardown may start while a registration is in flight: its answer is
+  // still a registration's; the withdrawal queued behind it follows through entry_again).
+  const bool withdrawal = d->leaving;
+  client_->PatchStatus(
+      d->Path(), kube::PatchType::kApply, body, field_manager_,
+      [this, alive = alive_, d, me, withdrawal](kube::Result r) {
+        if (!*alive) return;
+        if (r.http_status == 404) {
+          d->gone = true;
+          SyncEntryDone(d, d->leaving, "ComputeDomain " + d->Label() + " not found");
+          return;
+        }
+        if (!r.Ok()) {
+          SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomain " + d->Label() + " status: " + r.error);
+          return;
+        }
+        if (StringAt(r.object, "/metadata/uid") != d->uid) {
+          // Deleted and recreated under the same name: not the domain our claims name. What we
+          // just wrote there is withdrawn (best effort: its own nodes' controller judges it).
+          d->gone = true;
+          if (!d->leaving) {
+            ++api_requests_;
+            client_->PatchStatus(d->Path(), kube::PatchType::kApply,
+                                 json{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                      {"kind", "ComputeDomain"},
+                                      {"metadata", {{"name", d->name}, {"namespace", d->ns}}}},
+                                 field_manager_, [](kube::Result) {}, true);
+          }
+          SyncEntryDone(d, d->leaving, "ComputeDomain " + d->Label() + " now has another UID");
+          return;
+        }
+        if (withdrawal) {
+          const auto parsed = ParseDomainNodes(r.object);
+          if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) {
+            // Still there: an entry this manager never owned (written by an update, e.g. by an
+            // earlier version of this plugin). Removed by position, guarded by a test of its name.
+            RemoveForeignEntry(d, r.object);
+            return;
+          }
+          context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}", settings_.node_name,
+                              d->Label());
+          SyncEntryDone(d, true, {});
+          return;
+        }
+        context_.Log().info("driver-managed IMEX: node {} in ComputeDomain {}: index {}, clique {}, {}",
+                            settings_.node_name, d->Label(), me.index, me.clique_id, me.status);
+        auto object = std::make_shared<const json>(std::move(r.object));
+        SyncEntryDone(d, true, {});
+        OnDomainObject(d, std::move(object));
+      },
+      /*force=*/true);
+}
+
+void DriverManagedDomains::RemoveForeignEntry(const DomainPtr& d, const json& object) {
+  const json nodes = object.value(json::json_pointer("/status/nodes"), json::array());
+  std::size_t position = 0;
+  while (position < nodes.size() && !(nodes[position].is_object() &&
+                                      nodes[position].value("name", "") == settings_.node_name)) {
+    ++position;
+  }
+  const std::string at = "/status/nodes/" + std::to_string(position);
+  const json patch = json::array({json{{"op", "test"}, {"path", at + "/name"}, {"value", settings_.node_name}},
+                                  json{{"op", "remove"}, {"path", at}}});
+  ++api_requests_;
+  client_->PatchStatus(d->Path(), kube::PatchType::kJson, patch, field_manager_,
+                       [this, alive = alive_, d](kube::Result r) {
+                         if (!*alive) return;
+                         // 422: the list moved under us (the test failed): read it again next time.
+                         if (!r.Ok() && r.http_status != 404) {
+                           SyncEntryDone(d, false, "cannot remove this node's entry from ComputeDomain " +
+                                                       d->Label() + " status: " + r.error);
+                           return;
+                         }
+                         context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}",
+                                             settings_.node_name, d->Label());
+                         SyncEntryDone(d, true, {});
+                       });
+}
+
+void DriverManagedDomains::SyncEntryDone(const DomainPtr& d, bool ok, const std::string& error) {
+  d->entry_busy = false;
+  if (!ok) {
+    d->error = error;
+    context_.Log().warn("driver-managed IMEX: {}", error);
+    if (d->gone && !d->leaving) {
+      AnswerWaiters(d, true);
+      return;  // a deleted domain: its claims' unprepares end it here
+    }
+    RetryLater(d, [this, d] { SyncEntry(d); });
+    return;
+  }
+  d->error.clear();
+  d->backoff.Reset();
+  if (d->entry_again) {
+    d->entry_again = false;
+    // Leaving: the withdrawal asked for meanwhile still has to go out. Registered: the caller
+    // hands this write's answer to OnDomainObject next, which writes again only if the entry
+    // is still not what is true (a readiness change meanwhile, a duplicate index).
+    if (d->leaving) {
+      SyncEntry(d);
+      return;
+    }
+  }
+  // Teardown step 1 (the deregistration) issued this write or one queued behind it.
+  if (d->leaving && d->teardown_step == 2) TeardownStep(d);
+}
+
+void DriverManagedDomains::RetryLater(const DomainPtr& d, std::function<void()> fn) {
+  if (stopping_) return;
+  // A timer per retry: a label retry and a status retry may wait at the same time.
+  auto timer = std::make_shared<boost::asio::steady_timer>(context_.GetLoop().Io(), d->backoff.Next());
+  timer->async_wait([this, timer, alive = alive_, d, epoch = d->retry_epoch,
+                     fn = std::move(fn)](const boost::system::error_code& ec) {
+    if (ec || !*alive || stopping_ || epoch != d->retry_epoch) return;
+    fn();
+  });
+}
+
+// ---------------------------------------------------------------------------------- files, daemon
+
+void DriverManagedDomains::RenderFiles(const DomainPtr& d) {
+  if (!d->object || d->leaving || stopping_ || node_address_.empty()) return;
+  const auto parsed = ParseDomainNodes(*d->object);
+  if (!parsed.ok()) return;
+  if (FindNode(parsed.nodes, settings_.node_name) == nullptr) return;
+  // A node of another clique than the domain's is registered, but runs no daemon: it is in no
+  // map, and its prepares are refused.
+  if (DomainClique(parsed.nodes) != clique_id_) return;
+  if (d->files_busy) {
+    d->files_again = true;
+    return;
+  }
+  const auto peers = CliquePeers(parsed.nodes, clique_id_);
+  ImexSettings imex;
+  imex.server_port = settings_.server_port;
+  imex.cmd_port = settings_.cmd_port;
+  imex.bind_ip = node_address_;
+  imex.node_map_file = JoinPath(d->dir, "nodes_config.cfg");
+  imex.log_file = JoinPath(d->dir, "nvidia-imex.log");
+  imex.dns_names = settings_.dns_names;
+  const std::string config = RenderImexConfig(imex);
+  const std::string map = RenderNodeMap(peers, settings_.dns_names);
+  const std::string hosts = settings_.dns_names ? RenderHostsFile(peers) : std::string{};
+  if (config == d->written_config && map == d->written_map && hosts == d->written_hosts) {
+    return;
+  }
+  d->files_busy = true;
+  context_.Pool().Run(
+      [dir = d->dir, config, map, hosts, dns = settings_.dns_names]() -> std::string {
+        std::string error;
+        if (!EnsureDirectory(dir, 0700, error)) return error;
+        if (auto r = WriteFileAtomically(JoinPath(dir, "config.cfg"), config, 0644); !r) return r.error;
+        if (auto r = WriteFileAtomically(JoinPath(dir, "nodes_config.cfg"), map, 0644); !r) return r.error;
+        if (dns) {
+          if (auto error = WriteHostsFile(JoinPath(dir, "hosts"), hosts); !error.empty()) return error;
+        }
+        return {};
+      },
+      [this, alive = alive_, d, config, map, hosts](std::string error, std::exception_ptr ex) {
+        if (!*alive) return;
+        d->files_busy = false;
+        if (ex && error.empty()) error = "unexpected failure writing the IMEX files";
+        if (!error.empty()) {
+          d->error = error;
+          context_.Log().error("driver-managed IMEX: ComputeDomain {}: {}", d->Label(), error);
+          RetryLater(d, [this, d] { RenderFiles(d); });
+          return;
+        }
+        const bool map_changed = !d->written_map.empty() && map != d->written_map;
+        d->written_config = config;
+        d->written_map = map;
+        d->written_hosts = hosts;
+        if (d->leaving || stopping_) return;
+        if (!d->daemon) {
+          ImexDaemonSettings daemon = settings_.daemon;
+          daemon.label = d->Label();
+          daemon.config_file = JoinPath(d->dir, "config.cfg");
+          if (settings_.dns_names) daemon.hosts_file = JoinPath(d->dir, "hosts");
+          d->daemon = std::make_unique<ImexDaemon>(
+              context_.GetLoop().Io(), context_.Logger(), daemon,
+              // Weak: the domain owns the daemon that owns this callback.
+              [this, alive, weak = std::weak_ptr<Domain>(d)](bool, const std::string&) {
+                const auto d = weak.lock();
+                if (*alive && d && !d->leaving && !stopping_) SyncEntry(d);
+              });
+          d->daemon->Start();
+        } else if (map_changed) {
+          d->daemon->Reload();
+        }
+        if (d->files_again) {
+          d->files_again = false;
+          RenderFiles(d);
+        }
+      });
+}
+
+// ---------------------------------------------------------------------------------- detach, teardown
+
+void DriverManagedDomains::Detach(const std::string& claim_uid, std::function<void(std::string)> done) {
+  for (auto& [uid, d] : domains_) {
+    if (d->claims.erase(claim_uid) == 0) continue;
+    const bool last = d->claims.empty();
+    if (last) d->leaving = true;
+    DomainPtr keep = d;
+    Persist([this, alive = alive_, keep, last, done = std::move(done)](std::string error) {
+      if (!*alive) return;
+      if (last) {
+        AnswerWaiters(keep, true);
+        Teardown(keep);
+      }
+      done(error.empty() ? std::string{} : "cannot record the claim's detach: " + error);
+    });
+    return;
+  }
+  done({});
+}
+
+void DriverManagedDomains::Teardown(const DomainPtr& d) {
+  context_.Log().info("driver-managed IMEX: last claim of ComputeDomain {} unprepared: stopping its daemon, "
+                      "deregistering, removing the label",
+                      d->Label());
+  ++d->retry_epoch;
+  d->teardown_step = 0;
+  TeardownStep(d);
+}
+
+// Each step's completion calls TeardownStep again: daemon stopped → entry removed → label
+// removed → informer released, files removed → out of the record.
+void DriverManagedDomains::TeardownStep(const DomainPtr& d) {
+  if (!d->leaving) return;
+  switch (d->teardown_step++) {
+    case 0:
+      if (d->daemon) {
+        d->daemon->Stop([this, alive = alive_, d] {
+          if (*alive && d->teardown_step == 1) TeardownStep(d);
+        });
+      } else {
+        TeardownStep(d);
+      }
+      return;
+    case 1:
+      if (d->gone) {
+        TeardownStep(d);
+      } else {
+        SyncEntry(d);  // leaving: removes the entry, then SyncEntryDone → TeardownStep
+      }
+      return;
+    case 2:
+      Label(d, false);
+      return;
+    case 3: {
+      d->informer.reset();
+      d->informer_key.clear();
+      d->daemon.reset();
+      context_.Pool().Run(
+          [dir = d->dir]() {
+            std::error_code ec;
+            std::filesystem::remove_all(dir, ec);
+            return ec ? "cannot remove " + dir + ": " + ec.message() : std::string{};
+          },
+          [this, alive = alive_, d](std::string error, std::exception_ptr) {
+            if (!*alive) return;
+            if (!error.empty()) context_.Log().warn("driver-managed IMEX: {}", error);
+            TeardownStep(d);
+          });
+      return;
+    }
+    case 4: {
+      const auto it = domains_.find(d->uid);
+      if (it != domains_.end() && it->second == d) domains_.erase(it);
+      Persist([this, alive = alive_, d](std::string error) {
+        if (!*alive) return;
+        if (!error.empty()) {
+          context_.Log().error("driver-managed IMEX: cannot drop ComputeDomain {} from the record: {}", d->Label(),
+                               error);
+          return;
+        }
+        context_.Log().info("driver-managed IMEX: ComputeDomain {} left this node", d->Label());
+      });
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------- stop
+
+void DriverManagedDomains::Stop(std::function<void()> done) {
+  stopping_ = true;
+  events_sub_.Reset();
+  auto left = std::make_shared<std::size_t>(1);
+  auto finish = std::make_shared<std::function<void()>>(std::move(done));
+  auto one_done = [left, finish] {
+    if (--*left == 0 && *finish) (*finish)();
+  };
+  for (auto& [uid, d] : domains_) {
+    ++d->retry_epoch;
+    for (auto& w : d->waiters) {
+      w->timer->cancel();
+      if (auto fn = std::move(w->done)) fn({DomainVerdict::Kind::kNotReady, "the plugin is stopping"});
+    }
+    d->waiters.clear();
+    d->informer.reset();
+    if (d->daemon) {
+      ++*left;
+      d->daemon->Stop([alive = alive_, one_done] { one_done(); });
+    }
+  }
+  one_done();
+}
+
+// ---------------------------------------------------------------------------------- record
+
+DomainRecord DriverManagedDomains::Snapshot() const {
+  DomainRecord record;
+  for (const auto& [uid, d] : domains_) record.domains[uid] = RecordedDomain{d->ns, d->name, d->claims};
+  return record;
+}
+
+void DriverManagedDomains::Persist(std::function<void(std::string)> done) {
+  persist_waiting_.push_back(std::move(done));
+  if (!persist_busy_) PersistNext();
+}
+
+void DriverManagedDomains::PersistNext() {
+  if (persist_waiting_.empty()) return;
+  persist_busy_ = true;
+  persist_inflight_ = std::move(persist_waiting_);
+  persist_waiting_.clear();
+  context_.Pool().Run(
+      [file = record_file_, dir = settings_.state_dir, record = Snapshot()]() -> std::string {
+        std::string error;
+        if (!EnsureDirectory(dir, 0700, error)) return error;
+        if (auto r = SaveDomainRecord(file, record); !r) return r.error;
+        return {};
+      },
+      [this, alive = alive_](std::string error, std::exception_ptr ex) {
+        if (!*alive) return;
+        if (ex && error.empty()) error = "unexpected failure";
+        persist_busy_ = false;
+        auto callbacks = std::move(persist_inflight_);
+        persist_inflight_.clear();
+        for (auto& cb : callbacks) cb(error);
+        PersistNext();
+      });
+}
+
+json DriverManagedDomains::DebugState() const {
+  json out = json::object();
+  for (const auto& [uid, d] : domains_) {
+    json claims = json::array();
+    for (const auto& [cuid, c] : d->claims) claims.push_back(c.namespace_name + "/" + c.name);
+    out[uid] = {{"domain", d->Label()},
+                {"claims", std::move(claims)},
+                {"leaving", d->leaving},
+                {"daemonRunning", d->daemon && d->daemon->Running()},
+                {"daemonReady", d->daemon && d->daemon->Ready()},
+                {"daemonStarts", d->daemon ? d->daemon->Starts() : 0},
+                {"verdict", Verdict(*d).message},
+                {"lastError", d->error}};
+  }
+  return out;
+}
+
+}  // namespace gns::dra

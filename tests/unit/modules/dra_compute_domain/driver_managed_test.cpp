@@ -1,0 +1,226 @@
+// Driver-managed IMEX registration at scale (issue #16): N nodes, each the real
+// DriverManagedDomains with its own bus, KubeClient and informers, registering in one
+// ComputeDomain at the same moment against the API simulator, which has our CRD
+// (deploy/crd-computedomains.yaml: status.nodes a list-map keyed by name). Each node applies its
+// own entry under its own field manager, so no write conflicts: every node appears, Ready, with
+// a unique index, every node's map agrees, no 409 was answered, and the requests per node stay
+// a small constant; the last claims' teardown leaves status.nodes empty, again without a 409.
+#include "apiserver.h"
+#include "support/loop_harness.hpp"
+#include "modules/dra_compute_domain/driver_managed.hpp"
+#include "modules/kube/client.hpp"
+#include "modules/kube/informer.hpp"
+#include "temp_dir.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace gns::dra {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+constexpr std::size_t kNodes = 12;
+constexpr const char* kNs = "team-a";
+constexpr const char* kClique = "7d1c2b3a-0000-4000-8000-00000000abcd.3";
+const std::string kDomains = std::string("/apis/resource.nvidia.com/v1beta1/namespaces/") + kNs + "/computedomains";
+
+std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
+
+std::shared_ptr<spdlog::logger> Quiet() {
+  if (std::getenv("GNS_TEST_LOG")) return spdlog::default_logger()->clone("driver-managed-test");
+  return std::make_shared<spdlog::logger>("driver-managed-test", std::make_shared<spdlog::sinks::null_sink_mt>());
+}
+
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One simulated node: its own bus, client and informers on the shared loop and pool.
+struct SimNode {
+  explicit SimNode(Loop& loop) : bus(loop) {}
+  Bus bus;
+  MetricsRegistry metrics;
+  Services services;
+  SiteConfig site;
+  std::shared_ptr<kube::KubeClient> client;
+  std::shared_ptr<kube::InformerRegistry> informers;
+  std::unique_ptr<ModuleContext> context;
+  std::unique_ptr<DriverManagedDomains> domains;
+};
+
+class DriverManagedScaleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sim::ApiServerOptions options;
+    options.state_dir = root_ / "api";
+    options.bookmark_interval = milliseconds(200);
+    api_ = std::make_unique<sim::ApiServer>(options);
+    api_->Start();
+    api_->SeedFile(Source("deploy/crd-computedomains.yaml"));
+    for (std::size_t i = 0; i < kNodes; ++i) {
+      api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", NodeName(i)}}}});
+    }
+    api_->Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                    {"kind", "ComputeDomain"},
+                    {"metadata", {{"name", "train"}, {"namespace", kNs}}},
+                    {"spec", {{"numNodes", kNodes}, {"channel", {{"resourceClaimTemplate", {{"name", "t"}}}}}}},
+                    {"_resource", kDomains}});
+    uid_ = Domain()["metadata"]["uid"].get<std::string>();
+
+    const uint16_t server_port = FreePort();
+    const uint16_t cmd_port = FreePort();
+    // Loopback addresses of their own per test process, so parallel runs do not meet.
+    const int base = 20 + static_cast<int>(::getpid() % 200);
+    for (std::size_t i = 0; i < kNodes; ++i) {
+      auto n = std::make_unique<SimNode>(h_.loop);
+      n->site.node_name = NodeName(i);
+      kube::ClientConfig config;
+      config.server = api_->BaseUrl();
+      config.ca_pem = api_->CaPem();
+      config.token_file = root_ / "api/token";
+      config.qps = 1000;
+      config.burst = 1000;
+      n->client = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, n->metrics, Quiet()},
+                                                     config);
+      n->informers = std::make_shared<kube::InformerRegistry>(n->client, n->bus, h_.loop.Io(), n->metrics, Quiet());
+      n->services.Provide<kube::KubeClient>(n->client);
+      n->services.Provide<kube::InformerRegistry>(n->informers);
+      n->context = std::make_unique<ModuleContext>(
+          RuntimeParts{h_.loop, n->bus, h_.pool, h_.clock, n->site, n->metrics, n->services}, "dra-compute-domain",
+          [](std::string) {}, [](ModuleHealth, std::string) {});
+      DriverManagedSettings s;
+      s.node_name = n->site.node_name;
+      s.state_dir = (root_ / n->site.node_name).string();
+      s.node_address = "127.0." + std::to_string(base) + "." + std::to_string(i + 1);
+      s.server_port = server_port;
+      s.cmd_port = cmd_port;
+      s.ready_wait = milliseconds(0);
+      s.daemon.daemon_path = Source("tools/sim/imex/nvidia-imex");
+      s.daemon.ctl_path = Source("tools/sim/imex/nvidia-imex-ctl");
+      // All nodes share this process's one loop: probes (a child process each) kept sparse.
+      s.daemon.probe_interval = milliseconds(1000);
+      s.daemon.restart.initial = milliseconds(100);
+      n->domains = std::make_unique<DriverManagedDomains>(*n->context, s, n->client, n->informers);
+      n->domains->Load();
+      n->domains->SetClique(kClique);
+      nodes_.push_back(std::move(n));
+    }
+  }
+
+  void TearDown() override {
+    std::size_t left = nodes_.size();
+    for (auto& n : nodes_) n->domains->Stop([&left] { --left; });
+    EXPECT_TRUE(h_.RunUntil([&] { return left == 0; }, std::chrono::seconds(30)));
+    for (auto& n : nodes_) {
+      n->domains.reset();
+      n->informers->StopAll();
+      n->client->Shutdown();
+    }
+    h_.Drain();
+    nodes_.clear();
+    api_->Stop();
+  }
+
+  static std::string NodeName(std::size_t i) { return "node-" + std::to_string(i); }
+  json Domain() { return api_->Call("GET", kDomains + "/train").Json(); }
+  json Entries() { return Domain().value(json::json_pointer("/status/nodes"), json::array()); }
+  std::string ReadFile(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  gns::test::LoopHarness h_;
+  test::TempDir dir_;
+  const std::filesystem::path root_{dir_.Path()};
+  std::unique_ptr<sim::ApiServer> api_;
+  std::vector<std::unique_ptr<SimNode>> nodes_;
+  std::string uid_;
+};
+
+TEST_F(DriverManagedScaleTest, NodesRegisteringAtOnceAllAppearWithoutConflicts) {
+  api_->ResetRequestCounts();
+  const ComputeDomainInfo info{uid_, kNs, "train"};
+  // Every node's first prepare at the same moment (as when the scheduler places all pods at once).
+  for (std::size_t i = 0; i < kNodes; ++i) {
+    nodes_[i]->domains->Attach("claim-" + std::to_string(i), kNs, "pod-" + std::to_string(i), info, [](DomainVerdict) {});
+  }
+  // All registered, all Ready (each daemon saw every peer), indices unique within the clique.
+  const auto settled = [&] {
+    const json entries = Entries();
+    std::set<int> indices;
+    for (const auto& e : entries) {
+      if (e.value("status", "") != "Ready") return false;
+      indices.insert(e.value("index", -1));
+    }
+    return entries.size() == kNodes && indices.size() == kNodes && *indices.rbegin() == static_cast<int>(kNodes) - 1;
+  };
+  ASSERT_TRUE(h_.RunUntil(settled, std::chrono::seconds(120))) << Entries().dump();
+  std::set<std::string> names;
+  for (const auto& e : Entries()) {
+    names.insert(e["name"].get<std::string>());
+    EXPECT_EQ(e["cliqueID"], kClique);
+  }
+  EXPECT_EQ(names.size(), kNodes);
+  // Every node's map is the same one (the same names, by the same indices).
+  const std::string map0 = ReadFile(root_ / "node-0/domains" / uid_ / "nodes_config.cfg");
+  ASSERT_TRUE(h_.RunUntil([&] {
+    for (std::size_t i = 0; i < kNodes; ++i) {
+      if (ReadFile(root_ / NodeName(i) / "domains" / uid_ / "nodes_config.cfg") != map0) return false;
+    }
+    return true;
+  }));
+  EXPECT_EQ(static_cast<std::size_t>(std::count(map0.begin(), map0.end(), '\n')), kNodes) << map0;
+
+  // No write was refused: no 409 anywhere, and a bounded number of requests per node: its
+  // informer (list + watch), the label patch, the entry applied (NotReady, then Ready), and at
+  // most a couple more re-applies where two nodes took the same index at once. (With a
+  // whole-list PUT, 12 nodes made ~40 requests each, most of them conflict round trips.)
+  const auto codes = api_->ResponseCounts();
+  EXPECT_EQ(codes.count(409), 0u) << "conflicts: " << codes.at(409);
+  for (const auto& n : nodes_) EXPECT_LE(n->domains->ApiRequests(), 8u) << n->site.node_name;
+  const auto verbs = api_->RequestCounts();
+  EXPECT_EQ(verbs.count("update"), 0u) << "entries are applied (patch), never PUT";
+  EXPECT_EQ(verbs.count("get"), 0u) << "no fresh read before a write";
+  EXPECT_LE(verbs.at("patch"), 6 * kNodes);
+
+  // Every node's last claim goes at once: each withdraws its own entry, nothing else.
+  for (std::size_t i = 0; i < kNodes; ++i) nodes_[i]->domains->Detach("claim-" + std::to_string(i), [](std::string) {});
+  ASSERT_TRUE(h_.RunUntil([&] { return Entries().empty(); }, std::chrono::seconds(60))) << Entries().dump();
+  ASSERT_TRUE(h_.RunUntil([&] {
+    for (const auto& n : nodes_) {
+      if (n->domains->Domains() != 0) return false;
+    }
+    return true;
+  }, std::chrono::seconds(60)));
+  EXPECT_EQ(api_->ResponseCounts().count(409), 0u);
+  for (std::size_t i = 0; i < kNodes; ++i) {
+    const json node = api_->Call("GET", "/api/v1/nodes/" + NodeName(i)).Json();
+    EXPECT_FALSE(node.contains(json::json_pointer("/metadata/labels/resource.nvidia.com~1computeDomain")))
+        << NodeName(i);
+  }
+}
+
+}  // namespace
+}  // namespace gns::dra
