@@ -1,18 +1,27 @@
 // `gpu-node-supervisor preflight`: see preflight_command.hpp.
 #include "preflight_command.hpp"
 
+#include "loop/clock.hpp"
+#include "loop/loop.hpp"
+#include "loop/metrics_registry.hpp"
 #include "modules/gpu_inventory/nvml_session.hpp"
+#include "modules/imex_health/domain_check.hpp"
 #include "modules/imex_health/host_checks.hpp"
 #include "modules/imex_health/unit_watcher.hpp"
+#include "modules/imex_peers/imex_peers_module.hpp"
+#include "modules/kube/client.hpp"
 
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/null_sink.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
 
 namespace gns {
 namespace {
@@ -40,6 +49,135 @@ void PrintText(const std::vector<CheckResult>& checks) {
   }
 }
 
+std::string JoinList(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// API credentials the way the supervisor finds them: a kubeconfig, else in-cluster; nullopt
+// (with `why`) when there are none.
+std::optional<kube::ClientConfig> ApiCredentials(const PreflightOptions& options, std::string& why) {
+  std::string path = options.kubeconfig;
+  if (path.empty()) {
+    if (const char* env = std::getenv("KUBECONFIG"); env && *env) path = env;
+  }
+  try {
+    if (!path.empty()) return kube::LoadKubeconfig(path);
+    if (std::getenv("KUBERNETES_SERVICE_HOST")) return kube::InClusterConfig();
+  } catch (const std::exception& e) {
+    why = e.what();
+    return std::nullopt;
+  }
+  why = "no API credentials (--kubeconfig, $KUBECONFIG, or in-cluster)";
+  return std::nullopt;
+}
+
+// One request to completion on a private loop (preflight runs before, or beside, the service).
+kube::Result Request(Loop& loop, const std::function<void(kube::KubeClient::Callback)>& call) {
+  std::optional<kube::Result> out;
+  call([&out](kube::Result r) { out = std::move(r); });
+  auto& io = loop.Io();
+  io.restart();
+  while (!out && io.run_one() > 0) {
+  }
+  return out.value_or(kube::Result{0, nullptr, "no answer"});
+}
+
+// The node map against the Nodes of this node's clique (as imex-peers renders it).
+CheckResult CliqueMapCheck(const PreflightOptions& options, const imex_health::HostScan& scan,
+                           const std::string& nvml_clique) {
+  const std::string name = "nodes-config-clique";
+  std::string why;
+  auto credentials = ApiCredentials(options, why);
+  if (!credentials) return {name, CheckStatus::kSkip, why, ""};
+  credentials->request_timeout = std::chrono::seconds(options.timeout_seconds);
+  std::string node_name = options.node_name;
+  if (node_name.empty()) {
+    if (const char* env = std::getenv("NODE_NAME"); env && *env) node_name = env;
+  }
+  if (node_name.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) == 0) node_name = host;
+  }
+  Loop loop;
+  SystemClock clock;
+  MetricsRegistry metrics;
+  auto log = std::make_shared<spdlog::logger>("preflight", std::make_shared<spdlog::sinks::null_sink_mt>());
+  std::unique_ptr<kube::KubeClient> client;
+  try {
+    client = std::make_unique<kube::KubeClient>(kube::KubeClient::Deps{loop, clock, metrics, log}, *credentials);
+  } catch (const std::exception& e) {
+    return {name, CheckStatus::kFail, std::string("API client: ") + e.what(), "check the kubeconfig / service account"};
+  }
+  std::string clique = nvml_clique;
+  if (clique.empty()) {
+    const auto node = Request(loop, [&](auto cb) { client->Get(kube::ResourcePath::Core("nodes").Object(node_name), cb); });
+    if (!node.Ok()) {
+      client->Shutdown();
+      return {name, CheckStatus::kFail, "reading Node " + node_name + ": " + node.error,
+              "pass --node NAME (the Node of this host) and check the credentials' RBAC (get nodes)"};
+    }
+    const auto labels = node.object.value("/metadata/labels"_json_pointer, nlohmann::json::object());
+    if (labels.is_object() && labels.contains(options.clique_label) && labels[options.clique_label].is_string()) {
+      clique = labels[options.clique_label].get<std::string>();
+    }
+    if (clique.empty()) {
+      client->Shutdown();
+      return {name, CheckStatus::kFail, "Node " + node_name + " has no " + options.clique_label + " label and NVML gave no clique",
+              "enable imex-peers (it labels the Node) or GFD; gpu-node-supervisor inventory"};
+    }
+  }
+  kube::ListOptions list;
+  list.label_selector = options.clique_label + "=" + clique;
+  const auto nodes =
+      Request(loop, [&](auto cb) { client->List(kube::ResourcePath::Core("nodes").Collection(), list, cb); });
+  client->Shutdown();
+  loop.Io().restart();
+  loop.Io().poll();  // let the client close its connections
+  if (!nodes.Ok()) {
+    return {name, CheckStatus::kFail, "listing the Nodes of clique " + clique + ": " + nodes.error,
+            "check the credentials' RBAC (list nodes)"};
+  }
+  const std::string type = options.address_type == "hostname" ? "Hostname" : "InternalIP";
+  std::vector<std::string> expected;
+  std::vector<std::string> without;
+  for (const auto& item : nodes.object.value("items", nlohmann::json::array())) {
+    const std::string address = imex_peers::ImexPeersModule::AddressOf(item, type);
+    if (address.empty()) without.push_back(item.value("/metadata/name"_json_pointer, std::string("?")));
+    else expected.push_back(address);
+  }
+  std::sort(expected.begin(), expected.end());
+  expected.erase(std::unique(expected.begin(), expected.end()), expected.end());
+  std::vector<std::string> listed = scan.nodes.peers;
+  std::sort(listed.begin(), listed.end());
+  listed.erase(std::unique(listed.begin(), listed.end()), listed.end());
+  std::vector<std::string> missing, extra;
+  std::set_difference(expected.begin(), expected.end(), listed.begin(), listed.end(), std::back_inserter(missing));
+  std::set_difference(listed.begin(), listed.end(), expected.begin(), expected.end(), std::back_inserter(extra));
+  const std::string fix = "write the clique's " + type + " addresses to " + scan.nodes_config_path +
+                          " on every node of the clique (imex-peers does; guide §3.2), then drain and "
+                          "sudo systemctl restart " + options.unit;
+  if (expected.empty()) {
+    return {name, CheckStatus::kFail,
+            "no Node of clique " + clique + " has an " + type + " address" +
+                (without.empty() ? std::string() : " (" + JoinList(without) + ")"),
+            "check the Nodes' status.addresses"};
+  }
+  if (!missing.empty() || !extra.empty()) {
+    std::string message = "the map differs from the " + std::to_string(expected.size()) + " Node(s) of clique " + clique;
+    if (!missing.empty()) message += "; missing from the map: " + JoinList(missing);
+    if (!extra.empty()) message += "; not in the clique: " + JoinList(extra);
+    return {name, CheckStatus::kFail, message, fix};
+  }
+  std::string message = "the map lists the " + std::to_string(expected.size()) + " Node(s) of clique " + clique;
+  if (!without.empty()) {
+    return {name, CheckStatus::kWarn, message + "; Nodes without an " + type + " address: " + JoinList(without),
+            "check those Nodes' status.addresses"};
+  }
+  return {name, CheckStatus::kPass, message, ""};
+}
+
 }  // namespace
 
 int RunPreflight(const PreflightOptions& options) {
@@ -63,7 +201,9 @@ int RunPreflight(const PreflightOptions& options) {
   } else {
     checks.push_back({"nvidia-imex", CheckStatus::kPass, imex, ""});
   }
-  if (const auto ctl = FindBinary(paths, "nvidia-imex-ctl"); ctl.empty()) {
+  const std::string ctl = paths.Under(options.imex_ctl);
+  const bool have_ctl = ::access(ctl.c_str(), X_OK) == 0;
+  if (!have_ctl) {
     checks.push_back({"nvidia-imex-ctl", CheckStatus::kSkip, "nvidia-imex-ctl not installed (optional, for diagnostics)", ""});
   } else {
     checks.push_back({"nvidia-imex-ctl", CheckStatus::kPass, ctl, ""});
@@ -110,7 +250,29 @@ int RunPreflight(const PreflightOptions& options) {
     }
   }
 
+  // §3.5 / §8.3: the domain, when nvidia-imex-ctl is there and the unit runs.
+  if (!have_ctl) {
+    checks.push_back({"imex-domain", CheckStatus::kSkip, "nvidia-imex-ctl not installed", ""});
+  } else if (!unit.known || unit.active_state != "active") {
+    checks.push_back({"imex-domain", CheckStatus::kSkip, options.unit + " is not active", ""});
+  } else {
+    imex_health::DomainCheckOptions domain;
+    domain.command = ctl;
+    domain.config_file = scan.config_path;
+    domain.timeout = std::chrono::seconds(options.timeout_seconds);
+    const auto result = imex_health::RunDomainCheckBlocking(domain);
+    if (result.ready) {
+      checks.push_back({"imex-domain", CheckStatus::kPass, "nvidia-imex-ctl " + result.state, ""});
+    } else {
+      checks.push_back({"imex-domain", CheckStatus::kFail, result.reason + ": " + result.message,
+                        "nvidia-imex-ctl -N -c " + (scan.config_path.empty() ? std::string("/etc/nvidia-imex/config.cfg")
+                                                                             : scan.config_path) +
+                            "; " + status_fix + " (guide §8.3)"});
+    }
+  }
+
   // The NVML clique (the map must list this clique's nodes).
+  std::string nvml_clique;
   if (options.skip_nvml) {
     checks.push_back({"nvml-clique", CheckStatus::kSkip, "not checked (--skip-nvml)", ""});
   } else {
@@ -126,9 +288,13 @@ int RunPreflight(const PreflightOptions& options) {
                         "check the fabric: nvidia-smi -q | grep -A3 Fabric"});
     } else {
       checks.push_back({"nvml-clique", CheckStatus::kPass, "clique " + opened.read.clique.clique_id, ""});
+      nvml_clique = opened.read.clique.clique_id;
     }
     if (opened.session) opened.session->Close();
   }
+
+  // The map against the clique's Nodes in the API (when there are credentials).
+  checks.push_back(CliqueMapCheck(options, scan, nvml_clique));
 
   const bool failed =
       std::any_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.status == CheckStatus::kFail; });

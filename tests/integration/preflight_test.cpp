@@ -1,6 +1,7 @@
 // `gpu-node-supervisor preflight` through the real binary: a host root of real files, the
 // unit on a private dbus-daemon with the fake systemd, the fake NVML; text and JSON output and
 // the exit codes (0 warnings only, 1 a failure, 2 a usage error).
+#include "apiserver.h"
 #include "support/private_bus.hpp"
 #include "support/subprocess.hpp"
 
@@ -103,6 +104,81 @@ TEST_F(PreflightTest, FailuresExitOneWithTheFix) {
   EXPECT_NE(output.find("comment line"), std::string::npos) << output;
   EXPECT_NE(output.find("this node (10.0.0.1) is not in the map"), std::string::npos) << output;
   EXPECT_NE(output.find("SKIP  nvml-clique"), std::string::npos) << output;
+}
+
+TEST_F(PreflightTest, DomainStateFromNvidiaImexCtl) {
+  fs::copy_file(fs::path(Env("GNS_SOURCE_DIR")) / "tools/sim/systemd/host-nvidia-imex-ctl", root_ / "usr/bin/nvidia-imex-ctl");
+  auto [code, output] = Run({"--skip-nvml", "--output", "json"});
+  EXPECT_EQ(code, 0) << output;
+  auto checks = Checks(output);
+  EXPECT_EQ(checks.at("nvidia-imex-ctl")["status"], "pass");
+  EXPECT_EQ(checks.at("imex-domain")["status"], "pass") << checks.at("imex-domain");
+  EXPECT_EQ(checks.at("imex-domain")["message"], "nvidia-imex-ctl READY/UP");
+  Write("usr/bin/nvidia-imex-ctl.state", "down\n");
+  std::tie(code, output) = Run({"--skip-nvml", "--output", "json"});
+  EXPECT_EQ(code, 1) << output;
+  checks = Checks(output);
+  EXPECT_EQ(checks.at("imex-domain")["status"], "fail");
+  EXPECT_NE(checks.at("imex-domain")["message"].get<std::string>().find("DomainNotReady"), std::string::npos);
+  EXPECT_NE(checks.at("imex-domain")["fix"].get<std::string>().find("nvidia-imex-ctl -N -c"), std::string::npos);
+  // A command service that never answers: the deadline, not a hang of preflight.
+  Write("usr/bin/nvidia-imex-ctl.state", "hang\n");
+  std::tie(code, output) = Run({"--skip-nvml", "--output", "json", "--timeout", "1"});
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(Checks(output).at("imex-domain")["message"].get<std::string>().find("DomainCheckTimeout"), std::string::npos);
+}
+
+TEST_F(PreflightTest, TheMapAgainstTheCliqueNodesInTheApi) {
+  // Without credentials: skipped, not failed.
+  auto [code, output] = Run({"--skip-nvml", "--output", "json"});
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_EQ(Checks(output).at("nodes-config-clique")["status"], "skip");
+
+  sim::ApiServerOptions options;
+  options.state_dir = dir_ / "api";
+  sim::ApiServer server(options);
+  server.Start();
+  auto node = [](const std::string& name, const std::string& clique, const std::string& ip) {
+    nlohmann::json n = {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", name}, {"labels", {{"nvidia.com/gpu.clique", clique}}}}}};
+    n["status"]["addresses"] = nlohmann::json::array();
+    if (!ip.empty()) n["status"]["addresses"].push_back({{"type", "InternalIP"}, {"address", ip}});
+    return n;
+  };
+  server.Seed(node("node1", "c1", "10.0.0.1"));
+  server.Seed(node("node2", "c1", "10.0.0.2"));
+  server.Seed(node("node9", "c2", "10.0.0.9"));
+  const std::vector<std::string> api{"--skip-nvml", "--output", "json", "--kubeconfig", (dir_ / "api/kubeconfig").string(),
+                                     "--node", "node1"};
+  std::tie(code, output) = Run(api);
+  EXPECT_EQ(code, 0) << output;
+  auto check = Checks(output).at("nodes-config-clique");
+  EXPECT_EQ(check["status"], "pass") << check;
+  EXPECT_NE(check["message"].get<std::string>().find("2 Node(s) of clique c1"), std::string::npos) << check;
+
+  // A Node joins the clique; the map was not rewritten.
+  server.Seed(node("node3", "c1", "10.0.0.3"));
+  std::tie(code, output) = Run(api);
+  EXPECT_EQ(code, 1) << output;
+  check = Checks(output).at("nodes-config-clique");
+  EXPECT_EQ(check["status"], "fail");
+  EXPECT_NE(check["message"].get<std::string>().find("missing from the map: 10.0.0.3"), std::string::npos) << check;
+  EXPECT_NE(check["fix"].get<std::string>().find("systemctl restart"), std::string::npos) << check;
+
+  // A Node of this clique without an address: a warning once the map matches the rest.
+  Write("etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n10.0.0.3\n");
+  server.Seed(node("node4", "c1", ""));
+  std::tie(code, output) = Run(api);
+  check = Checks(output).at("nodes-config-clique");
+  EXPECT_EQ(check["status"], "warn") << check;
+  EXPECT_NE(check["message"].get<std::string>().find("node4"), std::string::npos) << check;
+
+  // A Node we cannot find.
+  std::vector<std::string> wrong = api;
+  wrong.back() = "node-unknown";
+  std::tie(code, output) = Run(wrong);
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(Checks(output).at("nodes-config-clique")["message"].get<std::string>().find("node-unknown"), std::string::npos);
+  server.Stop();
 }
 
 TEST_F(PreflightTest, NoBusIsAFailureAndABadFlagIsAUsageError) {

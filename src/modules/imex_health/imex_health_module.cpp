@@ -3,9 +3,12 @@
 
 #include "modules/imex_health/path_watcher.hpp"
 #include "modules/kube/client.hpp"
+#include "modules/kube/condition_writer.hpp"
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
 #include "modules/kube/kube_module.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <ctime>
@@ -91,11 +94,21 @@ ImexHealthModule::Config ImexHealthModule::ParseConfig(ConfigMap& section, const
   logs.Finish();
   config.condition_type = section.String("conditionType", config.condition_type);
   if (config.condition_type.empty()) section.Fail("conditionType", "must not be empty");
+  ConfigMap domain = section.Section("domainCheck");
+  auto& d = config.domain;
+  d.enabled = domain.Bool("enabled", d.enabled);
+  d.command = domain.String("command", d.command);
+  if (d.command.empty() || d.command.front() != '/') domain.Fail("command", "not an absolute path: \"" + d.command + "\"");
+  d.nodes = domain.Bool("nodes", d.nodes);
+  d.interval = domain.Duration("interval", std::chrono::seconds(5), std::chrono::hours(24), d.interval);
+  d.retry_interval = domain.Duration("retryInterval", std::chrono::seconds(1), std::chrono::hours(1), d.retry_interval);
+  d.timeout = domain.Duration("timeout", std::chrono::milliseconds(100), std::chrono::minutes(5), d.timeout);
+  domain.Finish();
   return config;
 }
 
 ImexHealthModule::ImexHealthModule(ModuleContext& context, const Config& config)
-    : context_(context), config_(config), window_timer_(context.GetLoop().Io()) {
+    : context_(context), config_(config), window_timer_(context.GetLoop().Io()), domain_timer_(context.GetLoop().Io()) {
   auto& m = context.Metrics();
   const MetricLabels unit{{"unit", config_.unit}};
   unit_active_ = &m.Gauge("gpu_node_supervisor_imex_unit_active", "1 while the IMEX unit's ActiveState is active", unit);
@@ -110,6 +123,10 @@ ImexHealthModule::ImexHealthModule(ModuleContext& context, const Config& config)
                                "1 while /dev/nvidia-caps-imex-channels/channel0 exists on the host");
   nodes_config_peers_ = &m.Gauge("gpu_node_supervisor_imex_nodes_config_peers", "Peers listed in nodes_config.cfg");
   scans_total_ = &m.Counter("gpu_node_supervisor_imex_host_scans_total", "Reads of the host IMEX files");
+  condition_ = std::make_unique<kube::NodeConditionWriter>(
+      context.GetClock(), kube::NodeConditionWriter::Options{context.Site().node_name, std::string(kName)},
+      [&context] { return context.GetServices().Find<kube::KubeClient>(); },
+      [this](const std::string& error) { context_.Log().warn("Node condition {}: {}", config_.condition_type, error); });
 }
 
 ImexHealthModule::~ImexHealthModule() { *alive_ = false; }
@@ -143,6 +160,11 @@ void ImexHealthModule::Start() {
       w.Sample("gpu_node_supervisor_imex_wakeups_total", MetricType::kCounter, help, {{"cause", "inotify"}},
                static_cast<double>(path_watcher_->Wakeups()));
     }
+    if (domain_) {  // only where nvidia-imex-ctl answered for the unit's current run
+      w.Sample("gpu_node_supervisor_imex_domain_ready", MetricType::kGauge,
+               "1 while nvidia-imex-ctl says READY (and Domain State UP); absent where it is not installed",
+               {{"unit", config_.unit}}, domain_->ready ? 1 : 0);
+    }
   });
   unit_line_sub_ = bus.Subscribe<journald::UnitLine>([this](const journald::UnitLine& line) { OnUnitLine(line); });
   module_states_sub_ = bus.Subscribe<ModuleStates>([this](const ModuleStates& states) { OnModuleStates(states); });
@@ -167,6 +189,9 @@ void ImexHealthModule::Stop(std::function<void()> done) {
   node_sub_.Reset();
   node_informer_.reset();
   window_timer_.cancel();
+  domain_timer_.cancel();
+  if (domain_check_) domain_check_->Cancel();
+  domain_check_.reset();
   if (unit_watcher_) unit_watcher_->Stop();
   if (path_watcher_) path_watcher_->Stop();
   wakeups_collector_.Reset();
@@ -187,10 +212,20 @@ void ImexHealthModule::OnUnit(const UnitState& state) {
     unit_active_->Set(state.active_state == "active" ? 1 : 0);
   }
   const bool started = state.known && state.active_state == "active" && state.active_enter_usec != last_active_enter_;
+  const bool was_active = unit_.known && (unit_.active_state == "active" || unit_.active_state == "reloading");
+  const bool active = state.known && (state.active_state == "active" || state.active_state == "reloading");
   unit_ = state;
+  if (started || (was_active && !active)) {
+    // The domain answer belonged to the run that ended: drop it (and one still in flight).
+    ++domain_generation_;
+    domain_.reset();
+    domain_pending_ = false;
+    domain_timer_.cancel();
+  }
   if (started) {
     last_active_enter_ = state.active_enter_usec;
     Scan();  // /proc/devices has no inotify: read it whenever the unit (re)starts
+    CheckDomain();
   }
   Evaluate();
 }
@@ -216,17 +251,101 @@ void ImexHealthModule::Scan() {
       [this, alive = alive_](HostScan scan, std::exception_ptr error) {
         if (!*alive) return;
         scan_in_flight_ = false;
+        bool imex_files_changed = false;
         if (error) {
           context_.Log().error("host scan failed unexpectedly");
         } else {
+          imex_files_changed = !scan_ || scan_->config_path != scan.config_path ||
+                               scan_->config.keys != scan.config.keys || scan_->nodes.peers != scan.nodes.peers ||
+                               scan_->nodes_config_mtime_usec != scan.nodes_config_mtime_usec;
           scan_ = std::move(scan);
         }
         if (scan_again_) {
           scan_again_ = false;
           Scan();
         }
+        if (imex_files_changed) CheckDomain();  // what nvidia-imex-ctl reads changed
         Evaluate();
       });
+}
+
+void ImexHealthModule::CheckDomain() {
+  if (!config_.domain.enabled || !scan_) return;
+  const bool active = unit_.known && (unit_.active_state == "active" || unit_.active_state == "reloading");
+  if (!active) return;
+  if (domain_in_flight_) {
+    domain_again_ = true;
+    return;
+  }
+  if (domain_check_ && domain_check_->Alive()) {
+    // The last one was killed at its deadline and is still not reaped (stuck in the kernel):
+    // starting more would pile them up. Say so; look again later.
+    if (!domain_ || domain_->ready) {
+      domain_ = DomainResult{false, "DomainCheckTimeout",
+                             "an earlier nvidia-imex-ctl, killed at its deadline, has not exited yet (stuck in the "
+                             "kernel?): no new check until it does",
+                             "", {}};
+      domain_pending_ = false;
+      Evaluate();
+    }
+    ArmDomainTimer(config_.domain.retry_interval);
+    return;
+  }
+  domain_check_.reset();
+  const std::string command = config_.paths.Under(config_.domain.command);
+  if (::access(command.c_str(), X_OK) != 0) {
+    // Optional tool (guide §3.6): no verdict without it; look again in case it gets installed.
+    if (domain_ || domain_pending_) {
+      domain_.reset();
+      domain_pending_ = false;
+      Evaluate();
+    }
+    ArmDomainTimer(config_.domain.interval);
+    return;
+  }
+  DomainCheckOptions options;
+  options.command = command;
+  options.config_file = scan_->config_path;
+  options.nodes = config_.domain.nodes;
+  options.timeout = config_.domain.timeout;
+  domain_in_flight_ = true;
+  if (!domain_) domain_pending_ = true;
+  domain_timer_.cancel();
+  domain_check_ = DomainCheck::Start(context_.GetLoop().Io(), std::move(options),
+                                     [this, alive = alive_, generation = domain_generation_](DomainResult result) {
+                                       if (*alive) OnDomain(std::move(result), generation);
+                                     });
+}
+
+void ImexHealthModule::OnDomain(DomainResult result, uint64_t generation) {
+  domain_in_flight_ = false;
+  const bool current = generation == domain_generation_;
+  if (current) {
+    const char* outcome = result.ready                              ? "ready"
+                          : result.reason == "DomainCheckTimeout" ? "timeout"
+                          : result.reason == "DomainCheckFailed"  ? "failed"
+                                                                  : "not_ready";
+    context_.Metrics()
+        .Counter("gpu_node_supervisor_imex_domain_checks_total", "nvidia-imex-ctl checks by outcome",
+                 {{"result", outcome}})
+        .Inc();
+    const bool ready = result.ready;
+    domain_ = std::move(result);
+    domain_pending_ = false;
+    Evaluate();
+    ArmDomainTimer(ready ? config_.domain.interval : config_.domain.retry_interval);
+  }
+  if (domain_again_ || !current) {
+    domain_again_ = false;
+    CheckDomain();
+  }
+}
+
+void ImexHealthModule::ArmDomainTimer(std::chrono::milliseconds after) {
+  domain_timer_.expires_after(after);
+  domain_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (!ec && *alive) CheckDomain();
+  });
 }
 
 std::vector<std::string> ImexHealthModule::SelfIdentities() const {
@@ -251,6 +370,11 @@ ImexHealth ImexHealthModule::Judge(const Config& config, const Inputs& in) {
   h.bus_connected = u.bus_connected;
   h.restarts_in_window = in.restarts_in_window;
   h.log_errors_in_window = in.log_errors_in_window;
+  if (in.domain) {
+    h.domain_checked = true;
+    h.domain_ready = in.domain->ready;
+    h.domain_state = in.domain->state;
+  }
   h.channel_major = s.major.major.value_or(0);
   h.channel0_present = s.channel0_present;
   h.peers = s.nodes.peers;
@@ -298,6 +422,11 @@ ImexHealth ImexHealthModule::Judge(const Config& config, const Inputs& in) {
             s.nodes_config_path + " changed at " + FormatUsec(s.nodes_config_mtime_usec) + ", after " + config.unit +
                 " became active at " + FormatUsec(u.active_enter_usec) +
                 ": IMEX runs on the old map until it restarts");
+  } else if (!in.domain && in.domain_pending) {
+    verdict("False", "DomainCheckPending",
+            "waiting for nvidia-imex-ctl's first answer since " + config.unit + " became active");
+  } else if (in.domain && !in.domain->ready) {
+    verdict("False", in.domain->reason.c_str(), in.domain->message);
   } else if (config.log_error_threshold > 0 && in.log_errors_in_window >= config.log_error_threshold) {
     verdict("False", "LogErrors",
             std::to_string(in.log_errors_in_window) + " error lines from " + config.unit + " in " +
@@ -305,7 +434,8 @@ ImexHealth ImexHealthModule::Judge(const Config& config, const Inputs& in) {
   } else {
     verdict("True", "ImexHealthy",
             config.unit + " active, channel major " + std::to_string(*s.major.major) + ", " +
-                std::to_string(s.nodes.peers.size()) + " peers in the node map");
+                std::to_string(s.nodes.peers.size()) + " peers in the node map" +
+                (in.domain ? ", nvidia-imex-ctl " + in.domain->state : std::string()));
   }
   return h;
 }
@@ -320,6 +450,8 @@ void ImexHealthModule::Evaluate() {
   in.scan = &*scan_;
   in.restarts_in_window = static_cast<uint32_t>(restarts_.size());
   in.log_errors_in_window = log_errors_.size();
+  in.domain = domain_ ? &*domain_ : nullptr;
+  in.domain_pending = domain_pending_;
   ImexHealth h = Judge(config_, in);
   major_present_->Set(h.channel_major != 0 ? 1 : 0);
   channel0_present_->Set(h.channel0_present ? 1 : 0);
@@ -333,7 +465,7 @@ void ImexHealthModule::Evaluate() {
     context_.Log().info("{}={} ({}): {}", config_.condition_type, h.status, h.reason, h.message);
     if (published_) {
       if (h.ready) Record("Normal", "ImexHealthy", h.message);
-      else Record("Warning", h.reason, h.message);
+      else if (h.reason != "DomainCheckPending") Record("Warning", h.reason, h.message);  // every start passes it
     }
   }
   for (const auto& warning : h.warnings) {
@@ -380,31 +512,8 @@ void ImexHealthModule::Record(std::string_view type, std::string_view reason, st
 }
 
 void ImexHealthModule::UpdateCondition() {
-  if (context_.Site().node_name.empty() || !published_) return;
-  if (!conditions_) {
-    auto client = context_.GetServices().Find<kube::KubeClient>();
-    if (!client) return;
-    conditions_ = std::make_shared<kube::NodeConditions>(client, context_.GetClock(), std::string(kName));
-  }
-  if (condition_in_flight_) {
-    condition_dirty_ = true;
-    return;
-  }
-  kube::NodeCondition condition;
-  condition.type = config_.condition_type;
-  condition.status = published_->status;
-  condition.reason = published_->reason;
-  condition.message = published_->message;
-  condition_in_flight_ = true;
-  conditions_->Set(context_.Site().node_name, condition, [this, alive = alive_](kube::Result result) {
-    if (!*alive) return;
-    condition_in_flight_ = false;
-    if (!result.Ok()) context_.Log().warn("Node condition {}: {}", config_.condition_type, result.error);
-    if (condition_dirty_) {
-      condition_dirty_ = false;
-      UpdateCondition();
-    }
-  });
+  if (!published_) return;
+  condition_->Set(kube::NodeCondition{config_.condition_type, published_->status, published_->reason, published_->message});
 }
 
 void ImexHealthModule::WatchNode() {
@@ -447,13 +556,10 @@ void ImexHealthModule::OnModuleStates(const ModuleStates& states) {
   kube_running_ = running;
   if (first && !running) return;
   // Built on an instance that went away (or on none): drop, and if it runs, rebuild.
-  conditions_.reset();
   node_sub_.Reset();
   node_informer_.reset();
-  condition_in_flight_ = false;  // an answer from a stopped client may never come
-  if (!running) return;
-  WatchNode();
-  UpdateCondition();
+  if (running) WatchNode();
+  condition_->Reset();  // an answer from a stopped client may never come; the next one gets the latest
 }
 
 }  // namespace gns::imex_health

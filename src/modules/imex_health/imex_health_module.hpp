@@ -7,6 +7,7 @@
 
 #include "loop/module.hpp"
 #include "loop/supervisor_messages.hpp"
+#include "modules/imex_health/domain_check.hpp"
 #include "modules/imex_health/host_checks.hpp"
 #include "modules/imex_health/messages.hpp"
 #include "modules/imex_health/unit_control.hpp"
@@ -25,7 +26,7 @@
 
 namespace gns::kube {
 class Informer;
-class NodeConditions;
+class NodeConditionWriter;
 }  // namespace gns::kube
 
 namespace gns::imex_health {
@@ -49,6 +50,17 @@ class ImexHealthModule final : public Module {
     uint32_t log_error_threshold = 10;  // unit lines at PRIORITY ≤ 3 within the window; 0: off
     std::chrono::milliseconds log_error_window{std::chrono::minutes(5)};
     std::string condition_type = "ImexHealthy";
+    // nvidia-imex-ctl -q / -N while the unit is active: at start, when the unit (re)starts or
+    // the files change, every `interval` (every `retry_interval` while not ready); skipped
+    // while the binary is absent.
+    struct DomainCheckSettings {
+      bool enabled = true;
+      std::string command = "/usr/bin/nvidia-imex-ctl";  // on the host (under hostRoot)
+      bool nodes = true;                                  // also -N: Domain State UP
+      std::chrono::milliseconds interval{std::chrono::seconds(60)};
+      std::chrono::milliseconds retry_interval{std::chrono::seconds(10)};
+      std::chrono::milliseconds timeout{std::chrono::seconds(5)};
+    } domain;
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 
@@ -64,6 +76,8 @@ class ImexHealthModule final : public Module {
     const HostScan* scan = nullptr;
     uint32_t restarts_in_window = 0;
     uint64_t log_errors_in_window = 0;
+    const DomainResult* domain = nullptr;  // null: not checked (off, binary absent, unit not active)
+    bool domain_pending = false;  // the first check of the unit's current run has not answered yet
   };
   static ImexHealth Judge(const Config& config, const Inputs& in);
 
@@ -79,6 +93,9 @@ class ImexHealthModule final : public Module {
   void WatchNode();
   void OnNodeEvent(const kube::ResourceEvent& event);
   void OnModuleStates(const ModuleStates& states);
+  void CheckDomain();
+  void OnDomain(DomainResult result, uint64_t generation);
+  void ArmDomainTimer(std::chrono::milliseconds after);
 
   ModuleContext& context_;
   Config config_;
@@ -93,16 +110,21 @@ class ImexHealthModule final : public Module {
   std::deque<Clock::SteadyTime> restarts_;
   std::deque<Clock::SteadyTime> log_errors_;
   std::optional<HostScan> scan_;
+  std::shared_ptr<DomainCheck> domain_check_;  // in flight (or its child not reaped yet)
+  std::optional<DomainResult> domain_;  // for the current run of the unit
+  uint64_t domain_generation_ = 0;      // bumped when the unit (re)starts or stops: older answers are dropped
+  bool domain_in_flight_ = false;
+  bool domain_pending_ = false;  // no answer yet for the current run (a verdict waits for it)
+  bool domain_again_ = false;
+  boost::asio::steady_timer domain_timer_;
   bool scan_in_flight_ = false;
   bool scan_again_ = false;
   std::optional<ImexHealth> published_;
   std::vector<std::string> published_warnings_;
   std::vector<std::string> node_addresses_;  // the Node's InternalIPs (or Hostname)
-  std::shared_ptr<kube::NodeConditions> conditions_;
+  std::unique_ptr<kube::NodeConditionWriter> condition_;
   std::shared_ptr<kube::Informer> node_informer_;
   std::string informer_key_;
-  bool condition_in_flight_ = false;
-  bool condition_dirty_ = false;
   std::optional<bool> kube_running_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   MetricsRegistry::Series* unit_active_;

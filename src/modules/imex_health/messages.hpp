@@ -33,6 +33,9 @@ struct ImexHealth {
   std::vector<std::string> peers;  // nodes_config.cfg as read (valid or not)
   std::string nodes_config_path;
   uint64_t log_errors_in_window = 0;
+  bool domain_checked = false;  // nvidia-imex-ctl answered for the current run of the unit
+  bool domain_ready = false;
+  std::string domain_state;     // "READY/UP"; what -q (and -N) said
   std::vector<std::string> warnings;  // what is wrong but does not fail the condition (seed 000 §13)
 };
 
@@ -55,6 +58,9 @@ inline void to_json(nlohmann::json& j, const ImexHealth& s) {
                      {"peers", s.peers},
                      {"nodesConfig", s.nodes_config_path},
                      {"logErrorsInWindow", s.log_errors_in_window},
+                     {"domainChecked", s.domain_checked},
+                     {"domainReady", s.domain_ready},
+                     {"domainState", s.domain_state},
                      {"warnings", s.warnings}};
 }
 

@@ -4,10 +4,14 @@
 #include "loop/atomic_file.hpp"
 #include "modules/imex_health/unit_control.hpp"
 #include "modules/kube/client.hpp"
+#include "modules/kube/condition_writer.hpp"
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <sstream>
 
 namespace gns::imex_peers {
 namespace {
@@ -33,7 +37,6 @@ ImexPeersModule::Config ImexPeersModule::ParseConfig(ConfigMap& section, const S
   const auto address = section.Enum("addressType", {"internalIP", "hostname"}, "internalIP");
   config.address_type = address == "hostname" ? "Hostname" : "InternalIP";
   config.restart_policy = section.Enum("restartPolicy", {"never", "whenIdle", "always"}, config.restart_policy);
-  config.label_node = section.Bool("labelNode", config.label_node);
   config.condition_type = section.String("conditionType", config.condition_type);
   if (config.condition_type.empty()) section.Fail("conditionType", "must not be empty");
   return config;
@@ -49,6 +52,12 @@ ImexPeersModule::ImexPeersModule(ModuleContext& context, const Config& config)
   restarts_total_ = &m.Counter("gpu_node_supervisor_imex_peers_restarts_total", "IMEX unit restarts asked by imex-peers");
   pending_gauge_ = &m.Gauge("gpu_node_supervisor_imex_peers_restart_pending", "1 while a map change waits for a restart");
   peers_gauge_ = &m.Gauge("gpu_node_supervisor_imex_peers_peers", "Peers in the rendered node map");
+  diverged_gauge_ = &m.Gauge("gpu_node_supervisor_imex_peers_map_diverged",
+                             "1 while the map the running IMEX loaded is not (known to be) the clique's");
+  condition_ = std::make_unique<kube::NodeConditionWriter>(
+      context.GetClock(), kube::NodeConditionWriter::Options{context.Site().node_name, std::string(kName)},
+      [&context] { return context.GetServices().Find<kube::KubeClient>(); },
+      [this](const std::string& error) { context_.Log().warn("Node condition {}: {}", config_.condition_type, error); });
 }
 
 ImexPeersModule::~ImexPeersModule() { *alive_ = false; }
@@ -63,6 +72,16 @@ std::string ImexPeersModule::Render(std::vector<std::string> addresses) {
   return out;
 }
 
+std::string ImexPeersModule::AddressOf(const nlohmann::json& node, const std::string& type) {
+  const auto list = node.value("/status/addresses"_json_pointer, nlohmann::json::array());
+  for (const auto& a : list.is_array() ? list : nlohmann::json::array()) {
+    if (a.is_object() && a.value("type", "") == type && a.contains("address") && a["address"].is_string()) {
+      return a["address"].get<std::string>();
+    }
+  }
+  return {};
+}
+
 void ImexPeersModule::Start() {
   std::string text;
   std::string error;
@@ -73,6 +92,7 @@ void ImexPeersModule::Start() {
   resource_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) { OnResourceEvent(e); });
   synced_sub_ = bus.Subscribe<kube::InformerSynced>([this](const kube::InformerSynced& s) { OnSynced(s); });
   clique_sub_ = bus.Subscribe<gpu_inventory::NodeClique>([this](const gpu_inventory::NodeClique& c) { OnClique(c); });
+  health_sub_ = bus.Subscribe<imex_health::ImexHealth>([this](const imex_health::ImexHealth& h) { OnImexHealth(h); });
   SetPending(false, "NoChange", "waiting for this node's clique");
   Publish();
 }
@@ -84,6 +104,7 @@ void ImexPeersModule::Stop(std::function<void()> done) {
   synced_sub_.Reset();
   dra_sub_.Reset();
   states_sub_.Reset();
+  health_sub_.Reset();
   informer_.reset();
   done();
 }
@@ -100,7 +121,6 @@ void ImexPeersModule::OnClique(const gpu_inventory::NodeClique& clique) {
     Publish();
     return;
   }
-  LabelNode();
   auto registry = context_.GetServices().Find<kube::InformerRegistry>();
   if (!registry) return;
   kube::InformerSpec spec;
@@ -111,25 +131,6 @@ void ImexPeersModule::OnClique(const gpu_inventory::NodeClique& clique) {
   Publish();
 }
 
-void ImexPeersModule::LabelNode() {
-  if (!config_.label_node || context_.Site().node_name.empty()) return;
-  auto client = context_.GetServices().Find<kube::KubeClient>();
-  if (!client) return;
-  // Server-side apply with our own field manager: we own just this label, nothing else.
-  nlohmann::json body = {{"apiVersion", "v1"},
-                         {"kind", "Node"},
-                         {"metadata", {{"name", context_.Site().node_name}, {"labels", {{config_.clique_label, clique_}}}}}};
-  client->Patch(kube::ResourcePath::Core("nodes").Object(context_.Site().node_name), kube::PatchType::kApply, body,
-                std::string(kName), [this, alive = alive_](kube::Result result) {
-                  if (!*alive) return;
-                  if (!result.Ok()) {
-                    state_.last_error = "labelling the Node: " + result.error;
-                    context_.Log().warn("{}", state_.last_error);
-                    Publish();
-                  }
-                });
-}
-
 void ImexPeersModule::OnResourceEvent(const kube::ResourceEvent& event) {
   if (event.informer_key != informer_key_ || !event.object) return;
   const auto meta = kube::ObjectMeta::From(*event.object);
@@ -137,16 +138,7 @@ void ImexPeersModule::OnResourceEvent(const kube::ResourceEvent& event) {
   if (event.type == kube::ResourceEvent::Type::kDeleted) {
     addresses_.erase(meta->name);
   } else {
-    std::string address;
-    const auto list = event.object->value("/status/addresses"_json_pointer, nlohmann::json::array());
-    for (const auto& a : list.is_array() ? list : nlohmann::json::array()) {
-      if (a.is_object() && a.value("type", "") == config_.address_type && a.contains("address") &&
-          a["address"].is_string()) {
-        address = a["address"].get<std::string>();
-        break;
-      }
-    }
-    addresses_[meta->name] = address;
+    addresses_[meta->name] = AddressOf(*event.object, config_.address_type);
   }
   if (synced_) Reconcile();
 }
@@ -181,7 +173,7 @@ void ImexPeersModule::Reconcile() {
     return;
   }
   if (on_disk_ && *on_disk_ == desired) {
-    Publish();
+    CheckConsistency();
     return;
   }
   if (writing_) {
@@ -203,6 +195,7 @@ void ImexPeersModule::Reconcile() {
           writes_total_->Inc();
           state_.last_error.clear();
           context_.Log().info("{} rewritten: {}", path_, JoinList(state_.peers));
+          pending_for_divergence_ = false;  // the write is the cause now
           SetPending(true, "MapChanged", "nodes_config.cfg changed; IMEX restart due");
           TryRestart();
         } else {
@@ -233,36 +226,43 @@ void ImexPeersModule::OnModuleStates(const ModuleStates& states) {
 
 void ImexPeersModule::TryRestart() {
   if (!state_.restart_pending || restarting_) return;
+  // Why a restart is due: our write, or a running map that diverges from the clique's.
+  auto wait = [&](const char* reason, const std::string& why) {
+    if (pending_for_divergence_) SetPending(true, "LoadedMapDiverges", divergence_message_ + "; " + why);
+    else SetPending(true, reason, "nodes_config.cfg changed; " + why);
+  };
   if (config_.restart_policy == "never") {
-    SetPending(true, "RestartPolicyNever", "nodes_config.cfg changed; restartPolicy never: drain, then "
-                                           "systemctl restart the IMEX unit by hand");
+    wait("RestartPolicyNever", "restartPolicy never: drain, then systemctl restart the IMEX unit by hand");
     return;
   }
   if (config_.restart_policy == "whenIdle") {
     if (!dra_enabled_ || !prepared_claims_) {
-      SetPending(true, "PreparedClaimsUnknown",
-                 "nodes_config.cfg changed; the dra-compute-domain module is not running, so prepared channel claims "
-                 "cannot be known: restart by hand after draining");
+      wait("PreparedClaimsUnknown",
+           "the dra-compute-domain module is not running, so prepared channel claims cannot be known: restart by "
+           "hand after draining");
       return;
     }
     if (*prepared_claims_ > 0) {
-      SetPending(true, "ChannelClaimPrepared",
-                 "nodes_config.cfg changed; " + std::to_string(*prepared_claims_) +
-                     " channel claim(s) prepared on this node: the IMEX restart waits for their unprepare");
+      wait("ChannelClaimPrepared", std::to_string(*prepared_claims_) +
+                                       " channel claim(s) prepared on this node: the IMEX restart waits for their "
+                                       "unprepare");
       return;
     }
   }
   auto control = context_.GetServices().Find<imex_health::ImexUnitControl>();
   if (!control) {
-    SetPending(true, "ImexHealthNotRunning", "nodes_config.cfg changed; imex-health (the systemd connection) is not running");
+    wait("ImexHealthNotRunning", "imex-health (the systemd connection) is not running");
     return;
   }
   restarting_ = true;
-  context_.Log().info("restarting {} to load the new node map", control->Unit());
+  restarted_run_ = run_;  // consistency is judged again on the run the restart starts
+  context_.Log().info("restarting {} to load the {}", control->Unit(),
+                      pending_for_divergence_ ? "clique's map (the running map diverges)" : "new node map");
   control->Restart([this, alive = alive_, unit = control->Unit()](std::string error) {
     if (!*alive) return;
     restarting_ = false;
     if (!error.empty()) {
+      restarted_run_ = 0;
       state_.last_error = "restarting " + unit + ": " + error;
       SetPending(true, "RestartFailed", state_.last_error);
       Publish();
@@ -270,6 +270,7 @@ void ImexPeersModule::TryRestart() {
     }
     ++state_.restarts;
     restarts_total_->Inc();
+    pending_for_divergence_ = false;
     SetPending(false, "MapLoaded", unit + " restarted with the current node map");
     if (auto recorder = context_.GetServices().Find<kube::EventRecorder>(); recorder && !context_.Site().node_name.empty()) {
       kube::ObjectReference node;
@@ -278,6 +279,97 @@ void ImexPeersModule::TryRestart() {
     }
     Publish();
   });
+}
+
+void ImexPeersModule::OnImexHealth(const imex_health::ImexHealth& health) {
+  const bool active = health.active_state == "active" || health.active_state == "reloading";
+  const uint64_t run = active ? health.active_enter_usec : 0;
+  if (run == run_) return;
+  run_ = run;
+  ReadLoaded();
+}
+
+void ImexPeersModule::ReadLoaded() {
+  if (run_ == 0 || loaded_run_ == run_ || reading_loaded_) {
+    CheckConsistency();
+    return;
+  }
+  // A new run: it loaded the file as it is now, unless the file changed after the run began
+  // (then what it loaded is not known).
+  reading_loaded_ = true;
+  const uint64_t run = run_;
+  context_.Pool().Run(
+      [path = path_] {
+        std::pair<std::optional<std::string>, uint64_t> out{std::nullopt, 0};
+        struct stat st {};
+        std::string text, error;
+        if (::stat(path.c_str(), &st) == 0 && ReadWholeFile(path, text, error)) {
+          out.first = std::move(text);
+          out.second = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000u + static_cast<uint64_t>(st.st_mtim.tv_nsec) / 1000u;
+        }
+        return out;
+      },
+      [this, alive = alive_, run](std::pair<std::optional<std::string>, uint64_t> read, std::exception_ptr) {
+        if (!*alive) return;
+        reading_loaded_ = false;
+        loaded_run_ = run;
+        if (read.first) on_disk_ = *read.first;  // a hand edit is seen here, and put right below
+        loaded_known_ = read.first.has_value() && read.second <= run;
+        loaded_.clear();
+        if (loaded_known_) {
+          std::istringstream in(*read.first);
+          for (std::string line; std::getline(in, line);) {
+            if (!line.empty()) loaded_.push_back(line);
+          }
+          std::sort(loaded_.begin(), loaded_.end());
+          loaded_.erase(std::unique(loaded_.begin(), loaded_.end()), loaded_.end());
+        }
+        if (run_ != run) {
+          ReadLoaded();  // another run began meanwhile
+        } else if (synced_) {
+          Reconcile();  // rewrites a file that is not the clique's map, then judges consistency
+        } else {
+          CheckConsistency();
+        }
+      });
+}
+
+void ImexPeersModule::CheckConsistency() {
+  const bool this_run = run_ != 0 && loaded_run_ == run_ && !reading_loaded_;
+  state_.loaded_known = this_run && loaded_known_;
+  state_.loaded = state_.loaded_known ? loaded_ : std::vector<std::string>{};
+  bool diverged = false;
+  std::string why;
+  if (this_run && synced_ && !state_.peers.empty()) {
+    if (!loaded_known_) {
+      diverged = true;
+      why = path_ + " changed after the running IMEX started: the map it loaded is not known to be the clique's (" +
+            JoinList(state_.peers) + ")";
+    } else if (loaded_ != state_.peers) {
+      diverged = true;
+      why = "the running IMEX loaded " + (loaded_.empty() ? std::string("an empty map") : JoinList(loaded_)) +
+            "; the clique's Nodes give " + JoinList(state_.peers);
+    }
+  }
+  state_.diverged = diverged;
+  diverged_gauge_->Set(diverged ? 1 : 0);
+  const bool ours_in_motion = restarting_ || writing_ || (restarted_run_ != 0 && run_ == restarted_run_) ||
+                              !on_disk_ || *on_disk_ != Render(state_.peers);
+  if (!ours_in_motion && this_run && synced_) {
+    if (diverged && (!state_.restart_pending || pending_for_divergence_)) {
+      if (!pending_for_divergence_ || why != divergence_message_) {
+        context_.Log().warn("{}", why);
+      }
+      pending_for_divergence_ = true;
+      divergence_message_ = why;
+      SetPending(true, "LoadedMapDiverges", why);
+      TryRestart();
+    } else if (!diverged && pending_for_divergence_) {
+      pending_for_divergence_ = false;
+      SetPending(false, "MapLoaded", "the running IMEX loaded the clique's map");
+    }
+  }
+  Publish();
 }
 
 void ImexPeersModule::SetPending(bool pending, std::string reason, std::string message) {
@@ -293,31 +385,8 @@ void ImexPeersModule::SetPending(bool pending, std::string reason, std::string m
 }
 
 void ImexPeersModule::UpdateCondition() {
-  if (context_.Site().node_name.empty()) return;
-  if (!conditions_) {
-    auto client = context_.GetServices().Find<kube::KubeClient>();
-    if (!client) return;
-    conditions_ = std::make_shared<kube::NodeConditions>(client, context_.GetClock(), std::string(kName));
-  }
-  if (condition_in_flight_) {
-    condition_dirty_ = true;
-    return;
-  }
-  kube::NodeCondition condition;
-  condition.type = config_.condition_type;
-  condition.status = state_.restart_pending ? "True" : "False";
-  condition.reason = state_.pending_reason;
-  condition.message = pending_message_;
-  condition_in_flight_ = true;
-  conditions_->Set(context_.Site().node_name, condition, [this, alive = alive_](kube::Result result) {
-    if (!*alive) return;
-    condition_in_flight_ = false;
-    if (!result.Ok()) context_.Log().warn("Node condition {}: {}", config_.condition_type, result.error);
-    if (condition_dirty_) {
-      condition_dirty_ = false;
-      UpdateCondition();
-    }
-  });
+  condition_->Set(kube::NodeCondition{config_.condition_type, state_.restart_pending ? "True" : "False",
+                                      state_.pending_reason, pending_message_});
 }
 
 void ImexPeersModule::Publish() { context_.GetBus().Publish(state_); }

@@ -1,20 +1,26 @@
 #pragma once
 // The `imex-peers` module (seed 000 operator guide §3.2 Option C): keeps nodes_config.cfg in
 // step with the Nodes of this node's NVLink clique.
-//  - labels its own Node nvidia.com/gpu.clique=<clique from NVML> (server-side apply, field
-//    manager "imex-peers"), so peers find each other without GFD;
+//  - finds its peers by the nvidia.com/gpu.clique label, which the node-labels module writes
+//    (its one writer) on every node from NVML's clique;
 //  - watches the Nodes carrying the same label (one informer, label selector) and renders the
 //    map from their InternalIPs (or Hostname addresses), sorted, one per line; written
 //    atomically and only when it changes; Nodes without an address are left out and reported;
 //  - restarts the IMEX unit after a change by policy: never | whenIdle (only while no channel
 //    claim is prepared here, as the DRA module's retained state says; without the DRA module
 //    we cannot know, so it waits like never) | always — through imex-health's ImexUnitControl;
-//  - the Node condition ImexRestartPending says whether and why a restart waits.
+//  - the Node condition ImexRestartPending says whether and why a restart waits;
+//  - consistency: the map the running IMEX loaded (the file as it was when the unit last
+//    entered active, from imex-health's ActiveEnterTimestamp) against the clique's map from
+//    the API; a difference nobody is about to fix (after a supervisor restart between a write
+//    and the IMEX restart, a hand edit, a restart outside us) is the reason LoadedMapDiverges,
+//    and is restarted away by the same policy.
 
 #include "loop/module.hpp"
 #include "loop/supervisor_messages.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
+#include "modules/imex_health/messages.hpp"
 #include "modules/imex_peers/messages.hpp"
 #include "modules/kube/messages.hpp"
 
@@ -27,7 +33,7 @@
 
 namespace gns::kube {
 class Informer;
-class NodeConditions;
+class NodeConditionWriter;
 }  // namespace gns::kube
 
 namespace gns::imex_peers {
@@ -44,7 +50,6 @@ class ImexPeersModule final : public Module {
     std::string nodes_config = "/etc/nvidia-imex/nodes_config.cfg";  // under hostRoot
     std::string address_type = "InternalIP";  // or Hostname
     std::string restart_policy = "whenIdle";  // never | whenIdle | always
-    bool label_node = true;
     std::string condition_type = "ImexRestartPending";
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
@@ -56,14 +61,18 @@ class ImexPeersModule final : public Module {
 
   // The file content for a set of addresses: sorted, unique, one per line.
   static std::string Render(std::vector<std::string> addresses);
+  // A Node's first address of `type` (InternalIP, Hostname) from status.addresses; "" if none.
+  static std::string AddressOf(const nlohmann::json& node, const std::string& type);
 
  private:
   void OnClique(const gpu_inventory::NodeClique& clique);
-  void LabelNode();
   void OnResourceEvent(const kube::ResourceEvent& event);
   void OnSynced(const kube::InformerSynced& synced);
   void OnDraState(const dra::DraComputeDomainState& state);
   void OnModuleStates(const ModuleStates& states);
+  void OnImexHealth(const imex_health::ImexHealth& health);
+  void ReadLoaded();
+  void CheckConsistency();
   void Reconcile();
   void TryRestart();
   void SetPending(bool pending, std::string reason, std::string message);
@@ -83,22 +92,31 @@ class ImexPeersModule final : public Module {
   bool write_again_ = false;
   bool restarting_ = false;
   std::optional<std::size_t> prepared_claims_;    // nullopt: the DRA module is not running
+  // The running IMEX's map: known for run `loaded_run_` (its ActiveEnterTimestamp, µs).
+  uint64_t run_ = 0;          // the unit's current run (0: not active)
+  uint64_t loaded_run_ = 0;   // the run loaded_ belongs to
+  bool loaded_known_ = false; // false with loaded_run_ == run_: the file changed after the run began, unseen before
+  std::vector<std::string> loaded_;
+  bool reading_loaded_ = false;
+  uint64_t restarted_run_ = 0;  // the run our last restart replaced: consistency waits for the next one
+  bool pending_for_divergence_ = false;
+  std::string divergence_message_;
   bool dra_enabled_ = false;
   ImexPeersState state_;
   std::string pending_message_;
-  std::shared_ptr<kube::NodeConditions> conditions_;
-  bool condition_in_flight_ = false;
-  bool condition_dirty_ = false;
+  std::unique_ptr<kube::NodeConditionWriter> condition_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   MetricsRegistry::Series* writes_total_;
   MetricsRegistry::Series* restarts_total_;
   MetricsRegistry::Series* pending_gauge_;
   MetricsRegistry::Series* peers_gauge_;
+  MetricsRegistry::Series* diverged_gauge_;
   Subscription clique_sub_;
   Subscription resource_sub_;
   Subscription synced_sub_;
   Subscription dra_sub_;
   Subscription states_sub_;
+  Subscription health_sub_;
 };
 
 }  // namespace gns::imex_peers

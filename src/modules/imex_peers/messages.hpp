@@ -18,6 +18,9 @@ struct ImexPeersState {
   std::vector<std::string> without_address;   // clique Nodes left out
   bool restart_pending = false;
   std::string pending_reason;
+  std::vector<std::string> loaded;  // the map the running IMEX loaded, when known
+  bool loaded_known = false;
+  bool diverged = false;            // the loaded map is not (known to be) the clique's
   uint64_t writes = 0;
   uint64_t restarts = 0;
   std::string last_error;
@@ -26,7 +29,9 @@ struct ImexPeersState {
 inline void to_json(nlohmann::json& j, const ImexPeersState& s) {
   j = nlohmann::json{{"clique", s.clique},           {"peers", s.peers},
                      {"withoutAddress", s.without_address}, {"restartPending", s.restart_pending},
-                     {"pendingReason", s.pending_reason}, {"writes", s.writes},
+                     {"pendingReason", s.pending_reason}, {"loaded", s.loaded},
+                     {"loadedKnown", s.loaded_known},     {"diverged", s.diverged},
+                     {"writes", s.writes},
                      {"restarts", s.restarts},       {"lastError", s.last_error}};
 }
 

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/null_sink.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -91,7 +92,14 @@ class ImexHealthModuleTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void Write(const std::string& rel, const std::string& text) { std::ofstream(root_ / rel) << text; }
+  // Whole files appear at once (written beside, renamed over), as an editor or imex-peers does:
+  // a truncate-then-write would show the module an empty file in between, and a test that waits
+  // for "invalid" could stop at that one.
+  void Write(const std::string& rel, const std::string& text) {
+    const auto tmp = root_ / (rel + ".new");
+    std::ofstream(tmp) << text;
+    fs::rename(tmp, root_ / rel);
+  }
 
   ImexHealthModule::Config Config(const std::string& yaml = "") {
     const auto value = ParseYaml("busAddress: " + bus_->Address() + "\n" + yaml, "site.yaml");
@@ -188,10 +196,14 @@ TEST_F(ImexHealthModuleTest, FailedUnitAndRestartLoop) {
 TEST_F(ImexHealthModuleTest, FilesFollowedWithInotify) {
   Start("resolvePeers: false\n");
   ASSERT_TRUE(Reason("ImexHealthy"));
+  // The API shows it too (a False from the start-up may still be in flight otherwise, and the
+  // check below would see that one).
+  ASSERT_TRUE(ConditionIs("True", "ImexHealthy"));
   // A comment line in the node map: invalid, seen without any unit change.
   Write("etc/nvidia-imex/nodes_config.cfg", "# rack a\n10.0.0.1\n10.0.0.2\n");
   ASSERT_TRUE(ConditionIs("False", "NodesConfigInvalid"));
-  EXPECT_NE(latest_->message.find("comment line"), std::string::npos) << latest_->message;
+  ASSERT_TRUE(h_.RunUntil([&] { return latest_->message.find("comment line") != std::string::npos; }))
+      << latest_->message;
   // Valid again, but written after the unit became active: IMEX runs the old map.
   Write("etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n10.0.0.3\n");
   ASSERT_TRUE(Reason("NodesConfigStale"));
@@ -264,6 +276,50 @@ TEST_F(ImexHealthModuleTest, UnitLogErrorRate) {
   ASSERT_TRUE(ConditionIs("False", "LogErrors"));
 }
 
+TEST_F(ImexHealthModuleTest, DomainReadinessFromNvidiaImexCtl) {
+  const char* src = std::getenv("GNS_SOURCE_DIR");
+  if (!src) GTEST_SKIP() << "GNS_SOURCE_DIR not set";
+  fs::create_directories(root_ / "usr/bin");
+  fs::copy_file(fs::path(src) / "tools/sim/systemd/host-nvidia-imex-ctl", root_ / "usr/bin/nvidia-imex-ctl");
+  auto state = [&](const std::string& s) { Write("usr/bin/nvidia-imex-ctl.state", s + "\n"); };
+  Start("resolvePeers: false\ndomainCheck: {interval: 1h, retryInterval: 1h, timeout: 300ms}\n");
+  // (The first verdicts may still miss this node's address from its Node object.)
+  ASSERT_TRUE(h_.RunUntil([&] { return latest_ && latest_->domain_checked && latest_->ready; }))
+      << (latest_ ? latest_->message : "no verdict");
+  EXPECT_EQ(latest_->domain_state, "READY/UP");
+  ASSERT_TRUE(ConditionIs("True", "ImexHealthy"));
+
+  // Peers down: the unit's (re)start runs the check again.
+  state("down");
+  EXPECT_EQ(bus_->ManagerCall("RestartUnit", kUnit), "");
+  ASSERT_TRUE(ConditionIs("False", "DomainNotReady"));
+  EXPECT_NE(Condition()["message"].get<std::string>().find("10.0.0.2 UNAVAILABLE"), std::string::npos)
+      << Condition()["message"];
+  EXPECT_TRUE(HasEvent("DomainNotReady"));
+
+  // A command service that never answers: killed at the deadline, its own reason, and the
+  // loop goes on following the unit meanwhile.
+  state("hang");
+  EXPECT_EQ(bus_->ManagerCall("RestartUnit", kUnit), "");
+  ASSERT_TRUE(ConditionIs("False", "DomainCheckTimeout"));
+  EXPECT_NE(latest_->message.find("no exit within"), std::string::npos) << latest_->message;
+  EXPECT_EQ(bus_->ManagerCall("StopUnit", kUnit), "");
+  ASSERT_TRUE(ConditionIs("False", "ServiceInactive"));
+  EXPECT_FALSE(latest_->domain_checked);  // the answer belonged to the run that ended
+
+  state("READY");
+  EXPECT_EQ(bus_->ManagerCall("StartUnit", kUnit), "");
+  ASSERT_TRUE(h_.RunUntil([&] { return latest_->domain_checked && latest_->ready; })) << latest_->message;
+  ASSERT_TRUE(ConditionIs("True", "ImexHealthy"));
+  EXPECT_NE(Condition()["message"].get<std::string>().find("nvidia-imex-ctl READY/UP"), std::string::npos);
+  EXPECT_EQ(h_.metrics.Counter("gpu_node_supervisor_imex_domain_checks_total", "", {{"result", "timeout"}}).Value(), 1);
+
+  // The tool uninstalled: optional, so no verdict from it (and no DomainNotReady).
+  fs::remove(root_ / "usr/bin/nvidia-imex-ctl");
+  EXPECT_EQ(bus_->ManagerCall("RestartUnit", kUnit), "");
+  ASSERT_TRUE(h_.RunUntil([&] { return !latest_->domain_checked && latest_->ready; })) << latest_->message;
+}
+
 TEST_F(ImexHealthModuleTest, BadConfig) {
   auto bad = [&](const std::string& yaml) {
     const auto value = ParseYaml(yaml, "site.yaml");
@@ -281,6 +337,9 @@ TEST_F(ImexHealthModuleTest, BadConfig) {
   bad("selfIdentity: mac\n");
   bad("restartLoop: {count: 0}\n");
   bad("bogus: 1\n");
+  bad("domainCheck: {command: nvidia-imex-ctl}\n");
+  bad("domainCheck: {timeout: 0s}\n");
+  bad("domainCheck: {bogus: 1}\n");
 }
 
 }  // namespace

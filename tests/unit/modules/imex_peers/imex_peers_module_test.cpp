@@ -51,8 +51,8 @@ class ImexPeersModuleTest : public ::testing::Test {
     options.state_dir = dir_ / "api";
     server_ = std::make_unique<sim::ApiServer>(options);
     server_->Start();
-    // node1 (us) is not labelled yet: imex-peers labels it from the NVML clique.
-    server_->Seed(NodeObject("node1", "", "10.0.0.1"));
+    // node1 (us) carries the clique label (node-labels writes it; imex-peers only reads it).
+    server_->Seed(NodeObject("node1", "c1", "10.0.0.1"));
     server_->Seed(NodeObject("node2", "c1", "10.0.0.2"));
     server_->Seed(NodeObject("node9", "c2", "10.0.0.9"));
     kube::ClientConfig config;
@@ -94,10 +94,18 @@ class ImexPeersModuleTest : public ::testing::Test {
   }
 
   void Start(const std::string& policy, bool dra_running, std::size_t prepared) {
+    StartHealth();
+    StartPeers(policy, dra_running, prepared);
+  }
+
+  void StartHealth() {
     const auto hv = ParseYaml("busAddress: " + bus_->Address() + "\nresolvePeers: false\n", "site.yaml");
     ConfigMap hs(hv, "modules.imex-health");
     health_module_.Start(imex_health::ImexHealthModule::ParseConfig(hs, h_.site));
     ASSERT_TRUE(h_.RunUntil([&] { return health_ && health_->active_enter_usec != 0; }));
+  }
+
+  void StartPeers(const std::string& policy, bool dra_running, std::size_t prepared) {
     ModuleStates states;
     if (dra_running) states.modules.push_back({"dra-compute-domain", ModuleState::kRunning, ModuleHealth::kOk, "", 0});
     h_.bus.Publish(states);
@@ -153,15 +161,8 @@ class ImexPeersModuleTest : public ::testing::Test {
   Subscription peers_sub_;
 };
 
-TEST_F(ImexPeersModuleTest, LabelsRendersAndRestartsOnlyWhenNoClaimIsPrepared) {
+TEST_F(ImexPeersModuleTest, RendersAndRestartsOnlyWhenNoClaimIsPrepared) {
   Start("whenIdle", true, 1);
-  // Our Node labelled with the NVML clique (server-side apply, our field manager).
-  ASSERT_TRUE(h_.RunUntil([&] {
-    const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
-    return node.value("/metadata/labels/nvidia.com~1gpu.clique"_json_pointer, std::string()) == "c1";
-  }));
-  const auto node = server_->Call("GET", "/api/v1/nodes/node1").Json();
-  EXPECT_NE(node["metadata"].dump().find("imex-peers"), std::string::npos) << node["metadata"].dump();
   // The clique's map (node9 is in another clique), sorted; the restart waits for the claim.
   ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n"; })) << Map();
   ASSERT_TRUE(ConditionIs("True", "ChannelClaimPrepared"));
@@ -188,6 +189,44 @@ TEST_F(ImexPeersModuleTest, LabelsRendersAndRestartsOnlyWhenNoClaimIsPrepared) {
                 "application/merge-patch+json");
   h_.Drain();
   EXPECT_EQ(peers_->writes, writes);
+}
+
+TEST_F(ImexPeersModuleTest, ALoadedMapThatDivergesFromTheCliqueIsItsOwnReasonAndIsRestartedAway) {
+  StartHealth();
+  const uint64_t first_run = health_->active_enter_usec;
+  // A previous supervisor wrote the clique's map and died before restarting IMEX: the file is
+  // right, the running IMEX is not.
+  std::ofstream(root_ / "etc/nvidia-imex/nodes_config.cfg") << "10.0.0.1\n10.0.0.2\n";
+  StartPeers("whenIdle", true, 1);
+  ASSERT_TRUE(ConditionIs("True", "LoadedMapDiverges"));
+  const std::string message = Condition()["message"];
+  EXPECT_NE(message.find("changed after the running IMEX started"), std::string::npos) << message;
+  EXPECT_NE(message.find("1 channel claim(s) prepared"), std::string::npos) << message;
+  EXPECT_TRUE(peers_->diverged);
+  EXPECT_EQ(peers_->writes, 0u);
+  EXPECT_EQ(peers_->restarts, 0u);
+  EXPECT_EQ(h_.metrics.Gauge("gpu_node_supervisor_imex_peers_map_diverged", "").Value(), 1);
+  // The claim goes: restarted, and the new run loaded the clique's map.
+  SetPrepared(0);
+  ASSERT_TRUE(ConditionIs("False", "MapLoaded"));
+  EXPECT_EQ(peers_->restarts, 1u);
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return health_->active_enter_usec > first_run && peers_->loaded_known && !peers_->diverged;
+  }));
+  EXPECT_EQ(peers_->loaded, (std::vector<std::string>{"10.0.0.1", "10.0.0.2"}));
+  // A hand edit, loaded by a restart outside us: seen at the new run, the file put right and
+  // the unit restarted onto it — once.
+  const uint64_t second_run = health_->active_enter_usec;
+  std::ofstream(root_ / "etc/nvidia-imex/nodes_config.cfg") << "10.0.0.1\n";
+  EXPECT_EQ(bus_->ManagerCall("RestartUnit", kUnit), "");
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n" && peers_->restarts == 2; })) << Map();
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return health_->active_enter_usec > second_run && peers_->loaded == std::vector<std::string>{"10.0.0.1", "10.0.0.2"} &&
+           !peers_->diverged && !peers_->restart_pending;
+  }));
+  h_.Drain();
+  EXPECT_EQ(peers_->restarts, 2u);
+  EXPECT_EQ(peers_->writes, 1u);
 }
 
 TEST_F(ImexPeersModuleTest, WithoutTheDraModuleWhenIdleWaitsAndNeverNeverRestarts) {
