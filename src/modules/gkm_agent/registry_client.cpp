@@ -238,6 +238,34 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         kAwait);
   }
 
+  // A pool job started now and awaited later, so the loop reads the next chunk from the network
+  // while the pool hashes and writes this one (at most one in flight per blob: the writes of a
+  // blob stay in order).
+  struct PoolJob {
+    explicit PoolJob(asio::io_context& io) : finished(io, asio::steady_timer::time_point::max()) {}
+    bool done = false;
+    std::exception_ptr error;
+    asio::steady_timer finished;  // cancelled when the job is done: the event an awaiter waits on
+  };
+
+  std::shared_ptr<PoolJob> StartOnPool(std::function<void()> fn) {
+    auto job = std::make_shared<PoolJob>(loop_.Io());
+    pool_.Run(std::move(fn), [job](std::exception_ptr e) {
+      job->done = true;
+      job->error = e;
+      job->finished.cancel();
+    });
+    return job;
+  }
+
+  asio::awaitable<std::exception_ptr> AwaitJob(std::shared_ptr<PoolJob> job) {
+    if (!job->done) {
+      beast::error_code ec;  // operation_aborted is the signal, not an error
+      co_await job->finished.async_wait(asio::redirect_error(kAwait, ec));
+    }
+    co_return job->error;
+  }
+
   asio::awaitable<void> Sleep(std::chrono::milliseconds d) {
     asio::steady_timer timer(loop_.Io());
     timers_.insert(&timer);
@@ -522,7 +550,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
 
   asio::awaitable<void> BlobOnce(Job& job, const Descriptor& d, const std::string& blob_path, const std::string& path,
                                  const std::string& what, std::shared_ptr<BlobSink> sink, uint64_t& offset,
-                                 std::vector<char>& buf) {
+                                 std::array<std::vector<char>, 2>& bufs) {
     std::vector<std::pair<http::field, std::string>> headers;
     if (offset > 0) headers.emplace_back(http::field::range, "bytes=" + std::to_string(offset) + "-");
     auto ex = co_await OpenRegistry(job, blob_path, headers, what);
@@ -549,39 +577,50 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
       throw PullError("SizeMismatch", what + ": the registry sends " + std::to_string(offset + *len) +
                                           " bytes, the manifest says " + std::to_string(d.size));
     }
+    // Two buffers: the network fills one while the pool hashes and writes the other. What this
+    // pull holds is these two chunks, whatever the size of the blob.
     auto& lowest = beast::get_lowest_layer(ex.conn->stream);
-    beast::error_code ec;
-    while (!parser.is_done()) {
-      parser.get().body().data = buf.data();
-      parser.get().body().size = buf.size();
-      lowest.expires_after(options_.request_timeout);
-      co_await http::async_read(ex.conn->stream, ex.conn->buffer, parser, asio::redirect_error(kAwait, ec));
-      if (ec == http::error::need_buffer) ec = {};
-      const std::size_t n = buf.size() - parser.get().body().size;
-      if (stopped_) {
-        Drop(std::move(ex.conn));
-        throw PullError("Stopped", "client stopped");
-      }
-      if (n > 0) {
-        if (offset + n > d.size) {
-          Drop(std::move(ex.conn));
-          throw PullError("SizeMismatch", what + ": more than the " + std::to_string(d.size) +
-                                              " bytes the manifest says");
+    std::shared_ptr<PoolJob> writing;
+    std::exception_ptr failure;
+    std::size_t current = 0;
+    try {
+      beast::error_code ec;
+      while (!parser.is_done()) {
+        auto& buf = bufs[current];
+        parser.get().body().data = buf.data();
+        parser.get().body().size = buf.size();
+        lowest.expires_after(options_.request_timeout);
+        co_await http::async_read(ex.conn->stream, ex.conn->buffer, parser, asio::redirect_error(kAwait, ec));
+        if (ec == http::error::need_buffer) ec = {};
+        const std::size_t n = buf.size() - parser.get().body().size;
+        if (stopped_) throw PullError("Stopped", "client stopped");
+        if (n > 0) {
+          if (offset + n > d.size) {
+            throw PullError("SizeMismatch", what + ": more than the " + std::to_string(d.size) + " bytes the manifest says");
+          }
+          job.result.bytes_pulled += n;
+          if (writing) {
+            if (auto e = co_await AwaitJob(std::move(writing))) std::rethrow_exception(e);
+          }
+          writing = StartOnPool([sink, data = buf.data(), n, path] { sink->Write(data, n, path); });
+          offset += n;
+          current ^= 1;
         }
-        job.result.bytes_pulled += n;
-        std::function<void()> write = [sink, &buf, n, &path] { sink->Write(buf.data(), n, path); };
-        std::exception_ptr e = co_await OnPool(std::move(write));
-        if (e) {
-          Drop(std::move(ex.conn));
-          std::rethrow_exception(e);
+        if (ec) {
+          throw Transient(what + " broke after " + std::to_string(offset) + " of " + std::to_string(d.size) +
+                          " bytes: " + https::Describe(ec));
         }
-        offset += n;
       }
-      if (ec) {
-        Drop(std::move(ex.conn));
-        throw Transient(what + " broke after " + std::to_string(offset) + " of " + std::to_string(d.size) +
-                        " bytes: " + https::Describe(ec));
-      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    // The chunk in flight lands before anything else touches the sink (a retry resumes after it).
+    if (writing) {
+      if (auto e = co_await AwaitJob(std::move(writing)); e && !failure) failure = e;
+    }
+    if (failure) {
+      Drop(std::move(ex.conn));
+      std::rethrow_exception(failure);
     }
     Release(std::move(ex.conn), parser);
   }
@@ -632,10 +671,10 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     std::exception_ptr opened = co_await OnPool(std::move(open));
     if (opened) std::rethrow_exception(opened);
     uint64_t offset = 0;
-    std::vector<char> buf(options_.chunk_bytes);
+    std::array<std::vector<char>, 2> bufs{std::vector<char>(options_.chunk_bytes), std::vector<char>(options_.chunk_bytes)};
     const std::string what = "blob " + d.digest;
     const std::string blob_path = "/v2/" + job.request.image.repository + "/blobs/" + d.digest;
-    std::function<asio::awaitable<void>()> step = [&] { return BlobOnce(job, d, blob_path, path, what, sink, offset, buf); };
+    std::function<asio::awaitable<void>()> step = [&] { return BlobOnce(job, d, blob_path, path, what, sink, offset, bufs); };
     co_await WithRetries(job, what, std::move(step));
     if (offset != d.size) {
       throw PullError("SizeMismatch", what + ": the registry sent " + std::to_string(offset) +

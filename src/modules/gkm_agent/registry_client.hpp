@@ -33,7 +33,7 @@ struct RegistryOptions {
   std::chrono::milliseconds request_timeout{30000};       // per request, and per body read
   int max_attempts = 4;                                   // per request (retries + 1)
   std::chrono::milliseconds retry_delay{500};             // doubled after each failed attempt
-  std::size_t chunk_bytes = 1024 * 1024;                  // one read, hashed and written on the pool
+  std::size_t chunk_bytes = 1024 * 1024;  // one read; two per blob in memory (one filling, one hashed and written)
   std::string os = "linux";
   std::string architecture = "amd64";
   std::string user_agent = "gpu-node-supervisor";
