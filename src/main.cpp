@@ -4,6 +4,7 @@
 //                           [--feature-gates K=V,…] [--log-format text|json] [--log-level LEVEL]
 //   gpu-node-supervisor validate-config --config FILE [--config OVERLAY]…
 //   gpu-node-supervisor set-healthy --gpu UUID|all [--state-dir DIR]
+//   gpu-node-supervisor reset-gpu --gpu UUID [--state-dir DIR]
 //   gpu-node-supervisor version
 //
 // Exit codes: 0 ok, 1 hard stop, 2 bad command line or config.
@@ -19,6 +20,8 @@
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+
+#include <malloc.h>
 
 #include <cstdio>
 #include <iostream>
@@ -46,6 +49,21 @@ void AddConfigOptions(CLI::App* cmd, Options& o) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
 }
 
+// Memory at rest (issue #15, tools/idle-bench.sh), set before any thread starts:
+// - glibc gives each thread that allocates an arena of its own (up to 8 per core), and each
+//   arena keeps what it once held. Our threads are the loop and a few that allocate little
+//   (gRPC's, the blocking pool, NVML's event waiter): they share kMallocArenas.
+// - Blocks of kMmapThreshold and more are mmapped and go back to the kernel when freed. glibc
+//   would raise the threshold to the size of each such block freed (a LIST page, simdjson's
+//   buffers), after which the next ones stay in the heap once freed: fixed, it does not move.
+constexpr int kMallocArenas = 2;
+constexpr int kMmapThreshold = 256 * 1024;
+
+void TuneMalloc() {
+  mallopt(M_ARENA_MAX, kMallocArenas);
+  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+}
+
 gns::LoadedConfig Load(const Options& o) {
   gns::CommandLineOverrides overrides;
   overrides.enable = o.enable;
@@ -62,6 +80,7 @@ gns::LoadedConfig Load(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  TuneMalloc();
   CLI::App app{"gpu-node-supervisor: the GPU node's device plugin, DRA plugin, health watchers and IMEX jobs "
                "in one event loop"};
   app.require_subcommand(1);
@@ -77,6 +96,13 @@ int main(int argc, char** argv) {
   auto* set_healthy = app.add_subcommand("set-healthy", "Mark a GPU (or all) Healthy again in the running supervisor");
   set_healthy->add_option("--gpu", set_healthy_gpu, "GPU UUID (GPU-…) or all")->required();
   set_healthy->add_option("--state-dir", set_healthy_state_dir, "The supervisor's state directory (holds admin.sock)");
+
+  std::string reset_state_dir = "/var/lib/gpu-node-supervisor";
+  std::string reset_gpu;
+  auto* reset_gpu_cmd = app.add_subcommand(
+      "reset-gpu", "Reset one GPU in place through the running supervisor, printing each step; exit 0 when validated");
+  reset_gpu_cmd->add_option("--gpu", reset_gpu, "GPU UUID (GPU-…)")->required();
+  reset_gpu_cmd->add_option("--state-dir", reset_state_dir, "The supervisor's state directory (holds reset.sock)");
 
   std::string inventory_library = "libnvidia-ml.so.1";
   std::string inventory_host_root = "/";
@@ -98,6 +124,15 @@ int main(int argc, char** argv) {
                         "This node's address(es) or hostname in the node map (default: the host's global addresses)");
   preflight->add_option("--nvml-library", preflight_options.nvml_library, "NVML to dlopen (soname or path)");
   preflight->add_flag("--skip-nvml", preflight_options.skip_nvml, "Do not check nvidia-smi and the NVML clique");
+  preflight->add_option("--kubeconfig", preflight_options.kubeconfig,
+                        "API credentials for the clique check (default: $KUBECONFIG, else in-cluster; none: skipped)");
+  preflight->add_option("--node", preflight_options.node_name, "This host's Node (default: $NODE_NAME, else the host name)");
+  preflight->add_option("--clique-label", preflight_options.clique_label, "The Node label holding the clique");
+  preflight->add_option("--address-type", preflight_options.address_type, "What the map lists: internalIP or hostname")
+      ->check(CLI::IsMember({"internalIP", "hostname"}));
+  preflight->add_option("--imex-ctl", preflight_options.imex_ctl, "nvidia-imex-ctl on the host (under --host-root)");
+  preflight->add_option("--timeout", preflight_options.timeout_seconds, "Seconds per nvidia-imex-ctl call and API request")
+      ->check(CLI::Range(1, 300));
   preflight->add_option("--output", preflight_options.output, "text or json")
       ->check(CLI::IsMember({"text", "json"}));
 
@@ -114,6 +149,7 @@ int main(int argc, char** argv) {
   }
 
   if (set_healthy->parsed()) return gns::RunSetHealthy(set_healthy_state_dir, set_healthy_gpu);
+  if (reset_gpu_cmd->parsed()) return gns::RunResetGpu(reset_state_dir, reset_gpu, std::cout, std::cerr);
   if (inventory->parsed()) return gns::RunInventory(inventory_library, inventory_host_root);
   if (preflight->parsed()) return gns::RunPreflight(preflight_options);
 

@@ -27,6 +27,10 @@ echo "== device plugin on 8 fake GPUs (bench/macro/device_plugin_bench)"
   --gpus tools/sim/fake_nvml/gpus-8.json
 
 echo
+echo "== device plugin: 8x7 MIG registration, replica Allocate, CDI rewrite (bench/macro/device_plugin_sharing_bench)"
+"$build_dir/bench/macro/device_plugin_sharing_bench" --fake-nvml "$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1"
+
+echo
 echo "== dra-compute-domain prepare/unprepare through the kubelet and API simulators (bench/macro/dra_prepare_bench)"
 "$build_dir/bench/macro/dra_prepare_bench"
 
@@ -65,10 +69,44 @@ rm -rf "$sandbox"
 
 echo
 echo "== kube informer: watch decode+apply, relist and memory per cached Node (bench/micro/kube)"
-"$build_dir/bench/micro/kube/kube_watch_decode_bench"
+"$build_dir/bench/micro/kube/kube_watch_decode_bench" --benchmark_out="$out/kube.json" --benchmark_out_format=json
+/usr/bin/python3 - "$out/kube.json" <<'PY'
+import json, sys
+runs = {b["name"].split("/iterations")[0]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
+for arg, what in (("0", "whole objects"), ("1", "projected: labels + addresses")):
+    rate = runs[f"BM_WatchDecodeApply/{arg}"]["items_per_second"]
+    relist = runs[f"BM_Relist10kNodes/{arg}"]["cpu_time"]  # CPU: the 2 cores are shared
+    mem = runs[f"BM_MemoryPerCachedNode/{arg}"]
+    ratio = mem["bytes_per_node"] / mem["json_bytes_per_node"]
+    print(f"informer ({what}): decode+apply {rate/1000:.1f}k events/s (target >= 50k); relist of 10k "
+          f"{relist:.0f} ms (target <= 200 ms); {mem['bytes_per_node']/1000:.1f} KB per cached Node = "
+          f"{ratio:.2f}x its {mem['json_bytes_per_node']/1000:.1f} KB of JSON (target <= 1.5x)")
+PY
+
+echo
+echo "== whole binary at rest, every module on (the make run set), production timers (tools/idle-bench.sh)"
+tools/idle-bench.sh "$build_dir" || echo "idle bench: no figures (see the lines above)"
 
 echo
 echo "== gkm-agent: pull + extract of a 256 MiB cache beside skopeo copy (bench/macro/gkm_pull_bench)"
 if [[ -x "$build_dir/bench/macro/gkm_pull_bench" ]]; then
   "$build_dir/bench/macro/gkm_pull_bench" --bytes $((256 << 20)) --source-dir "$PWD"
+fi
+
+echo
+echo "== pod-resources: pod change -> annotation written; API requests at steady state (bench/macro/pod_resources_bench)"
+if [[ -x "$build_dir/bench/macro/pod_resources_bench" ]]; then
+  "$build_dir/bench/macro/pod_resources_bench" --rounds 50 --steady-ms 3000
+fi
+
+echo
+echo "== gpu-reset: XID 48 -> autoReset -> Healthy again, our overhead beside the reset command (bench/macro/gpu_reset_bench.py)"
+/usr/bin/python3 bench/macro/gpu_reset_bench.py --build "$build_dir" --rounds 30
+echo "   the same with the kernel line only (no NVML event before the reset: its release may sit out one long wait)"
+/usr/bin/python3 bench/macro/gpu_reset_bench.py --build "$build_dir" --rounds 10 --no-nvml-xid
+
+echo
+echo "== imex-health: nvidia-imex.service stopped -> ImexHealthy False at the API simulator, idle wake-ups (bench/macro/imex_health_bench)"
+if [[ -x "$build_dir/bench/macro/imex_health_bench" ]]; then
+  GNS_BINARY_DIR="$PWD/$build_dir" "$build_dir/bench/macro/imex_health_bench" --rounds 50 --idle-ms 3000
 fi

@@ -12,6 +12,8 @@
 #include "modules/journald/journald_module.hpp"
 #include "modules/kube/kube_module.hpp"
 #include "modules/metrics/metrics_module.hpp"
+#include "modules/gpu_reset/gpu_reset_module.hpp"
+#include "modules/node_labels/node_labels_module.hpp"
 #include "modules/pod_resources/pod_resources_module.hpp"
 
 namespace gns {
@@ -28,8 +30,10 @@ const std::vector<ModuleDescriptor>& ModuleManifest() {
       DescribeModule<device_plugin::DevicePluginModule>(),
       DescribeModule<dra::DraComputeDomainModule>(),
       DescribeModule<pod_resources::PodResourcesModule>(),
+      DescribeModule<gpu_reset::GpuResetModule>(),
       DescribeModule<imex_peers::ImexPeersModule>(),
       DescribeModule<gkm::GkmAgentModule>(),
+      DescribeModule<node_labels::NodeLabelsModule>(),
   };
   return manifest;
 }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -42,11 +43,15 @@ const std::set<Grant>& UsedByTheCode() {
       // src/modules/compute_domain_controller/compute_domain_controller_module.cpp: informer on
       // computedomains in all namespaces (list + watch);
       // reconciler.cpp: GET the domain fresh, PUT finalizers, PUT /status.
+      // src/modules/dra_compute_domain/driver_managed.cpp: server-side apply (PATCH) of its
+      // node's own entry in computedomains/status (register, Ready/NotReady, deregister), and a
+      // JSON patch removing an entry it never owned (written by an update).
       {"cluster", "resource.nvidia.com", "computedomains", "list"},
       {"cluster", "resource.nvidia.com", "computedomains", "watch"},
       {"cluster", "resource.nvidia.com", "computedomains", "get"},
       {"cluster", "resource.nvidia.com", "computedomains", "update"},
       {"cluster", "resource.nvidia.com", "computedomains/status", "update"},
+      {"cluster", "resource.nvidia.com", "computedomains/status", "patch"},
       // reconciler.cpp: the workload ResourceClaimTemplate: GET, POST, PUT (its finalizer), DELETE;
       // the module: an informer on our templates (list + watch, label-selected).
       {"cluster", "resource.k8s.io", "resourceclaimtemplates", "list"},
@@ -58,6 +63,12 @@ const std::set<Grant>& UsedByTheCode() {
       // src/modules/dra_compute_domain/dra_module.cpp (kubelet plugin): GET its Node, GET the
       // claim to prepare, LIST a namespace's ComputeDomains (granted above), its node's
       // ResourceSlice through an informer (list + watch), GET, POST and PUT; Events (above).
+      // driver_managed.cpp (HostManagedIMEX off): merge-PATCH its Node's computeDomain label
+      // (nodes patch, below), GET the Node's InternalIP, an informer per served domain
+      // (computedomains list + watch), PATCH computedomains/status for its entry in
+      // status.nodes, GET a recorded claim at start (all granted above or below).
+      // compute_domain_controller_module.cpp (driver-managed): a Node informer (list + watch,
+      // below) so a vanished node leaves its domains' status.
       {"cluster", "", "nodes", "get"},
       {"cluster", "resource.k8s.io", "resourceclaims", "get"},
       {"cluster", "resource.k8s.io", "resourceslices", "list"},
@@ -82,12 +93,19 @@ const std::set<Grant>& UsedByTheCode() {
       // src/modules/imex_health/imex_health_module.cpp: the same calls as gpu-health — GET its
       // Node and merge-PATCH nodes/<n>/status (NodeConditions), its own Node through an
       // informer (list + watch) for its InternalIP, Events; all granted above.
-      // src/modules/imex_peers/imex_peers_module.cpp: server-side apply PATCH of its own Node's
-      // clique label, an informer on the clique's Nodes (list + watch, label-selected), its
-      // Node condition (GET + PATCH nodes/status), Events; all granted above.
+      // src/modules/imex_peers/imex_peers_module.cpp: an informer on the clique's Nodes (list +
+      // watch, label-selected), its Node condition (GET + PATCH nodes/status), Events; all
+      // granted above.
+      // src/modules/node_labels/node_labels_module.cpp: server-side apply PATCH of its own
+      // Node's GPU labels (nvidia.com/gpu.clique included); granted above.
       // src/modules/gkm_agent/gkm_agent_module.cpp: informers (list + watch) on GKMCache and
       // ClusterGKMCache; server-side apply (PATCH) of GKMCacheNode / ClusterGKMCacheNode and of
       // their status; DELETE with the cache; GET of pull secrets.
+      // src/modules/gpu_reset/gpu_reset_module.cpp: GPUReset informer, status, evictions.
+      {"cluster", "janitor.dgxc.nvidia.com", "gpuresets", "list"},
+      {"cluster", "janitor.dgxc.nvidia.com", "gpuresets", "watch"},
+      {"cluster", "janitor.dgxc.nvidia.com", "gpuresets/status", "patch"},
+      {"cluster", "", "pods/eviction", "create"},
       {"cluster", "gkm.io", "gkmcaches", "list"},
       {"cluster", "gkm.io", "gkmcaches", "watch"},
       {"cluster", "gkm.io", "clustergkmcaches", "list"},
@@ -223,6 +241,46 @@ TEST_F(DeployTest, TheDaemonSetPassesTheFeatureGateAndTheNodeEnvironment) {
   }
 }
 
+// imex-health runs <hostRoot><domainCheck.command> from the ConfigMap: some read-only mount of
+// the DaemonSet must put the host's file at exactly that container path (its hostPath plus the
+// rest of the path is the command on the host), and the pod must share the host's network,
+// where the tool reaches nvidia-imex.service's command port.
+TEST_F(DeployTest, TheHostsImexCtlIsMountedWhereImexHealthRunsIt) {
+  const auto site = YAML::Load(One("ConfigMap", "gpu-node-supervisor")["data"]["site.yaml"].as<std::string>());
+  const auto imex = site["modules"]["imex-health"];
+  ASSERT_TRUE(imex && imex["enabled"].as<bool>()) << "the bundle runs imex-health";
+  ASSERT_TRUE(imex["domainCheck"]["command"]) << "the ConfigMap names the tool's host path (the mount follows it)";
+  const auto command = imex["domainCheck"]["command"].as<std::string>();
+  const auto in_container = site["paths"]["hostRoot"].as<std::string>() + command;
+
+  const auto pod = One("DaemonSet", "gpu-node-supervisor")["spec"]["template"]["spec"];
+  EXPECT_TRUE(pod["hostNetwork"] && pod["hostNetwork"].as<bool>());
+  std::map<std::string, std::string> host_path_of;  // volume name → host path
+  for (const auto& v : pod["volumes"]) {
+    if (v["hostPath"]) host_path_of[v["name"].as<std::string>()] = v["hostPath"]["path"].as<std::string>();
+  }
+  bool found = false;
+  bool read_only = false;
+  size_t mount_path_length = 0;
+  std::string host_file;
+  const auto mounts = Container()["volumeMounts"];
+  for (const auto& m : mounts) {
+    const auto at = m["mountPath"].as<std::string>();
+    if (in_container.rfind(at + "/", 0) != 0) continue;  // a directory holding the tool
+    const auto name = m["name"].as<std::string>();
+    ASSERT_TRUE(host_path_of.contains(name)) << name << " is not a hostPath volume";
+    // The deepest mount wins, as in the container's mount table.
+    if (found && at.size() < mount_path_length) continue;
+    found = true;
+    mount_path_length = at.size();
+    host_file = host_path_of[name] + in_container.substr(at.size());
+    read_only = m["readOnly"] && m["readOnly"].as<bool>();
+  }
+  ASSERT_TRUE(found) << "nothing mounted over " << in_container;
+  EXPECT_EQ(host_file, command) << "the mount shows another host file at " << in_container;
+  EXPECT_TRUE(read_only);
+}
+
 TEST_F(DeployTest, TheCrdHasTheSchemaAndTheStatusSubresource) {
   const auto crd = One("CustomResourceDefinition", "computedomains.resource.nvidia.com");
   ASSERT_TRUE(crd);
@@ -237,6 +295,16 @@ TEST_F(DeployTest, TheCrdHasTheSchemaAndTheStatusSubresource) {
   EXPECT_EQ(channel["resourceClaimTemplate"]["properties"]["name"]["type"].as<std::string>(), "string");
   EXPECT_EQ(channel["allocationMode"]["enum"].as<std::vector<std::string>>(), (std::vector<std::string>{"All", "Single"}));
   EXPECT_EQ(props["status"]["properties"]["status"]["type"].as<std::string>(), "string");
+  // Driver-managed: each node applies its own entry (server-side apply); that takes a map list
+  // keyed by name, as upstream's CRD declares it. The entry's fields survive pruning.
+  const auto nodes = props["status"]["properties"]["nodes"];
+  EXPECT_EQ(nodes["x-kubernetes-list-type"].as<std::string>(), "map");
+  EXPECT_EQ(nodes["x-kubernetes-list-map-keys"].as<std::vector<std::string>>(), (std::vector<std::string>{"name"}));
+  for (const char* field : {"name", "ipAddress", "cliqueID", "index", "status"}) {
+    EXPECT_TRUE(nodes["items"]["properties"][field].IsMap()) << field;
+  }
+  EXPECT_EQ(nodes["items"]["properties"]["status"]["enum"].as<std::vector<std::string>>(),
+            (std::vector<std::string>{"Ready", "NotReady"}));
 }
 
 TEST_F(DeployTest, TheConfigMapSiteYamlPassesValidateConfig) {

@@ -3,7 +3,8 @@
 what the supervisor did, as an operator would see it from the outside (kubelet simulator,
 API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the supervisor.
 
-  1. device plugin: 8 GPUs advertised to the kubelet;
+  1. device plugin: 7 GPUs and GPU 7's MIG devices advertised to the kubelet (migStrategy mixed:
+     one resource per MIG profile), a time-sliced MIG resource (replicas, .shared) allocated;
      pod resources: a pod allocated a GPU gets the dgxc.nvidia.com/devices annotation (and the
      GPU -> pod map in /debug/state), and loses it when its containers end;
   2. an NVRM Xid line in the journal turns a GPU Unhealthy at the kubelet, a reset ack heals it;
@@ -19,6 +20,9 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
      clique -> nodes_config.cfg rewritten, the IMEX restart waits (ImexRestartPending) until the
      claim is unprepared.
   8. gkm-agent: a GKMCache image on the loopback registry becomes Ready and Compatible.
+  (after 2) gpu-reset: an Xid 48 on a GPU a pod holds -> a GPUReset object -> the pod evicted ->
+     the GPU reset by the fake nvidia-smi, validated -> Healthy, Complete=True; the others stay
+     Healthy throughout.
 
 Standard library only. Waits are bounded; every step says what it waited for if it gives up.
 """
@@ -122,6 +126,37 @@ def metric(series):
     return 0.0
 
 
+def sharing_step(plugin):
+    """migStrategy mixed + time-slicing (config/local.yaml): GPU 7 is split into MIG devices, one
+    resource per profile; the 1g.18gb one is time-sliced 2 ways and renamed .shared."""
+    resources = kubelet("state").get("resources", {})
+    counts = {name: len(r.get("devices", [])) for name, r in sorted(resources.items())
+              if name.startswith("nvidia.com/")}
+    say("device plugin", f"registered resources (migStrategy mixed): {counts}")
+    shared = "nvidia.com/mig-1g.18gb.shared"
+    replica = sorted(d.get("id") for d in resources.get(shared, {}).get("devices", []))[0]
+    allocated = kubelet("allocate", shared, replica)
+    if not allocated.get("ok"):
+        raise SystemExit(f"[demo] Allocate of {replica} failed: {allocated}")
+    response = (allocated.get("response", {}).get("container_responses") or [{}])[0]
+    cdi = [d.get("name") for d in response.get("cdi_devices", [])]
+    say("device plugin", f"time-sliced replica {replica} -> NVIDIA_VISIBLE_DEVICES="
+        f"{response.get('envs', {}).get('NVIDIA_VISIBLE_DEVICES')}, CDI {cdi}; "
+        f"CDI spec {plugin.get('cdiSpec', {}).get('path', '(none)')}")
+    refused = kubelet("allocate", shared, ",".join(sorted(d.get("id") for d in resources.get(shared, {})
+                                                          .get("devices", []))[:2]))
+    say("device plugin", f"two replicas in one container (failRequestsGreaterThanOne) -> "
+        f"{refused.get('error', refused)}")
+
+    def gpu_labels():
+        code, node = Api().call("GET", f"/api/v1/nodes/{NODE}")
+        labels = ((node or {}).get("metadata") or {}).get("labels", {}) if code == 200 else {}
+        found = {k: v for k, v in labels.items() if k.startswith("nvidia.com/")}
+        return found if "nvidia.com/gpu.product" in found and "nvidia.com/mig.strategy" in found else None
+    labels = wait_for("the GPU node labels", gpu_labels)
+    say("node labels", f"one server-side apply by node-labels: {labels}")
+
+
 def pod_resources_step(gpu):
     """A pod on this node is admitted with one GPU (the kubelet simulator calls our device plugin's
     Allocate and records it for PodResourcesLister) -> annotated; its containers end -> not."""
@@ -148,6 +183,61 @@ def pod_resources_step(gpu):
     wait_for("the annotation removed", lambda: key not in (api.call("GET", pods + "/trainer-0")[1]["metadata"]
                                                           .get("annotations") or {}))
     say("pod resources", "its containers ended (the kubelet no longer lists it) -> annotation removed")
+
+
+def pod_on(api, namespace, name, gpu):
+    """A pod admitted by the kubelet with `gpu` (our device plugin's Allocate) -> annotated."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "cuda",
+                                                      "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+           "status": {"phase": "Running"}}
+    code, created = api.call("POST", pods, pod)
+    if code != 201:
+        raise SystemExit(f"[demo] creating pod {namespace}/{name} failed: {code} {created}")
+    allocated = kubelet("allocate", f"--pod={namespace}/{name}", "--containers=main", "nvidia.com/gpu", gpu)
+    if not allocated.get("ok"):
+        raise SystemExit(f"[demo] Allocate for {namespace}/{name} failed: {allocated}")
+    wait_for(f"{namespace}/{name} annotated", lambda: (lambda r: (r[1]["metadata"].get("annotations") or {})
+                                                      .get("dgxc.nvidia.com/devices") if r[0] == 200 else None)(
+        api.call("GET", f"{pods}/{name}")))
+
+
+def gpu_reset_demo(api):
+    """NVSentinel's fault-remediation asks for a GPUReset; the gpu-reset module (holders: evict)
+    evicts the pod on the GPU, resets it with the fake nvidia-smi, validates, and the GPU turns
+    Healthy; the other GPUs stay Healthy throughout."""
+    others = [d for d in kubelet("state").get("resources", {}).get("nvidia.com/gpu", {}).get("devices", [])
+              if d.get("id") != GPU_UUID]
+    resets = "/apis/janitor.dgxc.nvidia.com/v1alpha1/gpuresets"
+    reset = {"apiVersion": "janitor.dgxc.nvidia.com/v1alpha1", "kind": "GPUReset",
+             "metadata": {"name": "xid48-" + GPU_UUID[4:12]},
+             "spec": {"nodeName": NODE, "selector": {"uuids": [GPU_UUID]}}}
+    code, created = api.call("POST", resets, reset)
+    if code != 201:
+        raise SystemExit(f"[demo] creating the GPUReset failed: {code} {created}")
+    name = reset["metadata"]["name"]
+    say("gpu reset", f"GPUReset {name} for {GPU_UUID} on {NODE} created (as NVSentinel's fault-remediation does)")
+    wait_for("ml/infer-0 evicted", lambda: api.call("GET", "/api/v1/namespaces/ml/pods/infer-0")[0] == 404)
+    # The kubelet stops the evicted pod's containers: PodResourcesLister no longer lists it.
+    kubelet("forget-pod", "ml/infer-0")
+    say("gpu reset", "holders: evict -> pod ml/infer-0 (annotated with the GPU) evicted through the Eviction API")
+    healthy_others = []
+
+    def complete():
+        healthy_others.append(sum(1 for d in others if device_health(d["id"]) == "Healthy"))
+        status = (api.call("GET", f"{resets}/{name}")[1] or {}).get("status") or {}
+        for c in status.get("conditions", []):
+            if c.get("type") == "Complete" and c.get("status") != "Unknown":
+                return status
+        return None
+    status = wait_for(f"GPUReset {name} Complete", complete, timeout=60)
+    condition = next(c for c in status["conditions"] if c["type"] == "Complete")
+    steps = ", ".join(f"{s['name']} {s['durationMs']}ms" for s in status["gpus"][0]["steps"])
+    say("gpu reset", f"Complete={condition['status']} ({condition['reason']}): {steps}")
+    wait_for(f"{GPU_UUID} Healthy again", lambda: device_health(GPU_UUID) == "Healthy")
+    say("gpu reset", f"'GPU reset occurred: {GPU_UUID}' in the journal -> Healthy again at the kubelet; the other "
+        f"{len(others)} GPUs Healthy at every look ({min(healthy_others)}..{max(healthy_others)} of {len(others)})")
 
 
 BUS = "unix:path=" + os.path.join(SANDBOX, "dbus", "bus.sock")
@@ -215,7 +305,20 @@ def imex_demo(api):
         f"({down['reason']}) in {1000 * (time.monotonic() - start):.0f} ms: {down['message']}")
     systemctl("StartUnit")
     up = wait_for("ImexHealthy True", lambda: (lambda c: c if c and c["status"] == "True" else None)(imex_condition(api)))
-    say("imex health", f"systemctl start nvidia-imex -> ImexHealthy=True ({up['reason']})")
+    say("imex health", f"systemctl start nvidia-imex -> ImexHealthy=True ({up['reason']}): {up['message']}")
+    # The domain (nvidia-imex-ctl -q / -N, a fake on the sandbox host): a peer down after a restart.
+    state = os.path.join(SANDBOX, "host/usr/bin/nvidia-imex-ctl.state")
+    if os.path.exists(os.path.join(SANDBOX, "host/usr/bin/nvidia-imex-ctl")):
+        with open(state, "w") as f:
+            f.write("down\n")
+        systemctl("RestartUnit")
+        down = wait_for("ImexHealthy DomainNotReady",
+                        lambda: (lambda c: c if c and c["reason"] == "DomainNotReady" else None)(imex_condition(api)))
+        say("imex health", f"nvidia-imex-ctl -N reports a peer down -> ImexHealthy=False (DomainNotReady): {down['message']}")
+        os.remove(state)
+        systemctl("RestartUnit")
+        up = wait_for("ImexHealthy True", lambda: (lambda c: c if c and c["status"] == "True" else None)(imex_condition(api)))
+        say("imex health", f"peers READY again, IMEX restarted -> ImexHealthy=True: {up['message']}")
 
 
 def gkm_demo(api):
@@ -245,8 +348,9 @@ def main():
     status, body = http_get("/debug/state")
     plugin = json.loads(body).get("device-plugin.state", {})
     healthy = sum(1 for d in plugin.get("devices", {}).values() if d.get("health") == "Healthy")
-    say("device plugin", f"{len(plugin.get('devices', {}))} GPUs advertised to the kubelet, {healthy} Healthy, "
-        f"registered={plugin.get('registered')}")
+    say("device plugin", f"{len(plugin.get('devices', {}))} devices (GPUs and MIG devices) advertised to the "
+        f"kubelet, {healthy} Healthy, registered={plugin.get('registered')}")
+    sharing_step(plugin)
 
     # run-local.sh wrote an Xid 79 for this GPU before the supervisor started.
     wait_for(f"{EARLY_UUID} Unhealthy (its Xid was in the journal before start)",
@@ -255,15 +359,16 @@ def main():
     subprocess.run(JOURNAL_SIM + ["reset", EARLY_UUID], check=True)
     wait_for(f"{EARLY_UUID} Healthy again", lambda: device_health(EARLY_UUID) == "Healthy")
 
-    pod_resources_step(sorted(d for d in plugin.get("devices", {}) if d not in (GPU_UUID, EARLY_UUID))[0])
+    pod_resources_step(sorted(d for d in plugin.get("devices", {})
+                              if d.startswith("GPU-") and d not in (GPU_UUID, EARLY_UUID))[0])
 
+    api = Api()
+    pod_on(api, "ml", "infer-0", GPU_UUID)  # a workload on the GPU that is about to fail
     subprocess.run(JOURNAL_SIM + ["uuid", GPU_PCI, GPU_UUID], check=True)
     subprocess.run(JOURNAL_SIM + ["xid", GPU_PCI, "48", "DBE (double bit error) ECC error"], check=True)
     wait_for(f"{GPU_UUID} Unhealthy at the kubelet", lambda: device_health(GPU_UUID) == "Unhealthy")
     say("gpu health", f"kernel log 'NVRM: Xid (PCI:{GPU_PCI}): 48' -> {GPU_UUID} Unhealthy at the kubelet")
-    subprocess.run(JOURNAL_SIM + ["reset", GPU_UUID], check=True)
-    wait_for(f"{GPU_UUID} Healthy again", lambda: device_health(GPU_UUID) == "Healthy")
-    say("gpu health", f"'GPU reset occurred: {GPU_UUID}' -> Healthy again at the kubelet")
+    gpu_reset_demo(api)
 
     # XID 154: the driver says what the GPU needs now.
     subprocess.run(JOURNAL_SIM + ["kernel", f"NVRM: Xid (PCI:{GPU_PCI}): 154, GPU recovery action changed from "

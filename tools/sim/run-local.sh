@@ -24,7 +24,9 @@ trap cleanup EXIT
 
 # The fake NVML (8 H200-like GPUs, two NUMA nodes, NVLink pairs, one clique), loaded by the
 # real dlopen path; XIDs can be injected with tools/sim/fake_nvml/fakenvmlctl.py.
-export FAKE_NVML_CONFIG=${FAKE_NVML_CONFIG:-$repo/tools/sim/fake_nvml/gpus-8.json}
+# gpus-8.json with GPU 7 split into MIG devices (3g.71gb, 2g.35gb, 2x 1g.18gb): the device plugin
+# shows a mixed-MIG GPU and a time-sliced MIG resource.
+export FAKE_NVML_CONFIG=${FAKE_NVML_CONFIG:-$repo/tools/sim/fake_nvml/gpus-local.json}
 export FAKE_NVML_CONTROL=$GNS_SANDBOX/fake-nvml.sock
 export GNS_NVML_LIBRARY=$repo/$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1
 
@@ -41,6 +43,22 @@ Block devices:
   8 sd
 DEVICES
 
+# The MIG capability minors of GPU 7's GPU/compute instances (gpus-local.json), which the device
+# plugin's CDI spec turns into /dev/nvidia-caps/nvidia-cap<N> nodes of each MIG device.
+mkdir -p "$GNS_SANDBOX/host/proc/driver/nvidia-caps"
+cat > "$GNS_SANDBOX/host/proc/driver/nvidia-caps/mig-minors" <<MINORS
+config 1
+monitor 2
+gpu7/gi1/access 66
+gpu7/gi1/ci0/access 67
+gpu7/gi5/access 102
+gpu7/gi5/ci0/access 103
+gpu7/gi13/access 174
+gpu7/gi13/ci0/access 175
+gpu7/gi14/access 183
+gpu7/gi14/ci0/access 184
+MINORS
+
 # Host IMEX as imex-health sees it under hostRoot: config, a node map that lists this node
 # (its InternalIP in the seed), channel 0 (a real character device when we may mknod).
 mkdir -p "$GNS_SANDBOX/host/etc/nvidia-imex" "$GNS_SANDBOX/host/dev/nvidia-caps-imex-channels" "$GNS_SANDBOX/dbus"
@@ -52,6 +70,11 @@ IMEX_CMD_PORT=50005
 IMEXCFG
 printf '10.0.0.10\n10.0.0.11\n' > "$GNS_SANDBOX/host/etc/nvidia-imex/nodes_config.cfg"
 mknod "$GNS_SANDBOX/host/dev/nvidia-caps-imex-channels/channel0" c 509 0 2>/dev/null || true
+# nvidia-imex-ctl of host-managed IMEX (imex-health's domain check): a fake whose answers come
+# from host/usr/bin/nvidia-imex-ctl.state (READY, down, hang, fail N; see the script).
+mkdir -p "$GNS_SANDBOX/host/usr/bin"
+install -m 0755 tools/sim/systemd/host-nvidia-imex-ctl "$GNS_SANDBOX/host/usr/bin/nvidia-imex-ctl"
+rm -f "$GNS_SANDBOX/host/usr/bin/nvidia-imex-ctl.state"
 
 # A private system bus (Debian's dbus-daemon) with the fake systemd of tools/sim/systemd on it:
 # nvidia-imex.service runs; stop/start it with
@@ -78,8 +101,10 @@ pids+=($!)
 
 # The API-server simulator (HTTPS, its own CA; writes kubeconfig, ca.crt and token).
 mkdir -p "$GNS_SANDBOX/apiserver"
+# GNS_SIM_BOOKMARK_MS: how often idle watches get a BOOKMARK (the simulator's default is 1 s so
+# that tests see them soon; kube-apiserver sends one about every minute: tools/idle-bench.sh).
 "$build_dir/tools/sim/apiserver/gns-sim-apiserver" --listen 127.0.0.1:0 --state-dir "$GNS_SANDBOX/apiserver" \
-  --seed tools/sim/seed/sim-node.yaml > >(sed -u 's/^/[apiserver-sim] /') 2>&1 &
+  --seed tools/sim/seed/sim-node.yaml --seed deploy/crd-computedomains.yaml ${GNS_SIM_BOOKMARK_MS:+--bookmark-interval-ms "$GNS_SIM_BOOKMARK_MS"} > >(sed -u 's/^/[apiserver-sim] /') 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] && break; sleep 0.1; done
 [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] || { echo "the API-server simulator did not start" >&2; exit 1; }
@@ -113,6 +138,14 @@ echo "127.0.0.1:$reg_port/caches/triton-demo:v1" > "$reg/image"
   --control-socket "$GNS_SANDBOX/kubelet-control.sock" > >(sed -u 's/^/[kubelet-sim] /') 2>&1 &
 pids+=($!)
 
+# journald's native socket under hostRoot: the gpu-reset module writes "GPU reset started /
+# occurred" lines there; they land in a real journal file beside the others, for gpu-health.
+export GNS_REPO=$repo
+/usr/bin/python3 tools/sim/journal/journald-sim.py --socket "$GNS_SANDBOX/host/run/systemd/journal/socket" \
+  --output "$GNS_SANDBOX/journal/native.journal" > >(sed -u 's/^/[journald-sim] /') 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -S "$GNS_SANDBOX/host/run/systemd/journal/socket" ]] && break; sleep 0.05; done
+
 # A GPU that failed before the supervisor came up: its Xid is already in the journal, and
 # gpu-health must act on it at start (the health stream is read at gpu-health's position).
 tools/sim/journal/journal-sim.sh "$GNS_SANDBOX/journal" xid 0000:2a:00 79 "GPU has fallen off the bus."
@@ -123,10 +156,11 @@ echo "  health:       http://$GNS_METRICS_LISTEN/healthz  http://$GNS_METRICS_LI
 echo "  debug state:  http://$GNS_METRICS_LISTEN/debug/state"
 echo "  inject an XID:  tools/sim/fake_nvml/fakenvmlctl.py --socket $FAKE_NVML_CONTROL inject-xid GPU-… 79"
 echo "  kubelet:        tools/sim/kubelet/kubeletctl.py --socket $GNS_SANDBOX/kubelet-control.sock state"
+echo "  reset a GPU:     $build_dir/src/gpu-node-supervisor reset-gpu --state-dir $GNS_SANDBOX/var/lib/gpu-node-supervisor --gpu GPU-…"
 echo "  host IMEX:       busctl --address=unix:path=$GNS_SANDBOX/dbus/bus.sock call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StopUnit ss nvidia-imex.service replace"
 echo "Ctrl-C stops everything."
 
-"$build_dir/src/gpu-node-supervisor" run --config config/local.yaml &
+"$build_dir/src/gpu-node-supervisor" run --config "${GNS_CONFIG:-config/local.yaml}" &
 supervisor=$!
 pids+=("$supervisor")
 # The walk-through of every module (prints [demo] lines); the supervisor keeps running after it.

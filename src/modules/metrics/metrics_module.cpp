@@ -31,15 +31,16 @@ std::optional<tcp::endpoint> ParseListenAddress(const std::string& text) {
 
 MetricsModule::Config MetricsModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
   using std::chrono::milliseconds;
-  Config config;
+  Config config;  // its members hold the defaults
   const std::string listen = section.String("listen", "0.0.0.0:9464");
   const auto endpoint = ParseListenAddress(listen);
   if (!endpoint) section.Fail("listen", "expected IP:PORT (e.g. 0.0.0.0:9464 or [::1]:9464), got \"" + listen + "\"");
   config.listen = *endpoint;
-  config.read_timeout = section.Duration("readTimeout", milliseconds(100), milliseconds(300000), milliseconds(10000));
-  config.max_connections = static_cast<std::size_t>(section.Int("maxConnections", 1, 4096, 64));
+  config.read_timeout = section.Duration("readTimeout", milliseconds(100), milliseconds(300000), config.read_timeout);
+  config.max_connections = static_cast<std::size_t>(
+      section.Int("maxConnections", 1, 4096, static_cast<int64_t>(config.max_connections)));
   config.max_heartbeat_age =
-      section.Duration("maxHeartbeatAge", milliseconds(1000), milliseconds(600000), milliseconds(10000));
+      section.Duration("maxHeartbeatAge", milliseconds(1000), milliseconds(600000), config.max_heartbeat_age);
   return config;
 }
 
@@ -125,8 +126,9 @@ HttpResponse MetricsModule::Healthz() {
   HttpResponse r;
   const auto heartbeat = context_.GetServices().Find<LoopHeartbeat>();
   if (heartbeat && heartbeat->LastTick() != Clock::SteadyTime{}) {
+    // The heartbeat ticks every Interval(): only what comes on top of that is lateness.
     const auto age = context_.GetClock().Now() - heartbeat->LastTick();
-    if (age > config_.max_heartbeat_age) {
+    if (age > heartbeat->Interval() + config_.max_heartbeat_age) {
       r.status = 503;
       r.body = "loop heartbeat is " +
                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(age).count()) + " ms old\n";

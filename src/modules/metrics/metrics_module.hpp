@@ -27,7 +27,7 @@ class MetricsModule final : public Module {
     boost::asio::ip::tcp::endpoint listen;
     std::chrono::milliseconds read_timeout{10000};
     std::size_t max_connections = 64;
-    // /healthz fails when the loop's heartbeat is older than this.
+    // /healthz fails when the loop's heartbeat is this late: older than its interval plus this.
     std::chrono::milliseconds max_heartbeat_age{10000};
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The whole binary at rest with every module on (the `make run` set, started by
+# tools/sim/run-local.sh without the demo) and the production config's timers (config/local.yaml
+# without its shortened ones, so every timer is at its documented default): VmRSS and RssAnon
+# once settled, and how often its threads wake while nothing happens.
+# Targets (issue #15): VmRSS <= 24 MiB, RssAnon <= 8 MiB, loop thread <= 1 wake-up/s.
+#   tools/idle-bench.sh [BUILD_DIR] [SETTLE_S] [WINDOW_S]
+set -euo pipefail
+build_dir=${1:-build/release}
+settle_s=${2:-10}
+window_s=${3:-30}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+
+sandbox=$(mktemp -d /tmp/gns-idle-bench-XXXXXX)
+port=$(/usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+# The production timers: drop every shortened one of local.yaml (their defaults are the
+# documented production values of config/example.yaml); and quiet logs.
+sed -e '/eventWaitTimeout:/d' -e '/retryBackoff:/d' -e '/^    resync:/d' -e '/retryMax:/d' \
+    -e '/leaderElection: {namespace/d' -e '/retryInterval:/d' -e 's/^  level: info/  level: warn/' \
+    config/local.yaml > "$sandbox/site.yaml"
+
+# kube-apiserver sends idle watches a BOOKMARK about once a minute (the simulator's default, 1 s,
+# is for tests): with the default every informer's watch would wake the loop each second.
+GNS_SIM_BOOKMARK_MS=60000 GNS_SANDBOX=$sandbox/sim GNS_METRICS_LISTEN=127.0.0.1:$port GNS_DEMO=0 GNS_CONFIG=$sandbox/site.yaml \
+  NODE_NAME=sim-node-0 setsid tools/sim/run-local.sh "$build_dir" > "$sandbox/run.log" 2>&1 &
+runner=$!
+cleanup() {
+  kill -TERM -- -"$runner" 2>/dev/null || true
+  wait "$runner" 2>/dev/null || true
+  rm -rf "$sandbox"
+}
+trap cleanup EXIT
+
+ready=0
+for _ in $(seq 600); do
+  if /usr/bin/python3 -c 'import sys,urllib.request as u;u.urlopen(sys.argv[1],timeout=1)' \
+      "http://127.0.0.1:$port/readyz" 2>/dev/null; then ready=1; break; fi
+  sleep 0.1
+done
+if [[ $ready != 1 ]]; then
+  echo "idle bench: the supervisor did not get ready; its log:" >&2
+  tail -30 "$sandbox/run.log" >&2
+  exit 1
+fi
+pid=$(pgrep -n -f "^$build_dir/src/gpu-node-supervisor run --config $sandbox/site.yaml" || true)
+[[ -n $pid ]] || { echo "idle bench: no supervisor process" >&2; exit 1; }
+sleep "$settle_s"  # settle: this is a benchmark, not a test
+
+# A wake-up is a voluntary context switch: the thread blocked (epoll, futex, timer) and was woken
+# again. Involuntary switches (preemption on a busy machine) are not wake-ups: not counted.
+wakeups() { awk '$1 == "voluntary_ctxt_switches:" {print $2}' "/proc/$pid/task/$1/status" 2>/dev/null || echo 0; }
+declare -A before
+for task in /proc/$pid/task/*; do t=${task##*/}; before[$t]=$(wakeups "$t"); done
+sleep "$window_s"
+loop_rate=0
+total=0
+per_thread=""
+for task in /proc/$pid/task/*; do
+  t=${task##*/}
+  n=$(( $(wakeups "$t") - ${before[$t]:-0} ))
+  total=$((total + n))
+  name=$(cat "$task/comm" 2>/dev/null || echo "?")
+  [[ $t == "$pid" ]] && { loop_rate=$n; name="loop"; }
+  [[ $n -gt 0 ]] && per_thread+="$(awk -v n="$n" -v w="$window_s" 'BEGIN {printf "%.2f", n / w}')/s $name[$t]; "
+done
+status() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$pid/status"; }
+rss_kb=$(status VmRSS)
+anon_kb=$(status RssAnon)
+file_kb=$(status RssFile)
+threads=$(status Threads)
+awk -v rss="$rss_kb" -v anon="$anon_kb" -v file="$file_kb" -v th="$threads" -v loop="$loop_rate" -v total="$total" \
+  -v w="$window_s" -v busy="$per_thread" 'BEGIN {
+  printf "whole binary, every module on (make run set), production timers, idle %d s after ready:\n", w
+  printf "  VmRSS %.1f MiB (target <= 24 MiB), RssAnon %.1f MiB (target <= 8 MiB), RssFile %.1f MiB, %d threads\n",
+         rss / 1024, anon / 1024, file / 1024, th
+  printf "  loop thread %.2f wake-ups/s (target <= 1/s); all threads %.2f/s\n", loop / w, total / w
+  printf "  per thread: %s\n", busy
+}'
+# GNS_IDLE_DETAIL=1: where the resident memory is, by mapping (file, [heap], anonymous).
+if [[ ${GNS_IDLE_DETAIL:-0} == 1 ]]; then
+  /usr/bin/python3 - "/proc/$pid/smaps" <<'PY'
+import collections, sys
+rss, anon = collections.Counter(), collections.Counter()
+name = None
+for line in open(sys.argv[1]):
+    parts = line.split()
+    if parts and "-" in parts[0] and ":" not in parts[0]:
+        name = parts[5] if len(parts) > 5 else "[anonymous]"
+    elif parts[0] == "Rss:":
+        rss[name] += int(parts[1])
+    elif parts[0] == "Anonymous:":
+        anon[name] += int(parts[1])
+print("  resident by mapping (KiB, of which anonymous):")
+for name, kb in rss.most_common(14):
+    print(f"    {kb:7d} {anon[name]:7d}  {name}")
+PY
+fi
