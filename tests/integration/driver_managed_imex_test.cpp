@@ -166,7 +166,8 @@ class DriverManagedImexTest : public ::testing::Test {
   void Launch(SimNode& n) {
     n.proc = std::make_unique<test::Subprocess>(
         std::vector<std::string>{std::getenv("GNS_SUPERVISOR_BIN"), "run", "--config", n.config},
-        std::map<std::string, std::string>{{"FAKE_NVML_CONFIG", n.nvml}});
+        // POD_NAME: the lease identity, as the DaemonSet sets it (all three share this host's name).
+        std::map<std::string, std::string>{{"FAKE_NVML_CONFIG", n.nvml}, {"POD_NAME", "supervisor-" + n.name}});
   }
 
   json Get(const std::string& path) { return api_->Call("GET", path).Json(); }

@@ -164,7 +164,12 @@ echo "Ctrl-C stops everything."
 supervisor=$!
 pids+=("$supervisor")
 # The walk-through of every module (prints [demo] lines); the supervisor keeps running after it.
-[[ ${GNS_DEMO:-1} == 1 ]] && { /usr/bin/python3 tools/sim/demo.py & pids+=($!); }
+# Then driver-managed IMEX (HostManagedIMEX off) on a second simulated cluster of three nodes,
+# each its own supervisor running the domain's nvidia-imex (tools/sim/driver_managed_demo.py).
+[[ ${GNS_DEMO:-1} == 1 ]] && {
+  { /usr/bin/python3 tools/sim/demo.py && GNS_BUILD_DIR=$build_dir /usr/bin/python3 tools/sim/driver_managed_demo.py; } &
+  pids+=($!)
+}
 # Ctrl-C reaches every process of the foreground group, the supervisor included: the script
 # only waits (forwarding it too would be a second signal, which stops the supervisor hard).
 # A SIGTERM sent to this script alone is passed on.
