@@ -54,6 +54,20 @@ for r in rows:
 print(f"{len(rows)} GPU(s) by nvidia-smi, {len(gpus)} by inventory, {bad} difference(s)")
 PY
 
+section "preflight on this host (an IMEX node passes; elsewhere each failure says why and how to fix it)"
+"$bin" preflight --host-root / --output json > "$out/preflight.json" 2> "$out/preflight.err"
+echo "exit $?"
+/usr/bin/env python3 - "$out/preflight.json" <<'PY'
+import json, sys
+try:
+    checks = json.load(open(sys.argv[1]))["checks"]
+except Exception as e:  # the report is the point: show what came back
+    print("no JSON report:", e); sys.exit(0)
+for c in checks:
+    print(f"  {c['status']:5} {c['name']}: {c['message'][:150]}")
+PY
+cat "$out/preflight.err"
+
 section "the supervisor on the real NVML (gpu-inventory, device-plugin at the kubelet simulator, metrics)"
 sandbox=$(mktemp -d)
 port=$(/usr/bin/env python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')

@@ -126,7 +126,10 @@ std::vector<std::string> LibrariesFromLdCache(const std::string& bytes, const st
       return {};
     }
     const bool wanted = std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return key.rfind(p, 0) == 0; });
-    if (wanted && !value.empty() && value.front() == '/' && seen.insert(value).second) out.push_back(value);
+    // One path per soname, the first the cache lists: the one the dynamic linker loads. A host
+    // whose cache lists the driver twice (/usr/local/nvidia/lib64 and /lib on the real H200
+    // node we checked) would otherwise mount every library twice.
+    if (wanted && !value.empty() && value.front() == '/' && seen.insert(key).second) out.push_back(value);
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -37,7 +37,8 @@ struct CdiSettings {
 };
 
 // The linker cache's libraries whose soname starts with one of `prefixes` (e.g. "libcuda.so"),
-// for this machine's word size and architecture; paths as the cache stores them. `error` is set
+// for this machine's word size and architecture; paths as the cache stores them, one per soname
+// (the first the cache lists, as the dynamic linker picks). `error` is set
 // for a file that is not a glibc ld.so.cache (new format, "glibc-ld.so.cache1.1").
 std::vector<std::string> LibrariesFromLdCache(const std::string& cache_bytes, const std::vector<std::string>& prefixes,
                                               std::string& error);

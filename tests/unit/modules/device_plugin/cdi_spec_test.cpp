@@ -61,6 +61,18 @@ TEST(LdCache, FindsTheDriverLibrariesOfOurAbiOnly) {
                                             "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"}));
 }
 
+TEST(LdCache, OnePathPerSonameTheFirstTheCacheLists) {
+  // As on the real H200 node: the driver's directory and /lib both in the cache.
+  std::string error;
+  const auto libs = LibrariesFromLdCache(
+      MakeLdCache({{"libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1"},
+                   {"libcuda.so.1", "/lib/libcuda.so.1"},
+                   {"libnvidia-ml.so.1", "/lib/libnvidia-ml.so.1"}}),
+      {"libcuda.so.", "libnvidia-ml.so."}, error);
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(libs, (std::vector<std::string>{"/lib/libnvidia-ml.so.1", "/usr/local/nvidia/lib64/libcuda.so.1"}));
+}
+
 TEST(LdCache, ReadsThisMachinesRealCache) {
   // The format check that does not rest on our own writer: glibc's cache on this machine.
   std::string bytes, error;
