@@ -161,12 +161,20 @@ TEST_F(DevicePluginSharingTest, MigHealthFollowsGpuHealthPerGpuInstanceAndPerGpu
   config.mig_strategy = MigStrategy::kMixed;
   StartModule(config);
   ASSERT_TRUE(AwaitCount("nvidia.com/mig-1g.10gb", 9));
+  // Every profile's endpoint registers on its own: wait for the one checked below as well
+  // (reading a resource the kubelet does not have yet was a flaky empty optional).
+  ASSERT_TRUE(h_.OffLoop([&] {
+    return sim_->WaitForDevices("nvidia.com/mig-3g.40gb", [](const auto& d) { return !d.empty(); }, seconds(20));
+  }));
 
   // A verdict naming GPU instance 9 of GPU 0: that MIG device alone.
   h_.bus.Publish(Verdict("GPU-0", false, 9));
   ASSERT_TRUE(AwaitHealth("nvidia.com/mig-1g.10gb", "MIG-0-2", "Unhealthy"));
-  EXPECT_EQ(sim_->Resource("nvidia.com/mig-1g.10gb")->CountHealth("Unhealthy"), 1u);
-  EXPECT_EQ(sim_->Resource("nvidia.com/mig-3g.40gb")->CountHealth("Unhealthy"), 0u);
+  const auto small = sim_->Resource("nvidia.com/mig-1g.10gb");
+  const auto large = sim_->Resource("nvidia.com/mig-3g.40gb");
+  ASSERT_TRUE(small.has_value() && large.has_value());
+  EXPECT_EQ(small->CountHealth("Unhealthy"), 1u);
+  EXPECT_EQ(large->CountHealth("Unhealthy"), 0u);
   auto sick = Allocate("nvidia.com/mig-1g.10gb", {{"MIG-0-2"}});
   EXPECT_EQ(sick.status.code, grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(sick.status.message, "unhealthy device IDs: MIG-0-2");
