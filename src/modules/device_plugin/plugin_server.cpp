@@ -40,7 +40,7 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<v1beta1::ListAn
 
   // Loop thread.
   void Send(const v1beta1::ListAndWatchResponse& list) {
-    if (finished_) return;
+    if (finished_ || closing_) return;
     if (writing_) {
       pending_ = list;  // only the newest full list matters
       has_pending_ = true;
@@ -49,6 +49,15 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<v1beta1::ListAn
     current_ = list;
     writing_ = true;
     StartWrite(&current_);
+  }
+
+  // Loop thread: the server is stopping. A stream left open would hold the gRPC server's
+  // Shutdown until its deadline (1 s per endpoint on every SIGTERM); end it now, after the
+  // write in flight if there is one.
+  void Close() {
+    closing_ = true;
+    has_pending_ = false;
+    if (!writing_) FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "device plugin is stopping"));
   }
 
   void FinishOnce(const grpc::Status& status) {
@@ -62,6 +71,10 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<v1beta1::ListAn
       writing_ = false;
       if (!ok) {
         FinishOnce(grpc::Status::OK);  // the kubelet went away
+        return;
+      }
+      if (closing_) {
+        FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "device plugin is stopping"));
         return;
       }
       if (has_pending_) {
@@ -90,6 +103,7 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<v1beta1::ListAn
   bool has_pending_ = false;
   bool writing_ = false;
   bool finished_ = false;
+  bool closing_ = false;
 };
 
 class PluginServer::Service final : public v1beta1::DevicePlugin::CallbackService {
@@ -170,6 +184,7 @@ std::size_t PluginServer::OpenStreams() const { return shared_->streams.size(); 
 
 void PluginServer::Shutdown(BlockingPool& pool, std::function<void()> done) {
   shared_->alive = false;
+  for (auto* stream : shared_->streams) stream->Close();
   server_.Shutdown(pool, loop_, std::move(service_), std::move(done));
 }
 

@@ -342,6 +342,9 @@ TEST_F(DevicePluginFlowTest, StopRemovesOurSocket) {
   h_.bus.Publish(EightGpus());
   StartModule();
   ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
+  ASSERT_TRUE(Await([](auto& s) {
+    return s.WaitForDevices(kResource, [](const auto& d) { return d.size() == 8; }, seconds(20));
+  }));
   StopModule();
   EXPECT_FALSE(fs::exists(h_.site.paths.kubelet_dir + "/device-plugins/nvidia-gpu.sock"));
   ASSERT_TRUE(Await([](auto& s) {
@@ -350,6 +353,12 @@ TEST_F(DevicePluginFlowTest, StopRemovesOurSocket) {
       return r != nullptr && !r->connected;
     }, seconds(20));
   }));
+  // The plugin ends the kubelet's ListAndWatch itself; left open, the stream was cancelled only
+  // when the gRPC server's shutdown deadline ran out (a second on every stop).
+  const auto resource = sim_->Resource(kResource);
+  ASSERT_TRUE(resource.has_value());
+  EXPECT_NE(resource->disconnect_reason.find("device plugin is stopping"), std::string::npos)
+      << resource->disconnect_reason;
 }
 
 }  // namespace
