@@ -230,11 +230,16 @@ void GpuHealthModule::OnHealthLine(const journald::JournalLine& line, bool ackno
     return;
   }
   if (!line.boot_id.empty()) OnBoot(line.boot_id);
-  judge_.OnKernelLine(line.message, line.realtime_usec, acknowledgement, NowMs());
-  if (line.generation != 0 && !line.cursor.empty()) {
+  const bool positioned = line.generation != 0 && !line.cursor.empty();
+  // The position moves before the judge acts on the line: a verdict or event it causes takes
+  // a checkpoint at once (the snapshot is taken inside the call), and that checkpoint must
+  // hold this line's position beside the count the line added. Moved after, a kill -9 once
+  // that checkpoint landed read the line again and counted it twice.
+  if (positioned) {
     consumed_ = journald::JournalPosition{line.boot_id, line.cursor, line.monotonic_usec, line.realtime_usec};
-    PositionMoved();
   }
+  judge_.OnKernelLine(line.message, line.realtime_usec, acknowledgement, NowMs());
+  if (positioned) PositionMoved();
 }
 
 void GpuHealthModule::OnBoot(const std::string& boot_id) {

@@ -9,9 +9,14 @@
 #include "support/module_under_test.hpp"
 
 #include <gtest/gtest.h>
+#include <systemd/sd-journal.h>
 
 #include <filesystem>
+#include <atomic>
+#include <future>
 #include <map>
+#include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -199,6 +204,55 @@ TEST_F(HealthStreamTest, TheCheckpointHoldsThePositionWithTheCountsItProduced) {
   EXPECT_EQ(counted, 2u);
   ASSERT_EQ(saved->devices.size(), 1u);
   EXPECT_EQ(saved->devices[0].uuid, kA);
+}
+
+TEST_F(HealthStreamTest, TheCheckpointAVerdictTakesAtOnceHoldsTheLineThatCausedIt) {
+  health_config_.checkpoint_interval = std::chrono::hours(1);  // no position-only write meanwhile
+  StartJournald();
+  StartHealth();
+  // A first line that changes nothing: the boot is known and the writer idle when the next comes.
+  writer_->Append(JournalWriter::Kernel("unrelated kernel line"));
+  ASSERT_TRUE(h_.RunUntil([&] { return Live(); }));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(300));
+  const std::string path = h_.site.paths.state_dir + "/gpu-health/devices.json";
+  std::error_code ignored;
+  fs::remove(path, ignored);
+  // Both pool threads held: the checkpoint the verdict takes waits behind them, and the writer
+  // starts no second write until the loop hears that the first one landed.
+  std::promise<void> open;
+  std::shared_future<void> gate = open.get_future().share();
+  std::atomic<int> held{0};
+  for (int i = 0; i < 2; ++i) h_.pool.Execute([gate, &held] { ++held; gate.wait(); });
+  while (held.load() < 2) std::this_thread::yield();
+  AppendXid("0000:03:00", 48);  // fatal: a verdict, persisted at once
+  ASSERT_TRUE(h_.RunUntil([&] { return Count(kA, 48) == 1; }));
+  h_.Drain();
+  open.set_value();
+  // The loop stays still: what lands is that first checkpoint, as a kill -9 would leave it.
+  std::optional<HealthCheckpoint> on_disk;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!on_disk && std::chrono::steady_clock::now() < deadline) {
+    std::string text, error;
+    if (ReadWholeFile(path, text, error)) on_disk = HealthCheckpoint::Parse(text, error);
+    if (!on_disk) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(on_disk);
+  ASSERT_EQ(on_disk->devices.size(), 1u);
+  uint64_t counted = 0;
+  for (const auto& c : on_disk->xid_counts) counted += c.count;
+  EXPECT_EQ(counted, 1u);
+  // With the count, the position of the line that produced it (the journal's last entry), not
+  // of the line before: a restart from this file reads on after the XID instead of again.
+  sd_journal* j = nullptr;
+  ASSERT_GE(sd_journal_open_directory(&j, (dir_ + "/journal").c_str(), 0), 0);
+  char* cursor = nullptr;
+  ASSERT_GE(sd_journal_seek_tail(j), 0);
+  ASSERT_GT(sd_journal_previous(j), 0);
+  ASSERT_GE(sd_journal_get_cursor(j, &cursor), 0);
+  EXPECT_EQ(on_disk->journal.cursor, std::string(cursor));
+  free(cursor);
+  sd_journal_close(j);
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
 }
 
 }  // namespace
