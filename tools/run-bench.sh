@@ -88,9 +88,9 @@ echo "== whole binary at rest, every module on (the make run set), production ti
 tools/idle-bench.sh "$build_dir" || echo "idle bench: no figures (see the lines above)"
 
 echo
-echo "== gkm-agent: pull + extract of a 256 MiB cache beside skopeo copy (bench/macro/gkm_pull_bench)"
+echo "== gkm-agent: pull + extract of a 1 GiB cache beside skopeo copy (bench/macro/gkm_pull_bench)"
 if [[ -x "$build_dir/bench/macro/gkm_pull_bench" ]]; then
-  "$build_dir/bench/macro/gkm_pull_bench" --bytes $((256 << 20)) --source-dir "$PWD"
+  "$build_dir/bench/macro/gkm_pull_bench" --bytes $((1024 << 20)) --source-dir "$PWD"
 fi
 
 echo

@@ -2,10 +2,13 @@
 """An HTTPS reverse proxy in front of a real registry (docker-registry) that adds what a test
 needs and the registry cannot do by itself: bearer-token auth with its own token endpoint,
 5xx answers, a registry that hangs, blob transfers cut in the middle (to exercise Range
-resumes). Everything else is passed through unchanged, Range requests included.
+resumes), a registry that ignores Range (resumes get the whole blob again), a blob transfer
+that stalls after some bytes (a pull stopped in the middle). Everything else is passed through
+unchanged, Range requests included.
 
   registry_proxy.py --upstream 127.0.0.1:5000 --cacert ca.pem --cert c.pem --key k.pem \
-      [--token USER:PASS] [--fail-first N] [--hang] [--cut-blob-after BYTES]
+      [--token USER:PASS] [--fail-first N] [--hang] [--cut-blob-after BYTES] [--ignore-range]
+      [--stall-blob-after BYTES]
 
 Prints "listening on PORT" once it accepts connections (port 0 picks a free one).
 """
@@ -64,7 +67,8 @@ class Proxy(http.server.BaseHTTPRequestHandler):
                 return self.reply(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}',
                                   [("WWW-Authenticate", challenge), ("Content-Type", "application/json")])
         up = http.client.HTTPSConnection(a.upstream, context=self.server.upstream_ctx, timeout=60)
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("authorization", "host", "connection")}
+        dropped = ("authorization", "host", "connection") + (("range",) if a.ignore_range else ())
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
         up.request("GET", self.path, headers=headers)
         r = up.getresponse()
         cut = None
@@ -83,6 +87,12 @@ class Proxy(http.server.BaseHTTPRequestHandler):
             chunk = r.read(65536)
             if not chunk:
                 break
+            if a.stall_blob_after and "/blobs/" in self.path and r.status == 200 and \
+                    sent + len(chunk) >= a.stall_blob_after:
+                self.wfile.write(chunk[: a.stall_blob_after - sent])
+                self.wfile.flush()
+                time.sleep(3600)
+                return
             if cut is not None and sent + len(chunk) >= cut:
                 self.wfile.write(chunk[: cut - sent])
                 self.wfile.flush()
@@ -109,6 +119,8 @@ def main():
     p.add_argument("--fail-first", type=int, default=0)
     p.add_argument("--hang", action="store_true")
     p.add_argument("--cut-blob-after", type=int, default=0)
+    p.add_argument("--ignore-range", action="store_true")
+    p.add_argument("--stall-blob-after", type=int, default=0)
     args = p.parse_args()
     server = Server(("127.0.0.1", args.port), Proxy)
     server.args = args

@@ -7,14 +7,44 @@
 // moved there with one rename, so the cache root never holds a half-written cache.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+struct archive;
 
 namespace gns::gkm {
 
 struct ExtractStats {
   uint64_t entries = 0;
   uint64_t bytes = 0;  // regular-file bytes written
+};
+
+// One extraction into a new directory: layers applied in order, each from a libarchive reader
+// the caller opened (from a file, or from a pull as it streams), then flushed. One thread.
+class Extractor {
+ public:
+  // Creates `dest` (0755; it must not exist). Throws PullError("WriteFailed").
+  Extractor(std::string dest, uint64_t max_bytes);
+  ~Extractor();
+  Extractor(const Extractor&) = delete;
+  Extractor& operator=(const Extractor&) = delete;
+
+  // A reader that takes what layers are: tar, plain or gzip/zstd-compressed. The caller opens
+  // it and frees it (archive_read_free).
+  static archive* NewLayerReader();
+  // Applies every entry of `in` (checked as above); `where` names the layer in errors. Throws
+  // PullError: UnsafeArchive, BadArchive, TooLarge, DiskFull, WriteFailed.
+  void Layer(archive* in, const std::string& where);
+  // Closes the tree and flushes the filesystem (syncfs). Throws PullError.
+  ExtractStats Finish();
+
+ private:
+  struct Disk;
+  std::string dest_;
+  uint64_t max_bytes_;
+  ExtractStats stats_;
+  std::unique_ptr<Disk> disk_;
 };
 
 // Extracts `layers` in order into `dest`, which must not exist yet (created 0755). Throws

@@ -91,7 +91,7 @@ GkmAgentModule::GkmAgentModule(ModuleContext& context, const Config& config)
       bytes_pulled_(&context.Metrics().Counter("gpu_node_supervisor_gkm_bytes_pulled_total",
                                                "Bytes received from OCI registries for kernel caches")),
       extract_seconds_sum_(&context.Metrics().Counter("gpu_node_supervisor_gkm_extract_seconds_sum",
-                                                      "Time spent extracting and checking kernel caches")),
+                                                      "Time from a pull's start to its cache extracted (while it streams), checked and installed")),
       extract_seconds_count_(&context.Metrics().Counter("gpu_node_supervisor_gkm_extract_seconds_count",
                                                         "Kernel caches extracted")) {}
 
@@ -138,6 +138,7 @@ void GkmAgentModule::Stop(std::function<void()> done) {
   if (puller_) puller_->Shutdown();
   for (auto& [key, cache] : caches_) {
     if (cache.retry) cache.retry->cancel();
+    if (cache.status_retry) cache.status_retry->cancel();
     if (cache.usage_watch) cache.usage_watch->Stop();
   }
   caches_.clear();
@@ -331,15 +332,18 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
   const std::string image = c.image;
   const std::string resolved = c.resolved_digest;
   std::error_code ec;
-  fs::create_directories(work + "/blobs", ec);  // a mkdir: cheap enough for the loop
+  fs::create_directories(work, ec);  // a mkdir: cheap enough for the loop
   if (ec) {
     Finish(key, image, {}, "Failed", "WriteFailed", "cannot create " + work + ": " + ec.message());
     return;
   }
   context_.Log().info("cache {}: pulling {}", key, ref.ToString());
+  // The layers are extracted into work/cache as they stream; work/cache is installed only
+  // after every byte was checked.
+  const auto started = std::chrono::steady_clock::now();
   puller_->Pull(
-      PullRequest{ref, resolved, std::move(credentials), work + "/blobs"},
-      [this, key, work, image, alive = alive_](PullResult r) {
+      PullRequest{ref, resolved, std::move(credentials), work, work + "/cache", config_.max_cache_bytes},
+      [this, key, work, image, started, alive = alive_](PullResult r) {
         if (!*alive) return;
         bytes_pulled_->Inc(static_cast<double>(r.bytes_pulled));
         auto it = caches_.find(key);
@@ -356,17 +360,14 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
           return;
         }
         const std::string final_dir = CacheDir(it->second);
-        const uint64_t max_bytes = config_.max_cache_bytes;
         const auto gpus = Gpus();
         const int cuda = inventory_ ? inventory_->cuda_driver_version : 0;
         const std::string digest = r.digest;
         context_.Pool().Run(
-            [layers = r.layer_files, work, final_dir, max_bytes, gpus, cuda] {
+            [bytes = r.extracted.bytes, work, final_dir, gpus, cuda, started] {
               Installed out;
-              const auto start = std::chrono::steady_clock::now();
+              out.bytes = bytes;
               try {
-                const auto stats = ExtractLayers(layers, work + "/cache", max_bytes);
-                out.bytes = stats.bytes;
                 const auto kernels = ScanTritonCache(work + "/cache");
                 out.verdicts = CheckCompatibility(kernels, gpus, cuda);
                 bool any = false;
@@ -391,7 +392,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
               } catch (const std::exception&) {
                 // Left for the next start's sweep.
               }
-              out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
               return out;
             },
             [this, key, image, digest, alive](Installed out, std::exception_ptr) {
@@ -458,6 +459,7 @@ void GkmAgentModule::Forget(const std::string& key, const json& last) {
     c.name = meta->name;
   }
   if (c.retry) c.retry->cancel();
+  if (c.status_retry) c.status_retry->cancel();
   if (c.usage_watch) c.usage_watch->Stop();
   const std::string dir = CacheDir(c);
   context_.Log().info("cache {} deleted: removing {}", key, dir);
@@ -587,18 +589,38 @@ void GkmAgentModule::WriteStatus(const std::string& key) {
                    if (!*alive) return;
                    if (!r.Ok()) {
                      context_.Log().warn("apply {}: {}", path, r.error);
-                     if (auto it = caches_.find(key); it != caches_.end()) it->second.written.clear();
+                     RetryStatus(key, r.retry_after);
                      return;
                    }
                    client_->PatchStatus(path, kube::PatchType::kApply, status_object, manager,
                                         [this, key, path, alive](kube::Result s) {
-                                          if (!*alive || s.Ok()) return;
+                                          if (!*alive) return;
+                                          if (s.Ok()) {
+                                            if (auto it = caches_.find(key); it != caches_.end()) {
+                                              it->second.status_backoff.Reset();
+                                            }
+                                            return;
+                                          }
                                           context_.Log().warn("apply {}/status: {}", path, s.error);
-                                          if (auto it = caches_.find(key); it != caches_.end()) it->second.written.clear();
+                                          RetryStatus(key, s.retry_after);
                                         },
                                         true);
                  },
                  true);
+}
+
+void GkmAgentModule::RetryStatus(const std::string& key, std::chrono::milliseconds retry_after) {
+  auto it = caches_.find(key);
+  if (it == caches_.end()) return;
+  Cache& c = it->second;
+  c.written.clear();
+  const auto delay = kube::RetryDelay(retry_after, c.status_backoff, client_->Retry().max_retry_after);
+  context_.Log().info("cache {}: status written again in {} ms", key, delay.count());
+  if (!c.status_retry) c.status_retry = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io());
+  c.status_retry->expires_after(delay);
+  c.status_retry->async_wait([this, key, alive = alive_](const boost::system::error_code& ec) {
+    if (!ec && *alive) WriteStatus(key);
+  });
 }
 
 void GkmAgentModule::UpdateGauges() {

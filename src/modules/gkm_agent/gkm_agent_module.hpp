@@ -5,6 +5,7 @@
 // cluster caches) when at least one GPU can use them; each (node, cache) is reported in a
 // GKMCacheNode / ClusterGKMCacheNode object written with server-side apply when it changes.
 
+#include "loop/backoff.hpp"
 #include "loop/bus.hpp"
 #include "loop/dir_watcher.hpp"
 #include "loop/module.hpp"
@@ -60,6 +61,8 @@ class GkmAgentModule final : public Module {
   void Stop(std::function<void()> done) override;
 
   // One cache as this node sees it (also shown in /debug/state through the metrics).
+  static constexpr BackoffPolicy kStatusRetry{std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), 2.0, 0.5};
+
   struct Cache {
     bool cluster = false;
     std::string ns;  // empty for cluster caches
@@ -74,6 +77,10 @@ class GkmAgentModule final : public Module {
     std::vector<GpuVerdict> verdicts;
     std::string written;  // the status last applied (without timestamps)
     std::unique_ptr<boost::asio::steady_timer> retry;
+    // A status write that failed is written again after this backoff (or the server's
+    // Retry-After); reset by a write that lands.
+    std::unique_ptr<boost::asio::steady_timer> status_retry;
+    Backoff status_backoff{kStatusRetry};
     std::unique_ptr<DirWatcher> usage_watch;
     bool queued = false;
   };
@@ -92,6 +99,8 @@ class GkmAgentModule final : public Module {
               std::string reason, std::string message);
   void Forget(const std::string& key, const nlohmann::json& last);
   void WriteStatus(const std::string& key);
+  // The status write of `key` failed: forget what was written and write it again later.
+  void RetryStatus(const std::string& key, std::chrono::milliseconds retry_after);
   void WatchUsage(const std::string& key);
   nlohmann::json ReadUsage(const Cache& cache) const;
   std::string CacheDir(const Cache& cache) const;

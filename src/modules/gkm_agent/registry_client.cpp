@@ -1,9 +1,10 @@
 // RegistryClient's network side: the module's only translation unit with Beast, Asio SSL and
 // coroutines. One coroutine per pull; connections are kept alive per host and shared between
-// pulls. Everything but hashing and file writes runs on the loop thread.
+// pulls. Everything but hashing, file writes and extraction runs on the loop thread.
 #include "modules/gkm_agent/registry_client.hpp"
 
 #include "loop/https.hpp"
+#include "modules/gkm_agent/streaming_extraction.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -96,13 +97,7 @@ struct BlobSink {
     fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
     if (fd < 0) throw PullError("WriteFailed", "cannot create " + path + ": " + std::strerror(errno));
     md = EVP_MD_CTX_new();
-    Reset(path);
-  }
-  void Reset(const std::string& path) {
     EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
-    if (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0) {
-      throw PullError("WriteFailed", "cannot truncate " + path + ": " + std::strerror(errno));
-    }
   }
   void Write(const char* data, std::size_t n, const std::string& path) {
     EVP_DigestUpdate(md, data, n);
@@ -201,6 +196,10 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     PullResult result;
     https::Url base;
     std::string authorization;  // "Bearer …" or "Basic …" once a challenge was met
+    // When extracting: the extraction the layers stream into (its job on the pool), and
+    // whether it has flushed (else a pull that ends stops it and waits for it).
+    std::unique_ptr<StreamingExtraction> extraction;
+    bool extracted = false;
   };
 
   // An answered request whose body has not been read yet.
@@ -449,7 +448,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     if (creds && !creds->username.empty()) {
       headers.emplace_back(http::field::authorization, "Basic " + Base64(creds->username + ":" + creds->password));
     }
-    Job token_job{job.request, nullptr, {}, https::Url::Parse(url), {}};
+    Job token_job{job.request, nullptr, {}, https::Url::Parse(url), {}, nullptr, false};
     auto ex = co_await Open(token_job, url, headers, false);
     std::string body;
     beast::error_code ec;
@@ -548,6 +547,21 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     }
   }
 
+  // Hands one received chunk on: to the extraction, or to the pool that hashes and writes the
+  // file. The returned job is done once the chunk's buffer may be filled again.
+  std::shared_ptr<PoolJob> Consume(Job& job, const std::shared_ptr<BlobSink>& sink, const char* data, std::size_t n,
+                                   const std::string& path) {
+    if (job.extraction) {
+      auto released = std::make_shared<PoolJob>(loop_.Io());
+      job.extraction->Feed(data, n, [released] {
+        released->done = true;
+        released->finished.cancel();
+      });
+      return released;
+    }
+    return StartOnPool([sink, data, n, path] { sink->Write(data, n, path); });
+  }
+
   asio::awaitable<void> BlobOnce(Job& job, const Descriptor& d, const std::string& blob_path, const std::string& path,
                                  const std::string& what, std::shared_ptr<BlobSink> sink, uint64_t& offset,
                                  std::array<std::vector<char>, 2>& bufs) {
@@ -562,17 +576,11 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         throw PullError("RegistryError", what + ": asked for bytes from " + std::to_string(offset) +
                                              ", got Content-Range \"" + range + "\"");
       }
-    } else if (offset > 0) {
-      // The registry sent the whole blob again: start over.
-      offset = 0;
-      std::function<void()> reset = [sink, path] { sink->Reset(path); };
-      std::exception_ptr e = co_await OnPool(std::move(reset));
-      if (e) {
-        Drop(std::move(ex.conn));
-        std::rethrow_exception(e);
-      }
     }
-    if (const auto len = parser.content_length(); len && offset + *len > d.size) {
+    // A registry that ignores Range sends the whole blob again: what we have is skipped (and
+    // a registry that sends other bytes this time fails the digest check at the end).
+    uint64_t skip = offset > 0 && ex.status != 206 ? offset : 0;
+    if (const auto len = parser.content_length(); len && (skip > 0 ? 0 : offset) + *len > d.size) {
       Drop(std::move(ex.conn));
       throw PullError("SizeMismatch", what + ": the registry sends " + std::to_string(offset + *len) +
                                           " bytes, the manifest says " + std::to_string(d.size));
@@ -592,8 +600,15 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         lowest.expires_after(options_.request_timeout);
         co_await http::async_read(ex.conn->stream, ex.conn->buffer, parser, asio::redirect_error(kAwait, ec));
         if (ec == http::error::need_buffer) ec = {};
-        const std::size_t n = buf.size() - parser.get().body().size;
+        std::size_t n = buf.size() - parser.get().body().size;
         if (stopped_) throw PullError("Stopped", "client stopped");
+        std::size_t from = 0;
+        if (skip > 0 && n > 0) {
+          from = static_cast<std::size_t>(std::min<uint64_t>(skip, n));
+          skip -= from;
+          job.result.bytes_pulled += from;
+          n -= from;
+        }
         if (n > 0) {
           if (offset + n > d.size) {
             throw PullError("SizeMismatch", what + ": more than the " + std::to_string(d.size) + " bytes the manifest says");
@@ -602,7 +617,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
           if (writing) {
             if (auto e = co_await AwaitJob(std::move(writing))) std::rethrow_exception(e);
           }
-          writing = StartOnPool([sink, data = buf.data(), n, path] { sink->Write(data, n, path); });
+          writing = Consume(job, sink, buf.data() + from, n, path);
           offset += n;
           current ^= 1;
         }
@@ -614,7 +629,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     } catch (...) {
       failure = std::current_exception();
     }
-    // The chunk in flight lands before anything else touches the sink (a retry resumes after it).
+    // The chunk in flight lands before anything else touches the sink or its buffer (a retry
+    // resumes after it; a failed pull frees the buffers).
     if (writing) {
       if (auto e = co_await AwaitJob(std::move(writing)); e && !failure) failure = e;
     }
@@ -663,13 +679,50 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     co_return std::make_tuple(std::move(body), std::move(content_type), actual);
   }
 
-  // A blob streamed into `path`, hashed and written on the pool chunk by chunk; a broken
-  // transfer resumes where it stopped (Range), a registry ignoring Range restarts it.
-  asio::awaitable<void> FetchBlob(Job& job, const Descriptor& d, const std::string& path) {
-    auto sink = std::make_shared<BlobSink>();
-    std::function<void()> open = [sink, path] { sink->Open(path); };
-    std::exception_ptr opened = co_await OnPool(std::move(open));
-    if (opened) std::rethrow_exception(opened);
+  // --- the extraction, awaited (its completions run on the loop, each exactly once)
+
+  static asio::awaitable<std::tuple<std::string, std::exception_ptr>> EndLayer(StreamingExtraction& extraction) {
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code, std::string, std::exception_ptr)>(
+        [&extraction](auto handler) {
+          auto h = std::make_shared<decltype(handler)>(std::move(handler));
+          extraction.EndLayer([h](std::string digest, std::exception_ptr e) {
+            std::move(*h)(beast::error_code{}, std::move(digest), e);
+          });
+        },
+        kAwait);
+  }
+
+  static asio::awaitable<std::tuple<ExtractStats, std::exception_ptr>> FinishExtraction(StreamingExtraction& extraction) {
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code, ExtractStats, std::exception_ptr)>(
+        [&extraction](auto handler) {
+          auto h = std::make_shared<decltype(handler)>(std::move(handler));
+          extraction.Finish([h](ExtractStats stats, std::exception_ptr e) { std::move(*h)(beast::error_code{}, stats, e); });
+        },
+        kAwait);
+  }
+
+  static asio::awaitable<void> StopExtraction(StreamingExtraction& extraction) {
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code)>(
+        [&extraction](auto handler) {
+          auto h = std::make_shared<decltype(handler)>(std::move(handler));
+          extraction.Abort([h] { std::move(*h)(beast::error_code{}); });
+        },
+        kAwait);
+  }
+
+  // A blob streamed into `path` (hashed and written on the pool chunk by chunk) or into the
+  // job's extraction; a broken transfer resumes where it stopped (Range), a registry ignoring
+  // Range sends it again from the start.
+  asio::awaitable<void> FetchBlob(Job& job, const Descriptor& d, const std::string& path, const std::string& layer) {
+    std::shared_ptr<BlobSink> sink;
+    if (job.extraction) {
+      job.extraction->BeginLayer(layer);
+    } else {
+      sink = std::make_shared<BlobSink>();
+      std::function<void()> open = [sink, path] { sink->Open(path); };
+      std::exception_ptr opened = co_await OnPool(std::move(open));
+      if (opened) std::rethrow_exception(opened);
+    }
     uint64_t offset = 0;
     std::array<std::vector<char>, 2> bufs{std::vector<char>(options_.chunk_bytes), std::vector<char>(options_.chunk_bytes)};
     const std::string what = "blob " + d.digest;
@@ -681,6 +734,14 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
                                           " bytes, the manifest says " + std::to_string(d.size));
     }
     std::string actual;
+    if (job.extraction) {
+      auto [digest, extract_error] = co_await EndLayer(*job.extraction);
+      // A wrong digest first: a tampered layer may also be a broken archive, and the digest says why.
+      if (extract_error && digest.empty()) std::rethrow_exception(extract_error);
+      if (digest != d.digest) throw PullError("DigestMismatch", what + ": the bytes received hash to " + digest);
+      if (extract_error) std::rethrow_exception(extract_error);
+      co_return;
+    }
     std::function<void()> finish = [sink, &actual, &path] { actual = sink->Finish(path); };
     std::exception_ptr finished = co_await OnPool(std::move(finish));
     if (finished) std::rethrow_exception(finished);
@@ -698,6 +759,12 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     } catch (const std::exception& e) {
       job->result.reason = "RegistryError";
       job->result.error = e.what();
+    }
+    if (job->extraction) {
+      // A pull that did not flush its tree stops the extraction and waits until it writes no
+      // more: the caller removes the directory next.
+      if (!job->extracted) co_await StopExtraction(*job->extraction);
+      self->extractions_.erase(job->extraction.get());
     }
     if (self->stopped_ && job->result.Ok()) {
       job->result.reason = "Stopped";
@@ -758,11 +825,21 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         throw PullError("BadManifest", what + " is not a JSON object");
       }
     }
+    if (!req.extract_to.empty()) {
+      job.extraction = std::make_unique<StreamingExtraction>(loop_, pool_, req.extract_to, req.max_extract_bytes);
+      extractions_.insert(job.extraction.get());
+    }
     for (std::size_t i = 0; i < manifest.layers.size(); ++i) {
       const std::string path = req.dir + "/layer-" + std::to_string(i);
-      co_await FetchBlob(job, manifest.layers[i], path);
-      job.result.layer_files.push_back(path);
+      co_await FetchBlob(job, manifest.layers[i], path, "layer " + std::to_string(i));
+      if (!job.extraction) job.result.layer_files.push_back(path);
       job.result.layer_media_types.push_back(manifest.layers[i].media_type);
+    }
+    if (job.extraction) {
+      auto [stats, error] = co_await FinishExtraction(*job.extraction);
+      if (error) std::rethrow_exception(error);
+      job.result.extracted = stats;
+      job.extracted = true;
     }
   }
 
@@ -773,6 +850,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     idle_.clear();
     for (auto* conn : active_) CloseConn(*conn);
     for (auto* timer : timers_) timer->cancel();
+    for (auto* extraction : extractions_) extraction->Abort({});
   }
 
   Loop& loop_;
@@ -783,6 +861,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
   std::vector<std::unique_ptr<Conn>> idle_;
   std::set<Conn*> active_;
   std::set<asio::steady_timer*> timers_;
+  std::set<StreamingExtraction*> extractions_;
   bool stopped_ = false;
 };
 

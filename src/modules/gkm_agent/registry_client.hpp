@@ -1,8 +1,9 @@
 #pragma once
 // An OCI distribution (v2) client over the process's Beast HTTPS stack: manifests by digest
 // or tag, image indexes (this node's platform, else the first manifest), the config blob and
-// the layers streamed to files. Every byte is checked: manifests and blobs against their
-// digests (sha256 while streaming, on the blocking pool, beside the file write), blob sizes
+// the layers streamed to files, or extracted as they stream (streaming_extraction.hpp). Every
+// byte is checked: manifests and blobs against their digests (sha256 while streaming, on the
+// blocking pool, beside the file write or the extraction), blob sizes
 // against the manifest, the image against a size limit. A broken transfer is resumed with a
 // Range request; 5xx and timeouts are retried with backoff; 401 answers are met with the
 // registry's challenge (Basic, or Bearer through its token endpoint). TLS is always verified
@@ -10,6 +11,7 @@
 
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
+#include "modules/gkm_agent/extract.hpp"
 #include "modules/gkm_agent/image.hpp"
 
 #include <nlohmann/json.hpp>
@@ -43,7 +45,12 @@ struct PullRequest {
   ImageRef image;
   std::string digest;  // the manifest digest to pull (status.resolvedDigest); empty: resolve the tag
   std::optional<Credentials> credentials;
-  std::string dir;     // existing directory for config.json and layer-<i> files
+  std::string dir;     // existing directory for layer-<i> files (when not extracting)
+  // When set, the layers are extracted into this directory (it must not exist) while they
+  // stream (streaming_extraction.hpp) and no layer file is written: the pull's result is an
+  // extracted tree, flushed. Its files count against `max_extract_bytes`.
+  std::string extract_to;
+  uint64_t max_extract_bytes = 0;
 };
 
 struct PullResult {
@@ -51,9 +58,10 @@ struct PullResult {
   std::string error;    // what, where, why
   std::string digest;   // the manifest digest pulled (sha256 of its bytes)
   nlohmann::json config;  // the image config
-  std::vector<std::string> layer_files;  // in manifest order
+  std::vector<std::string> layer_files;  // in manifest order (none when extracting)
   std::vector<std::string> layer_media_types;
   uint64_t bytes_pulled = 0;  // bytes received (retried ones included)
+  ExtractStats extracted;     // when extracting
   bool Ok() const { return reason.empty(); }
 };
 

@@ -171,6 +171,17 @@ TEST_F(GkmAgentTest, ACacheBecomesReadyPerGpuThenGoesAwayWithItsObject) {
   }));
 }
 
+TEST_F(GkmAgentTest, AStatusWriteThatFailsIsWrittenAgainWithoutAnotherChange) {
+  registry_->Push("caches/flaky", "v1", {"--triton", "90"});
+  // The Ready write and its first retry fail (a 500 on a PATCH: the client does not retry it
+  // by itself); nothing else changes afterwards, so only the module's own retry lands it.
+  server_->FailNextRequests(500, 2, "/gkmcachenodes/flaky-node-a", 0);
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("flaky", registry_->Host() + "/caches/flaky:v1").dump()).status, 201);
+  const auto entry = WaitForState(kNodes, "flaky", "Ready");
+  EXPECT_EQ(entry["compatibleGPUs"], json::parse(R"([{"ids":[0]}])"));
+}
+
 TEST_F(GkmAgentTest, ACacheNoGpuCanUseIsReportedAndNotKept) {
   registry_->Push("caches/turing", "v1", {"--triton", "75", "--index"});
   StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});

@@ -2,11 +2,16 @@
 // loopback), with tools/sim/registry_proxy.py in front where the test needs bearer auth, 5xx
 // answers, a hang or a transfer cut in the middle.
 #include "modules/gkm_agent/registry_client.hpp"
+#include "modules/gkm_agent/extract.hpp"
 #include "registry_fixture.hpp"
 #include "support/loop_harness.hpp"
 
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <map>
+#include <thread>
 
 namespace gns::gkm {
 namespace {
@@ -49,10 +54,37 @@ class RegistryClientTest : public ::testing::Test {
                   std::optional<Credentials> credentials = std::nullopt) {
     RegistryClient client(h_.loop, h_.pool, Logger(), options_);
     std::optional<PullResult> result;
-    client.Pull(PullRequest{ImageRef::Parse(image), digest, std::move(credentials), work_.string()},
+    client.Pull(PullRequest{ImageRef::Parse(image), digest, std::move(credentials), work_.string(), {}, 0},
                 [&](PullResult r) { result = std::move(r); });
     EXPECT_TRUE(h_.RunUntil([&] { return result.has_value(); }, std::chrono::seconds(60)));
-    return result.value_or(PullResult{"NoAnswer", "no answer", {}, {}, {}, {}, 0});
+    return result.value_or(PullResult{"NoAnswer", "no answer", {}, {}, {}, {}, 0, {}});
+  }
+
+  // A pull that extracts the layers into work_/tree while they stream.
+  PullResult PullExtracting(const std::string& image, uint64_t max_bytes = 1ull << 30) {
+    RegistryClient client(h_.loop, h_.pool, Logger(), options_);
+    std::optional<PullResult> result;
+    client.Pull(PullRequest{ImageRef::Parse(image), {}, std::nullopt, work_.string(), Tree().string(), max_bytes},
+                [&](PullResult r) { result = std::move(r); });
+    EXPECT_TRUE(h_.RunUntil([&] { return result.has_value(); }, std::chrono::seconds(60)));
+    return result.value_or(PullResult{"NoAnswer", "no answer", {}, {}, {}, {}, 0, {}});
+  }
+  std::filesystem::path Tree() const { return work_ / "tree"; }
+
+  // Every file, directory and link under `root`: relative path -> content (or link target).
+  static std::map<std::string, std::string> Listing(const std::filesystem::path& root) {
+    std::map<std::string, std::string> out;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+      const std::string rel = std::filesystem::relative(e.path(), root).string();
+      if (e.is_symlink()) {
+        out[rel] = "-> " + std::filesystem::read_symlink(e.path()).string();
+      } else if (e.is_regular_file()) {
+        out[rel] = test::ReadText(e.path());
+      } else {
+        out[rel] = "<dir>";
+      }
+    }
+    return out;
   }
 
   static std::string FileDigest(const std::string& path) { return Sha256Digest(test::ReadText(path)); }
@@ -180,6 +212,116 @@ TEST_F(RegistryClientTest, AnUntrustedCertificateIsRefused) {
   const auto r = Pull(registry_->Host() + "/caches/untrusted:v1");
   EXPECT_EQ(r.reason, "RegistryUnavailable") << r.error;
   EXPECT_NE(r.error.find("TLS"), std::string::npos) << r.error;
+}
+
+// --- extraction while the layers stream
+
+TEST_F(RegistryClientTest, LayersExtractedWhileTheyStreamMatchTheLayerFiles) {
+  registry_->Push("caches/streamed", "v1", {"--triton", "80,90", "--gzip", "--random-bytes", "300000"});
+  const auto image = registry_->Host() + "/caches/streamed:v1";
+  const auto files = Pull(image);
+  ASSERT_TRUE(files.Ok()) << files.reason << ": " << files.error;
+  const auto reference = work_ / "reference";
+  const auto stats = ExtractLayers(files.layer_files, reference.string(), 1ull << 30);
+  for (const auto& f : files.layer_files) std::filesystem::remove(f);
+
+  options_.chunk_bytes = 16 * 1024;  // many chunks, each one handed to the extraction
+  const auto r = PullExtracting(image);
+  ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+  EXPECT_EQ(r.digest, files.digest);
+  EXPECT_TRUE(r.layer_files.empty());
+  for (const auto& e : std::filesystem::directory_iterator(work_)) {
+    EXPECT_FALSE(e.path().filename().string().rfind("layer-", 0) == 0) << "a layer file was written: " << e.path();
+  }
+  EXPECT_EQ(r.extracted.bytes, stats.bytes);
+  EXPECT_EQ(r.extracted.entries, stats.entries);
+  const auto listing = Listing(Tree());
+  EXPECT_EQ(listing, Listing(reference));
+  EXPECT_EQ(listing.at("blob/random.bin").size(), 300000u);
+}
+
+TEST_F(RegistryClientTest, ATamperedLayerIsADigestMismatchWhileExtractingToo) {
+  // gzip: the flipped byte also breaks the archive; the digest is what the reason names.
+  const auto pushed = registry_->Push("caches/tampered-gz", "v1", {"--triton", "90", "--gzip"});
+  const auto blob = registry_->BlobData(pushed["layer"]);
+  std::string bytes = test::ReadText(blob);
+  bytes[bytes.size() / 2] ^= 0x5a;
+  std::ofstream(blob, std::ios::binary | std::ios::trunc) << bytes;
+  const auto r = PullExtracting(registry_->Host() + "/caches/tampered-gz:v1");
+  EXPECT_EQ(r.reason, "DigestMismatch") << r.error;
+  EXPECT_NE(r.error.find(pushed["layer"].get<std::string>()), std::string::npos) << r.error;
+}
+
+TEST_F(RegistryClientTest, UnsafeOrOversizedLayersAreRefusedWhileStreaming) {
+  registry_->Push("caches/evil-stream", "v1", {"--triton", "90", "--evil", "dotdot"});
+  const auto evil = PullExtracting(registry_->Host() + "/caches/evil-stream:v1");
+  EXPECT_EQ(evil.reason, "UnsafeArchive") << evil.error;
+  EXPECT_NE(evil.error.find("layer 0 entry"), std::string::npos) << evil.error;
+  // Nothing landed beside the tree (the entry climbs out by one level).
+  for (const auto& e : std::filesystem::directory_iterator(work_)) {
+    EXPECT_EQ(e.path().filename(), "tree") << "written outside the tree: " << e.path();
+  }
+  std::filesystem::remove_all(Tree());
+
+  registry_->Push("caches/big-stream", "v1", {"--triton", "90", "--random-bytes", "300000"});
+  const auto big = PullExtracting(registry_->Host() + "/caches/big-stream:v1", 100000);
+  EXPECT_EQ(big.reason, "TooLarge") << big.error;
+  EXPECT_NE(big.error.find("100000 bytes"), std::string::npos) << big.error;
+}
+
+TEST_F(RegistryClientTest, ABrokenTransferResumesIntoTheExtractionOrStartsOverWhereRangeIsIgnored) {
+  const auto pushed = registry_->Push("caches/cut-stream", "v1", {"--triton", "90", "--random-bytes", "400000"});
+  const uint64_t layer = pushed["layerSize"];
+  options_.chunk_bytes = 64 * 1024;
+  {
+    TestProxy proxy(*registry_, {"--cut-blob-after", "150000"});
+    const auto r = PullExtracting(proxy.Host() + "/caches/cut-stream:v1");
+    ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+    EXPECT_LT(r.bytes_pulled, layer + 100000) << "resumed, not restarted";
+    EXPECT_EQ(std::filesystem::file_size(Tree() / "blob/random.bin"), 400000u);
+  }
+  std::filesystem::remove_all(Tree());
+  TestProxy proxy(*registry_, {"--cut-blob-after", "150000", "--ignore-range"});
+  const auto r = PullExtracting(proxy.Host() + "/caches/cut-stream:v1");
+  ASSERT_TRUE(r.Ok()) << r.reason << ": " << r.error;
+  // The whole blob came again; the first 150000 bytes of it were skipped, not extracted twice.
+  EXPECT_GE(r.bytes_pulled, layer + 150000);
+  EXPECT_EQ(std::filesystem::file_size(Tree() / "blob/random.bin"), 400000u);
+}
+
+TEST_F(RegistryClientTest, StoppingTheClientInTheMiddleOfALayerEndsTheExtraction) {
+  registry_->Push("caches/stalled", "v1", {"--triton", "90", "--random-bytes", "400000"});
+  TestProxy proxy(*registry_, {"--stall-blob-after", "150000"});
+  options_.chunk_bytes = 16 * 1024;
+  auto client = std::make_unique<RegistryClient>(h_.loop, h_.pool, Logger(), options_);
+  std::optional<PullResult> result;
+  client->Pull(PullRequest{ImageRef::Parse(proxy.Host() + "/caches/stalled:v1"), {}, std::nullopt, work_.string(),
+                           Tree().string(), 1ull << 30},
+               [&](PullResult r) { result = std::move(r); });
+  // The extraction has started writing the layer's big file when the transfer stalls.
+  ASSERT_TRUE(h_.RunUntil([&] { return std::filesystem::exists(Tree() / "blob/random.bin"); },
+                          std::chrono::seconds(30)));
+  client->Shutdown();
+  ASSERT_TRUE(h_.RunUntil([&] { return result.has_value(); }, std::chrono::seconds(30)));
+  EXPECT_EQ(result->reason, "Stopped") << result->error;
+  // The extraction gave its pool thread back: both of the pool's threads run at once again
+  // (each job waits, up to 10 s, until the other has started).
+  std::atomic<int> running{0};
+  int met = 0;
+  for (int i = 0; i < 2; ++i) {
+    h_.pool.Run(
+        [&running] {
+          ++running;
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          while (running.load() < 2 && std::chrono::steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a rendezvous, not a sync on time
+          }
+          return running.load() >= 2;
+        },
+        [&met](bool both, std::exception_ptr) { met += both ? 1 : 0; });
+  }
+  ASSERT_TRUE(h_.RunUntil([&] { return running.load() == 2 && met == 2; }, std::chrono::seconds(20)));
+  client.reset();
 }
 
 }  // namespace
