@@ -384,6 +384,7 @@ std::string GpuResetModule::Enqueue(ResetJob job) {
   const std::string id = job.id;
   book_.jobs.push_back(std::move(job));
   SaveBook();
+  accepted_version_[id] = book_version_;
   WriteStatus(book_.jobs.back());
   PublishState();
   Kick();
@@ -483,7 +484,11 @@ GpuResetModule::Awaitable GpuResetModule::RunGpu(ResetJob& job, GpuReset& gpu) {
 
 GpuResetModule::Awaitable GpuResetModule::StepHold(ResetJob& job, GpuReset& gpu) {
   BeginStep(job, gpu, Step::kHold);
-  co_await Persisted();
+  // The job must be on disk before anything outside changes (a restart resumes it and so ends
+  // the hold); that it has reached this step need not be: a restart before the command starts
+  // again from the hold anyway.
+  const auto accepted = accepted_version_.find(job.id);
+  co_await Persisted(accepted != accepted_version_.end() ? accepted->second : 0);
   if (context_.GetBus().Latest<gpu_health::GpuHealthState>() == nullptr) {
     FailGpu(job, gpu, "HealthNotRunning", "gpu-health is not running: nothing would keep the GPU off the kubelet", true);
     co_return;
@@ -782,6 +787,7 @@ void GpuResetModule::FinishJob(ResetJob& job) {
   job.reason = first_bad == nullptr ? "ResetSucceeded" : first_bad->reason;
   job.message = first_bad == nullptr ? "every GPU reset and validated" : first_bad->uuid + ": " + first_bad->message;
   job.completed_unix_ms = NowMs();
+  accepted_version_.erase(job.id);
   book_.Trim();
   SaveBook();
   WriteStatus(job);
@@ -871,7 +877,8 @@ void GpuResetModule::EndStep(ResetJob& job, GpuReset& gpu, bool ok, std::string 
   if (ok) {
     context_.Log().info("reset of {}: {} ok in {} ms: {}", gpu.uuid, StepName(gpu.step), took, message);
   }
-  SaveBook();
+  // Not saved here: what a restart needs is saved by the next step's start, FailGpu or the
+  // GPU's end, each right after this; one save fewer per step on the reset's critical path.
   WriteStatus(job);
   PublishState();
   Progress(job, fmt::format("{} {}: {} {} ({} ms): {}", gpu.uuid, static_cast<int>(gpu.step), StepName(gpu.step),
@@ -933,9 +940,9 @@ void GpuResetModule::SaveBook() {
       });
 }
 
-GpuResetModule::Awaitable GpuResetModule::Persisted() {
+GpuResetModule::Awaitable GpuResetModule::Persisted(std::optional<uint64_t> wanted_version) {
   if (book_path_.empty()) co_return;
-  const uint64_t wanted = book_version_;
+  const uint64_t wanted = wanted_version.value_or(book_version_);
   while (saved_version_ < wanted && !stopping_) {
     if (!save_in_flight_) SaveBook();
     co_await Wake(SteadyClock::now() + std::chrono::seconds(5));

@@ -116,7 +116,9 @@ class GpuResetModule final : public Module {
   // The GPU's reset ends without success; `refused`: before the command ran (GPU untouched).
   void FailGpu(ResetJob& job, GpuReset& gpu, std::string reason, std::string message, bool refused);
   // Waits until every change to the record made so far is on disk.
-  Awaitable Persisted();
+  // Until the record is on disk as it is now (or, with `wanted`, at least as it was at that
+  // version: a step that needs an earlier fact durable does not wait for later saves).
+  Awaitable Persisted(std::optional<uint64_t> wanted = std::nullopt);
   // Sleeps until a bus change wakes it, the deadline passes or the module stops.
   Awaitable Wake(std::chrono::steady_clock::time_point deadline);
   boost::asio::awaitable<gpu_inventory::GpuMaintenanceRead> Inspect(const std::string& uuid);
@@ -153,6 +155,9 @@ class GpuResetModule final : public Module {
   ResetBook book_;
   uint64_t book_version_ = 0;   // bumped by every change
   uint64_t saved_version_ = 0;  // the newest version on disk
+  // The record's version once each job accepted in this run was in it (a job loaded at start
+  // is on disk already): what the hold waits for.
+  std::map<std::string, uint64_t> accepted_version_;
   bool save_in_flight_ = false;
 
   std::shared_ptr<gpu_inventory::GpuMaintenance> maintenance_;
