@@ -138,6 +138,9 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
       auto node = std::make_unique<Node>(loop);
       node->site.node_name = i < n ? "node-" + std::to_string(i) : "controller";
       node->site.gates.Set(gns::gates::kHostManagedIMEX, false);
+      // The nodes register in status.nodes (DriverManagedSettings' default), so the controller
+      // must judge that list, not mirror clique objects over it.
+      node->site.gates.Set(gns::gates::kComputeDomainCliques, false);
       gns::kube::ClientConfig config;
       config.server = api.BaseUrl();
       config.ca_pem = api.CaPem();

@@ -52,6 +52,16 @@ const std::set<Grant>& UsedByTheCode() {
       {"cluster", "resource.nvidia.com", "computedomains", "update"},
       {"cluster", "resource.nvidia.com", "computedomains/status", "update"},
       {"cluster", "resource.nvidia.com", "computedomains/status", "patch"},
+      // ComputeDomainCliques (driver-managed): driver_managed.cpp applies (PATCH, which creates
+      // a missing object: create) its node's entry in its clique's computedomaincliques object,
+      // watches it (list + watch) and LISTs the domain's cliques to withdraw;
+      // compute_domain_controller_module.cpp: an informer on them (list + watch);
+      // reconciler.cpp: JSON PATCH out vanished nodes' entries, DELETE them with the domain.
+      {"cluster", "resource.nvidia.com", "computedomaincliques", "list"},
+      {"cluster", "resource.nvidia.com", "computedomaincliques", "watch"},
+      {"cluster", "resource.nvidia.com", "computedomaincliques", "create"},
+      {"cluster", "resource.nvidia.com", "computedomaincliques", "patch"},
+      {"cluster", "resource.nvidia.com", "computedomaincliques", "delete"},
       // reconciler.cpp: the workload ResourceClaimTemplate: GET, POST, PUT (its finalizer), DELETE;
       // the module: an informer on our templates (list + watch, label-selected).
       {"cluster", "resource.k8s.io", "resourceclaimtemplates", "list"},
@@ -304,6 +314,28 @@ TEST_F(DeployTest, TheCrdHasTheSchemaAndTheStatusSubresource) {
     EXPECT_TRUE(nodes["items"]["properties"][field].IsMap()) << field;
   }
   EXPECT_EQ(nodes["items"]["properties"]["status"]["enum"].as<std::vector<std::string>>(),
+            (std::vector<std::string>{"Ready", "NotReady"}));
+}
+
+TEST_F(DeployTest, TheCliqueCrdIsUpstreamsShapeWithDaemonsAsAListMap) {
+  const auto crd = One("CustomResourceDefinition", "computedomaincliques.resource.nvidia.com");
+  ASSERT_TRUE(crd);
+  EXPECT_EQ(crd["spec"]["group"].as<std::string>(), "resource.nvidia.com");
+  EXPECT_EQ(crd["spec"]["scope"].as<std::string>(), "Namespaced");
+  EXPECT_EQ(crd["spec"]["names"]["kind"].as<std::string>(), "ComputeDomainClique");
+  EXPECT_EQ(crd["spec"]["names"]["plural"].as<std::string>(), "computedomaincliques");
+  const auto version = crd["spec"]["versions"][0];
+  EXPECT_EQ(version["name"].as<std::string>(), "v1beta1");
+  EXPECT_FALSE(version["subresources"]) << "upstream's clique object has no status subresource";
+  // Top-level daemons, each node's entry its own (server-side apply keyed by nodeName).
+  const auto daemons = version["schema"]["openAPIV3Schema"]["properties"]["daemons"];
+  EXPECT_EQ(daemons["x-kubernetes-list-type"].as<std::string>(), "map");
+  EXPECT_EQ(daemons["x-kubernetes-list-map-keys"].as<std::vector<std::string>>(),
+            (std::vector<std::string>{"nodeName"}));
+  for (const char* field : {"nodeName", "ipAddress", "cliqueID", "index", "status"}) {
+    EXPECT_TRUE(daemons["items"]["properties"][field].IsMap()) << field;
+  }
+  EXPECT_EQ(daemons["items"]["properties"]["status"]["enum"].as<std::vector<std::string>>(),
             (std::vector<std::string>{"Ready", "NotReady"}));
 }
 

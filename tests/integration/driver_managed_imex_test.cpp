@@ -4,6 +4,9 @@
 // daemons each supervisor runs. A domain across the two nodes of one clique becomes Ready and
 // both prepares succeed; the node of the other clique is refused; a crashed daemon is
 // restarted; kill -9 of a supervisor is survived; unprepare stops the daemon and deregisters.
+// Run twice: with ComputeDomainCliques off (each node's entry in the domain's status.nodes) and
+// on (each node's entry in its clique's ComputeDomainClique object, status.nodes the
+// controller's mirror of them, the objects deleted with the domain).
 #include "apiserver.h"
 #include "channel_claim.h"
 #include "kubelet_sim.h"
@@ -18,6 +21,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -37,6 +41,7 @@ constexpr const char* kDriver = "compute-domain.nvidia.com";
 constexpr const char* kCluster = "5b0e9c3a-1d2f-4e6a-8b7c-9d0e1f2a3b4c";
 const std::string kDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
 const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
+const std::string kCliques = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomaincliques";
 
 std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
 std::string Built(const std::string& rel) { return std::string(std::getenv("GNS_BINARY_DIR")) + "/" + rel; }
@@ -74,7 +79,7 @@ struct SimNode {
   std::string nvml;
 };
 
-class DriverManagedImexTest : public ::testing::Test {
+class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     char pattern[] = "/tmp/gdm-XXXXXX";
@@ -87,6 +92,7 @@ class DriverManagedImexTest : public ::testing::Test {
     api_->Start();
     // Our CRD: status.nodes is a list-map keyed by name, so each node's applied entry is its own.
     api_->SeedFile(Source("deploy/crd-computedomains.yaml"));
+    api_->SeedFile(Source("deploy/crd-computedomaincliques.yaml"));
     server_port_ = FreePort();
     cmd_port_ = FreePort();
     // Three nodes: a and b in clique 1, c in clique 2; each its own loopback address.
@@ -139,7 +145,8 @@ class DriverManagedImexTest : public ::testing::Test {
     std::ofstream(n.config) << "version: v1\nnodeName: " << name << "\npaths:\n  kubeletDir: " << (n.dir / "kubelet").string()
                             << "\n  cdiDir: " << (n.dir / "cdi").string() << "\n  stateDir: " << (n.dir / "state").string()
                             << "\n  hostRoot: " << (n.dir / "host").string()
-                            << "\nfeatureGates:\n  HostManagedIMEX: false\nmodules:\n"
+                            << "\nfeatureGates:\n  HostManagedIMEX: false\n  ComputeDomainCliques: "
+                            << (GetParam() ? "true" : "false") << "\nmodules:\n"
                                "  kube:\n    enabled: true\n    kubeconfig: "
                             << (dir_ / "api/kubeconfig").string()
                             << "\n  gpu-inventory:\n    enabled: true\n    nvmlLibrary: "
@@ -216,6 +223,17 @@ class DriverManagedImexTest : public ::testing::Test {
     return it == result.claims.end() ? "<no entry>" : it->second;
   }
 
+  // ComputeDomainCliques: the daemons' node names in the clique object of (domain, clique).
+  std::vector<std::string> CliqueDaemons(const std::string& uid, int clique) {
+    const auto r = api_->Call("GET", kCliques + "/" + uid + "." + kCluster + "." + std::to_string(clique));
+    std::vector<std::string> out;
+    if (r.status != 200) return out;
+    for (const auto& d : r.Json().value("daemons", json::array())) out.push_back(d.value("nodeName", ""));
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::size_t Cliques() { return Get(kCliques).value("items", json::array()).size(); }
+
   json NodeEntry(const std::string& domain, const std::string& node) {
     const json d = Get(kDomains + "/" + domain);
     for (const auto& e : d.value(json::json_pointer("/status/nodes"), json::array())) {
@@ -242,7 +260,8 @@ class DriverManagedImexTest : public ::testing::Test {
   std::vector<SimNode> nodes_;
 };
 
-TEST_F(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAreSupervised) {
+TEST_P(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAreSupervised) {
+  const bool cliques = GetParam();
   SimNode& a = nodes_[0];
   SimNode& b = nodes_[1];
   SimNode& c = nodes_[2];
@@ -263,6 +282,13 @@ TEST_F(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
   EXPECT_NE(first.find("ComputeDomain team-a/train is not Ready yet"), std::string::npos) << first;
   EXPECT_NE(first.find("the kubelet retries"), std::string::npos) << first;
   EXPECT_EQ(Label(a), uid);
+  if (cliques) {
+    // Registered in its clique's object; status.nodes follows through the controller.
+    EXPECT_EQ(CliqueDaemons(uid, 1), std::vector<std::string>{"node-a"});
+    ASSERT_TRUE(Eventually([&] { return !NodeEntry("train", "node-a").is_null(); }));
+  } else {
+    EXPECT_EQ(Cliques(), 0u);
+  }
   EXPECT_EQ(NodeEntry("train", "node-a").value("cliqueID", ""), std::string(kCluster) + ".1");
   EXPECT_EQ(NodeEntry("train", "node-a").value("ipAddress", ""), a.ip);
 
@@ -291,12 +317,26 @@ TEST_F(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
                          "team-a/train's clique \"" + std::string(kCluster) + ".1\""),
             std::string::npos)
       << refused;
-  EXPECT_FALSE(NodeEntry("train", "node-c").is_null());
+  // (Gate on: the controller's mirror may list it a moment after its clique object does.)
+  EXPECT_TRUE(Eventually([&] { return !NodeEntry("train", "node-c").is_null(); }));
+  if (cliques) {
+    // One object per clique: node-c's own, and a and b together in theirs.
+    EXPECT_EQ(CliqueDaemons(uid, 1), (std::vector<std::string>{"node-a", "node-b"}));
+    EXPECT_EQ(CliqueDaemons(uid, 2), std::vector<std::string>{"node-c"});
+    const json obj = Get(kCliques + "/" + uid + "." + kCluster + ".1");
+    EXPECT_EQ(obj["metadata"]["labels"]["resource.nvidia.com/computeDomain"], uid);
+    EXPECT_EQ(obj["metadata"]["labels"]["resource.nvidia.com/computeDomain.cliqueID"], std::string(kCluster) + ".1");
+    EXPECT_EQ(obj["metadata"]["ownerReferences"][0]["uid"], uid);
+    EXPECT_EQ(obj["metadata"]["ownerReferences"][0]["kind"], "ComputeDomain");
+  }
   EXPECT_EQ(ReadFile(DomainDir(a, uid) + "/hosts").find(c.ip), std::string::npos);
   EXPECT_EQ(ReadFile(DomainDir(a, uid) + "/nodes_config.cfg").find("compute-domain-daemon-2"), std::string::npos);
   EXPECT_EQ(Get(kDomains + "/train")["status"]["status"], "Ready");
   EXPECT_EQ(UnprepareError(c, cc), "");
   ASSERT_TRUE(Eventually([&] { return NodeEntry("train", "node-c").is_null() && Label(c).empty(); }));
+  if (cliques) {
+    EXPECT_TRUE(CliqueDaemons(uid, 2).empty());
+  }
 
   // A daemon crash: restarted by its supervisor, the node goes NotReady and Ready again.
   ASSERT_TRUE(a.proc->WaitForLine("IMEX daemon of ComputeDomain team-a/train is ready"));
@@ -337,7 +377,13 @@ TEST_F(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
   EXPECT_EQ(UnprepareError(b, cb), "");
   ASSERT_TRUE(Eventually([&] { return api_->Call("GET", kDomains + "/train").status == 404; }));
   EXPECT_TRUE(Label(b).empty());
+  EXPECT_EQ(Cliques(), 0u);  // deleted with their domain (gate on), never made (gate off)
 }
+
+INSTANTIATE_TEST_SUITE_P(Gate, DriverManagedImexTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "ComputeDomainCliques" : "StatusNodes";
+                         });
 
 }  // namespace
 }  // namespace gns

@@ -163,7 +163,8 @@ def main():
     api_dir = os.path.join(ROOT, "api")
     os.makedirs(api_dir)
     start([os.path.join(BUILD, "tools/sim/apiserver/gns-sim-apiserver"), "--listen", "127.0.0.1:0", "--state-dir",
-           api_dir, "--seed", os.path.join(REPO, "deploy/crd-computedomains.yaml")], os.path.join(ROOT, "api.log"))
+           api_dir, "--seed", os.path.join(REPO, "deploy/crd-computedomains.yaml"),
+           "--seed", os.path.join(REPO, "deploy/crd-computedomaincliques.yaml")], os.path.join(ROOT, "api.log"))
     demo.wait_for("the second API-server simulator", lambda: os.path.exists(os.path.join(api_dir, "kubeconfig"))
                   and os.path.getsize(os.path.join(api_dir, "kubeconfig")) > 0)
     demo.API_DIR = api_dir  # demo.Api reads the simulator's kubeconfig, CA and token from there

@@ -104,7 +104,7 @@ mkdir -p "$GNS_SANDBOX/apiserver"
 # GNS_SIM_BOOKMARK_MS: how often idle watches get a BOOKMARK (the simulator's default is 1 s so
 # that tests see them soon; kube-apiserver sends one about every minute: tools/idle-bench.sh).
 "$build_dir/tools/sim/apiserver/gns-sim-apiserver" --listen 127.0.0.1:0 --state-dir "$GNS_SANDBOX/apiserver" \
-  --seed tools/sim/seed/sim-node.yaml --seed deploy/crd-computedomains.yaml ${GNS_SIM_BOOKMARK_MS:+--bookmark-interval-ms "$GNS_SIM_BOOKMARK_MS"} > >(sed -u 's/^/[apiserver-sim] /') 2>&1 &
+  --seed tools/sim/seed/sim-node.yaml --seed deploy/crd-computedomains.yaml --seed deploy/crd-computedomaincliques.yaml ${GNS_SIM_BOOKMARK_MS:+--bookmark-interval-ms "$GNS_SIM_BOOKMARK_MS"} > >(sed -u 's/^/[apiserver-sim] /') 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] && break; sleep 0.1; done
 [[ -s "$GNS_SANDBOX/apiserver/kubeconfig" ]] || { echo "the API-server simulator did not start" >&2; exit 1; }

@@ -56,6 +56,8 @@ void ComputeDomainControllerModule::Start() {
   auto events = services.Find<kube::EventRecorder>();  // optional: no Events without it
 
   host_managed_ = context_.Site().gates.Enabled(gates::kHostManagedIMEX);
+  // Resolved gates: HostManagedIMEX forces ComputeDomainCliques off.
+  cliques_gate_ = !host_managed_ && context_.Site().gates.Enabled(gates::kComputeDomainCliques);
   ReconcileSettings settings;
   settings.host_managed = host_managed_;
   settings.resource_api = config_.resource_api;
@@ -66,6 +68,8 @@ void ComputeDomainControllerModule::Start() {
     // Until the Node list is in, every node counts as present.
     return !nodes_ || !nodes_->Synced() || nodes_->Get(node) != nullptr;
   };
+  settings.cliques = cliques_gate_;
+  settings.cliques_of = [this](const std::string& ns, const std::string& uid) { return CliquesOf(ns, uid); };
   reconciler_ = std::make_unique<Reconciler>(client, events, context_.Logger(), settings);
   queue_ = std::make_unique<WorkQueue>(context_.GetLoop().Io(), config_.retry, config_.workers,
                                        [this](const std::string& key, std::function<void(bool)> done) {
@@ -101,8 +105,10 @@ void ComputeDomainControllerModule::Start() {
   }
   context_.Log().info("feature gates (resolved): {}; {}", gates_line,
                       host_managed_ ? "host-managed IMEX: finalizer, workload template, Ready at once"
+                    : cliques_gate_ ? "driver-managed IMEX: finalizer, workload template, no DaemonSet; status.nodes "
+                                      "mirrors the ComputeDomainClique objects, Ready from them"
                                     : "driver-managed IMEX: finalizer, workload template, no DaemonSet; Ready from "
-                                      "the nodes' registrations");
+                                      "the nodes' registrations in status.nodes");
   context_.Log().info("candidate for lease {}/{} as {}", config_.lease.ns, config_.lease.lease_name,
                       config_.lease.identity);
   elector_->Start();
@@ -162,6 +168,21 @@ void ComputeDomainControllerModule::OnStartedLeading() {
     nodes_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) { OnNodeEvent(e); });
     nodes_ = registry_->Acquire(nodes);
   }
+  if (cliques_gate_) {
+    const kube::InformerSpec cliques{
+        kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kCliqueResource))
+            .Collection(),
+        std::string(kDomainLabel), {}};
+    cliques_key_ = cliques.Key();
+    cliques_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) { OnCliqueEvent(e); });
+    // Reconciles that ran before this cache listed did nothing with the cliques: run them again.
+    cliques_synced_sub_ = bus.Subscribe<kube::InformerSynced>([this](const kube::InformerSynced& s) {
+      if (!leading_ || s.informer_key != cliques_key_ || !s.synced || !informer_) return;
+      cliques_synced_sub_.Reset();
+      for (const auto& [key, object] : informer_->Items()) queue_->Add(key);
+    });
+    cliques_ = registry_->Acquire(cliques);
+  }
   ArmResync();
 }
 
@@ -183,6 +204,35 @@ void ComputeDomainControllerModule::OnNodeEvent(const kube::ResourceEvent& event
       }
     }
   }
+}
+
+void ComputeDomainControllerModule::OnCliqueEvent(const kube::ResourceEvent& event) {
+  if (!leading_ || event.informer_key != cliques_key_ || !event.object || !informer_) return;
+  const auto meta = kube::ObjectMeta::From(*event.object);
+  const nlohmann::json labels = event.object->value(nlohmann::json::json_pointer("/metadata/labels"), nlohmann::json());
+  if (!meta || !labels.is_object()) return;
+  const std::string uid = labels.value(std::string(kDomainLabel), std::string());
+  for (const auto& [key, domain] : informer_->Items()) {
+    const auto domain_meta = kube::ObjectMeta::From(*domain);
+    if (domain_meta && domain_meta->ns == meta->ns && domain_meta->uid == uid) {
+      queue_->Add(key);
+      return;
+    }
+  }
+}
+
+std::optional<std::vector<nlohmann::json>> ComputeDomainControllerModule::CliquesOf(const std::string& ns,
+                                                                                   const std::string& uid) const {
+  if (!cliques_ || !cliques_->Synced()) return std::nullopt;
+  std::vector<nlohmann::json> out;
+  for (const auto& [key, clique] : cliques_->Items()) {
+    const auto meta = kube::ObjectMeta::From(*clique);
+    const nlohmann::json labels = clique->value(nlohmann::json::json_pointer("/metadata/labels"), nlohmann::json());
+    if (meta && meta->ns == ns && labels.is_object() && labels.value(std::string(kDomainLabel), std::string()) == uid) {
+      out.push_back(*clique);
+    }
+  }
+  return out;
 }
 
 void ComputeDomainControllerModule::OnTemplateEvent(const kube::ResourceEvent& event) {
@@ -232,6 +282,9 @@ void ComputeDomainControllerModule::StopWork() {
   templates_.reset();
   nodes_sub_.Reset();
   nodes_.reset();
+  cliques_sub_.Reset();
+  cliques_synced_sub_.Reset();
+  cliques_.reset();
   if (resync_timer_) resync_timer_->cancel();
   if (reconciler_) reconciler_->Cancel();
   if (queue_) queue_->Clear();

@@ -23,6 +23,8 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
+#include <vector>
 #include <string>
 #include <string_view>
 
@@ -69,6 +71,8 @@ class ComputeDomainControllerModule final : public Module {
   void Enqueue(const nlohmann::json& object);
   void OnTemplateEvent(const kube::ResourceEvent& event);
   void OnNodeEvent(const kube::ResourceEvent& event);
+  void OnCliqueEvent(const kube::ResourceEvent& event);
+  std::optional<std::vector<nlohmann::json>> CliquesOf(const std::string& ns, const std::string& uid) const;
   void ArmResync();
   void Work(const std::string& key, std::function<void(bool)> done);
   void Record(const std::string& key, const Outcome& outcome, double seconds);
@@ -77,6 +81,7 @@ class ComputeDomainControllerModule final : public Module {
   ModuleContext& context_;
   Config config_;
   bool host_managed_ = true;
+  bool cliques_gate_ = false;  // ComputeDomainCliques (driver-managed only)
   bool leading_ = false;
   std::shared_ptr<kube::InformerRegistry> registry_;
   std::unique_ptr<Reconciler> reconciler_;
@@ -91,6 +96,10 @@ class ComputeDomainControllerModule final : public Module {
   // Driver-managed: the Nodes (a node that disappears leaves its domains' status).
   std::shared_ptr<kube::Informer> nodes_;
   std::string nodes_key_;
+  // ComputeDomainCliques: every clique object carrying a domain label (their changes send the
+  // domain back to the queue; the reconcile reads them from this cache).
+  std::shared_ptr<kube::Informer> cliques_;
+  std::string cliques_key_;
   std::unique_ptr<boost::asio::steady_timer> resync_timer_;
   std::map<std::string, std::string, std::less<>> domain_state_;  // key -> Ready/NotReady/Deleting
   MetricsRegistry::Series* latency_sum_ = nullptr;
@@ -101,6 +110,8 @@ class ComputeDomainControllerModule final : public Module {
   Subscription synced_sub_;
   Subscription templates_sub_;
   Subscription nodes_sub_;
+  Subscription cliques_sub_;
+  Subscription cliques_synced_sub_;
 };
 
 }  // namespace gns::cd_controller

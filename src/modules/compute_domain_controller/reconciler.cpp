@@ -137,6 +137,7 @@ struct Reconciler::Run {
   std::string uid;
   std::string template_name;
   std::string allocation_mode;
+  bool nodes_released = false;  // driver-managed delete: the wait for the nodes is over
 
   std::string DomainPath() const {
     return kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kResource), ns)
@@ -359,17 +360,42 @@ void Reconciler::Settle(const RunPtr& run) {
 }
 
 void Reconciler::DriverManagedSettle(const RunPtr& run) {
-  const DriverManagedStatus judged = JudgeDriverManaged(run->domain, settings_.node_exists);
   json current = run->domain.contains("status") && run->domain["status"].is_object() ? run->domain["status"]
                                                                                       : json::object();
   json desired = current;
+  auto stale = std::make_shared<std::vector<StaleDaemons>>();
+  json judged_domain;
+  if (settings_.cliques) {
+    const auto cliques = settings_.cliques_of ? settings_.cliques_of(run->ns, run->uid) : std::vector<json>{};
+    if (!cliques) {
+      // The clique cache's first list enqueues every domain again.
+      Finish(run, Outcome{true, Outcome::State::kNotReady, "CliquesNotSynced", {}});
+      return;
+    }
+    CliqueMirror mirror = MirrorCliques(run->domain, *cliques, settings_.node_exists);
+    *stale = std::move(mirror.stale);
+    desired["nodes"] = mirror.nodes;
+    judged_domain = run->domain;
+    judged_domain["status"] = desired;
+    if (desired != current) {
+      std::string per_clique;
+      for (const auto& [clique, counts] : mirror.per_clique) {
+        per_clique += (per_clique.empty() ? "" : ", ") + ("\"" + clique + "\": ") + std::to_string(counts.first) +
+                      "/" + std::to_string(counts.second) + " Ready";
+      }
+      log_->info("{}: status.nodes from {} ComputeDomainClique object(s): {}", run->key, cliques->size(),
+                 per_clique.empty() ? std::string("no nodes") : per_clique);
+    }
+  }
+  const DriverManagedStatus judged =
+      JudgeDriverManaged(settings_.cliques ? judged_domain : run->domain, settings_.node_exists);
   desired["status"] = judged.domain_ready ? "Ready" : "NotReady";
   desired.erase("conditions");
   if (judged.removed > 0) desired["nodes"] = judged.nodes;
   const Outcome outcome{true, judged.domain_ready ? Outcome::State::kReady : Outcome::State::kNotReady,
                         judged.domain_ready ? std::string() : std::string("NodesNotReady"), {}};
   if (desired == current) {
-    Finish(run, outcome);
+    PruneCliques(run, std::move(stale), outcome);
     return;
   }
   if (judged.removed > 0) {
@@ -383,12 +409,109 @@ void Reconciler::DriverManagedSettle(const RunPtr& run) {
   json object = run->domain;
   object["status"] = desired;
   Call(run, [&](auto cb) { client_->UpdateStatus(run->DomainPath(), object, std::move(cb)); },
-       [this, run, outcome](kube::Result r) {
+       [this, run, outcome, stale](kube::Result r) {
          if (!r.Ok()) return Restart(run, r, "update ComputeDomain status");
          ++stats_.status_writes;
          run->domain = std::move(r.object);
-         Finish(run, outcome);
+         PruneCliques(run, stale, outcome);
        });
+}
+
+// The daemons of vanished Nodes leave their clique objects: one JSON patch per object, each
+// removal guarded by a test of the entry's name (positions from the cache; a list that moved
+// meanwhile fails the test, 422, and the next reconcile looks again).
+void Reconciler::PruneCliques(const RunPtr& run, std::shared_ptr<std::vector<StaleDaemons>> stale, Outcome outcome) {
+  if (stale->empty()) {
+    Finish(run, std::move(outcome));
+    return;
+  }
+  StaleDaemons next = std::move(stale->back());
+  stale->pop_back();
+  json patch = json::array();
+  if (!next.uid.empty()) patch.push_back({{"op", "test"}, {"path", "/metadata/uid"}, {"value", next.uid}});
+  // From the last position down, so earlier removals do not move later ones.
+  std::sort(next.entries.begin(), next.entries.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [position, node] : next.entries) {
+    const std::string at = "/daemons/" + std::to_string(position);
+    patch.push_back({{"op", "test"}, {"path", at + "/nodeName"}, {"value", node}});
+    patch.push_back({{"op", "remove"}, {"path", at}});
+  }
+  const auto path = kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kCliqueResource),
+                                                run->ns)
+                        .Object(next.clique);
+  log_->info("{}: removing {} entr{} of vanished node(s) from ComputeDomainClique {}/{}", run->key, next.entries.size(),
+             next.entries.size() == 1 ? "y" : "ies", run->ns, next.clique);
+  const std::size_t count = next.entries.size();
+  Call(run, [&](auto cb) { client_->Patch(path, kube::PatchType::kJson, patch, settings_.field_manager, std::move(cb)); },
+       [this, run, stale, outcome = std::move(outcome), count](kube::Result r) mutable {
+         if (r.Ok()) stats_.clique_entries_removed += count;
+         // 404: the object went; 422: its list moved (the next reconcile, which its change
+         // triggers, looks again).
+         if (!r.Ok() && r.http_status != 404 && r.http_status != 422) {
+           return Restart(run, r, "remove stale entries from a ComputeDomainClique");
+         }
+         PruneCliques(run, std::move(stale), std::move(outcome));
+       });
+}
+
+CliqueMirror MirrorCliques(const json& domain, const std::vector<json>& cliques,
+                           const std::function<bool(const std::string&)>& node_exists) {
+  CliqueMirror out;
+  // The clique objects in creation order (RFC 3339 stamps of one width sort as strings).
+  std::vector<const json*> ordered;
+  for (const auto& c : cliques) ordered.push_back(&c);
+  std::stable_sort(ordered.begin(), ordered.end(), [](const json* a, const json* b) {
+    const auto ka = std::make_pair(StringAt(*a, {"metadata", "creationTimestamp"}), StringAt(*a, {"metadata", "name"}));
+    const auto kb = std::make_pair(StringAt(*b, {"metadata", "creationTimestamp"}), StringAt(*b, {"metadata", "name"}));
+    return ka < kb;
+  });
+  // Every live daemon entry as a status.nodes entry, in clique order.
+  std::vector<std::pair<std::string, json>> entries;
+  for (const json* c : ordered) {
+    const auto daemons = c->find("daemons");
+    if (daemons == c->end() || !daemons->is_array()) continue;
+    StaleDaemons stale{StringAt(*c, {"metadata", "name"}), StringAt(*c, {"metadata", "uid"}), {}};
+    for (std::size_t i = 0; i < daemons->size(); ++i) {
+      const json& d = (*daemons)[i];
+      const std::string name = StringAt(d, {"nodeName"});
+      if (name.empty()) continue;
+      if (node_exists && !node_exists(name)) {
+        stale.entries.emplace_back(i, name);
+        continue;
+      }
+      json entry{{"name", name},
+                 {"ipAddress", StringAt(d, {"ipAddress"})},
+                 {"cliqueID", StringAt(d, {"cliqueID"})},
+                 {"index", d.value("index", json(0))}};
+      entry["status"] = StringAt(d, {"status"}).empty() ? std::string("NotReady") : StringAt(d, {"status"});
+      entries.emplace_back(name, std::move(entry));
+    }
+    if (!stale.entries.empty()) out.stale.push_back(std::move(stale));
+  }
+  // Entries already listed keep their place; the rest follow.
+  std::vector<bool> placed(entries.size(), false);
+  const json::json_pointer nodes_ptr("/status/nodes");
+  if (domain.contains(nodes_ptr) && domain.at(nodes_ptr).is_array()) {
+    for (const auto& listed : domain.at(nodes_ptr)) {
+      const std::string name = StringAt(listed, {"name"});
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        if (!placed[i] && entries[i].first == name) {
+          placed[i] = true;
+          out.nodes.push_back(entries[i].second);
+          break;
+        }
+      }
+    }
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (!placed[i]) out.nodes.push_back(entries[i].second);
+  }
+  for (const auto& entry : out.nodes) {
+    auto& counts = out.per_clique[StringAt(entry, {"cliqueID"})];
+    counts.first += StringAt(entry, {"status"}) == "Ready" ? 1 : 0;
+    ++counts.second;
+  }
+  return out;
 }
 
 DriverManagedStatus JudgeDriverManaged(const json& domain, const std::function<bool(const std::string&)>& node_exists) {
@@ -466,10 +589,24 @@ void Reconciler::DeleteTemplateStep(const RunPtr& run) {
 }
 
 void Reconciler::RemoveDomainFinalizer(const RunPtr& run) {
-  if (!settings_.host_managed) {
-    const DriverManagedStatus judged = JudgeDriverManaged(run->domain, settings_.node_exists);
-    if (judged.registered > 0) {
-      WaitForNodes(run);
+  if (!settings_.host_managed && !run->nodes_released) {
+    std::optional<std::vector<json>> cliques;
+    std::size_t registered = 0;
+    if (settings_.cliques) {
+      cliques = settings_.cliques_of ? settings_.cliques_of(run->ns, run->uid) : std::vector<json>{};
+      if (!cliques) {
+        Finish(run, Outcome{false, Outcome::State::kNotReady, "CliquesNotSynced",
+                            "the ComputeDomainClique cache has not listed yet"});
+        return;
+      }
+      registered = MirrorCliques(run->domain, *cliques, settings_.node_exists).nodes.size();
+    } else {
+      registered = JudgeDriverManaged(run->domain, settings_.node_exists).registered;
+    }
+    if (registered > 0 && !DeregisterWaitOver(run, registered)) return;
+    run->nodes_released = true;
+    if (cliques && !cliques->empty()) {
+      DeleteCliques(run, std::make_shared<std::vector<json>>(std::move(*cliques)));
       return;
     }
   }
@@ -486,8 +623,7 @@ void Reconciler::RemoveDomainFinalizer(const RunPtr& run) {
 // Driver-managed delete: the nodes deregister when their claims are unprepared (their IMEX
 // daemons stop then). The finalizer waits for that, up to deregister_timeout after the
 // deletionTimestamp; then it goes anyway (a node that is down cannot answer).
-void Reconciler::WaitForNodes(const RunPtr& run) {
-  const DriverManagedStatus judged = JudgeDriverManaged(run->domain, settings_.node_exists);
+bool Reconciler::DeregisterWaitOver(const RunPtr& run, std::size_t registered) {
   std::tm tm{};
   const std::string stamp = StringAt(run->domain, {"metadata", "deletionTimestamp"});
   std::chrono::system_clock::time_point deleted_at = settings_.wall_now();
@@ -497,14 +633,43 @@ void Reconciler::WaitForNodes(const RunPtr& run) {
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(settings_.wall_now() - deleted_at);
   if (waited < settings_.deregister_timeout) {
     Finish(run, Outcome{false, Outcome::State::kNotReady, "WaitingForNodesToDeregister",
-                        std::to_string(judged.registered) + " node(s) still registered; waiting up to " +
+                        std::to_string(registered) + " node(s) still registered; waiting up to " +
                             std::to_string(settings_.deregister_timeout.count() / 1000) + " s"});
-    return;
+    return false;
   }
   log_->warn("{}: {} node(s) still registered {} s after the delete: removing the finalizer anyway", run->key,
-             judged.registered, waited.count() / 1000);
-  run->domain["status"]["nodes"] = json::array();  // so the check above passes once
-  RemoveDomainFinalizer(run);
+             registered, waited.count() / 1000);
+  return true;
+}
+
+// The domain's clique objects go before its finalizer (their owner reference would let the
+// garbage collector do it too, but only once the domain is gone, and not where there is none).
+void Reconciler::DeleteCliques(const RunPtr& run, std::shared_ptr<std::vector<json>> cliques) {
+  if (cliques->empty()) {
+    RemoveDomainFinalizer(run);
+    return;
+  }
+  const json clique = std::move(cliques->back());
+  cliques->pop_back();
+  const std::string name = StringAt(clique, {"metadata", "name"});
+  const auto path =
+      kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kCliqueResource), run->ns)
+          .Object(name);
+  Call(run,
+       [&](auto cb) {
+         client_->Delete(path, kube::Preconditions{StringAt(clique, {"metadata", "uid"}), {}}, std::move(cb));
+       },
+       [this, run, cliques, name](kube::Result r) {
+         // 404: already gone; 409: replaced meanwhile (uid precondition): not the one we saw.
+         if (!r.Ok() && r.http_status != 404 && r.http_status != 409) {
+           return Restart(run, r, "delete ComputeDomainClique");
+         }
+         if (r.Ok()) {
+           ++stats_.cliques_deleted;
+           log_->info("{}: deleted ComputeDomainClique {}/{}", run->key, run->ns, name);
+         }
+         DeleteCliques(run, cliques);
+       });
 }
 
 void Reconciler::Event(const RunPtr& run, std::string_view type, std::string_view reason, std::string_view note) {

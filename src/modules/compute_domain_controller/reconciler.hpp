@@ -21,6 +21,13 @@
 // removed from status.nodes. The delete path waits for the nodes to deregister (up to
 // `deregister_timeout` after the deletionTimestamp) before it removes the finalizer.
 //
+// ComputeDomainCliques (gate on, driver-managed): the nodes register in the domain's
+// ComputeDomainClique objects (one per clique, in the domain's namespace, labelled
+// resource.nvidia.com/computeDomain=<uid>), and status.nodes is their mirror, as upstream's
+// controller builds it (cdstatus.go): the same verdict is then taken over it. Entries of Nodes
+// that no longer exist are left out and removed from the clique objects. The delete path waits
+// for the clique objects to empty (same timeout), deletes them, then removes the finalizer.
+//
 // A 409 restarts the reconcile from the GET (fresh resourceVersion), a few times in a row.
 // Cancel() abandons every reconcile in flight: callbacks of requests already sent are ignored
 // and no further request is made (used when the lease is lost).
@@ -34,10 +41,14 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace gns::cd_controller {
 
@@ -55,6 +66,7 @@ inline constexpr std::string_view kChannelRequest = "channel";
 inline constexpr std::string_view kChannelDeviceClass = "compute-domain-default-channel.nvidia.com";
 inline constexpr std::string_view kDriverName = "compute-domain.nvidia.com";
 inline constexpr std::string_view kChannelConfigKind = "ComputeDomainChannelConfig";
+inline constexpr std::string_view kCliqueResource = "computedomaincliques";
 
 // resource.k8s.io versions the template can be written in: v1 and v1beta2 nest the device class
 // under `exactly`; v1beta1 has flat requests (WIRE-FACTS §4.1).
@@ -76,6 +88,10 @@ struct ReconcileSettings {
   // Driver-managed only. Whether a Node exists (unset: every node does).
   std::function<bool(const std::string& node)> node_exists;
   std::chrono::milliseconds deregister_timeout{300000};
+  // ComputeDomainCliques: the domain's clique objects (namespace, domain UID), from a cache;
+  // nullopt while that cache has not listed yet.
+  bool cliques = false;
+  std::function<std::optional<std::vector<nlohmann::json>>(const std::string& ns, const std::string& uid)> cliques_of;
   std::function<std::chrono::system_clock::time_point()> wall_now = [] { return std::chrono::system_clock::now(); };
 };
 
@@ -92,6 +108,24 @@ struct DriverManagedStatus {
 };
 DriverManagedStatus JudgeDriverManaged(const nlohmann::json& domain,
                                        const std::function<bool(const std::string&)>& node_exists);
+
+// ComputeDomainCliques (pure): status.nodes as the mirror of the domain's clique objects. An
+// entry already in status.nodes keeps its place (so the first entry, whose clique is the
+// domain's, stays first); new ones are appended in the order of their clique object's
+// creationTimestamp, then name, then the object's list order. Daemons of Nodes that no longer
+// exist are left out and listed per clique object (with their positions) for removal.
+struct StaleDaemons {
+  std::string clique;  // the clique object's name
+  std::string uid;     // its metadata.uid
+  std::vector<std::pair<std::size_t, std::string>> entries;  // (position in daemons, nodeName)
+};
+struct CliqueMirror {
+  nlohmann::json nodes = nlohmann::json::array();
+  std::vector<StaleDaemons> stale;
+  std::map<std::string, std::pair<std::size_t, std::size_t>> per_clique;  // cliqueID -> (Ready, registered)
+};
+CliqueMirror MirrorCliques(const nlohmann::json& domain, const std::vector<nlohmann::json>& cliques,
+                           const std::function<bool(const std::string&)>& node_exists);
 
 struct Outcome {
   enum class State {
@@ -117,6 +151,8 @@ class Reconciler {
     uint64_t templates_created = 0;
     uint64_t templates_deleted = 0;
     uint64_t status_writes = 0;
+    uint64_t cliques_deleted = 0;
+    uint64_t clique_entries_removed = 0;  // daemons of vanished Nodes
   };
 
   // `events` may be null (no Events are recorded then).
@@ -158,7 +194,11 @@ class Reconciler {
   void NotReady(const RunPtr& run, std::string reason, std::string message, bool retry);
   void Settle(const RunPtr& run);
   void DriverManagedSettle(const RunPtr& run);
-  void WaitForNodes(const RunPtr& run);
+  void PruneCliques(const RunPtr& run, std::shared_ptr<std::vector<StaleDaemons>> stale, Outcome outcome);
+  // Driver-managed delete: true when the wait for `registered` nodes is over (timed out);
+  // otherwise the run is finished with a retry.
+  bool DeregisterWaitOver(const RunPtr& run, std::size_t registered);
+  void DeleteCliques(const RunPtr& run, std::shared_ptr<std::vector<nlohmann::json>> cliques);
 
   // delete
   void DeleteTemplateStep(const RunPtr& run);

@@ -177,9 +177,12 @@ void DraComputeDomainModule::LogGates() {
                         gates::kComputeDomainCliques, gates.Enabled(gates::kComputeDomainCliques));
   } else {
     context_.Log().info("HostManagedIMEX is off: driver-managed IMEX, the supervisor runs each ComputeDomain's {} "
-                        "(no per-domain DaemonSet); {}={}",
+                        "(no per-domain DaemonSet); {}={}; {}={} (nodes register in {})",
                         config_.driver_managed.daemon.daemon_path, gates::kIMEXDaemonsWithDNSNames,
-                        gates.Enabled(gates::kIMEXDaemonsWithDNSNames));
+                        gates.Enabled(gates::kIMEXDaemonsWithDNSNames), gates::kComputeDomainCliques,
+                        gates.Enabled(gates::kComputeDomainCliques),
+                        gates.Enabled(gates::kComputeDomainCliques) ? "ComputeDomainClique objects"
+                                                                     : "the ComputeDomain's status.nodes");
   }
 }
 
@@ -210,6 +213,7 @@ void DraComputeDomainModule::Start() {
     settings.node_name = node_name_;
     settings.state_dir = paths_.state_dir;
     settings.dns_names = context_.Site().gates.Enabled(gates::kIMEXDaemonsWithDNSNames);
+    settings.cliques = context_.Site().gates.Enabled(gates::kComputeDomainCliques);
     domains_ = std::make_unique<DriverManagedDomains>(context_, settings, client_, informers);
     domains_->Load();
   }

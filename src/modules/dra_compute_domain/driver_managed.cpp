@@ -71,6 +71,15 @@ std::string DomainsPath(const std::string& ns) {
   return kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", ns).Collection();
 }
 
+std::string CliquesPath(const std::string& ns) {
+  return kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomaincliques", ns).Collection();
+}
+
+// Whether `got` is to be kept over `have` (see OlderVersion).
+bool NotOlder(const json& got, const std::shared_ptr<const json>& have) {
+  return !have || !OlderVersion(StringAt(got, "/metadata/resourceVersion"), StringAt(*have, "/metadata/resourceVersion"));
+}
+
 }  // namespace
 
 DriverManagedSettings ParseDriverManagedSection(ConfigMap& module_section) {
@@ -116,6 +125,12 @@ struct DriverManagedDomains::Domain {
   std::shared_ptr<kube::Informer> informer;
   std::string informer_key;
   std::shared_ptr<const json> object;  // the latest state seen (watch or our own write)
+  // ComputeDomainCliques: the clique object this node registers in (made for `clique_id`).
+  std::string clique_id;
+  std::string clique_name;
+  std::shared_ptr<kube::Informer> clique_informer;
+  std::string clique_informer_key;
+  std::shared_ptr<const json> clique_object;  // the latest state seen
   std::unique_ptr<ImexDaemon> daemon;
   bool active = false;
   bool leaving = false;
@@ -133,6 +148,11 @@ struct DriverManagedDomains::Domain {
   int teardown_step = 0;
   std::string Label() const { return ns + "/" + name; }
   std::string Path() const { return DomainsPath(ns) + "/" + name; }
+  std::string CliquePath(const std::string& object_name) const { return CliquesPath(ns) + "/" + object_name; }
+  bool Deleting() const {
+    return object && object->contains(json::json_pointer("/metadata/deletionTimestamp")) &&
+           !object->at(json::json_pointer("/metadata/deletionTimestamp")).is_null();
+  }
 };
 
 DriverManagedDomains::DriverManagedDomains(ModuleContext& context, DriverManagedSettings settings,
@@ -308,14 +328,23 @@ DomainVerdict DriverManagedDomains::Verdict(const Domain& d) const {
   const std::string ref = "ComputeDomain " + d.Label();
   if (d.leaving) return {Kind::kNotReady, ref + " is being torn down on this node"};
   if (d.gone) return {Kind::kNotReady, ref + " was deleted"};
+  const std::string where =
+      settings_.cliques ? "ComputeDomainClique " + d.ns + "/" + CliqueObjectName(d.uid, clique_id_) + " of " + ref : ref;
   if (!d.object) {
-    return {Kind::kNotReady, "registering this node in " + ref + (d.error.empty() ? "" : " (last error: " + d.error + ")")};
+    return {Kind::kNotReady, "registering this node in " + where + (d.error.empty() ? "" : " (last error: " + d.error + ")")};
   }
+  const auto registered = Registered(d);
+  if (!registered.ok()) return {Kind::kNotReady, where + ": " + registered.error};
+  const DomainNode* me = FindNode(registered.nodes, settings_.node_name);
+  if (me == nullptr) {
+    return {Kind::kNotReady, "registering this node in " + where + (d.error.empty() ? "" : " (last error: " + d.error + ")")};
+  }
+  // The domain's clique and its Ready count come from status.nodes: the nodes' own entries
+  // (gate off) or the controller's mirror of the clique objects (gate on).
   const auto parsed = ParseDomainNodes(*d.object);
   if (!parsed.ok()) return {Kind::kNotReady, ref + ": " + parsed.error};
-  const DomainNode* me = FindNode(parsed.nodes, settings_.node_name);
-  if (me == nullptr) {
-    return {Kind::kNotReady, "registering this node in " + ref + (d.error.empty() ? "" : " (last error: " + d.error + ")")};
+  if (parsed.nodes.empty()) {
+    return {Kind::kNotReady, ref + " is not Ready yet: the controller has not listed its nodes in status.nodes yet"};
   }
   const std::string clique = DomainClique(parsed.nodes);
   if (clique != clique_id_) {
@@ -359,6 +388,7 @@ void DriverManagedDomains::Activate(const DomainPtr& d) {
   api_requests_ += 2;  // its list and its watch
   d->informer = informers_->Acquire(spec);
   if (auto cached = d->informer->Get(d->ns + "/" + d->name)) OnDomainObject(d, cached);
+  WatchClique(d);
   Label(d, true);
   Register(d);
 }
@@ -407,7 +437,24 @@ void DriverManagedDomains::EnsureAddress(std::function<void(std::string)> done) 
 
 void DriverManagedDomains::OnEvent(const kube::ResourceEvent& event) {
   for (auto& [uid, d] : domains_) {
-    if (event.informer_key != d->informer_key || !event.object) continue;
+    if (!event.object) continue;
+    if (!d->clique_informer_key.empty() && event.informer_key == d->clique_informer_key) {
+      if (StringAt(*event.object, "/metadata/name") != d->clique_name) continue;
+      if (event.type == kube::ResourceEvent::Type::kDeleted) {
+        d->clique_object.reset();
+        // Deleted under us (by hand, or by the controller once the domain is going): made again
+        // by this node's next apply, unless the node leaves or the domain goes.
+        if (!d->leaving && !d->gone && !d->Deleting() && !stopping_) {
+          context_.Log().warn("driver-managed IMEX: ComputeDomainClique {}/{} was deleted: registering again", d->ns,
+                              d->clique_name);
+          SyncEntry(d);
+        }
+        return;
+      }
+      OnCliqueObject(d, event.object);
+      return;
+    }
+    if (event.informer_key != d->informer_key) continue;
     if (StringAt(*event.object, "/metadata/uid") != d->uid) continue;  // a namesake
     if (event.type == kube::ResourceEvent::Type::kDeleted) {
       context_.Log().warn("driver-managed IMEX: ComputeDomain {} was deleted", d->Label());
@@ -425,31 +472,64 @@ void DriverManagedDomains::OnDomainObject(const DomainPtr& d, std::shared_ptr<co
   if (StringAt(*object, "/metadata/uid") != d->uid) return;
   // Keep the newer of the watch's object and our own write's answer (a newer one already
   // holds our write).
-  bool newer = true;
-  if (d->object) {
-    const std::string have = StringAt(*d->object, "/metadata/resourceVersion");
-    const std::string got = StringAt(*object, "/metadata/resourceVersion");
-    newer = !OlderVersion(got, have);
-  }
+  const bool newer = NotOlder(*object, d->object);
   if (newer) {
     d->object = std::move(object);
     d->gone = false;
   }
   if (d->leaving || stopping_) return;
-  // Our entry must say what is true: missing (someone removed it) or stale → write it again.
-  // (A duplicate index from a concurrent registration counts as stale: see ResolveIndices.)
-  const auto parsed = ParseDomainNodes(*d->object);
-  if (parsed.ok() && !node_address_.empty()) {
-    DomainNode me;
-    me.name = settings_.node_name;
-    me.ip_address = node_address_;
-    me.clique_id = clique_id_;
-    me.status = std::string(d->daemon && d->daemon->Ready() ? kNodeReady : kNodeNotReady);
-    if (RegisterNode(parsed.nodes, me).changed) SyncEntry(d);
-  }
+  if (!settings_.cliques) CheckEntry(d);
   if (!newer) return;
   RenderFiles(d);
   AnswerWaiters(d, false);
+}
+
+void DriverManagedDomains::WatchClique(const DomainPtr& d) {
+  if (!settings_.cliques || clique_id_.empty() || d->clique_id == clique_id_) return;
+  // A changed clique (rare: a fabric change) moves the node to the new clique's object; the
+  // entry in the old one is withdrawn at teardown, which withdraws from every clique object of
+  // the domain.
+  d->clique_id = clique_id_;
+  d->clique_name = CliqueObjectName(d->uid, clique_id_);
+  d->clique_object.reset();
+  const kube::InformerSpec spec{CliquesPath(d->ns), "", "metadata.name=" + d->clique_name};
+  d->clique_informer_key = spec.Key();
+  api_requests_ += 2;  // its list and its watch
+  d->clique_informer = informers_->Acquire(spec);
+  if (auto cached = d->clique_informer->Get(d->ns + "/" + d->clique_name)) OnCliqueObject(d, cached);
+}
+
+void DriverManagedDomains::OnCliqueObject(const DomainPtr& d, std::shared_ptr<const json> object) {
+  if (StringAt(*object, "/metadata/name") != d->clique_name) return;
+  const bool newer = NotOlder(*object, d->clique_object);
+  if (newer) d->clique_object = std::move(object);
+  if (d->leaving || stopping_) return;
+  CheckEntry(d);
+  if (!newer) return;
+  RenderFiles(d);
+  AnswerWaiters(d, false);
+}
+
+DomainNodesParse DriverManagedDomains::Registered(const Domain& d) const {
+  if (settings_.cliques) return d.clique_object ? ParseCliqueDaemons(*d.clique_object) : DomainNodesParse{};
+  return d.object ? ParseDomainNodes(*d.object) : DomainNodesParse{};
+}
+
+DomainNode DriverManagedDomains::Me(const Domain& d) const {
+  DomainNode me;
+  me.name = settings_.node_name;
+  me.ip_address = node_address_;
+  me.clique_id = clique_id_;
+  me.status = std::string(d.daemon && d.daemon->Ready() ? kNodeReady : kNodeNotReady);
+  return me;
+}
+
+// Our entry must say what is true: missing (someone removed it) or stale → write it again.
+// (A duplicate index from a concurrent registration counts as stale: see ResolveIndices.)
+void DriverManagedDomains::CheckEntry(const DomainPtr& d) {
+  if (node_address_.empty()) return;
+  const auto parsed = Registered(*d);
+  if (parsed.ok() && RegisterNode(parsed.nodes, Me(*d)).changed) SyncEntry(d);
 }
 
 // ---------------------------------------------------------------------------------- API writes
@@ -512,11 +592,20 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
   // have read it yet): SetClique writes the entry then. An entry with an empty clique would
   // take this node out of its peers' maps.
   if (!d->leaving && clique_id_.empty()) return;
+  if (!d->leaving) WatchClique(d);
   if (d->entry_busy) {
     d->entry_again = true;
     return;
   }
   d->entry_busy = true;
+  if (settings_.cliques) {
+    if (d->leaving) {
+      WithdrawFromCliques(d);
+    } else {
+      SyncCliqueEntry(d);
+    }
+    return;
+  }
   json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
             {"kind", "ComputeDomain"},
             {"metadata", {{"name", d->name}, {"namespace", d->ns}}}};
@@ -529,11 +618,7 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
       auto parsed = ParseDomainNodes(*d->object);
       if (parsed.ok()) seen = std::move(parsed.nodes);
     }
-    me.name = settings_.node_name;
-    me.ip_address = node_address_;
-    me.clique_id = clique_id_;
-    me.status = std::string(d->daemon && d->daemon->Ready() ? kNodeReady : kNodeNotReady);
-    me = RegisterNode(seen, me).me;
+    me = RegisterNode(seen, Me(*d)).me;
     body["status"]["nodes"] = NodesToJson({me});
   }
   ++api_requests_;
@@ -573,7 +658,14 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
           if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) {
             // Still there: an entry this manager never owned (written by an update, e.g. by an
             // earlier version of this plugin). Removed by position, guarded by a test of its name.
-            RemoveForeignEntry(d, r.object);
+            RemoveForeignEntry(d->Path(), true, r.object, "/status/nodes", "name",
+                               [this, d](bool ok, std::string error) {
+                                 if (ok) {
+                                   context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}",
+                                                       settings_.node_name, d->Label());
+                                 }
+                                 SyncEntryDone(d, ok, error);
+                               });
             return;
           }
           context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}", settings_.node_name,
@@ -590,30 +682,141 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
       /*force=*/true);
 }
 
-void DriverManagedDomains::RemoveForeignEntry(const DomainPtr& d, const json& object) {
-  const json nodes = object.value(json::json_pointer("/status/nodes"), json::array());
+// ComputeDomainCliques: the node's entry in the `daemons` of its clique's object, applied on the
+// main resource (the object has no status) under the same field manager; the apply creates the
+// object when it is missing. Every node applies the same metadata (labels, owner reference): a
+// shared ownership, so the object keeps it until the last of them withdraws.
+void DriverManagedDomains::SyncCliqueEntry(const DomainPtr& d) {
+  if (d->gone) {
+    // An apply would make the object again, owned by a domain that no longer exists.
+    SyncEntryDone(d, false, "ComputeDomain " + d->Label() + " was deleted");
+    return;
+  }
+  json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
+            {"kind", "ComputeDomainClique"},
+            {"metadata", CliqueObjectMeta(d->ns, d->name, d->uid, d->clique_id)}};
+  std::vector<DomainNode> seen;
+  if (d->clique_object) {
+    auto parsed = ParseCliqueDaemons(*d->clique_object);
+    if (parsed.ok()) seen = std::move(parsed.nodes);
+  }
+  const DomainNode me = RegisterNode(seen, Me(*d)).me;
+  body["daemons"] = DaemonsToJson({me});
+  ++api_requests_;
+  const std::string object_name = d->clique_name;
+  client_->Patch(
+      d->CliquePath(object_name), kube::PatchType::kApply, body, field_manager_,
+      [this, alive = alive_, d, me, object_name](kube::Result r) {
+        if (!*alive) return;
+        if (!r.Ok()) {
+          SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomainClique " + d->ns + "/" + object_name +
+                                      ": " + r.error);
+          return;
+        }
+        context_.Log().info("driver-managed IMEX: node {} in ComputeDomainClique {}/{}: index {}, {}",
+                            settings_.node_name, d->ns, object_name, me.index, me.status);
+        auto object = std::make_shared<const json>(std::move(r.object));
+        SyncEntryDone(d, true, {});
+        OnCliqueObject(d, std::move(object));
+      },
+      /*force=*/true);
+}
+
+// Leaving (gate on): the node's entry goes from every clique object of the domain that holds it
+// (listed by the domain label: this works after a restart before the clique is known, and after
+// a clique change). Only objects that exist and hold the entry are written, so no apply makes a
+// clique object again after the controller deleted it.
+void DriverManagedDomains::WithdrawFromCliques(const DomainPtr& d) {
+  kube::ListOptions options;
+  options.label_selector = std::string(kComputeDomainLabel) + "=" + d->uid;
+  ++api_requests_;
+  client_->List(CliquesPath(d->ns), options, [this, alive = alive_, d](kube::Result r) {
+    if (!*alive) return;
+    if (!r.Ok()) {
+      SyncEntryDone(d, false, "cannot list the ComputeDomainCliques of ComputeDomain " + d->Label() + ": " + r.error);
+      return;
+    }
+    auto holding = std::make_shared<std::vector<json>>();
+    for (const auto& item : r.object.value("items", json::array())) {
+      const auto parsed = ParseCliqueDaemons(item);
+      if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) holding->push_back(item);
+    }
+    WithdrawFromClique(d, std::move(holding));
+  });
+}
+
+void DriverManagedDomains::WithdrawFromClique(const DomainPtr& d, std::shared_ptr<std::vector<json>> cliques) {
+  if (cliques->empty()) {
+    context_.Log().info("driver-managed IMEX: node {} deregistered from the ComputeDomainCliques of ComputeDomain {}",
+                        settings_.node_name, d->Label());
+    SyncEntryDone(d, true, {});
+    return;
+  }
+  const json clique = std::move(cliques->back());
+  cliques->pop_back();
+  const std::string object_name = StringAt(clique, "/metadata/name");
+  const json labels = clique.value(json::json_pointer("/metadata/labels"), json::object());
+  const std::string clique_id =
+      labels.is_object() ? labels.value(std::string(kCliqueLabel), std::string()) : std::string();
+  // The same metadata as the registration (so the labels stay while others still own them),
+  // and no daemons: the entry this manager owned goes.
+  const json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                  {"kind", "ComputeDomainClique"},
+                  {"metadata", CliqueObjectMeta(d->ns, d->name, d->uid, clique_id)}};
+  ++api_requests_;
+  client_->Patch(
+      d->CliquePath(object_name), kube::PatchType::kApply, body, field_manager_,
+      [this, alive = alive_, d, cliques, object_name](kube::Result r) {
+        if (!*alive) return;
+        if (!r.Ok()) {
+          SyncEntryDone(d, false, "cannot withdraw this node's entry from ComputeDomainClique " + d->ns + "/" +
+                                      object_name + ": " + r.error);
+          return;
+        }
+        auto next = [this, d, cliques](bool ok, std::string error) {
+          if (!ok) {
+            SyncEntryDone(d, false, error);
+            return;
+          }
+          WithdrawFromClique(d, cliques);
+        };
+        const auto parsed = ParseCliqueDaemons(r.object);
+        if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) {
+          RemoveForeignEntry(d->CliquePath(object_name), false, r.object, "/daemons", "nodeName", std::move(next));
+          return;
+        }
+        next(true, {});
+      },
+      /*force=*/true);
+}
+
+void DriverManagedDomains::RemoveForeignEntry(const std::string& path, bool status_subresource,
+                                              const json& object, const char* list_pointer, const char* name_key,
+                                              std::function<void(bool, std::string)> then) {
+  const json nodes = object.value(json::json_pointer(list_pointer), json::array());
   std::size_t position = 0;
-  while (position < nodes.size() && !(nodes[position].is_object() &&
-                                      nodes[position].value("name", "") == settings_.node_name)) {
+  while (position < nodes.size() &&
+         !(nodes[position].is_object() && nodes[position].value(name_key, "") == settings_.node_name)) {
     ++position;
   }
-  const std::string at = "/status/nodes/" + std::to_string(position);
-  const json patch = json::array({json{{"op", "test"}, {"path", at + "/name"}, {"value", settings_.node_name}},
+  const std::string at = std::string(list_pointer) + "/" + std::to_string(position);
+  const json patch = json::array({json{{"op", "test"}, {"path", at + "/" + name_key}, {"value", settings_.node_name}},
                                   json{{"op", "remove"}, {"path", at}}});
   ++api_requests_;
-  client_->PatchStatus(d->Path(), kube::PatchType::kJson, patch, field_manager_,
-                       [this, alive = alive_, d](kube::Result r) {
-                         if (!*alive) return;
-                         // 422: the list moved under us (the test failed): read it again next time.
-                         if (!r.Ok() && r.http_status != 404) {
-                           SyncEntryDone(d, false, "cannot remove this node's entry from ComputeDomain " +
-                                                       d->Label() + " status: " + r.error);
-                           return;
-                         }
-                         context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}",
-                                             settings_.node_name, d->Label());
-                         SyncEntryDone(d, true, {});
-                       });
+  auto done = [alive = alive_, path, then = std::move(then)](kube::Result r) {
+    if (!*alive) return;
+    // 422: the list moved under us (the test failed): read it again next time.
+    if (!r.Ok() && r.http_status != 404) {
+      then(false, "cannot remove this node's entry from " + path + ": " + r.error);
+      return;
+    }
+    then(true, {});
+  };
+  if (status_subresource) {
+    client_->PatchStatus(path, kube::PatchType::kJson, patch, field_manager_, std::move(done));
+  } else {
+    client_->Patch(path, kube::PatchType::kJson, patch, field_manager_, std::move(done));
+  }
 }
 
 void DriverManagedDomains::SyncEntryDone(const DomainPtr& d, bool ok, const std::string& error) {
@@ -659,17 +862,19 @@ void DriverManagedDomains::RetryLater(const DomainPtr& d, std::function<void()> 
 
 void DriverManagedDomains::RenderFiles(const DomainPtr& d) {
   if (!d->object || d->leaving || stopping_ || node_address_.empty()) return;
-  const auto parsed = ParseDomainNodes(*d->object);
-  if (!parsed.ok()) return;
-  if (FindNode(parsed.nodes, settings_.node_name) == nullptr) return;
+  const auto registered = Registered(*d);
+  if (!registered.ok()) return;
+  if (FindNode(registered.nodes, settings_.node_name) == nullptr) return;
   // A node of another clique than the domain's is registered, but runs no daemon: it is in no
-  // map, and its prepares are refused.
-  if (DomainClique(parsed.nodes) != clique_id_) return;
+  // map, and its prepares are refused. (Gate on: the domain's clique is read from the
+  // controller's mirror, so the daemon starts once the controller has listed the node.)
+  const auto parsed = ParseDomainNodes(*d->object);
+  if (!parsed.ok() || DomainClique(parsed.nodes) != clique_id_) return;
   if (d->files_busy) {
     d->files_again = true;
     return;
   }
-  const auto peers = CliquePeers(parsed.nodes, clique_id_);
+  const auto peers = CliquePeers(registered.nodes, clique_id_);
   ImexSettings imex;
   imex.server_port = settings_.server_port;
   imex.cmd_port = settings_.cmd_port;
@@ -790,6 +995,8 @@ void DriverManagedDomains::TeardownStep(const DomainPtr& d) {
     case 3: {
       d->informer.reset();
       d->informer_key.clear();
+      d->clique_informer.reset();
+      d->clique_informer_key.clear();
       d->daemon.reset();
       context_.Pool().Run(
           [dir = d->dir]() {
@@ -841,6 +1048,7 @@ void DriverManagedDomains::Stop(std::function<void()> done) {
     }
     d->waiters.clear();
     d->informer.reset();
+    d->clique_informer.reset();
     if (d->daemon) {
       ++*left;
       d->daemon->Stop([alive = alive_, one_done] { one_done(); });
@@ -896,6 +1104,7 @@ json DriverManagedDomains::DebugState() const {
                 {"daemonRunning", d->daemon && d->daemon->Running()},
                 {"daemonReady", d->daemon && d->daemon->Ready()},
                 {"daemonStarts", d->daemon ? d->daemon->Starts() : 0},
+                {"cliqueObject", d->clique_name},
                 {"verdict", Verdict(*d).message},
                 {"lastError", d->error}};
   }

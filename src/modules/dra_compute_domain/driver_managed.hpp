@@ -14,6 +14,13 @@
 // deregisters the node and removes the label, in the background, retried until done; the
 // record (domain_record.hpp) keeps the domain until then, so a restart finishes it.
 //
+// Under the ComputeDomainCliques gate the node's entry goes into the ComputeDomainClique object
+// of its (domain, clique) instead (`daemons`, keyed by nodeName; the same apply under the
+// node's own field manager, which creates the object when it is missing), the node map is
+// rendered from that object (an informer on it beside the domain's), and the domain's
+// status.nodes is the controller's mirror of the domain's clique objects: the node still reads
+// the domain's clique and status.status there.
+//
 // Loop thread only. Attach and Detach come from the module's job queue (one at a time).
 
 #include "loop/config.hpp"
@@ -47,6 +54,7 @@ struct DriverManagedSettings {
   std::string state_dir;     // <stateDir>/dra-compute-domain: domains.json and domains/<uid>/
   std::string node_address;  // "" → the Node's InternalIP
   bool dns_names = false;    // IMEXDaemonsWithDNSNames
+  bool cliques = false;      // ComputeDomainCliques: register in the clique's object, not status.nodes
   uint16_t server_port = 50000;
   uint16_t cmd_port = 50005;
   ImexDaemonSettings daemon;  // paths, probe intervals, restart backoff (label/config per domain)
@@ -105,13 +113,27 @@ class DriverManagedDomains {
   void Register(const DomainPtr& d);
   void OnEvent(const kube::ResourceEvent& event);
   void OnDomainObject(const DomainPtr& d, std::shared_ptr<const nlohmann::json> object);
+  void WatchClique(const DomainPtr& d);
+  void OnCliqueObject(const DomainPtr& d, std::shared_ptr<const nlohmann::json> object);
+  // The list this node's entry lives in: the clique object's daemons (gate on) or the domain's
+  // status.nodes (gate off).
+  DomainNodesParse Registered(const Domain& d) const;
+  DomainNode Me(const Domain& d) const;
+  void CheckEntry(const DomainPtr& d);
   DomainVerdict Verdict(const Domain& d) const;
   void AnswerWaiters(const DomainPtr& d, bool at_deadline);
 
   void EnsureAddress(std::function<void(std::string error)> done);
   void Label(const DomainPtr& d, bool set);
   void SyncEntry(const DomainPtr& d);
-  void RemoveForeignEntry(const DomainPtr& d, const nlohmann::json& object);
+  void SyncCliqueEntry(const DomainPtr& d);
+  void WithdrawFromCliques(const DomainPtr& d);
+  void WithdrawFromClique(const DomainPtr& d, std::shared_ptr<std::vector<nlohmann::json>> cliques);
+  // Removes an entry no apply manager owns (written by an update), by position, guarded by a
+  // `test` of its name; `then(ok, error)`.
+  void RemoveForeignEntry(const std::string& path, bool status_subresource,
+                          const nlohmann::json& object, const char* list_pointer, const char* name_key,
+                          std::function<void(bool, std::string)> then);
   void SyncEntryDone(const DomainPtr& d, bool ok, const std::string& error);
   void RenderFiles(const DomainPtr& d);
   void Teardown(const DomainPtr& d);

@@ -2,6 +2,7 @@
 #include "modules/dra_compute_domain/imex_domain.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -37,26 +38,27 @@ int LowestFreeIndex(const std::vector<DomainNode>& nodes, std::string_view cliqu
   return index;
 }
 
-}  // namespace
-
-DomainNodesParse ParseDomainNodes(const json& domain) {
+// A list of node entries at `pointer` ("/status/nodes" of a ComputeDomain, "/daemons" of a
+// ComputeDomainClique): the same fields, the node's name under `name_key`.
+DomainNodesParse ParseNodeList(const json& object, const char* pointer, const std::string& field,
+                               const char* name_key) {
   DomainNodesParse out;
-  const json::json_pointer ptr("/status/nodes");
-  if (!domain.is_object() || !domain.contains(ptr) || domain.at(ptr).is_null()) return out;
-  const json& nodes = domain.at(ptr);
+  const json::json_pointer ptr(pointer);
+  if (!object.is_object() || !object.contains(ptr) || object.at(ptr).is_null()) return out;
+  const json& nodes = object.at(ptr);
   if (!nodes.is_array()) {
-    out.error = "status.nodes: expected an array, got " + std::string(nodes.type_name());
+    out.error = field + ": expected an array, got " + std::string(nodes.type_name());
     return out;
   }
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const json& entry = nodes[i];
-    const std::string where = "status.nodes[" + std::to_string(i) + "]";
+    const std::string where = field + "[" + std::to_string(i) + "]";
     if (!entry.is_object()) {
       out.error = where + ": expected an object, got " + std::string(entry.type_name());
       return out;
     }
     DomainNode node;
-    if (!ReadString(entry, "name", where, true, node.name, out.error) ||
+    if (!ReadString(entry, name_key, where, true, node.name, out.error) ||
         !ReadString(entry, "ipAddress", where, false, node.ip_address, out.error) ||
         !ReadString(entry, "cliqueID", where, false, node.clique_id, out.error) ||
         !ReadString(entry, "status", where, false, node.status, out.error)) {
@@ -74,15 +76,48 @@ DomainNodesParse ParseDomainNodes(const json& domain) {
   return out;
 }
 
-json NodesToJson(const std::vector<DomainNode>& nodes) {
+json EntriesToJson(const std::vector<DomainNode>& nodes, const char* name_key) {
   json out = json::array();
   for (const auto& n : nodes) {
-    json entry{{"name", n.name}, {"ipAddress", n.ip_address}, {"cliqueID", n.clique_id}, {"index", n.index}};
+    json entry{{name_key, n.name}, {"ipAddress", n.ip_address}, {"cliqueID", n.clique_id}, {"index", n.index}};
     if (!n.status.empty()) entry["status"] = n.status;
     out.push_back(std::move(entry));
   }
   return out;
 }
+
+}  // namespace
+
+DomainNodesParse ParseDomainNodes(const json& domain) {
+  return ParseNodeList(domain, "/status/nodes", "status.nodes", "name");
+}
+
+DomainNodesParse ParseCliqueDaemons(const json& clique) {
+  return ParseNodeList(clique, "/daemons", "daemons", "nodeName");
+}
+
+json DaemonsToJson(const std::vector<DomainNode>& nodes) { return EntriesToJson(nodes, "nodeName"); }
+
+std::string CliqueObjectName(std::string_view domain_uid, std::string_view clique_id) {
+  std::string name = std::string(domain_uid) + "." + std::string(clique_id);
+  // Object names are lower-case DNS subdomains; NVML's cluster UUIDs are printed lower-case
+  // already, so this only matters for a clique ID written by hand.
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+
+json CliqueObjectMeta(std::string_view ns, std::string_view domain_name, std::string_view domain_uid,
+                      std::string_view clique_id) {
+  return json{{"name", CliqueObjectName(domain_uid, clique_id)},
+              {"namespace", ns},
+              {"labels", {{std::string(kComputeDomainLabel), domain_uid}, {std::string(kCliqueLabel), clique_id}}},
+              {"ownerReferences", json::array({{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                                {"kind", "ComputeDomain"},
+                                                {"name", domain_name},
+                                                {"uid", domain_uid}}})}};
+}
+
+json NodesToJson(const std::vector<DomainNode>& nodes) { return EntriesToJson(nodes, "name"); }
 
 std::string DomainClique(const std::vector<DomainNode>& nodes) {
   return nodes.empty() ? std::string{} : nodes.front().clique_id;

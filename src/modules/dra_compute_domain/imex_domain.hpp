@@ -45,6 +45,22 @@ struct DomainNodesParse {
 DomainNodesParse ParseDomainNodes(const nlohmann::json& domain);
 nlohmann::json NodesToJson(const std::vector<DomainNode>& nodes);
 
+// ComputeDomainCliques gate (upstream's api/nvidia.com/resource/v1beta1/computedomainclique.go):
+// one ComputeDomainClique object per (domain, clique), named "<domainUID>.<cliqueID>", whose
+// top-level `daemons` list (a list-map keyed by `nodeName`; the other fields as in status.nodes)
+// holds the registrations of that clique's nodes. Upstream keeps these objects in the driver's
+// namespace, owned by the daemon pods; here they live in the ComputeDomain's namespace, owned by
+// the ComputeDomain (an owner must be in its dependent's namespace), and the controller deletes
+// them once the domain's nodes have deregistered (see the module README).
+inline constexpr std::string_view kCliqueLabel = "resource.nvidia.com/computeDomain.cliqueID";
+DomainNodesParse ParseCliqueDaemons(const nlohmann::json& clique);
+nlohmann::json DaemonsToJson(const std::vector<DomainNode>& nodes);
+std::string CliqueObjectName(std::string_view domain_uid, std::string_view clique_id);
+// The metadata every writer of a clique object applies: name, namespace, the two labels (domain
+// UID, clique ID) and the owner reference to the domain.
+nlohmann::json CliqueObjectMeta(std::string_view ns, std::string_view domain_name, std::string_view domain_uid,
+                                std::string_view clique_id);
+
 // The domain's clique: the clique of the first node in status.nodes (the first to register).
 // The node side refuses a prepare on a node of another clique with this, and the controller
 // counts only this clique's Ready nodes; both read it the same way. "" when no node registered.

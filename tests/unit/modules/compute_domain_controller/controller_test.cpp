@@ -69,10 +69,12 @@ class ControllerTest : public kube::test::KubeTestBase {
   }
 
   Supervisor& StartSupervisor(const std::string& identity, bool host_managed = true,
-                              std::optional<ComputeDomainControllerModule::Config> config = std::nullopt) {
+                              std::optional<ComputeDomainControllerModule::Config> config = std::nullopt,
+                              bool cliques = false) {
     auto s = std::make_unique<Supervisor>(h_.loop);
     s->site.node_name = identity;
     s->site.gates.Set(gates::kHostManagedIMEX, host_managed);
+    s->site.gates.Set(gates::kComputeDomainCliques, cliques);
     auto client = MakeClient(BaseConfig());
     kube::InformerOptions options;
     options.backoff = BackoffPolicy{milliseconds(50), milliseconds(500), 2.0, 0.5};
@@ -353,6 +355,104 @@ TEST_F(ControllerTest, WithoutTheGateTheDeleteGivesUpWaitingAfterTheTimeout) {
   ASSERT_EQ(server_->Call("PUT", std::string(kDomains) + "/train-a/status", d.dump()).status, 200);
   ASSERT_EQ(server_->Call("DELETE", std::string(kDomains) + "/train-a").status, 200);
   ASSERT_TRUE(h_.RunUntil([&] { return DomainStatusCode("train-a") == 404; }));
+}
+
+// ComputeDomainCliques: the nodes register in ComputeDomainClique objects (written here by the
+// test, as the nodes' applies would); status.nodes mirrors them, Ready needs numNodes Ready
+// nodes of the first-listed clique; a vanished Node's entry leaves both the mirror and its
+// clique object; the delete waits for the clique objects to empty, then deletes them.
+TEST_F(ControllerTest, WithCliquesStatusNodesMirrorsTheCliqueObjects) {
+  for (const char* node : {"n1", "n2", "n3"}) {
+    server_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", node}}}});
+  }
+  auto& s = StartSupervisor("node-a", /*host_managed=*/false, std::nullopt, /*cliques=*/true);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  const std::string uid = CreateDomain(Domain("train-a", "train-a-channel", "Single", 2))["metadata"]["uid"];
+  ASSERT_TRUE(h_.RunUntil([&] { return GetDomain("train-a").value(json::json_pointer("/status/status"), "") == "NotReady"; }));
+  const std::string cliques = "/apis/resource.nvidia.com/v1beta1/namespaces/team/computedomaincliques";
+  const auto daemon = [](const char* name, const char* clique, int index, const char* status) {
+    return json{{"nodeName", name}, {"ipAddress", "10.0.0.1"}, {"cliqueID", clique}, {"index", index}, {"status", status}};
+  };
+  const auto put_clique = [&](const std::string& clique, json daemons) {
+    const std::string name = uid + "." + clique;
+    json object{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                {"kind", "ComputeDomainClique"},
+                {"metadata",
+                 {{"name", name},
+                  {"namespace", "team"},
+                  {"labels", {{"resource.nvidia.com/computeDomain", uid}, {"resource.nvidia.com/computeDomain.cliqueID", clique}}}}},
+                {"daemons", std::move(daemons)}};
+    if (Get(cliques + "/" + name).status == 404) {
+      ASSERT_EQ(server_->Call("POST", cliques, object.dump()).status, 201);
+    } else {
+      ASSERT_EQ(server_->Call("PUT", cliques + "/" + name, object.dump()).status, 200);
+    }
+  };
+  const auto names = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : GetDomain("train-a").value(json::json_pointer("/status/nodes"), json::array())) {
+      out.push_back(e.value("name", "") + "/" + e.value("status", ""));
+    }
+    return out;
+  };
+  // Clique c.1 first (n1), then c.2 (n2): the domain's clique is c.1, one Ready node of two.
+  put_clique("c.1", json::array({daemon("n1", "c.1", 0, "Ready")}));
+  ASSERT_TRUE(h_.RunUntil([&] { return names() == std::vector<std::string>{"n1/Ready"}; }));
+  put_clique("c.2", json::array({daemon("n2", "c.2", 0, "Ready")}));
+  ASSERT_TRUE(h_.RunUntil([&] { return names() == std::vector<std::string>{"n1/Ready", "n2/Ready"}; }));
+  EXPECT_FALSE(IsReady("train-a"));  // two Ready nodes, but of two cliques
+  // n3 joins c.1 NotReady, then Ready: the domain is Ready, its entry mirrored after n2's.
+  put_clique("c.1", json::array({daemon("n1", "c.1", 0, "Ready"), daemon("n3", "c.1", 1, "NotReady")}));
+  ASSERT_TRUE(h_.RunUntil([&] { return names() == std::vector<std::string>{"n1/Ready", "n2/Ready", "n3/NotReady"}; }));
+  EXPECT_FALSE(IsReady("train-a"));
+  put_clique("c.1", json::array({daemon("n1", "c.1", 0, "Ready"), daemon("n3", "c.1", 1, "Ready")}));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsReady("train-a"); }));
+  EXPECT_EQ(GetDomain("train-a")["status"]["nodes"][2],
+            json({{"name", "n3"}, {"ipAddress", "10.0.0.1"}, {"cliqueID", "c.1"}, {"index", 1}, {"status", "Ready"}}));
+
+  // n3's Node is deleted: it leaves the mirror and its clique object; the domain is NotReady.
+  ASSERT_EQ(server_->Call("DELETE", "/api/v1/nodes/n3").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return names() == std::vector<std::string>{"n1/Ready", "n2/Ready"} && !IsReady("train-a"); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return Get(cliques + "/" + uid + ".c.1").Json()["daemons"].size() == 1u; }));
+  EXPECT_EQ(Get(cliques + "/" + uid + ".c.1").Json()["daemons"][0]["nodeName"], "n1");
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().clique_entries_removed == 1u; }));
+
+  // The delete waits while clique objects hold nodes; once empty they are deleted, then the domain.
+  ASSERT_EQ(server_->Call("DELETE", std::string(kDomains) + "/train-a").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return TemplateStatusCode("train-a-channel") == 404; }));
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Queue()->Failures("team/train-a") >= 2; }));
+  EXPECT_EQ(DomainStatusCode("train-a"), 200);
+  EXPECT_EQ(Count(cliques), 2u);
+  put_clique("c.1", json::array());
+  put_clique("c.2", json::array());
+  ASSERT_TRUE(h_.RunUntil([&] { return DomainStatusCode("train-a") == 404; }));
+  EXPECT_EQ(Count(cliques), 0u);
+  ASSERT_TRUE(h_.RunUntil([&] { return s.Stats().cliques_deleted == 2u; }));
+}
+
+TEST(MirrorCliquesTest, ListedEntriesKeepTheirPlaceNewOnesFollowByCliqueCreation) {
+  const auto clique = [](const char* name, const char* created, json daemons) {
+    return json{{"metadata", {{"name", name}, {"uid", std::string("u-") + name}, {"creationTimestamp", created}}},
+                {"daemons", std::move(daemons)}};
+  };
+  const auto daemon = [](const char* name, const char* clique) {
+    return json{{"nodeName", name}, {"ipAddress", "10.0.0.1"}, {"cliqueID", clique}, {"index", 0}};
+  };
+  json domain = {{"status", {{"nodes", json::array({{{"name", "b1"}}})}}}};
+  const std::vector<json> cliques = {
+      clique("d.b", "2026-01-01T00:00:02Z", json::array({daemon("b1", "b"), daemon("b2", "b")})),
+      clique("d.a", "2026-01-01T00:00:01Z", json::array({daemon("a1", "a"), daemon("gone", "a")}))};
+  const auto mirror = MirrorCliques(domain, cliques, [](const std::string& n) { return n != "gone"; });
+  std::vector<std::string> order;
+  for (const auto& e : mirror.nodes) order.push_back(e["name"]);
+  // b1 was listed first and stays first (its clique stays the domain's); then by clique age.
+  EXPECT_EQ(order, (std::vector<std::string>{"b1", "a1", "b2"}));
+  EXPECT_EQ(mirror.nodes[1]["status"], "NotReady");  // an entry without status is NotReady
+  ASSERT_EQ(mirror.stale.size(), 1u);
+  EXPECT_EQ(mirror.stale[0].clique, "d.a");
+  EXPECT_EQ(mirror.stale[0].uid, "u-d.a");
+  EXPECT_EQ(mirror.stale[0].entries, (std::vector<std::pair<std::size_t, std::string>>{{1, "gone"}}));
+  EXPECT_EQ(mirror.per_clique.at("b"), (std::pair<std::size_t, std::size_t>{0, 2}));
 }
 
 TEST_F(ControllerTest, TwoSupervisorsOnlyTheLeaderReconciles) {

@@ -538,6 +538,8 @@ TEST_F(DraModuleTest, AMissingComputeDomainOrClaimIsAnError) {
 // the last unprepare stops the daemon, deregisters the node and removes the label.
 TEST_F(DraModuleTest, WithoutTheGateTheNodeJoinsItsDomainAndPreparesOnceItIsReady) {
   h_.site.gates.Set(gates::kHostManagedIMEX, false);
+  // The registration in status.nodes (ComputeDomainCliques is covered by the integration test).
+  h_.site.gates.Set(gates::kComputeDomainCliques, false);
   sim_->Start();
   DraComputeDomainModule::Config config;
   const std::string sim_dir = std::string(std::getenv("GNS_SOURCE_DIR")) + "/tools/sim/imex/";

@@ -17,6 +17,31 @@ DomainNode Node(std::string name, std::string ip, std::string clique, int index 
   return DomainNode{std::move(name), std::move(ip), std::move(clique), index, std::move(status)};
 }
 
+TEST(ImexDomainTest, CliqueObjectsAreUpstreamShaped) {
+  // "<domainUID>.<cliqueID>", lower-case (a DNS subdomain).
+  EXPECT_EQ(CliqueObjectName("6f1c-uid", "5B0E9C3A-1D2F.1"), "6f1c-uid.5b0e9c3a-1d2f.1");
+  const json meta = CliqueObjectMeta("team-a", "train", "6f1c-uid", "5b0e.1");
+  EXPECT_EQ(meta["name"], "6f1c-uid.5b0e.1");
+  EXPECT_EQ(meta["namespace"], "team-a");
+  EXPECT_EQ(meta["labels"], json({{"resource.nvidia.com/computeDomain", "6f1c-uid"},
+                                  {"resource.nvidia.com/computeDomain.cliqueID", "5b0e.1"}}));
+  EXPECT_EQ(meta["ownerReferences"], json::array({{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                                   {"kind", "ComputeDomain"},
+                                                   {"name", "train"},
+                                                   {"uid", "6f1c-uid"}}}));
+  // daemons: the status.nodes fields with nodeName for name, both ways.
+  const std::vector<DomainNode> nodes = {Node("n1", "10.0.0.1", "c.1", 0, "Ready"), Node("n2", "10.0.0.2", "c.1", 1)};
+  const json daemons = DaemonsToJson(nodes);
+  EXPECT_EQ(daemons[0], json({{"nodeName", "n1"}, {"ipAddress", "10.0.0.1"}, {"cliqueID", "c.1"}, {"index", 0},
+                              {"status", "Ready"}}));
+  const auto parsed = ParseCliqueDaemons(json{{"daemons", daemons}});
+  ASSERT_TRUE(parsed.ok()) << parsed.error;
+  EXPECT_EQ(parsed.nodes, nodes);
+  EXPECT_EQ(ParseCliqueDaemons(json{{"daemons", json::array({{{"ipAddress", "x"}}})}}).error,
+            "daemons[0].nodeName: missing");
+  EXPECT_TRUE(ParseCliqueDaemons(json::object()).nodes.empty());
+}
+
 TEST(ImexDomainTest, ParsesUpstreamShapedStatusNodes) {
   const json domain = json::parse(R"({"status":{"status":"NotReady","nodes":[
       {"name":"n1","ipAddress":"10.0.0.1","cliqueID":"c.1","index":0,"status":"Ready"},
