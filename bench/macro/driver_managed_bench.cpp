@@ -1,7 +1,8 @@
 // Issue #16 figures: a driver-managed ComputeDomain of N simulated nodes, in one process. Each
 // node is the real DriverManagedDomains of the dra-compute-domain module with its own bus,
 // KubeClient and informers (all on one loop thread), running tools/sim/imex's fake nvidia-imex
-// on its own loopback address; the real compute-domain-controller (gate off) judges the domain;
+// on its own loopback address; the real compute-domain-controller judges the domain (rows
+// "supervisor": ComputeDomainCliques off; "sup+cliques": on, as by default);
 // the API simulator serves them over HTTPS on its own thread.
 //  - supervisor: every node's first prepare at t0 (as when the scheduler places all pods at
 //    once) → status.status Ready; then every node's last unprepare → status.nodes empty;
@@ -105,7 +106,9 @@ struct RunResult {
   uint64_t conflicts = 0;      // 409 answers of the API server (any writer), whole run
 };
 
-enum class Mode { kSupervisor, kDaemonSet };
+// kSupervisorCliques: the same with ComputeDomainCliques on (the gate's default): nodes register
+// in their clique's ComputeDomainClique object and the controller mirrors those into status.nodes.
+enum class Mode { kSupervisor, kSupervisorCliques, kDaemonSet };
 
 RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::string& source_dir, int round) {
   const fs::path dir = fs::temp_directory_path() / ("gns-dm-bench-" + std::to_string(::getpid()) + "-" + std::to_string(round));
@@ -115,6 +118,8 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
   gns::sim::ApiServer api(options);
   api.Start();
   api.SeedFile(source_dir + "/deploy/crd-computedomains.yaml");  // status.nodes: a list-map keyed by name
+  api.SeedFile(source_dir + "/deploy/crd-computedomaincliques.yaml");  // daemons: a list-map keyed by nodeName
+  const bool cliques = mode == Mode::kSupervisorCliques;
   api.Seed(json{{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", kNs}}}});
   for (std::size_t i = 0; i < n; ++i) {
     api.Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node-" + std::to_string(i)}}}});
@@ -138,9 +143,8 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
       auto node = std::make_unique<Node>(loop);
       node->site.node_name = i < n ? "node-" + std::to_string(i) : "controller";
       node->site.gates.Set(gns::gates::kHostManagedIMEX, false);
-      // The nodes register in status.nodes (DriverManagedSettings' default), so the controller
-      // must judge that list, not mirror clique objects over it.
-      node->site.gates.Set(gns::gates::kComputeDomainCliques, false);
+      // Nodes and controller agree on where nodes register: status.nodes, or clique objects.
+      node->site.gates.Set(gns::gates::kComputeDomainCliques, cliques);
       gns::kube::ClientConfig config;
       config.server = api.BaseUrl();
       config.ca_pem = api.CaPem();
@@ -176,6 +180,7 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
         s.server_port = server_port;
         s.cmd_port = cmd_port;
         s.ready_wait = milliseconds(0);
+        s.cliques = cliques;
         s.daemon.daemon_path = source_dir + "/tools/sim/imex/nvidia-imex";
         s.daemon.ctl_path = source_dir + "/tools/sim/imex/nvidia-imex-ctl";
         s.daemon.probe_interval = milliseconds(100);
@@ -204,7 +209,7 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
   api.ResetRequestCounts();
   RunResult result;
   const auto t0 = Clock::now();
-  if (mode == Mode::kSupervisor) {
+  if (mode != Mode::kDaemonSet) {
     for (std::size_t i = 0; i < n; ++i) attach(i);
   } else {
     // The DaemonSet controller: the DaemonSet, then its pods in slow-start batches; each pod
@@ -324,10 +329,11 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-11s %12s %14s %22s %24s %6s\n", "nodes", "mode", "ready (ms)", "teardown (ms)",
               "API req/node (node)", "API req/node (server)", "409s");
   for (const std::size_t n : sizes) {
-    for (const Mode mode : {Mode::kSupervisor, Mode::kDaemonSet}) {
+    for (const Mode mode : {Mode::kSupervisor, Mode::kSupervisorCliques, Mode::kDaemonSet}) {
       const RunResult r = RunOnce(n, mode, pod_start, source_dir, ++round);
       std::printf("%-6zu %-11s %12.0f %14.0f %22.1f %24.1f %6llu\n", n,
-                  mode == Mode::kSupervisor ? "supervisor" : "daemonset", r.ready_ms, r.teardown_ms, r.node_requests,
+                  mode == Mode::kSupervisor ? "supervisor" : mode == Mode::kSupervisorCliques ? "sup+cliques" : "daemonset",
+                  r.ready_ms, r.teardown_ms, r.node_requests,
                   r.server_requests, static_cast<unsigned long long>(r.conflicts));
       std::fflush(stdout);
     }

@@ -196,7 +196,9 @@ void ImexPeersModule::Reconcile() {
           state_.last_error.clear();
           context_.Log().info("{} rewritten: {}", path_, JoinList(state_.peers));
           pending_for_divergence_ = false;  // the write is the cause now
-          SetPending(true, "MapChanged", "nodes_config.cfg changed; IMEX restart due");
+          // Due, and TryRestart says why it waits or that it restarts: one condition write with
+          // the real reason, not a provisional one replaced a moment later.
+          state_.restart_pending = true;
           TryRestart();
         } else {
           state_.last_error = result.second;
@@ -256,6 +258,7 @@ void ImexPeersModule::TryRestart() {
   }
   restarting_ = true;
   restarted_run_ = run_;  // consistency is judged again on the run the restart starts
+  wait("Restarting", "restarting " + control->Unit());
   context_.Log().info("restarting {} to load the {}", control->Unit(),
                       pending_for_divergence_ ? "clique's map (the running map diverges)" : "new node map");
   control->Restart([this, alive = alive_, unit = control->Unit()](std::string error) {

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 
@@ -160,6 +161,17 @@ void LeaderElector::OnLease(Result r) {
     if (callbacks_.on_new_leader) callbacks_.on_new_leader(holder);
     Publish();
   }
+  // Our identity with a renewTime we never sent: another process writes under our name.
+  const std::string renew_time = spec.value("renewTime", "");
+  if (holder == config_.identity && !sent_renew_times_.empty() && !renew_time.empty() &&
+      std::find(sent_renew_times_.begin(), sent_renew_times_.end(), renew_time) == sent_renew_times_.end() &&
+      !identity_shared_) {
+    identity_shared_ = true;
+    log_->error("lease {}/{}: renewed as \"{}\" at {} by another process (not by this one): two candidates share "
+                "one identity and both lead; give each its own (POD_NAME, as the DaemonSet sets it)",
+                config_.ns, config_.lease_name, config_.identity, renew_time);
+    Publish();
+  }
   const bool held_by_other = !holder.empty() && holder != config_.identity;
   if (held_by_other && observed_time_ + config_.lease_duration > now) {
     if (leading_) SetLeading(false);  // someone else holds a live lease
@@ -181,6 +193,8 @@ void LeaderElector::TryUpdate(nlohmann::json lease, bool taking_over) {
   spec["leaseDurationSeconds"] =
       std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(config_.lease_duration).count());
   spec["renewTime"] = wall;
+  sent_renew_times_.push_back(wall);
+  if (sent_renew_times_.size() > 4) sent_renew_times_.pop_front();
   in_flight_ = true;
   // The lease carries the resourceVersion we read: a concurrent writer makes this a 409.
   client_->Update(LeasePath(), lease, [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
@@ -245,7 +259,8 @@ void LeaderElector::SetLeading(bool leading) {
 
 void LeaderElector::Publish() {
   if (!bus_) return;
-  bus_->Publish(LeaderStatus{config_.ns + "/" + config_.lease_name, config_.identity, leading_, observed_holder_});
+  bus_->Publish(
+      LeaderStatus{config_.ns + "/" + config_.lease_name, config_.identity, leading_, observed_holder_, identity_shared_});
 }
 
 void LeaderElector::Stop(std::function<void()> done, bool release) {

@@ -11,6 +11,7 @@
 #include "modules/kube/client.hpp"
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,6 +67,9 @@ class LeaderElector {
   void Stop(std::function<void()> done, bool release = true);
 
   bool IsLeader() const { return leading_; }
+  // True once the lease was seen renewed under our identity by a writer that is not us: two
+  // processes share one identity (both lead; client-go cannot tell either).
+  bool IdentityShared() const { return identity_shared_; }
   const std::string& Holder() const { return observed_holder_; }
   const LeaderElectionConfig& Config() const { return config_; }
 
@@ -97,6 +101,8 @@ class LeaderElector {
   bool leading_ = false;
   bool in_flight_ = false;
   nlohmann::json lease_;  // the last lease we wrote or read
+  std::deque<std::string> sent_renew_times_;  // the renewTimes of our last few writes
+  bool identity_shared_ = false;
   std::string observed_holder_;
   std::string observed_record_;  // holder + renewTime + resourceVersion, to see change
   Clock::SteadyTime observed_time_{};

@@ -47,11 +47,12 @@ struct LeaderStatus {
   std::string identity;
   bool leading = false;
   std::string holder;  // the last holder seen ("" unknown)
+  bool identity_shared = false;  // another process renews the lease under our identity
   std::string RetainKey() const { return lease; }
 };
 
 inline void to_json(nlohmann::json& j, const LeaderStatus& s) {
-  j = {{"identity", s.identity}, {"leading", s.leading}, {"holder", s.holder}};
+  j = {{"identity", s.identity}, {"leading", s.leading}, {"holder", s.holder}, {"identityShared", s.identity_shared}};
 }
 
 }  // namespace gns::kube

@@ -73,8 +73,34 @@ TEST_F(LeaderElectionTest, ExactlyOneLeadsAndTheLeaseMovesWhenTheHolderStopsRene
   EXPECT_EQ(Lease()["spec"]["holderIdentity"], "node-b");
   EXPECT_EQ(Lease()["spec"]["leaseTransitions"], 1);
   EXPECT_EQ(b->started, 1);
+  EXPECT_FALSE(a->elector->IdentityShared());
+  EXPECT_FALSE(b->elector->IdentityShared());
   h_.Drain();
   EXPECT_TRUE(h_.bus.LatestByKey<LeaderStatus>().at("default/gns-test").leading);
+}
+
+TEST_F(LeaderElectionTest, TwoCandidatesWithOneIdentityAreToldSoAndARestartIsNot) {
+  // A restart under the same identity (the old process gone without releasing) is no twin.
+  auto first = MakeCandidate("node-a");
+  first->elector->Start();
+  ASSERT_TRUE(h_.RunUntil([&] { return first->elector->IsLeader(); }));
+  bool stopped = false;
+  first->elector->Stop([&] { stopped = true; }, /*release=*/false);
+  EXPECT_TRUE(stopped);
+  auto restarted = MakeCandidate("node-a");
+  restarted->elector->Start();
+  ASSERT_TRUE(h_.RunUntil([&] { return restarted->elector->IsLeader(); }));
+  h_.RunUntil([] { return false; }, milliseconds(800));  // several renews
+  EXPECT_FALSE(restarted->elector->IdentityShared());
+
+  // A second live process with the same identity: both write the lease as "node-a"; the
+  // renewTimes they did not send give it away.
+  auto twin = MakeCandidate("node-a");
+  twin->elector->Start();
+  ASSERT_TRUE(h_.RunUntil([&] { return restarted->elector->IdentityShared() || twin->elector->IdentityShared(); },
+                          std::chrono::seconds(10)));
+  h_.Drain();
+  EXPECT_TRUE(h_.bus.LatestByKey<LeaderStatus>().at("default/gns-test").identity_shared);
 }
 
 TEST_F(LeaderElectionTest, ReleaseOnStopHandsOverAtOnce) {
