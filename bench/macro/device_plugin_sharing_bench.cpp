@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     });
     plugin_context = std::make_unique<gns::ModuleContext>(parts, "device-plugin", on_failure, ignore_health);
     gns::device_plugin::DevicePluginModule::Config config;
-    config.sharing.time_slicing = {{"nvidia.com/gpu", "", 4}};
+    config.sharing.resources = {{"nvidia.com/gpu", "", 4}};
     config.cdi_spec = true;
     plugin = std::make_unique<gns::device_plugin::DevicePluginModule>(*plugin_context, config);
     plugin->Start();

@@ -74,11 +74,19 @@ std::string AllocateContainer(const AllocationSettings& settings, const DeviceLo
   }
   if (settings.strategies.cdi_cri) out.cdi_devices = cdi_names;
   if (settings.pass_device_specs) {
+    std::string cap_errors;
+    for (const auto& [id, facts] : devices)
+      if (!facts.cap_error.empty()) cap_errors += (cap_errors.empty() ? "" : "; ") + id + ": " + facts.cap_error;
+    if (!cap_errors.empty()) return "cannot pass the MIG capability device nodes: " + cap_errors;
     std::set<uint32_t> minors;  // MIG devices and replicas of one GPU share its node
+    std::set<std::string> caps;
     for (const auto& [id, facts] : devices) {
-      if (!minors.insert(facts.minor).second) continue;
-      const std::string node = "/dev/nvidia" + std::to_string(facts.minor);
-      out.devices.push_back({node, node, "rw"});
+      if (minors.insert(facts.minor).second) {
+        const std::string node = "/dev/nvidia" + std::to_string(facts.minor);
+        out.devices.push_back({node, node, "rw"});
+      }
+      for (const auto& cap : facts.cap_nodes)
+        if (caps.insert(cap).second) out.devices.push_back({cap, cap, "rw"});
     }
     for (const auto& control : settings.control_devices) out.devices.push_back({control, control, "rw"});
   }

@@ -69,6 +69,11 @@ struct DeviceFacts {
   // requested ID itself.
   std::string physical_id = {};
   bool replica = false;
+  // With pass_device_specs, a MIG device's GPU- and compute-instance capability nodes
+  // (/dev/nvidia-caps/nvidia-cap<N>), or why they were not found (the request is then refused:
+  // without them the container cannot use the MIG device).
+  std::vector<std::string> cap_nodes = {};
+  std::string cap_error = {};
 };
 using DeviceLookup = std::function<std::optional<DeviceFacts>(const std::string& id)>;
 

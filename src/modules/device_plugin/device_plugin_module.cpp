@@ -2,6 +2,8 @@
 #include "modules/device_plugin/device_plugin_module.hpp"
 
 #include "loop/supervisor_messages.hpp"
+#include "loop/atomic_file.hpp"
+#include "modules/device_plugin/cdi_spec.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/device_plugin/plugin_server.hpp"
 #include "modules/device_plugin/resource_endpoint.hpp"
@@ -66,34 +68,74 @@ DeviceListStrategies ParseDeviceListStrategies(ConfigMap& section) {
   return out;
 }
 
-// sharing.timeSlicing, as upstream's config file spells it.
-SharingSettings ParseSharing(ConfigMap& section, const std::string& gpu_resource) {
+// The most clients an MPS server serves per GPU (NVIDIA's MPS docs: 48 from compute capability
+// 7.0, 16 before). The inventory does not know the compute capability, so the higher bound.
+constexpr int64_t kMpsMaxReplicas = 48;
+
+// sharing.timeSlicing or sharing.mps, as upstream's config file spells them.
+void ParseSharedResources(ConfigMap& shared, const std::string& gpu_resource, bool mps, SharingSettings& sharing) {
+  const std::string mig_prefix = gpu_resource.substr(0, gpu_resource.find('/')) + "/mig-";
+  const ConfigValue* resources = shared.Raw("resources");
+  if (resources == nullptr) {
+    if (mps) shared.Fail("resources", "MPS needs at least one resource, e.g. {name: " + gpu_resource + ", replicas: 4}");
+    return;
+  }
+  if (resources->kind != ConfigValue::Kind::kSequence) shared.Fail("resources", "expected a list of {name, replicas}");
+  if (mps && resources->items.empty()) shared.Fail("resources", "MPS needs at least one resource");
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < resources->items.size(); ++i) {
+    ConfigMap item(resources->items[i], shared.Path() + ".resources[" + std::to_string(i) + "]");
+    SharedResource r;
+    r.name = item.String("name");
+    if (mps && r.name != gpu_resource) {
+      item.Fail("name", "MPS shares whole GPUs only: must be " + gpu_resource + ", got \"" + r.name + "\"");
+    }
+    if (r.name != gpu_resource && !r.name.starts_with(mig_prefix)) {
+      item.Fail("name", "must be " + gpu_resource + " or a MIG resource " + mig_prefix + "<profile>, got \"" +
+                            r.name + "\"");
+    }
+    if (!names.insert(r.name).second) item.Fail("name", "\"" + r.name + "\" is listed twice");
+    r.replicas = static_cast<int>(item.Int("replicas", 1, 1024, mps ? std::nullopt : std::optional<int64_t>(1)));
+    if (mps && r.replicas < 2) item.Fail("replicas", "MPS needs at least 2 replicas, got " + std::to_string(r.replicas));
+    if (mps && r.replicas > kMpsMaxReplicas) {
+      item.Fail("replicas", "an MPS server serves at most " + std::to_string(kMpsMaxReplicas) +
+                                " clients per GPU (16 before compute capability 7.0), got " + std::to_string(r.replicas));
+    }
+    r.rename = item.String("rename", "");
+    if (!r.rename.empty() && !IsExtendedResourceName(r.rename)) {
+      item.Fail("rename", "must be an extended resource name, got \"" + r.rename + "\"");
+    }
+    item.Finish();
+    sharing.resources.push_back(std::move(r));
+  }
+}
+
+SharingSettings ParseSharing(ConfigMap& section, const std::string& gpu_resource, MigStrategy mig) {
   SharingSettings sharing;
   auto sharing_section = section.Section("sharing");
+  const bool has_mps = sharing_section.Has("mps");
   auto ts = sharing_section.Section("timeSlicing");
-  sharing.rename_by_default = ts.Bool("renameByDefault", false);
-  sharing.fail_requests_greater_than_one = ts.Bool("failRequestsGreaterThanOne", false);
-  const std::string mig_prefix = gpu_resource.substr(0, gpu_resource.find('/')) + "/mig-";
-  if (const ConfigValue* resources = ts.Raw("resources"); resources != nullptr) {
-    if (resources->kind != ConfigValue::Kind::kSequence) ts.Fail("resources", "expected a list of {name, replicas}");
-    std::set<std::string> names;
-    for (std::size_t i = 0; i < resources->items.size(); ++i) {
-      ConfigMap item(resources->items[i], ts.Path() + ".resources[" + std::to_string(i) + "]");
-      TimeSlicedResource r;
-      r.name = item.String("name");
-      if (r.name != gpu_resource && !r.name.starts_with(mig_prefix)) {
-        item.Fail("name", "must be " + gpu_resource + " or a MIG resource " + mig_prefix + "<profile>, got \"" +
-                              r.name + "\"");
-      }
-      if (!names.insert(r.name).second) item.Fail("name", "\"" + r.name + "\" is listed twice");
-      r.replicas = static_cast<int>(item.Int("replicas", 1, 1024));
-      r.rename = item.String("rename", "");
-      if (!r.rename.empty() && !IsExtendedResourceName(r.rename)) {
-        item.Fail("rename", "must be an extended resource name, got \"" + r.rename + "\"");
-      }
-      item.Finish();
-      sharing.time_slicing.push_back(std::move(r));
+  if (has_mps) {
+    // Upstream silently prefers MPS when both are set; we refuse the ambiguity.
+    if (!ts.Keys().empty()) {
+      sharing_section.Fail("timeSlicing", "cannot be set together with sharing.mps: one sharing strategy per node");
     }
+    auto mps = sharing_section.Section("mps");
+    if (mig == MigStrategy::kMixed) {
+      sharing_section.Fail("mps", "MPS is not supported with migStrategy mixed (MIG devices cannot be shared with MPS)");
+    }
+    sharing.strategy = SharingStrategy::kMps;
+    sharing.rename_by_default = mps.Bool("renameByDefault", false);
+    if (!mps.Bool("failRequestsGreaterThanOne", true)) {
+      mps.Fail("failRequestsGreaterThanOne", "must be true with MPS: a container gets one replica (its share of one GPU)");
+    }
+    sharing.fail_requests_greater_than_one = true;
+    ParseSharedResources(mps, gpu_resource, true, sharing);
+    mps.Finish();
+  } else {
+    sharing.rename_by_default = ts.Bool("renameByDefault", false);
+    sharing.fail_requests_greater_than_one = ts.Bool("failRequestsGreaterThanOne", false);
+    ParseSharedResources(ts, gpu_resource, false, sharing);
   }
   ts.Finish();
   sharing_section.Finish();
@@ -125,7 +167,11 @@ DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, c
   config.mig_strategy = mig == "single" ? MigStrategy::kSingle : mig == "mixed" ? MigStrategy::kMixed : MigStrategy::kNone;
   config.id_strategy = section.Enum("deviceIDStrategy", {"uuid", "index"}, "uuid") == "index" ? DeviceIdStrategy::kIndex
                                                                                               : DeviceIdStrategy::kUuid;
-  config.sharing = ParseSharing(section, config.resource_name);
+  config.sharing = ParseSharing(section, config.resource_name, config.mig_strategy);
+  config.mps.root = section.String("mpsRoot", config.mps.root);
+  if (config.mps.root.empty() || config.mps.root.front() != '/') section.Fail("mpsRoot", "must be an absolute path");
+  config.mps.check_interval =
+      section.Duration("mpsCheckInterval", milliseconds(10), milliseconds(60000), config.mps.check_interval);
   auto cdi = section.Section("cdi");
   config.cdi_spec = cdi.Bool("enabled", false);
   config.driver_root = cdi.String("driverRoot", "/");
@@ -151,7 +197,8 @@ DevicePluginModule::DevicePluginModule(ModuleContext& context, const Config& con
       cdi_(context,
            CdiWriter::Settings{config.cdi_spec, context.Site().paths.cdi_dir,
                                CdiSettings{config.allocation.cdi_kind, config.driver_root}, config.cdi_remove_on_stop},
-           [this] { PublishState(); }) {}
+           [this] { PublishState(); }),
+      mps_timer_(context.GetLoop().Io()) {}
 
 DevicePluginModule::~DevicePluginModule() { *alive_ = false; }
 
@@ -218,8 +265,13 @@ void DevicePluginModule::Replan() {
     it = endpoints_.erase(it);
     gone->Stop([gone] {});  // keeps itself alive until its server is down
   }
+  CheckMpsDaemons();
   for (const auto& resource : plan_.resources) {
     if (endpoints_.count(resource.name) != 0) continue;
+    if (resource.mps) {
+      const auto it = mps_problem_.find(resource.name);
+      if (it == mps_problem_.end() || !it->second.empty()) continue;  // registers once its daemon answers
+    }
     try {
       StartEndpoint(resource.name, resource.socket);
     } catch (const std::exception& e) {
@@ -233,7 +285,80 @@ void DevicePluginModule::Replan() {
   for (auto& [name, endpoint] : endpoints_) endpoint->Refresh();
   // No spec before the first inventory: an empty one would only be replaced a moment later.
   if (inventory_seen_) cdi_.Update(PhysicalDevices(plan_));
+  ArmMpsTimer();
   OnEndpointStateChanged();
+}
+
+bool DevicePluginModule::CheckMpsDaemons() {
+  bool changed = false;
+  std::map<std::string, std::string> next;
+  for (const auto& resource : plan_.resources) {
+    if (!resource.mps) continue;
+    const std::string control =
+        context_.Site().paths.host_root + MpsControlPath(MpsPipeDir(config_.mps.root, resource.name));
+    std::string problem = ProbeMpsControl(control);
+    const auto it = mps_problem_.find(resource.name);
+    if (it == mps_problem_.end() || it->second != problem) {
+      changed = true;
+      if (problem.empty()) context_.Log().info("the MPS control daemon of {} answers on {}", resource.name, control);
+      else if (it == mps_problem_.end()) context_.Log().warn("waiting for the MPS control daemon of {}: {}", resource.name, problem);
+      else context_.Log().warn("the MPS control daemon of {} does not answer: {}", resource.name, problem);
+    }
+    next[resource.name] = std::move(problem);
+  }
+  changed = changed || next.size() != mps_problem_.size();
+  mps_problem_ = std::move(next);
+  return changed;
+}
+
+void DevicePluginModule::ArmMpsTimer() {
+  if (mps_timer_armed_ || stopping_ || mps_problem_.empty()) return;
+  mps_timer_armed_ = true;
+  mps_timer_.expires_after(config_.mps.check_interval);
+  mps_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (!*alive) return;
+    mps_timer_armed_ = false;
+    if (ec || stopping_) return;  // cancelled at stop
+    if (CheckMpsDaemons()) Replan();  // starts a waiting endpoint, or changes the replicas' health
+    ArmMpsTimer();
+  });
+}
+
+bool DevicePluginModule::Usable(const ResourcePlan& resource, const PlannedDevice& device, std::string* reason) const {
+  const AdvertisedDevice* health = tracker_.HealthOf(device.physical.uuid);
+  if (health == nullptr || !health->healthy) {
+    if (reason != nullptr) *reason = health != nullptr ? health->reason : "unknown device";
+    return false;
+  }
+  if (resource.mps) {
+    const auto it = mps_problem_.find(resource.name);
+    const std::string problem = it == mps_problem_.end() ? "not probed yet" : it->second;
+    if (!problem.empty()) {
+      if (reason != nullptr) *reason = "MPS control daemon does not answer: " + problem;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<std::string> DevicePluginModule::MigCapNodes(const PhysicalDevice& device, const std::string& minors_text,
+                                                         const std::string& minors_error, std::string& error) const {
+  if (!minors_error.empty()) {
+    error = minors_error;
+    return {};
+  }
+  CdiHostFacts facts;
+  ParseMigMinors(minors_text, facts);
+  const std::string gpu = "gpu" + std::to_string(device.minor) + "/gi" + std::to_string(device.gpu_instance);
+  const auto gi = facts.gi_caps.find({device.minor, device.gpu_instance});
+  const auto ci = facts.ci_caps.find({device.minor, device.gpu_instance, device.compute_instance});
+  if (gi == facts.gi_caps.end() || ci == facts.ci_caps.end()) {
+    error = "no " + (gi == facts.gi_caps.end() ? gpu + "/access" : gpu + "/ci" + std::to_string(device.compute_instance) + "/access") +
+            " in /proc/driver/nvidia-caps/mig-minors";
+    return {};
+  }
+  return {"/dev/nvidia-caps/nvidia-cap" + std::to_string(gi->second),
+          "/dev/nvidia-caps/nvidia-cap" + std::to_string(ci->second)};
 }
 
 void DevicePluginModule::StartEndpoint(const std::string& resource, const std::string& socket) {
@@ -264,10 +389,9 @@ v1beta1::ListAndWatchResponse DevicePluginModule::ListFor(const std::string& res
   const ResourcePlan* plan = plan_.Find(resource);
   if (plan == nullptr) return list;
   for (const auto& d : plan->devices) {
-    const AdvertisedDevice* health = tracker_.HealthOf(d.physical.uuid);
     auto* device = list.add_devices();
     device->set_id(d.id);
-    device->set_health(health != nullptr && health->healthy ? "Healthy" : "Unhealthy");
+    device->set_health(Usable(*plan, d) ? "Healthy" : "Unhealthy");
     if (d.physical.numa_node >= 0) device->mutable_topology()->add_nodes()->set_id(d.physical.numa_node);
   }
   return list;
@@ -290,15 +414,31 @@ grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1b
   rules.resource = resource;
   rules.fail_requests_greater_than_one = plan->fail_requests_greater_than_one;
   rules.healthy_devices = 0;
-  for (const auto& d : plan->devices) {
-    const AdvertisedDevice* health = tracker_.HealthOf(d.physical.uuid);
-    if (health != nullptr && health->healthy) ++rules.healthy_devices;
-  }
-  const DeviceLookup lookup = [this, plan](const std::string& id) -> std::optional<DeviceFacts> {
+  for (const auto& d : plan->devices)
+    if (Usable(*plan, d)) ++rules.healthy_devices;
+  // passDeviceSpecs with MIG devices: their capability nodes, from the driver's mig-minors
+  // (read once per request, and only when a MIG device is asked for: MIG can be reconfigured).
+  std::optional<std::pair<std::string, std::string>> minors;  // text, error
+  auto read_minors = [&]() -> const std::pair<std::string, std::string>& {
+    if (!minors) {
+      std::string root = context_.Site().paths.host_root;
+      while (!root.empty() && root.back() == '/') root.pop_back();
+      const std::string path = root + "/proc/driver/nvidia-caps/mig-minors";
+      std::string text, error;
+      if (!ReadWholeFile(path, text, error)) error = "cannot read " + path + ": " + error;
+      minors.emplace(std::move(text), std::move(error));
+    }
+    return *minors;
+  };
+  const DeviceLookup lookup = [&, plan](const std::string& id) -> std::optional<DeviceFacts> {
     const PlannedDevice* d = plan->Find(id);
     if (d == nullptr) return std::nullopt;
-    const AdvertisedDevice* health = tracker_.HealthOf(d->physical.uuid);
-    return DeviceFacts{health != nullptr && health->healthy, d->physical.minor, d->physical.id, plan->replicas > 1};
+    DeviceFacts facts{Usable(*plan, *d), d->physical.minor, d->physical.id, plan->replicas > 1};
+    if (settings.pass_device_specs && d->physical.mig) {
+      const auto& [text, error] = read_minors();
+      facts.cap_nodes = MigCapNodes(d->physical, text, error, facts.cap_error);
+    }
+    return facts;
   };
   for (const auto& container : request.container_requests()) {
     ContainerAllocation allocation;
@@ -306,6 +446,12 @@ grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1b
     const std::vector<std::string> ids(container.devices_ids().begin(), container.devices_ids().end());
     const auto error = AllocateContainer(settings, lookup, ids, allocation, rules);
     if (!error.empty()) return rejected(error);
+    if (plan->mps) {
+      // One replica per container (failRequestsGreaterThanOne is forced): its GPU's memory.
+      const PlannedDevice* d = plan->Find(ids.front());
+      const auto* gpu = d != nullptr ? tracker_.Find(d->physical.parent_uuid) : nullptr;
+      AddMpsEdits(config_.mps, resource, plan->replicas, gpu != nullptr ? gpu->memory_total_bytes : 0, allocation);
+    }
     auto* out = response->add_container_responses();
     for (const auto& [k, v] : allocation.envs) (*out->mutable_envs())[k] = v;
     for (const auto& [k, v] : allocation.annotations) (*out->mutable_annotations())[k] = v;
@@ -403,6 +549,13 @@ void DevicePluginModule::OnEndpointStateChanged() {
   for (const auto& [resource, endpoint] : endpoints_) {
     if (problem.empty() && !endpoint->Problem().empty()) problem = resource + ": " + endpoint->Problem();
   }
+  for (const auto& [resource, mps_problem] : mps_problem_) {
+    if (problem.empty() && !mps_problem.empty()) {
+      problem = resource + ": " + (endpoints_.count(resource) != 0 ? "the MPS control daemon does not answer: "
+                                                                     : "not registered until the MPS control daemon answers: ") +
+                mps_problem;
+    }
+  }
   if (problem.empty()) context_.SetHealth(ModuleHealth::kOk);
   else context_.SetHealth(ModuleHealth::kUnhealthy, problem);
   PublishState();
@@ -422,7 +575,7 @@ void DevicePluginModule::PublishState() {
     state.gpu_shared_renamed = !shared->rename.empty() || config_.sharing.rename_by_default;
   }
   for (const auto& r : plan_.resources)
-    if (r.replicas > 1) state.sharing_strategy = "time-slicing";
+    if (r.replicas > 1) state.sharing_strategy = r.mps ? "mps" : "time-slicing";
   if (cdi_.Enabled()) {
     state.cdi_spec = cdi_.GetStatus().path;
     state.cdi_writes = cdi_.GetStatus().writes;
@@ -431,6 +584,8 @@ void DevicePluginModule::PublishState() {
   if (const auto it = endpoints_.find(config_.resource_name); it != endpoints_.end()) {
     state.socket = it->second->SocketPath();
   }
+  // A resource waiting for its MPS control daemon has no endpoint yet: not everything serves.
+  if (endpoints_.size() != plan_.resources.size()) state.serving = state.registered = false;
   for (const auto& [resource, endpoint] : endpoints_) {
     state.serving = state.serving && endpoint->Serving();
     state.registered = state.registered && endpoint->Registered();
@@ -443,6 +598,12 @@ void DevicePluginModule::PublishState() {
     r.name = resource.name;
     r.socket = resource.socket;
     r.replicas = resource.replicas;
+    if (resource.replicas > 1) r.sharing = resource.mps ? "mps" : "time-slicing";
+    if (resource.mps) {
+      r.mps_pipe_dir = MpsPipeDir(config_.mps.root, resource.name);
+      const auto it = mps_problem_.find(resource.name);
+      r.mps_daemon = it == mps_problem_.end() ? "not probed yet" : it->second.empty() ? "answers" : it->second;
+    }
     if (const auto it = endpoints_.find(resource.name); it != endpoints_.end()) {
       r.serving = it->second->Serving();
       r.registered = it->second->Registered();
@@ -450,11 +611,12 @@ void DevicePluginModule::PublishState() {
     }
     int healthy = 0, unhealthy = 0;
     for (const auto& d : resource.devices) {
-      const AdvertisedDevice* health = tracker_.HealthOf(d.physical.uuid);
-      const bool ok = health != nullptr && health->healthy;
-      (ok ? healthy : unhealthy)++;
+      (Usable(resource, d) ? healthy : unhealthy)++;
       r.device_ids.push_back(d.id);
       if (!physical_seen.insert(d.physical.uuid).second) continue;
+      // The physical device's own health (an MPS daemon's state is the resource's, above).
+      const AdvertisedDevice* health = tracker_.HealthOf(d.physical.uuid);
+      const bool ok = health != nullptr && health->healthy;
       state.devices.push_back({d.physical.uuid, ok, d.physical.numa_node, health != nullptr ? health->reason : "unknown device"});
     }
     r.healthy = healthy;
@@ -479,6 +641,7 @@ std::vector<std::string> DevicePluginModule::ExistingControlDevices() const {
 
 void DevicePluginModule::Stop(std::function<void()> done) {
   stopping_ = true;
+  mps_timer_.cancel();
   watcher_.Stop();
   inventory_sub_.Reset();
   health_sub_.Reset();

@@ -1,6 +1,6 @@
 #pragma once
 // The `device-plugin` module: the kubelet device plugin (v1beta1) for `nvidia.com/gpu`, the
-// MIG resources of the mixed strategy and time-sliced resources: one socket and registration
+// MIG resources of the mixed strategy and time-sliced or MPS-shared resources: one socket and registration
 // per resource (resource_plan, resource_endpoint), each advertising its devices with live
 // health; a kubelet restart (our sockets removed, kubelet.sock recreated) is noticed through
 // inotify and every resource serves and registers again.
@@ -13,7 +13,10 @@
 #include "modules/device_plugin/allocation.hpp"
 #include "modules/device_plugin/cdi_writer.hpp"
 #include "modules/device_plugin/device_health.hpp"
+#include "modules/device_plugin/mps.hpp"
 #include "modules/device_plugin/resource_plan.hpp"
+
+#include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
 #include <map>
@@ -40,7 +43,7 @@ class DevicePluginModule final : public Module {
  public:
   static constexpr std::string_view kName = "device-plugin";
   static constexpr std::string_view kSummary =
-      "kubelet device plugin v1beta1 for nvidia.com/gpu, MIG devices and time-sliced replicas";
+      "kubelet device plugin v1beta1 for nvidia.com/gpu, MIG devices, time-sliced and MPS replicas";
 
   struct Config {
     std::string resource_name = "nvidia.com/gpu";
@@ -49,6 +52,7 @@ class DevicePluginModule final : public Module {
     MigStrategy mig_strategy = MigStrategy::kNone;
     DeviceIdStrategy id_strategy = DeviceIdStrategy::kUuid;
     SharingSettings sharing;
+    MpsSettings mps;  // with sharing.strategy kMps
     // Our CDI spec (kind = allocation.cdi_kind) in the site's CDI directory.
     bool cdi_spec = false;
     std::string driver_root = "/";
@@ -75,6 +79,16 @@ class DevicePluginModule final : public Module {
   void PublishState();
   void SayWhatHealthMeans();
   std::vector<std::string> ExistingControlDevices() const;
+  // A device as advertised: its physical device's health and, for an MPS resource, whether the
+  // control daemon answers. `reason` (optional) says why not.
+  bool Usable(const ResourcePlan& resource, const PlannedDevice& device, std::string* reason = nullptr) const;
+  // Probes the control daemon of every MPS resource of the plan; true when one changed.
+  bool CheckMpsDaemons();
+  void ArmMpsTimer();
+  // The MIG capability nodes of a MIG device (passDeviceSpecs), from `minors_text` of
+  // /proc/driver/nvidia-caps/mig-minors; sets `error` when one is missing.
+  std::vector<std::string> MigCapNodes(const PhysicalDevice& device, const std::string& minors_text,
+                                       const std::string& minors_error, std::string& error) const;
 
   v1beta1::ListAndWatchResponse ListFor(const std::string& resource) const;
   grpc::Status Allocate(const std::string& resource, const v1beta1::AllocateRequest& request,
@@ -96,6 +110,12 @@ class DevicePluginModule final : public Module {
   bool inventory_seen_ = false;  // an available inventory arrived (the CDI spec waits for it)  // Start() finished: later serving failures are reported
   bool stopping_ = false;
   uint64_t allocations_ = 0;  // names each response's CDI annotation
+  // MPS resources: why the control daemon does not answer ("" when it does), by resource name.
+  // A resource registers only once its daemon answered; a daemon that stops answering makes
+  // its replicas Unhealthy.
+  std::map<std::string, std::string> mps_problem_;
+  boost::asio::steady_timer mps_timer_;
+  bool mps_timer_armed_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   Subscription inventory_sub_;
   Subscription health_sub_;

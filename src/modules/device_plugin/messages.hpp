@@ -24,6 +24,9 @@ struct DevicePluginState {
     std::string name;
     std::string socket;
     int replicas = 1;
+    std::string sharing;       // "", time-slicing or mps
+    std::string mps_pipe_dir;  // on the host, for an MPS resource
+    std::string mps_daemon;    // "answers", or why the control daemon does not
     bool serving = false;
     bool registered = false;
     int registrations = 0;
@@ -43,7 +46,7 @@ struct DevicePluginState {
   std::string mig_strategy;                // none | single | mixed
   int gpu_replicas = 1;                    // time-slicing replicas of the whole-GPU resource
   bool gpu_shared_renamed = false;         // ... advertised under another name (.shared or rename)
-  std::string sharing_strategy = "none";   // time-slicing when any resource is shared
+  std::string sharing_strategy = "none";   // time-slicing or mps when a resource is shared
   std::string cdi_spec;  // our CDI spec's path when enabled
   int cdi_writes = 0;
   std::string cdi_error;
@@ -66,6 +69,10 @@ inline void to_json(nlohmann::json& j, const DevicePluginState& s) {
                                        {"serving", r.serving},       {"registered", r.registered},
                                        {"registrations", r.registrations}, {"healthy", r.healthy},
                                        {"devices", r.device_ids.size()}};
+    if (!r.sharing.empty()) resources[r.name]["sharing"] = r.sharing;
+    if (!r.mps_pipe_dir.empty()) {
+      resources[r.name]["mps"] = nlohmann::json{{"pipeDirectory", r.mps_pipe_dir}, {"controlDaemon", r.mps_daemon}};
+    }
   }
   j["resources"] = std::move(resources);
   j["migStrategy"] = s.mig_strategy;

@@ -44,8 +44,8 @@ std::string ResourceDomain(const std::string& gpu_resource) {
 
 }  // namespace
 
-const TimeSlicedResource* SharingSettings::Find(const std::string& name) const {
-  for (const auto& r : time_slicing)
+const SharedResource* SharingSettings::Find(const std::string& name) const {
+  for (const auto& r : resources)
     if (r.name == name) return &r;
   return nullptr;
 }
@@ -124,12 +124,26 @@ Plan MakePlan(const std::vector<gpu_inventory::GpuInfo>& gpus, const PlanSetting
   for (auto& [name, physical] : by_resource) {
     ResourcePlan resource;
     resource.name = name;
-    const TimeSlicedResource* shared = settings.sharing.Find(name);
+    const SharedResource* shared = settings.sharing.Find(name);
     if (shared != nullptr && shared->replicas > 1) {
       resource.replicas = shared->replicas;
-      resource.fail_requests_greater_than_one = settings.sharing.fail_requests_greater_than_one;
+      resource.mps = settings.sharing.strategy == SharingStrategy::kMps;
+      resource.fail_requests_greater_than_one = settings.sharing.fail_requests_greater_than_one || resource.mps;
       if (!shared->rename.empty()) resource.name = shared->rename;
       else if (settings.sharing.rename_by_default) resource.name = name + ".shared";
+      if (resource.mps) {
+        // Upstream refuses MPS for MIG devices (migStrategy single with MIG on); so do we, for
+        // the whole resource: a partial MPS resource would advertise less than configured.
+        std::vector<std::string> mig;
+        for (const auto& p : physical)
+          if (p.mig) mig.push_back(p.uuid);
+        if (!mig.empty()) {
+          std::string list;
+          for (const auto& m : mig) list += (list.empty() ? "" : ", ") + m;
+          if (plan.error.empty()) plan.error = "sharing using MPS is not supported for MIG devices: " + list;
+          physical.clear();
+        }
+      }
       for (const auto& p : physical)
         for (int n = 0; n < resource.replicas; ++n)
           resource.devices.push_back({p.id + std::string(kReplicaSeparator) + std::to_string(n), p});

@@ -8,9 +8,10 @@
 //          `nvidia.com/gpu` devices (any other layout is an error: nothing is advertised);
 //   mixed  GPUs without MIG are `nvidia.com/gpu`; MIG devices are `nvidia.com/mig-<profile>`,
 //          one resource (one registration, one socket) per profile.
-// Time-slicing: a resource listed with `replicas: N` advertises N devices per physical device,
-// with IDs `<id>::<n>` (n = 0..N-1); its name gets `.shared` with renameByDefault, or the
-// resource's own `rename`.
+// Sharing (time-slicing or MPS, one of them): a resource listed with `replicas: N` advertises N
+// devices per physical device, with IDs `<id>::<n>` (n = 0..N-1); its name gets `.shared` with
+// renameByDefault, or the resource's own `rename`. MPS shares whole GPUs only: a MIG device in
+// an MPS-shared resource is an error (nothing is advertised for it).
 
 #include "modules/gpu_inventory/messages.hpp"
 
@@ -24,17 +25,21 @@ namespace gns::device_plugin {
 enum class MigStrategy { kNone, kSingle, kMixed };
 enum class DeviceIdStrategy { kUuid, kIndex };
 
-struct TimeSlicedResource {
+enum class SharingStrategy { kTimeSlicing, kMps };
+
+struct SharedResource {
   std::string name;     // resource before renaming, e.g. nvidia.com/gpu or nvidia.com/mig-1g.10gb
   std::string rename;   // empty: renameByDefault decides
   int replicas = 1;
 };
 
+// sharing.timeSlicing or sharing.mps (upstream's schema; the config allows one of them).
 struct SharingSettings {
+  SharingStrategy strategy = SharingStrategy::kTimeSlicing;
   bool rename_by_default = false;
-  bool fail_requests_greater_than_one = false;
-  std::vector<TimeSlicedResource> time_slicing;
-  const TimeSlicedResource* Find(const std::string& name) const;
+  bool fail_requests_greater_than_one = false;  // forced on for MPS
+  std::vector<SharedResource> resources;
+  const SharedResource* Find(const std::string& name) const;
 };
 
 struct PlanSettings {
@@ -70,7 +75,8 @@ struct PlannedDevice {
 struct ResourcePlan {
   std::string name;    // e.g. nvidia.com/gpu, nvidia.com/mig-1g.10gb, nvidia.com/gpu.shared
   std::string socket;  // file name in the kubelet's device-plugins directory
-  int replicas = 1;    // > 1: time-sliced
+  int replicas = 1;    // > 1: shared (time-sliced, or through MPS when `mps`)
+  bool mps = false;
   bool fail_requests_greater_than_one = false;
   std::vector<PlannedDevice> devices;
   const PlannedDevice* Find(const std::string& id) const;

@@ -232,7 +232,7 @@ TEST_F(DevicePluginSharingTest, TimeSlicingAdvertisesReplicasAndMapsThemBackToTh
   auto inv = MixedNode();
   h_.bus.Publish(inv);
   DevicePluginModule::Config config;
-  config.sharing.time_slicing = {{"nvidia.com/gpu", "", 4}};
+  config.sharing.resources = {{"nvidia.com/gpu", "", 4}};
   StartModule(config);
   ASSERT_TRUE(AwaitCount("nvidia.com/gpu", 16));  // migStrategy none: 4 GPUs × 4 replicas
   const auto ids = Ids(sim_->Devices("nvidia.com/gpu"));
@@ -264,7 +264,7 @@ TEST_F(DevicePluginSharingTest, RenameByDefaultAndFailRequestsGreaterThanOne) {
   config.mig_strategy = MigStrategy::kMixed;
   config.sharing.rename_by_default = true;
   config.sharing.fail_requests_greater_than_one = true;
-  config.sharing.time_slicing = {{"nvidia.com/mig-1g.10gb", "", 2}};
+  config.sharing.resources = {{"nvidia.com/mig-1g.10gb", "", 2}};
   StartModule(config);
   ASSERT_TRUE(AwaitCount("nvidia.com/mig-1g.10gb.shared", 18));
   ASSERT_TRUE(AwaitCount("nvidia.com/gpu", 2));  // not listed: not shared, not renamed

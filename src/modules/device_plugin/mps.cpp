@@ -1,0 +1,76 @@
+// MPS paths, Allocate edits and the control daemon's readiness probe.
+#include "modules/device_plugin/mps.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace gns::device_plugin {
+
+namespace {
+
+std::string JoinPath(std::string a, const std::string& b) {
+  while (!a.empty() && a.back() == '/') a.pop_back();
+  return a + "/" + b;
+}
+
+}  // namespace
+
+std::string MpsPipeDir(const std::string& root, const std::string& resource) {
+  return JoinPath(JoinPath(root, resource), "pipe");
+}
+
+std::string MpsShmDir(const std::string& root) { return JoinPath(root, "shm"); }
+
+std::string MpsControlPath(const std::string& pipe_dir) { return JoinPath(pipe_dir, "control"); }
+
+void AddMpsEdits(const MpsSettings& settings, const std::string& resource, int replicas, uint64_t memory_bytes,
+                 ContainerAllocation& out) {
+  const std::string container_pipe = MpsPipeDir(kMpsContainerRoot, resource);
+  out.envs[kMpsPipeEnv] = container_pipe;
+  // Clients create their sockets and shared memory there: read-write, as upstream mounts them.
+  out.mounts.push_back({container_pipe, MpsPipeDir(settings.root, resource), false});
+  out.mounts.push_back({kMpsContainerShm, MpsShmDir(settings.root), false});
+  if (replicas < 1) replicas = 1;
+  out.envs[kMpsThreadPercentageEnv] = std::to_string(100 / replicas);
+  const uint64_t mib = memory_bytes / static_cast<uint64_t>(replicas) / (1024 * 1024);
+  if (mib > 0) out.envs[kMpsPinnedMemEnv] = "0=" + std::to_string(mib) + "M";
+}
+
+std::string ProbeMpsControl(const std::string& control_path) {
+  struct stat st {};
+  if (::stat(control_path.c_str(), &st) != 0) return control_path + ": " + std::strerror(errno);
+  if (S_ISFIFO(st.st_mode)) {
+    // A FIFO opened for writing without blocking fails with ENXIO while nobody reads it.
+    const int fd = ::open(control_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      return control_path + ": " + (errno == ENXIO ? std::string("no control daemon reads this FIFO") : std::strerror(errno));
+    }
+    ::close(fd);
+    return {};
+  }
+  if (!S_ISSOCK(st.st_mode)) return control_path + " is neither a unix socket nor a FIFO";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (control_path.size() >= sizeof(addr.sun_path)) {
+    return control_path + ": path longer than a unix socket address allows (" +
+           std::to_string(sizeof(addr.sun_path) - 1) + " bytes)";
+  }
+  std::memcpy(addr.sun_path, control_path.c_str(), control_path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::string("socket: ") + std::strerror(errno);
+  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::close(fd);
+  // EAGAIN: the daemon listens but its backlog is full; it is there.
+  if (rc == 0 || err == EAGAIN) return {};
+  if (err == ECONNREFUSED) return control_path + ": connection refused (no control daemon listens)";
+  return control_path + ": " + std::strerror(err);
+}
+
+}  // namespace gns::device_plugin
