@@ -3,6 +3,8 @@
 
 #include "loop/atomic_file.hpp"
 
+#include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +60,88 @@ std::string Join(const std::string& root, const std::string& path) {
 }
 
 nlohmann::json DeviceNode(const std::string& path) { return nlohmann::json{{"path", path}}; }
+
+// The directory and the name of an absolute path, and the two joined again.
+std::string Dir(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+std::string Base(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+std::string InDir(const std::string& dir, const std::string& name) { return dir == "/" ? "/" + name : dir + "/" + name; }
+
+// A shared library's name ("libcuda.so.1", "libnvidia-ml.so"), as the toolkit's isLibName.
+bool IsLibrary(const std::string& path) {
+  const std::string name = Base(path);
+  const auto so = name.rfind(".so");
+  if (name.size() < 7 || name.rfind("lib", 0) != 0 || so == std::string::npos || so < 4) return false;
+  return so + 3 == name.size() || name[so + 3] == '.';
+}
+
+// "libcuda.so.1" → "libcuda.so" (the toolkit's getSoLink); empty without ".so".
+std::string SoLink(const std::string& name) {
+  const auto so = name.find(".so");
+  if (so == std::string::npos) return {};
+  return name.substr(0, so + 3);
+}
+
+// The file a library path leads to under `root` (symlinks followed, at most 8), its name.
+std::string ResolvedName(const std::string& root, const std::string& path) {
+  std::string current = path;
+  for (int i = 0; i < 8; ++i) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(Join(root, current), ec);
+    if (ec) break;
+    current = target.is_absolute() ? target.string() : InDir(Dir(current), target.string());
+  }
+  return Base(current);
+}
+
+// The toolkit infers the version from libcuda.so.<version> (then libnvidia-ml's); the kernel
+// module's version is the last resort.
+std::string DriverVersion(const std::string& host_root, const std::string& root, const std::vector<std::string>& libs) {
+  for (const char* lib_prefix : {"libcuda.so.", "libnvidia-ml.so."}) {
+    const std::string prefix = lib_prefix;
+    for (const auto& lib : libs) {
+      if (Base(lib).rfind(prefix, 0) != 0) continue;
+      const std::string name = ResolvedName(root, lib);
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string version = name.substr(prefix.size());
+      if (version.find('.') != std::string::npos) return version;  // "1" is a soname, not a version
+    }
+  }
+  std::string text, error;
+  if (ReadWholeFile(Join(host_root, "/sys/module/nvidia/version"), text, error)) {
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    return text;
+  }
+  return {};
+}
+
+std::string HookPath(const std::string& host_root, const std::string& configured, std::vector<std::string>& warnings) {
+  if (configured.empty()) return {};
+  auto usable = [&](const std::string& path) { return ::access(Join(host_root, path).c_str(), X_OK) == 0; };
+  if (configured == "auto") {
+    for (const char* candidate : kCdiHookCandidates) {
+      if (usable(candidate)) return candidate;
+    }
+    return {};
+  }
+  if (usable(configured)) return configured;
+  warnings.push_back("no CDI hooks: " + configured + " is not an executable under the host root");
+  return {};
+}
+
+// The hook as the toolkit writes it: argv[0] is the binary's name, nvidia-ctk needs "hook".
+nlohmann::json Hook(const std::string& path, const std::string& name, const std::vector<std::string>& args) {
+  nlohmann::json argv = nlohmann::json::array({Base(path)});
+  if (Base(path) == "nvidia-ctk") argv.push_back("hook");
+  argv.push_back(name);
+  for (const auto& a : args) argv.push_back(a);
+  return {{"hookName", "createContainer"},
+          {"path", path},
+          {"args", std::move(argv)},
+          {"env", nlohmann::json::array({"NVIDIA_CTK_DEBUG=false"})}};
+}
 
 bool ValidVendorOrClass(const std::string& s) {
   if (s.empty() || !std::isalpha(static_cast<unsigned char>(s.front()))) return false;
@@ -150,7 +234,55 @@ void ParseMigMinors(const std::string& text, CdiHostFacts& facts) {
   }
 }
 
-CdiHostFacts DiscoverCdiHostFacts(const std::string& host_root, const std::string& driver_root) {
+std::vector<std::string> DriverSymlinks(const std::string& root, const std::vector<std::string>& libraries) {
+  std::vector<std::string> links;
+  std::set<std::string> seen;
+  for (const auto& lib : libraries) {
+    if (!IsLibrary(lib)) continue;
+    const std::string name = Base(lib);
+    const std::string so = SoLink(name);
+    if (so.empty() || so == name) continue;
+    const bool always = name.rfind("libcuda.so.", 0) == 0 || name.rfind("libnvidia-opticalflow.so.", 0) == 0;
+    struct stat st {};
+    const std::string link = InDir(Dir(lib), so);
+    const bool on_host = ::lstat(Join(root, link).c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    if ((always || on_host) && seen.insert(link).second) links.push_back(name + "::" + link);
+  }
+  return links;
+}
+
+std::vector<std::string> FirmwareFiles(const std::string& root, const std::string& version, const std::string& release,
+                                       const std::string& custom_path) {
+  std::vector<std::string> dirs;
+  if (!custom_path.empty()) dirs.push_back(custom_path);
+  for (const std::string& d : {"/lib/firmware/updates/" + release, std::string("/lib/firmware/updates"),
+                               "/lib/firmware/" + release, std::string("/lib/firmware")}) {
+    dirs.push_back(d);
+  }
+  std::vector<std::string> files;
+  std::set<std::string> seen;
+  if (version.empty()) return files;
+  for (auto dir : dirs) {
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    const std::string in = dir + "/nvidia/" + version;
+    std::error_code ec;
+    std::vector<std::string> found;
+    for (const auto& entry : std::filesystem::directory_iterator(Join(root, in), ec)) {
+      const std::string name = entry.path().filename().string();
+      std::error_code type_ec;
+      if (name.rfind("gsp", 0) != 0 || name.size() < 7 || name.compare(name.size() - 4, 4, ".bin") != 0) continue;
+      if (!std::filesystem::is_regular_file(entry.path(), type_ec)) continue;  // follows links, as the toolkit's stat
+      found.push_back(in + "/" + name);
+    }
+    std::sort(found.begin(), found.end());
+    for (auto& f : found) {
+      if (seen.insert(f).second) files.push_back(std::move(f));
+    }
+  }
+  return files;
+}
+
+CdiHostFacts DiscoverCdiHostFacts(const std::string& host_root, const CdiSettings& settings) {
   CdiHostFacts facts;
   for (const char* node : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}) {
     if (::access(Join(host_root, node).c_str(), F_OK) == 0) facts.control_nodes.emplace_back(node);
@@ -158,22 +290,33 @@ CdiHostFacts DiscoverCdiHostFacts(const std::string& host_root, const std::strin
   std::string text, error;
   const std::string minors = Join(host_root, "/proc/driver/nvidia-caps/mig-minors");
   if (ReadWholeFile(minors, text, error)) ParseMigMinors(text, facts);
-  const std::string root = Join(host_root, driver_root);
+  const std::string root = Join(host_root, settings.driver_root);
   const std::string cache = Join(root, "/etc/ld.so.cache");
   std::string bytes;
+  std::vector<std::string> libraries;
   if (!ReadWholeFile(cache, bytes, error)) {
     facts.warnings.push_back("no driver libraries in the CDI spec: " + error);
   } else {
     std::string parse_error;
     for (const auto& lib : LibrariesFromLdCache(bytes, DriverLibraryPrefixes(), parse_error)) {
-      if (::access(Join(root, lib).c_str(), F_OK) == 0) facts.driver_files.push_back(lib);
+      if (::access(Join(root, lib).c_str(), F_OK) == 0) libraries.push_back(lib);
     }
     if (!parse_error.empty()) facts.warnings.push_back(cache + ": " + parse_error);
   }
+  facts.driver_files = libraries;
   for (const auto& binary : DriverBinaries()) {
     const std::string path = "/usr/bin/" + binary;
     if (::access(Join(root, path).c_str(), F_OK) == 0) facts.driver_files.push_back(path);
   }
+  facts.driver_version = DriverVersion(host_root, root, libraries);
+  struct utsname uts {};
+  std::string custom;
+  if (ReadWholeFile(Join(host_root, "/sys/module/firmware_class/parameters/path"), custom, error)) {
+    while (!custom.empty() && std::isspace(static_cast<unsigned char>(custom.back()))) custom.pop_back();
+  }
+  if (::uname(&uts) == 0) facts.firmware_files = FirmwareFiles(root, facts.driver_version, uts.release, custom);
+  facts.hook_path = HookPath(host_root, settings.hook_path, facts.warnings);
+  if (!facts.hook_path.empty()) facts.symlinks = DriverSymlinks(root, libraries);
   return facts;
 }
 
@@ -208,12 +351,41 @@ nlohmann::json BuildCdiSpec(const CdiSettings& settings, const std::vector<Physi
   nlohmann::json control = nlohmann::json::array();
   for (const auto& node : facts.control_nodes) control.push_back(DeviceNode(node));
   nlohmann::json mounts = nlohmann::json::array();
-  for (const auto& file : facts.driver_files) {
+  std::vector<std::string> files = facts.driver_files;
+  files.insert(files.end(), facts.firmware_files.begin(), facts.firmware_files.end());
+  for (const auto& file : files) {
     mounts.push_back({{"hostPath", Join(settings.driver_root, file)},
                       {"containerPath", file},
                       {"options", {"ro", "nosuid", "nodev", "bind"}}});
   }
   nlohmann::json edits = {{"deviceNodes", std::move(control)}, {"mounts", std::move(mounts)}};
+  // The toolkit's hooks for the mounted libraries, run by the runtime in the container's mount
+  // namespace before pivot_root: the links programs dlopen, then the linker cache.
+  if (!facts.hook_path.empty()) {
+    nlohmann::json hooks = nlohmann::json::array();
+    if (!facts.symlinks.empty()) {
+      std::vector<std::string> args;
+      for (const auto& link : facts.symlinks) {
+        args.push_back("--link");
+        args.push_back(link);
+      }
+      hooks.push_back(Hook(facts.hook_path, "create-symlinks", args));
+    }
+    std::vector<std::string> folders;
+    for (const auto& file : facts.driver_files) {
+      if (!IsLibrary(file)) continue;
+      if (const auto dir = Dir(file); std::find(folders.begin(), folders.end(), dir) == folders.end()) folders.push_back(dir);
+    }
+    if (!folders.empty()) {
+      std::vector<std::string> args;
+      for (const auto& folder : folders) {
+        args.push_back("--folder");
+        args.push_back(folder);
+      }
+      hooks.push_back(Hook(facts.hook_path, "update-ldcache", args));
+    }
+    if (!hooks.empty()) edits["hooks"] = std::move(hooks);
+  }
   // The runtime hook must not inject a second time what the spec already does.
   edits["env"] = {"NVIDIA_VISIBLE_DEVICES=void"};
   // 0.5.0: device names may start with a digit (index IDs); 0.6.0 when the class has a dot.
@@ -257,6 +429,23 @@ std::string ValidateCdiSpec(const nlohmann::json& spec) {
     }
     for (const auto& env : edits.value("env", nlohmann::json::array())) {
       if (!env.is_string() || env.get<std::string>().find('=') == std::string::npos) return where + ": env entries are K=V";
+    }
+    for (const auto& hook : edits.value("hooks", nlohmann::json::array())) {
+      // The OCI hook points CDI knows (its validHookNames, prestart included).
+      static const std::set<std::string> kHookNames = {"prestart",  "createRuntime", "createContainer",
+                                                       "startContainer", "poststart", "poststop"};
+      if (!hook.contains("hookName") || !hook["hookName"].is_string() || kHookNames.count(hook["hookName"]) == 0) {
+        return where + ": a hook needs a known hookName";
+      }
+      if (!hook.contains("path") || !hook["path"].is_string() || hook["path"].get<std::string>().rfind('/', 0) != 0) {
+        return where + ": a hook needs an absolute path";
+      }
+      for (const auto& env : hook.value("env", nlohmann::json::array())) {
+        if (!env.is_string() || env.get<std::string>().find('=') == std::string::npos) return where + ": hook env entries are K=V";
+      }
+      if (hook.contains("timeout") && (!hook["timeout"].is_number_integer() || hook["timeout"].get<int64_t>() <= 0)) {
+        return where + ": a hook's timeout must be positive";
+      }
     }
     if (edits.contains("additionalGids") || edits.contains("intelRdt")) needed = std::max(needed, 7);
     return {};

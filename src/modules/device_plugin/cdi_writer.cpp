@@ -45,7 +45,7 @@ void CdiWriter::WriteNext() {
       [settings = settings_, path = status_.path, devices = std::move(devices), written = written_,
        host_root = context_.Site().paths.host_root]() {
         WriteOutcome out;
-        const CdiHostFacts facts = DiscoverCdiHostFacts(host_root, settings.spec.driver_root);
+        const CdiHostFacts facts = DiscoverCdiHostFacts(host_root, settings.spec);
         out.warnings = facts.warnings;
         out.text = BuildCdiSpec(settings.spec, devices, facts).dump(2) + "\n";
         if (out.text == written) return out;

@@ -45,6 +45,10 @@ std::string MigProfileName(uint32_t gpu_instance_slices, uint32_t compute_instan
 void to_json(nlohmann::json& j, const MigDeviceInfo& m) {
   j = nlohmann::json{{"index", m.index},     {"uuid", m.uuid},           {"gpuInstance", m.gpu_instance},
                      {"computeInstance", m.compute_instance}, {"profile", m.profile}, {"memoryBytes", m.memory_bytes}};
+  j["multiprocessors"] = m.multiprocessors;
+  j["slices"] = nlohmann::json{{"gi", m.gpu_instance_slices}, {"ci", m.compute_instance_slices}};
+  j["engines"] = nlohmann::json{{"copy", m.copy_engines}, {"decoder", m.decoders}, {"encoder", m.encoders},
+                                {"jpeg", m.jpeg_engines},  {"ofa", m.ofa_engines}};
 }
 
 void to_json(nlohmann::json& j, const FabricInfo& f) {

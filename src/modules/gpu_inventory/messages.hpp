@@ -43,6 +43,15 @@ struct MigDeviceInfo {
   std::string profile;
   uint64_t memory_bytes = 0;
   uint32_t multiprocessors = 0;
+  // The rest of nvmlDeviceAttributes_t, for GFD's per-profile labels: slices of the GPU and
+  // compute instance, and the shared engines (copy, NVDEC, NVENC, NVJPG, OFA) the device sees.
+  uint32_t gpu_instance_slices = 0;
+  uint32_t compute_instance_slices = 0;
+  uint32_t copy_engines = 0;
+  uint32_t decoders = 0;
+  uint32_t encoders = 0;
+  uint32_t jpeg_engines = 0;
+  uint32_t ofa_engines = 0;
   bool operator==(const MigDeviceInfo&) const = default;
 };
 

@@ -297,6 +297,13 @@ class Reader {
                                     attributes.memorySizeMB, gpu.memory_total_bytes);
       info.memory_bytes = attributes.memorySizeMB * 1024ULL * 1024ULL;
       info.multiprocessors = attributes.multiprocessorCount;
+      info.gpu_instance_slices = attributes.gpuInstanceSliceCount;
+      info.compute_instance_slices = attributes.computeInstanceSliceCount;
+      info.copy_engines = attributes.sharedCopyEngineCount;
+      info.decoders = attributes.sharedDecoderCount;
+      info.encoders = attributes.sharedEncoderCount;
+      info.jpeg_engines = attributes.sharedJpegCount;
+      info.ofa_engines = attributes.sharedOfaCount;
       gpu.mig_devices.push_back(std::move(info));
     }
     return true;

@@ -229,7 +229,9 @@ Return ParseReturnCode(const Json& value, const std::string& where) {
 
 // "migEnabled": true and "migDevices": [{"slot": 0, "uuid": "MIG-…", "gpuInstanceId": 7,
 // "computeInstanceId": 0, "gpuInstanceSliceCount": 1, "computeInstanceSliceCount": 1,
-// "memorySizeMB": 9856, "multiprocessorCount": 16}]. "slot" defaults to the entry's position.
+// "memorySizeMB": 9856, "multiprocessorCount": 16, "sharedCopyEngineCount": 1, "sharedDecoderCount": 1,
+// "sharedEncoderCount": 0, "sharedJpegCount": 1, "sharedOfaCount": 0}]. "slot" defaults to the
+// entry's position; the engine counts default to 0.
 void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
   gpu.mig_enabled = j.value("migEnabled", false);
   if (!j.contains("migDevices")) return;
@@ -242,7 +244,9 @@ void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
     const std::string at = where + ".migDevices[" + std::to_string(i) + "]";
     const Json& d = devices[i];
     CheckKeys(d, {"slot", "uuid", "gpuInstanceId", "computeInstanceId", "gpuInstanceSliceCount",
-                  "computeInstanceSliceCount", "memorySizeMB", "multiprocessorCount"}, at);
+                  "computeInstanceSliceCount", "memorySizeMB", "multiprocessorCount", "sharedCopyEngineCount",
+                  "sharedDecoderCount", "sharedEncoderCount", "sharedJpegCount", "sharedOfaCount"},
+              at);
     const auto slot = d.value("slot", static_cast<unsigned int>(i));
     if (slot >= kMaxMigSlots || gpu.mig_slots[slot]) throw ConfigError(nvml::kErrorUnknown, at + ": slot taken or >= 8");
     MigDevice mig;
@@ -257,6 +261,11 @@ void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
     mig.attributes.computeInstanceSliceCount = d.value("computeInstanceSliceCount", mig.attributes.gpuInstanceSliceCount);
     mig.attributes.memorySizeMB = d.at("memorySizeMB").get<unsigned long long>();
     mig.attributes.multiprocessorCount = d.value("multiprocessorCount", 16u * mig.attributes.computeInstanceSliceCount);
+    mig.attributes.sharedCopyEngineCount = d.value("sharedCopyEngineCount", 0u);
+    mig.attributes.sharedDecoderCount = d.value("sharedDecoderCount", 0u);
+    mig.attributes.sharedEncoderCount = d.value("sharedEncoderCount", 0u);
+    mig.attributes.sharedJpegCount = d.value("sharedJpegCount", 0u);
+    mig.attributes.sharedOfaCount = d.value("sharedOfaCount", 0u);
     gpu.mig_slots[slot] = std::move(mig);
   }
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace gns::device_plugin {
 namespace {
@@ -191,13 +192,168 @@ TEST(CdiSpec, DiscoveryReadsTheHostUnderItsRoot) {
   std::ofstream(root + "/drv/etc/ld.so.cache", std::ios::binary)
       << MakeLdCache({{"libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
                       {"libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"}});
-  const auto facts = DiscoverCdiHostFacts(root, "/drv");
+  const auto facts = DiscoverCdiHostFacts(root, CdiSettings{"nvidia.com/gpu", "/drv"});
   EXPECT_EQ(facts.control_nodes, (std::vector<std::string>{"/dev/nvidiactl", "/dev/nvidia-uvm"}));
   EXPECT_EQ(facts.driver_files,
             (std::vector<std::string>{"/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/bin/nvidia-smi"}));
   EXPECT_EQ(facts.gi_caps.at({1, 1}), 21u);
   EXPECT_TRUE(facts.warnings.empty());
+  // No hook binary under the host root: "auto" finds none, and the spec has no hooks.
+  EXPECT_EQ(facts.hook_path, "");
+  EXPECT_FALSE(BuildCdiSpec({}, Devices(false), facts)["containerEdits"].contains("hooks"));
   fs::remove_all(root);
+}
+
+// A host as the driver installer leaves it: versioned libraries behind their soname links, a
+// .so link for some, GSP firmware per driver version, and the toolkit's hook binary.
+class CdiHostRoot : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gnscdi-XXXXXX";
+    root_ = ::mkdtemp(tmpl);
+    const std::string lib = root_ + "/drv/usr/lib/x86_64-linux-gnu";
+    fs::create_directories(lib);
+    fs::create_directories(root_ + "/drv/etc");
+    for (const char* name : {"libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so"}) {
+      std::ofstream(lib + "/" + name + ".550.90.07") << "";
+      fs::create_symlink(std::string(name) + ".550.90.07", lib + "/" + name + ".1");
+    }
+    fs::create_symlink("libnvidia-ml.so.1", lib + "/libnvidia-ml.so");  // the .so link on the host
+    std::ofstream(root_ + "/drv/etc/ld.so.cache", std::ios::binary)
+        << MakeLdCache({{"libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
+                        {"libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"},
+                        {"libnvidia-ptxjitcompiler.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1"}});
+    const std::string fw = root_ + "/drv/lib/firmware/nvidia";
+    fs::create_directories(fw + "/550.90.07");
+    fs::create_directories(fw + "/535.104.05");
+    std::ofstream(fw + "/550.90.07/gsp_tu10x.bin") << "";
+    std::ofstream(fw + "/550.90.07/gsp_ga10x.bin") << "";
+    std::ofstream(fw + "/550.90.07/README") << "";           // not gsp*.bin
+    std::ofstream(fw + "/535.104.05/gsp_ga10x.bin") << "";   // another driver's
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  void InstallHook(const std::string& path) {
+    fs::create_directories(fs::path(root_ + path).parent_path());
+    std::ofstream(root_ + path) << "#!/bin/sh\n";
+    fs::permissions(root_ + path, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+  }
+
+  CdiHostFacts Discover(const std::string& hook_path) {
+    return DiscoverCdiHostFacts(root_, CdiSettings{"nvidia.com/gpu", "/drv", hook_path});
+  }
+
+  std::string root_;
+};
+
+TEST_F(CdiHostRoot, FirmwareOfTheDriversVersionIsMounted) {
+  const auto facts = Discover("");
+  EXPECT_EQ(facts.driver_version, "550.90.07") << "from libcuda.so.1 -> libcuda.so.550.90.07";
+  EXPECT_EQ(facts.firmware_files, (std::vector<std::string>{"/lib/firmware/nvidia/550.90.07/gsp_ga10x.bin",
+                                                             "/lib/firmware/nvidia/550.90.07/gsp_tu10x.bin"}));
+  const auto spec = BuildCdiSpec({"nvidia.com/gpu", "/drv"}, Devices(false), facts);
+  EXPECT_EQ(ValidateCdiSpec(spec), "");
+  std::map<std::string, std::string> mounts;
+  for (const auto& m : spec["containerEdits"]["mounts"]) mounts[m["containerPath"]] = m["hostPath"];
+  EXPECT_EQ(mounts.at("/lib/firmware/nvidia/550.90.07/gsp_ga10x.bin"), "/drv/lib/firmware/nvidia/550.90.07/gsp_ga10x.bin");
+  EXPECT_EQ(mounts.count("/lib/firmware/nvidia/535.104.05/gsp_ga10x.bin"), 0u);
+  EXPECT_EQ(mounts.size(), 5u) << "three libraries, two firmware files";
+  EXPECT_FALSE(spec["containerEdits"].contains("hooks")) << "hooks off";
+
+  // No library says its version: the kernel module's.
+  fs::remove(root_ + "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+  fs::remove(root_ + "/drv/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
+  std::ofstream(root_ + "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.1") << "";
+  fs::create_directories(root_ + "/sys/module/nvidia");
+  std::ofstream(root_ + "/sys/module/nvidia/version") << "535.104.05\n";
+  const auto older = Discover("");
+  EXPECT_EQ(older.driver_version, "535.104.05");
+  EXPECT_EQ(older.firmware_files, std::vector<std::string>{"/lib/firmware/nvidia/535.104.05/gsp_ga10x.bin"});
+}
+
+TEST(CdiFirmware, TheKernelsSearchOrderEachFileOnce) {
+  char tmpl[] = "/tmp/gnscdi-XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  for (const char* dir : {"/opt/fw", "/lib/firmware/updates/6.1.0-test", "/lib/firmware/updates",
+                                "/lib/firmware/6.1.0-test", "/lib/firmware", "/lib/firmware/6.1.0-other"}) {
+    fs::create_directories(root + dir + "/nvidia/550.90.07");
+    std::ofstream(root + dir + "/nvidia/550.90.07/gsp_ga10x.bin") << "";
+  }
+  fs::create_directories(root + "/lib/firmware/nvidia/550.90.07/gsp_dir.bin");  // a directory: skipped
+  EXPECT_EQ(FirmwareFiles(root, "550.90.07", "6.1.0-test", "/opt/fw/"),
+            (std::vector<std::string>{"/opt/fw/nvidia/550.90.07/gsp_ga10x.bin",
+                                      "/lib/firmware/updates/6.1.0-test/nvidia/550.90.07/gsp_ga10x.bin",
+                                      "/lib/firmware/updates/nvidia/550.90.07/gsp_ga10x.bin",
+                                      "/lib/firmware/6.1.0-test/nvidia/550.90.07/gsp_ga10x.bin",
+                                      "/lib/firmware/nvidia/550.90.07/gsp_ga10x.bin"}));
+  EXPECT_TRUE(FirmwareFiles(root, "", "6.1.0-test", "").empty()) << "no version, no firmware";
+  fs::remove_all(root);
+}
+
+TEST_F(CdiHostRoot, TheToolkitsHooksWhenItsBinaryIsOnTheHost) {
+  InstallHook("/usr/local/nvidia/toolkit/nvidia-cdi-hook");
+  const auto facts = Discover("auto");
+  EXPECT_EQ(facts.hook_path, "/usr/local/nvidia/toolkit/nvidia-cdi-hook");
+  // libcuda.so always (programs dlopen it by that name); libnvidia-ml.so because the host has
+  // that link; none for ptxjitcompiler (no .so link on the host).
+  EXPECT_EQ(facts.symlinks, (std::vector<std::string>{"libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
+                                                       "libnvidia-ml.so.1::/usr/lib/x86_64-linux-gnu/libnvidia-ml.so"}));
+  const auto spec = BuildCdiSpec({"nvidia.com/gpu", "/drv"}, Devices(false), facts);
+  EXPECT_EQ(ValidateCdiSpec(spec), "");
+  const auto& hooks = spec["containerEdits"]["hooks"];
+  ASSERT_EQ(hooks.size(), 2u);
+  EXPECT_EQ(hooks[0]["hookName"], "createContainer");
+  EXPECT_EQ(hooks[0]["path"], "/usr/local/nvidia/toolkit/nvidia-cdi-hook");
+  EXPECT_EQ(hooks[0]["args"], nlohmann::json({"nvidia-cdi-hook", "create-symlinks", "--link",
+                                              "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so", "--link",
+                                              "libnvidia-ml.so.1::/usr/lib/x86_64-linux-gnu/libnvidia-ml.so"}));
+  EXPECT_EQ(hooks[1]["hookName"], "createContainer");
+  EXPECT_EQ(hooks[1]["args"],
+            nlohmann::json({"nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"}));
+  EXPECT_EQ(hooks[1]["env"], nlohmann::json({"NVIDIA_CTK_DEBUG=false"}));
+
+  // The toolkit package's binary wins over the operator's; an older nvidia-ctk alone runs the
+  // same hooks under its `hook` subcommand.
+  InstallHook("/usr/bin/nvidia-cdi-hook");
+  EXPECT_EQ(Discover("auto").hook_path, "/usr/bin/nvidia-cdi-hook");
+  fs::remove(root_ + "/usr/bin/nvidia-cdi-hook");
+  fs::remove(root_ + "/usr/local/nvidia/toolkit/nvidia-cdi-hook");
+  InstallHook("/usr/bin/nvidia-ctk");
+  const auto ctk = BuildCdiSpec({"nvidia.com/gpu", "/drv"}, Devices(false), Discover("auto"));
+  EXPECT_EQ(ctk["containerEdits"]["hooks"][1]["args"],
+            nlohmann::json({"nvidia-ctk", "hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"}));
+
+  // Off, or a configured path the host does not have (said in the warnings): no hooks.
+  EXPECT_EQ(Discover("").hook_path, "");
+  const auto missing = Discover("/opt/toolkit/nvidia-cdi-hook");
+  EXPECT_EQ(missing.hook_path, "");
+  ASSERT_EQ(missing.warnings.size(), 1u);
+  EXPECT_NE(missing.warnings[0].find("/opt/toolkit/nvidia-cdi-hook"), std::string::npos);
+  EXPECT_FALSE(BuildCdiSpec({}, Devices(false), missing)["containerEdits"].contains("hooks"));
+  // A non-executable file is not a hook.
+  fs::permissions(root_ + "/usr/bin/nvidia-ctk", fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(Discover("auto").hook_path, "");
+}
+
+TEST(CdiSpec, HooksAreValidatedAsCdiDoes) {
+  CdiHostFacts facts;
+  facts.driver_files = {"/usr/lib/x86_64-linux-gnu/libcuda.so.1"};
+  facts.hook_path = "/usr/bin/nvidia-cdi-hook";
+  facts.symlinks = {"libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"};
+  const auto spec = BuildCdiSpec({}, Devices(false), facts);
+  ASSERT_EQ(ValidateCdiSpec(spec), "");
+  auto bad_name = spec;
+  bad_name["containerEdits"]["hooks"][0]["hookName"] = "preStart";
+  EXPECT_EQ(ValidateCdiSpec(bad_name), "spec: a hook needs a known hookName");
+  auto relative = spec;
+  relative["containerEdits"]["hooks"][0]["path"] = "nvidia-cdi-hook";
+  EXPECT_EQ(ValidateCdiSpec(relative), "spec: a hook needs an absolute path");
+  auto timeout = spec;
+  timeout["containerEdits"]["hooks"][1]["timeout"] = 0;
+  EXPECT_EQ(ValidateCdiSpec(timeout), "spec: a hook's timeout must be positive");
+  auto env = spec;
+  env["containerEdits"]["hooks"][0]["env"] = {"NVIDIA_CTK_DEBUG"};
+  EXPECT_EQ(ValidateCdiSpec(env), "spec: hook env entries are K=V");
 }
 
 }  // namespace

@@ -240,6 +240,14 @@ TEST_F(GpuInventoryModuleTest, MigDevicesAreEnumeratedPerGpuWithTheirProfiles) {
   EXPECT_EQ(first.gpu_instance, 1u);
   EXPECT_EQ(first.compute_instance, 0u);
   EXPECT_EQ(first.memory_bytes, 40192ull * 1024 * 1024);
+  EXPECT_EQ(first.multiprocessors, 60u);
+  EXPECT_EQ(first.gpu_instance_slices, 3u);
+  EXPECT_EQ(first.compute_instance_slices, 3u);
+  EXPECT_EQ(first.copy_engines, 3u);
+  EXPECT_EQ(first.decoders, 3u);
+  EXPECT_EQ(first.encoders, 0u);
+  EXPECT_EQ(first.jpeg_engines, 3u);
+  EXPECT_EQ(first.ofa_engines, 0u);
   EXPECT_EQ(inventory.gpus[1].mig_devices[6].index, 6u);
 
   const auto state = h_.bus.RetainedState();
