@@ -177,6 +177,10 @@ DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, c
   config.driver_root = cdi.String("driverRoot", "/");
   if (config.driver_root.empty() || config.driver_root.front() != '/') cdi.Fail("driverRoot", "must be an absolute path");
   config.cdi_remove_on_stop = cdi.Bool("removeOnStop", false);
+  config.cdi_hook_path = cdi.String("hookPath", config.cdi_hook_path);
+  if (!config.cdi_hook_path.empty() && config.cdi_hook_path != "auto" && config.cdi_hook_path.front() != '/') {
+    cdi.Fail("hookPath", "must be \"auto\", an absolute path (on the host), or \"\" for no hooks");
+  }
   cdi.Finish();
   config.register_timeout = section.Duration("registerTimeout", milliseconds(100), milliseconds(60000), milliseconds(5000));
   auto backoff = section.Section("registerBackoff");
@@ -196,7 +200,8 @@ DevicePluginModule::DevicePluginModule(ModuleContext& context, const Config& con
                [this](DirWatcher::Change change, const std::string& name) { OnDirectoryChange(change, name); }),
       cdi_(context,
            CdiWriter::Settings{config.cdi_spec, context.Site().paths.cdi_dir,
-                               CdiSettings{config.allocation.cdi_kind, config.driver_root}, config.cdi_remove_on_stop},
+                               CdiSettings{config.allocation.cdi_kind, config.driver_root, config.cdi_hook_path},
+                               config.cdi_remove_on_stop},
            [this] { PublishState(); }),
       mps_timer_(context.GetLoop().Io()) {}
 

@@ -57,6 +57,7 @@ class DevicePluginModule final : public Module {
     bool cdi_spec = false;
     std::string driver_root = "/";
     bool cdi_remove_on_stop = false;
+    std::string cdi_hook_path = CdiSettings{}.hook_path;  // "auto", an absolute path, or "" (no hooks)
     std::chrono::milliseconds register_timeout{5000};
     BackoffPolicy register_backoff{std::chrono::milliseconds(200), std::chrono::milliseconds(10000), 2.0, 0.5};
   };

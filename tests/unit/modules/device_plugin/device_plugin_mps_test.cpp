@@ -386,5 +386,19 @@ TEST(DevicePluginMpsConfig, BadMpsConfigsSayWhatIsWrong) {
   }
 }
 
+// Not MPS, but the same parser: the CDI hook binary.
+TEST(DevicePluginCdiConfig, HookPathIsAutoAnAbsolutePathOrOff) {
+  const auto parse = [](const std::string& yaml) {
+    const auto value = ParseYaml(yaml, "site.yaml");
+    ConfigMap section(value, "modules.device-plugin");
+    return DevicePluginModule::ParseConfig(section, SiteConfig{}).cdi_hook_path;
+  };
+  EXPECT_EQ(parse("cdi: {enabled: true}\n"), "auto");
+  EXPECT_EQ(parse("cdi: {enabled: true, hookPath: /opt/nvidia/nvidia-cdi-hook}\n"), "/opt/nvidia/nvidia-cdi-hook");
+  EXPECT_EQ(parse("cdi: {enabled: true, hookPath: \"\"}\n"), "");
+  const std::string error = ConfigErrorOf("cdi: {enabled: true, hookPath: bin/nvidia-cdi-hook}\n");
+  EXPECT_NE(error.find("cdi.hookPath: must be \"auto\", an absolute path"), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace gns::device_plugin
