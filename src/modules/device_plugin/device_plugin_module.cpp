@@ -346,14 +346,12 @@ bool DevicePluginModule::Usable(const ResourcePlan& resource, const PlannedDevic
   return true;
 }
 
-std::vector<std::string> DevicePluginModule::MigCapNodes(const PhysicalDevice& device, const std::string& minors_text,
+std::vector<std::string> DevicePluginModule::MigCapNodes(const PhysicalDevice& device, const CdiHostFacts& facts,
                                                          const std::string& minors_error, std::string& error) const {
   if (!minors_error.empty()) {
     error = minors_error;
     return {};
   }
-  CdiHostFacts facts;
-  ParseMigMinors(minors_text, facts);
   const std::string gpu = "gpu" + std::to_string(device.minor) + "/gi" + std::to_string(device.gpu_instance);
   const auto gi = facts.gi_caps.find({device.minor, device.gpu_instance});
   const auto ci = facts.ci_caps.find({device.minor, device.gpu_instance, device.compute_instance});
@@ -422,16 +420,22 @@ grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1b
   for (const auto& d : plan->devices)
     if (Usable(*plan, d)) ++rules.healthy_devices;
   // passDeviceSpecs with MIG devices: their capability nodes, from the driver's mig-minors
-  // (read once per request, and only when a MIG device is asked for: MIG can be reconfigured).
-  std::optional<std::pair<std::string, std::string>> minors;  // text, error
-  auto read_minors = [&]() -> const std::pair<std::string, std::string>& {
+  // (read and parsed once per request, and only when a MIG device is asked for: MIG can be
+  // reconfigured).
+  std::optional<std::pair<CdiHostFacts, std::string>> minors;  // parsed, error
+  auto read_minors = [&]() -> const std::pair<CdiHostFacts, std::string>& {
     if (!minors) {
       std::string root = context_.Site().paths.host_root;
       while (!root.empty() && root.back() == '/') root.pop_back();
       const std::string path = root + "/proc/driver/nvidia-caps/mig-minors";
       std::string text, error;
-      if (!ReadWholeFile(path, text, error)) error = "cannot read " + path + ": " + error;
-      minors.emplace(std::move(text), std::move(error));
+      CdiHostFacts parsed;
+      if (ReadWholeFile(path, text, error)) {
+        ParseMigMinors(text, parsed);
+      } else {
+        error = "cannot read " + path + ": " + error;
+      }
+      minors.emplace(std::move(parsed), std::move(error));
     }
     return *minors;
   };
@@ -440,8 +444,8 @@ grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1b
     if (d == nullptr) return std::nullopt;
     DeviceFacts facts{Usable(*plan, *d), d->physical.minor, d->physical.id, plan->replicas > 1};
     if (settings.pass_device_specs && d->physical.mig) {
-      const auto& [text, error] = read_minors();
-      facts.cap_nodes = MigCapNodes(d->physical, text, error, facts.cap_error);
+      const auto& [parsed, error] = read_minors();
+      facts.cap_nodes = MigCapNodes(d->physical, parsed, error, facts.cap_error);
     }
     return facts;
   };

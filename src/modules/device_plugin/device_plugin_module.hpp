@@ -86,9 +86,9 @@ class DevicePluginModule final : public Module {
   // Probes the control daemon of every MPS resource of the plan; true when one changed.
   bool CheckMpsDaemons();
   void ArmMpsTimer();
-  // The MIG capability nodes of a MIG device (passDeviceSpecs), from `minors_text` of
-  // /proc/driver/nvidia-caps/mig-minors; sets `error` when one is missing.
-  std::vector<std::string> MigCapNodes(const PhysicalDevice& device, const std::string& minors_text,
+  // The MIG capability nodes of a MIG device (passDeviceSpecs), from `minors` (the parsed
+  // /proc/driver/nvidia-caps/mig-minors); sets `error` when one is missing.
+  std::vector<std::string> MigCapNodes(const PhysicalDevice& device, const CdiHostFacts& minors,
                                        const std::string& minors_error, std::string& error) const;
 
   v1beta1::ListAndWatchResponse ListFor(const std::string& resource) const;
