@@ -760,7 +760,9 @@ asio::awaitable<std::optional<PrepareResult>> DraComputeDomainModule::PrepareCla
   // latency per prepare instead of two. The list is wasted when the claim turns out not to need it.
   // A list per prepare (not an informer): prepares are rare, and the module then needs no
   // cluster-wide watch on ComputeDomains. A domain in another namespace is therefore "not found".
-  Clock::SteadyTime deadline = std::chrono::steady_clock::now() + config_.prepare_timeout;
+  // The look-ups' retries and the clique wait end at this deadline, read on the injected clock's
+  // steady time (the timers then wait the remaining duration).
+  Clock::SteadyTime deadline = context_.GetClock().Now() + config_.prepare_timeout;
   const std::string claim_path =
       kube::ResourcePath::Grouped("resource.k8s.io", std::string(VersionOnly(config_.api_version)), "resourceclaims",
                                   claim.namespace_name)
@@ -800,7 +802,7 @@ asio::awaitable<std::optional<PrepareResult>> DraComputeDomainModule::PrepareCla
       co_return ResultFrom(decision.existing);
     }
     if (decision.outcome != PrepareOutcome::kPrepare) {
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - context_.GetClock().Now());
       if (decision.waits_for_clique && left > milliseconds(0)) {
         // Right after start NVML may not have reported the fabric yet: wait for gpu-inventory
         // (within this prepare's deadline) instead of answering "no clique" before we know.
@@ -967,7 +969,7 @@ asio::awaitable<kube::Result> DraComputeDomainModule::FetchWithRetry(std::shared
   if (!*alive) co_return kube::Result{};  // Both() resumes nothing once the module is gone
   for (milliseconds delay = kFirstRetryDelay;; delay = std::min(delay * 2, kMaxRetryDelay)) {
     kube::Result result = co_await Fetch(list, path);
-    if (!kube::IsTransient(result) || stopping_ || std::chrono::steady_clock::now() + delay >= deadline) co_return result;
+    if (!kube::IsTransient(result) || stopping_ || context_.GetClock().Now() + delay >= deadline) co_return result;
     context_.Log().debug("{} {}: {} (HTTP {}); retrying in {} ms", list ? "list" : "get", path, result.error,
                          result.http_status, delay.count());
     co_await Sleep(delay);
