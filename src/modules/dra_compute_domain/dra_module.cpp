@@ -13,6 +13,8 @@
 #include "modules/kube/informer.hpp"
 #include "modules/kube/messages.hpp"
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,28 +24,14 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 namespace gns::dra {
 
+namespace asio = boost::asio;
 using nlohmann::json;
 using std::chrono::milliseconds;
-
-// One NodePrepareResources call, claim by claim.
-struct PrepareBatch {
-  std::vector<ClaimRef> claims;
-  std::size_t next = 0;
-  PrepareResults results;
-  std::function<void(PrepareResults)> done;
-  std::function<void()> finished;  // lets the next job run
-};
-
-struct UnprepareBatch {
-  std::vector<ClaimRef> claims;
-  std::size_t next = 0;
-  UnprepareResults results;
-  std::function<void(UnprepareResults)> done;
-  std::function<void()> finished;
-};
 
 namespace {
 
@@ -86,6 +74,191 @@ std::string StringAt(const json& object, const char* pointer) {
   return value.is_string() ? value.get<std::string>() : std::string{};
 }
 
+// The claim's ComputeDomain in the list of its namespace's domains.
+DomainLookup FindDomain(const kube::Result& domains, const std::string& domain_uid,
+                        const std::string& claim_namespace) {
+  if (domains.http_status == 404) {
+    return DomainLookup::Error("the ComputeDomain resource (resource.nvidia.com/v1beta1) is not served; is the CRD "
+                               "installed?");
+  }
+  if (!domains.Ok()) return DomainLookup::Error(domains.error);
+  if (domains.object.contains("items") && domains.object["items"].is_array()) {
+    for (const auto& item : domains.object["items"]) {
+      if (StringAt(item, "/metadata/uid") != domain_uid) continue;
+      DomainLookup lookup =
+          DomainLookup::Found({domain_uid, StringAt(item, "/metadata/namespace"), StringAt(item, "/metadata/name")});
+      if (lookup.domain.namespace_name.empty()) lookup.domain.namespace_name = claim_namespace;
+      return lookup;
+    }
+  }
+  return DomainLookup::NotFound();
+}
+
+// What the pool reports back from a commit: the records that reached the disk.
+struct CommitOutcome {
+  std::vector<std::string> committed;           // claim UIDs whose record is durable
+  std::map<std::string, std::string> failed;    // claim UID → why (its own file step failed)
+  std::string log_error;                        // the append failed: nothing is durable
+  uint64_t last_seq = 0;
+  std::size_t log_used = 0;
+};
+
+// The pool side of the commits (no module state travels to the pool). One prepare commit:
+// each claim's CDI spec (visible at once, no fsync: it is re-made from the record at start),
+// then every record in one append + fdatasync.
+struct WritePrepares {
+  std::shared_ptr<ClaimLog> log;
+  std::string cdi_dir;
+  uint32_t major = 0;
+  std::vector<PreparedClaim> entries;
+  uint64_t seq = 0;
+
+  CommitOutcome operator()() {
+    CommitOutcome out;
+    std::string records;
+    for (const auto& entry : entries) {
+      if (auto r = WriteChannelCdiSpec(cdi_dir, entry.uid, major, entry.channels, SpecDurability::kVisibleOnly); !r) {
+        out.failed[entry.uid] = "cannot write the CDI spec: " + r.error;
+        continue;
+      }
+      records += EncodeClaimLogRecord({seq++, ClaimLogRecord::Op::kPrepared, entry});
+      out.committed.push_back(entry.uid);
+    }
+    out.last_seq = seq - 1;
+    if (!records.empty()) {
+      if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
+    }
+    out.log_used = log->Used();
+    return out;
+  }
+};
+
+// One unprepare commit: the spec of every claim in `work` deleted, then one "unprepared" record
+// per known claim, all in one append.
+struct WriteUnprepares {
+  std::shared_ptr<ClaimLog> log;
+  std::string cdi_dir;
+  std::vector<ClaimRef> work;
+  std::vector<bool> known;
+  uint64_t seq = 0;
+
+  CommitOutcome operator()() {
+    CommitOutcome out;
+    std::string records;
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      const std::string& uid = work[i].uid;
+      if (auto r = DeleteCdiSpec(cdi_dir, uid); !r) {
+        out.failed[uid] = "cannot delete the CDI spec: " + r.error;
+        continue;
+      }
+      if (!known[i]) continue;
+      ClaimLogRecord record;
+      record.seq = seq++;
+      record.op = ClaimLogRecord::Op::kUnprepared;
+      record.claim.uid = uid;
+      records += EncodeClaimLogRecord(record);
+      out.committed.push_back(uid);
+    }
+    out.last_seq = seq - 1;
+    if (!records.empty()) {
+      if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
+    }
+    out.log_used = log->Used();
+    return out;
+  }
+};
+
+// The checkpoint takes in the log, then the log starts over; the error, or empty.
+struct CompactLog {
+  std::shared_ptr<ClaimLog> log;
+  std::string checkpoint_file;
+  Checkpoint snapshot;
+
+  std::string operator()() const {
+    if (auto r = SaveCheckpoint(checkpoint_file, snapshot); !r) return r.error;
+    log->Rewind();
+    return std::string{};
+  }
+};
+
+// ------------------------------------------------------------------ awaiting callback APIs
+// Boost 1.74: no as_tuple, no awaitable operators; the callback APIs (kube client, pool,
+// driver-managed domains, timers) become awaitables through async_initiate, as in gpu_reset.
+
+// The handler of use_awaitable is move-only; the callback APIs take a copyable std::function.
+template <typename Handler>
+auto Shared(Handler&& handler) {
+  return std::make_shared<std::decay_t<Handler>>(std::forward<Handler>(handler));
+}
+
+// `start(resume)` begins a callback operation; `resume(value)`, its completion on the loop,
+// resumes the coroutine with `value`. A completion that arrives once the module is gone resumes
+// nothing: the coroutine's frames are dropped (destroyed through the loop) without touching the
+// module, as the callbacks' `if (!*alive) return;` did.
+template <typename T, typename Start>
+asio::awaitable<T> Await(std::shared_ptr<bool> alive, Start start) {
+  return asio::async_initiate<const asio::use_awaitable_t<>&, void(boost::system::error_code, T)>(
+      [alive = std::move(alive), start = std::move(start)](auto handler) mutable {
+        auto shared = Shared(std::move(handler));
+        start([alive, shared](T value) {
+          if (!*alive) return;
+          std::move (*shared)(boost::system::error_code{}, std::move(value));
+        });
+      },
+      asio::use_awaitable);
+}
+
+// A pool job's value, or the exception it threw (BlockingPool::Run's pair).
+template <typename T>
+struct PoolResult {
+  T value;
+  std::exception_ptr failure;
+};
+
+template <typename Work>
+auto OnPool(BlockingPool& pool, std::shared_ptr<bool> alive, Work work) {
+  using T = std::invoke_result_t<Work&>;
+  return Await<PoolResult<T>>(std::move(alive), [&pool, work = std::move(work)](auto resume) mutable {
+    pool.Run(std::move(work), [resume](T value, std::exception_ptr failure) {
+      resume(PoolResult<T>{std::move(value), failure});
+    });
+  });
+}
+
+// Runs `a` and `b` at once (each co_spawned: both are under way before either is awaited) and
+// resumes with both values when both are done; the first exception wins. Only the two runs
+// hold the waiting coroutine, so when both are dropped (the module is gone) it is dropped too.
+template <typename A, typename B>
+asio::awaitable<std::pair<A, B>> Both(std::shared_ptr<bool> alive, asio::io_context& io, asio::awaitable<A> a,
+                                      asio::awaitable<B> b) {
+  return asio::async_initiate<const asio::use_awaitable_t<>&, void(std::exception_ptr, std::pair<A, B>)>(
+      [alive = std::move(alive), &io](auto handler, asio::awaitable<A> a, asio::awaitable<B> b) {
+        using Handler = decltype(handler);
+        struct Join {
+          std::shared_ptr<bool> alive;
+          Handler handler;
+          std::pair<A, B> values{};
+          std::exception_ptr failure{};
+          int running = 2;
+          void Done(std::exception_ptr e) {
+            if (e && !failure) failure = e;
+            if (--running > 0 || !*alive) return;
+            std::move(handler)(failure, std::move(values));
+          }
+        };
+        auto join = std::make_shared<Join>(Join{alive, std::move(handler)});
+        asio::co_spawn(io, std::move(a), [join](std::exception_ptr e, A value) {
+          join->values.first = std::move(value);
+          join->Done(e);
+        });
+        asio::co_spawn(io, std::move(b), [join](std::exception_ptr e, B value) {
+          join->values.second = std::move(value);
+          join->Done(e);
+        });
+      },
+      asio::use_awaitable, std::move(a), std::move(b));
+}
+
 }  // namespace
 
 DraComputeDomainModule::Config DraComputeDomainModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
@@ -120,6 +293,7 @@ DraComputeDomainModule::DraComputeDomainModule(ModuleContext& context, const Con
       config_(config),
       paths_(MakeDriverPaths(context.Site().paths)),
       node_name_(context.Site().node_name),
+      clique_timer_(context.GetLoop().Io()),
       slice_retry_timer_(context.GetLoop().Io()),
       resync_timer_(context.GetLoop().Io()) {
   auto& m = context_.Metrics();
@@ -437,12 +611,12 @@ void DraComputeDomainModule::OnClique(const gpu_inventory::NodeClique& clique) {
     PublishState();
     PublishSlice();
   }
-  if (known_now && !clique_waiters_.empty()) {
+  if (known_now && clique_waiting_) {
     context_.Log().info("the node's clique is known ({}): deciding {} waiting prepare(s) again",
-                        clique_id_.empty() ? "none" : clique_id_, clique_waiters_.size());
-    auto waiters = std::move(clique_waiters_);
-    clique_waiters_.clear();
-    for (auto& waiter : waiters) waiter();
+                        clique_id_.empty() ? "none" : clique_id_, 1);
+    clique_waiting_ = false;
+    clique_arrived_ = true;
+    clique_timer_.cancel();  // wakes WaitForClique
   }
   if (known_now) PublishState();
 }
@@ -454,7 +628,8 @@ void DraComputeDomainModule::Stop(std::function<void()> done) {
   slice_retry_timer_.cancel();
   resync_timer_.cancel();
   clique_sub_.Reset();
-  clique_waiters_.clear();  // their calls are failed by the DRA server's shutdown
+  clique_waiting_ = false;  // the waiting prepare's call is failed by the DRA server's shutdown
+  clique_timer_.cancel();
   slice_sub_.Reset();
   slice_informer_.reset();
   jobs_.clear();  // their calls are failed by the DRA server's shutdown
@@ -494,100 +669,81 @@ void DraComputeDomainModule::Stop(std::function<void()> done) {
 
 // ---------------------------------------------------------------------------------- jobs
 
+void DraComputeDomainModule::Prepare(std::vector<ClaimRef> claims, std::function<void(PrepareResults)> done) {
+  Enqueue(PrepareJob{std::move(claims), std::move(done)});
+}
+
+void DraComputeDomainModule::Unprepare(std::vector<ClaimRef> claims, std::function<void(UnprepareResults)> done) {
+  Enqueue(UnprepareJob{std::move(claims), std::move(done)});
+}
+
 void DraComputeDomainModule::Enqueue(Job job) {
   jobs_.push_back(std::move(job));
-  if (!job_running_) RunNextJob();
-}
-
-void DraComputeDomainModule::RunNextJob() {
-  if (stopping_ || jobs_.empty()) {
-    job_running_ = false;
-    return;
-  }
-  job_running_ = true;
-  Job job = std::move(jobs_.front());
-  jobs_.pop_front();
-  job([this, alive = alive_] {
+  // After Stop the queue is never run: the DRA server's shutdown answers its calls.
+  if (jobs_running_ || stopping_) return;
+  jobs_running_ = true;
+  asio::co_spawn(context_.GetLoop().Io(), RunJobs(alive_), [this, alive = alive_](std::exception_ptr error) {
     if (!*alive) return;
-    // Through the loop, so a long run of immediate answers does not recurse.
-    context_.GetLoop().Post([this, alive] {
-      if (*alive) RunNextJob();
-    });
-  });
-}
-
-void DraComputeDomainModule::After(milliseconds delay, std::function<void()> fn) {
-  auto timer = std::make_shared<boost::asio::steady_timer>(context_.GetLoop().Io(), delay);
-  timer->async_wait([timer, alive = alive_, fn = std::move(fn)](const boost::system::error_code& ec) {
-    if (ec || !*alive) return;
-    fn();
-  });
-}
-
-void DraComputeDomainModule::FetchWithRetry(bool list, std::string path, std::chrono::steady_clock::time_point deadline,
-                                            milliseconds delay, std::function<void(kube::Result)> done) {
-  auto on_result = [this, alive = alive_, list, path, deadline, delay, done](kube::Result result) mutable {
-    if (!*alive) return;
-    if (kube::IsTransient(result) && !stopping_ && std::chrono::steady_clock::now() + delay < deadline) {
-      context_.Log().debug("{} {}: {} (HTTP {}); retrying in {} ms", list ? "list" : "get", path, result.error,
-                           result.http_status, delay.count());
-      After(delay, [this, list, path, deadline, delay, done = std::move(done)]() mutable {
-        FetchWithRetry(list, std::move(path), deadline, std::min(delay * 2, kMaxRetryDelay), std::move(done));
-      });
-      return;
+    jobs_running_ = false;
+    if (!error) return;
+    // A bug, not an expected error (those are values): restart the module, which recovers from
+    // what is on disk; the calls it was serving are answered by the DRA server's shutdown.
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
     }
-    done(std::move(result));
-  };
-  if (list) {
-    kube::ListOptions options;
-    client_->List(path, options, std::move(on_result));
-  } else {
-    client_->Get(path, std::move(on_result));
+    context_.Log().error("the prepare/unprepare runner failed: {}", what);
+    context_.ReportFailure("prepare/unprepare runner: " + what);
+  });
+}
+
+// `alive` by value: co_spawn starts the coroutine one loop turn later.
+asio::awaitable<void> DraComputeDomainModule::RunJobs(std::shared_ptr<bool> alive) {
+  if (!*alive) co_return;
+  while (!stopping_ && !jobs_.empty()) {
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    if (auto* prepare = std::get_if<PrepareJob>(&job)) {
+      co_await PrepareCall(std::move(*prepare));
+    } else if (auto* unprepare = std::get_if<UnprepareJob>(&job)) {
+      co_await UnprepareCall(std::move(*unprepare));
+    } else {
+      co_await Compact();
+    }
   }
 }
 
 // ---------------------------------------------------------------------------------- prepare
 
-void DraComputeDomainModule::Prepare(std::vector<ClaimRef> claims, std::function<void(PrepareResults)> done) {
-  Enqueue([this, claims = std::move(claims), done = std::move(done)](std::function<void()> finished) mutable {
-    auto batch = std::make_shared<PrepareBatch>();
-    batch->claims = std::move(claims);
-    batch->done = std::move(done);
-    batch->finished = std::move(finished);
-    PrepareNext(std::move(batch));
-  });
-}
-
-void DraComputeDomainModule::PrepareNext(std::shared_ptr<PrepareBatch> batch) {
-  if (stopping_) return;  // the DRA server's shutdown answers the call
-  if (batch->next == batch->claims.size()) {
-    if (!pending_prepares_.empty()) {
-      CommitPrepares(std::move(batch));
-      return;
-    }
-    batch->done(std::move(batch->results));
-    batch->finished();
-    return;
+// Claim by claim (each decision sees the claims decided before it in the call), then one durable
+// commit of the decided claims, then the answer. Stop cuts the call anywhere before the commit:
+// nothing is committed or answered (the DRA server's shutdown answers it); a commit under way
+// finishes, and the loop's state follows what reached the disk.
+asio::awaitable<void> DraComputeDomainModule::PrepareCall(PrepareJob job) {
+  PrepareResults results;
+  for (const ClaimRef& claim : job.claims) {
+    if (stopping_) co_return;
+    std::optional<PrepareResult> result = co_await PrepareClaim(claim);
+    if (!result) co_return;
+    results[claim.uid] = std::move(*result);
   }
-  const ClaimRef claim = batch->claims[batch->next++];
-  PrepareOne(claim, [this, alive = alive_, batch, uid = claim.uid](PrepareResult result) {
-    if (!*alive) return;
-    batch->results[uid] = std::move(result);
-    PrepareNext(batch);
-  });
+  if (stopping_) co_return;
+  if (!pending_prepares_.empty()) results = co_await CommitPrepares(job.claims, std::move(results));
+  job.done(std::move(results));
 }
 
-void DraComputeDomainModule::PrepareOne(const ClaimRef& claim, std::function<void(PrepareResult)> done) {
+asio::awaitable<std::optional<PrepareResult>> DraComputeDomainModule::PrepareClaim(ClaimRef claim) {
   // A repeated Prepare (the kubelet lost our answer, or restarted) answers from the checkpoint.
   if (auto existing = CompletedPrepare(DecideView(), claim.uid)) {
     prepares_already_->Inc();
-    done(ResultFrom(*existing));
-    return;
+    co_return ResultFrom(*existing);
   }
   if (!IsValidClaimUid(claim.uid) || claim.namespace_name.empty() || claim.name.empty()) {
     prepares_permanent_->Inc();
-    done(ErrorResult(Ref(claim) + ": the kubelet sent an invalid claim reference (uid \"" + claim.uid + "\")"));
-    return;
+    co_return ErrorResult(Ref(claim) + ": the kubelet sent an invalid claim reference (uid \"" + claim.uid + "\")");
   }
   if (config_.require_imex_ready) {
     const auto* imex = context_.GetBus().Latest<imex_health::ImexHealth>();
@@ -595,90 +751,117 @@ void DraComputeDomainModule::PrepareOne(const ClaimRef& claim, std::function<voi
       prepares_retryable_->Inc();
       const std::string why = imex ? imex->reason + ": " + imex->message : "imex-health has not judged host IMEX yet";
       SetError(Ref(claim) + ": host IMEX not ready: " + why);
-      done(ErrorResult(Ref(claim) + ": host IMEX is not ready (" + why + "); the kubelet retries"));
-      return;
+      co_return ErrorResult(Ref(claim) + ": host IMEX is not ready (" + why + "); the kubelet retries");
     }
   }
-  FetchClaim(claim, std::chrono::steady_clock::now() + config_.prepare_timeout, std::move(done));
-}
 
-// The claim and the ComputeDomains of its namespace, fetched at the same time (the namespace is
-// the kubelet's; only the match on the domain UID needs the claim): one API round trip of
-// latency per prepare instead of two. The list is wasted when the claim turns out not to need it.
-struct DraComputeDomainModule::Fetches {
-  std::optional<kube::Result> claim;
-  std::optional<kube::Result> domains;
-};
-
-void DraComputeDomainModule::FetchClaim(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
-                                        std::function<void(PrepareResult)> done) {
+  // The claim and the ComputeDomains of its namespace, fetched at the same time (the namespace is
+  // the kubelet's; only the match on the domain UID needs the claim): one API round trip of
+  // latency per prepare instead of two. The list is wasted when the claim turns out not to need it.
+  // A list per prepare (not an informer): prepares are rare, and the module then needs no
+  // cluster-wide watch on ComputeDomains. A domain in another namespace is therefore "not found".
+  // The look-ups' retries and the clique wait end at this deadline, read on the injected clock's
+  // steady time (the timers then wait the remaining duration).
+  Clock::SteadyTime deadline = context_.GetClock().Now() + config_.prepare_timeout;
   const std::string claim_path =
       kube::ResourcePath::Grouped("resource.k8s.io", std::string(VersionOnly(config_.api_version)), "resourceclaims",
                                   claim.namespace_name)
           .Object(claim.name);
-  // A list per prepare (not an informer): prepares are rare, and the module then needs no
-  // cluster-wide watch on ComputeDomains. A domain in another namespace is therefore "not found".
   const std::string domains_path =
       kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", claim.namespace_name)
           .Collection();
-  auto fetches = std::make_shared<Fetches>();
-  auto pending = std::make_shared<std::function<void(PrepareResult)>>(std::move(done));
-  FetchWithRetry(false, claim_path, deadline, kFirstRetryDelay,
-                 [this, claim, deadline, fetches, pending](kube::Result result) {
-                   fetches->claim = std::move(result);
-                   if (fetches->domains) OnFetched(claim, deadline, std::move(*fetches), std::move(*pending));
-                 });
-  FetchWithRetry(true, domains_path, deadline, kFirstRetryDelay,
-                 [this, claim, deadline, fetches, pending](kube::Result result) {
-                   fetches->domains = std::move(result);
-                   if (fetches->claim) OnFetched(claim, deadline, std::move(*fetches), std::move(*pending));
-                 });
-}
-
-void DraComputeDomainModule::OnFetched(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
-                                       Fetches fetches, std::function<void(PrepareResult)> done) {
-  if (stopping_) return;
-  kube::Result& result = *fetches.claim;
-  if (result.http_status == 404) {
+  asio::awaitable<kube::Result> get_claim = FetchWithRetry(alive_, false, claim_path, deadline);
+  asio::awaitable<kube::Result> list_domains = FetchWithRetry(alive_, true, domains_path, deadline);
+  const std::pair<kube::Result, kube::Result> both =
+      co_await Both(alive_, context_.GetLoop().Io(), std::move(get_claim), std::move(list_domains));
+  const kube::Result& fetched = both.first;
+  if (stopping_) co_return std::nullopt;
+  if (fetched.http_status == 404) {
     prepares_permanent_->Inc();
     SetError(Ref(claim) + ": not found");
-    done(ErrorResult(Ref(claim) + ": not found (deleted?)"));
-    return;
+    co_return ErrorResult(Ref(claim) + ": not found (deleted?)");
   }
-  if (!result.Ok()) {
+  if (!fetched.Ok()) {
     prepares_retryable_->Inc();
-    SetError(Ref(claim) + ": cannot fetch: " + result.error);
-    done(ErrorResult(Ref(claim) + ": cannot fetch the claim: " + result.error));
-    return;
+    SetError(Ref(claim) + ": cannot fetch: " + fetched.error);
+    co_return ErrorResult(Ref(claim) + ": cannot fetch the claim: " + fetched.error);
   }
-  const std::string domain_uid = DomainUidOf(result.object);
-  if (domain_uid.empty()) {
-    // DecidePrepare fails before it needs the ComputeDomain.
-    DecideAndWrite(claim, result.object, DomainLookup::Error("not looked up"), deadline, std::move(done));
-    return;
-  }
-  const kube::Result& domains = *fetches.domains;
-  DomainLookup lookup = DomainLookup::NotFound();
-  if (domains.http_status == 404) {
-    lookup = DomainLookup::Error("the ComputeDomain resource (resource.nvidia.com/v1beta1) is not served; is the CRD "
-                                 "installed?");
-  } else if (!domains.Ok()) {
-    lookup = DomainLookup::Error(domains.error);
-  } else if (domains.object.contains("items") && domains.object["items"].is_array()) {
-    for (const auto& item : domains.object["items"]) {
-      if (StringAt(item, "/metadata/uid") != domain_uid) continue;
-      lookup = DomainLookup::Found(
-          {domain_uid, StringAt(item, "/metadata/namespace"), StringAt(item, "/metadata/name")});
-      if (lookup.domain.namespace_name.empty()) lookup.domain.namespace_name = claim.namespace_name;
-      break;
+  const json& object = fetched.object;
+  const std::string domain_uid = DomainUidOf(object);
+  // Without a domain UID DecidePrepare fails before it needs the ComputeDomain.
+  const DomainLookup domain = domain_uid.empty() ? DomainLookup::Error("not looked up")
+                                                 : FindDomain(both.second, domain_uid, claim.namespace_name);
+
+  // Decided again after each wait: for the clique, and in driver-managed mode for the domain's
+  // verdict on this node (Ready attaches the claim; the state may have moved meanwhile).
+  bool attached = false;
+  for (;;) {
+    const PrepareDecision decision = Decide(claim, object, domain);
+    if (decision.outcome == PrepareOutcome::kAlreadyPrepared) {
+      prepares_already_->Inc();
+      co_return ResultFrom(decision.existing);
     }
+    if (decision.outcome != PrepareOutcome::kPrepare) {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - context_.GetClock().Now());
+      if (decision.waits_for_clique && left > milliseconds(0)) {
+        // Right after start NVML may not have reported the fabric yet: wait for gpu-inventory
+        // (within this prepare's deadline) instead of answering "no clique" before we know.
+        context_.Log().info("prepare {} (uid {}) waits up to {} ms for the node's clique to be known",
+                            claim.namespace_name + "/" + claim.name, claim.uid, left.count());
+        const bool arrived = co_await WaitForClique(left);
+        if (stopping_) co_return std::nullopt;
+        // Run out: decided once more, without another wait; the answer names what is still missing.
+        if (!arrived) deadline = Clock::SteadyTime{};
+        attached = false;  // a verdict from before the wait is asked again
+        continue;
+      }
+      const bool permanent = decision.outcome == PrepareOutcome::kPermanentError;
+      (permanent ? prepares_permanent_ : prepares_retryable_)->Inc();
+      context_.Log().warn("prepare {} (uid {}) failed ({}): {}", claim.namespace_name + "/" + claim.name, claim.uid,
+                          permanent ? "permanent" : "retryable", decision.error);
+      SetError(decision.error);
+      co_return ErrorResult(decision.error);
+    }
+    if (domains_ && !attached) {
+      // Driver-managed: the domain's verdict for this node decides (driver_managed.hpp).
+      const DomainVerdict verdict =
+          co_await Attach(claim.uid, decision.claim_namespace, decision.claim_name, domain.domain);
+      if (stopping_) co_return std::nullopt;
+      if (verdict.kind == DomainVerdict::Kind::kReady) {
+        attached = true;
+        continue;
+      }
+      const bool permanent = verdict.kind == DomainVerdict::Kind::kRefused;
+      (permanent ? prepares_permanent_ : prepares_retryable_)->Inc();
+      const std::string error = Ref(claim) + ": " + verdict.message + (permanent ? "" : "; the kubelet retries");
+      context_.Log().warn("prepare {} (uid {}) {}: {}", claim.namespace_name + "/" + claim.name, claim.uid,
+                          permanent ? "refused" : "waits for its ComputeDomain", verdict.message);
+      SetError(error);
+      co_return ErrorResult(error);
+    }
+
+    PreparedClaim entry;
+    entry.uid = claim.uid;
+    entry.namespace_name = decision.claim_namespace;
+    entry.name = decision.claim_name;
+    entry.state = ClaimState::kPrepareCompleted;
+    entry.domain_uid = decision.domain_uid;
+    entry.device = decision.device_name;
+    entry.pool_name = decision.pool_name;
+    entry.request_names = decision.request_names;
+    entry.cdi_spec_file = CdiSpecFileName(claim.uid);
+    entry.cdi_device_id = CdiQualifiedDeviceId(claim.uid);
+    entry.started_unix_ms = UnixMillis(context_.GetClock());
+    entry.completed_unix_ms = entry.started_unix_ms;
+    entry.channels = decision.allocation_mode == "All" ? config_.all_channels : 1u;
+    // Not yet durable: the call's claims are committed together (CommitPrepares) before the
+    // kubelet hears of any; this answer stands only if that commit succeeds.
+    pending_prepares_.push_back(entry);
+    co_return ResultFrom(entry);
   }
-  DecideAndWrite(claim, result.object, lookup, deadline, std::move(done));
 }
 
-void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& object, const DomainLookup& domain,
-                                            std::chrono::steady_clock::time_point deadline,
-                                            std::function<void(PrepareResult)> done, bool attached) {
+PrepareDecision DraComputeDomainModule::Decide(const ClaimRef& claim, const json& object, const DomainLookup& domain) {
   PrepareContext prepare_context;
   prepare_context.node_name = node_name_;
   prepare_context.clique_id = clique_id_;
@@ -686,90 +869,7 @@ void DraComputeDomainModule::DecideAndWrite(const ClaimRef& claim, const json& o
   prepare_context.clique_reason = clique_reason_;
   prepare_context.host_managed = host_managed_;
   prepare_context.checkpoint = &DecideView();
-  const PrepareDecision decision =
-      DecidePrepare(object, claim.uid, prepare_context, [&domain](std::string_view) { return domain; });
-  switch (decision.outcome) {
-    case PrepareOutcome::kAlreadyPrepared:
-      prepares_already_->Inc();
-      done(ResultFrom(decision.existing));
-      return;
-    case PrepareOutcome::kPermanentError:
-    case PrepareOutcome::kRetryableError: {
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (decision.waits_for_clique && left > milliseconds(0)) {
-        // Right after start NVML may not have reported the fabric yet: wait for gpu-inventory
-        // (within this prepare's deadline) instead of answering "no clique" before we know.
-        context_.Log().info("prepare {} (uid {}) waits up to {} ms for the node's clique to be known",
-                            claim.namespace_name + "/" + claim.name, claim.uid, left.count());
-        auto pending = std::make_shared<std::function<void(PrepareResult)>>(std::move(done));
-        auto answered = std::make_shared<bool>(false);
-        clique_waiters_.push_back([this, claim, object, domain, deadline, pending, answered] {
-          if (*answered || stopping_) return;
-          *answered = true;
-          DecideAndWrite(claim, object, domain, deadline, std::move(*pending));
-        });
-        PublishState();
-        After(left, [this, claim, object, domain, pending, answered] {
-          if (*answered || stopping_) return;
-          *answered = true;
-          // Prepares run one at a time (the job queue): the only waiter is this one.
-          clique_waiters_.clear();
-          // Decided once more at the deadline: the answer names what is still missing.
-          DecideAndWrite(claim, object, domain, std::chrono::steady_clock::time_point{}, std::move(*pending));
-        });
-        return;
-      }
-      const bool permanent = decision.outcome == PrepareOutcome::kPermanentError;
-      (permanent ? prepares_permanent_ : prepares_retryable_)->Inc();
-      context_.Log().warn("prepare {} (uid {}) failed ({}): {}", claim.namespace_name + "/" + claim.name, claim.uid,
-                          permanent ? "permanent" : "retryable", decision.error);
-      SetError(decision.error);
-      done(ErrorResult(decision.error));
-      return;
-    }
-    case PrepareOutcome::kPrepare:
-      break;
-  }
-  if (domains_ && !attached) {
-    // Driver-managed: the domain's verdict for this node decides (driver_managed.hpp).
-    domains_->Attach(claim.uid, decision.claim_namespace, decision.claim_name, domain.domain,
-                     [this, alive = alive_, claim, object, domain, deadline, done](DomainVerdict verdict) mutable {
-                       if (!*alive || stopping_) return;
-                       if (verdict.kind == DomainVerdict::Kind::kReady) {
-                         DecideAndWrite(claim, object, domain, deadline, std::move(done), true);
-                         return;
-                       }
-                       const bool permanent = verdict.kind == DomainVerdict::Kind::kRefused;
-                       (permanent ? prepares_permanent_ : prepares_retryable_)->Inc();
-                       const std::string error =
-                           Ref(claim) + ": " + verdict.message + (permanent ? "" : "; the kubelet retries");
-                       context_.Log().warn("prepare {} (uid {}) {}: {}", claim.namespace_name + "/" + claim.name,
-                                           claim.uid, permanent ? "refused" : "waits for its ComputeDomain",
-                                           verdict.message);
-                       SetError(error);
-                       done(ErrorResult(error));
-                     });
-    return;
-  }
-
-  PreparedClaim entry;
-  entry.uid = claim.uid;
-  entry.namespace_name = decision.claim_namespace;
-  entry.name = decision.claim_name;
-  entry.state = ClaimState::kPrepareCompleted;
-  entry.domain_uid = decision.domain_uid;
-  entry.device = decision.device_name;
-  entry.pool_name = decision.pool_name;
-  entry.request_names = decision.request_names;
-  entry.cdi_spec_file = CdiSpecFileName(claim.uid);
-  entry.cdi_device_id = CdiQualifiedDeviceId(claim.uid);
-  entry.started_unix_ms = UnixMillis(context_.GetClock());
-  entry.completed_unix_ms = entry.started_unix_ms;
-  entry.channels = decision.allocation_mode == "All" ? config_.all_channels : 1u;
-  // Not yet durable: the call's claims are committed together (CommitPrepares) before the
-  // kubelet hears of any; the answer below stands only if that commit succeeds.
-  pending_prepares_.push_back(entry);
-  done(ResultFrom(entry));
+  return DecidePrepare(object, claim.uid, prepare_context, [&domain](std::string_view) { return domain; });
 }
 
 const Checkpoint& DraComputeDomainModule::DecideView() {
@@ -779,73 +879,51 @@ const Checkpoint& DraComputeDomainModule::DecideView() {
   return decide_view_;
 }
 
-namespace {
-
-// What the pool reports back from a commit: the records that reached the disk.
-struct CommitOutcome {
-  std::vector<std::string> committed;           // claim UIDs whose record is durable
-  std::map<std::string, std::string> failed;    // claim UID → why (its own file step failed)
-  std::string log_error;                        // the append failed: nothing is durable
-  uint64_t last_seq = 0;
-  std::size_t log_used = 0;
-};
-
-}  // namespace
+asio::awaitable<bool> DraComputeDomainModule::WaitForClique(milliseconds left) {
+  clique_waiting_ = true;
+  clique_arrived_ = false;
+  PublishState();
+  clique_timer_.expires_after(left);
+  // Ends at the deadline, or early when OnClique or Stop cancels the timer.
+  co_await Expiry(clique_timer_);
+  clique_waiting_ = false;
+  co_return clique_arrived_;
+}
 
 // One durable write for the whole call: each claim's CDI spec (visible at once, no fsync: it is
 // re-made from the record at start), then every record in one append + fdatasync.
-void DraComputeDomainModule::CommitPrepares(std::shared_ptr<PrepareBatch> batch) {
+asio::awaitable<PrepareResults> DraComputeDomainModule::CommitPrepares(std::vector<ClaimRef> claims,
+                                                                       PrepareResults results) {
   std::vector<PreparedClaim> entries = std::move(pending_prepares_);
   pending_prepares_.clear();
-  context_.Pool().Run(
-      [log = log_, cdi_dir = paths_.cdi_dir, major = channel_major_, entries, seq = next_seq_]() mutable {
-        CommitOutcome out;
-        std::string records;
-        for (const auto& entry : entries) {
-          if (auto r = WriteChannelCdiSpec(cdi_dir, entry.uid, major, entry.channels, SpecDurability::kVisibleOnly);
-              !r) {
-            out.failed[entry.uid] = "cannot write the CDI spec: " + r.error;
-            continue;
-          }
-          records += EncodeClaimLogRecord({seq++, ClaimLogRecord::Op::kPrepared, entry});
-          out.committed.push_back(entry.uid);
-        }
-        out.last_seq = seq - 1;
-        if (!records.empty()) {
-          if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
-        }
-        out.log_used = log->Used();
-        return out;
-      },
-      [this, alive = alive_, batch, entries](CommitOutcome out, std::exception_ptr error) {
-        if (!*alive) return;
-        if (error && out.log_error.empty()) out.log_error = "unexpected failure while committing";
-        for (const auto& entry : entries) {
-          const ClaimRef* claim = nullptr;
-          for (const auto& c : batch->claims) {
-            if (c.uid == entry.uid) claim = &c;
-          }
-          const std::string who = claim ? Ref(*claim) : "ResourceClaim uid " + entry.uid;
-          std::string why;
-          if (const auto it = out.failed.find(entry.uid); it != out.failed.end()) why = it->second;
-          if (why.empty() && !out.log_error.empty()) why = out.log_error;
-          if (!why.empty()) {
-            prepares_retryable_->Inc();
-            context_.Log().error("prepare {} (uid {}) failed: {}", entry.namespace_name + "/" + entry.name, entry.uid,
-                                 why);
-            SetError(who + ": " + why);
-            batch->results[entry.uid] = ErrorResult(who + ": " + why);
-            continue;
-          }
-          checkpoint_.claims[entry.uid] = entry;
-          prepares_ok_->Inc();
-          context_.Log().info("prepared {} (uid {}) for ComputeDomain {}: {}", entry.namespace_name + "/" + entry.name,
-                              entry.uid, entry.domain_uid, entry.cdi_device_id);
-        }
-        CommitDone(out.log_error, out.last_seq, out.log_used, out.committed.size());
-        batch->done(std::move(batch->results));
-        batch->finished();
-      });
+  WritePrepares write{log_, paths_.cdi_dir, channel_major_, entries, next_seq_};
+  PoolResult<CommitOutcome> written = co_await OnPool(context_.Pool(), alive_, std::move(write));
+  CommitOutcome& out = written.value;
+  // No stopping_ check from here: what reached the disk is taken in even after Stop.
+  if (written.failure && out.log_error.empty()) out.log_error = "unexpected failure while committing";
+  for (const auto& entry : entries) {
+    const ClaimRef* claim = nullptr;
+    for (const auto& c : claims) {
+      if (c.uid == entry.uid) claim = &c;
+    }
+    const std::string who = claim ? Ref(*claim) : "ResourceClaim uid " + entry.uid;
+    std::string why;
+    if (const auto it = out.failed.find(entry.uid); it != out.failed.end()) why = it->second;
+    if (why.empty() && !out.log_error.empty()) why = out.log_error;
+    if (!why.empty()) {
+      prepares_retryable_->Inc();
+      context_.Log().error("prepare {} (uid {}) failed: {}", entry.namespace_name + "/" + entry.name, entry.uid, why);
+      SetError(who + ": " + why);
+      results[entry.uid] = ErrorResult(who + ": " + why);
+      continue;
+    }
+    checkpoint_.claims[entry.uid] = entry;
+    prepares_ok_->Inc();
+    context_.Log().info("prepared {} (uid {}) for ComputeDomain {}: {}", entry.namespace_name + "/" + entry.name,
+                        entry.uid, entry.domain_uid, entry.cdi_device_id);
+  }
+  CommitDone(out.log_error, out.last_seq, out.log_used, out.committed.size());
+  co_return results;
 }
 
 // The loop's side of a commit: the sequence moves on, a failed append restarts the module (the
@@ -862,50 +940,87 @@ void DraComputeDomainModule::CommitDone(const std::string& log_error, uint64_t l
   if (committed > 0) next_seq_ = last_seq + 1;
   if (log_used >= config_.claim_log_compact_at && !compaction_queued_ && !stopping_) {
     compaction_queued_ = true;
-    Enqueue([this](std::function<void()> finished) { Compact(std::move(finished)); });
+    Enqueue(CompactJob{});
   }
 }
 
 // The checkpoint takes in the log (durably, atomically), then the log starts over. Runs as a job,
 // between kubelet calls.
-void DraComputeDomainModule::Compact(std::function<void()> finished) {
+asio::awaitable<void> DraComputeDomainModule::Compact() {
   Checkpoint snapshot = checkpoint_;
   snapshot.log_seq = next_seq_ - 1;
-  context_.Pool().Run(
-      [log = log_, path = paths_.checkpoint_file, snapshot]() {
-        if (auto r = SaveCheckpoint(path, snapshot); !r) return r.error;
-        log->Rewind();
-        return std::string{};
-      },
-      [this, alive = alive_, finished = std::move(finished)](std::string error, std::exception_ptr exception) {
-        if (!*alive) return;
-        compaction_queued_ = false;
-        if (exception && error.empty()) error = "unexpected failure";
-        if (!error.empty()) {
-          // The log keeps growing past its pre-zeroed size (slower appends); tried again after
-          // the next commit.
-          context_.Log().warn("claim log compaction failed: {}", error);
-        } else {
-          context_.Log().debug("claim log compacted into {} (up to seq {})", paths_.checkpoint_file, next_seq_ - 1);
-        }
-        finished();
-      });
+  CompactLog compact{log_, paths_.checkpoint_file, std::move(snapshot)};
+  PoolResult<std::string> compacted = co_await OnPool(context_.Pool(), alive_, std::move(compact));
+  compaction_queued_ = false;
+  std::string& error = compacted.value;
+  if (compacted.failure && error.empty()) error = "unexpected failure";
+  if (!error.empty()) {
+    // The log keeps growing past its pre-zeroed size (slower appends); tried again after
+    // the next commit.
+    context_.Log().warn("claim log compaction failed: {}", error);
+  } else {
+    context_.Log().debug("claim log compacted into {} (up to seq {})", paths_.checkpoint_file, next_seq_ - 1);
+  }
+}
+
+// `alive` by value: Both() co_spawns this, which starts it one loop turn later.
+asio::awaitable<kube::Result> DraComputeDomainModule::FetchWithRetry(std::shared_ptr<bool> alive, bool list,
+                                                                     std::string path, Clock::SteadyTime deadline) {
+  if (!*alive) co_return kube::Result{};  // Both() resumes nothing once the module is gone
+  for (milliseconds delay = kFirstRetryDelay;; delay = std::min(delay * 2, kMaxRetryDelay)) {
+    kube::Result result = co_await Fetch(list, path);
+    if (!kube::IsTransient(result) || stopping_ || context_.GetClock().Now() + delay >= deadline) co_return result;
+    context_.Log().debug("{} {}: {} (HTTP {}); retrying in {} ms", list ? "list" : "get", path, result.error,
+                         result.http_status, delay.count());
+    co_await Sleep(delay);
+  }
+}
+
+asio::awaitable<kube::Result> DraComputeDomainModule::Fetch(bool list, std::string path) {
+  return Await<kube::Result>(alive_, [client = client_, list, path = std::move(path)](auto resume) {
+    if (list) {
+      client->List(path, kube::ListOptions{}, std::move(resume));
+    } else {
+      client->Get(path, std::move(resume));
+    }
+  });
+}
+
+asio::awaitable<void> DraComputeDomainModule::Sleep(milliseconds delay) {
+  // A timer of its own: nothing cancels a retry's wait (Stop lets it run out).
+  asio::steady_timer timer(context_.GetLoop().Io(), delay);
+  co_await Expiry(timer);
+}
+
+// The wrappers below build their callbacks outside any coroutine body. g++ 12 miscompiles a
+// lambda or a braced temporary inside a co_await expression (under ASan: the temporary's buffer
+// is freed twice); coroutine bodies therefore pass named locals, moved.
+
+asio::awaitable<DomainVerdict> DraComputeDomainModule::Attach(std::string uid, std::string claim_namespace,
+                                                              std::string claim_name, ComputeDomainInfo domain) {
+  return Await<DomainVerdict>(alive_, [domains = domains_.get(), uid = std::move(uid),
+                                       claim_namespace = std::move(claim_namespace),
+                                       claim_name = std::move(claim_name), domain = std::move(domain)](auto resume) {
+    domains->Attach(uid, claim_namespace, claim_name, domain, std::move(resume));
+  });
+}
+
+asio::awaitable<std::string> DraComputeDomainModule::Detach(std::string uid) {
+  return Await<std::string>(alive_, [domains = domains_.get(), uid = std::move(uid)](auto resume) {
+    domains->Detach(uid, std::move(resume));
+  });
+}
+
+asio::awaitable<boost::system::error_code> DraComputeDomainModule::Expiry(asio::steady_timer& timer) {
+  return Await<boost::system::error_code>(alive_,
+                                          [timer = &timer](auto resume) { timer->async_wait(std::move(resume)); });
 }
 
 // ---------------------------------------------------------------------------------- unprepare
 
-void DraComputeDomainModule::Unprepare(std::vector<ClaimRef> claims, std::function<void(UnprepareResults)> done) {
-  Enqueue([this, claims = std::move(claims), done = std::move(done)](std::function<void()> finished) mutable {
-    auto batch = std::make_shared<UnprepareBatch>();
-    batch->claims = std::move(claims);
-    batch->done = std::move(done);
-    batch->finished = std::move(finished);
-    UnprepareNext(std::move(batch));
-  });
-}
-
-void DraComputeDomainModule::UnprepareNext(std::shared_ptr<UnprepareBatch> batch) {
-  if (stopping_) return;
+asio::awaitable<void> DraComputeDomainModule::UnprepareCall(UnprepareJob job) {
+  if (stopping_) co_return;  // the DRA server's shutdown answers the call
+  UnprepareResults results;
   // Claims we hold a record of get one "unprepared" record each, all in one append; the spec of
   // every valid UID is deleted first (by UID even for an unknown claim: after a damaged claim
   // state, specs of claims we no longer know about are kept until their Unprepare). A crash
@@ -913,92 +1028,57 @@ void DraComputeDomainModule::UnprepareNext(std::shared_ptr<UnprepareBatch> batch
   // made again, and the kubelet's retry (it got no answer) deletes it.
   std::vector<ClaimRef> work;
   std::vector<bool> known;
-  for (const auto& claim : batch->claims) {
+  for (const auto& claim : job.claims) {
     const UnprepareDecision decision = DecideUnprepare(checkpoint_, claim.uid);
     if (!decision.known && !IsValidClaimUid(claim.uid)) {
       unprepares_unknown_->Inc();
-      batch->results[claim.uid] = {};
+      results[claim.uid] = {};
       continue;
     }
     work.push_back(claim);
     known.push_back(decision.known);
   }
-  if (work.empty()) {
-    FinishUnprepare(std::move(batch), {});
-    return;
+  std::vector<ClaimRef> detach;
+  if (!work.empty()) {
+    WriteUnprepares write{log_, paths_.cdi_dir, work, known, next_seq_};
+    PoolResult<CommitOutcome> written = co_await OnPool(context_.Pool(), alive_, std::move(write));
+    CommitOutcome& out = written.value;
+    // No stopping_ check from here: what reached the disk is taken in even after Stop.
+    if (written.failure && out.log_error.empty()) out.log_error = "unexpected failure while committing";
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      const ClaimRef& claim = work[i];
+      std::string why;
+      if (const auto it = out.failed.find(claim.uid); it != out.failed.end()) why = it->second;
+      if (why.empty() && known[i] && !out.log_error.empty()) why = out.log_error;
+      UnprepareResult result;
+      if (!why.empty()) {
+        unprepares_error_->Inc();
+        result.error = Ref(claim) + ": " + why;
+        context_.Log().error("unprepare {} (uid {}) failed: {}", claim.namespace_name + "/" + claim.name, claim.uid,
+                             why);
+        SetError(result.error);
+      } else if (known[i]) {
+        checkpoint_.claims.erase(claim.uid);
+        unprepares_ok_->Inc();
+        context_.Log().info("unprepared {} (uid {})", claim.namespace_name + "/" + claim.name, claim.uid);
+        detach.push_back(claim);
+      } else {
+        unprepares_unknown_->Inc();
+        detach.push_back(claim);
+      }
+      results[claim.uid] = std::move(result);
+    }
+    CommitDone(out.log_error, out.last_seq, out.log_used, out.committed.size());
   }
-  context_.Pool().Run(
-      [log = log_, cdi_dir = paths_.cdi_dir, work, known, seq = next_seq_]() mutable {
-        CommitOutcome out;
-        std::string records;
-        for (std::size_t i = 0; i < work.size(); ++i) {
-          const std::string& uid = work[i].uid;
-          if (auto r = DeleteCdiSpec(cdi_dir, uid); !r) {
-            out.failed[uid] = "cannot delete the CDI spec: " + r.error;
-            continue;
-          }
-          if (!known[i]) continue;
-          ClaimLogRecord record;
-          record.seq = seq++;
-          record.op = ClaimLogRecord::Op::kUnprepared;
-          record.claim.uid = uid;
-          records += EncodeClaimLogRecord(record);
-          out.committed.push_back(uid);
-        }
-        out.last_seq = seq - 1;
-        if (!records.empty()) {
-          if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
-        }
-        out.log_used = log->Used();
-        return out;
-      },
-      [this, alive = alive_, batch, work, known](CommitOutcome out, std::exception_ptr error) mutable {
-        if (!*alive) return;
-        if (error && out.log_error.empty()) out.log_error = "unexpected failure while committing";
-        std::vector<ClaimRef> detach;
-        for (std::size_t i = 0; i < work.size(); ++i) {
-          const ClaimRef& claim = work[i];
-          std::string why;
-          if (const auto it = out.failed.find(claim.uid); it != out.failed.end()) why = it->second;
-          if (why.empty() && known[i] && !out.log_error.empty()) why = out.log_error;
-          UnprepareResult result;
-          if (!why.empty()) {
-            unprepares_error_->Inc();
-            result.error = Ref(claim) + ": " + why;
-            context_.Log().error("unprepare {} (uid {}) failed: {}", claim.namespace_name + "/" + claim.name,
-                                 claim.uid, why);
-            SetError(result.error);
-          } else if (known[i]) {
-            checkpoint_.claims.erase(claim.uid);
-            unprepares_ok_->Inc();
-            context_.Log().info("unprepared {} (uid {})", claim.namespace_name + "/" + claim.name, claim.uid);
-            detach.push_back(claim);
-          } else {
-            unprepares_unknown_->Inc();
-            detach.push_back(claim);
-          }
-          batch->results[claim.uid] = std::move(result);
-        }
-        CommitDone(out.log_error, out.last_seq, out.log_used, out.committed.size());
-        FinishUnprepare(std::move(batch), std::move(detach));
-      });
-}
-
-// Driver-managed: the domain's last claim stops its daemon and deregisters the node, claim by
-// claim; then the kubelet gets the call's answer.
-void DraComputeDomainModule::FinishUnprepare(std::shared_ptr<UnprepareBatch> batch, std::vector<ClaimRef> detach) {
-  if (!domains_ || detach.empty()) {
-    batch->done(std::move(batch->results));
-    batch->finished();
-    return;
+  // Driver-managed: the domain's last claim stops its daemon and deregisters the node, claim by
+  // claim (the last first); then the kubelet gets the call's answer.
+  while (domains_ && !detach.empty()) {
+    const ClaimRef claim = detach.back();
+    detach.pop_back();
+    const std::string error = co_await Detach(claim.uid);
+    if (!error.empty()) results[claim.uid].error = Ref(claim) + ": " + error;
   }
-  const ClaimRef claim = detach.back();
-  detach.pop_back();
-  domains_->Detach(claim.uid, [this, alive = alive_, batch, detach = std::move(detach), claim](std::string error) mutable {
-    if (!*alive) return;
-    if (!error.empty()) batch->results[claim.uid].error = Ref(claim) + ": " + error;
-    FinishUnprepare(std::move(batch), std::move(detach));
-  });
+  job.done(std::move(results));
 }
 
 // ---------------------------------------------------------------------------------- slice
@@ -1148,7 +1228,7 @@ void DraComputeDomainModule::PublishState() {
   state.channel_major = channel_major_;
   state.clique_id = clique_id_;
   state.clique_known = clique_known_;
-  state.waiting_for_clique = clique_waiters_.size();
+  state.waiting_for_clique = clique_waiting_ ? 1 : 0;
   for (const auto& [uid, entry] : checkpoint_.claims) {
     state.prepared_claims.push_back(
         {uid, entry.namespace_name, entry.name, std::string(ToString(entry.state)), entry.domain_uid});

@@ -23,6 +23,7 @@
 #include "modules/dra_compute_domain/resource_slice.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
@@ -31,8 +32,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace gns::kube {
@@ -45,8 +48,6 @@ struct Result;
 namespace gns::dra {
 
 class RegistrationServer;
-struct PrepareBatch;
-struct UnprepareBatch;
 
 class DraComputeDomainModule final : public Module, private DraHandler {
  public:
@@ -95,34 +96,49 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   void LoadAndReconcile();
   void LogGates();
 
-  // The per-node serialisation of prepares and unprepares.
-  using Job = std::function<void(std::function<void()> finished)>;
+  // The per-node serialisation of kubelet calls and compactions: a FIFO drained in order, one job
+  // at a time, by one coroutine (RunJobs), so the claim state never races. It is co_spawned when a
+  // job arrives and none runs, and ends when the queue is empty or the module stops.
+  struct PrepareJob {
+    std::vector<ClaimRef> claims;
+    std::function<void(PrepareResults)> done;
+  };
+  struct UnprepareJob {
+    std::vector<ClaimRef> claims;
+    std::function<void(UnprepareResults)> done;
+  };
+  struct CompactJob {};
+  using Job = std::variant<PrepareJob, UnprepareJob, CompactJob>;
   void Enqueue(Job job);
-  void RunNextJob();
+  boost::asio::awaitable<void> RunJobs(std::shared_ptr<bool> alive);
 
-  void PrepareNext(std::shared_ptr<PrepareBatch> batch);
-  void PrepareOne(const ClaimRef& claim, std::function<void(PrepareResult)> done);
-  struct Fetches;
-  void FetchClaim(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline,
-                  std::function<void(PrepareResult)> done);
-  void OnFetched(const ClaimRef& claim, std::chrono::steady_clock::time_point deadline, Fetches fetches,
-                 std::function<void(PrepareResult)> done);
-  // `attached`: driver-managed mode's domain verdict was Ready (the claim is attached).
-  void DecideAndWrite(const ClaimRef& claim, const nlohmann::json& object, const DomainLookup& domain,
-                      std::chrono::steady_clock::time_point deadline, std::function<void(PrepareResult)> done,
-                      bool attached = false);
-  void OnClique(const gpu_inventory::NodeClique& clique);
+  // One NodePrepareResources call: each claim decided in turn, then one commit, then the answer.
+  // Coroutines take their parameters by value: their frames outlive the caller's arguments.
+  boost::asio::awaitable<void> PrepareCall(PrepareJob job);
+  // One claim's answer; nullopt when Stop cut it (the DRA server's shutdown answers the call).
+  boost::asio::awaitable<std::optional<PrepareResult>> PrepareClaim(ClaimRef claim);
+  PrepareDecision Decide(const ClaimRef& claim, const nlohmann::json& object, const DomainLookup& domain);
   // The checkpoint the next decision reads: the loop's, plus this call's claims not yet committed.
   const Checkpoint& DecideView();
-  void CommitPrepares(std::shared_ptr<PrepareBatch> batch);
+  // Until OnClique says the clique is known (true), the wait runs out (false) or Stop.
+  boost::asio::awaitable<bool> WaitForClique(std::chrono::milliseconds left);
+  void OnClique(const gpu_inventory::NodeClique& clique);
+  // The call's decided claims made durable in one append; `results` comes back with the failures.
+  boost::asio::awaitable<PrepareResults> CommitPrepares(std::vector<ClaimRef> claims, PrepareResults results);
   void CommitDone(const std::string& log_error, uint64_t last_seq, std::size_t log_used, std::size_t committed);
-  void Compact(std::function<void()> finished);
-  void UnprepareNext(std::shared_ptr<UnprepareBatch> batch);
-  void FinishUnprepare(std::shared_ptr<UnprepareBatch> batch, std::vector<ClaimRef> detach);
-  // A GET retried on transport errors, 429 and 5xx until `deadline`.
-  void FetchWithRetry(bool list, std::string path, std::chrono::steady_clock::time_point deadline,
-                      std::chrono::milliseconds delay, std::function<void(kube::Result)> done);
-  void After(std::chrono::milliseconds delay, std::function<void()> fn);
+  boost::asio::awaitable<void> Compact();
+  boost::asio::awaitable<void> UnprepareCall(UnprepareJob job);
+
+  // A GET (or LIST) retried on transport errors, 429 and 5xx until `deadline`.
+  boost::asio::awaitable<kube::Result> FetchWithRetry(std::shared_ptr<bool> alive, bool list, std::string path,
+                                                      Clock::SteadyTime deadline);
+  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay);
+  // Callback APIs as awaitables (plain functions, not coroutines: see dra_module.cpp).
+  boost::asio::awaitable<kube::Result> Fetch(bool list, std::string path);
+  boost::asio::awaitable<DomainVerdict> Attach(std::string uid, std::string claim_namespace, std::string claim_name,
+                                               ComputeDomainInfo domain);
+  boost::asio::awaitable<std::string> Detach(std::string uid);
+  boost::asio::awaitable<boost::system::error_code> Expiry(boost::asio::steady_timer& timer);
 
   // The ResourceSlice.
   void PublishSlice();
@@ -148,8 +164,10 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   bool clique_known_ = false;  // gpu-inventory has read the fabric (NodeClique::known)
   std::string clique_reason_;
   // The prepare that waits for the clique to become known (at most one: prepares run one at a
-  // time); it also ends at its deadline.
-  std::vector<std::function<void()>> clique_waiters_;
+  // time) sleeps on this timer until its deadline; OnClique wakes it early.
+  boost::asio::steady_timer clique_timer_;
+  bool clique_waiting_ = false;
+  bool clique_arrived_ = false;  // set by OnClique for the waiting prepare
   // The durable claim state: the checkpoint with the claim log replayed over it (start), then
   // every committed record. Only what reached the disk.
   Checkpoint checkpoint_;
@@ -169,7 +187,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   std::unique_ptr<DriverManagedDomains> domains_;  // gate off only
 
   std::deque<Job> jobs_;
-  bool job_running_ = false;
+  bool jobs_running_ = false;  // RunJobs is spawned and has not ended
   bool stopping_ = false;
 
   // Slice publishing: one write in flight; a request during it is remembered.

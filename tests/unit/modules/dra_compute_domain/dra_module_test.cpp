@@ -372,6 +372,21 @@ TEST_F(DraModuleTest, PrepareIsIdempotentAndAnswersFromTheCheckpoint) {
   EXPECT_EQ(Prepares("already_prepared"), 1);
 }
 
+TEST_F(DraModuleTest, TheClaimAndItsNamespacesDomainsAreFetchedAtOnce) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("at-once");
+  // Every API answer takes 1.5 s: a prepare that sent the claim's GET and the domains' LIST one
+  // after the other would take 3 s and more.
+  api_->SetResponseDelay(std::chrono::milliseconds(1500));
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(PrepareError(claim), "");
+  const auto took = std::chrono::steady_clock::now() - started;
+  api_->SetResponseDelay(std::chrono::milliseconds(0));
+  EXPECT_LT(took, std::chrono::milliseconds(2800))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  EXPECT_EQ(Prepares("ok"), 1);
+}
+
 TEST_F(DraModuleTest, UnprepareRemovesSpecAndEntryAndIsIdempotent) {
   StartAndRegister();
   const auto claim = SeedChannelClaim("unprep");
