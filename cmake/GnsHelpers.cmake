@@ -50,5 +50,5 @@ function(gns_proto_library target)
   # Generated code is not ours to fix: keep its warnings out of -Werror.
   target_compile_options(${target} PRIVATE -w)
   target_include_directories(${target} SYSTEM PUBLIC ${out_dir})
-  target_link_libraries(${target} PUBLIC gRPC::grpc++ protobuf::libprotobuf)
+  target_link_libraries(${target} PUBLIC gRPC::grpc++_unsecure protobuf::libprotobuf)
 endfunction()
