@@ -44,7 +44,8 @@ constexpr auto kAwait = asio::use_awaitable;
 constexpr int kMaxRedirects = 5;
 
 struct Conn {
-  Conn(asio::io_context& io, ssl::context& ctx) : stream(io, ctx) {}
+  Conn(asio::io_context& io, std::shared_ptr<ssl::context> ctx) : context(std::move(ctx)), stream(io, *context) {}
+  std::shared_ptr<ssl::context> context;  // outlives the stream (declared first)
   beast::ssl_stream<beast::tcp_stream> stream;
   beast::flat_buffer buffer;
   std::string host_header;
@@ -212,15 +213,32 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
 
   Impl(Loop& loop, BlockingPool& pool, std::shared_ptr<spdlog::logger> log, RegistryOptions options)
       : loop_(loop), pool_(pool), log_(std::move(log)), options_(std::move(options)) {
+    // A registry CA that does not parse (or no CA at all) is an error now, not at the first pull.
+    if (!options_.ca_pem.empty() || !options_.system_roots) MakeContext(false);
+  }
+
+  // The TLS context is made when a connection needs it and freed with the last connection (idle
+  // ones included; a finished pull closes those): the system's trust store is every root of the
+  // bundle parsed into the heap (about 1.5 MiB), which a node that pulls nothing should not hold.
+  std::shared_ptr<ssl::context> Context() {
+    if (auto ctx = ctx_.lock()) return ctx;
+    auto ctx = MakeContext(options_.system_roots);
+    ctx_ = ctx;
+    return ctx;
+  }
+
+  std::shared_ptr<ssl::context> MakeContext(bool system_roots) const {
+    auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
     if (!options_.ca_pem.empty()) {
-      https::ConfigureClientContext(ctx_, options_.ca_pem, false);
-      if (options_.system_roots) {
+      https::ConfigureClientContext(*ctx, options_.ca_pem, false);
+      if (system_roots) {
         beast::error_code ec;
-        ctx_.set_default_verify_paths(ec);  // best effort: the registry CA is the one that matters
+        ctx->set_default_verify_paths(ec);  // best effort: the registry CA is the one that matters
       }
     } else {
-      https::ConfigureClientContext(ctx_, {}, options_.system_roots);
+      https::ConfigureClientContext(*ctx, {}, system_roots);
     }
+    return ctx;
   }
 
   // --- the pool, awaited
@@ -280,7 +298,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     tcp::resolver resolver(loop_.Io());
     auto endpoints = co_await resolver.async_resolve(url.host, url.port, asio::redirect_error(kAwait, ec));
     if (ec || stopped_) co_return nullptr;
-    auto conn = std::make_unique<Conn>(loop_.Io(), ctx_);
+    auto conn = std::make_unique<Conn>(loop_.Io(), Context());
     conn->host_header = url.host_header;
     active_.insert(conn.get());
     auto& lowest = beast::get_lowest_layer(conn->stream);
@@ -751,6 +769,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
   }
 
   static asio::awaitable<void> Run(std::shared_ptr<Impl> self, std::shared_ptr<Job> job) {
+    ++self->running_;
     try {
       co_await self->RunJob(*job);
     } catch (const PullError& e) {
@@ -769,6 +788,11 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     if (self->stopped_ && job->result.Ok()) {
       job->result.reason = "Stopped";
       job->result.error = "client stopped";
+    }
+    // Pulls are rare: once none runs, the idle connections (and with them the TLS context) go.
+    if (--self->running_ == 0) {
+      for (auto& conn : self->idle_) CloseConn(*conn);
+      self->idle_.clear();
     }
     auto done = std::move(job->done);
     done(std::move(job->result));
@@ -857,7 +881,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
   BlockingPool& pool_;
   std::shared_ptr<spdlog::logger> log_;
   RegistryOptions options_;
-  ssl::context ctx_{ssl::context::tls_client};
+  std::weak_ptr<ssl::context> ctx_;  // see Context()
+  int running_ = 0;                  // pulls in progress
   std::vector<std::unique_ptr<Conn>> idle_;
   std::set<Conn*> active_;
   std::set<asio::steady_timer*> timers_;

@@ -214,6 +214,28 @@ TEST_F(RegistryClientTest, AnUntrustedCertificateIsRefused) {
   EXPECT_NE(r.error.find("TLS"), std::string::npos) << r.error;
 }
 
+// The TLS context lives only while the client holds a connection (see Context()): a second pull
+// by the same client, after the first has ended and closed its connections, makes a new one.
+TEST_F(RegistryClientTest, ASecondPullAfterTheFirstEndedConnectsAgain) {
+  registry_->Push("caches/twice", "v1", {"--triton", "90"});
+  RegistryClient client(h_.loop, h_.pool, Logger(), options_);
+  for (int round = 0; round < 2; ++round) {
+    std::filesystem::create_directories(work_ / std::to_string(round));
+    std::optional<PullResult> result;
+    client.Pull(PullRequest{ImageRef::Parse(registry_->Host() + "/caches/twice:v1"), {}, std::nullopt,
+                            (work_ / std::to_string(round)).string(), {}, 0},
+                [&](PullResult r) { result = std::move(r); });
+    ASSERT_TRUE(h_.RunUntil([&] { return result.has_value(); }, std::chrono::seconds(60))) << "round " << round;
+    EXPECT_TRUE(result->Ok()) << "round " << round << ": " << result->reason << ": " << result->error;
+  }
+}
+
+// The context is made lazily, but a registry CA that does not parse is still refused at once.
+TEST_F(RegistryClientTest, ARegistryCaThatDoesNotParseIsRefusedWhenTheClientIsMade) {
+  options_.ca_pem = "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n";
+  EXPECT_THROW(RegistryClient(h_.loop, h_.pool, Logger(), options_), std::exception);
+}
+
 // --- extraction while the layers stream
 
 TEST_F(RegistryClientTest, LayersExtractedWhileTheyStreamMatchTheLayerFiles) {
