@@ -19,7 +19,7 @@ deps:
 	@tools/install-deps.sh
 
 $(RELEASE_DIR)/build.ninja: | deps
-	cmake -S . -B $(RELEASE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGNS_BUILD_TESTS=OFF -DGNS_BUILD_BENCH=ON
+	cmake -S . -B $(RELEASE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGNS_BUILD_TESTS=OFF -DGNS_BUILD_BENCH=ON -DGNS_STATIC_DEPS=ON
 
 build: deps $(RELEASE_DIR)/build.ninja
 	cmake --build $(RELEASE_DIR) -j $(JOBS)

@@ -92,7 +92,7 @@ for line in open(sys.argv[1]):
     elif parts[0] == "Anonymous:":
         anon[name] += int(parts[1])
 print("  resident by mapping (KiB, of which anonymous):")
-for name, kb in rss.most_common(14):
+for name, kb in rss.most_common(int(__import__("os").environ.get("GNS_IDLE_TOP", "14"))):
     print(f"    {kb:7d} {anon[name]:7d}  {name}")
 PY
 fi
