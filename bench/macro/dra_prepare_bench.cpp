@@ -252,7 +252,67 @@ int main(int argc, char** argv) {
   std::printf("dra-compute-domain (HostManagedIMEX) through the kubelet simulator, claims served by the API "
               "simulator; reference: one fsync'd atomic write of %zu bytes (a one-claim checkpoint) in %s\n",
               checkpoint_bytes.size(), paths.state_dir.c_str());
-  std::vector<double> prepares, unprepares, writes;
+  // Where a prepare's time goes, each part alone in the same rounds: the API requests a prepare
+  // makes (the claim, and the namespace's ComputeDomains, at the same time) through the module's
+  // client; its files (the CDI spec, visible only, and one claim-log record with its fdatasync)
+  // written by hand into a scratch directory on the same file system; and the kubelet's gRPC call
+  // with one trip to the pool and nothing to write (an Unprepare of a claim the plugin never
+  // prepared: the pool finds no spec to delete, and no record is written).
+  const std::string scratch = dir + "/state/parts";
+  fs::create_directories(scratch + "/cdi");
+  gns::dra::ClaimLog scratch_log(scratch + "/claims.log");
+  if (auto r = scratch_log.Reset(); !r) {
+    std::fprintf(stderr, "scratch claim log: %s\n", r.error.c_str());
+    return 1;
+  }
+  std::string scratch_record;
+  {
+    gns::dra::PreparedClaim entry;
+    entry.uid = "00000000-0000-4000-8000-000000000000";
+    entry.namespace_name = kNs;
+    entry.name = "parts";
+    entry.cdi_spec_file = gns::dra::CdiSpecFileName(entry.uid);
+    entry.cdi_device_id = gns::dra::CdiQualifiedDeviceId(entry.uid);
+    scratch_record = gns::dra::EncodeClaimLogRecord({1, gns::dra::ClaimLogRecord::Op::kPrepared, entry});
+  }
+  auto api_fetch = [&](const gns::sim::DraClaim& claim) {
+    std::promise<void> done;
+    int left = 2;
+    const auto start = Clock::now();
+    loop.Post([&] {
+      auto one = [&](gns::kube::Result result) {
+        if (!result.Ok()) {
+          std::fprintf(stderr, "API request failed: %s\n", result.error.c_str());
+          std::exit(1);
+        }
+        if (--left == 0) done.set_value();
+      };
+      client->Get(kClaims + "/" + claim.name, one);
+      client->List(kDomains, gns::kube::ListOptions{}, one);
+    });
+    done.get_future().wait();
+    return Ms(Clock::now() - start);
+  };
+  auto files_alone = [&](int round) {
+    const auto start = Clock::now();
+    const std::string uid = "00000000-0000-4000-8000-" + std::to_string(100000000000 + round);
+    if (auto r = gns::dra::WriteChannelCdiSpec(scratch + "/cdi", uid, 509, 1, gns::dra::SpecDurability::kVisibleOnly);
+        !r) {
+      std::fprintf(stderr, "scratch CDI spec: %s\n", r.error.c_str());
+      std::exit(1);
+    }
+    if (scratch_log.Used() + scratch_record.size() > gns::dra::kClaimLogCompactAt) scratch_log.Rewind();
+    if (auto r = scratch_log.Append(scratch_record); !r) {
+      std::fprintf(stderr, "scratch claim log: %s\n", r.error.c_str());
+      std::exit(1);
+    }
+    const double took = Ms(Clock::now() - start);
+    fs::remove(fs::path(scratch) / "cdi" / gns::dra::CdiSpecFileName(uid));
+    return took;
+  };
+  const gns::sim::DraClaim never_prepared{kNs, "00000000-0000-4000-8000-0000000000ff", "never-prepared"};
+
+  std::vector<double> prepares, unprepares, writes, api_parts, file_parts, grpc_parts;
   for (int round = 0; round < rounds; ++round) {
     const auto claim = seed_claim();  // not timed: the claim exists before the kubelet asks
     writes.push_back(atomic_write());
@@ -263,10 +323,25 @@ int main(int argc, char** argv) {
     start = Clock::now();
     unprepare(claim);
     unprepares.push_back(Ms(Clock::now() - start));
+    api_parts.push_back(api_fetch(claim));
+    file_parts.push_back(files_alone(round));
+    start = Clock::now();
+    unprepare(never_prepared);
+    grpc_parts.push_back(Ms(Clock::now() - start));
   }
   const double write_p50 = Report("fsync'd atomic write of a checkpoint-sized file (reference)", writes);
   const double prepare_p50 = Report("NodePrepareResources round trip (kubelet sim -> plugin -> API sim -> CDI + claim log)", prepares);
   const double unprepare_p50 = Report("NodeUnprepareResources round trip (kubelet sim -> plugin -> CDI + claim log)", unprepares);
+  std::printf("where a prepare's time goes, each part alone (same rounds):\n  ");
+  const double api_p50 = Report("API: GET claim + LIST ComputeDomains at once, through the module's client", api_parts);
+  std::printf("  ");
+  const double files_p50 = Report("files: CDI spec (visible) + one claim-log record with fdatasync", file_parts);
+  std::printf("  ");
+  const double grpc_p50 = Report("gRPC + one pool hop: Unprepare of a claim never prepared (no spec to delete, no record)", grpc_parts);
+  std::printf("  sum of the parts' p50 %.3f ms (%.2fx the write); prepare p50 %.3f ms: %.3f ms in hops between "
+              "threads and scheduling on this machine\n",
+              api_p50 + files_p50 + grpc_p50, (api_p50 + files_p50 + grpc_p50) / write_p50, prepare_p50,
+              prepare_p50 - (api_p50 + files_p50 + grpc_p50));
   const auto p99 = [](std::vector<double> samples) {
     std::sort(samples.begin(), samples.end());
     return gns::bench::Percentile(samples, 0.99);
