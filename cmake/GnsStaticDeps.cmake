@@ -92,3 +92,28 @@ function(gns_prefer_static_archives)
   list(LENGTH rewritten count)
   message(STATUS "GNS_STATIC_DEPS: ${count} imported libraries link from static archives")
 endfunction()
+
+# How the supervisor binary itself is laid out (GNS_STATIC_DEPS only):
+# - with lld and the order file (tools/orderfile/generate.sh): the functions that run from exec
+#   through rest are placed together (--symbol-ordering-file; an archive member without a
+#   section per function moves as a whole). Without it they are scattered over 12 MB of text
+#   and, 64 KiB mapped per fault, 96% of the text was resident; with it, make bench measured
+#   VmRSS 25.0 -> 22.0 MiB. Debian's lld 14 cannot emit packed relocations glibc accepts.
+# - otherwise GNU ld with packed relative relocations (DT_RELR: glibc 2.36, binutils 2.38): the
+#   table the loader reads at start shrinks from ~820 KiB to ~9 KiB.
+function(gns_lay_out_supervisor target order_file)
+  include(CheckLinkerFlag)
+  check_linker_flag(CXX "-fuse-ld=lld" GNS_HAVE_LLD)
+  if(GNS_HAVE_LLD AND EXISTS "${order_file}")
+    target_link_options(${target} PRIVATE -fuse-ld=lld "LINKER:--symbol-ordering-file=${order_file}"
+                        LINKER:--no-warn-symbol-ordering)
+    set_property(TARGET ${target} APPEND PROPERTY LINK_DEPENDS "${order_file}")
+    message(STATUS "GNS_STATIC_DEPS: ${target} linked by lld in the order of ${order_file}")
+    return()
+  endif()
+  check_linker_flag(CXX "LINKER:-z,pack-relative-relocs" GNS_HAVE_PACKED_RELOCS)
+  if(GNS_HAVE_PACKED_RELOCS)
+    target_link_options(${target} PRIVATE LINKER:-z,pack-relative-relocs)
+  endif()
+  message(STATUS "GNS_STATIC_DEPS: no lld or no order file: ${target} linked by the default linker, unordered")
+endfunction()

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  g++ cmake ninja-build pkg-config ccache make
+  g++ cmake ninja-build pkg-config ccache make lld
   libboost-dev libssl-dev openssl
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev nlohmann-json3-dev libsystemd-dev libyaml-cpp-dev libcli11-dev libsimdjson-dev libarchive-dev
