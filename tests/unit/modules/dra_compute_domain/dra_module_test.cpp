@@ -360,7 +360,10 @@ TEST_F(DraModuleTest, PrepareIsIdempotentAndAnswersFromTheCheckpoint) {
   const auto first = Prepare({claim});
   ASSERT_EQ(first.claims.at(claim.uid).error, "");
   // Even with the claim gone from the API, a repeated Prepare answers the same from the
-  // checkpoint (the kubelet lost our answer) without a request.
+  // checkpoint (the kubelet lost our answer) without a request. The ResourceSlice's own GETs
+  // (Node, slice) are done first: they are not the prepare's.
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes >= 1; }));
+  h_.Drain();
   ASSERT_EQ(api_->Call("DELETE", kClaims + "/idem").status, 200);
   api_->ResetRequestCounts();
   const auto second = Prepare({claim}, sim::DraVersion::kV1beta1);
@@ -375,6 +378,7 @@ TEST_F(DraModuleTest, PrepareIsIdempotentAndAnswersFromTheCheckpoint) {
 TEST_F(DraModuleTest, TheClaimAndItsNamespacesDomainsAreFetchedAtOnce) {
   StartAndRegister();
   const auto claim = SeedChannelClaim("at-once");
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes >= 1; }));  // its requests are not ours
   h_.Drain();
   // The simulator counts a request when it arrives and its answer after the delay: both counted
   // with no answer yet can only be seen when the GET and the LIST are in flight together (sent one
