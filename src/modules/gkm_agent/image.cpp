@@ -147,10 +147,9 @@ bool IsSha256Digest(std::string_view digest) {
   return true;
 }
 
-std::string Sha256Digest(std::string_view data) {
-  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md.data(), &len, EVP_sha256(), nullptr);
+namespace {
+
+std::string FormatSha256Digest(const unsigned char* md, unsigned int len) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out = "sha256:";
   for (unsigned int i = 0; i < len; ++i) {
@@ -158,6 +157,22 @@ std::string Sha256Digest(std::string_view data) {
     out += kHex[md[i] & 15];
   }
   return out;
+}
+
+}  // namespace
+
+std::string Sha256Digest(std::string_view data) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md.data(), &len, EVP_sha256(), nullptr);
+  return FormatSha256Digest(md.data(), len);
+}
+
+std::string FinishSha256Digest(EVP_MD_CTX* md) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(md, out.data(), &len);
+  return FormatSha256Digest(out.data(), len);
 }
 
 std::optional<Credentials> CredentialsFor(const nlohmann::json& docker_config, std::string_view registry) {

@@ -4,6 +4,7 @@
 // pull secret, manifests and image indexes (OCI and Docker v2 media types), digests.
 
 #include <nlohmann/json.hpp>
+#include <openssl/types.h>
 
 #include <cstdint>
 #include <optional>
@@ -38,6 +39,8 @@ struct ImageRef {
 // True for "sha256:" followed by 64 lower-case hex digits (the only algorithm we verify).
 bool IsSha256Digest(std::string_view digest);
 std::string Sha256Digest(std::string_view data);
+// Finishes a SHA-256 fed with EVP_DigestUpdate: "sha256:<hex>".
+std::string FinishSha256Digest(EVP_MD_CTX* md);
 // Standard base64 (as in Secret data and dockerconfigjson "auth"); throws std::invalid_argument.
 std::string Base64Decode(std::string_view in);
 

@@ -114,17 +114,9 @@ struct BlobSink {
     }
   }
   std::string Finish(const std::string& path) {
-    std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(md, out.data(), &len);
+    std::string digest = FinishSha256Digest(md);
     if (::fsync(fd) != 0) {
       throw PullError(errno == ENOSPC ? "DiskFull" : "WriteFailed", "cannot fsync " + path + ": " + std::strerror(errno));
-    }
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string digest = "sha256:";
-    for (unsigned int i = 0; i < len; ++i) {
-      digest += kHex[out[i] >> 4];
-      digest += kHex[out[i] & 15];
     }
     return digest;
   }

@@ -130,18 +130,6 @@ struct StreamingExtraction::State {
     return n;
   }
 
-  std::string DigestHex() {
-    std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(md, out.data(), &len);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string digest = "sha256:";
-    for (unsigned int i = 0; i < len; ++i) {
-      digest += kHex[out[i] >> 4];
-      digest += kHex[out[i] & 15];
-    }
-    return digest;
-  }
 
   // One layer: extracted (unless an earlier one failed), then drained to its end and hashed.
   // False once aborted.
@@ -171,7 +159,7 @@ struct StreamingExtraction::State {
     }
     ReleaseReading();
     if (error && !failure) failure = error;
-    loop.Post([done = std::move(layer_end->end_done), digest = DigestHex(), error]() mutable { done(digest, error); });
+    loop.Post([done = std::move(layer_end->end_done), digest = FinishSha256Digest(md), error]() mutable { done(digest, error); });
     layer_end.reset();
     return true;
   }
