@@ -44,21 +44,33 @@ struct ChildProcess::State {
   boost::asio::posix::stream_descriptor out;
   pid_t pid = -1;
   bool reaped = false;
-  bool out_closed = false;
-  bool gone = false;  // the owner was destroyed: no more callbacks
+  bool gone = false;  // on_exit delivered, or the owner destroyed: no more callbacks
   ChildExit exit;
   std::array<char, 4096> buffer{};
   std::string partial;
   LineFn on_line;
   ExitFn on_exit;
 
-  // False while the child cannot be reaped yet: the pidfd may turn readable a moment before
-  // the zombie is waitable, and a handler that gave up then left the child a zombie forever
-  // (seen at 32 nodes in driver_managed_bench: the daemon's Stop never finished).
+  // Output bytes as they come: every complete line to on_line.
+  void Take(const char* data, std::size_t bytes) {
+    if (gone) return;
+    partial.append(data, bytes);
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+      if (on_line) on_line(partial.substr(start, nl - start));
+    }
+    partial.erase(0, start);
+  }
+
+  // The pidfd turned readable: the child has ended, so it is waitable. One reap, from here only.
+  // False when it was not (readiness without an exit): the caller waits again.
   bool Reap() {
     if (reaped) return true;
     int status = 0;
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    pid_t r;
+    do {
+      r = ::waitpid(pid, &status, WNOHANG);
+    } while (r < 0 && errno == EINTR);
     if (r == 0) return false;
     reaped = true;
     if (r != pid) {  // ECHILD: nobody else reaps our children, but never hang on it
@@ -73,12 +85,59 @@ struct ChildProcess::State {
     }
     return true;
   }
-  void MaybeFinish() {
-    if (!reaped || !out_closed || gone) return;
+
+  // Reaped: what the child wrote is in the pipe now (it can write no more); read it without
+  // waiting, deliver the exit, close the pipe. The exit never waits for the pipe's end of file:
+  // a grandchild that inherited the pipe may keep it open for as long as it lives, and the
+  // exit (a daemon's Stop) must not wait for that.
+  void Finish() {
+    boost::system::error_code ignored;  // the pidfd has done its job
+    pidfd.close(ignored);
+    if (out.is_open()) {
+      for (;;) {
+        const ssize_t n = ::read(out.native_handle(), buffer.data(), buffer.size());
+        if (n > 0) {
+          Take(buffer.data(), static_cast<std::size_t>(n));
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        break;  // end of file, or nothing more now (a grandchild still holds the pipe)
+      }
+      out.close(ignored);  // a read still queued ends with operation_aborted
+    }
+    if (gone) return;
     if (!partial.empty() && on_line) on_line(partial);
     partial.clear();
     gone = true;  // once
-    if (on_exit) on_exit(exit);
+    auto fn = std::move(on_exit);
+    on_exit = nullptr;
+    on_line = nullptr;
+    if (fn) fn(exit);
+  }
+
+  // Exit: the pidfd becomes readable when the child has ended. The handler owns the state, so a
+  // child whose owner is gone is still reaped when it ends (never a zombie, never a blocking wait).
+  static void WaitForExit(const std::shared_ptr<State>& s) {
+    s->pidfd.async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                        [s](const boost::system::error_code& ec) {
+                          if (ec) return;  // the io_context is going away
+                          if (!s->Reap()) {
+                            WaitForExit(s);  // readable without an exit: look again
+                            return;
+                          }
+                          s->Finish();
+                        });
+  }
+
+  // Output: read until the end of file (every writer closed it) or until Finish closes it.
+  static void Read(const std::shared_ptr<State>& s) {
+    s->out.async_read_some(boost::asio::buffer(s->buffer),
+                           [s](const boost::system::error_code& ec, std::size_t bytes) {
+                             if (ec == boost::asio::error::operation_aborted) return;
+                             s->Take(s->buffer.data(), bytes);
+                             if (ec) return;  // end of file: the exit comes through the pidfd
+                             Read(s);
+                           });
   }
 };
 
@@ -123,7 +182,7 @@ ChildProcess::ChildProcess(boost::asio::io_context& io, const ChildSpec& spec, L
     sigset_t none;
     ::sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    const int devnull = ::open("/dev/null", O_RDONLY);
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (devnull >= 0) ::dup2(devnull, 0);
     ::dup2(out_pipe[1], 1);
     ::dup2(out_pipe[1], 2);
@@ -171,54 +230,17 @@ ChildProcess::ChildProcess(boost::asio::io_context& io, const ChildSpec& spec, L
   state_->out.assign(out_pipe[0]);
   const int pidfd = PidfdOpen(pid);
   if (pidfd < 0) {
+    const std::string why = Errno("pidfd_open");
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     state_->reaped = true;
     state_->gone = true;
-    throw std::runtime_error(Errno("pidfd_open"));
+    throw std::runtime_error(why);
   }
   state_->pidfd.assign(pidfd);
 
-  // Exit: the pidfd becomes readable when the child ends.
-  struct ExitWaiter {
-    static void Wait(std::shared_ptr<State> s) {
-      s->pidfd.async_wait(boost::asio::posix::stream_descriptor::wait_read,
-                          [s](const boost::system::error_code& ec) {
-                            if (ec) return;  // cancelled by the destructor
-                            if (!s->Reap()) {
-                              Wait(s);  // readable, not yet waitable: look again
-                              return;
-                            }
-                            s->MaybeFinish();
-                          });
-    }
-  };
-  ExitWaiter::Wait(state_);
-  // Output: read until EOF (every writer, the child and its own children, closed it).
-  struct Reader {
-    static void Read(std::shared_ptr<State> s) {
-      s->out.async_read_some(boost::asio::buffer(s->buffer),
-                             [s](const boost::system::error_code& ec, std::size_t bytes) {
-                               if (ec == boost::asio::error::operation_aborted) return;
-                               if (!s->gone) {
-                                 s->partial.append(s->buffer.data(), bytes);
-                                 std::size_t start = 0;
-                                 for (std::size_t nl; (nl = s->partial.find('\n', start)) != std::string::npos;
-                                      start = nl + 1) {
-                                   if (s->on_line) s->on_line(s->partial.substr(start, nl - start));
-                                 }
-                                 s->partial.erase(0, start);
-                               }
-                               if (ec) {
-                                 s->out_closed = true;
-                                 s->MaybeFinish();
-                                 return;
-                               }
-                               Read(s);
-                             });
-    }
-  };
-  Reader::Read(state_);
+  State::WaitForExit(state_);
+  State::Read(state_);
 }
 
 ChildProcess::~ChildProcess() {
@@ -226,14 +248,12 @@ ChildProcess::~ChildProcess() {
   state_->on_line = nullptr;
   state_->on_exit = nullptr;
   if (!state_->reaped && state_->pid > 0) {
+    // Its group (helpers it started included). The exit wait keeps the state and reaps the
+    // child when it is gone: no blocking wait on the loop (a child in the kernel's D state
+    // may take a while), and no zombie left.
+    ::kill(-state_->pid, SIGKILL);
     ::kill(state_->pid, SIGKILL);
-    // SIGKILL cannot be caught: the wait is short.
-    ::waitpid(state_->pid, nullptr, 0);
-    state_->reaped = true;
   }
-  boost::system::error_code ignored;  // closing an fd we own: nothing to act on
-  state_->pidfd.close(ignored);
-  state_->out.close(ignored);
 }
 
 pid_t ChildProcess::Pid() const { return state_->pid; }
@@ -241,6 +261,11 @@ bool ChildProcess::Running() const { return !state_->reaped; }
 bool ChildProcess::Signal(int signal) {
   if (state_->reaped) return false;
   return ::kill(state_->pid, signal) == 0;
+}
+bool ChildProcess::SignalGroup(int signal) {
+  if (state_->reaped) return false;
+  const bool group = ::kill(-state_->pid, signal) == 0;
+  return ::kill(state_->pid, signal) == 0 || group;
 }
 
 void RunCommand(boost::asio::io_context& io, const ChildSpec& spec, std::chrono::milliseconds deadline,
@@ -280,10 +305,13 @@ void RunCommand(boost::asio::io_context& io, const ChildSpec& spec, std::chrono:
   }
   run->timer->async_wait([run](const boost::system::error_code& ec) {
     if (ec || !run->child) return;  // the exit came first (or the io_context is going away)
-    run->child->Signal(SIGKILL);
-    // Kept until the killed child's exit is delivered (which cancels this wait).
-    run->timer->expires_after(std::chrono::seconds(5));
-    run->timer->async_wait([run](const boost::system::error_code&) {});
+    // Killed with its helpers (~ChildProcess: the group), reaped on the loop once it is gone;
+    // the caller hears now, not when (or whether) the kernel lets the child go.
+    run->child.reset();
+    ChildExit exit;
+    exit.code = 128 + SIGKILL;
+    exit.signaled = true;
+    if (auto fn = std::move(run->done)) fn(exit, run->output);
   });
 }
 

@@ -4,6 +4,14 @@
 // SIGCHLD handler, no thread, no blocking wait), its output delivered line by line on the loop.
 // The child gets PR_SET_PDEATHSIG(SIGTERM), so a supervisor killed with -9 takes its daemons
 // with it; the restarted supervisor starts them again from its checkpoint.
+//
+// Every child is reaped, once, by the pidfd's handler, whatever state it is in when it ends or
+// is killed (issue #23: a daemon SIGKILLed after its stop grace stayed a zombie and its Stop
+// never finished): the exit is delivered as soon as the child is reaped, with the output it
+// wrote before, never waiting for the pipe's end of file (a helper the child started may
+// hold the pipe open for as long as it lives); a ChildProcess destroyed with its child still
+// running SIGKILLs the child's process group and leaves the reap to that handler, so the loop
+// never blocks in waitpid.
 
 #include <boost/asio/io_context.hpp>
 
@@ -39,24 +47,30 @@ class ChildProcess {
   using LineFn = std::function<void(const std::string&)>;
   using ExitFn = std::function<void(ChildExit)>;
 
-  // Starts the child; `on_line` gets each output line, `on_exit` runs once on the loop after
-  // the output has been drained. Throws std::runtime_error when it cannot be started (the
-  // binary missing or not executable is reported as such, from the child's exec).
+  // Starts the child (in a process group of its own); `on_line` gets each output line,
+  // `on_exit` runs once on the loop when the child has been reaped, after the lines it wrote.
+  // Throws std::runtime_error when it cannot be started (the binary missing or not executable
+  // is reported as such, from the child's exec).
   ChildProcess(boost::asio::io_context& io, const ChildSpec& spec, LineFn on_line, ExitFn on_exit);
-  ~ChildProcess();  // kills (SIGKILL) a child still running and reaps it
+  // No callback after this. A child still running: its group SIGKILLed, reaped on the loop
+  // once it is gone.
+  ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   pid_t Pid() const;
-  bool Running() const;
-  bool Signal(int signal);
+  bool Running() const;  // true until reaped (on_exit has run by then)
+  bool Signal(int signal);       // the child
+  bool SignalGroup(int signal);  // the child's process group (helpers it started too)
 
  private:
   struct State;
   std::shared_ptr<State> state_;
 };
 
-// Runs a short command to completion with a deadline (killed at the deadline): exit + output.
+// Runs a short command to completion with a deadline: exit + output. At the deadline its group
+// is SIGKILLed and `done` runs at once (killed by signal 9, the output so far); the child is
+// reaped whenever it is gone.
 void RunCommand(boost::asio::io_context& io, const ChildSpec& spec, std::chrono::milliseconds deadline,
                 std::function<void(ChildExit, std::string output)> done);
 

@@ -794,16 +794,19 @@ asio::awaitable<std::optional<PrepareResult>> DraComputeDomainModule::PrepareCla
     co_return ErrorResult(Ref(claim) + ": cannot fetch the claim: " + fetched.error);
   }
   const json& object = fetched.object;
-  const std::string domain_uid = DomainUidOf(object);
-  // Without a domain UID DecidePrepare fails before it needs the ComputeDomain.
-  const DomainLookup domain = domain_uid.empty() ? DomainLookup::Error("not looked up")
-                                                 : FindDomain(both.second, domain_uid, claim.namespace_name);
+  // The ComputeDomain is matched in the list on the UID the decision itself reads from the
+  // claim's config, when it gets that far: no second reading of the claim that could disagree
+  // with the decision's (one did: an allocationMode "All" claim was never looked up).
+  const kube::Result& domains = both.second;
+  const DomainLookupFn lookup = [&domains, &claim](std::string_view domain_uid) {
+    return FindDomain(domains, std::string(domain_uid), claim.namespace_name);
+  };
 
   // Decided again after each wait: for the clique, and in driver-managed mode for the domain's
   // verdict on this node (Ready attaches the claim; the state may have moved meanwhile).
   bool attached = false;
   for (;;) {
-    const PrepareDecision decision = Decide(claim, object, domain);
+    const PrepareDecision decision = Decide(claim, object, lookup);
     if (decision.outcome == PrepareOutcome::kAlreadyPrepared) {
       prepares_already_->Inc();
       co_return ResultFrom(decision.existing);
@@ -831,8 +834,10 @@ asio::awaitable<std::optional<PrepareResult>> DraComputeDomainModule::PrepareCla
     }
     if (domains_ && !attached) {
       // Driver-managed: the domain's verdict for this node decides (driver_managed.hpp).
+      // Found: the decision (kPrepare) has just matched it.
+      ComputeDomainInfo domain = lookup(decision.domain_uid).domain;
       const DomainVerdict verdict =
-          co_await Attach(claim.uid, decision.claim_namespace, decision.claim_name, domain.domain);
+          co_await Attach(claim.uid, decision.claim_namespace, decision.claim_name, std::move(domain));
       if (stopping_) co_return std::nullopt;
       if (verdict.kind == DomainVerdict::Kind::kReady) {
         attached = true;
@@ -868,7 +873,7 @@ asio::awaitable<std::optional<PrepareResult>> DraComputeDomainModule::PrepareCla
   }
 }
 
-PrepareDecision DraComputeDomainModule::Decide(const ClaimRef& claim, const json& object, const DomainLookup& domain) {
+PrepareDecision DraComputeDomainModule::Decide(const ClaimRef& claim, const json& object, const DomainLookupFn& lookup) {
   PrepareContext prepare_context;
   prepare_context.node_name = node_name_;
   prepare_context.clique_id = clique_id_;
@@ -876,7 +881,7 @@ PrepareDecision DraComputeDomainModule::Decide(const ClaimRef& claim, const json
   prepare_context.clique_reason = clique_reason_;
   prepare_context.host_managed = host_managed_;
   prepare_context.checkpoint = &DecideView();
-  return DecidePrepare(object, claim.uid, prepare_context, [&domain](std::string_view) { return domain; });
+  return DecidePrepare(object, claim.uid, prepare_context, lookup);
 }
 
 const Checkpoint& DraComputeDomainModule::DecideView() {

@@ -117,7 +117,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   boost::asio::awaitable<void> PrepareCall(PrepareJob job);
   // One claim's answer; nullopt when Stop cut it (the DRA server's shutdown answers the call).
   boost::asio::awaitable<std::optional<PrepareResult>> PrepareClaim(ClaimRef claim);
-  PrepareDecision Decide(const ClaimRef& claim, const nlohmann::json& object, const DomainLookup& domain);
+  PrepareDecision Decide(const ClaimRef& claim, const nlohmann::json& object, const DomainLookupFn& lookup);
   // The checkpoint the next decision reads: the loop's, plus this call's claims not yet committed.
   const Checkpoint& DecideView();
   // Until OnClique says the clique is known (true), the wait runs out (false) or Stop.

@@ -75,7 +75,7 @@ void ImexDaemon::OnExit(ChildExit exit) {
   if (stopping_) {
     log_->info("IMEX daemon of ComputeDomain {} stopped ({})", settings_.label, last_exit_);
     SetReady(false, "stopped");
-    if (auto done = std::move(stopped_)) done();
+    Stopped();
     return;
   }
   SetReady(false, "the daemon " + last_exit_);
@@ -100,20 +100,32 @@ void ImexDaemon::Stop(std::function<void()> done) {
   stopping_ = true;
   restart_timer_.cancel();
   probe_timer_.cancel();
+  if (done) stopped_.push_back(std::move(done));
   if (!child_ || !child_->Running()) {
     SetReady(false, "stopped");
-    done();
+    Stopped();
     return;
   }
-  stopped_ = std::move(done);
+  if (stop_signalled_ == generation_) return;  // a second Stop waits for the same exit
+  stop_signalled_ = generation_;
   child_->Signal(SIGTERM);
   kill_timer_.expires_after(settings_.stop_grace);
-  kill_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive || !child_) return;
+  kill_timer_.async_wait([this, alive = alive_, gen = generation_](const boost::system::error_code& ec) {
+    // The exit may be delivered in the same loop turn as this expiry: the generation and
+    // Running() say whether this child is still there to be killed.
+    if (ec || !*alive || gen != generation_ || !child_ || !child_->Running()) return;
     log_->warn("IMEX daemon of ComputeDomain {} ignored SIGTERM for {} ms: SIGKILL", settings_.label,
                settings_.stop_grace.count());
-    child_->Signal(SIGKILL);
+    // Its whole group: a helper it started would otherwise outlive it (and keep its ports).
+    // The exit (and with it this Stop) follows through the child's pidfd.
+    child_->SignalGroup(SIGKILL);
   });
+}
+
+void ImexDaemon::Stopped() {
+  std::vector<std::function<void()>> done;
+  done.swap(stopped_);
+  for (auto& fn : done) fn();
 }
 
 void ImexDaemon::ScheduleProbe(milliseconds delay) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace gns::dra {
 
@@ -46,7 +47,9 @@ class ImexDaemon {
   // The node map changed: SIGUSR1 (re-read config and reconnect); a daemon not running yet
   // reads the new map when it starts.
   void Reload();
-  // Stops (SIGTERM, SIGKILL after the grace time) and calls `done` once it has exited.
+  // Stops (SIGTERM, SIGKILL to its process group after the grace time) and calls `done` once
+  // it has exited and been reaped; every Stop's `done` is called, a second Stop waits for the
+  // same exit.
   void Stop(std::function<void()> done);
 
   bool Ready() const { return ready_; }
@@ -62,6 +65,7 @@ class ImexDaemon {
   void Probe();
   void ScheduleProbe(std::chrono::milliseconds delay);
   void SetReady(bool ready, const std::string& why);
+  void Stopped();  // calls the Stops' callbacks
 
   boost::asio::io_context& io_;
   std::shared_ptr<spdlog::logger> log_;
@@ -79,7 +83,8 @@ class ImexDaemon {
   uint64_t starts_ = 0;
   uint64_t exits_ = 0;
   std::string last_exit_;
-  std::function<void()> stopped_;
+  std::vector<std::function<void()>> stopped_;
+  uint64_t stop_signalled_ = 0;  // the generation a Stop sent SIGTERM to
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -250,19 +250,6 @@ PrepareDecision DecidePrepare(const json& claim, std::string_view expected_uid, 
   return decision;
 }
 
-std::string DomainUidOf(const json& claim) {
-  if (!claim.is_object()) return {};
-  PrepareContext context;
-  context.node_name = [&] {
-    // The pool check is not this helper's business: use the result's own pool.
-    const ResultsScan scan = ScanResults(claim);
-    return scan.ours.size() == 1 ? scan.ours.front().pool : std::string{};
-  }();
-  std::string domain_uid;
-  AnalyzeClaim(claim, context, domain_uid);
-  return domain_uid;
-}
-
 UnprepareDecision DecideUnprepare(const Checkpoint& checkpoint, std::string_view claim_uid) {
   UnprepareDecision decision;
   if (const PreparedClaim* existing = checkpoint.Find(claim_uid)) {

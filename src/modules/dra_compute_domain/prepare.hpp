@@ -103,10 +103,6 @@ std::optional<PreparedClaim> CompletedPrepare(const Checkpoint& checkpoint, std:
 PrepareDecision DecidePrepare(const nlohmann::json& claim, std::string_view expected_uid, const PrepareContext& context,
                               const DomainLookupFn& lookup);
 
-// The domain UID the claim's config names, for the module to fetch the ComputeDomain before
-// deciding; empty when steps 0–3 would already fail (DecidePrepare then says why).
-std::string DomainUidOf(const nlohmann::json& claim);
-
 struct UnprepareDecision {
   bool known = false;      // false: nothing of ours to clean up; answer success (idempotent)
   PreparedClaim existing;  // known: delete its CDI spec, then drop the checkpoint entry

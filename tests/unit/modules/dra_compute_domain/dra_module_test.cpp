@@ -10,6 +10,7 @@
 #include "modules/dra_compute_domain/cdi_spec.hpp"
 #include "modules/dra_compute_domain/checkpoint.hpp"
 #include "modules/dra_compute_domain/claim_log.hpp"
+#include "modules/dra_compute_domain/domain_record.hpp"
 #include "modules/dra_compute_domain/dra_module.hpp"
 #include "modules/imex_health/messages.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
@@ -191,6 +192,41 @@ class DraModuleTest : public ::testing::Test {
   }
 
   const DraComputeDomainState* State() { return h_.bus.Latest<DraComputeDomainState>(); }
+
+  // Driver-managed IMEX (HostManagedIMEX off) with tools/sim/imex's fake daemon on a loopback
+  // address of its own; the node registers in status.nodes (ComputeDomainCliques off: the gate
+  // is covered by the integration test).
+  DraComputeDomainModule::Config DriverManaged() {
+    h_.site.gates.Set(gates::kHostManagedIMEX, false);
+    h_.site.gates.Set(gates::kComputeDomainCliques, false);
+    DraComputeDomainModule::Config config;
+    const std::string sim_dir = std::string(std::getenv("GNS_SOURCE_DIR")) + "/tools/sim/imex/";
+    config.driver_managed.daemon.daemon_path = sim_dir + "nvidia-imex";
+    config.driver_managed.daemon.ctl_path = sim_dir + "nvidia-imex-ctl";
+    config.driver_managed.daemon.probe_interval = std::chrono::milliseconds(50);
+    config.driver_managed.node_address = "127.0.77." + std::to_string(1 + ::getpid() % 200);
+    config.driver_managed.server_port = static_cast<uint16_t>(40000 + ::getpid() % 10000);
+    config.driver_managed.cmd_port = static_cast<uint16_t>(config.driver_managed.server_port + 1);
+    config.driver_managed.ready_wait = std::chrono::milliseconds(200);
+    return config;
+  }
+
+  // The Node's computeDomain label ("" when absent).
+  std::string DomainLabel() {
+    return Get("/api/v1/nodes/" + std::string(kNode))
+        .value(json::json_pointer("/metadata/labels/resource.nvidia.com~1computeDomain"), std::string());
+  }
+  // This node's entry in the domain's status.nodes ({} when absent).
+  json DomainEntry() {
+    const auto nodes = Get(kDomains + "/train-a").value(json::json_pointer("/status/nodes"), json::array());
+    return nodes.size() == 1 ? nodes[0] : json::object();
+  }
+  // The controller's verdict, written by hand (no controller runs here).
+  void MarkDomainReady() {
+    auto domain = Get(kDomains + "/train-a");
+    domain["status"]["status"] = "Ready";
+    ASSERT_EQ(api_->Call("PUT", kDomains + "/train-a/status", domain.dump()).status, 200);
+  }
 
   sim::DraPrepareResult Prepare(const std::vector<sim::DraClaim>& claims) {
     return h_.OffLoop([&] { return sim_->NodePrepareResources(kDriver, claims); });
@@ -564,19 +600,8 @@ TEST_F(DraModuleTest, AMissingComputeDomainOrClaimIsAnError) {
 // the test) the prepare succeeds; a restart of the module resumes the domain from its record;
 // the last unprepare stops the daemon, deregisters the node and removes the label.
 TEST_F(DraModuleTest, WithoutTheGateTheNodeJoinsItsDomainAndPreparesOnceItIsReady) {
-  h_.site.gates.Set(gates::kHostManagedIMEX, false);
-  // The registration in status.nodes (ComputeDomainCliques is covered by the integration test).
-  h_.site.gates.Set(gates::kComputeDomainCliques, false);
   sim_->Start();
-  DraComputeDomainModule::Config config;
-  const std::string sim_dir = std::string(std::getenv("GNS_SOURCE_DIR")) + "/tools/sim/imex/";
-  config.driver_managed.daemon.daemon_path = sim_dir + "nvidia-imex";
-  config.driver_managed.daemon.ctl_path = sim_dir + "nvidia-imex-ctl";
-  config.driver_managed.daemon.probe_interval = std::chrono::milliseconds(50);
-  config.driver_managed.node_address = "127.0.77." + std::to_string(1 + ::getpid() % 200);
-  config.driver_managed.server_port = static_cast<uint16_t>(40000 + ::getpid() % 10000);
-  config.driver_managed.cmd_port = static_cast<uint16_t>(config.driver_managed.server_port + 1);
-  config.driver_managed.ready_wait = std::chrono::milliseconds(200);
+  const DraComputeDomainModule::Config config = DriverManaged();
   StartModule(config);
   ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
   EXPECT_FALSE(State()->host_managed);
@@ -589,14 +614,8 @@ TEST_F(DraModuleTest, WithoutTheGateTheNodeJoinsItsDomainAndPreparesOnceItIsRead
     return first.find("ComputeDomain team-a/train-a is not Ready yet") != std::string::npos;
   })) << first;
   EXPECT_NE(first.find("the kubelet retries"), std::string::npos) << first;
-  const auto label = [&] {
-    return Get("/api/v1/nodes/" + std::string(kNode))
-        .value(json::json_pointer("/metadata/labels/resource.nvidia.com~1computeDomain"), std::string());
-  };
-  const auto entry = [&] {
-    const auto nodes = Get(kDomains + "/train-a").value(json::json_pointer("/status/nodes"), json::array());
-    return nodes.size() == 1 ? nodes[0] : json::object();
-  };
+  const auto label = [&] { return DomainLabel(); };
+  const auto entry = [&] { return DomainEntry(); };
   EXPECT_EQ(label(), domain_uid_);
   ASSERT_TRUE(h_.RunUntil([&] { return entry().value("status", "") == "Ready"; })) << entry().dump();
   EXPECT_EQ(entry()["name"], kNode);
@@ -619,9 +638,7 @@ TEST_F(DraModuleTest, WithoutTheGateTheNodeJoinsItsDomainAndPreparesOnceItIsRead
             std::string::npos);
 
   // The controller's verdict (written by hand here): the next prepare injects the channel.
-  auto domain = Get(kDomains + "/train-a");
-  domain["status"]["status"] = "Ready";
-  ASSERT_EQ(api_->Call("PUT", kDomains + "/train-a/status", domain.dump()).status, 200);
+  MarkDomainReady();
   std::string error = "not tried";
   ASSERT_TRUE(h_.RunUntil([&] { return (error = PrepareError(claim)).empty(); })) << error;
   EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
@@ -642,6 +659,79 @@ TEST_F(DraModuleTest, WithoutTheGateTheNodeJoinsItsDomainAndPreparesOnceItIsRead
   ASSERT_TRUE(h_.RunUntil([&] { return entry().empty() && label().empty() && !fs::exists(domain_dir); }))
       << entry().dump() << " label " << label();
   EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+}
+
+// Issue #23 item 1: an allocationMode "All" channel claim in driver-managed mode (a domain made
+// with spec.channel.allocationMode All), alone and then beside a Single claim of the same
+// domain: once the domain is Ready every channel 0..allChannels-1 is injected (one CDI device),
+// and the All claim's unprepare leaves the daemon, label and registration to the Single claim.
+// (Before: the module read the claim's domain UID with the host-managed allowlist, never looked
+// the domain up, and answered "cannot look up ComputeDomain …: not looked up" forever.)
+TEST_F(DraModuleTest, WithoutTheGateAnAllClaimGetsEveryChannelAndLeavesTheDomainToItsSingleClaim) {
+  sim_->Start();
+  DraComputeDomainModule::Config config = DriverManaged();
+  config.all_channels = 4;
+  StartModule(config);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+
+  const auto all = SeedChannelClaim("mode-all", "All");
+  std::string error;
+  ASSERT_TRUE(h_.RunUntil([&] {
+    error = PrepareError(all);
+    return error.find("ComputeDomain team-a/train-a is not Ready yet") != std::string::npos;
+  })) << error;
+  EXPECT_EQ(DomainLabel(), domain_uid_);
+  ASSERT_TRUE(h_.RunUntil([&] { return DomainEntry().value("status", "") == "Ready"; })) << DomainEntry().dump();
+  MarkDomainReady();
+  ASSERT_TRUE(h_.RunUntil([&] { return (error = PrepareError(all)).empty(); })) << error;
+
+  // One CDI device with channel0..channel3, each c <major>:<n>, 0666.
+  const json spec = json::parse(ReadFile(SpecPath(all.uid)));
+  ASSERT_EQ(spec["devices"].size(), 1u) << spec.dump();
+  EXPECT_EQ(spec["devices"][0]["name"], all.uid + "-channel-0");
+  const json nodes = spec["devices"][0]["containerEdits"]["deviceNodes"];
+  ASSERT_EQ(nodes.size(), 4u) << spec.dump();
+  for (uint32_t n = 0; n < 4; ++n) {
+    EXPECT_EQ(nodes[n]["path"], "/dev/nvidia-caps-imex-channels/channel" + std::to_string(n));
+    EXPECT_EQ(nodes[n]["type"], "c");
+    EXPECT_EQ(nodes[n]["major"], kMajor);
+    EXPECT_EQ(nodes[n]["minor"], n);
+    EXPECT_EQ(nodes[n]["fileMode"], 0666);
+  }
+  ASSERT_EQ(Claims().claims.count(all.uid), 1u);
+  EXPECT_EQ(Claims().claims.at(all.uid).channels, 4u);
+
+  // A Single claim of the same domain beside it: channel 0 only, the same registration.
+  const auto single = SeedChannelClaim("mode-single");
+  EXPECT_EQ(PrepareError(single), "");
+  const json single_spec = json::parse(ReadFile(SpecPath(single.uid)));
+  EXPECT_EQ(single_spec["devices"][0]["containerEdits"]["deviceNodes"].size(), 1u) << single_spec.dump();
+  const json entry = DomainEntry();
+
+  // The All claim goes first: the Single claim keeps the domain here.
+  const auto unprepared = Unprepare({all});
+  ASSERT_TRUE(unprepared.ok());
+  EXPECT_EQ(unprepared.claims.at(all.uid), "");
+  EXPECT_FALSE(fs::exists(SpecPath(all.uid)));
+  const auto record = LoadDomainRecord(paths_.state_dir + "/domains.json");
+  ASSERT_EQ(record.status, RecordLoad::kLoaded) << record.error;
+  ASSERT_EQ(record.record.domains.count(domain_uid_), 1u);
+  const auto& kept = record.record.domains.at(domain_uid_).claims;
+  EXPECT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept.count(single.uid), 1u);
+  // Not torn down: another claim of the domain prepares at once (the daemon still runs and is
+  // ready), and the label and the node's entry are as they were.
+  const auto late = SeedChannelClaim("late-single");
+  EXPECT_EQ(PrepareError(late), "");
+  EXPECT_EQ(DomainLabel(), domain_uid_);
+  EXPECT_EQ(DomainEntry(), entry);
+  EXPECT_TRUE(fs::exists(paths_.state_dir + "/domains/" + domain_uid_ + "/config.cfg"));
+
+  // The last claims go: now the domain leaves the node.
+  ASSERT_TRUE(Unprepare({single, late}).ok());
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return DomainEntry().empty() && DomainLabel().empty() && !fs::exists(paths_.state_dir + "/domains/" + domain_uid_);
+  })) << DomainEntry().dump();
 }
 
 // ------------------------------------------------------------------------------ restart paths

@@ -15,10 +15,14 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 namespace gns::dra {
 namespace {
@@ -43,6 +47,32 @@ uint16_t FreePort(const std::string& ip) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// True once `pid` is gone for good: reaped (no such process), or a zombie that is not ours
+// (a killed grandchild, reparented to a reaper of the machine's that may be slow).
+bool Ended(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(in, text);
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
+}
+// Our own child is reaped: no zombie of it is left (kill(2) still finds a zombie).
+bool Reaped(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+// A daemon that ignores SIGTERM and keeps a helper process holding its output pipe (as a
+// wrapper script or a daemon with a helper does): only a SIGKILL of its group ends it all.
+std::string WriteStubbornDaemon(const std::string& dir) {
+  const std::string path = dir + "/stubborn-imex";
+  std::ofstream(path) << "#!/bin/sh\n"
+                         "trap '' TERM\n"
+                         "sleep 1000 &\n"
+                         "echo \"stubborn daemon $$ helper $!\"\n"
+                         "while :; do sleep 1; done\n";
+  ::chmod(path.c_str(), 0755);
+  return path;
 }
 
 struct FakeNode {
@@ -185,6 +215,149 @@ TEST_F(ImexDaemonTest, AMissingBinaryIsReportedAndRetried) {
   bool stopped = false;
   d.Stop([&] { stopped = true; });
   EXPECT_TRUE(stopped);
+}
+
+// Issue #23 item 4: every child is reaped and its exit delivered, whatever state it is in when
+// it ends or is killed. Before: the exit waited for the output pipe's end of file, so a child
+// whose helper kept the pipe open was never reported (its Stop never finished).
+TEST(ChildProcessTest, EveryChildIsReapedAndReportedWhateverStateItIsKilledIn) {
+  gns::test::LoopHarness h;
+  struct Run {
+    std::vector<std::string> lines;
+    bool exited = false;
+    ChildExit exit;
+  };
+  const auto start = [&h](std::vector<std::string> argv, Run& run) {
+    return std::make_unique<ChildProcess>(
+        h.loop.Io(), ChildSpec{std::move(argv), {}, "", {}},
+        [&run](const std::string& line) { run.lines.push_back(line); },
+        [&run](ChildExit e) {
+          run.exit = e;
+          run.exited = true;
+        });
+  };
+  const auto finished = [&h](Run& run, ChildProcess& child) {
+    return h.RunUntil([&] { return run.exited; }) && !child.Running() && Reaped(child.Pid());
+  };
+
+  {  // Ends by itself: its status and every line it wrote, the last one without a newline.
+    Run run;
+    auto child = start({"/bin/sh", "-c", "echo one; printf two; exit 7"}, run);
+    ASSERT_TRUE(finished(run, *child));
+    EXPECT_EQ(run.exit.code, 7);
+    EXPECT_FALSE(run.exit.signaled);
+    EXPECT_EQ(run.lines, (std::vector<std::string>{"one", "two"}));
+  }
+  {  // Ends while a helper it started still holds the output pipe: reported all the same.
+    Run run;
+    auto child = start({"/bin/sh", "-c", "sleep 1000 & echo helper $!; exit 3"}, run);
+    ASSERT_TRUE(finished(run, *child)) << "the exit waited for the helper's pipe";
+    EXPECT_EQ(run.exit.code, 3);
+    ASSERT_EQ(run.lines.size(), 1u);
+    const pid_t helper = std::stoi(run.lines[0].substr(7));
+    ::kill(helper, SIGKILL);
+    EXPECT_TRUE(h.RunUntil([&] { return Ended(helper); }));
+  }
+  {  // Ended, not yet seen by the loop (a zombie), then signalled: its own exit is reported.
+    Run run;
+    auto child = start({"/bin/sh", "-c", "exit 5"}, run);
+    siginfo_t info{};
+    ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(child->Pid()), &info, WEXITED | WNOWAIT), 0);  // no reap
+    EXPECT_TRUE(child->Signal(SIGKILL));  // a zombie can be signalled; nothing changes
+    ASSERT_TRUE(finished(run, *child));
+    EXPECT_EQ(run.exit.code, 5);
+  }
+  {  // Killed at once, before it did anything.
+    Run run;
+    auto child = start({"/bin/sleep", "1000"}, run);
+    EXPECT_TRUE(child->Signal(SIGKILL));
+    ASSERT_TRUE(finished(run, *child));
+    EXPECT_TRUE(run.exit.signaled);
+    EXPECT_EQ(run.exit.code, 128 + SIGKILL);
+  }
+  {  // Ignores SIGTERM, with a helper: SIGTERM changes nothing, a SIGKILL of its group ends both.
+    Run run;
+    auto child = start({"/bin/sh", "-c", "trap '' TERM; sleep 1000 & echo helper $!; wait"}, run);
+    ASSERT_TRUE(h.RunUntil([&] { return !run.lines.empty(); }));
+    const pid_t helper = std::stoi(run.lines[0].substr(7));
+    EXPECT_TRUE(child->Signal(SIGTERM));
+    EXPECT_TRUE(child->Running());
+    EXPECT_TRUE(child->SignalGroup(SIGKILL));
+    ASSERT_TRUE(finished(run, *child));
+    EXPECT_EQ(run.exit.code, 128 + SIGKILL);
+    EXPECT_TRUE(h.RunUntil([&] { return Ended(helper); }));
+    EXPECT_FALSE(child->Signal(SIGTERM));  // reaped: its pid is no longer ours to signal
+  }
+  {  // Stopped (SIGSTOP), then killed.
+    Run run;
+    auto child = start({"/bin/sh", "-c", "echo ready; exec sleep 1000"}, run);
+    ASSERT_TRUE(h.RunUntil([&] { return !run.lines.empty(); }));
+    EXPECT_TRUE(child->Signal(SIGSTOP));
+    siginfo_t info{};
+    ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(child->Pid()), &info, WSTOPPED | WNOWAIT), 0);
+    EXPECT_TRUE(child->Signal(SIGTERM));  // pending while stopped
+    EXPECT_TRUE(child->Signal(SIGKILL));
+    ASSERT_TRUE(finished(run, *child));
+    EXPECT_TRUE(run.exit.signaled);
+  }
+  {  // Destroyed while running (with a helper): no callback, both killed, the child reaped on
+     // the loop — no zombie, and the loop never blocked on it.
+    Run run;
+    auto child = start({"/bin/sh", "-c", "sleep 1000 & echo helper $!; wait"}, run);
+    ASSERT_TRUE(h.RunUntil([&] { return !run.lines.empty(); }));
+    const pid_t pid = child->Pid();
+    const pid_t helper = std::stoi(run.lines[0].substr(7));
+    child.reset();
+    EXPECT_TRUE(h.RunUntil([&] { return Reaped(pid) && Ended(helper); }));
+    EXPECT_FALSE(run.exited);
+  }
+}
+
+// Issue #23 item 4, the daemon side: many daemons stopped at once on one loop that is busy
+// probing them (as in driver_managed_bench at 32 nodes), half of them ignoring SIGTERM with a
+// helper holding their pipe: every Stop completes, every daemon is reaped, no helper is left.
+TEST_F(ImexDaemonTest, EveryStopCompletesUnderLoadEvenForDaemonsThatIgnoreSigterm) {
+  constexpr int kDaemons = 12;
+  const std::string stubborn = WriteStubbornDaemon(tmp_.Path());
+  std::vector<std::unique_ptr<ImexDaemon>> daemons;
+  for (int i = 0; i < kDaemons; ++i) {
+    const auto node = Make("n" + std::to_string(i), "127.0.65." + std::to_string(i + 1));
+    WriteMap(node, {node.ip});
+    ImexDaemonSettings s;
+    s.label = "team-a/" + node.ip;
+    s.daemon_path = i % 2 == 0 ? Sim("nvidia-imex") : stubborn;
+    s.ctl_path = Sim("nvidia-imex-ctl");
+    s.config_file = node.config;
+    s.restart = BackoffPolicy{milliseconds(50), milliseconds(200), 2.0, 0.0};
+    s.probe_interval = milliseconds(50);  // the loop forks a probe per daemon every 50 ms
+    s.health_interval = milliseconds(50);
+    // Short: under load the fake daemon's own exit on SIGTERM and the SIGKILL at the grace's
+    // end race (both orders must end the Stop).
+    s.stop_grace = milliseconds(300);
+    daemons.push_back(std::make_unique<ImexDaemon>(h_.loop.Io(), Logger(), s, nullptr));
+    daemons.back()->Start();
+  }
+  ASSERT_TRUE(h_.RunUntil([&] {
+    for (int i = 0; i < kDaemons; i += 2) {
+      if (!daemons[i]->Ready()) return false;
+    }
+    return true;
+  }, std::chrono::seconds(60)));
+  std::vector<pid_t> pids;
+  for (const auto& d : daemons) pids.push_back(d->Pid());
+  int stopped = 0;
+  for (auto& d : daemons) d->Stop([&] { ++stopped; });
+  // A second Stop of one daemon waits for the same exit.
+  daemons[1]->Stop([&] { ++stopped; });
+  ASSERT_TRUE(h_.RunUntil([&] { return stopped == kDaemons + 1; }, std::chrono::seconds(60)))
+      << stopped << " of " << kDaemons + 1 << " stops completed";
+  for (int i = 0; i < kDaemons; ++i) {
+    EXPECT_FALSE(daemons[i]->Running()) << i;
+    EXPECT_TRUE(Reaped(pids[i])) << "daemon " << i << " (pid " << pids[i] << ") left unreaped";
+    if (i % 2 == 1) {
+      EXPECT_EQ(daemons[i]->LastExit(), "killed by signal 9") << i;
+    }
+  }
 }
 
 TEST(ChildProcessTest, RunCommandCollectsOutputAndKillsAtTheDeadline) {

@@ -362,14 +362,6 @@ TEST(PrepareTest, NoLookupFunctionIsRetryableNotACrash) {
             PrepareOutcome::kPrepare);
 }
 
-TEST(PrepareTest, DomainUidOfNamesWhatToFetch) {
-  EXPECT_EQ(DomainUidOf(GoodClaim()), kDomainUid);
-  json all = GoodClaim();
-  Params(all)["allocationMode"] = "All";
-  EXPECT_EQ(DomainUidOf(all), "") << "a claim that fails early needs no fetch";
-  EXPECT_EQ(DomainUidOf(json("x")), "");
-}
-
 // §14.1 "unprepare skips RemoveNodeLabel and still removes CDI/checkpoint state".
 TEST(UnprepareTest, KnownClaimsAreCleanedUpUnknownOnesAreIdempotent) {
   Checkpoint checkpoint;
