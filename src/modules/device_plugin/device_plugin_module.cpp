@@ -579,6 +579,7 @@ void DevicePluginModule::OnEndpointStateChanged() {
 void DevicePluginModule::PublishState() {
   DevicePluginState state;
   state.resource_name = config_.resource_name;
+  state.inventory_read = inventory_seen_;
   state.serving = !endpoints_.empty();
   state.registered = !endpoints_.empty();
   state.error = plan_.error;
