@@ -206,36 +206,49 @@ Preferred PreferredAllocation(const std::vector<TopologyDevice>& topology, const
   return result;
 }
 
-Preferred PreferredSpread(const std::vector<std::string>& available, const std::vector<std::string>& must_include,
-                          int size, const std::function<std::string(const std::string& id)>& gpu_of) {
+Preferred PreferredSpread(const std::vector<std::string>& advertised, const std::vector<std::string>& available,
+                          const std::vector<std::string>& must_include, int size,
+                          const std::function<std::string(const std::string& id)>& group_of) {
   Preferred result;
   std::set<std::string> pool(available.begin(), available.end());
+  // A group's load: its devices in use (advertised, not available: allocated to running
+  // containers, or unhealthy) plus those this request takes.
+  std::map<std::string, int> load;
+  std::map<std::string, int> picked;  // taken by this request
+  for (const auto& id : advertised)
+    if (pool.count(id) == 0) ++load[group_of(id)];
   std::vector<std::string> chosen;
-  std::map<std::string, int> per_gpu;
+  auto take = [&](const std::string& id) {
+    chosen.push_back(id);
+    const std::string group = group_of(id);
+    ++load[group];
+    ++picked[group];
+  };
   for (const auto& id : must_include) {
     if (pool.count(id) == 0) {
       result.error = "must-include device " + id + " is not among the available devices";
       return result;
     }
     if (std::find(chosen.begin(), chosen.end(), id) != chosen.end()) continue;
-    chosen.push_back(id);
-    ++per_gpu[gpu_of(id)];
+    take(id);
   }
   result.error = SizeProblem(size, pool.size(), chosen.size());
   if (!result.error.empty()) return result;
   while (chosen.size() < static_cast<std::size_t>(size)) {
+    // The least loaded group, then the one this request has taken least from, then the
+    // smallest ID (the pool is sorted), so the answer is deterministic.
     const std::string* best = nullptr;
-    int best_load = 0;
-    for (const auto& id : pool) {  // sorted: ties keep the smaller ID
+    std::pair<int, int> best_key;
+    for (const auto& id : pool) {
       if (std::find(chosen.begin(), chosen.end(), id) != chosen.end()) continue;
-      const int load = per_gpu[gpu_of(id)];
-      if (best == nullptr || load < best_load) {
+      const std::string group = group_of(id);
+      const std::pair<int, int> key{load[group], picked[group]};
+      if (best == nullptr || key < best_key) {
         best = &id;
-        best_load = load;
+        best_key = key;
       }
     }
-    chosen.push_back(*best);
-    ++per_gpu[gpu_of(*best)];
+    take(*best);
   }
   std::sort(chosen.begin(), chosen.end());
   result.ids = std::move(chosen);

@@ -111,10 +111,14 @@ struct Preferred {
 Preferred PreferredAllocation(const std::vector<TopologyDevice>& topology, const std::vector<std::string>& available,
                               const std::vector<std::string>& must_include, int size);
 
-// For MIG devices and time-sliced replicas: must-include devices first, then the available IDs
-// that land on the physical GPUs used least so far (a request for two replicas gets two GPUs
-// when it can); ties go to the smaller ID, so the answer is deterministic.
-Preferred PreferredSpread(const std::vector<std::string>& available, const std::vector<std::string>& must_include,
-                          int size, const std::function<std::string(const std::string& id)>& gpu_of);
+// For MIG devices and shared replicas: must-include devices first, then one at a time the
+// available ID of the least loaded group (`group_of`: the physical device a replica shares, or
+// the GPU a MIG device is cut from). A group's load is its devices in use — advertised but not
+// available, i.e. allocated to running containers (or unhealthy) — plus those this request took;
+// ties go to the group this request took fewer from, then to the smaller ID, so the answer is
+// deterministic. Four one-replica requests on two idle 4-replica GPUs alternate between them.
+Preferred PreferredSpread(const std::vector<std::string>& advertised, const std::vector<std::string>& available,
+                          const std::vector<std::string>& must_include, int size,
+                          const std::function<std::string(const std::string& id)>& group_of);
 
 }  // namespace gns::device_plugin

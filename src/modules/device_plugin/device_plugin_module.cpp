@@ -490,7 +490,7 @@ grpc::Status DevicePluginModule::PreferredFor(const std::string& resource,
   const ResourcePlan* plan = plan_.Find(resource);
   if (plan == nullptr) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, resource + " is no longer advertised");
   // Whole GPUs, not shared: NVLink/NUMA locality from the inventory. MIG devices and replicas:
-  // spread over as many physical GPUs as possible (upstream's best effort for replicas).
+  // the least loaded device first, counting what running containers hold (PreferredSpread).
   const bool whole_gpus = plan->replicas == 1 &&
                           std::none_of(plan->devices.begin(), plan->devices.end(),
                                        [](const PlannedDevice& d) { return d.physical.mig; });
@@ -507,6 +507,16 @@ grpc::Status DevicePluginModule::PreferredFor(const std::string& resource,
       topology.push_back(std::move(t));
     }
   }
+  // Replicas share their physical device (a GPU, or a MIG device): spread over those. MIG
+  // devices that are not shared: over their GPUs.
+  std::vector<std::string> advertised;
+  for (const auto& d : plan->devices) advertised.push_back(d.id);
+  const bool shared = plan->replicas > 1;
+  const auto group_of = [plan, shared](const std::string& id) -> std::string {
+    const PlannedDevice* d = plan->Find(id);
+    if (d == nullptr) return {};
+    return shared ? d->physical.uuid : d->physical.parent_uuid;
+  };
   for (const auto& container : request.container_requests()) {
     const std::vector<std::string> available(container.available_deviceids().begin(),
                                              container.available_deviceids().end());
@@ -516,11 +526,7 @@ grpc::Status DevicePluginModule::PreferredFor(const std::string& resource,
     if (whole_gpus) {
       preferred = PreferredAllocation(topology, available, must, container.allocation_size());
     } else {
-      preferred = PreferredSpread(
-          available, must, container.allocation_size(), [plan](const std::string& id) -> std::string {
-            const PlannedDevice* d = plan->Find(id);
-            return d == nullptr ? std::string() : d->physical.parent_uuid;
-          });
+      preferred = PreferredSpread(advertised, available, must, container.allocation_size(), group_of);
     }
     if (!preferred.error.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, preferred.error);
     auto* out = response->add_container_responses();
@@ -573,6 +579,7 @@ void DevicePluginModule::OnEndpointStateChanged() {
 void DevicePluginModule::PublishState() {
   DevicePluginState state;
   state.resource_name = config_.resource_name;
+  state.inventory_read = inventory_seen_;
   state.serving = !endpoints_.empty();
   state.registered = !endpoints_.empty();
   state.error = plan_.error;

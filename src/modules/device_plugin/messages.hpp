@@ -47,6 +47,9 @@ struct DevicePluginState {
   int gpu_replicas = 1;                    // time-slicing replicas of the whole-GPU resource
   bool gpu_shared_renamed = false;         // ... advertised under another name (.shared or rename)
   std::string sharing_strategy = "none";   // time-slicing or mps when a resource is shared
+  // The plan was made from an available GPU inventory: the resources, their devices and
+  // sharing are facts about the node (before that, only the configuration is).
+  bool inventory_read = false;
   std::string cdi_spec;  // our CDI spec's path when enabled
   int cdi_writes = 0;
   std::string cdi_error;

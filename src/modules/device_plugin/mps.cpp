@@ -55,22 +55,28 @@ std::string ProbeMpsControl(const std::string& control_path) {
     return {};
   }
   if (!S_ISSOCK(st.st_mode)) return control_path + " is neither a unix socket nor a FIFO";
+  const int err = ProbeUnixListener(control_path);
+  if (err == 0) return {};
+  if (err == ENAMETOOLONG) {
+    return control_path + ": path longer than a unix socket address allows (" +
+           std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes)";
+  }
+  if (err == ECONNREFUSED) return control_path + ": connection refused (no control daemon listens)";
+  return control_path + ": " + std::strerror(err);
+}
+
+int ProbeUnixListener(const std::string& socket_path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (control_path.size() >= sizeof(addr.sun_path)) {
-    return control_path + ": path longer than a unix socket address allows (" +
-           std::to_string(sizeof(addr.sun_path) - 1) + " bytes)";
-  }
-  std::memcpy(addr.sun_path, control_path.c_str(), control_path.size() + 1);
+  if (socket_path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return std::string("socket: ") + std::strerror(errno);
+  if (fd < 0) return errno;
   const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
   const int err = errno;
   ::close(fd);
-  // EAGAIN: the daemon listens but its backlog is full; it is there.
-  if (rc == 0 || err == EAGAIN) return {};
-  if (err == ECONNREFUSED) return control_path + ": connection refused (no control daemon listens)";
-  return control_path + ": " + std::strerror(err);
+  // EAGAIN: a listener whose backlog is full; it is there.
+  return rc == 0 || err == EAGAIN ? 0 : err;
 }
 
 }  // namespace gns::device_plugin

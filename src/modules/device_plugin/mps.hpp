@@ -40,6 +40,12 @@ std::string MpsControlPath(const std::string& pipe_dir);
 void AddMpsEdits(const MpsSettings& settings, const std::string& resource, int replicas, uint64_t memory_bytes,
                  ContainerAllocation& out);
 
+// A non-blocking connect() to the unix socket at `socket_path`, closed at once: 0 when something
+// listens there (or its backlog is full), else the errno (ENOENT: no file; ECONNREFUSED: a socket
+// nobody listens on, e.g. its server between bind() and listen(), or dead; ENAMETOOLONG: the
+// path does not fit a unix address). Used for the MPS control daemon and kubelet.sock.
+int ProbeUnixListener(const std::string& socket_path);
+
 // Whether the control daemon answers at `control_path`: a unix socket that accepts a
 // connection, or a FIFO with a reader (an open for writing that does not fail with ENXIO).
 // Returns why not (empty when it answers). Never blocks.

@@ -1,7 +1,13 @@
 // One resource's server and kubelet registration.
 #include "modules/device_plugin/resource_endpoint.hpp"
 
+#include "modules/device_plugin/mps.hpp"
+
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 namespace gns::device_plugin {
 
@@ -12,6 +18,7 @@ ResourceEndpoint::ResourceEndpoint(ModuleContext& context, Settings settings, Ho
       socket_path_(settings_.plugin_dir + "/" + settings_.socket_name),
       kubelet_socket_(settings_.plugin_dir + "/kubelet.sock"),
       register_backoff_(settings_.register_backoff),
+      listen_backoff_(BackoffPolicy{std::chrono::milliseconds(1), settings_.register_backoff.max, 2.0, 0.0}),
       register_timer_(context.GetLoop().Io()) {
   registrations_total_ = &context_.Metrics().Counter("gpu_node_supervisor_device_plugin_registrations_total",
                                                      "Successful registrations with the kubelet",
@@ -36,6 +43,13 @@ void ResourceEndpoint::StartServing() {
   handlers.preferred = hooks_.preferred;
   server_ = std::make_unique<PluginServer>(context_.GetLoop(), std::move(handlers));
   server_->Start(socket_path_);
+  struct stat st {};
+  socket_dev_ = 0;
+  socket_ino_ = 0;
+  if (::lstat(socket_path_.c_str(), &st) == 0) {
+    socket_dev_ = st.st_dev;
+    socket_ino_ = st.st_ino;
+  }
   serving_ = true;
   last_sent_.clear();
   context_.Log().info("serving {} on {}", settings_.resource, socket_path_);
@@ -71,7 +85,17 @@ void ResourceEndpoint::RestartServing(const std::string& why) {
 
 void ResourceEndpoint::Register() {
   if (registering_ || !serving_ || stopping_) return;
+  // Dial only a kubelet that listens. kubelet.sock appears at the kubelet's bind(), a moment
+  // before its listen(): a gRPC dial in between is refused and gRPC then waits out its
+  // reconnect backoff (a second) before the next try. connect() tells at once.
+  const int err = ProbeUnixListener(kubelet_socket_);
+  if (err != 0) {
+    WaitForListener(err);
+    return;
+  }
+  listen_backoff_.Reset();
   registering_ = true;
+  const uint64_t generation = kubelet_generation_;
   v1beta1::RegisterRequest request;
   request.set_version("v1beta1");
   request.set_endpoint(settings_.socket_name);
@@ -79,10 +103,18 @@ void ResourceEndpoint::Register() {
   request.mutable_options()->set_get_preferred_allocation_available(true);
   RegisterWithKubelet(
       context_.GetLoop(), kubelet_socket_, request, settings_.register_timeout,
-      [this, alive = alive_](const grpc::Status& status) {
+      [this, alive = alive_, generation](const grpc::Status& status) {
         if (!*alive) return;
         registering_ = false;
         if (stopping_ || !serving_) return;
+        if (generation != kubelet_generation_) {
+          // kubelet.sock was created again while this call went to the kubelet before: register
+          // with the one that listens now, at once (not after a backoff).
+          context_.Log().info("kubelet.sock was replaced during the registration of {} ({}): registering again",
+                              settings_.resource, status.ok() ? "it succeeded" : status.error_message());
+          Register();
+          return;
+        }
         if (status.ok()) {
           registered_ = true;
           ++registrations_;
@@ -104,24 +136,59 @@ void ResourceEndpoint::Register() {
       });
 }
 
+void ResourceEndpoint::WaitForListener(int err) {
+  if (err == ENOENT) {
+    // Gone again: its next creation registers.
+    SetProblem("kubelet.sock not present; not registered");
+    return;
+  }
+  // Bound but not listening yet (the kubelet between bind and listen: microseconds to
+  // milliseconds), or a dead kubelet's socket left behind: look again shortly, then less and
+  // less often, up to the registration backoff's longest delay. No timer runs once registered.
+  const std::string problem = "kubelet.sock does not accept connections yet (" + std::string(std::strerror(err)) +
+                              "); not registered";
+  if (problem_ != problem) {
+    context_.Log().info("{} does not accept connections yet ({}): registering {} once it listens", kubelet_socket_,
+                        std::strerror(err), settings_.resource);
+    SetProblem(problem);
+  }
+  register_timer_.cancel();
+  register_timer_.expires_after(listen_backoff_.Next());
+  register_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (ec || !*alive) return;
+    Register();
+  });
+}
+
 void ResourceEndpoint::OnKubeletSocketCreated() {
+  ++kubelet_generation_;
   register_backoff_.Reset();
+  listen_backoff_.Reset();
   register_timer_.cancel();
   Register();  // no-op while restarting: StartServing registers when done
 }
 
 void ResourceEndpoint::OnKubeletSocketDeleted() {
   registered_ = false;
+  register_timer_.cancel();  // its creation registers
   SetProblem("kubelet.sock removed; waiting for the kubelet");
 }
 
+bool ResourceEndpoint::OurSocketPresent() const {
+  struct stat st {};
+  return socket_ino_ != 0 && ::lstat(socket_path_.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+         st.st_ino == socket_ino_;
+}
+
 void ResourceEndpoint::OnOurSocketDeleted() {
-  // The kubelet's start-up clean-up removes every socket there, ours included.
-  if (serving_) RestartServing("our socket " + socket_path_ + " was removed");
+  // The kubelet's start-up clean-up removes every socket there, ours included. The event may
+  // also be of a file we removed ourselves (a killed run's stale socket, replaced as we started
+  // serving): only a socket we serve that is gone from the path counts.
+  if (serving_ && !OurSocketPresent()) RestartServing("our socket " + socket_path_ + " was removed");
 }
 
 void ResourceEndpoint::OnOverflow() {
-  if (::access(socket_path_.c_str(), F_OK) != 0) RestartServing("inotify overflow and our socket is gone");
+  if (serving_ && !OurSocketPresent()) RestartServing("inotify overflow and our socket is gone");
   else if (::access(kubelet_socket_.c_str(), F_OK) == 0) Register();
 }
 

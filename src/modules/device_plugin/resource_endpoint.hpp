@@ -11,7 +11,10 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include <sys/types.h>
+
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -67,7 +70,14 @@ class ResourceEndpoint {
  private:
   void StartServing();
   void RestartServing(const std::string& why);
+  // Whether the file at socket_path_ is the socket our server listens on (the same inode as
+  // when it started serving). A delete event is ours only when it is not: the stale socket of
+  // a killed run, removed as we start, and our own removal before serving again, are not.
+  bool OurSocketPresent() const;
+  // Registers when the kubelet listens on kubelet.sock (a connect() succeeds); else waits.
   void Register();
+  // kubelet.sock is not accepting connections (`err` from connect()): registers again shortly.
+  void WaitForListener(int err);
   void SetProblem(std::string problem);
 
   ModuleContext& context_;
@@ -77,8 +87,12 @@ class ResourceEndpoint {
   std::string kubelet_socket_;
   std::unique_ptr<PluginServer> server_;
   Backoff register_backoff_;
+  Backoff listen_backoff_;  // while kubelet.sock exists but nobody listens: 1 ms doubling
+  uint64_t kubelet_generation_ = 0;  // kubelet.sock creations seen
   boost::asio::steady_timer register_timer_;
   std::string last_sent_;  // serialized list last broadcast
+  dev_t socket_dev_ = 0;   // our socket's identity once serving (st_dev, st_ino)
+  ino_t socket_ino_ = 0;
   std::string problem_ = "not started";
   bool serving_ = false;
   bool restarting_ = false;

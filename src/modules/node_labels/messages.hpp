@@ -16,11 +16,13 @@ struct NodeLabelsState {
   std::map<std::string, std::string> applied;  // as the last successful apply set them
   int applies = 0;                             // successful applies
   std::string last_error;
+  std::string waiting_for;  // the inputs not known yet, before the first apply
 };
 
 inline void to_json(nlohmann::json& j, const NodeLabelsState& s) {
   j = nlohmann::json{{"applied", s.applied}, {"applies", s.applies}};
   if (!s.last_error.empty()) j["lastError"] = s.last_error;
+  if (!s.waiting_for.empty()) j["waitingFor"] = s.waiting_for;
 }
 
 }  // namespace gns::node_labels

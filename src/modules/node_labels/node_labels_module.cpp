@@ -1,9 +1,21 @@
 // The node-labels module: see node_labels_module.hpp.
 #include "modules/node_labels/node_labels_module.hpp"
 
+#include "loop/supervisor_messages.hpp"
 #include "modules/kube/client.hpp"
 
+#include <algorithm>
+
 namespace gns::node_labels {
+
+namespace {
+
+// The modules whose messages carry our inputs (their kName; only messages.hpp crosses a module
+// wall, so the names are spelled here).
+constexpr std::string_view kInventoryModule = "gpu-inventory";
+constexpr std::string_view kPluginModule = "device-plugin";
+
+}  // namespace
 
 NodeLabelsModule::Config NodeLabelsModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
   using std::chrono::milliseconds;
@@ -32,6 +44,16 @@ NodeLabelsModule::~NodeLabelsModule() { *alive_ = false; }
 void NodeLabelsModule::Start() {
   if (context_.Site().node_name.empty()) throw std::runtime_error("node-labels needs the node name (site nodeName)");
   auto& bus = context_.GetBus();
+  // Which inputs will come: the supervisor's retained snapshot lists every enabled module
+  // before any starts. Without it (a test wiring the module alone) none is awaited.
+  if (const auto* states = bus.Latest<ModuleStates>(); states != nullptr) {
+    auto enabled = [states](std::string_view name) {
+      return std::any_of(states->modules.begin(), states->modules.end(),
+                         [name](const ModuleStatus& m) { return m.name == name; });
+    };
+    await_inventory_ = enabled(kInventoryModule);
+    await_plugin_ = enabled(kPluginModule);
+  }
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
     // While NVML is down the labels stay as they were: the GPUs did not leave.
     if (!inv.available) return;
@@ -44,10 +66,14 @@ void NodeLabelsModule::Start() {
     Recompute();
   });
   plugin_sub_ = bus.Subscribe<device_plugin::DevicePluginState>([this](const device_plugin::DevicePluginState& s) {
+    // Before the plugin has read the GPUs its resources (and so the MIG and sharing labels)
+    // are not known: the last known state stands.
+    if (!s.inventory_read) return;
     plugin_ = s;
     Recompute();
   });
   context_.GetBus().Publish(state_);
+  Recompute();  // says what is awaited when nothing known has come yet
 }
 
 void NodeLabelsModule::Recompute() {
@@ -66,9 +92,30 @@ void NodeLabelsModule::Recompute() {
   });
 }
 
+std::string NodeLabelsModule::Unknown() const {
+  std::string missing;
+  auto add = [&missing](const char* what) { missing += (missing.empty() ? "" : ", ") + std::string(what); };
+  if (await_inventory_ && !inventory_) add("the GPU inventory (gpu-inventory has not read the GPUs)");
+  if (await_inventory_ && !clique_) add("the node's clique (gpu-inventory has not read it)");
+  if (await_plugin_ && !plugin_) add("the device plugin's resources (device-plugin has not read the GPUs)");
+  return missing;
+}
+
 void NodeLabelsModule::Apply() {
   if (in_flight_ || stopping_) return;
   if (applied_ && *applied_ == wanted_) return;
+  // A server-side apply sets exactly the labels it carries: one our field manager owned and
+  // left out is removed. So nothing is applied before every input is known (an apply of the
+  // MIG strategy alone, before the GPUs are read, would drop every GPU label of an earlier
+  // run); after that each input keeps its last known value (NVML down, the plugin restarting).
+  if (const std::string missing = Unknown(); !missing.empty()) {
+    if (state_.waiting_for != missing) {
+      context_.Log().info("not applying the node labels before {} is known", missing);
+      state_.waiting_for = missing;
+      context_.GetBus().Publish(state_);
+    }
+    return;
+  }
   // Nothing known yet: an empty apply would only remove labels an earlier run of ours set.
   if (!applied_ && wanted_.empty()) return;
   auto client = context_.GetServices().Find<kube::KubeClient>();
@@ -91,6 +138,7 @@ void NodeLabelsModule::Apply() {
         if (stopping_) return;
         if (result.Ok()) {
           applied_ = sent;
+          state_.waiting_for.clear();
           backoff_.Reset();
           applies_total_->Inc();
           state_.applied = sent;

@@ -1,10 +1,11 @@
 #pragma once
 // The `node-labels` module: the one writer of this node's GPU labels (labels.hpp lists them,
 // nvidia.com/gpu.clique included). One server-side apply of all of them with our field manager,
-// only when the set changes; a label we no longer compute is left out of the apply, so the API
-// server removes it (it is ours alone). Force: we take the labels over from an earlier writer
-// (GFD, or imex-peers before it stopped writing the clique label). A failed apply is retried
-// with backoff; nothing is sent at steady state.
+// only when the set changes, and not before every input whose module is enabled is known (an
+// apply is the whole set: what it leaves out, the API server removes); a label we no longer
+// compute is left out of the apply, so the API server removes it (it is ours alone). Force: we
+// take the labels over from an earlier writer (GFD, or imex-peers before it stopped writing the
+// clique label). A failed apply is retried with backoff; nothing is sent at steady state.
 
 #include "loop/backoff.hpp"
 #include "loop/module.hpp"
@@ -43,12 +44,17 @@ class NodeLabelsModule final : public Module {
  private:
   void Recompute();
   void Apply();
+  // The awaited inputs not known yet, as words for the log and state (empty: all known).
+  std::string Unknown() const;
 
   ModuleContext& context_;
   Config config_;
   std::optional<gpu_inventory::GpuInventory> inventory_;  // the last one read while available
   std::optional<gpu_inventory::NodeClique> clique_;
   std::optional<device_plugin::DevicePluginState> plugin_;
+  // Inputs awaited before the first apply: their producers are enabled.
+  bool await_inventory_ = false;  // the inventory and the clique (gpu-inventory)
+  bool await_plugin_ = false;     // the device plugin's state (device-plugin)
   Labels wanted_;
   std::optional<Labels> applied_;  // what the API server has from us, once an apply succeeded
   bool in_flight_ = false;

@@ -1,9 +1,18 @@
 // The device-plugin side of the fake kubelet (WIRE-FACTS §1.4): v1beta1.Registration on
 // kubelet.sock, the kubelet's validation of RegisterRequest, the blocking dial +
 // GetDevicePluginOptions + ListAndWatch reader per resource, and the calls made on pod admission.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <system_error>
+
+#include <grpcpp/server_posix.h>
 
 #include "kubelet_sim_impl.h"
 
@@ -106,8 +115,9 @@ void KubeletSim::Impl::StartRegistrationServer() {
   const fs::path socket = device_plugin_dir / detail::kKubeletSocketName;
   std::error_code ec;
   fs::remove(socket, ec);  // a stale socket: the kubelet removes it before listening too
+  const bool delayed = options.registration_listen_delay.count() > 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
+  if (!delayed) builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
   builder.RegisterService(&registration_service);
   // Register calls are rare; a small pool is plenty.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
@@ -115,10 +125,63 @@ void KubeletSim::Impl::StartRegistrationServer() {
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   registration_server = builder.BuildAndStart();
   if (!registration_server) throw std::runtime_error("cannot serve " + socket.string());
+  if (delayed) StartDelayedListener(socket);
   std::ofstream(device_plugin_dir / detail::kDeprecationFileName).flush();
 }
 
+void KubeletSim::Impl::StartDelayedListener(const fs::path& socket) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = socket.string();
+  if (path.size() >= sizeof(addr.sun_path)) throw std::runtime_error("socket path too long: " + path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::system_error(err, std::generic_category(), "bind " + path);
+  }
+  registration_listen_fd = fd;
+  {
+    std::lock_guard lock(listen_mutex);
+    listen_stop = false;
+  }
+  Log("kubelet: " + path + " bound; listening in " + std::to_string(options.registration_listen_delay.count()) + " ms");
+  registration_accept_thread = std::thread([this, fd] {
+    {
+      std::unique_lock lock(listen_mutex);
+      if (listen_cv.wait_for(lock, options.registration_listen_delay, [this] { return listen_stop; })) return;
+    }
+    if (::listen(fd, 64) != 0) return;
+    for (;;) {
+      // Non-blocking, as gRPC wants the descriptors it is handed.
+      const int connection = ::accept4(fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (connection < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // shut down by StopRegistrationServer
+      }
+      grpc::AddInsecureChannelFromFd(registration_server.get(), connection);
+    }
+  });
+}
+
 void KubeletSim::Impl::StopRegistrationServer() {
+  if (registration_accept_thread.joinable()) {
+    {
+      std::lock_guard lock(listen_mutex);
+      listen_stop = true;
+    }
+    listen_cv.notify_all();
+    ::shutdown(registration_listen_fd, SHUT_RDWR);  // wakes accept()
+    registration_accept_thread.join();
+  }
+  if (registration_listen_fd >= 0) {
+    ::close(registration_listen_fd);
+    registration_listen_fd = -1;
+    std::error_code ec;
+    fs::remove(device_plugin_dir / detail::kKubeletSocketName, ec);  // gRPC removes its own; this one is ours
+  }
   if (!registration_server) return;
   // In-flight Register calls may be dialling their plugin; give them a moment, then cancel.
   registration_server->Shutdown(detail::Deadline(std::chrono::milliseconds(1000)));

@@ -40,6 +40,10 @@ struct KubeletSimOptions {
   // DRA services this kubelet speaks, in its own preference order. {v1, v1beta1} is a 1.34+
   // kubelet; {v1beta1} a 1.32/1.33 one.
   std::vector<std::string> dra_services{std::string(kDraV1Service), std::string(kDraV1beta1Service)};
+  // kubelet.sock exists this long before anyone listens on it: a kubelet between its bind()
+  // and listen() (in the real one microseconds to milliseconds, enough for a plugin that dials
+  // on the file's creation to be refused). Zero: bound and listening at once, by gRPC.
+  std::chrono::milliseconds registration_listen_delay{0};
   // Blocking dial of a device plugin (kubelet: 10 s) and of a registration socket (10 s).
   std::chrono::milliseconds dial_timeout{10000};
   // Plugin watcher: GetInfo during registration (kubelet: 1 s after the dial),

@@ -105,6 +105,7 @@ struct KubeletSim::Impl {
   void CleanupDevicePluginDirectory();
   void StartRegistrationServer();
   void StopRegistrationServer();
+  void StartDelayedListener(const std::filesystem::path& socket);
   void StartPluginWatcher();
   void StopPluginWatcher();
   // Takes every plugin connection out of the state (mutex held); the caller drops them unlocked.
@@ -168,6 +169,13 @@ struct KubeletSim::Impl {
   std::unique_ptr<grpc::Server> pod_resources_server;
   bool pod_resources_wanted = true;  // lifecycle_mutex: serve it while running
   std::unique_ptr<grpc::Server> registration_server;
+  // With registration_listen_delay: kubelet.sock is our own socket, bound at start, listened on
+  // after the delay; the accept thread hands each connection to registration_server.
+  int registration_listen_fd = -1;
+  std::thread registration_accept_thread;
+  std::mutex listen_mutex;
+  std::condition_variable listen_cv;
+  bool listen_stop = false;  // listen_mutex
   int inotify_fd = -1;
   int wake_fd = -1;
   std::thread watcher_thread;

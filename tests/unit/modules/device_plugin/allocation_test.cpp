@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace gns::device_plugin {
 namespace {
 
@@ -107,6 +109,56 @@ TEST(PreferredAllocation, ImpossibleRequestsAreErrors) {
             "must-include device GPU-9 is not among the available devices");
   EXPECT_EQ(PreferredAllocation(EightGpus(), All(), {"GPU-0", "GPU-1"}, 1).error,
             "allocation size 1 is smaller than the 2 must-include devices");
+}
+
+// Two GPUs time-sliced into 4 replicas each: IDs GPU-<g>::<n>, grouped by their GPU.
+std::vector<std::string> FourReplicasOfTwoGpus() {
+  std::vector<std::string> ids;
+  for (int g = 0; g < 2; ++g)
+    for (int n = 0; n < 4; ++n) ids.push_back("GPU-" + std::to_string(g) + "::" + std::to_string(n));
+  return ids;
+}
+
+std::string GpuOf(const std::string& id) { return id.substr(0, id.find("::")); }
+
+std::vector<std::string> Without(std::vector<std::string> ids, const std::vector<std::string>& taken) {
+  for (const auto& id : taken) ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+  return ids;
+}
+
+TEST(PreferredSpread, AReplicaGoesToTheGpuWithFewestReplicasInUse) {
+  // Two of GPU 0's replicas run containers (the kubelet leaves them out of the available ones);
+  // GPU 1 is idle.
+  const auto advertised = FourReplicasOfTwoGpus();
+  const auto available = Without(advertised, {"GPU-0::0", "GPU-0::1"});
+  const auto p = PreferredSpread(advertised, available, {}, 1, GpuOf);
+  EXPECT_EQ(p.ids, (std::vector<std::string>{"GPU-1::0"}));
+}
+
+TEST(PreferredSpread, ConsecutiveRequestsAlternateBetweenIdleGpus) {
+  const auto advertised = FourReplicasOfTwoGpus();
+  std::vector<std::string> in_use;
+  std::vector<std::string> gpus;
+  for (int request = 0; request < 4; ++request) {
+    const auto p = PreferredSpread(advertised, Without(advertised, in_use), {}, 1, GpuOf);
+    ASSERT_EQ(p.ids.size(), 1u) << p.error;
+    in_use.push_back(p.ids.front());
+    gpus.push_back(GpuOf(p.ids.front()));
+  }
+  EXPECT_EQ(gpus, (std::vector<std::string>{"GPU-0", "GPU-1", "GPU-0", "GPU-1"}));
+}
+
+TEST(PreferredSpread, ARequestForSeveralSpreadsThemAndCountsMustIncludeAsTaken) {
+  const auto advertised = FourReplicasOfTwoGpus();
+  // GPU 1 has one replica in use; the request must include GPU-0::3: GPU 0 and 1 are then
+  // equally loaded, and the one this request took fewer from (GPU 1) comes next.
+  const auto available = Without(advertised, {"GPU-1::0"});
+  EXPECT_EQ(PreferredSpread(advertised, available, {"GPU-0::3"}, 2, GpuOf).ids,
+            (std::vector<std::string>{"GPU-0::3", "GPU-1::1"}));
+  // Three from idle GPUs: two on one, one on the other.
+  EXPECT_EQ(PreferredSpread(advertised, advertised, {}, 3, GpuOf).ids,
+            (std::vector<std::string>{"GPU-0::0", "GPU-0::1", "GPU-1::0"}));
+  EXPECT_EQ(PreferredSpread(advertised, {"GPU-0::0"}, {}, 2, GpuOf).error, "cannot pick 2 devices from 1 available");
 }
 
 gpu_inventory::GpuInventory Inventory(bool available) {

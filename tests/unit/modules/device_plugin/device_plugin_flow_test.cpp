@@ -18,7 +18,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 namespace gns::device_plugin {
 namespace {
@@ -160,13 +166,12 @@ TEST_F(DevicePluginFlowTest, DeviceHealthTurnsTheDeviceUnhealthyAndAHealthyVerdi
   EXPECT_TRUE(state->registered);
 }
 
-// What the operator reads when gpu-health is not in the enabled set (the supervisor's retained
-// module states list every enabled module before any starts).
-class HealthModuleNotice : public DevicePluginFlowTest {
+// Counts the module's log lines that contain a text.
+class DevicePluginLogTest : public DevicePluginFlowTest {
  protected:
   void SetUp() override {
     DevicePluginFlowTest::SetUp();
-    sink_ = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+    sink_ = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
     GetLogger(std::string(DevicePluginModule::kName))->sinks().push_back(sink_);
   }
   void TearDown() override {
@@ -174,6 +179,19 @@ class HealthModuleNotice : public DevicePluginFlowTest {
     sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
     DevicePluginFlowTest::TearDown();
   }
+  int Lines(const std::string& text) const {
+    int n = 0;
+    for (const auto& line : sink_->last_formatted())
+      if (line.find(text) != std::string::npos) ++n;
+    return n;
+  }
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
+// What the operator reads when gpu-health is not in the enabled set (the supervisor's retained
+// module states list every enabled module before any starts).
+class HealthModuleNotice : public DevicePluginLogTest {
+ protected:
   void PublishEnabled(std::vector<std::string> names) {
     ModuleStates states;
     for (auto& name : names) {
@@ -184,13 +202,7 @@ class HealthModuleNotice : public DevicePluginFlowTest {
     }
     h_.bus.Publish(std::move(states));
   }
-  int Notices() const {
-    int n = 0;
-    for (const auto& line : sink_->last_formatted())
-      if (line.find("gpu-health is not enabled") != std::string::npos) ++n;
-    return n;
-  }
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+  int Notices() const { return Lines("gpu-health is not enabled"); }
 };
 
 TEST_F(HealthModuleNotice, WithoutGpuHealthTheLogSaysOnceThatOnlyNvmlAvailabilityCounts) {
@@ -278,6 +290,62 @@ TEST_F(DevicePluginFlowTest, KubeletRestartsAreFollowedByServingAndRegisteringAg
   const auto result = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000001"}}); });
   EXPECT_TRUE(result.ok()) << result.status.ToString();
   EXPECT_TRUE(module_.failures.empty());
+}
+
+// After kill -9 our socket file stays behind; the next run removes it as it starts serving. That
+// removal is not the kubelet removing the socket we serve: one start, one registration.
+TEST_F(DevicePluginLogTest, TheStaleSocketOfAKilledRunIsNotTakenForOursRemoved) {
+  sim_->Start();  // cleans device-plugins/: the stale socket comes after it, as after a kill -9
+  const std::string socket = h_.site.paths.kubelet_dir + "/device-plugins/nvidia-gpu.sock";
+  {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+    ::close(fd);  // the process died: the file stays
+  }
+  h_.bus.Publish(EightGpus());
+  StartModule();  // runs the loop until idle: the deletion's inotify event is handled by now
+  ASSERT_TRUE(Await([](auto& s) {
+    return s.WaitFor([](const sim::KubeletState& st) {
+      const auto* r = st.FindResource(kResource);
+      return r != nullptr && r->connected && r->devices.size() == 8;
+    }, seconds(20));
+  }));
+  ASSERT_TRUE(h_.RunUntil([&] { return h_.bus.Latest<DevicePluginState>()->registered; }));
+  h_.Drain();
+  EXPECT_EQ(Lines("serving nvidia.com/gpu on"), 1);
+  EXPECT_EQ(Lines("was removed"), 0);
+  EXPECT_EQ(sim_->State().FindResource(kResource)->registrations, 1);
+  EXPECT_EQ(h_.bus.Latest<DevicePluginState>()->registrations, 1);
+  EXPECT_TRUE(sim_->Resource(kResource)->connected);
+}
+
+// kubelet.sock appears at the kubelet's bind(), before its listen(). A registration dialled in
+// between was refused and waited out gRPC's reconnect backoff (0.8 to 1.2 s); the plugin now
+// registers once the kubelet listens. With a registerTimeout below that backoff, a dial made
+// too early shows as a failed registration.
+TEST_F(DevicePluginLogTest, RegistersAsSoonAsTheKubeletListensAtStartAndAfterEachRestart) {
+  sim::KubeletSimOptions options;
+  options.kubelet_dir = h_.site.paths.kubelet_dir;
+  options.registration_listen_delay = milliseconds(100);
+  sim_ = std::make_unique<sim::KubeletSim>(options);
+  sim_->Start();
+  h_.bus.Publish(EightGpus());
+  DevicePluginModule::Config config;
+  config.register_timeout = milliseconds(750);
+  StartModule(config);
+  ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
+  for (int restart = 1; restart <= 3; ++restart) {
+    h_.OffLoop([&] { sim_->Restart(); return 0; });
+    ASSERT_TRUE(Await([&](auto& s) { return s.WaitForRegistrations(kResource, restart + 1, seconds(20)); }))
+        << "restart " << restart;
+  }
+  ASSERT_TRUE(h_.RunUntil([&] { return h_.bus.Latest<DevicePluginState>()->registered; }));
+  EXPECT_EQ(Lines("registration of nvidia.com/gpu failed"), 0);
+  EXPECT_EQ(sim_->State().FindResource(kResource)->registrations, 4);
 }
 
 TEST_F(DevicePluginFlowTest, StartsBeforeTheKubeletAndRegistersOnceKubeletSockAppears) {

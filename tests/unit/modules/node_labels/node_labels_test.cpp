@@ -1,6 +1,7 @@
 // node-labels: the label rules (GFD's names and values), and the module applying them to its
 // Node at the API simulator: one server-side apply per change, nothing at steady state, labels
 // it stops computing removed, the clique label taken over from imex-peers' old apply.
+#include "loop/supervisor_messages.hpp"
 #include "modules/node_labels/labels.hpp"
 #include "modules/node_labels/node_labels_module.hpp"
 #include "support/loop_harness.hpp"
@@ -84,6 +85,7 @@ device_plugin::DevicePluginState Plugin(const std::string& mig, int replicas, bo
   s.gpu_replicas = replicas;
   s.gpu_shared_renamed = renamed;
   s.sharing_strategy = replicas > 1 ? "time-slicing" : "none";
+  s.inventory_read = true;
   return s;
 }
 
@@ -405,6 +407,92 @@ TEST_F(NodeLabelsModuleTest, MigProfileLabelsFollowTheLayout) {
   for (const auto& [key, value] : labels.items()) EXPECT_EQ(key.rfind("nvidia.com/mig-3g", 0), std::string::npos) << key;
   EXPECT_EQ(labels["nvidia.com/mig-1g.10gb.count"], "14");
   EXPECT_EQ(server_->RequestCount("patch"), 1u);
+}
+
+// Under mig.strategy single the device plugin's state (the strategy, from its config) is there
+// before the GPUs are read, and NVML may be down at start. A server-side apply of what is known
+// then would carry nvidia.com/mig.strategy alone and remove every other label our field
+// manager owns. Nothing is applied before every input is known; then one apply.
+TEST_F(NodeLabelsModuleTest, NothingIsAppliedBeforeEveryInputIsKnownSoOurLabelsNeverVanish) {
+  // An earlier run of ours labelled the node.
+  const nlohmann::json earlier = {{"apiVersion", "v1"}, {"kind", "Node"},
+                                  {"metadata", {{"name", "node1"}, {"labels", {{"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"},
+                                                                                {"nvidia.com/gpu.count", "14"},
+                                                                                {"nvidia.com/cuda.driver.major", "550"},
+                                                                                {"nvidia.com/mig.strategy", "single"}}}}}};
+  ASSERT_EQ(server_->Call("PATCH", "/api/v1/nodes/node1?fieldManager=gpu-node-supervisor-labels&force=true",
+                          earlier.dump(), "application/apply-patch+yaml").status, 200);
+  ModuleStates enabled;
+  for (const char* name : {"kube", "gpu-inventory", "device-plugin", "node-labels"}) {
+    ModuleStatus m;
+    m.name = name;
+    enabled.modules.push_back(m);
+  }
+  h_.bus.Publish(enabled);
+  // What the other modules have published when node-labels starts: the plugin's state before
+  // it read the GPUs, NVML down, the clique not read.
+  auto before = Plugin("single", 1, false);
+  before.inventory_read = false;
+  h_.bus.Publish(before);
+  gpu_inventory::GpuInventory down;
+  down.available = false;
+  down.error = "NVML: Driver Not Loaded";
+  h_.bus.Publish(down);
+  h_.bus.Publish(gpu_inventory::NodeClique{"", "NVML unavailable", false});
+  server_->ResetRequestCounts();
+  module_.Start({});
+  ASSERT_TRUE(h_.RunUntil([&] { return state_ && !state_->waiting_for.empty(); }));
+  h_.Drain();
+  EXPECT_NE(state_->waiting_for.find("GPU inventory"), std::string::npos) << state_->waiting_for;
+  EXPECT_EQ(NodeLabels()["nvidia.com/gpu.count"], "14") << "an earlier run's labels stay while NVML is down";
+
+  // NVML comes up: the inventory, the clique, then the plugin's state from those GPUs.
+  h_.bus.Publish(MigInventory(true));
+  h_.bus.Publish(gpu_inventory::NodeClique{"", "no fabric", true});
+  h_.Drain();
+  h_.bus.Publish(Plugin("single", 1, false));
+  ASSERT_TRUE(h_.RunUntil([&] { return state_->applies >= 1; }));
+  h_.Drain();
+  EXPECT_EQ(server_->RequestCount("patch"), 1u) << "one apply, once everything was known";
+  auto labels = NodeLabels();
+  EXPECT_EQ(labels["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb");
+  EXPECT_EQ(labels["nvidia.com/gpu.count"], "14");
+  EXPECT_EQ(labels["nvidia.com/cuda.driver.major"], "550");
+  EXPECT_EQ(labels["nvidia.com/mig.strategy"], "single");
+  EXPECT_TRUE(state_->waiting_for.empty());
+}
+
+// Under mixed, a time-sliced profile's labels come from the plugin's resources, which it knows
+// only once it has read the GPUs: its state from before that must not relabel the profile.
+TEST_F(NodeLabelsModuleTest, APluginStateFromBeforeItReadTheGpusChangesNoLabel) {
+  auto shared = Plugin("mixed", 1, false);
+  shared.sharing_strategy = "time-slicing";
+  device_plugin::DevicePluginState::Resource r;
+  r.name = "nvidia.com/mig-1g.10gb";
+  r.replicas = 2;
+  for (const char* id : {"MIG-0-0::0", "MIG-0-0::1"}) r.device_ids.push_back(id);
+  shared.resources.push_back(r);
+  h_.bus.Publish(MigInventory(true));
+  h_.bus.Publish(gpu_inventory::NodeClique{"", "no fabric", true});
+  h_.bus.Publish(shared);
+  module_.Start({});
+  ASSERT_TRUE(h_.RunUntil([&] { return state_ && state_->applies >= 1; }));
+  h_.Drain();
+  EXPECT_EQ(NodeLabels()["nvidia.com/mig-1g.10gb.replicas"], "2");
+  server_->ResetRequestCounts();
+  auto restarted = shared;  // the same config, no resources read yet
+  restarted.resources.clear();
+  restarted.inventory_read = false;
+  h_.bus.Publish(restarted);
+  h_.Drain();
+  h_.bus.Publish(shared);
+  h_.Drain();
+  // A real change after them: its apply is the only one.
+  h_.bus.Publish(gpu_inventory::NodeClique{"c1.7", "", true});
+  ASSERT_TRUE(h_.RunUntil([&] { return state_->applied.count("nvidia.com/gpu.clique") != 0; }));
+  h_.Drain();
+  EXPECT_EQ(server_->RequestCount("patch"), 1u);
+  EXPECT_EQ(NodeLabels()["nvidia.com/mig-1g.10gb.product"], "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED");
 }
 
 TEST_F(NodeLabelsModuleTest, AFailedApplyIsRetriedWithBackoff) {
