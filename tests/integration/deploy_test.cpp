@@ -110,7 +110,8 @@ const std::set<Grant>& UsedByTheCode() {
       // Node's GPU labels (nvidia.com/gpu.clique included); granted above.
       // src/modules/gkm_agent/gkm_agent_module.cpp: informers (list + watch) on GKMCache and
       // ClusterGKMCache; server-side apply (PATCH) of GKMCacheNode / ClusterGKMCacheNode and of
-      // their status; DELETE with the cache; GET of pull secrets.
+      // their status; DELETE with the cache; at start LIST this node's (label gkm.node) and
+      // DELETE those no cache is written to; GET of pull secrets.
       // src/modules/gpu_reset/gpu_reset_module.cpp: GPUReset informer, status, evictions.
       {"cluster", "janitor.dgxc.nvidia.com", "gpuresets", "list"},
       {"cluster", "janitor.dgxc.nvidia.com", "gpuresets", "watch"},
@@ -120,8 +121,10 @@ const std::set<Grant>& UsedByTheCode() {
       {"cluster", "gkm.io", "gkmcaches", "watch"},
       {"cluster", "gkm.io", "clustergkmcaches", "list"},
       {"cluster", "gkm.io", "clustergkmcaches", "watch"},
+      {"cluster", "gkm.io", "gkmcachenodes", "list"},
       {"cluster", "gkm.io", "gkmcachenodes", "patch"},
       {"cluster", "gkm.io", "gkmcachenodes", "delete"},
+      {"cluster", "gkm.io", "clustergkmcachenodes", "list"},
       {"cluster", "gkm.io", "clustergkmcachenodes", "patch"},
       {"cluster", "gkm.io", "clustergkmcachenodes", "delete"},
       {"cluster", "gkm.io", "gkmcachenodes/status", "patch"},

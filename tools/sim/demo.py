@@ -330,17 +330,18 @@ def gkm_demo(api):
     api.call("POST", caches, {"apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
                               "metadata": {"name": "triton-demo", "namespace": "ml-apps"},
                               "spec": {"image": image}})
-    node_path = f"/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcachenodes/triton-demo-{NODE}"
+    status_name = f"{len('triton-demo')}.triton-demo.{NODE}"  # <len(cache)>.<cache>.<node>
+    node_path = f"/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcachenodes/{status_name}"
 
     def ready():
         code, obj = api.call("GET", node_path)
         entry = obj.get("status", {}).get("caches", {}).get("triton-demo", {}) if code == 200 else {}
         return entry if entry.get("state") in ("Ready", "Incompatible", "Failed") else None
-    entry = wait_for(f"GKMCacheNode triton-demo-{NODE}", ready, timeout=60)
+    entry = wait_for(f"GKMCacheNode {status_name}", ready, timeout=60)
     ids = [i for s in entry.get("compatibleGPUs", []) for i in s.get("ids", [])]
     say("gkm", f"GKMCache ml-apps/triton-demo ({image}) -> {entry['state']}, "
         f"{'Compatible' if ids else 'Incompatible'} with GPUs {ids}, digest {entry.get('digest', '')[:19]}…, "
-        f"{entry.get('volumeSize', 0)} bytes under var/lib/gkm/caches/ml-apps/triton-demo")
+        f"{entry.get('volumeSize', 0)} bytes under var/lib/gkm/caches/namespaced/ml-apps/triton-demo")
 
 
 def main():

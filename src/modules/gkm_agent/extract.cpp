@@ -33,15 +33,6 @@ std::string ArchiveError(archive* a) {
   return s ? s : "unknown libarchive error";
 }
 
-void FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw PullError("WriteFailed", "cannot open " + dir + ": " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw PullError("WriteFailed", "cannot fsync " + dir + ": " + std::strerror(err));
-}
-
 // "a/b" + "../c" stays inside; "a" + "../../c" does not. `link_dir` is the entry's directory.
 bool TargetInside(const std::string& link_dir, const std::string& target) {
   if (target.empty() || target.front() == '/') return false;
@@ -261,6 +252,15 @@ void InstallDirectory(const std::string& staged, const std::string& final_dir) {
   }
   FsyncDir(target.parent_path().string());
   if (!aside.empty()) RemoveTree(aside);
+}
+
+void FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw PullError("WriteFailed", "cannot open " + dir + ": " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw PullError("WriteFailed", "cannot fsync " + dir + ": " + std::strerror(err));
 }
 
 void RemoveTree(const std::string& path) {

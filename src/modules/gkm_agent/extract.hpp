@@ -59,6 +59,9 @@ void InstallDirectory(const std::string& staged, const std::string& final_dir);
 // Removes a directory tree; missing is fine. Throws std::runtime_error on failure.
 void RemoveTree(const std::string& path);
 
+// fsync(2) of a directory (what renames into or out of it did). Throws PullError (WriteFailed).
+void FsyncDir(const std::string& dir);
+
 // Lexically normalises an archive path: strips "./" and leading "/"-free "." parts; returns
 // empty when the path is absolute, empty or climbs out with "..".
 std::string SafeRelativePath(const std::string& path);

@@ -157,10 +157,10 @@ std::vector<GpuFacts> GkmAgentModule::Gpus() const {
 }
 
 std::string GkmAgentModule::CacheDir(const Cache& cache) const {
-  return config_.cache_root + "/" + (cache.cluster ? std::string(kClusterScopedDir) : cache.ns) + "/" + cache.name;
+  return config_.cache_root + "/" + CacheRelPath(cache.cluster, cache.ns, cache.name);
 }
 
-std::string GkmAgentModule::ObjectName(const Cache& cache) const { return cache.name + "-" + node_; }
+std::string GkmAgentModule::ObjectName(const Cache& cache) const { return StatusObjectName(cache.name, node_); }
 
 kube::ResourcePath GkmAgentModule::NodePath(const Cache& cache) const {
   return kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion),
@@ -171,7 +171,7 @@ void GkmAgentModule::OnEvent(const kube::ResourceEvent& e) {
   const auto meta = kube::ObjectMeta::From(*e.object);
   if (!meta) return;
   const bool cluster = meta->ns.empty();
-  const std::string key = cluster ? std::string(kClusterScopedDir) + "/" + meta->name : meta->Key();
+  const std::string key = CacheRelPath(cluster, meta->ns, meta->name);
   if (e.type == kube::ResourceEvent::Type::kDeleted) {
     Forget(key, *e.object);
     return;
@@ -194,49 +194,75 @@ void GkmAgentModule::OnSynced() {
   if (sweep_started_ || !namespaced_ || !clustered_ || !namespaced_->Synced() || !clustered_->Synced()) return;
   sweep_started_ = true;
   Sweep();
+  SweepStatusObjects();
 }
 
-// At start, once both watches have listed: caches on disk that no object refers to are
-// removed, and so is what an interrupted pull left behind. No pull starts before it is done.
+// At start, once both watches have listed: an old layout is migrated (layout.hpp), caches on
+// disk that no object refers to are removed, and so is what an interrupted pull left behind.
+// No pull starts before it is done.
 void GkmAgentModule::Sweep() {
-  std::set<std::string> wanted;
-  for (const auto& [key, object] : namespaced_->Items()) wanted.insert(key);
-  for (const auto& [key, object] : clustered_->Items()) wanted.insert(std::string(kClusterScopedDir) + "/" + key);
+  WantedCaches wanted;
+  for (const auto& [key, object] : namespaced_->Items()) wanted.namespaced.insert(key);
+  for (const auto& [key, object] : clustered_->Items()) wanted.cluster.insert(key);
   const std::string root = config_.cache_root;
   context_.Pool().Run(
       [root, wanted] {
-        std::vector<std::string> removed;
-        std::error_code ec;
-        for (const auto& scope : fs::directory_iterator(root, ec)) {
-          const std::string scope_name = scope.path().filename().string();
-          if (scope_name.rfind(".pull-", 0) == 0) {
-            RemoveTree(scope.path().string());
-            removed.push_back(scope_name);
-            continue;
-          }
-          if (!scope.is_directory()) continue;
-          for (const auto& entry : fs::directory_iterator(scope.path(), ec)) {
-            const std::string key = scope_name + "/" + entry.path().filename().string();
-            if (wanted.count(key)) continue;
-            RemoveTree(entry.path().string());
-            removed.push_back(key);
-          }
-        }
-        return removed;
+        auto report = MigrateLayout(root, wanted);
+        for (auto& key : SweepLayout(root, wanted)) report.removed.push_back(std::move(key));
+        return report;
       },
-      [this, alive = alive_](std::vector<std::string> removed, std::exception_ptr error) {
+      [this, alive = alive_](LayoutReport report, std::exception_ptr error) {
         if (!*alive) return;
         swept_ = true;
         if (error) {
           try {
             std::rethrow_exception(error);
           } catch (const std::exception& e) {
-            context_.Log().warn("sweep of {}: {}", config_.cache_root, e.what());
+            context_.Log().warn("migrating and sweeping {}: {}", config_.cache_root, e.what());
           }
         }
-        for (const auto& key : removed) context_.Log().info("removed stale cache {}", key);
+        for (const auto& move : report.moved) context_.Log().info("cache moved to the new layout: {}", move);
+        for (const auto& key : report.removed) context_.Log().info("removed stale cache {}", key);
         PumpQueue();
       });
+}
+
+void GkmAgentModule::SweepStatusObjects() {
+  for (const bool cluster : {false, true}) {
+    const auto collection =
+        kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion),
+                                    cluster ? "clustergkmcachenodes" : "gkmcachenodes")
+            .Collection();
+    kube::ListOptions options;
+    options.label_selector = "gkm.node=" + node_;
+    client_->List(collection, options, [this, cluster, alive = alive_](kube::Result r) {
+      if (!*alive) return;
+      if (!r.Ok()) {
+        context_.Log().warn("listing this node's {} status objects: {}", cluster ? "cluster cache" : "cache", r.error);
+        return;
+      }
+      const auto items = r.object.value("items", json::array());
+      for (const auto& item : items.is_array() ? items : json::array()) {
+        const auto meta = kube::ObjectMeta::From(item);
+        if (!meta || meta->ns.empty() != cluster) continue;
+        const std::string cache = Text(item, {"spec", "cacheName"});
+        const auto it = caches_.find(CacheRelPath(cluster, meta->ns, cache));
+        if (!cache.empty() && it != caches_.end() && ObjectName(it->second) == meta->name) continue;
+        // Ours by its label, and no cache of ours is written to it: gone, unless it changed
+        // since we listed it (another node's agent of the old scheme may have taken it).
+        Cache gone;
+        gone.cluster = cluster;
+        gone.ns = meta->ns;
+        context_.Log().info("deleting stale status object {}", meta->Key());
+        client_->Delete(NodePath(gone).Object(meta->name), kube::Preconditions{meta->uid, meta->resource_version},
+                        [this, key = meta->Key(), alive = alive_](kube::Result d) {
+                          if (*alive && !d.Ok() && d.http_status != 404 && d.http_status != 409) {
+                            context_.Log().warn("delete stale status object {}: {}", key, d.error);
+                          }
+                        });
+      }
+    });
+  }
 }
 
 void GkmAgentModule::Enqueue(const std::string& key) {
@@ -470,15 +496,16 @@ void GkmAgentModule::Forget(const std::string& key, const json& last) {
       // The next start's sweep removes it.
     }
   });
-  client_->Delete(NodePath(c).Object(ObjectName(c)), {}, [this, key, alive = alive_](kube::Result r) {
-    if (*alive && !r.Ok() && r.http_status != 404) context_.Log().warn("delete status of {}: {}", key, r.error);
-  });
+  if (const std::string name = ObjectName(c); !name.empty()) {
+    client_->Delete(NodePath(c).Object(name), {}, [this, key, alive = alive_](kube::Result r) {
+      if (*alive && !r.Ok() && r.http_status != 404) context_.Log().warn("delete status of {}: {}", key, r.error);
+    });
+  }
   UpdateGauges();
 }
 
 json GkmAgentModule::ReadUsage(const Cache& cache) const {
-  const std::string path = config_.usage_root + "/" + (cache.cluster ? std::string(kClusterScopedDir) : cache.ns) +
-                           "/" + cache.name + "/usage.json";
+  const std::string path = config_.usage_root + "/" + CacheRelPath(cache.cluster, cache.ns, cache.name) + "/usage.json";
   std::ifstream in(path, std::ios::binary);
   if (!in) return json::array();
   std::stringstream s;
@@ -500,13 +527,12 @@ json GkmAgentModule::ReadUsage(const Cache& cache) const {
   return pods;
 }
 
-// The CSI driver records pod usage in <usageRoot>/<ns>/<name>/usage.json (replaced by rename):
+// The CSI driver records pod usage in <usageRoot>/<CacheRelPath>/usage.json (replaced by rename):
 // watched with inotify, re-read on every change, reported with the cache's status.
 void GkmAgentModule::WatchUsage(const std::string& key) {
   Cache& c = caches_.at(key);
   if (c.usage_watch) return;
-  const std::string dir =
-      config_.usage_root + "/" + (c.cluster ? std::string(kClusterScopedDir) : c.ns) + "/" + c.name;
+  const std::string dir = config_.usage_root + "/" + CacheRelPath(c.cluster, c.ns, c.name);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
@@ -569,6 +595,11 @@ void GkmAgentModule::WriteStatus(const std::string& key) {
   const std::string text = status.dump();
   if (text == c.written) return;  // only on change
   c.written = text;
+  if (ObjectName(c).empty()) {
+    context_.Log().warn("cache {}: no status object: \"{}.{}.{}\" would be longer than an object name may be (253)",
+                        key, c.name.size(), c.name, node_);
+    return;
+  }
   const std::string now = Now();
   status["caches"][c.name]["lastUpdated"] = now;
   const std::string kind = c.cluster ? "ClusterGKMCacheNode" : "GKMCacheNode";

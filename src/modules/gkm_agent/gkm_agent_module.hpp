@@ -1,15 +1,17 @@
 #pragma once
 // The `gkm-agent` module (seed 002): GPU kernel caches declared in GKMCache (namespaced) and
 // ClusterGKMCache objects are pulled from their OCI images, extracted, checked against each
-// GPU of this node and kept under <cacheRoot>/<namespace>/<name>/ (`cluster-scoped` for
-// cluster caches) when at least one GPU can use them; each (node, cache) is reported in a
-// GKMCacheNode / ClusterGKMCacheNode object written with server-side apply when it changes.
+// GPU of this node and kept under <cacheRoot>/namespaced/<namespace>/<name>/ (cluster caches:
+// <cacheRoot>/cluster/<name>/; layout.hpp) when at least one GPU can use them; each (node,
+// cache) is reported in a GKMCacheNode / ClusterGKMCacheNode object named
+// <len(cache)>.<cache>.<node>, written with server-side apply when it changes.
 
 #include "loop/backoff.hpp"
 #include "loop/bus.hpp"
 #include "loop/dir_watcher.hpp"
 #include "loop/module.hpp"
 #include "modules/gkm_agent/compat.hpp"
+#include "modules/gkm_agent/layout.hpp"
 #include "modules/gkm_agent/registry_client.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/client.hpp"
@@ -30,7 +32,6 @@ namespace gns::gkm {
 
 inline constexpr std::string_view kGroup = "gkm.io";
 inline constexpr std::string_view kVersion = "v1alpha1";
-inline constexpr std::string_view kClusterScopedDir = "cluster-scoped";
 
 class GkmAgentModule final : public Module {
  public:
@@ -89,8 +90,11 @@ class GkmAgentModule final : public Module {
  private:
   void OnEvent(const kube::ResourceEvent& event);
   void OnSynced();
-  // Both watches listed: remove what no object refers to.
+  // Both watches listed: migrate an old layout, remove what no object refers to.
   void Sweep();
+  // Both watches listed: delete this node's status objects that no cache of ours is written
+  // to (names of the old scheme, caches deleted while we were down).
+  void SweepStatusObjects();
   void Enqueue(const std::string& key);
   void PumpQueue();
   void Pull(const std::string& key);

@@ -106,6 +106,7 @@ void ImexPeersModule::Stop(std::function<void()> done) {
   states_sub_.Reset();
   health_sub_.Reset();
   informer_.reset();
+  self_informer_.reset();
   done();
 }
 
@@ -123,6 +124,7 @@ void ImexPeersModule::OnClique(const gpu_inventory::NodeClique& clique) {
   }
   auto registry = context_.GetServices().Find<kube::InformerRegistry>();
   if (!registry) return;
+  WatchSelf();
   kube::InformerSpec spec;
   spec.path = kube::ResourcePath::Core("nodes").Collection();
   spec.label_selector = config_.clique_label + "=" + clique_;
@@ -131,7 +133,40 @@ void ImexPeersModule::OnClique(const gpu_inventory::NodeClique& clique) {
   Publish();
 }
 
+// This node's own Node, by name: the map's own entry, whether or not the clique label is on
+// it yet (node-labels applies it at start, after we may have listed the clique).
+void ImexPeersModule::WatchSelf() {
+  if (self_informer_) return;
+  if (context_.Site().node_name.empty()) {
+    state_.last_error = "the site has no nodeName: this node's own entry is not known, so the map is not written";
+    context_.Log().warn("{}", state_.last_error);
+    return;
+  }
+  auto registry = context_.GetServices().Find<kube::InformerRegistry>();
+  if (!registry) return;
+  kube::InformerSpec spec;
+  spec.path = kube::ResourcePath::Core("nodes").Collection();
+  spec.field_selector = "metadata.name=" + context_.Site().node_name;
+  self_key_ = spec.Key();
+  self_informer_ = registry->Acquire(spec);
+  ReadSelf();  // shared with imex-health: it may have listed already
+}
+
+void ImexPeersModule::ReadSelf() {
+  if (!self_informer_ || !self_informer_->Synced()) return;
+  const auto node = self_informer_->Get(context_.Site().node_name);
+  std::optional<std::string> address;
+  if (node) address = AddressOf(*node, config_.address_type);
+  if (address == self_address_) return;
+  self_address_ = std::move(address);
+  if (synced_) Reconcile();
+}
+
 void ImexPeersModule::OnResourceEvent(const kube::ResourceEvent& event) {
+  if (!self_key_.empty() && event.informer_key == self_key_) {
+    ReadSelf();
+    return;
+  }
   if (event.informer_key != informer_key_ || !event.object) return;
   const auto meta = kube::ObjectMeta::From(*event.object);
   if (!meta) return;
@@ -144,15 +179,36 @@ void ImexPeersModule::OnResourceEvent(const kube::ResourceEvent& event) {
 }
 
 void ImexPeersModule::OnSynced(const kube::InformerSynced& synced) {
+  if (!self_key_.empty() && synced.informer_key == self_key_) {
+    ReadSelf();
+    return;
+  }
   if (synced.informer_key != informer_key_ || !synced.synced || synced_) return;
   synced_ = true;
   Reconcile();
 }
 
 void ImexPeersModule::Reconcile() {
-  std::vector<std::string> addresses;
+  // This node's own entry comes from its own Node, never from the label (which may not be on
+  // it yet): without it, no map is written at all.
+  const std::string& self = context_.Site().node_name;
+  if (self.empty() || !self_address_ || self_address_->empty()) {
+    if (!self.empty() && self_informer_ && self_informer_->Synced()) {  // not listed yet: just wait
+      self_error_ = !self_address_ ? "this node's own Node " + self + " is not listed: the map is not written"
+                                   : "this node's own Node " + self + " has no " + config_.address_type +
+                                         " address: the map is not written (it must contain this node)";
+      if (state_.last_error != self_error_) context_.Log().warn("{}", self_error_);
+      state_.last_error = self_error_;
+    }
+    Publish();
+    return;
+  }
+  if (!self_error_.empty() && state_.last_error == self_error_) state_.last_error.clear();
+  self_error_.clear();
+  std::vector<std::string> addresses{*self_address_};
   state_.without_address.clear();
   for (const auto& [name, address] : addresses_) {
+    if (name == self) continue;
     if (address.empty()) state_.without_address.push_back(name);
     else addresses.push_back(address);
   }
@@ -165,12 +221,6 @@ void ImexPeersModule::Reconcile() {
   if (!state_.without_address.empty()) {
     context_.Log().warn("clique Nodes without an {} address, left out of the map: {}", config_.address_type,
                         JoinList(state_.without_address));
-  }
-  if (desired.empty()) {
-    // Never write an empty map (IMEX would fail to start): this node's own Node is missing.
-    state_.last_error = "no clique Node has an " + config_.address_type + " address: the map is left as it is";
-    Publish();
-    return;
   }
   if (on_disk_ && *on_disk_ == desired) {
     CheckConsistency();

@@ -3,6 +3,9 @@
 // step with the Nodes of this node's NVLink clique.
 //  - finds its peers by the nvidia.com/gpu.clique label, which the node-labels module writes
 //    (its one writer) on every node from NVML's clique;
+//  - this node is in its own clique by construction (NVML says so), whatever the API shows
+//    yet: its own entry comes from its own Node (one informer, field selector), not from the
+//    label, so no map without it is ever written; until its own address is known, none is;
 //  - watches the Nodes carrying the same label (one informer, label selector) and renders the
 //    map from their InternalIPs (or Hostname addresses), sorted, one per line; written
 //    atomically and only when it changes; Nodes without an address are left out and reported;
@@ -68,6 +71,8 @@ class ImexPeersModule final : public Module {
   void OnClique(const gpu_inventory::NodeClique& clique);
   void OnResourceEvent(const kube::ResourceEvent& event);
   void OnSynced(const kube::InformerSynced& synced);
+  void WatchSelf();
+  void ReadSelf();
   void OnDraState(const dra::DraComputeDomainState& state);
   void OnModuleStates(const ModuleStates& states);
   void OnImexHealth(const imex_health::ImexHealth& health);
@@ -87,6 +92,11 @@ class ImexPeersModule final : public Module {
   std::string informer_key_;
   bool synced_ = false;
   std::map<std::string, std::string> addresses_;  // Node name → address ("" when it has none)
+  // This node's own Node (field selector metadata.name): its address is the map's own entry.
+  std::shared_ptr<kube::Informer> self_informer_;
+  std::string self_key_;
+  std::optional<std::string> self_address_;  // nullopt: own Node not listed yet; "": no address
+  std::string self_error_;                   // why the map waits for this node's own entry
   std::optional<std::string> on_disk_;            // what the file holds (nullopt: not read / missing)
   bool writing_ = false;
   bool write_again_ = false;

@@ -2,10 +2,14 @@
 // becomes Ready with its compatible and incompatible GPU sets in a GKMCacheNode; pod usage
 // from the CSI driver's file shows up; deleting the cache removes files and status; caches no
 // GPU can use are not kept; tampered images fail with a precise reason; a start sweeps caches
-// no object refers to.
+// no object refers to and migrates an old layout; namespaced and cluster caches never share a
+// directory; two nodes' status objects never share a name.
 #include "modules/gkm_agent/gkm_agent_module.hpp"
 #include "registry_fixture.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
+
+#include <algorithm>
+#include <set>
 
 namespace gns::gkm {
 namespace {
@@ -43,19 +47,20 @@ class GkmAgentTest : public kube::test::KubeTestBase {
   }
 
   void TearDown() override {
-    if (module_) {
+    for (auto* m : {&module_, &second_}) {
+      if (!*m) continue;
       bool done = false;
-      module_->Stop([&] { done = true; });
+      (*m)->Stop([&] { done = true; });
       EXPECT_TRUE(h_.RunUntil([&] { return done; }));
-      module_.reset();
+      m->reset();
     }
     if (informers_) informers_->StopAll();
     KubeTestBase::TearDown();
     fs::remove_all(root_);
   }
 
-  void StartAgent(std::vector<gpu_inventory::GpuInfo> gpus) {
-    h_.site.node_name = "node-a";
+  void StartAgent(std::vector<gpu_inventory::GpuInfo> gpus, const std::string& node = "node-a") {
+    h_.site.node_name = node;
     auto client = MakeClient(BaseConfig());
     kube::InformerOptions options;
     options.backoff = BackoffPolicy{milliseconds(50), milliseconds(500), 2.0, 0.5};
@@ -73,6 +78,23 @@ class GkmAgentTest : public kube::test::KubeTestBase {
                                                [](ModuleHealth, std::string) {});
     module_ = std::make_unique<GkmAgentModule>(*context_, config_);
     module_->Start();
+  }
+
+  // Another node's agent beside the first (its own cacheRoot), sharing the API and the GPUs.
+  void StartSecondAgent(const std::string& node) {
+    h_.site.node_name = node;
+    auto config = config_;
+    config.cache_root = (root_ / ("caches-" + node)).string();
+    config.usage_root = (root_ / ("usage-" + node)).string();
+    second_context_ = std::make_unique<ModuleContext>(h_.Parts(), std::string(GkmAgentModule::kName),
+                                                      [](std::string) {}, [](ModuleHealth, std::string) {});
+    second_ = std::make_unique<GkmAgentModule>(*second_context_, config);
+    second_->Start();
+  }
+
+  // The status object of `cache` on `node`: "<length of the cache's name>.<cache>.<node>".
+  static std::string StatusName(const std::string& cache, const std::string& node = "node-a") {
+    return std::to_string(cache.size()) + "." + cache + "." + node;
   }
 
   static gpu_inventory::GpuInfo Gpu(uint32_t index, const std::string& name, int major, int minor) {
@@ -97,7 +119,7 @@ class GkmAgentTest : public kube::test::KubeTestBase {
   // The cache entry of a (Cluster)GKMCacheNode once its state is `state`.
   json WaitForState(const std::string& nodes, const std::string& cache, const std::string& state) {
     json entry;
-    const std::string path = nodes + "/" + cache + "-node-a";
+    const std::string path = nodes + "/" + StatusName(cache);
     EXPECT_TRUE(h_.RunUntil(
         [&] {
           const auto r = server_->Call("GET", path);
@@ -111,10 +133,22 @@ class GkmAgentTest : public kube::test::KubeTestBase {
     return entry;
   }
 
-  static std::size_t Entries(const fs::path& dir) {
+  static std::vector<std::string> Entries(const fs::path& dir) {
     std::error_code ec;
+    std::vector<std::string> names;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      names.push_back(it->path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  static std::size_t Kernels(const fs::path& dir) {
     std::size_t n = 0;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) ++n;
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      n += it->path().filename() == "add_kernel.json";
+    }
     return n;
   }
 
@@ -125,6 +159,8 @@ class GkmAgentTest : public kube::test::KubeTestBase {
   std::shared_ptr<kube::InformerRegistry> informers_;
   std::unique_ptr<ModuleContext> context_;
   std::unique_ptr<GkmAgentModule> module_;
+  std::unique_ptr<ModuleContext> second_context_;
+  std::unique_ptr<GkmAgentModule> second_;
 };
 
 fs::path* GkmAgentTest::reg_dir_ = nullptr;
@@ -141,33 +177,31 @@ TEST_F(GkmAgentTest, ACacheBecomesReadyPerGpuThenGoesAwayWithItsObject) {
   ASSERT_EQ(entry["incompatibleGPUs"].size(), 1u);
   EXPECT_EQ(entry["incompatibleGPUs"][0]["ids"], json::parse("[2]"));
   EXPECT_EQ(entry["incompatibleGPUs"][0]["reason"], "ArchitectureMismatch");
-  auto node = server_->Call("GET", std::string(kNodes) + "/llama-node-a").Json();
+  auto node = server_->Call("GET", std::string(kNodes) + "/5.llama.node-a").Json();
   EXPECT_EQ(node["metadata"]["labels"]["gkm.node"], "node-a");
   EXPECT_TRUE(node["metadata"]["annotations"].contains("gkm.io/lastUpdated"));
   EXPECT_EQ(node["spec"]["nodeName"], "node-a");
   EXPECT_EQ(node["status"]["gpus"].size(), 2u);  // H200 ×2 and L40S, grouped by type
 
   // The cache is on disk, in place, with nothing half-written beside it.
-  const fs::path dir = root_ / "caches/ml/llama";
-  std::size_t metadata = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) metadata += e.path().filename() == "add_kernel.json";
-  EXPECT_EQ(metadata, 2u);
-  EXPECT_EQ(Entries(root_ / "caches"), 1u);  // only "ml": no .pull-* left
+  const fs::path dir = root_ / "caches/namespaced/ml/llama";
+  EXPECT_EQ(Kernels(dir), 2u);
+  EXPECT_EQ(Entries(root_ / "caches"), (std::vector<std::string>{".layout", "namespaced"}));  // no .pull-* left
 
   // The CSI driver records a pod (atomically, by rename): the status follows.
-  const fs::path usage = root_ / "usage/ml/llama";
+  const fs::path usage = root_ / "usage/namespaced/ml/llama";
   ASSERT_TRUE(h_.RunUntil([&] { return fs::exists(usage); }));
   std::ofstream(usage / "usage.json.tmp")
       << R"({"pod-foo":[{"podName":"pod-foo","podNamespace":"ml","volumeId":"csi-1","targetPath":"/x"}]})";
   fs::rename(usage / "usage.json.tmp", usage / "usage.json");
   ASSERT_TRUE(h_.RunUntil([&] {
-    auto n = server_->Call("GET", std::string(kNodes) + "/llama-node-a").Json();
+    auto n = server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).Json();
     return n["status"]["caches"]["llama"]["pods"] == json::parse(R"([{"podName":"pod-foo","podNamespace":"ml","volumeId":"csi-1"}])");
   }));
 
   ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/llama").status, 200);
   EXPECT_TRUE(h_.RunUntil([&] {
-    return !fs::exists(dir) && server_->Call("GET", std::string(kNodes) + "/llama-node-a").status == 404;
+    return !fs::exists(dir) && server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).status == 404;
   }));
 }
 
@@ -175,7 +209,7 @@ TEST_F(GkmAgentTest, AStatusWriteThatFailsIsWrittenAgainWithoutAnotherChange) {
   registry_->Push("caches/flaky", "v1", {"--triton", "90"});
   // The Ready write and its first retry fail (a 500 on a PATCH: the client does not retry it
   // by itself); nothing else changes afterwards, so only the module's own retry lands it.
-  server_->FailNextRequests(500, 2, "/gkmcachenodes/flaky-node-a", 0);
+  server_->FailNextRequests(500, 2, "/gkmcachenodes/5.flaky.node-a", 0);
   StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
   ASSERT_EQ(server_->Call("POST", kCaches, Cache("flaky", registry_->Host() + "/caches/flaky:v1").dump()).status, 201);
   const auto entry = WaitForState(kNodes, "flaky", "Ready");
@@ -191,7 +225,7 @@ TEST_F(GkmAgentTest, ACacheNoGpuCanUseIsReportedAndNotKept) {
   EXPECT_EQ(entry["reason"], "Incompatible");
   EXPECT_EQ(entry["incompatibleGPUs"][0]["message"],
             "kernels built for sm_75, GPU 0 (NVIDIA H200) is sm_90 (compute capability 9.0)");
-  EXPECT_FALSE(fs::exists(root_ / "caches/cluster-scoped/turing"));
+  EXPECT_FALSE(fs::exists(root_ / "caches/cluster/turing"));
 }
 
 TEST_F(GkmAgentTest, ANodeWithoutGpusKeepsNothing) {
@@ -200,7 +234,7 @@ TEST_F(GkmAgentTest, ANodeWithoutGpusKeepsNothing) {
   ASSERT_EQ(server_->Call("POST", kCaches, Cache("nogpu", registry_->Host() + "/caches/nogpu:v1").dump()).status, 201);
   auto entry = WaitForState(kNodes, "nogpu", "Incompatible");
   EXPECT_EQ(entry["reason"], "NoGpus");
-  EXPECT_EQ(Entries(root_ / "caches"), 0u);
+  EXPECT_EQ(Entries(root_ / "caches"), std::vector<std::string>{".layout"});
 }
 
 TEST_F(GkmAgentTest, BadImagesFailWithAPreciseReasonAndLeaveNothing) {
@@ -217,19 +251,129 @@ TEST_F(GkmAgentTest, BadImagesFailWithAPreciseReasonAndLeaveNothing) {
   auto evil = WaitForState(kNodes, "evil", "Failed");
   EXPECT_EQ(evil["reason"], "UnsafeArchive");
   EXPECT_NE(evil["message"].get<std::string>().find("\"..\" component refused"), std::string::npos) << evil;
-  EXPECT_EQ(Entries(root_ / "caches"), 0u);
+  EXPECT_EQ(Entries(root_ / "caches"), std::vector<std::string>{".layout"});
 }
 
 TEST_F(GkmAgentTest, StartSweepsCachesNoObjectRefersTo) {
   registry_->Push("caches/kept", "v1", {"--triton", "90"});
-  fs::create_directories(root_ / "caches/ml/stale/x");
-  fs::create_directories(root_ / "caches/ml/kept");
+  std::ofstream(root_ / "caches/.layout") << "2\n";  // already the new layout
+  fs::create_directories(root_ / "caches/namespaced/ml/stale/x");
+  fs::create_directories(root_ / "caches/namespaced/gone/old");
+  fs::create_directories(root_ / "caches/namespaced/ml/kept");
+  fs::create_directories(root_ / "caches/cluster/gone");
   fs::create_directories(root_ / "caches/.pull-123/blobs");
   ASSERT_EQ(server_->Call("POST", kCaches, Cache("kept", registry_->Host() + "/caches/kept:v1").dump()).status, 201);
   StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
   WaitForState(kNodes, "kept", "Ready");
-  EXPECT_TRUE(h_.RunUntil([&] { return !fs::exists(root_ / "caches/ml/stale") && !fs::exists(root_ / "caches/.pull-123"); }));
-  EXPECT_TRUE(fs::exists(root_ / "caches/ml/kept"));
+  EXPECT_TRUE(h_.RunUntil([&] {
+    return !fs::exists(root_ / "caches/namespaced/ml/stale") && !fs::exists(root_ / "caches/.pull-123") &&
+           !fs::exists(root_ / "caches/cluster/gone") && !fs::exists(root_ / "caches/namespaced/gone");
+  }));
+  EXPECT_EQ(Kernels(root_ / "caches/namespaced/ml/kept"), 1u);
+}
+
+// The issue: a GKMCache in a namespace named "cluster-scoped" had the ClusterGKMCache's key and
+// directory: its pull replaced the cluster cache's files and its deletion removed them. Now
+// the two never share a path, whatever the names.
+TEST_F(GkmAgentTest, ANamespacedCacheNeverReachesAClusterCachesFiles) {
+  constexpr const char* kOddCaches = "/apis/gkm.io/v1alpha1/namespaces/cluster-scoped/gkmcaches";
+  constexpr const char* kOddNodes = "/apis/gkm.io/v1alpha1/namespaces/cluster-scoped/gkmcachenodes";
+  const auto cluster_image = registry_->Push("caches/shared", "v1", {"--triton", "90"});
+  const auto tenant_image = registry_->Push("caches/tenant", "v1", {"--triton", "80,90"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kClusterCaches, Cache("llama", registry_->Host() + "/caches/shared:v1", true).dump()).status,
+            201);
+  const auto cluster_entry = WaitForState(kClusterNodes, "llama", "Ready");
+  auto tenant = Cache("llama", registry_->Host() + "/caches/tenant:v1");
+  tenant["metadata"]["namespace"] = "cluster-scoped";
+  ASSERT_EQ(server_->Call("POST", kOddCaches, tenant.dump()).status, 201);
+  const auto tenant_entry = WaitForState(kOddNodes, "llama", "Ready");
+  EXPECT_EQ(tenant_entry["digest"], tenant_image["manifest"]);
+  // Each in its own directory, the cluster cache's files untouched.
+  EXPECT_EQ(Kernels(root_ / "caches/cluster/llama"), 1u);
+  EXPECT_EQ(Kernels(root_ / "caches/namespaced/cluster-scoped/llama"), 2u);
+  // The namespaced one goes: only its own files go with it.
+  ASSERT_EQ(server_->Call("DELETE", std::string(kOddCaches) + "/llama").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return !fs::exists(root_ / "caches/namespaced/cluster-scoped/llama"); }));
+  h_.Drain();
+  EXPECT_EQ(Kernels(root_ / "caches/cluster/llama"), 1u);
+  const auto cluster_now = server_->Call("GET", std::string(kClusterNodes) + "/" + StatusName("llama")).Json();
+  EXPECT_EQ(cluster_now["status"]["caches"]["llama"]["state"], "Ready");
+  EXPECT_EQ(cluster_now["status"]["caches"]["llama"]["digest"], cluster_image["manifest"]);
+  EXPECT_EQ(cluster_entry["digest"], cluster_image["manifest"]);
+}
+
+// The issue: "<cache>-<node>" made cache llama-gpu on node1 and cache llama on gpu-node1 one
+// object, flipped by two agents and deleted by either. Now each (node, cache) has its own.
+TEST_F(GkmAgentTest, TwoNodesStatusObjectsNeverShareAName) {
+  registry_->Push("caches/llama", "v1", {"--triton", "90"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)}, "node1");
+  StartSecondAgent("gpu-node1");
+  for (const char* name : {"llama-gpu", "llama"}) {
+    ASSERT_EQ(server_->Call("POST", kCaches, Cache(name, registry_->Host() + "/caches/llama:v1").dump()).status, 201);
+  }
+  // One object per (node, cache), each Ready, each saying whose it is.
+  auto pairs = [&] {
+    std::set<std::pair<std::string, std::string>> out;
+    const json list = server_->Call("GET", kNodes).Json();
+    for (const auto& item : list.value("items", json::array())) {
+      const std::string node = item.value(json::json_pointer("/spec/nodeName"), "");
+      const std::string cache = item.value(json::json_pointer("/spec/cacheName"), "");
+      if (item.value(json::json_pointer("/status/caches/" + cache + "/state"), "") != "Ready") continue;
+      out.insert({node, cache});
+      EXPECT_EQ(item.value(json::json_pointer("/metadata/labels/gkm.node"), ""), node) << item.dump();
+    }
+    return out;
+  };
+  const std::set<std::pair<std::string, std::string>> all = {
+      {"node1", "llama"}, {"node1", "llama-gpu"}, {"gpu-node1", "llama"}, {"gpu-node1", "llama-gpu"}};
+  ASSERT_TRUE(h_.RunUntil([&] { return pairs() == all && server_->Call("GET", kNodes).Json()["items"].size() == 4; },
+                          std::chrono::seconds(60)))
+      << server_->Call("GET", kNodes).Json().dump();
+  EXPECT_EQ(server_->Call("GET", std::string(kNodes) + "/9.llama-gpu.node1").status, 200);
+  EXPECT_EQ(server_->Call("GET", std::string(kNodes) + "/5.llama.gpu-node1").status, 200);
+  // Cache llama goes: both nodes' llama objects go, both llama-gpu objects stay.
+  ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/llama").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return server_->Call("GET", kNodes).Json()["items"].size() == 2; }));
+  h_.Drain();
+  EXPECT_EQ(pairs(), (std::set<std::pair<std::string, std::string>>{{"node1", "llama-gpu"}, {"gpu-node1", "llama-gpu"}}));
+}
+
+// A cacheRoot of the old layout (<ns>/<name>, cluster-scoped/<name>) and status objects of the
+// old names: at start the caches objects still claim move to the new layout, with their files
+// (a pull that fails then leaves them in place, as for any Ready cache); a directory both a
+// GKMCache and a ClusterGKMCache could own is dropped; old status objects are deleted.
+TEST_F(GkmAgentTest, AnOldLayoutIsMigratedWithoutLosingACache) {
+  constexpr const char* kOddCaches = "/apis/gkm.io/v1alpha1/namespaces/cluster-scoped/gkmcaches";
+  for (const char* dir : {"ml/llama", "cluster-scoped/turing", "cluster-scoped/both", "ml/stale"}) {
+    fs::create_directories(root_ / "caches" / dir / "kernels");
+    std::ofstream(root_ / "caches" / dir / "kernels/add_kernel.json") << "{}";
+  }
+  fs::create_directories(root_ / "caches/.pull-123/blobs");
+  const std::string absent = registry_->Host() + "/caches/absent:v1";  // every pull fails: NotFound
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("llama", absent).dump()).status, 201);
+  ASSERT_EQ(server_->Call("POST", kClusterCaches, Cache("turing", absent, true).dump()).status, 201);
+  ASSERT_EQ(server_->Call("POST", kClusterCaches, Cache("both", absent, true).dump()).status, 201);
+  auto odd = Cache("both", absent);
+  odd["metadata"]["namespace"] = "cluster-scoped";
+  ASSERT_EQ(server_->Call("POST", kOddCaches, odd.dump()).status, 201);
+  // A status object of the old name ("<cache>-<node>") this agent wrote before.
+  const json old_status = {{"apiVersion", "gkm.io/v1alpha1"},
+                           {"kind", "GKMCacheNode"},
+                           {"metadata", {{"name", "llama-node-a"}, {"namespace", "ml"}, {"labels", {{"gkm.node", "node-a"}}}}},
+                           {"spec", {{"nodeName", "node-a"}, {"cacheName", "llama"}}}};
+  ASSERT_EQ(server_->Call("POST", kNodes, old_status.dump()).status, 201);
+
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  EXPECT_EQ(WaitForState(kNodes, "llama", "Failed")["reason"], "NotFound");
+  WaitForState(kClusterNodes, "turing", "Failed");
+  EXPECT_EQ(Kernels(root_ / "caches/namespaced/ml/llama"), 1u);
+  EXPECT_EQ(Kernels(root_ / "caches/cluster/turing"), 1u);
+  EXPECT_EQ(Entries(root_ / "caches"), (std::vector<std::string>{".layout", "cluster", "namespaced"}));
+  EXPECT_EQ(Entries(root_ / "caches/cluster"), std::vector<std::string>{"turing"});
+  EXPECT_EQ(Entries(root_ / "caches/namespaced"), std::vector<std::string>{"ml"});
+  EXPECT_EQ(Entries(root_ / "caches/namespaced/ml"), std::vector<std::string>{"llama"});
+  EXPECT_TRUE(h_.RunUntil([&] { return server_->Call("GET", std::string(kNodes) + "/llama-node-a").status == 404; }));
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
 // The gkm-agent's parts alone: image references, pull-secret credentials, manifests, auth
 // challenges, extraction of real tar layers (hostile ones included) and the per-GPU verdict
-// from Triton cache metadata.
+// from Triton cache metadata; the on-disk layout, its migration (interrupted too) and the status
+// object names.
 #include "modules/gkm_agent/compat.hpp"
 #include "modules/gkm_agent/extract.hpp"
 #include "modules/gkm_agent/image.hpp"
+#include "modules/gkm_agent/layout.hpp"
 #include "modules/gkm_agent/registry_client.hpp"
 #include "registry_fixture.hpp"
 
 #include <sys/stat.h>
+
+#include <fstream>
 
 namespace gns::gkm {
 namespace {
@@ -296,6 +300,74 @@ TEST(CompatTest, MapsPtxToCuda) {
   EXPECT_EQ(CudaVersionForPtx(87), 12080);
   EXPECT_EQ(CudaVersionForPtx(42), 0);
   EXPECT_EQ(CudaVersionText(12040), "12.4");
+}
+
+// Two (cache, node) pairs never give one status object name, whatever dots and dashes.
+TEST(LayoutTest, StatusObjectNamesAreUniquePerPair) {
+  EXPECT_EQ(StatusObjectName("llama", "node-a"), "5.llama.node-a");
+  EXPECT_NE(StatusObjectName("llama-gpu", "node1"), StatusObjectName("llama", "gpu-node1"));
+  EXPECT_NE(StatusObjectName("a.b", "c"), StatusObjectName("a", "b.c"));
+  EXPECT_NE(StatusObjectName("1.a", "b"), StatusObjectName("a", "1.a.b"));
+  EXPECT_EQ(StatusObjectName(std::string(200, 'c'), std::string(60, 'n')), "");  // over 253
+  EXPECT_EQ(CacheRelPath(true, "", "x"), "cluster/x");
+  EXPECT_EQ(CacheRelPath(false, "cluster", "x"), "namespaced/cluster/x");
+}
+
+class LayoutMigrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override { root_ = test::TempDir("gkm-layout"); }
+  void TearDown() override { fs::remove_all(root_); }
+  void Make(const std::string& dir) {
+    fs::create_directories(root_ / dir);
+    std::ofstream(root_ / dir / "file") << dir;
+  }
+  std::string Content(const std::string& dir) { return test::ReadText(root_ / dir / "file"); }
+  fs::path root_;
+};
+
+// Killed while setting the old layout aside: the next start finishes, nothing is lost.
+TEST_F(LayoutMigrationTest, AMigrationKilledWhileSettingAsideFinishes) {
+  Make(".migrate.tmp/ml/a");  // moved before the kill
+  Make("ml2/b");              // not yet
+  Make(".pull-9/x");
+  WantedCaches wanted;
+  wanted.namespaced = {"ml/a", "ml2/b"};
+  const auto report = MigrateLayout(root_.string(), wanted);
+  EXPECT_EQ(report.moved.size(), 2u);
+  EXPECT_EQ(Content("namespaced/ml/a"), ".migrate.tmp/ml/a");
+  EXPECT_EQ(Content("namespaced/ml2/b"), "ml2/b");
+  EXPECT_TRUE(fs::exists(root_ / ".layout"));
+  EXPECT_FALSE(fs::exists(root_ / ".migrate.tmp"));
+  EXPECT_FALSE(fs::exists(root_ / ".migrate"));
+  EXPECT_FALSE(fs::exists(root_ / "ml2"));
+  EXPECT_TRUE(fs::exists(root_ / ".pull-9"));  // the sweep's, not the migration's
+  EXPECT_EQ(SweepLayout(root_.string(), wanted), std::vector<std::string>{".pull-9"});
+}
+
+// Killed while moving caches to their new places: the next start moves the rest; the new
+// layout's directories (whose names are also namespace names) are not taken for old ones.
+TEST_F(LayoutMigrationTest, AMigrationKilledWhileMovingFinishesAndLeavesTheNewLayoutAlone) {
+  std::ofstream(root_ / ".layout") << "2\n";
+  Make("cluster/done");  // moved before the kill
+  Make(".migrate/cluster-scoped/rest");
+  Make(".migrate/cluster-scoped/shared");  // claimed by both scopes: nobody's for sure
+  Make(".migrate/cluster/ns-cache");       // the old layout's namespace "cluster"
+  WantedCaches wanted;
+  wanted.cluster = {"done", "rest", "shared"};
+  wanted.namespaced = {"cluster-scoped/shared", "cluster/ns-cache"};
+  const auto report = MigrateLayout(root_.string(), wanted);
+  EXPECT_EQ(Content("cluster/done"), "cluster/done");
+  EXPECT_EQ(Content("cluster/rest"), ".migrate/cluster-scoped/rest");
+  EXPECT_EQ(Content("namespaced/cluster/ns-cache"), ".migrate/cluster/ns-cache");
+  EXPECT_FALSE(fs::exists(root_ / "cluster/shared"));
+  EXPECT_FALSE(fs::exists(root_ / "namespaced/cluster-scoped/shared"));
+  EXPECT_FALSE(fs::exists(root_ / ".migrate"));
+  ASSERT_EQ(report.removed.size(), 1u);
+  EXPECT_NE(report.removed[0].find("claimed by both"), std::string::npos) << report.removed[0];
+  // Run again (the next start): nothing to do.
+  const auto again = MigrateLayout(root_.string(), wanted);
+  EXPECT_TRUE(again.moved.empty() && again.removed.empty());
+  EXPECT_EQ(Content("cluster/rest"), ".migrate/cluster-scoped/rest");
 }
 
 }  // namespace

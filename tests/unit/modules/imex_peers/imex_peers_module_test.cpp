@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/null_sink.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -241,6 +242,63 @@ TEST_F(ImexPeersModuleTest, PolicyNever) {
   ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n"; })) << Map();
   ASSERT_TRUE(ConditionIs("True", "RestartPolicyNever"));
   EXPECT_EQ(peers_->restarts, 0u);
+}
+
+// At start node-labels may not have put the clique label on our own Node yet (or is not
+// enabled here): the clique's Nodes are then only the peers. This node is in its clique by
+// NVML's word, so the map always has its own entry, from its own Node: the first map written
+// is the whole clique, and the label arriving later changes nothing (no second write, no
+// second restart).
+TEST_F(ImexPeersModuleTest, TheMapAlwaysHoldsThisNodeEvenBeforeItsCliqueLabelIsOn) {
+  ASSERT_EQ(server_
+                ->Call("PATCH", "/api/v1/nodes/node1", R"({"metadata":{"labels":null}})",
+                       "application/merge-patch+json")
+                .status,
+            200);
+  std::vector<std::vector<std::string>> written;  // the map at each write
+  auto record = h_.bus.Subscribe<ImexPeersState>([&](const ImexPeersState& s) {
+    if (s.writes > written.size()) written.push_back(s.peers);
+  });
+  Start("always", true, 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return peers_ && peers_->restarts == 1 && !peers_->restart_pending; }));
+  EXPECT_EQ(Map(), "10.0.0.1\n10.0.0.2\n");
+  // node-labels puts the label on; then a new peer joins (its event comes after ours on the
+  // same watch, so once it is in the map ours has been seen).
+  ASSERT_EQ(server_
+                ->Call("PATCH", "/api/v1/nodes/node1", R"({"metadata":{"labels":{"nvidia.com/gpu.clique":"c1"}}})",
+                       "application/merge-patch+json")
+                .status,
+            200);
+  server_->Seed(NodeObject("node3", "c1", "10.0.0.3"));
+  ASSERT_TRUE(h_.RunUntil([&] { return peers_->restarts == 2 && !peers_->restart_pending; })) << Map();
+  EXPECT_EQ(Map(), "10.0.0.1\n10.0.0.2\n10.0.0.3\n");
+  h_.Drain();
+  EXPECT_EQ(peers_->writes, 2u);  // one per change of the clique, none for the label
+  EXPECT_EQ(peers_->restarts, 2u);
+  for (const auto& map : written) {
+    EXPECT_NE(std::find(map.begin(), map.end(), "10.0.0.1"), map.end()) << "a map without this node was written";
+  }
+}
+
+// Without this node's own address nothing is written (a map without this node would be
+// wrong), and the state says why; once the address is there, the map is.
+TEST_F(ImexPeersModuleTest, NoMapIsWrittenUntilThisNodesOwnAddressIsKnown) {
+  auto set_address = [&](const std::string& addresses) {
+    return server_
+        ->Call("PATCH", "/api/v1/nodes/node1/status", R"({"status":{"addresses":)" + addresses + "}}",
+               "application/merge-patch+json")
+        .status;
+  };
+  ASSERT_EQ(set_address("[]"), 200);
+  Start("never", true, 0);
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return peers_ && peers_->last_error.find("own Node node1 has no InternalIP address") != std::string::npos;
+  })) << (peers_ ? peers_->last_error : "");
+  EXPECT_EQ(peers_->writes, 0u);
+  EXPECT_EQ(Map(), "10.0.0.1\n");  // as it was
+  ASSERT_EQ(set_address(R"([{"type":"InternalIP","address":"10.0.0.1"}])"), 200);
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() == "10.0.0.1\n10.0.0.2\n" && peers_->writes == 1; })) << Map();
+  EXPECT_EQ(peers_->last_error, "");
 }
 
 TEST_F(ImexPeersModuleTest, BadConfig) {
