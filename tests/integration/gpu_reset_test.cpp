@@ -5,7 +5,7 @@
 // Covers: a reset that validates (persistence mode restored, the others untouched); a failed
 // command and a pending row remap (Unhealthy, RESTART_BM); a holder that refuses it; kill -9
 // while the command runs, resumed after the restart and validated; GPUReset objects for this
-// node, for another node and naming an unknown GPU.
+// node, for another node, naming an unknown GPU and with malformed selectors.
 #include "apiserver.h"
 #include "support/http_client.hpp"
 #include "support/subprocess.hpp"
@@ -331,8 +331,37 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   create("reset-mine", "n1", {uuids_[5]});
   create("reset-other-node", "n2", {uuids_[6]});
   create("reset-unknown", "n1", {"GPU-00000000-1111-2222-3333-444444444444"});
-  ASSERT_TRUE(Eventually([&] { return !complete("reset-mine").is_null() && !complete("reset-unknown").is_null(); }))
-      << server.Call("GET", path).body << supervisor_->Output();
+  // Malformed selectors (issue #24): each refused naming its field, never read as "every GPU".
+  const std::vector<std::pair<std::string, json>> malformed = {
+      {"reset-selector-list", {{"nodeName", "n1"}, {"selector", json::array({uuids_[7]})}}},
+      {"reset-uuids-string", {{"nodeName", "n1"}, {"selector", {{"uuids", uuids_[7]}}}}},
+      {"reset-uuids-empty", {{"nodeName", "n1"}, {"selector", {{"uuids", json::array()}}}}},
+      {"reset-selector-pruned", {{"nodeName", "n1"}, {"selector", json::object()}}},
+      {"reset-no-selector", {{"nodeName", "n1"}}},
+  };
+  for (const auto& [name, spec] : malformed) {
+    const json object{{"apiVersion", "janitor.dgxc.nvidia.com/v1alpha1"},
+                      {"kind", "GPUReset"},
+                      {"metadata", {{"name", name}}},
+                      {"spec", spec}};
+    ASSERT_EQ(server.Call("POST", path, object.dump()).status, 201) << name;
+  }
+  ASSERT_TRUE(Eventually([&] {
+    if (complete("reset-mine").is_null() || complete("reset-unknown").is_null()) return false;
+    for (const auto& [name, spec] : malformed) {
+      if (complete(name).is_null()) return false;
+    }
+    return true;
+  })) << server.Call("GET", path).body << supervisor_->Output();
+  for (const auto& [name, spec] : malformed) {
+    const auto c = complete(name);
+    EXPECT_EQ(c["status"], "False") << name << ": " << c.dump();
+    EXPECT_EQ(c["reason"], "InvalidRequest") << name << ": " << c.dump();
+    EXPECT_EQ(c["message"].get<std::string>().rfind("spec.selector", 0), 0u) << name << ": " << c.dump();
+  }
+  EXPECT_NE(complete("reset-uuids-string")["message"].get<std::string>().find(
+                "spec.selector.uuids: expected a non-empty list of GPU UUIDs, got a string"),
+            std::string::npos);
   const auto mine = complete("reset-mine");
   EXPECT_EQ(mine["status"], "True") << mine.dump();
   const auto mine_status = server.Call("GET", path + "/reset-mine").Json()["status"];
@@ -347,7 +376,9 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   EXPECT_FALSE(server.Call("GET", path + "/reset-other-node").Json().contains("status"))
       << "another node's object is not ours to touch";
   EXPECT_EQ(GpuState(uuids_[5])["resets"], 1);
-  EXPECT_EQ(GpuState(uuids_[6])["resets"], 0);
+  for (std::size_t i = 0; i < uuids_.size(); ++i) {
+    if (i != 5) EXPECT_EQ(GpuState(uuids_[i])["resets"], 0) << uuids_[i] << " was not asked for";
+  }
 
   // A restart does not act on a finished object again.
   supervisor_->Signal(SIGTERM);

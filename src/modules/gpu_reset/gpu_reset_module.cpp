@@ -7,6 +7,7 @@
 #include "modules/gpu_inventory/maintenance.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_reset/journal_sender.hpp"
+#include "modules/gpu_reset/reset_request.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
@@ -57,11 +58,6 @@ std::string LastLine(const std::string& output) {
   if (end == std::string::npos) return "";
   const std::size_t start = output.rfind('\n', end);
   return output.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
-}
-
-bool LooksLikeGpuUuid(std::string_view text) {
-  if (text.size() < 8 || text.substr(0, 4) != "GPU-") return false;
-  return std::all_of(text.begin() + 4, text.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-'; });
 }
 
 // The handler of use_awaitable is move-only; std::function needs a copyable callable.
@@ -255,40 +251,32 @@ void GpuResetModule::OnObject(const nlohmann::json& object) {
   job.object_uid = meta->uid;
   job.generation = object.value(nlohmann::json::json_pointer("/metadata/generation"), int64_t{0});
   job.created_unix_ms = NowMs();
-  // spec.selector.uuids and .pciBusIDs; neither: every GPU of the node (upstream's meaning).
+  // Only a selector that names GPUs, or says all: true, selects any; anything else (missing,
+  // empty, a misspelt key, a wrong type) is refused with the field it is about, nothing touched.
+  const GpuSelection selection = ParseGpuSelector(*spec);
   std::vector<std::string> uuids;
-  std::string problem;
+  std::string problem = selection.error;
   const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  const auto selector = spec->find("selector");
-  bool selected_any = false;
-  if (selector != spec->end() && selector->is_object()) {
-    if (const auto list = selector->find("uuids"); list != selector->end() && list->is_array()) {
-      for (const auto& u : *list) {
-        selected_any = true;
-        if (!u.is_string() || !LooksLikeGpuUuid(u.get<std::string>())) {
-          problem = "spec.selector.uuids holds " + u.dump() + ", which is not a GPU UUID";
-        } else if (inventory == nullptr || inventory->FindByUuid(u.get<std::string>()) == nullptr) {
-          problem = "GPU " + u.get<std::string>() + " is not on node " + node_name_;
-        } else {
-          uuids.push_back(u.get<std::string>());
-        }
-      }
-    }
-    if (const auto list = selector->find("pciBusIDs"); list != selector->end() && list->is_array()) {
-      for (const auto& p : *list) {
-        selected_any = true;
-        const auto pci = p.is_string() ? ParsePciAddress(p.get<std::string>()) : std::nullopt;
-        const auto* gpu = pci && inventory != nullptr ? inventory->FindByPci(*pci) : nullptr;
-        if (gpu == nullptr) {
-          problem = "spec.selector.pciBusIDs holds " + p.dump() + ", which is no GPU of node " + node_name_;
-        } else {
-          uuids.push_back(gpu->uuid);
-        }
-      }
+  if (problem.empty() && selection.all && inventory != nullptr) {
+    for (const auto& gpu : inventory->gpus) uuids.push_back(gpu.uuid);
+  }
+  for (std::size_t i = 0; problem.empty() && i < selection.uuids.size(); ++i) {
+    const std::string& uuid = selection.uuids[i];
+    if (inventory == nullptr || inventory->FindByUuid(uuid) == nullptr) {
+      problem = "spec.selector.uuids[" + std::to_string(i) + "]: GPU " + uuid + " is not on node " + node_name_;
+    } else {
+      uuids.push_back(uuid);
     }
   }
-  if (!selected_any && inventory != nullptr) {
-    for (const auto& gpu : inventory->gpus) uuids.push_back(gpu.uuid);
+  for (std::size_t i = 0; problem.empty() && i < selection.pci_bus_ids.size(); ++i) {
+    const auto pci = ParsePciAddress(selection.pci_bus_ids[i]);
+    const auto* gpu = pci && inventory != nullptr ? inventory->FindByPci(*pci) : nullptr;
+    if (gpu == nullptr) {
+      problem = "spec.selector.pciBusIDs[" + std::to_string(i) + "]: " + selection.pci_bus_ids[i] +
+                " is no GPU of node " + node_name_;
+    } else {
+      uuids.push_back(gpu->uuid);
+    }
   }
   std::sort(uuids.begin(), uuids.end());
   uuids.erase(std::unique(uuids.begin(), uuids.end()), uuids.end());
