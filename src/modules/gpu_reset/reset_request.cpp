@@ -73,7 +73,9 @@ bool LooksLikeGpuUuid(std::string_view text) {
                      [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-'; });
 }
 
-GpuSelection ParseGpuSelector(const nlohmann::json& spec) {
+namespace {
+
+GpuSelection Check(const nlohmann::json& spec) {
   GpuSelection out;
   const auto selector = spec.is_object() ? spec.find("selector") : spec.end();
   if (!spec.is_object() || selector == spec.end()) {
@@ -114,6 +116,15 @@ GpuSelection ParseGpuSelector(const nlohmann::json& spec) {
                 "; " + std::string(kHowToSelect);
     return out;
   }
+  return out;
+}
+
+}  // namespace
+
+GpuSelection ParseGpuSelector(const nlohmann::json& spec) {
+  GpuSelection out = Check(spec);
+  // An invalid request selects nothing, whatever was read before the problem.
+  if (!out.error.empty()) out = GpuSelection{false, {}, {}, std::move(out.error)};
   return out;
 }
 

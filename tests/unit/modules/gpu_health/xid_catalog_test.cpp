@@ -167,7 +167,9 @@ TEST(XidCatalog, ActionsRankInOneEscalationOrder) {
   // Every action that takes the device out of service ranks above every one that does not.
   for (const auto acts : order) {
     for (const auto leaves : order) {
-      if (ActsOnDevice(acts) && !ActsOnDevice(leaves)) EXPECT_GT(ActionRank(acts), ActionRank(leaves));
+      if (ActsOnDevice(acts) && !ActsOnDevice(leaves)) {
+        EXPECT_GT(ActionRank(acts), ActionRank(leaves));
+      }
     }
   }
 }
