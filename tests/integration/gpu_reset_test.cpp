@@ -414,7 +414,9 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
       << "another node's object is not ours to touch";
   EXPECT_EQ(GpuState(uuids_[5])["resets"], 1);
   for (std::size_t i = 0; i < uuids_.size(); ++i) {
-    if (i != 5) EXPECT_EQ(GpuState(uuids_[i])["resets"], 0) << uuids_[i] << " was not asked for";
+    if (i != 5) {
+      EXPECT_EQ(GpuState(uuids_[i])["resets"], 0) << uuids_[i] << " was not asked for";
+    }
   }
 
   // A restart does not act on a finished object again.
