@@ -5,7 +5,8 @@
 // Covers: a reset that validates (persistence mode restored, the others untouched); a failed
 // command and a pending row remap (Unhealthy, RESTART_BM); a holder that refuses it; kill -9
 // while the command runs, resumed after the restart and validated; GPUReset objects for this
-// node, for another node and naming an unknown GPU.
+// node, for another node, naming an unknown GPU and with malformed selectors; a read-only state
+// directory (health still judged, /readyz says it is not persisted).
 #include "apiserver.h"
 #include "support/http_client.hpp"
 #include "support/subprocess.hpp"
@@ -117,9 +118,11 @@ class GpuResetTest : public ::testing::Test {
     return path;
   }
 
-  void StartSupervisor(const std::string& config) {
+  // `prefix`: a command the supervisor runs under (it execs the rest of the arguments).
+  void StartSupervisor(const std::string& config, std::vector<std::string> prefix = {}) {
+    for (const auto& arg : {Binary(), std::string("run"), std::string("--config"), config}) prefix.push_back(arg);
     supervisor_ = std::make_unique<test::Subprocess>(
-        std::vector<std::string>{Binary(), "run", "--config", config},
+        std::move(prefix),
         std::map<std::string, std::string>{{"FAKE_NVML_CONFIG", Source("tools/sim/fake_nvml/gpus-8.json")},
                                            {"FAKE_NVML_CONTROL", (dir_ / "nvml.sock").string()}});
     const auto line = supervisor_->WaitForLine("serving /metrics");
@@ -304,6 +307,40 @@ TEST_F(GpuResetTest, KillNineWhileTheCommandRunsResumesAndValidatesAfterTheResta
   EXPECT_NE(journal.find("GPU reset occurred: " + gpu), std::string::npos) << journal;
 }
 
+TEST_F(GpuResetTest, AReadOnlyStateDirDoesNotSilenceHealth) {
+  // The supervisor in a mount namespace of its own, where stateDir is a read-only bind mount
+  // (root writes through file modes; not through a read-only mount).
+  const auto probe = test::RunToCompletion({"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/true"});
+  if (probe.first != 0) GTEST_SKIP() << "no private mount namespace here: " << probe.second;
+  const std::string state = (dir_ / "state").string();
+  StartSupervisor(WriteConfig(), {"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
+                                  "mount --bind \"$0\" \"$0\" && mount -o remount,ro,bind \"$0\" \"$0\" && exec \"$@\"",
+                                  state});
+  // Every module runs, none restarting: the optional sockets and the cursor are not needed.
+  const auto modules = DebugState()["supervisor.module-states"];
+  for (const char* name : {"journald", "gpu-health", "gpu-reset", "gpu-inventory"}) {
+    EXPECT_EQ(modules[name]["state"], "running") << name << ": " << modules.dump() << supervisor_->Output();
+    EXPECT_EQ(modules[name]["restarts"], 0) << name;
+  }
+  // An XID 79: Unhealthy with RESTART_BM, as with a writable state dir.
+  FakeNvml({{"injectXid", {{"uuid", uuids_[0]}, {"xid", 79}}}});
+  ASSERT_TRUE(Eventually([&] { return Verdict(uuids_[0]).value("recommendedAction", "") == "RESTART_BM"; }))
+      << Verdict(uuids_[0]).dump() << supervisor_->Output();
+  EXPECT_FALSE(Healthy(uuids_[0]));
+  // The write was tried and counted, and /readyz says health is not persisted.
+  ASSERT_TRUE(Eventually([&] {
+    const auto r = test::HttpRequest("127.0.0.1", port_, "GET", "/readyz");
+    return r.status == 503 && r.body.find("gpu-health") != std::string::npos &&
+           r.body.find("health is not persisted") != std::string::npos;
+  })) << test::HttpRequest("127.0.0.1", port_, "GET", "/readyz").body;
+  const auto metrics = test::HttpRequest("127.0.0.1", port_, "GET", "/metrics").body;
+  EXPECT_EQ(metrics.find("gpu_node_supervisor_gpu_health_state_write_failures_total 0"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("gpu_node_supervisor_gpu_health_state_write_failures_total"), std::string::npos);
+  EXPECT_TRUE(fs::is_empty(dir_ / "state")) << "nothing could be written there";
+  supervisor_->Signal(SIGTERM);
+  EXPECT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
+}
+
 TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStatus) {
   sim::ApiServerOptions options;
   options.state_dir = dir_ / "api";
@@ -331,8 +368,37 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   create("reset-mine", "n1", {uuids_[5]});
   create("reset-other-node", "n2", {uuids_[6]});
   create("reset-unknown", "n1", {"GPU-00000000-1111-2222-3333-444444444444"});
-  ASSERT_TRUE(Eventually([&] { return !complete("reset-mine").is_null() && !complete("reset-unknown").is_null(); }))
-      << server.Call("GET", path).body << supervisor_->Output();
+  // Malformed selectors (issue #24): each refused naming its field, never read as "every GPU".
+  const std::vector<std::pair<std::string, json>> malformed = {
+      {"reset-selector-list", {{"nodeName", "n1"}, {"selector", json::array({uuids_[7]})}}},
+      {"reset-uuids-string", {{"nodeName", "n1"}, {"selector", {{"uuids", uuids_[7]}}}}},
+      {"reset-uuids-empty", {{"nodeName", "n1"}, {"selector", {{"uuids", json::array()}}}}},
+      {"reset-selector-pruned", {{"nodeName", "n1"}, {"selector", json::object()}}},
+      {"reset-no-selector", {{"nodeName", "n1"}}},
+  };
+  for (const auto& [name, spec] : malformed) {
+    const json object{{"apiVersion", "janitor.dgxc.nvidia.com/v1alpha1"},
+                      {"kind", "GPUReset"},
+                      {"metadata", {{"name", name}}},
+                      {"spec", spec}};
+    ASSERT_EQ(server.Call("POST", path, object.dump()).status, 201) << name;
+  }
+  ASSERT_TRUE(Eventually([&] {
+    if (complete("reset-mine").is_null() || complete("reset-unknown").is_null()) return false;
+    for (const auto& [name, spec] : malformed) {
+      if (complete(name).is_null()) return false;
+    }
+    return true;
+  })) << server.Call("GET", path).body << supervisor_->Output();
+  for (const auto& [name, spec] : malformed) {
+    const auto c = complete(name);
+    EXPECT_EQ(c["status"], "False") << name << ": " << c.dump();
+    EXPECT_EQ(c["reason"], "InvalidRequest") << name << ": " << c.dump();
+    EXPECT_EQ(c["message"].get<std::string>().rfind("spec.selector", 0), 0u) << name << ": " << c.dump();
+  }
+  EXPECT_NE(complete("reset-uuids-string")["message"].get<std::string>().find(
+                "spec.selector.uuids: expected a non-empty list of GPU UUIDs, got a string"),
+            std::string::npos);
   const auto mine = complete("reset-mine");
   EXPECT_EQ(mine["status"], "True") << mine.dump();
   const auto mine_status = server.Call("GET", path + "/reset-mine").Json()["status"];
@@ -347,7 +413,11 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   EXPECT_FALSE(server.Call("GET", path + "/reset-other-node").Json().contains("status"))
       << "another node's object is not ours to touch";
   EXPECT_EQ(GpuState(uuids_[5])["resets"], 1);
-  EXPECT_EQ(GpuState(uuids_[6])["resets"], 0);
+  for (std::size_t i = 0; i < uuids_.size(); ++i) {
+    if (i != 5) {
+      EXPECT_EQ(GpuState(uuids_[i])["resets"], 0) << uuids_[i] << " was not asked for";
+    }
+  }
 
   // A restart does not act on a finished object again.
   supervisor_->Signal(SIGTERM);

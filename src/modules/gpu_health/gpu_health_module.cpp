@@ -156,7 +156,19 @@ void GpuHealthModule::Start() {
   // Last: its retained state (journald running) makes us ask for the health stream at once.
   journal_state_sub_ = bus.Subscribe<journald::JournalState>(
       [this](const journald::JournalState& state) { OnJournalState(state); });
-  operator_.StartSocket(admin_path_);
+  try {
+    operator_.StartSocket(admin_path_);
+  } catch (const std::exception& e) {
+    // The socket is optional (set-healthy also comes through the Node annotation): a state
+    // directory that cannot take it (read-only, full) must not keep the verdicts from flowing.
+    admin_problem_ = e.what();
+    context_.Log().error("admin socket {} unavailable ({}): set-healthy only through the Node annotation",
+                         admin_path_, admin_problem_);
+    // After Start returns: the supervisor clears the detail of a module it marks running.
+    context_.GetLoop().Post([this, alive = alive_] {
+      if (*alive) UpdateModuleHealth();
+    });
+  }
   // kube's services as they are now: the supervisor restarts this module when kube comes.
   auto& services = context_.GetServices();
   report_.UseKube(services.Find<kube::KubeClient>(), services.Find<kube::EventRecorder>());
@@ -439,9 +451,28 @@ void GpuHealthModule::OnWritten(uint64_t covers, bool ok, const std::string& err
     // The events cannot be made durable now; holding them back would lose them at the next
     // crash anyway. A crash before the next good write may then repeat them.
     warn_.Warn(context_.Log(), "state_write_failed", error + "; events are sent without waiting for the disk");
+  } else if (!persist_problem_.empty()) {
+    context_.Log().info("{} written again: health is persisted", state_path_);
+  }
+  if ((ok ? std::string() : error) != persist_problem_) {
+    persist_problem_ = ok ? std::string() : error;
+    report_.Persistence(persist_problem_);
+    UpdateModuleHealth();
   }
   Release(covers);
   if (stopping_ && writer_ && writer_->Idle()) FinishStop();
+}
+
+void GpuHealthModule::UpdateModuleHealth() {
+  // Verdicts flow either way; /readyz says what is missing. Not persisted is not ready: a
+  // restart would not know this boot's set-healthy, and its events could repeat.
+  if (!persist_problem_.empty()) {
+    context_.SetHealth(ModuleHealth::kUnhealthy, "health is not persisted (verdicts still published): " + persist_problem_);
+  } else if (!admin_problem_.empty()) {
+    context_.SetHealth(ModuleHealth::kDegraded, "admin socket unavailable: " + admin_problem_);
+  } else {
+    context_.SetHealth(ModuleHealth::kOk);
+  }
 }
 
 void GpuHealthModule::Release(uint64_t covers) {

@@ -111,6 +111,8 @@ class GpuHealthModule final : public Module {
   CheckpointWriter::Snapshot TakeSnapshot();
   void OnWritten(uint64_t covers, bool ok, const std::string& error);
   void Release(uint64_t covers);
+  // The module's health for /readyz: not persisted (unhealthy), no admin socket (degraded).
+  void UpdateModuleHealth();
   void FinishStop();
   int64_t NowMs() const;
 
@@ -122,6 +124,8 @@ class GpuHealthModule final : public Module {
   OperatorChannel operator_;
   std::string state_path_;
   std::string admin_path_;
+  std::string admin_problem_;    // why the admin socket could not be started ("" when it runs)
+  std::string persist_problem_;  // why the last checkpoint write failed ("" after a good one)
   std::unique_ptr<CheckpointWriter> writer_;
   boost::asio::steady_timer position_timer_;
   bool position_timer_armed_ = false;

@@ -58,6 +58,12 @@ void HealthReport::Verdicts(const std::vector<DeviceHealth>& devices, std::size_
   UpdateCondition();
 }
 
+void HealthReport::Persistence(const std::string& problem) {
+  if (problem == persist_problem_) return;
+  persist_problem_ = problem;
+  UpdateCondition();
+}
+
 void HealthReport::Event(const HealthEvent& event, bool k8s, std::string_view type, std::string_view reason) {
   if (k8s && recorder_ && !event.node_name.empty()) {
     kube::ObjectReference node;
@@ -116,6 +122,8 @@ void HealthReport::UpdateCondition() {
     condition.message = std::to_string(bad_gpus.size()) + " GPU(s) unhealthy: ";
     for (std::size_t i = 0; i < bad.size(); ++i) condition.message += (i ? "; " : "") + bad[i];
   }
+  // The verdicts hold, but a restart may not know them: whoever reads the condition is told.
+  if (!persist_problem_.empty()) condition.message += "; health is not persisted: " + persist_problem_;
   condition_in_flight_ = true;
   conditions_->Set(settings_.node_name, condition, [this, alive = alive_](kube::Result result) {
     if (!*alive) return;

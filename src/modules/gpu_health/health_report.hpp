@@ -49,6 +49,9 @@ class HealthReport {
 
   // The verdicts changed (all of them, as they are now), or the number of known GPUs did.
   void Verdicts(const std::vector<DeviceHealth>& devices, std::size_t known_gpus);
+  // Whether the verdicts reach the disk: "" when they do, else why not (a read-only or full
+  // state directory). The Node condition's message says so while they do not.
+  void Persistence(const std::string& problem);
   // An event that left the process: recorded on the Node when `k8s` is set, kept for
   // /debug/state.
   void Event(const HealthEvent& event, bool k8s, std::string_view type, std::string_view reason);
@@ -67,6 +70,7 @@ class HealthReport {
   std::shared_ptr<kube::NodeConditions> conditions_;
   std::shared_ptr<kube::EventRecorder> recorder_;
   std::vector<DeviceHealth> devices_;
+  std::string persist_problem_;
   std::deque<HealthEvent> recent_;
   bool condition_in_flight_ = false;
   bool condition_dirty_ = false;

@@ -11,7 +11,12 @@ const DeviceHealth* VerdictBook::MarkUnhealthy(const std::string& uuid, const st
   const std::string action_name(ActionName(action));
   auto [it, fresh] = devices_.try_emplace(DeviceHealth::KeyOf(uuid, gpu_instance));
   DeviceHealth& h = it->second;
-  if (!fresh && !h.healthy && h.xid == xid && h.recommended_action == action_name) return nullptr;
+  if (!fresh && !h.healthy) {
+    // Unhealthy already: the recommended action only escalates until the device is recovered. A
+    // milder report changes nothing: the verdict keeps the XID and reason its action is for.
+    if (ActionRank(action) < ActionRank(ActionOf(h))) return nullptr;
+    if (h.xid == xid && h.recommended_action == action_name) return nullptr;
+  }
   const bool was_healthy = fresh || h.healthy;
   h.uuid = uuid;
   h.gpu_instance = gpu_instance;
@@ -39,6 +44,11 @@ std::vector<DeviceHealth> VerdictBook::MarkHealthy(const std::string& uuid, cons
     changed.push_back(h);
   }
   return changed;
+}
+
+RecommendedAction VerdictBook::ActionOf(const DeviceHealth& health) {
+  // A name this build does not know (a checkpoint of another version) ranks as UNKNOWN.
+  return ParseActionName(health.recommended_action).value_or(RecommendedAction::kUnknown);
 }
 
 bool VerdictBook::Restore(const DeviceHealth& saved) {

@@ -26,7 +26,9 @@ namespace gns::gpu_health {
 class VerdictBook {
  public:
   // The verdict after the change, or nullptr when it was already so (Unhealthy for the same
-  // XID and action). The pointer stays valid until the next call that changes the book.
+  // XID and action) or when the device is Unhealthy with an action that ranks above `action`
+  // (ActionRank): the recommended action only escalates until MarkHealthy. The pointer stays
+  // valid until the next call that changes the book.
   // `gpu_instance`: kWholeGpu, or the GPU instance the report named.
   const DeviceHealth* MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason,
                                     uint32_t xid, RecommendedAction action, int64_t now_unix_ms,
@@ -47,6 +49,8 @@ class VerdictBook {
   // Unhealthy verdicts, GPU instances included.
   [[nodiscard]] std::size_t UnhealthyCount() const;
   [[nodiscard]] std::size_t size() const { return devices_.size(); }
+  // A verdict's recommended action (UNKNOWN for a name this build does not know).
+  [[nodiscard]] static RecommendedAction ActionOf(const DeviceHealth& health);
 
  private:
   std::map<std::string, DeviceHealth, std::less<>> devices_;  // by DeviceHealth::RetainKey

@@ -21,19 +21,20 @@ namespace {
 struct ActionNameEntry {
   RecommendedAction action;
   std::string_view name;
+  int rank;  // the escalation order (ActionRank): how much the remedy takes out of service
 };
 
 constexpr std::array<ActionNameEntry, 10> kActionNames{{
-    {RecommendedAction::kNone, "NONE"},
-    {RecommendedAction::kComponentReset, "COMPONENT_RESET"},
-    {RecommendedAction::kContactSupport, "CONTACT_SUPPORT"},
-    {RecommendedAction::kRunFieldDiag, "RUN_FIELDDIAG"},
-    {RecommendedAction::kRestartVm, "RESTART_VM"},
-    {RecommendedAction::kRestartBm, "RESTART_BM"},
-    {RecommendedAction::kReplaceVm, "REPLACE_VM"},
-    {RecommendedAction::kRunDcgmEud, "RUN_DCGMEUD"},
-    {RecommendedAction::kRestartApp, "RESTART_APP"},
-    {RecommendedAction::kUnknown, "UNKNOWN"},
+    {RecommendedAction::kNone, "NONE", 0},
+    {RecommendedAction::kComponentReset, "COMPONENT_RESET", 3},
+    {RecommendedAction::kContactSupport, "CONTACT_SUPPORT", 9},
+    {RecommendedAction::kRunFieldDiag, "RUN_FIELDDIAG", 7},
+    {RecommendedAction::kRestartVm, "RESTART_VM", 5},
+    {RecommendedAction::kRestartBm, "RESTART_BM", 6},
+    {RecommendedAction::kReplaceVm, "REPLACE_VM", 8},
+    {RecommendedAction::kRunDcgmEud, "RUN_DCGMEUD", 4},
+    {RecommendedAction::kRestartApp, "RESTART_APP", 1},
+    {RecommendedAction::kUnknown, "UNKNOWN", 2},
 }};
 
 constexpr std::string_view kActionChoices =
@@ -236,6 +237,17 @@ std::optional<RecommendedAction> ParseActionName(std::string_view name) noexcept
     if (entry.name == name) return entry.action;
   }
   return std::nullopt;
+}
+
+int ActionRank(RecommendedAction action) noexcept {
+  for (const auto& entry : kActionNames) {
+    if (entry.action == action) return entry.rank;
+  }
+  return ActionRank(RecommendedAction::kUnknown);
+}
+
+RecommendedAction MoreSevere(RecommendedAction a, RecommendedAction b) noexcept {
+  return ActionRank(b) > ActionRank(a) ? b : a;
 }
 
 bool ActsOnDevice(RecommendedAction action) noexcept {

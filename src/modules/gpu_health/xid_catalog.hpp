@@ -78,6 +78,14 @@ enum class RecommendedAction : int {
 // True for actions that take the device (or the machine) out of service; false for NONE,
 // RESTART_APP and UNKNOWN, which leave the GPU usable.
 [[nodiscard]] bool ActsOnDevice(RecommendedAction action) noexcept;
+// The escalation order of actions, the one place it is defined: how much a remedy takes out of
+// service, least first: NONE < RESTART_APP < UNKNOWN < COMPONENT_RESET < RUN_DCGMEUD <
+// RESTART_VM < RESTART_BM < RUN_FIELDDIAG < REPLACE_VM < CONTACT_SUPPORT. An Unhealthy GPU's
+// recommended action only moves up this order until the GPU is recovered (reset validated, new
+// boot, set-healthy): a milder XID after XID 79 (RESTART_BM) never turns it into COMPONENT_RESET.
+[[nodiscard]] int ActionRank(RecommendedAction action) noexcept;
+// The higher ranked of the two (`a` when they rank the same).
+[[nodiscard]] RecommendedAction MoreSevere(RecommendedAction a, RecommendedAction b) noexcept;
 
 // Every configuration problem. what() is "file:line:column: key path: message".
 class ConfigError : public std::runtime_error {

@@ -219,15 +219,28 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
   auto name = [&] {
     return decision.mnemonic.empty() ? "XID " + std::to_string(xid) : std::string(decision.mnemonic);
   };
+  // What the event recommends: for a fatal XID on an Unhealthy GPU, never less than the GPU's
+  // verdict already recommends (the verdict only escalates; NVSentinel is told the same).
+  RecommendedAction action = decision.action;
   if (decision.verdict == Verdict::kFatal) {
     std::string reason = "XID " + std::to_string(xid) + " (" + name() + ")";
     if (gpu_instance != kWholeGpu) reason += " on GPU instance " + std::to_string(gpu_instance);
     if (!action_note.empty()) reason += ", " + std::string(action_note);
     if (!uuid.empty()) {
       MarkUnhealthy(std::string(uuid), who.pci(), reason, xid, decision.action, now_unix_ms, gpu_instance);
+      for (const uint32_t key : {gpu_instance, kWholeGpu}) {
+        const DeviceHealth* h = verdicts_.Find(uuid, key);
+        if (h != nullptr && !h->healthy) action = MoreSevere(action, VerdictBook::ActionOf(*h));
+      }
     } else if (pci && (pending_.size() < kMaxPending || pending_.count(pci->DeviceKey()))) {
-      // One pending verdict per address: the latest fatal XID, whichever instance it named.
-      pending_[pci->DeviceKey()] = Pending{*pci, who.pci(), reason, xid, decision.action, gpu_instance};
+      // One pending verdict per address: the most severe fatal XID (the latest of equals),
+      // whichever instance it named.
+      const auto known = pending_.find(pci->DeviceKey());
+      if (known != pending_.end() && ActionRank(known->second.action) > ActionRank(decision.action)) {
+        action = known->second.action;
+      } else {
+        pending_[pci->DeviceKey()] = Pending{*pci, who.pci(), reason, xid, decision.action, gpu_instance};
+      }
     }
   }
   if (!decision.emit) return;
@@ -242,8 +255,8 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
     event.message += " (" + std::to_string(decision.count_in_window) + " of " + std::to_string(decision.threshold) +
                      " within the window)";
   }
-  event.recommended_action = static_cast<int>(decision.action);
-  event.recommended_action_name = std::string(ActionName(decision.action));
+  event.recommended_action = static_cast<int>(action);
+  event.recommended_action_name = std::string(ActionName(action));
   event.error_code = {std::to_string(xid)};
   if (pci) event.entities_impacted.push_back({"PCI", who.pci()});
   if (!uuid.empty()) event.entities_impacted.push_back({"GPU_UUID", std::string(uuid)});
@@ -268,11 +281,15 @@ void XidJudge::HandleResetAck(const ResetAckLine& ack, int64_t now_unix_ms) {
     // A failed reset leaves the GPU Unhealthy whatever it was, and only a reboot is left.
     out_.bad("reset_failed", "a failed reset of " + uuid + " was reported");
     MarkUnhealthy(uuid, "", "GPU reset failed", 0, RecommendedAction::kRestartBm, now_unix_ms);
+    // RESTART_BM, or what the verdict recommends already when that ranks higher.
+    const DeviceHealth* h = verdicts_.Find(uuid);
+    const RecommendedAction action =
+        MoreSevere(RecommendedAction::kRestartBm, h != nullptr ? VerdictBook::ActionOf(*h) : RecommendedAction::kNone);
     auto event = NewEvent("reset-ack", now_unix_ms);
     event.is_fatal = true;
     event.message = "GPU reset failed";
-    event.recommended_action = static_cast<int>(RecommendedAction::kRestartBm);
-    event.recommended_action_name = std::string(ActionName(RecommendedAction::kRestartBm));
+    event.recommended_action = static_cast<int>(action);
+    event.recommended_action_name = std::string(ActionName(action));
     const std::string pci = directory_.PciForUuid(uuid);
     if (!pci.empty()) event.entities_impacted.push_back({"PCI", pci});
     event.entities_impacted.push_back({"GPU_UUID", uuid});

@@ -7,6 +7,7 @@
 #include "modules/gpu_inventory/maintenance.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_reset/journal_sender.hpp"
+#include "modules/gpu_reset/reset_request.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
@@ -57,11 +58,6 @@ std::string LastLine(const std::string& output) {
   if (end == std::string::npos) return "";
   const std::size_t start = output.rfind('\n', end);
   return output.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
-}
-
-bool LooksLikeGpuUuid(std::string_view text) {
-  if (text.size() < 8 || text.substr(0, 4) != "GPU-") return false;
-  return std::all_of(text.begin() + 4, text.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-'; });
 }
 
 // The handler of use_awaitable is move-only; std::function needs a copyable callable.
@@ -190,7 +186,18 @@ void GpuResetModule::Start() {
     socket_ = std::make_unique<AdminSocket>(
         context_.GetLoop().Io(), socket_path_,
         [this](std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) { OnCliLine(line, std::move(reply)); });
-    socket_->Start();
+    try {
+      socket_->Start();
+    } catch (const std::exception& e) {
+      // Optional: GPUReset objects and autoReset do without it. A state directory that cannot
+      // take it (read-only, full) must not keep the module from running.
+      socket_.reset();
+      socket_problem_ = e.what();
+      context_.Log().error("{} unavailable ({}): reset-gpu cannot reach this supervisor; GPUReset objects and "
+                           "autoReset still work",
+                           socket_path_, socket_problem_);
+      UpdateModuleHealth();
+    }
   }
   // Final statuses that did not reach the API before a restart.
   for (auto& job : book_.jobs) {
@@ -255,40 +262,32 @@ void GpuResetModule::OnObject(const nlohmann::json& object) {
   job.object_uid = meta->uid;
   job.generation = object.value(nlohmann::json::json_pointer("/metadata/generation"), int64_t{0});
   job.created_unix_ms = NowMs();
-  // spec.selector.uuids and .pciBusIDs; neither: every GPU of the node (upstream's meaning).
+  // Only a selector that names GPUs, or says all: true, selects any; anything else (missing,
+  // empty, a misspelt key, a wrong type) is refused with the field it is about, nothing touched.
+  const GpuSelection selection = ParseGpuSelector(*spec);
   std::vector<std::string> uuids;
-  std::string problem;
+  std::string problem = selection.error;
   const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  const auto selector = spec->find("selector");
-  bool selected_any = false;
-  if (selector != spec->end() && selector->is_object()) {
-    if (const auto list = selector->find("uuids"); list != selector->end() && list->is_array()) {
-      for (const auto& u : *list) {
-        selected_any = true;
-        if (!u.is_string() || !LooksLikeGpuUuid(u.get<std::string>())) {
-          problem = "spec.selector.uuids holds " + u.dump() + ", which is not a GPU UUID";
-        } else if (inventory == nullptr || inventory->FindByUuid(u.get<std::string>()) == nullptr) {
-          problem = "GPU " + u.get<std::string>() + " is not on node " + node_name_;
-        } else {
-          uuids.push_back(u.get<std::string>());
-        }
-      }
-    }
-    if (const auto list = selector->find("pciBusIDs"); list != selector->end() && list->is_array()) {
-      for (const auto& p : *list) {
-        selected_any = true;
-        const auto pci = p.is_string() ? ParsePciAddress(p.get<std::string>()) : std::nullopt;
-        const auto* gpu = pci && inventory != nullptr ? inventory->FindByPci(*pci) : nullptr;
-        if (gpu == nullptr) {
-          problem = "spec.selector.pciBusIDs holds " + p.dump() + ", which is no GPU of node " + node_name_;
-        } else {
-          uuids.push_back(gpu->uuid);
-        }
-      }
+  if (problem.empty() && selection.all && inventory != nullptr) {
+    for (const auto& gpu : inventory->gpus) uuids.push_back(gpu.uuid);
+  }
+  for (std::size_t i = 0; problem.empty() && i < selection.uuids.size(); ++i) {
+    const std::string& uuid = selection.uuids[i];
+    if (inventory == nullptr || inventory->FindByUuid(uuid) == nullptr) {
+      problem = "spec.selector.uuids[" + std::to_string(i) + "]: GPU " + uuid + " is not on node " + node_name_;
+    } else {
+      uuids.push_back(uuid);
     }
   }
-  if (!selected_any && inventory != nullptr) {
-    for (const auto& gpu : inventory->gpus) uuids.push_back(gpu.uuid);
+  for (std::size_t i = 0; problem.empty() && i < selection.pci_bus_ids.size(); ++i) {
+    const auto pci = ParsePciAddress(selection.pci_bus_ids[i]);
+    const auto* gpu = pci && inventory != nullptr ? inventory->FindByPci(*pci) : nullptr;
+    if (gpu == nullptr) {
+      problem = "spec.selector.pciBusIDs[" + std::to_string(i) + "]: " + selection.pci_bus_ids[i] +
+                " is no GPU of node " + node_name_;
+    } else {
+      uuids.push_back(gpu->uuid);
+    }
   }
   std::sort(uuids.begin(), uuids.end());
   uuids.erase(std::unique(uuids.begin(), uuids.end()), uuids.end());
@@ -488,7 +487,15 @@ GpuResetModule::Awaitable GpuResetModule::StepHold(ResetJob& job, GpuReset& gpu)
   // the hold); that it has reached this step need not be: a restart before the command starts
   // again from the hold anyway.
   const auto accepted = accepted_version_.find(job.id);
-  co_await Persisted(accepted != accepted_version_.end() ? accepted->second : 0);
+  const bool recorded = co_await Persisted(accepted != accepted_version_.end() ? accepted->second : 0);
+  if (stopping_) co_return;
+  if (!recorded) {
+    FailGpu(job, gpu, "StateNotPersisted",
+            "the job cannot be recorded in " + book_path_ + " (" + save_problem_ +
+                "): without the record a restart could not finish or undo the reset; nothing was touched",
+            true);
+    co_return;
+  }
   if (context_.GetBus().Latest<gpu_health::GpuHealthState>() == nullptr) {
     FailGpu(job, gpu, "HealthNotRunning", "gpu-health is not running: nothing would keep the GPU off the kubelet", true);
     co_return;
@@ -599,7 +606,17 @@ GpuResetModule::Awaitable GpuResetModule::StepPersistence(ResetJob& job, GpuRese
     gpu.persistence_was_on = read.persistence.value_or(false);
     SaveBook();
     // Durable before we turn it off, so a restart still knows to turn it on again.
-    if (*gpu.persistence_was_on) co_await Persisted();
+    if (*gpu.persistence_was_on) {
+      const bool recorded = co_await Persisted();
+      if (stopping_) co_return;
+      if (!recorded) {
+        FailGpu(job, gpu, "StateNotPersisted",
+                "persistence mode was on, and that cannot be recorded in " + book_path_ + " (" + save_problem_ +
+                    "): it is left on and the GPU is not reset",
+                true);
+        co_return;
+      }
+    }
   }
   if (read.persistence.value_or(false)) {
     const std::string error = co_await SetPersistence(gpu.uuid, false);
@@ -708,7 +725,13 @@ GpuResetModule::Awaitable GpuResetModule::StepValidate(ResetJob& job, GpuReset& 
             false);
     co_return;
   }
-  co_await Persisted();
+  // So that a restart validates instead of resetting again. Not recorded (read-only or full
+  // state dir): validation is done anyway, and a second reset of an idle GPU is harmless.
+  const bool recorded = co_await Persisted();
+  if (!recorded && !stopping_) {
+    context_.Log().warn("{}: the end of the reset cannot be recorded ({}); a restart now would reset it again",
+                        gpu.uuid, save_problem_);
+  }
   if (stopping_) co_return;
   EndStep(job, gpu, true,
           "same UUID present, nothing pending, no XID for " + std::to_string(config_.settle.count()) + " ms" +
@@ -927,10 +950,15 @@ void GpuResetModule::SaveBook() {
       [this, alive = alive_, version](FileWriteResult result, std::exception_ptr error) {
         if (!*alive) return;
         save_in_flight_ = false;
-        if (error || !result) {
-          context_.Log().error("cannot write {}: {}", book_path_, error ? "exception" : result.error);
+        const std::string problem = error ? "exception writing " + book_path_ : result ? std::string() : result.error;
+        if (!problem.empty()) {
+          context_.Log().error("cannot write {}: {}", book_path_, problem);
         } else {
           saved_version_ = version;
+        }
+        if (problem != save_problem_) {
+          save_problem_ = problem;
+          UpdateModuleHealth();
         }
         if (book_version_ > saved_version_ && !(error || !result)) {
           --book_version_;  // SaveBook counts again
@@ -940,13 +968,33 @@ void GpuResetModule::SaveBook() {
       });
 }
 
-GpuResetModule::Awaitable GpuResetModule::Persisted(std::optional<uint64_t> wanted_version) {
-  if (book_path_.empty()) co_return;
+asio::awaitable<bool> GpuResetModule::Persisted(std::optional<uint64_t> wanted_version) {
+  if (book_path_.empty()) co_return true;
   const uint64_t wanted = wanted_version.value_or(book_version_);
+  bool asked = false;
   while (saved_version_ < wanted && !stopping_) {
-    if (!save_in_flight_) SaveBook();
+    if (!save_in_flight_) {
+      // A save of ours that covers `wanted` failed (read-only or full state dir): no waiting
+      // for a disk that may never take it; the caller decides.
+      if (asked && !save_problem_.empty()) co_return false;
+      SaveBook();
+      asked = true;
+    }
     co_await Wake(SteadyClock::now() + std::chrono::seconds(5));
   }
+  co_return saved_version_ >= wanted;
+}
+
+void GpuResetModule::UpdateModuleHealth() {
+  std::string detail;
+  if (!save_problem_.empty()) detail = "GPU resets are refused: " + book_path_ + " cannot be written (" + save_problem_ + ")";
+  if (!socket_problem_.empty()) {
+    detail += (detail.empty() ? "" : "; ") + std::string("reset-gpu unavailable: ") + socket_problem_;
+  }
+  // Posted: the supervisor clears the detail of a module it marks running after Start.
+  context_.GetLoop().Post([this, alive = alive_, detail] {
+    if (*alive) context_.SetHealth(detail.empty() ? ModuleHealth::kOk : ModuleHealth::kDegraded, detail);
+  });
 }
 
 void GpuResetModule::PublishState() {

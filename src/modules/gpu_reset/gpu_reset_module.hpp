@@ -115,10 +115,13 @@ class GpuResetModule final : public Module {
   Awaitable StepRestore(ResetJob& job, GpuReset& gpu);
   // The GPU's reset ends without success; `refused`: before the command ran (GPU untouched).
   void FailGpu(ResetJob& job, GpuReset& gpu, std::string reason, std::string message, bool refused);
-  // Waits until every change to the record made so far is on disk.
   // Until the record is on disk as it is now (or, with `wanted`, at least as it was at that
-  // version: a step that needs an earlier fact durable does not wait for later saves).
-  Awaitable Persisted(std::optional<uint64_t> wanted = std::nullopt);
+  // version: a step that needs an earlier fact durable does not wait for later saves). False
+  // when a save that covers it failed (read-only or full state dir; save_problem_ says why) or
+  // the module stops.
+  boost::asio::awaitable<bool> Persisted(std::optional<uint64_t> wanted = std::nullopt);
+  // The module's health: degraded while the record cannot be written or reset.sock is missing.
+  void UpdateModuleHealth();
   // Sleeps until a bus change wakes it, the deadline passes or the module stops.
   Awaitable Wake(std::chrono::steady_clock::time_point deadline);
   boost::asio::awaitable<gpu_inventory::GpuMaintenanceRead> Inspect(const std::string& uuid);
@@ -159,6 +162,8 @@ class GpuResetModule final : public Module {
   // is on disk already): what the hold waits for.
   std::map<std::string, uint64_t> accepted_version_;
   bool save_in_flight_ = false;
+  std::string save_problem_;    // why the last save of the record failed ("" after a good one)
+  std::string socket_problem_;  // why reset.sock could not be started ("" when it runs)
 
   std::shared_ptr<gpu_inventory::GpuMaintenance> maintenance_;
   std::shared_ptr<kube::KubeClient> kube_;

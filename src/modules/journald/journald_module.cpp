@@ -163,10 +163,14 @@ JournalStream::Hooks JournaldModule::HooksFor(bool health) {
 }
 
 void JournaldModule::Start() {
-  if (!cursor_path_.empty()) {
+  // Only the units stream keeps a position of ours. A state directory that cannot take it
+  // (read-only, full) costs that position after a restart, never the streams: the health stream
+  // is positioned by its consumer and must keep flowing.
+  if (!cursor_path_.empty() && !config_.units.empty()) {
+    const auto dir = std::filesystem::path(cursor_path_).parent_path();
     std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(cursor_path_).parent_path(), ec);
-    if (ec) throw std::runtime_error("creating " + cursor_path_ + "'s directory: " + ec.message());
+    std::filesystem::create_directories(dir, ec);
+    if (ec) CursorNotPersisted("creating " + dir.string() + ": " + ec.message());
   }
   auto options = [&](std::string name, std::vector<std::vector<std::string>> groups) {
     return JournalStream::Options{std::move(name), config_.directory, std::move(groups), config_.max_message_bytes,
@@ -321,6 +325,19 @@ std::optional<SavedPosition> JournaldModule::LoadCursorFile() {
   return std::nullopt;
 }
 
+void JournaldModule::CursorNotPersisted(const std::string& why) {
+  if (why == cursor_problem_) return;
+  const bool first = cursor_problem_.empty();
+  cursor_problem_ = why;
+  if (first) context_.Log().error("the units stream's position is not persisted ({}): the streams keep flowing", why);
+  // Posted: the supervisor clears the detail of a module it marks running after Start.
+  context_.GetLoop().Post([this, alive = alive_] {
+    if (*alive && !cursor_problem_.empty()) {
+      context_.SetHealth(ModuleHealth::kDegraded, "units stream position not persisted: " + cursor_problem_);
+    }
+  });
+}
+
 void JournaldModule::Bad(std::string_view kind, std::string_view what) {
   ++state_.bad_entries;
   context_.Metrics()
@@ -361,6 +378,11 @@ void JournaldModule::Flush() {
         if (error || !result) {
           cursor_writes_failed_->Inc();
           warn_.Warn(context_.Log(), "cursor_write_failed", error ? "exception" : result.error);
+          CursorNotPersisted(error ? "exception writing " + cursor_path_ : result.error);
+        } else if (!cursor_problem_.empty()) {
+          context_.Log().info("{} written again: the units stream's position is persisted", cursor_path_);
+          cursor_problem_.clear();
+          context_.SetHealth(ModuleHealth::kOk);
         }
         if (stopping_) {
           Flush();  // whatever was read meanwhile, then finish

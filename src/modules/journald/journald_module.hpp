@@ -85,6 +85,8 @@ class JournaldModule final : public Module {
   void SeenBoot(const std::string& boot_id);
   std::optional<SavedPosition> LoadCursorFile();
   void Bad(std::string_view kind, std::string_view what);
+  // cursor.json cannot be written (read-only or full state dir): degraded, the streams go on.
+  void CursorNotPersisted(const std::string& why);
   void MarkDirty();
   void Flush();
   void FinishStop();
@@ -93,6 +95,7 @@ class JournaldModule final : public Module {
   ModuleContext& context_;
   Config config_;
   std::string cursor_path_;
+  std::string cursor_problem_;  // why cursor.json is not being written ("" while it is)
   std::unique_ptr<JournalStream> health_;  // kernel + acks: positioned by its consumer
   std::unique_ptr<JournalStream> units_;   // configured units: positioned by cursor.json
   boost::asio::steady_timer flush_timer_;

@@ -493,6 +493,27 @@ TEST_F(GpuHealthKubeTest, NodeConditionEventsAndTheSetHealthyAnnotation) {
   }));
 }
 
+TEST_F(GpuHealthKubeTest, AStateDirThatCannotBeWrittenIsSaidOnTheNodeConditionAndReadyz) {
+  // A file where the state directory should be: mkdir, the admin socket and every write fail
+  // (as on a read-only state directory, even for root).
+  std::ofstream(dir_ + "/not-a-dir") << "x";
+  h_.site.paths.state_dir = dir_ + "/not-a-dir";
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  EXPECT_TRUE(module_.failures.empty());
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79)));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto c = Condition();
+    return !c.is_null() && c["status"] == "False" &&
+           c["message"].get<std::string>().find("health is not persisted: ") != std::string::npos;
+  })) << Condition().dump();
+  EXPECT_EQ(Condition()["reason"], "FatalXid");
+  // /readyz lists the module with the reason.
+  EXPECT_EQ(module_.health, ModuleHealth::kUnhealthy);
+  EXPECT_NE(module_.health_detail.find("health is not persisted"), std::string::npos) << module_.health_detail;
+}
+
 TEST_F(GpuHealthKubeTest, AStartFindsTheKubeServicesOfThatMoment) {
   // gpu-health follows kube (kFollows): the supervisor restarts it around kube's restarts
   // (supervisor_test), and each start picks up the services that are there then.
@@ -848,6 +869,34 @@ TEST_F(GpuHealthPersistTest, CorruptOrUnknownVersionFileIsMovedAsideAndStartIsCl
   EXPECT_EQ(CorruptCopies().size(), 1u);
   EXPECT_TRUE(health_.empty());
   EXPECT_TRUE(module_.failures.empty());
+}
+
+TEST_F(GpuHealthPersistTest, AStateDirThatCannotBeWrittenLeavesTheVerdictsFlowing) {
+  // A file where the state directory should be (a read-only one refuses the same writes, even
+  // to root): the admin socket cannot be bound, the checkpoint cannot be written.
+  SetHostBoot(kBootA);
+  std::ofstream(dir_ + "/not-a-dir") << "x";
+  h_.site.paths.state_dir = dir_ + "/not-a-dir";
+  h_.bus.Publish(TwoGpus());
+  ASSERT_NO_THROW(StartModule());
+  EXPECT_TRUE(module_.failures.empty());
+  // Running without its admin socket: degraded, set-healthy through the annotation only.
+  ASSERT_TRUE(h_.RunUntil([&] { return module_.health == ModuleHealth::kDegraded; }));
+  EXPECT_NE(module_.health_detail.find("admin socket unavailable"), std::string::npos) << module_.health_detail;
+  // An XID 79: Unhealthy at once, its event sent without waiting for a disk that will not take it.
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid) && !events_.empty(); }));
+  EXPECT_EQ(Health(kUuid)->recommended_action, "RESTART_BM");
+  EXPECT_FALSE(events_.back().is_healthy);
+  ASSERT_TRUE(h_.RunUntil([&] { return Metric("gpu_node_supervisor_gpu_health_state_write_failures_total") >= 1; }));
+  // Not persisted: not ready, and why.
+  ASSERT_TRUE(h_.RunUntil([&] { return module_.health == ModuleHealth::kUnhealthy; }));
+  EXPECT_NE(module_.health_detail.find("health is not persisted (verdicts still published)"), std::string::npos)
+      << module_.health_detail;
+  EXPECT_EQ(module_->SetHealthy(kUuid, "test"), "ok: 1 device(s) set healthy");
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+  EXPECT_TRUE(module_.failures.empty());
+  StopAndForget();  // stops although its last write fails too
 }
 
 TEST_F(GpuHealthPersistTest, WithoutTheHostBootIdTheJournalsBootDecides) {

@@ -152,6 +152,28 @@ TEST(XidCatalog, ActionNamesMatchNvsentinelEnum) {
   EXPECT_TRUE(ActsOnDevice(RecommendedAction::kContactSupport));
 }
 
+TEST(XidCatalog, ActionsRankInOneEscalationOrder) {
+  // Least disruptive first; every action has a place of its own.
+  const RecommendedAction order[] = {
+      RecommendedAction::kNone,       RecommendedAction::kRestartApp,   RecommendedAction::kUnknown,
+      RecommendedAction::kComponentReset, RecommendedAction::kRunDcgmEud, RecommendedAction::kRestartVm,
+      RecommendedAction::kRestartBm,  RecommendedAction::kRunFieldDiag, RecommendedAction::kReplaceVm,
+      RecommendedAction::kContactSupport};
+  for (std::size_t i = 1; i < std::size(order); ++i) {
+    EXPECT_LT(ActionRank(order[i - 1]), ActionRank(order[i])) << ActionName(order[i - 1]) << " < " << ActionName(order[i]);
+  }
+  EXPECT_EQ(MoreSevere(RecommendedAction::kRestartBm, RecommendedAction::kComponentReset), RecommendedAction::kRestartBm);
+  EXPECT_EQ(MoreSevere(RecommendedAction::kComponentReset, RecommendedAction::kRestartBm), RecommendedAction::kRestartBm);
+  // Every action that takes the device out of service ranks above every one that does not.
+  for (const auto acts : order) {
+    for (const auto leaves : order) {
+      if (ActsOnDevice(acts) && !ActsOnDevice(leaves)) {
+        EXPECT_GT(ActionRank(acts), ActionRank(leaves));
+      }
+    }
+  }
+}
+
 struct BrokenCase {
   std::string name;
   std::string yaml;

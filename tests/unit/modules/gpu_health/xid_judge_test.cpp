@@ -242,6 +242,77 @@ TEST_F(XidJudgeTest, ResetStartedHoldsAndAFailedResetLeavesRestartBm) {
   EXPECT_FALSE(Unhealthy(kA));
 }
 
+TEST_F(XidJudgeTest, AMilderXidNeverDowngradesTheRecommendedActionUntilTheGpuIsRecovered) {
+  Make();
+  // XID 79 (fallen off the bus): only a reboot helps.
+  Line("NVRM: Xid (PCI:0000:03:00): 79, pid=1, name=x, GPU has fallen off the bus.", 1'700'000'000'000'000);
+  ASSERT_TRUE(Unhealthy(kA));
+  ASSERT_EQ(Verdict(kA)->recommended_action, "RESTART_BM");
+  const std::size_t verdicts_before = verdicts_.size();
+  // XID 48 (COMPONENT_RESET) on the same GPU: the verdict stays what 79 made it (autoReset and
+  // the device plugin follow it), and the event tells NVSentinel the same.
+  Line("NVRM: Xid (PCI:0000:03:00): 48, pid=1, name=x, DBE", 1'700'000'001'000'000);
+  EXPECT_EQ(Verdict(kA)->recommended_action, "RESTART_BM");
+  EXPECT_EQ(Verdict(kA)->xid, 79u);
+  EXPECT_EQ(verdicts_.size(), verdicts_before) << "a milder XID changes no verdict";
+  ASSERT_FALSE(events_.empty());
+  EXPECT_EQ(events_.back().error_code, std::vector<std::string>{"48"});
+  EXPECT_EQ(events_.back().recommended_action_name, "RESTART_BM");
+  EXPECT_EQ(events_.back().recommended_action, static_cast<int>(RecommendedAction::kRestartBm));
+  // NVML's report of another milder XID: the same.
+  judge_->OnNvmlXid(gpu_inventory::XidObservation{kA, 95, 0xFFFFFFFF, 0xFFFFFFFF, kNow + 5000}, kNow);
+  EXPECT_EQ(Verdict(kA)->recommended_action, "RESTART_BM");
+  // The driver's own recovery action moving down (0x2 → 0x4) does not downgrade it either.
+  Line("NVRM: Xid (PCI:0000:03:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x4 (Drain "
+       "and Reset)",
+       1'700'000'002'000'000);
+  EXPECT_EQ(Verdict(kA)->recommended_action, "RESTART_BM");
+  EXPECT_EQ(events_.back().recommended_action_name, "RESTART_BM");
+  // Escalation still goes through (48, then 79, on another GPU).
+  Line("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE", 1'700'000'003'000'000);
+  ASSERT_EQ(Verdict(kB)->recommended_action, "COMPONENT_RESET");
+  Line("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.", 1'700'000'004'000'000);
+  EXPECT_EQ(Verdict(kB)->recommended_action, "RESTART_BM");
+  EXPECT_EQ(Verdict(kB)->xid, 79u);
+
+  // Recovery resets it: a validated reset, set-healthy, a new boot; then the next XID decides.
+  judge_->OnKernelLine("GPU reset occurred: " + std::string(kA), 1'700'000'005'000'000, true, kNow);
+  ASSERT_FALSE(Unhealthy(kA));
+  Line("NVRM: Xid (PCI:0000:03:00): 48, pid=1, name=x, DBE", 1'700'000'006'000'000);
+  EXPECT_EQ(Verdict(kA)->recommended_action, "COMPONENT_RESET");
+  EXPECT_EQ(events_.back().recommended_action_name, "COMPONENT_RESET");
+  EXPECT_EQ(judge_->SetHealthy(kB, "test", kNow), "ok: 1 device(s) set healthy");
+  Line("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE", 1'700'000'007'000'000);
+  EXPECT_EQ(Verdict(kB)->recommended_action, "COMPONENT_RESET");
+  Line("NVRM: Xid (PCI:0000:03:00): 79, pid=1, name=x, GPU has fallen off the bus.", 1'700'000'008'000'000);
+  ASSERT_EQ(Verdict(kA)->recommended_action, "RESTART_BM");
+  judge_->OnNewBoot(std::string(32, 'c'), kNow);
+  Line("NVRM: Xid (PCI:0000:03:00): 48, pid=1, name=x, DBE", 1'700'000'009'000'000);
+  EXPECT_EQ(Verdict(kA)->recommended_action, "COMPONENT_RESET");
+}
+
+TEST_F(XidJudgeTest, AFailedResetOfAGpuThatNeedsMoreKeepsWhatItNeeds) {
+  Make();
+  Line("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x9 (Something New)");
+  ASSERT_EQ(Verdict(kB)->recommended_action, "CONTACT_SUPPORT");
+  judge_->OnKernelLine("GPU reset executed: " + std::string(kB) + ", success: false", 3, true, kNow);
+  EXPECT_EQ(Verdict(kB)->recommended_action, "CONTACT_SUPPORT");
+  EXPECT_EQ(events_.back().recommended_action_name, "CONTACT_SUPPORT");
+}
+
+TEST_F(XidJudgeTest, AnXidOnAnUnknownAddressKeepsItsMostSevereAction) {
+  Make();
+  // 0000:5e:00 is none of the inventory's GPUs: the verdict waits until the address is learned.
+  Line("NVRM: Xid (PCI:0000:5e:00): 79, pid=1, name=x, GPU has fallen off the bus.", 1'700'000'000'000'000);
+  Line("NVRM: Xid (PCI:0000:5e:00): 48, pid=1, name=x, DBE", 1'700'000'001'000'000);
+  EXPECT_EQ(events_.back().recommended_action_name, "RESTART_BM");
+  constexpr const char* kE = "GPU-00000000-0000-0000-0000-00000000000e";
+  Line(std::string("NVRM: GPU at PCI:0000:5e:00: ") + kE);
+  ASSERT_TRUE(Unhealthy(kE));
+  EXPECT_EQ(Verdict(kE)->recommended_action, "RESTART_BM");
+  EXPECT_EQ(Verdict(kE)->xid, 79u);
+}
+
 TEST(RecoveryAction, CodesNamesAndWordings) {
   const auto reset = ParseRecoveryActionChange("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)");
   ASSERT_TRUE(reset);
@@ -293,6 +364,34 @@ TEST(VerdictBook, ChangesAreReportedOnceAndRestoresYieldToThisRun) {
   EXPECT_EQ(book.UnhealthyCount(), 2u);
   EXPECT_EQ(book.MarkHealthy(kA, "GPU reset occurred", 50).size(), 1u);
   EXPECT_EQ(book.UnhealthyUuids(), std::vector<std::string>{kB});
+}
+
+TEST(VerdictBook, TheRecommendedActionOnlyEscalatesUntilHealthy) {
+  VerdictBook book;
+  ASSERT_NE(book.MarkUnhealthy(kA, "0000:03:00", "XID 79", 79, RecommendedAction::kRestartBm, 10), nullptr);
+  EXPECT_EQ(book.MarkUnhealthy(kA, "", "XID 48", 48, RecommendedAction::kComponentReset, 20), nullptr);
+  EXPECT_EQ(book.MarkUnhealthy(kA, "", "held", 0, RecommendedAction::kNone, 25), nullptr);
+  EXPECT_EQ(book.Find(kA)->recommended_action, "RESTART_BM");
+  EXPECT_EQ(book.Find(kA)->reason, "XID 79");
+  // The same rank: the latest XID explains it.
+  const DeviceHealth* same = book.MarkUnhealthy(kA, "", "XID 119", 119, RecommendedAction::kRestartBm, 30);
+  ASSERT_NE(same, nullptr);
+  EXPECT_EQ(same->xid, 119u);
+  ASSERT_NE(book.MarkUnhealthy(kA, "", "XID 999", 999, RecommendedAction::kContactSupport, 40), nullptr);
+  EXPECT_EQ(book.MarkUnhealthy(kA, "", "XID 79", 79, RecommendedAction::kRestartBm, 50), nullptr);
+  // A restored verdict (the checkpoint) ranks the same way, by its action's name.
+  DeviceHealth saved;
+  saved.uuid = kB;
+  saved.healthy = false;
+  saved.xid = 79;
+  saved.recommended_action = "RESTART_BM";
+  ASSERT_TRUE(book.Restore(saved));
+  EXPECT_EQ(book.MarkUnhealthy(kB, "", "XID 48", 48, RecommendedAction::kComponentReset, 60), nullptr);
+  // Healthy again: the next verdict starts from nothing.
+  ASSERT_EQ(book.MarkHealthy(kA, "GPU reset occurred", 70).size(), 1u);
+  const DeviceHealth* after = book.MarkUnhealthy(kA, "", "XID 48", 48, RecommendedAction::kComponentReset, 80);
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(after->recommended_action, "COMPONENT_RESET");
 }
 
 TEST(VerdictBook, AGpuInstanceHasItsOwnVerdictAndHealsWithItsGpu) {

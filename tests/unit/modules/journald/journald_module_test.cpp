@@ -74,7 +74,10 @@ class JournaldModuleTest : public ::testing::Test {
   void StartModule() {
     context_ = std::make_unique<ModuleContext>(
         h_.Parts(), "journald", [this](std::string why) { failures_.push_back(why); },
-        [](ModuleHealth, std::string) {});
+        [this](ModuleHealth health, std::string detail) {
+          health_ = health;
+          health_detail_ = std::move(detail);
+        });
     module_ = std::make_unique<JournaldModule>(*context_, config_);
     module_->Start();
   }
@@ -119,6 +122,8 @@ class JournaldModuleTest : public ::testing::Test {
   std::unique_ptr<ModuleContext> context_;
   std::unique_ptr<JournaldModule> module_;
   std::vector<std::string> failures_;
+  ModuleHealth health_ = ModuleHealth::kOk;
+  std::string health_detail_;
   std::vector<KernelLine> kernel_;
   std::vector<UnitLine> units_;
   bool consume_ = true;  // the fixture asks for the health stream
@@ -351,6 +356,27 @@ TEST_F(JournaldModuleTest, TheUnitsStreamResumesAfterItsOwnCursorFile) {
   EXPECT_EQ(units_[0].generation, 0u);
   EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"k1"}));
   EXPECT_EQ(h_.bus.Latest<JournalState>()->units.start_mode, "cursor");
+}
+
+TEST_F(JournaldModuleTest, AStateDirThatCannotBeWrittenCostsTheCursorNeverTheStreams) {
+  // Where nothing can be created (as a read-only state dir, even for root): a file stands where
+  // the state directory should be, so mkdir and every write below it fail (ENOTDIR).
+  std::ofstream(dir_ / "not-a-dir") << "x";
+  h_.site.paths.state_dir = (dir_ / "not-a-dir").string();
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "u0"), JournalWriter::Kernel("XID line")});
+  ASSERT_NO_THROW(StartModule());
+  // Both streams flow: the kernel line reaches its consumer (gpu-health) as ever.
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && kernel_.size() == 1 && Live(); }));
+  EXPECT_EQ(kernel_[0].message, "XID line");
+  // The units stream's position is not persisted: counted, and the module says so.
+  ASSERT_TRUE(h_.RunUntil([&] { return Metric("gpu_node_supervisor_journald_cursor_write_failures_total") >= 1; }));
+  ASSERT_TRUE(h_.RunUntil([&] { return health_ == ModuleHealth::kDegraded; }));
+  EXPECT_NE(health_detail_.find("not persisted"), std::string::npos) << health_detail_;
+  EXPECT_TRUE(failures_.empty()) << (failures_.empty() ? std::string() : failures_.front());
+  writer.Append({JournalWriter::Kernel("XID line 2")});
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 2; }));
+  StopModule();  // stops although the last flush fails too
 }
 
 TEST_F(JournaldModuleTest, TheHealthStreamWaitsForItsConsumerAndFollowsItsRequests) {
