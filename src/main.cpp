@@ -6,6 +6,7 @@
 //   gpu-node-supervisor set-healthy --gpu UUID|all [--state-dir DIR]
 //   gpu-node-supervisor reset-gpu --gpu UUID [--state-dir DIR]
 //   gpu-node-supervisor version
+//   gpu-node-supervisor nvml-events …   (hidden: gpu-inventory's NVML event waiter child)
 //
 // Exit codes: 0 ok, 1 hard stop, 2 bad command line or config.
 
@@ -16,6 +17,7 @@
 #include "loop/logging.hpp"
 #include "loop/runtime.hpp"
 #include "loop/site_loader.hpp"
+#include "modules/gpu_inventory/event_waiter.hpp"
 #include "modules/manifest.hpp"
 
 #include <CLI/CLI.hpp>
@@ -136,6 +138,15 @@ int main(int argc, char** argv) {
   preflight->add_option("--output", preflight_options.output, "text or json")
       ->check(CLI::IsMember({"text", "json"}));
 
+  // The child gpu-inventory starts to wait for NVML's events (event_waiter.hpp); not for people.
+  gns::gpu_inventory::EventWaiterOptions waiter_options;
+  auto* nvml_events = app.add_subcommand("nvml-events", "NVML event waiter (gpu-inventory's child process)");
+  nvml_events->group("");
+  nvml_events->add_option("--library", waiter_options.library)->required();
+  nvml_events->add_option("--wait-ms", waiter_options.wait_ms);
+  nvml_events->add_option("--exclude-index", waiter_options.excluded_indices);
+  nvml_events->add_option("--exclude-uuid", waiter_options.excluded_uuids);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -148,6 +159,7 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  if (nvml_events->parsed()) return gns::gpu_inventory::RunEventWaiter(waiter_options);
   if (set_healthy->parsed()) return gns::RunSetHealthy(set_healthy_state_dir, set_healthy_gpu);
   if (reset_gpu_cmd->parsed()) return gns::RunResetGpu(reset_state_dir, reset_gpu, std::cout, std::cerr);
   if (inventory->parsed()) return gns::RunInventory(inventory_library, inventory_host_root);

@@ -86,6 +86,9 @@ PY
 echo
 echo "== whole binary at rest, every module on (the make run set), production timers (tools/idle-bench.sh)"
 tools/idle-bench.sh "$build_dir" || echo "idle bench: no figures (see the lines above)"
+echo
+echo "== whole binary at rest, the shipped ConfigMap's modules, production timers (GNS_IDLE_MODULES=shipped tools/idle-bench.sh)"
+GNS_IDLE_MODULES=shipped tools/idle-bench.sh "$build_dir" || echo "idle bench: no figures (see the lines above)"
 
 echo
 echo "== gkm-agent: pull + extract of a 1 GiB cache beside skopeo copy (bench/macro/gkm_pull_bench)"
@@ -101,9 +104,11 @@ fi
 
 echo
 echo "== gpu-reset: XID 48 -> autoReset -> Healthy again, our overhead beside the reset command (bench/macro/gpu_reset_bench.py)"
-/usr/bin/python3 bench/macro/gpu_reset_bench.py --build "$build_dir" --rounds 30
+/usr/bin/python3 bench/macro/gpu_reset_bench.py --build "$build_dir" --rounds 30 --settle 0s
 echo "   the same with the kernel line only (no NVML event before the reset: its release may sit out one long wait)"
-/usr/bin/python3 bench/macro/gpu_reset_bench.py --build "$build_dir" --rounds 10 --no-nvml-xid
+/usr/bin/python3 bench/macro/gpu_reset_bench.py --build "$build_dir" --rounds 10 --settle 0s --no-nvml-xid
+echo "   an operator's reset-gpu with no XID before it, production defaults (settle 10s watched in service, eventWaitTimeout 5s)"
+/usr/bin/python3 bench/macro/gpu_reset_bench.py --build "$build_dir" --rounds 20 --request cli
 
 echo
 echo "== imex-health: nvidia-imex.service stopped -> ImexHealthy False at the API simulator, idle wake-ups (bench/macro/imex_health_bench)"

@@ -271,6 +271,74 @@ TEST_F(GpuResetTest, AHoldingProcessRefusesTheResetAndTheGpuIsNotTouched) {
   EXPECT_NE(bad.second.find("not on this node"), std::string::npos) << bad.second;
 }
 
+// NVML cannot interrupt an event wait. The waiter is a child process a release kills, so an
+// operator's reset with no XID before it (nothing shortened any wait) does not sit out the one in
+// progress: here it would last ten minutes, far past the CLI's own limit.
+TEST_F(GpuResetTest, AResetWithNoXidBeforeItDoesNotWaitOutTheNvmlEventWait) {
+  const std::string config = WriteConfig();
+  {
+    std::ifstream in(config);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("eventWaitTimeout: 200ms");
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, std::string("eventWaitTimeout: 200ms").size(), "eventWaitTimeout: 10m");
+    std::ofstream(config) << text;
+  }
+  StartSupervisor(config);
+  const std::string gpu = uuids_[6];
+  const auto [code, out] = ResetGpu(gpu);
+  ASSERT_EQ(code, 0) << out << supervisor_->Output();
+  EXPECT_NE(out.find("release ok"), std::string::npos) << out;
+  EXPECT_EQ(GpuState(gpu)["resets"], 1);
+  EXPECT_TRUE(Eventually([&] { return Healthy(gpu); })) << Verdict(gpu).dump();
+  // Its events are watched again once it is back: an XID now is NVML's to report.
+  const auto reply = FakeNvml({{"injectXid", {{"uuid", gpu}, {"xid", 79}}}});
+  EXPECT_GE(reply.value("delivered", 0), 1) << reply.dump();
+}
+
+TEST_F(GpuResetTest, TheSettleWindowWatchesTheGpuBackInServiceAndAnXidInsideItFailsTheReset) {
+  // A settle window far longer than the test: the GPU must be Healthy again inside it, not after it.
+  const std::string config = WriteConfig();
+  {
+    std::ifstream in(config);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("settle: 300ms");
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, std::string("settle: 300ms").size(), "settle: 10m");
+    std::ofstream(config) << text;
+  }
+  StartSupervisor(config);
+  const std::string gpu = uuids_[5];
+  test::Subprocess cli({Binary(), "reset-gpu", "--state-dir", (dir_ / "state").string(), "--gpu", gpu});
+  ASSERT_TRUE(cli.WaitForLine("watching for XIDs until the settle window", std::chrono::seconds(30)))
+      << cli.Output() << supervisor_->Output();
+  // Back in service while the window runs: Healthy at the kubelet, the job still open.
+  EXPECT_TRUE(Healthy(gpu)) << Verdict(gpu).dump();
+  EXPECT_EQ(Verdict(gpu).value("reason", ""), "GPU reset occurred") << Verdict(gpu).dump();
+  {
+    const auto state = DebugState()["gpu-reset.state"];
+    ASSERT_EQ(state["jobs"].size(), 1u) << state.dump();
+    EXPECT_NE(state["jobs"][0]["phase"], "Succeeded") << state.dump();
+  }
+  // An XID inside the window (NVML reports it): the reset failed, the GPU is Unhealthy again.
+  const auto reply = FakeNvml({{"injectXid", {{"uuid", gpu}, {"xid", 79}}}});
+  ASSERT_GE(reply.value("delivered", 0), 1) << reply.dump();
+  EXPECT_EQ(cli.Wait(std::chrono::seconds(30)), 1) << cli.Output();
+  EXPECT_NE(cli.Output().find("XidAfterReset"), std::string::npos) << cli.Output();
+  ASSERT_TRUE(Eventually([&] { return Verdict(gpu).value("recommendedAction", "") == "RESTART_BM"; }))
+      << Verdict(gpu).dump() << supervisor_->Output();
+  EXPECT_FALSE(Healthy(gpu));
+  const auto state = DebugState()["gpu-reset.state"];
+  EXPECT_EQ(state["jobs"][0]["phase"], "Failed") << state.dump();
+  EXPECT_EQ(state["jobs"][0]["reason"], "XidAfterReset") << state.dump();
+  const std::string journal = Journal();
+  const auto occurred = journal.find("GPU reset occurred: " + gpu);
+  const auto failed = journal.find("GPU reset executed: " + gpu + ", success: false");
+  ASSERT_NE(occurred, std::string::npos) << journal;
+  ASSERT_NE(failed, std::string::npos) << journal;
+  EXPECT_LT(occurred, failed);
+}
+
 TEST_F(GpuResetTest, KillNineWhileTheCommandRunsResumesAndValidatesAfterTheRestart) {
   const std::string config = WriteConfig();
   StartSupervisor(config);

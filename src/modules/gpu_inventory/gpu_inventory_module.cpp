@@ -39,14 +39,12 @@ GpuInventoryModule::Config GpuInventoryModule::ParseConfig(ConfigMap& section, c
   Config config;
   config.nvml_library = section.String("nvmlLibrary", std::string(nvml::kLibraryName));
   if (config.nvml_library.empty()) section.Fail("nvmlLibrary", "must not be empty");
+  // Up to an hour: a release no longer waits for a wait (the child is killed), so a long one
+  // only means fewer wake-ups.
   config.event_wait_timeout =
-      section.Duration("eventWaitTimeout", milliseconds(100), milliseconds(30000), milliseconds(5000));
-  config.short_event_wait = section.Duration("shortEventWait", milliseconds(1), milliseconds(1000), Config{}.short_event_wait);
-  if (config.short_event_wait > config.event_wait_timeout) {
-    section.Fail("shortEventWait", "must not be longer than eventWaitTimeout");
-  }
-  config.short_waits_after_xid =
-      section.Duration("shortWaitsAfterXid", milliseconds(0), milliseconds(600000), Config{}.short_waits_after_xid);
+      section.Duration("eventWaitTimeout", milliseconds(100), milliseconds(3600000), milliseconds(5000));
+  config.event_waiter_program = section.String("eventWaiterProgram", Config{}.event_waiter_program);
+  if (config.event_waiter_program.empty()) section.Fail("eventWaiterProgram", "must not be empty");
   {
     auto backoff = section.Section("retryBackoff");
     config.retry_backoff.initial =
@@ -68,9 +66,6 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
       backoff_(config.retry_backoff),
       retry_timer_(context.GetLoop().Io()),
       refresh_timer_(context.GetLoop().Io()),
-      pace_(std::make_shared<WaitPace>(config.event_wait_timeout, config.short_event_wait,
-                                       config.short_waits_after_xid)),
-      link_(LoopLink::Make(context.GetLoop())),
       gpus_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_gpus",
                                            "GPUs NVML reports (0 while NVML is unavailable)")),
       nvml_up_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_nvml_up", "1 while NVML is loaded and usable")),
@@ -79,9 +74,8 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
 
 GpuInventoryModule::~GpuInventoryModule() {
   *alive_ = false;
-  link_->Close();  // a waiter thread that outlives us posts nothing any more
-  // Normally Stop() handed the session to the pool already. If not, close it there too (the
-  // teardown makes blocking NVML calls, or is left to the waiter thread).
+  // Normally Stop() did this already.
+  if (waiter_) waiter_->Kill({});
   if (session_) {
     context_.Pool().Execute([session = std::move(session_)]() mutable { session.reset(); });
   }
@@ -94,8 +88,6 @@ void GpuInventoryModule::Start() {
   context_.SetHealth(ModuleHealth::kUnhealthy, "opening NVML");
   release_sub_ = context_.GetBus().Subscribe<NvmlReleaseRequest>(
       [this](const NvmlReleaseRequest& request) { OnReleaseRequest(request); });
-  ahead_sub_ = context_.GetBus().Subscribe<NvmlReleaseAhead>(
-      [this](const NvmlReleaseAhead& ahead) { OnReleaseAhead(ahead); });
   context_.GetServices().Provide<GpuMaintenance>(
       std::make_shared<NvmlMaintenance>(context_.Pool(), config_.nvml_library));
   Reconcile();
@@ -105,15 +97,12 @@ void GpuInventoryModule::Stop(std::function<void()> done) {
   GNS_ASSERT_ON_LOOP(context_.GetLoop());
   stopping_ = true;
   release_sub_.Reset();
-  ahead_sub_.Reset();
   context_.GetServices().Withdraw<GpuMaintenance>();
   CancelRetry();
   ++refresh_seq_;
   refresh_timer_.cancel();
-  // Hands an idle session to the pool for closing, and returns: the teardown is left to the
-  // waiter thread when one blocks in a wait (it runs when the wait returns, or never if the
-  // process exits first — the kernel then releases the driver's handles), so neither Stop nor
-  // the runtime's join of the pool waits out an event wait.
+  // Kills the event waiter child and hands the session to the pool for closing, and returns:
+  // nothing here waits for an event wait.
   Reconcile();
   PublishUnavailable("gpu-inventory stopped");
   nvml_up_gauge_->Set(0);
@@ -154,32 +143,15 @@ void GpuInventoryModule::Reconcile() {
   StartOpen();
 }
 
-XidWaiter::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
-  // These run on the waiter thread, which may outlive the module: they only post through the
-  // link (closed by the module's destructor), and the posted work checks that the module still
-  // exists before touching it.
-  auto link = link_;
-  auto alive = alive_;
-  XidWaiter::Callbacks callbacks;
-  callbacks.armed = [link, alive, generation, this] {
-    link->Post([alive, generation, this] {
-      if (*alive) OnArmed(generation);
-    });
-  };
-  callbacks.xid = [link, alive, this](XidEvent event) {
-    link->Post([alive, event = std::move(event), this]() mutable {
-      if (*alive) OnXid(std::move(event));
-    });
-  };
-  callbacks.mig_changed = [link, alive, this](std::string uuid) {
-    link->Post([alive, uuid = std::move(uuid), this]() mutable {
-      if (*alive) OnMigChanged(std::move(uuid));
-    });
-  };
-  callbacks.failed = [link, alive, generation, this](nvml::Return, std::string message) {
-    link->Post([alive, generation, message = std::move(message), this]() mutable {
-      if (*alive) OnWaiterFailed(generation, std::move(message));
-    });
+EventWaiterProcess::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t generation) {
+  // On the loop; never after the waiter was killed (so never after the module is gone).
+  EventWaiterProcess::Callbacks callbacks;
+  callbacks.armed = [this, generation] { OnArmed(generation); };
+  callbacks.xid = [this](XidEvent event) { OnXid(std::move(event)); };
+  callbacks.mig_changed = [this](std::string uuid) { OnMigChanged(std::move(uuid)); };
+  callbacks.warning = [this](std::string text) { context_.Log().warn("NVML events: {}", text); };
+  callbacks.failed = [this, generation](std::string function, std::string message) {
+    OnWaiterFailed(generation, function, message);
   };
   return callbacks;
 }
@@ -188,7 +160,7 @@ void GpuInventoryModule::StartOpen() {
   task_in_flight_ = true;
   refresh_wanted_ = false;  // the open reads every GPU
   const uint64_t generation = ++generation_;
-  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, pace_, {}};
+  SessionOptions options{config_.nvml_library, context_.Site().paths.host_root, {}};
   session_released_ = released_gpus_;
   uint32_t unknown_index = 0xFFFFFFFF;  // a UUID we never read: excluded by UUID only
   for (const auto& [uuid, reason] : released_gpus_) {
@@ -219,14 +191,7 @@ void GpuInventoryModule::OnOpened(uint64_t generation, NvmlSession::Opened opene
     session_failed_ = false;
     armed_ = false;
     pending_read_ = std::move(opened.read);
-    if (!stopping_ && !released_) {
-      try {
-        session_->StartWaiter(WaiterCallbacks(generation));
-      } catch (const std::exception& e) {  // std::thread could not start
-        session_failed_ = true;
-        RecordFailure(std::string("cannot start the NVML event thread: ") + e.what());
-      }
-    }
+    if (!stopping_ && !released_) StartWaiter(generation);
     context_.Log().debug("NVML open (attempt {}): {} GPUs, waiting for the event set", generation,
                          pending_read_.inventory.gpus.size());
   } else if (!stopping_ && !released_) {
@@ -303,9 +268,26 @@ void GpuInventoryModule::OnMigChanged(std::string uuid) {
   StartRefresh();
 }
 
-void GpuInventoryModule::OnWaiterFailed(uint64_t generation, std::string message) {
+void GpuInventoryModule::StartWaiter(uint64_t generation) {
+  EventWaiterOptions options;
+  options.library = config_.nvml_library;
+  options.wait_ms = static_cast<unsigned int>(config_.event_wait_timeout.count());
+  for (const auto& [index, uuid] : session_->Excluded()) {
+    options.excluded_indices.push_back(index);
+    options.excluded_uuids.push_back(uuid);
+  }
+  try {
+    waiter_ = EventWaiterProcess::Start(context_.GetLoop().Io(), config_.event_waiter_program, options,
+                                        WaiterCallbacks(generation));
+  } catch (const std::exception& e) {  // no pipe, no fork
+    session_failed_ = true;
+    RecordFailure(std::string("cannot start the NVML event waiter: ") + e.what());
+  }
+}
+
+void GpuInventoryModule::OnWaiterFailed(uint64_t generation, const std::string& function, const std::string& message) {
   if (generation != generation_ || !session_ || session_failed_) return;
-  CountErrors({"nvmlEventSetWait_v2"});
+  if (!function.empty()) CountErrors({function});
   session_failed_ = true;
   if (!stopping_ && !released_) RecordFailure(message);
   Reconcile();
@@ -314,32 +296,45 @@ void GpuInventoryModule::OnWaiterFailed(uint64_t generation, std::string message
 void GpuInventoryModule::StartClose() {
   task_in_flight_ = true;
   auto session = std::move(session_);
+  auto waiter = std::move(waiter_);
   session_failed_ = false;
   armed_ = false;
   pending_read_ = {};
   ++refresh_seq_;
   refresh_timer_.cancel();
-  // The teardown reports on the pool thread, or on the waiter thread once its wait returned.
-  auto on_closed = [link = link_, alive = alive_, this](NvmlSession::Closed closed) {
-    link->Post([alive, closed = std::move(closed), this]() mutable {
-      if (*alive) OnClosed(std::move(closed));
-    });
+  // Two parts, at once: the child that waits for events is killed (its handles are closed by
+  // the kernel once it is reaped), and the session's NVML is shut down on the pool. Closed when
+  // both are done: then nothing in the process tree holds what the session held.
+  struct Closing {
+    int parts = 1;
+    NvmlSession::Closed closed;
   };
-  context_.Pool().Execute([session = std::move(session), on_closed]() mutable {
-    try {
-      session->Close(on_closed);
-    } catch (const std::exception& e) {
-      on_closed(NvmlSession::Closed{{std::string("closing NVML threw: ") + e.what()}, {}});
-    }
-    session.reset();
-  });
+  auto closing = std::make_shared<Closing>();
+  closing->parts = waiter ? 2 : 1;
+  auto part_done = [this, alive = alive_, closing] {
+    if (--closing->parts == 0 && *alive) OnClosed(std::move(closing->closed));
+  };
+  if (waiter) waiter->Kill(part_done);
+  context_.Pool().Run(
+      [session = std::move(session)]() mutable {
+        auto closed = session->Close();
+        session.reset();
+        return closed;
+      },
+      [closing, part_done](NvmlSession::Closed closed, std::exception_ptr error) {
+        closing->closed.warnings.insert(closing->closed.warnings.end(), closed.warnings.begin(), closed.warnings.end());
+        closing->closed.failed_functions.insert(closing->closed.failed_functions.end(), closed.failed_functions.begin(),
+                                                closed.failed_functions.end());
+        if (error) closing->closed.warnings.push_back("closing NVML threw: " + Describe(error));
+        part_done();
+      });
 }
 
 void GpuInventoryModule::OnClosed(NvmlSession::Closed closed) {
   task_in_flight_ = false;
   if (!stopping_) AckGpuReleases();
   CountErrors(closed.failed_functions);
-  // Rare (nvmlEventSetFree / nvmlShutdown failing) and at most once per backoff step.
+  // Rare (nvmlShutdown failing) and at most once per backoff step.
   for (const auto& warning : closed.warnings) context_.Log().warn("{}", warning);
   Reconcile();
 }
@@ -440,21 +435,6 @@ void GpuInventoryModule::OnReleaseRequest(const NvmlReleaseRequest& request) {
   Reconcile();
 }
 
-void GpuInventoryModule::OnReleaseAhead(const NvmlReleaseAhead& ahead) {
-  if (stopping_) return;
-  const bool changed = ahead.ahead ? ahead_gpus_.insert(ahead.gpu_uuid).second : ahead_gpus_.erase(ahead.gpu_uuid) > 0;
-  if (!changed) return;
-  context_.Log().debug("release of {} {}", ahead.gpu_uuid, ahead.ahead ? "ahead: short NVML event waits" : "no longer ahead");
-  UpdatePace();
-}
-
-void GpuInventoryModule::UpdatePace() {
-  const bool short_waits = !ahead_gpus_.empty() || !released_gpus_.empty();
-  if (short_waits == pace_->Short()) return;
-  pace_->SetShort(short_waits);
-  context_.Log().debug("NVML event waits: {}", short_waits ? "short (a GPU release is ahead or in force)" : "long");
-}
-
 void GpuInventoryModule::OnGpuReleaseRequest(const NvmlReleaseRequest& request) {
   const std::string& uuid = request.gpu_uuid;
   if (request.release) {
@@ -466,7 +446,6 @@ void GpuInventoryModule::OnGpuReleaseRequest(const NvmlReleaseRequest& request) 
     if (released_gpus_.erase(uuid) == 0) return;
     context_.Log().info("taking {} back{}", uuid, request.reason.empty() ? "" : ": " + request.reason);
   }
-  UpdatePace();
   // No session and no task: nothing touches any GPU, so a release holds at once.
   if (!session_ && !task_in_flight_) AckGpuReleases();
   Reconcile();
@@ -527,7 +506,20 @@ void GpuInventoryModule::PublishAvailable(const ReadResult& read) {
   for (const auto& [uuid, reason] : acked_gpus_) {
     if (inventory.FindByUuid(uuid) != nullptr) continue;
     const auto last = std::find_if(last_gpus_.begin(), last_gpus_.end(), [&](const GpuInfo& g) { return g.uuid == uuid; });
-    if (last != last_gpus_.end()) inventory.gpus.push_back(*last);  // its last read, listed as released
+    if (last != last_gpus_.end()) {
+      inventory.gpus.push_back(*last);  // its last read, listed as released
+      continue;
+    }
+    // Released before this process ever read it (a reset resumed right after a restart asks
+    // before the first session is up): listed by its UUID alone, so the release is seen.
+    GpuInfo unread;
+    unread.uuid = uuid;
+    if (session_) {
+      for (const auto& [index, excluded] : session_->Excluded()) {
+        if (excluded == uuid) unread.index = index;
+      }
+    }
+    inventory.gpus.push_back(std::move(unread));
   }
   std::sort(inventory.gpus.begin(), inventory.gpus.end(),
             [](const GpuInfo& a, const GpuInfo& b) { return a.index < b.index; });

@@ -8,16 +8,16 @@
 // reset and takes it back; releasing one GPU reopens the session without it, and the others stay
 // available throughout.
 //
-// Threads: NVML calls run on the blocking pool, one task at a time, and on one waiter thread
-// (XidWaiter) that blocks in nvmlEventSetWait_v2; both hand the loop plain values through
-// posts. Module state lives on the loop thread only. The waiter is never joined: closing a
-// session hands its teardown to the waiter thread, which reports back through `link_` (closed
-// when the module goes away), so Stop and the process exit never sit out a blocked wait.
+// Threads and processes: NVML calls run on the blocking pool, one task at a time; NVML's events
+// are waited for in a child process (EventWaiterProcess) whose lines the loop reads from a pipe.
+// Module state lives on the loop thread only. Nothing ever waits for an event wait: closing a
+// session kills the child (the kernel closes its handles once it is reaped) and shuts the
+// session's NVML down on the pool, so a release, Stop and the process exit are all prompt.
 
 #include "loop/backoff.hpp"
-#include "loop/loop_link.hpp"
 #include "loop/module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
+#include "modules/gpu_inventory/event_waiter.hpp"
 #include "modules/gpu_inventory/nvml_session.hpp"
 
 #include <boost/asio/steady_timer.hpp>
@@ -41,17 +41,12 @@ class GpuInventoryModule final : public Module {
   struct Config {
     // dlopen'd as is: a soname searched like the dynamic linker does, or a path.
     std::string nvml_library = nvml::kLibraryName;
-    // How long one nvmlEventSetWait_v2 blocks at rest. An event wakes it at once; the timeout
-    // only bounds how long a release waits for the waiter thread (Stop and the process exit
-    // never wait for it) when no release was announced (wait_pace.hpp).
+    // How long one nvmlEventSetWait_v2 of the event waiter child blocks. An event wakes it at
+    // once, and a release kills the child instead of waiting for it: the length only sets how
+    // often it wakes at rest.
     std::chrono::milliseconds event_wait_timeout{5000};
-    // The waits while a per-GPU release is ahead or in force: what a GPU reset's release waits.
-    std::chrono::milliseconds short_event_wait{10};
-    // Short waits for this long after each XID NVML reports (0: never), since a reset of that
-    // GPU often follows and its announcement (NvmlReleaseAhead) comes after the next wait
-    // began. Long enough for XID → verdict → accepted reset; short, because an XID storm
-    // (XID 13/31 from a faulting application) keeps the waits short all along.
-    std::chrono::milliseconds short_waits_after_xid{2000};
+    // The program run as `<it> nvml-events …` for the event waiter: this binary.
+    std::string event_waiter_program = "/proc/self/exe";
     // Between attempts to open NVML again after it failed or was missing.
     BackoffPolicy retry_backoff{std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), 2.0, 0.5};
     // How often the inventory is read again (fabric registration completes after boot). A MIG
@@ -74,7 +69,8 @@ class GpuInventoryModule final : public Module {
   void OnArmed(uint64_t generation);
   void OnXid(XidEvent event);
   void OnMigChanged(std::string uuid);
-  void OnWaiterFailed(uint64_t generation, std::string message);
+  void OnWaiterFailed(uint64_t generation, const std::string& function, const std::string& message);
+  void StartWaiter(uint64_t generation);
   void StartClose();
   void OnClosed(NvmlSession::Closed closed);
   void ScheduleRetry();
@@ -83,8 +79,6 @@ class GpuInventoryModule final : public Module {
   void StartRefresh();
   void OnRefreshed(uint64_t generation, ReadResult read, std::exception_ptr error);
   void OnReleaseRequest(const NvmlReleaseRequest& request);
-  void OnReleaseAhead(const NvmlReleaseAhead& ahead);
-  void UpdatePace();
   void OnGpuReleaseRequest(const NvmlReleaseRequest& request);
   // Nothing holds any GPU's handles now: every requested per-GPU release is acknowledged.
   void AckGpuReleases();
@@ -100,7 +94,7 @@ class GpuInventoryModule final : public Module {
   void CountErrors(const std::vector<std::string>& functions);
   void LogWarnings(const std::vector<std::string>& warnings);
   void LogFailure(const std::string& error);
-  XidWaiter::Callbacks WaiterCallbacks(uint64_t generation);
+  EventWaiterProcess::Callbacks WaiterCallbacks(uint64_t generation);
 
   ModuleContext& context_;
   Config config_;
@@ -110,8 +104,10 @@ class GpuInventoryModule final : public Module {
   uint64_t retry_seq_ = 0;    // invalidates a retry timer that was cancelled
   uint64_t refresh_seq_ = 0;  // same for the refresh timer
 
-  // The open NVML, if any (null while a task owns it or none is open).
+  // The open NVML, if any (null while a task owns it or none is open), and the child that waits
+  // for its GPUs' events.
   std::shared_ptr<NvmlSession> session_;
+  std::shared_ptr<EventWaiterProcess> waiter_;
   uint64_t generation_ = 0;       // of the newest open attempt; stale waiter reports are dropped
   bool task_in_flight_ = false;   // a pool task (open, refresh, close) runs: at most one
   bool session_failed_ = false;   // session_ failed: close it, then retry
@@ -131,8 +127,6 @@ class GpuInventoryModule final : public Module {
   std::map<std::string, std::string> released_gpus_;
   std::map<std::string, std::string> session_released_;
   std::map<std::string, std::string> acked_gpus_;
-  std::set<std::string> ahead_gpus_;  // NvmlReleaseAhead: a release of these GPUs is coming
-  std::shared_ptr<WaitPace> pace_;    // shared with every session's waiter
   bool stopping_ = false;
 
   // What was published last (republish only on change) and the last good read.
@@ -150,13 +144,10 @@ class GpuInventoryModule final : public Module {
   std::map<std::string, std::pair<Clock::SteadyTime, int>> xid_log_;  // "uuid/xid" → last logged, suppressed
 
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  // The waiter thread's and the closing teardown's way back to the loop.
-  std::shared_ptr<LoopLink> link_;
   MetricsRegistry::Series* gpus_gauge_;
   MetricsRegistry::Series* nvml_up_gauge_;
   MetricsRegistry::Series* inventory_reads_;
   Subscription release_sub_;
-  Subscription ahead_sub_;
 };
 
 }  // namespace gns::gpu_inventory

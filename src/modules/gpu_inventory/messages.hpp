@@ -150,8 +150,8 @@ struct NvmlReleaseRequest {
 };
 
 // A reset of this GPU was accepted: its NvmlReleaseRequest follows within seconds. gpu-inventory
-// keeps its NVML event waits short from now until no release is ahead or in force, so the release
-// does not sit out a long nvmlEventSetWait_v2 that NVML cannot interrupt (wait_pace.hpp).
+// no longer consumes it: its NVML event waiter is a child process a release kills, so no release
+// sits out an nvmlEventSetWait_v2 (event_waiter.hpp); gpu-reset still publishes it for the status.
 // `ahead = false` once the reset of that GPU ended, released or not. Retained per GPU, so a
 // restarted gpu-inventory still knows.
 struct NvmlReleaseAhead {

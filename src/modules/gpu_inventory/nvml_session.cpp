@@ -8,7 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <optional>
 #include <utility>
 
@@ -353,98 +352,27 @@ NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
 
   RawRead raw = Reader(*library, options.host_root, options.excluded).Run();
   out.read = std::move(raw.result);
-  auto fail = [&](const char* function, nvml::Return code, const std::string& what) {
-    out.read.ok = false;
-    out.read.inventory = {};
-    out.read.failed_functions.emplace_back(function);
-    out.read.error = std::string(function) + " failed" + what + ": " + library->Describe(code);
-    const auto closed = session->Close();
-    Append(out.read.failed_functions, closed.failed_functions);
-    Append(out.read.warnings, closed.warnings);
-    return std::move(out);
-  };
   if (!out.read.ok) {
     const auto closed = session->Close();
     Append(out.read.failed_functions, closed.failed_functions);
     Append(out.read.warnings, closed.warnings);
     return out;
   }
-
-  rc = api.nvmlEventSetCreate(&session->event_set_);
-  if (rc != nvml::kSuccess) {
-    session->event_set_ = nullptr;
-    return fail("nvmlEventSetCreate", rc, "");
-  }
-  const auto& gpus = out.read.inventory.gpus;
-  for (std::size_t i = 0; i < gpus.size(); ++i) {
-    session->devices_.emplace_back(raw.handles[i], gpus[i].uuid);
-    // XIDs, and MIG reconfigurations where the GPU reports them (MIG-capable GPUs), so a new
-    // MIG layout is read at once instead of at the next refresh. SBE/DBE counters are not our
-    // business, and registering a type the GPU does not support fails the whole call.
-    unsigned long long supported = 0;
-    rc = api.nvmlDeviceGetSupportedEventTypes(raw.handles[i], &supported);
-    if (rc != nvml::kSuccess) return fail("nvmlDeviceGetSupportedEventTypes", rc, " for " + gpus[i].uuid);
-    const unsigned long long types = supported & (nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange);
-    if ((types & nvml::kEventTypeXidCriticalError) == 0) {
-      out.read.warnings.push_back(gpus[i].uuid + " does not report XID events through NVML");
-    }
-    if (types == 0) continue;
-    rc = api.nvmlDeviceRegisterEvents(raw.handles[i], types, session->event_set_);
-    if (rc == nvml::kErrorNotSupported) {
-      out.read.warnings.push_back(gpus[i].uuid + ": nvmlDeviceRegisterEvents: " + library->Describe(rc));
-      continue;
-    }
-    if (rc != nvml::kSuccess) return fail("nvmlDeviceRegisterEvents", rc, " for " + gpus[i].uuid);
-  }
   out.session = std::move(session);
   return out;
 }
 
-void NvmlSession::StartWaiter(XidWaiter::Callbacks callbacks) {
-  if (waiter_ || event_set_ == nullptr) return;
-  auto pace = options_.pace ? options_.pace
-                            : std::make_shared<WaitPace>(std::chrono::milliseconds(5000), std::chrono::milliseconds(5000),
-                                                         std::chrono::milliseconds(0));
-  waiter_ = std::make_unique<XidWaiter>(library_, event_set_, devices_, std::move(pace), std::move(callbacks));
-}
-
-NvmlSession::~NvmlSession() { Close(std::function<void(Closed)>{}); }
-
-void NvmlSession::Close(std::function<void(Closed)> done) {
-  // Owns what it frees (not the session, which may be gone by the time it runs).
-  auto teardown = [library = library_, set = std::exchange(event_set_, nullptr),
-                   initialized = std::exchange(initialized_, false), done = std::move(done)] {
-    Closed closed;
-    const auto& api = library->Api();
-    if (set != nullptr) {
-      const nvml::Return rc = api.nvmlEventSetFree(set);
-      if (rc != nvml::kSuccess) {
-        closed.failed_functions.emplace_back("nvmlEventSetFree");
-        closed.warnings.push_back("nvmlEventSetFree failed: " + library->Describe(rc));
-      }
-    }
-    if (initialized) {
-      const nvml::Return rc = api.nvmlShutdown();
-      if (rc != nvml::kSuccess) {
-        closed.failed_functions.emplace_back("nvmlShutdown");
-        closed.warnings.push_back("nvmlShutdown failed: " + library->Describe(rc));
-      }
-    }
-    if (done) done(std::move(closed));
-  };
-  if (auto waiter = std::move(waiter_)) {
-    // The set may be freed only after the wait on it returned: the waiter thread does it.
-    waiter->Finish(std::move(teardown));
-  } else {
-    teardown();
-  }
-}
+NvmlSession::~NvmlSession() { Close(); }
 
 NvmlSession::Closed NvmlSession::Close() {
-  std::promise<Closed> promise;
-  auto future = promise.get_future();
-  Close([&promise](Closed closed) { promise.set_value(std::move(closed)); });
-  return future.get();
+  Closed closed;
+  if (!std::exchange(initialized_, false)) return closed;
+  const nvml::Return rc = library_->Api().nvmlShutdown();
+  if (rc != nvml::kSuccess) {
+    closed.failed_functions.emplace_back("nvmlShutdown");
+    closed.warnings.push_back("nvmlShutdown failed: " + library_->Describe(rc));
+  }
+  return closed;
 }
 
 }  // namespace gns::gpu_inventory

@@ -36,6 +36,10 @@ using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
+// The steps during which an XID on the GPU counts against its reset: validation, and the settle
+// window that follows the acknowledgement (the GPU back in service).
+bool Watched(Step step) { return step == Step::kValidate || step == Step::kRestore; }
+
 constexpr std::string_view kGroup = "janitor.dgxc.nvidia.com";
 constexpr std::string_view kVersion = "v1alpha1";
 constexpr std::string_view kResource = "gpuresets";
@@ -144,13 +148,13 @@ void GpuResetModule::Start() {
   subs_.push_back(bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory&) { wake_.cancel(); }));
   subs_.push_back(bus.Subscribe<pod_resources::GpuPodMap>([this](const pod_resources::GpuPodMap&) { wake_.cancel(); }));
   subs_.push_back(bus.Subscribe<gpu_inventory::XidObservation>([this](const gpu_inventory::XidObservation& x) {
-    if (current_gpu_ != nullptr && x.uuid == current_gpu_->uuid && current_gpu_->step == Step::kValidate) {
+    if (current_gpu_ != nullptr && x.uuid == current_gpu_->uuid && Watched(current_gpu_->step)) {
       recent_xids_[x.uuid].push_back("XID " + std::to_string(x.xid) + " (NVML)");
       wake_.cancel();
     }
   }));
   subs_.push_back(bus.Subscribe<gpu_health::HealthEvent>([this](const gpu_health::HealthEvent& e) {
-    if (current_gpu_ == nullptr || current_gpu_->step != Step::kValidate || e.is_healthy || e.error_code.empty()) return;
+    if (current_gpu_ == nullptr || !Watched(current_gpu_->step) || e.is_healthy || e.error_code.empty()) return;
     if (e.source != "kernel" && e.source != "nvml") return;
     // Judged before validation began (an event released late): not a sign of this reset.
     if (e.generated_seconds * 1000 + e.generated_nanos / 1'000'000 < validate_started_unix_ms_) return;
@@ -702,21 +706,16 @@ GpuResetModule::Awaitable GpuResetModule::StepValidate(ResetJob& job, GpuReset& 
     FailGpu(job, gpu, "RowRemapFailure", "the GPU reports a failed row remap", false);
     co_return;
   }
-  // No new XID on this GPU for the settle window.
-  const auto settle_deadline = SteadyClock::now() + config_.settle;
-  while (!stopping_) {
-    if (const auto& xids = recent_xids_[gpu.uuid]; !xids.empty()) {
-      FailGpu(job, gpu, "XidAfterReset", xids.front() + " within the settle window after the reset", false);
-      co_return;
-    }
-    if (SteadyClock::now() >= settle_deadline) break;
-    co_await Wake(settle_deadline);
+  // An XID since validation began fails it now; the settle window (StepRestore) watches the GPU
+  // once it is back in service instead of keeping it out.
+  if (const auto& xids = recent_xids_[gpu.uuid]; !xids.empty()) {
+    FailGpu(job, gpu, "XidAfterReset", xids.front() + " after the reset, before it validated", false);
+    co_return;
   }
-  if (stopping_) co_return;
   const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
   info = inventory != nullptr ? inventory->FindByUuid(gpu.uuid) : nullptr;
   if (info == nullptr) {
-    FailGpu(job, gpu, "GpuMissing", gpu.uuid + " left the inventory during the settle window", false);
+    FailGpu(job, gpu, "GpuMissing", gpu.uuid + " left the inventory while it was validated", false);
     co_return;
   }
   if (info->fabric && info->fabric->state != 3) {
@@ -734,8 +733,7 @@ GpuResetModule::Awaitable GpuResetModule::StepValidate(ResetJob& job, GpuReset& 
   }
   if (stopping_) co_return;
   EndStep(job, gpu, true,
-          "same UUID present, nothing pending, no XID for " + std::to_string(config_.settle.count()) + " ms" +
-              (info->fabric ? ", fabric complete" : ""));
+          std::string("same UUID present, nothing pending, no XID") + (info->fabric ? ", fabric complete" : ""));
 }
 
 GpuResetModule::Awaitable GpuResetModule::StepRestore(ResetJob& job, GpuReset& gpu) {
@@ -752,23 +750,41 @@ GpuResetModule::Awaitable GpuResetModule::StepRestore(ResetJob& job, GpuReset& g
             false);
     co_return;
   }
-  const auto deadline = SteadyClock::now() + config_.healthy_timeout;
+  // The GPU is back in service from here on. The settle window watches it there: an XID within
+  // `settle` of the acknowledgement fails the reset (gpu-health then turns it Unhealthy again with
+  // RESTART_BM), so a GPU that only looked fine is not trusted, without keeping a good one out.
+  const auto back = SteadyClock::now();
+  const auto healthy_deadline = back + config_.healthy_timeout;
+  const auto settle_deadline = back + config_.settle;
   bool healthy = false;
+  bool announced = false;
   while (!stopping_) {
+    if (const auto& xids = recent_xids_[gpu.uuid]; !xids.empty()) {
+      FailGpu(job, gpu, "XidAfterReset",
+              xids.front() + " within the settle window (" + std::to_string(config_.settle.count()) +
+                  " ms) after the GPU was back in service",
+              false);
+      co_return;
+    }
     const auto& verdicts = context_.GetBus().LatestByKey<gpu_health::DeviceHealth>();
     const auto it = verdicts.find(gpu.uuid);
-    if (it != verdicts.end() && it->second.healthy) {
-      healthy = true;
-      break;
+    healthy = healthy || (it != verdicts.end() && it->second.healthy);
+    const auto now = SteadyClock::now();
+    if (healthy && !announced && now < settle_deadline) {
+      announced = true;
+      Progress(job, fmt::format("{}: Healthy at the kubelet; watching for XIDs until the settle window ({} ms) ends",
+                                gpu.uuid, config_.settle.count()));
     }
-    if (SteadyClock::now() >= deadline) break;
-    co_await Wake(deadline);
+    const bool healthy_wait_over = healthy || now >= healthy_deadline;
+    if (healthy_wait_over && now >= settle_deadline) break;
+    co_await Wake(healthy_wait_over ? settle_deadline : healthy_deadline);
   }
   if (stopping_) co_return;
   gpu.outcome = "succeeded";
   EndStep(job, gpu, true,
           note + "\"GPU reset occurred\" written; " +
-              (healthy ? "Healthy at the kubelet" : "the verdict was not Healthy yet when the wait ended"));
+              (healthy ? "Healthy at the kubelet" : "the verdict was not Healthy yet when the wait ended") +
+              "; no XID within the settle window (" + std::to_string(config_.settle.count()) + " ms)");
 }
 
 void GpuResetModule::FailGpu(ResetJob& job, GpuReset& gpu, std::string reason, std::string message, bool refused) {

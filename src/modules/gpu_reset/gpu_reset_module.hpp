@@ -74,7 +74,8 @@ class GpuResetModule final : public Module {
     std::vector<std::string> command{"nvidia-smi", "--gpu-reset", "-i", "{uuid}"};
     std::chrono::milliseconds command_timeout{std::chrono::minutes(5)};
     std::size_t command_output_bytes = 8192;
-    std::chrono::milliseconds settle{std::chrono::seconds(10)};  // no new XID this long after the reset
+    // Watched after the GPU is back in service: an XID this long after the acknowledgement fails the reset.
+    std::chrono::milliseconds settle{std::chrono::seconds(10)};
     std::chrono::milliseconds healthy_timeout{std::chrono::seconds(30)};  // verdict Healthy after the ack
     bool auto_reset = false;
     bool watch_objects = true;

@@ -401,17 +401,27 @@ TEST_F(FakeNvmlTest, LifecycleAndReferenceCounting) {
   EXPECT_EQ(api_.nvmlDeviceGetUUID(nullptr, buffer, sizeof(buffer)), nvml::kErrorInvalidArgument);
 }
 
-TEST_F(FakeNvmlTest, ShutdownEndsPendingWaits) {
+// NVML has no way to interrupt a wait: neither nvmlShutdown nor freeing the set ends one (doing
+// so under a wait is the caller's bug). The wait runs to its timeout, then reports what became
+// of the library.
+TEST_F(FakeNvmlTest, NothingInterruptsAPendingWait) {
   ASSERT_EQ(api_.nvmlInit_v2(), nvml::kSuccess);
   nvml::EventSet set = nullptr;
   ASSERT_EQ(api_.nvmlEventSetCreate(&set), nvml::kSuccess);
+  const auto last_wait = reinterpret_cast<fakeNvmlLastWaitTimeout_t>(dlsym(library_, "fakeNvmlLastWaitTimeout"));
+  ASSERT_NE(last_wait, nullptr);
   std::atomic<nvml::Return> wait_rc{-1};
   std::thread waiter([&] {
     nvml::EventData data{};
-    wait_rc = api_.nvmlEventSetWait_v2(set, &data, 10000);
+    wait_rc = api_.nvmlEventSetWait_v2(set, &data, 1500);
   });
-  // Either order ends the wait without a timeout: before the wait, the set is already gone.
+  // The fake records a wait's timeout as the wait begins.
+  for (unsigned int ms = 0; ms != 1500;) {
+    ASSERT_EQ(last_wait(&ms), nvml::kSuccess);
+    std::this_thread::yield();
+  }
   ASSERT_EQ(api_.nvmlShutdown(), nvml::kSuccess);
+  EXPECT_EQ(wait_rc.load(), -1) << "nvmlShutdown ended the wait";
   waiter.join();
   EXPECT_EQ(wait_rc.load(), nvml::kErrorUninitialized);
 }

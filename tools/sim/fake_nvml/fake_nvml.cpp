@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <map>
@@ -496,6 +497,72 @@ class ControlServer {
   std::thread thread_;
 };
 
+// Whether a live process serves the datagram socket at `path` (a stale one refuses).
+bool LiveSocketAt(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+// Sends `command` to the control socket at `to` and returns its reply; nullopt when nothing
+// answers there. `gone`: the socket refused (its process is gone: the kernel closed what it held).
+std::optional<Json> Ask(const std::string& to_path, const std::string& text, bool* gone = nullptr) {
+  sockaddr_un to{};
+  to.sun_family = AF_UNIX;
+  if (to_path.size() >= sizeof(to.sun_path)) return std::nullopt;
+  std::memcpy(to.sun_path, to_path.c_str(), to_path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::nullopt;
+  std::optional<Json> reply;
+  sockaddr_un self{};
+  self.sun_family = AF_UNIX;  // autobind: an abstract address the reply can come back to
+  timeval timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&self), sizeof(sa_family_t)) == 0 &&
+      ::sendto(fd, text.data(), text.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) >= 0) {
+    std::vector<char> buffer(64 * 1024);
+    const ssize_t n = ::recv(fd, buffer.data(), buffer.size(), 0);
+    if (n > 0) {
+      auto parsed = Json::parse(std::string_view(buffer.data(), static_cast<std::size_t>(n)), nullptr, false);
+      if (!parsed.is_discarded()) reply = std::move(parsed);
+    }
+  } else if (gone != nullptr) {
+    *gone = errno == ECONNREFUSED || errno == ENOENT;
+  }
+  ::close(fd);
+  return reply;
+}
+
+// Sends `command` to every client process of the driver served at `primary` (their sockets are
+// <primary>.c<pid>) and returns their replies. A client that is gone (its socket refuses) is
+// forgotten.
+std::vector<Json> AskClients(const std::string& primary, const Json& command) {
+  std::vector<Json> replies;
+  if (primary.empty()) return replies;
+  const auto slash = primary.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : primary.substr(0, slash);
+  const std::string prefix = (slash == std::string::npos ? primary : primary.substr(slash + 1)) + ".c";
+  std::error_code ec;
+  std::vector<std::string> clients;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) clients.push_back(entry.path().string());
+  }
+  const std::string text = command.dump();
+  for (const auto& client : clients) {
+    bool gone = false;
+    if (auto reply = Ask(client, text, &gone)) replies.push_back(std::move(*reply));
+    if (gone) ::unlink(client.c_str());
+  }
+  return replies;
+}
+
 // ---- The fake library state ---------------------------------------------------------------------
 
 struct EventSetState {
@@ -538,7 +605,22 @@ class FakeNvml {
     }
     if (const char* control_path = std::getenv("FAKE_NVML_CONTROL"); control_path != nullptr && *control_path != '\0') {
       std::string error;
-      control_ = ControlServer::Start(control_path, &FakeNvml::HandleCommand, &error);
+      // One driver, several NVML clients: when another live process serves the path (the
+      // supervisor, for its NVML event waiter child), this one is a client of the same
+      // simulated driver, at <path>.c<pid>; the serving one forwards what the driver does
+      // (XIDs, failures, MIG reconfigurations) to it and asks it what its event sets hold.
+      std::string path = control_path;
+      primary_path_.clear();
+      if (LiveSocketAt(path)) {
+        // The driver's failures so far hold for this client too (a GPU lost stays lost).
+        if (auto reply = Ask(path, R"({"getFailures":true})"); reply && reply->contains("failures")) {
+          for (const auto& [name, code] : reply->at("failures").items()) failures_[name] = code.get<Return>();
+        }
+        path += ".c" + std::to_string(::getpid());
+      } else {
+        primary_path_ = path;
+      }
+      control_ = ControlServer::Start(path, &FakeNvml::HandleCommand, &error);
       if (!control_) {
         std::fprintf(stderr, "fake_nvml: FAKE_NVML_CONTROL: %s\n", error.c_str());
         return nvml::kErrorUnknown;
@@ -660,17 +742,18 @@ class FakeNvml {
     const std::shared_ptr<EventSetState> state = it->second;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (true) {
-      if (state->closed) return init_count_ == 0 ? nvml::kErrorUninitialized : nvml::kErrorInvalidArgument;
-      if (!state->queue.empty()) {
+      if (!state->closed && !state->queue.empty()) {
         *data = state->queue.front();
         state->queue.pop_front();
         return nvml::kSuccess;
       }
       // A failure injected while we wait (say GPU_IS_LOST) ends the wait, like a real error.
       if (const auto failure = Failure(function)) return *failure;
-      if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout && state->queue.empty() &&
-          !state->closed && !Failure(function)) {
-        return nvml::kErrorTimeout;
+      // Nothing else ends a wait before its timeout: NVML has no way to interrupt one, and a
+      // set freed (or NVML shut down) under a wait is the caller's bug, not a wake-up.
+      if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+        if (state->closed) return init_count_ == 0 ? nvml::kErrorUninitialized : nvml::kErrorInvalidArgument;
+        if (state->queue.empty() && !Failure(function)) return nvml::kErrorTimeout;
       }
     }
   }
@@ -780,12 +863,36 @@ class FakeNvml {
     return "";
   }
 
+  // Whether an event set of this process holds `uuid` (asked by the serving process).
+  bool HoldsGpu(const std::string& uuid) {
+    std::lock_guard lock(mu_);
+    if (init_count_ == 0) return false;
+    for (std::size_t i = 0; i < config_.gpus.size(); ++i) {
+      if (config_.gpus[i].uuid != uuid) continue;
+      for (const auto& [id, set] : event_sets_) {
+        if (set->registered.count(i) != 0) return true;
+      }
+    }
+    return false;
+  }
+
+  // The serving process's path, "" in a client process (or without a control socket).
+  std::string PrimaryPath() const {
+    std::lock_guard lock(mu_);
+    return control_ ? primary_path_ : std::string();
+  }
+
   Return SetFailure(std::string_view function, Return code) {
     if (function != "*" && !IsKnownFunction(function)) return nvml::kErrorInvalidArgument;
     std::lock_guard lock(mu_);
     failures_[std::string(function)] = code;
     WakeAllWaiters();
     return nvml::kSuccess;
+  }
+
+  std::map<std::string, Return> Failures() const {
+    std::lock_guard lock(mu_);
+    return {failures_.begin(), failures_.end()};
   }
 
   Return ClearFailures() {
@@ -824,6 +931,7 @@ class FakeNvml {
   std::uintptr_t next_event_set_id_ = 1;
   std::map<std::uintptr_t, std::shared_ptr<EventSetState>> event_sets_;
   std::map<std::string, Return, std::less<>> failures_;
+  std::string primary_path_;  // FAKE_NVML_CONTROL when this process serves it
   // Last member: destroyed (thread joined) first.
   std::unique_ptr<ControlServer> control_;
 };
@@ -863,20 +971,33 @@ std::string FakeNvml::HandleCommand(std::string_view text) {
         const Return rc = Fake().InjectXid(gpu, value.at("xid").get<unsigned long long>(), &delivered,
                                            value.value("gpuInstance", nvml::kInstanceIdNone),
                                            value.value("computeInstance", nvml::kInstanceIdNone));
-        if (rc != nvml::kSuccess) throw std::runtime_error("injectXid " + gpu + ": NVML error " + std::to_string(rc));
+        // The driver raises it for every NVML client: the other processes' event sets too.
+        for (const auto& answer : AskClients(Fake().PrimaryPath(), {{key, value}})) {
+          delivered += answer.value("delivered", std::size_t{0});
+        }
+        if (rc != nvml::kSuccess && (rc != nvml::kErrorUninitialized || delivered == 0)) {
+          throw std::runtime_error("injectXid " + gpu + ": NVML error " + std::to_string(rc));
+        }
         reply["delivered"] = delivered;
       } else if (key == "fail") {
         const auto function = value.at("function").get<std::string>();
         if (Fake().SetFailure(function, value.at("return").get<Return>()) != nvml::kSuccess) {
           throw std::runtime_error("fail: unknown NVML function \"" + function + "\"");
         }
+        AskClients(Fake().PrimaryPath(), {{key, value}});
       } else if (key == "clearFailures") {
         Fake().ClearFailures();
+        AskClients(Fake().PrimaryPath(), {{key, value}});
       } else if (key == "reloadConfig") {
         std::size_t changed = 0;
         std::string error;
         if (Fake().ReloadConfig(&changed, &error) != nvml::kSuccess) throw std::runtime_error("reloadConfig: " + error);
+        AskClients(Fake().PrimaryPath(), {{key, value}});
         reply["changed"] = changed;
+      } else if (key == "getFailures") {
+        reply["failures"] = Fake().Failures();
+      } else if (key == "holds") {
+        reply["holds"] = Fake().HoldsGpu(value.at("uuid").get<std::string>());
       } else if (key == "setGpuState") {
         Maintenance().Set(value);
       } else if (key == "getGpuState") {
@@ -884,6 +1005,13 @@ std::string FakeNvml::HandleCommand(std::string_view text) {
       } else if (key == "resetGpu") {
         const auto uuid = value.at("uuid").get<std::string>();
         std::string error = Fake().ResetBlocker(uuid);
+        if (error.empty()) {
+          for (const auto& answer : AskClients(Fake().PrimaryPath(), {{"holds", {{"uuid", uuid}}}})) {
+            if (answer.value("holds", false)) {
+              error = "GPU " + uuid + " is in use by an NVML client (an event set of another process holds it)";
+            }
+          }
+        }
         bool hang = false;
         if (error.empty()) error = Maintenance().Reset(uuid, hang);
         if (!error.empty()) throw std::runtime_error(error);
@@ -1293,18 +1421,29 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetRemappedRows(nvml::Device device, unsigned 
 
 // ---- Control entry points -------------------------------------------------------------------
 
+// What the driver does reaches every NVML client: the other processes' (fake::AskClients) too.
 FAKE_NVML_EXPORT int fakeNvmlInjectXid(const char* uuid, unsigned long long xid) {
   if (uuid == nullptr) return nvml::kErrorInvalidArgument;
   std::size_t delivered = 0;
-  return fake::Fake().InjectXid(uuid, xid, &delivered);
+  const Return rc = fake::Fake().InjectXid(uuid, xid, &delivered);
+  fake::AskClients(fake::Fake().PrimaryPath(), {{"injectXid", {{"uuid", uuid}, {"xid", xid}}}});
+  return rc;
 }
 
 FAKE_NVML_EXPORT int fakeNvmlSetFailure(const char* function_name, int nvml_return) {
   if (function_name == nullptr) return nvml::kErrorInvalidArgument;
-  return fake::Fake().SetFailure(function_name, nvml_return);
+  const Return rc = fake::Fake().SetFailure(function_name, nvml_return);
+  if (rc == nvml::kSuccess) {
+    fake::AskClients(fake::Fake().PrimaryPath(), {{"fail", {{"function", function_name}, {"return", nvml_return}}}});
+  }
+  return rc;
 }
 
-FAKE_NVML_EXPORT int fakeNvmlClearFailures() { return fake::Fake().ClearFailures(); }
+FAKE_NVML_EXPORT int fakeNvmlClearFailures() {
+  const Return rc = fake::Fake().ClearFailures();
+  fake::AskClients(fake::Fake().PrimaryPath(), {{"clearFailures", true}});
+  return rc;
+}
 
 FAKE_NVML_EXPORT int fakeNvmlLastWaitTimeout(unsigned int* timeout_ms) {
   return fake::Fake().LastWaitTimeout(timeout_ms);
@@ -1315,6 +1454,7 @@ FAKE_NVML_EXPORT int fakeNvmlReloadConfig(unsigned int* changed_gpus) {
   std::string error;
   const Return rc = fake::Fake().ReloadConfig(&changed, &error);
   if (rc != nvml::kSuccess) std::fprintf(stderr, "fake_nvml: fakeNvmlReloadConfig: %s\n", error.c_str());
+  if (rc == nvml::kSuccess) fake::AskClients(fake::Fake().PrimaryPath(), {{"reloadConfig", true}});
   if (changed_gpus != nullptr) *changed_gpus = static_cast<unsigned int>(changed);
   return rc;
 }

@@ -1,6 +1,8 @@
 // The gpu-inventory module on the test loop against the fake libnvidia-ml.so.1
-// (tools/sim/fake_nvml), which the module dlopens by path exactly as it would the real one.
-// Events and failures are injected through the fake's in-process control functions.
+// (tools/sim/fake_nvml), which the module dlopens by path exactly as it would the real one; its
+// NVML event waiter is the real child process (gpu-node-supervisor nvml-events), a second client
+// of the same simulated driver. Events and failures are injected through the fake's in-process
+// control functions, which pass them on to that child as the driver would.
 #include "loop/supervisor_messages.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
@@ -9,14 +11,20 @@
 #include "fake_nvml_control.h"
 
 #include <dlfcn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -27,6 +35,7 @@ using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 
 constexpr const char* kLibraryPath = GNS_FAKE_NVML_LIBRARY;
+constexpr const char* kSupervisor = GNS_SUPERVISOR_BIN;
 constexpr const char* kGpus8Path = GNS_FAKE_NVML_GPUS8;
 constexpr const char* kClique = "c9a0f3d2-41b7-4e6a-9d58-2f1e7b3c8a64.32766";
 
@@ -51,7 +60,6 @@ class GpuInventoryModuleTest : public ::testing::Test {
     inject_xid_ = reinterpret_cast<fakeNvmlInjectXid_t>(dlsym(library_, "fakeNvmlInjectXid"));
     set_failure_ = reinterpret_cast<fakeNvmlSetFailure_t>(dlsym(library_, "fakeNvmlSetFailure"));
     clear_failures_ = reinterpret_cast<fakeNvmlClearFailures_t>(dlsym(library_, "fakeNvmlClearFailures"));
-    last_wait_timeout_ = reinterpret_cast<fakeNvmlLastWaitTimeout_t>(dlsym(library_, "fakeNvmlLastWaitTimeout"));
   }
 
   void SetUp() override {
@@ -59,19 +67,20 @@ class GpuInventoryModuleTest : public ::testing::Test {
     ASSERT_NE(inject_xid_, nullptr);
     ASSERT_NE(set_failure_, nullptr);
     ASSERT_NE(clear_failures_, nullptr);
-    ASSERT_NE(last_wait_timeout_, nullptr);
     setenv("FAKE_NVML_CONFIG", kGpus8Path, 1);
-    unsetenv("FAKE_NVML_CONTROL");
     clear_failures_();
     char dir_template[] = "/tmp/gpu_inventory_test.XXXXXX";
     ASSERT_NE(mkdtemp(dir_template), nullptr);
     temp_dir_ = dir_template;
+    // The simulated driver's control socket: how what it does reaches the event waiter child.
+    control_ = temp_dir_ + "/nvml.sock";
+    setenv("FAKE_NVML_CONTROL", control_.c_str(), 1);
   }
 
   void TearDown() override {
     StopModule();
-    // The session's teardown runs on the NVML waiter thread once its wait returns (nothing joins
-    // it): wait until NVML is down, so the next test's nvmlInit reads its own GPU description.
+    // The session is shut down on the pool after Stop: wait until NVML is down, so the next
+    // test's nvmlInit reads its own GPU description.
     clear_failures_();
     EXPECT_TRUE(h_.RunUntil([&] { return inject_xid_("GPU-none", 0) == kUninitialized; }));
     std::filesystem::remove_all(temp_dir_);
@@ -81,6 +90,7 @@ class GpuInventoryModuleTest : public ::testing::Test {
     GpuInventoryModule::Config config;
     config.nvml_library = kLibraryPath;
     config.event_wait_timeout = milliseconds(100);
+    config.event_waiter_program = kSupervisor;
     config.retry_backoff = BackoffPolicy{milliseconds(10), milliseconds(50), 2.0, 0.5};
     config.refresh_interval = std::chrono::hours(1);
     return config;
@@ -145,17 +155,30 @@ class GpuInventoryModuleTest : public ::testing::Test {
   static inline fakeNvmlInjectXid_t inject_xid_ = nullptr;
   static inline fakeNvmlSetFailure_t set_failure_ = nullptr;
   static inline fakeNvmlClearFailures_t clear_failures_ = nullptr;
-  static inline fakeNvmlLastWaitTimeout_t last_wait_timeout_ = nullptr;
 
-  // The timeout the module's waiter gave its latest nvmlEventSetWait_v2.
-  unsigned int LastWaitTimeout() {
-    unsigned int ms = 0;
-    EXPECT_EQ(last_wait_timeout_(&ms), 0);
-    return ms;
+  // One command to the simulated driver's control socket (as the fake nvidia-smi sends it).
+  nlohmann::json Control(const nlohmann::json& command) {
+    const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un self{};
+    self.sun_family = AF_UNIX;  // autobind, for the reply
+    EXPECT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&self), sizeof(sa_family_t)), 0);
+    sockaddr_un to{};
+    to.sun_family = AF_UNIX;
+    std::snprintf(to.sun_path, sizeof(to.sun_path), "%s", control_.c_str());
+    timeval timeout{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    const std::string text = command.dump();
+    EXPECT_GE(::sendto(fd, text.data(), text.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+    char buffer[4096];
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    ::close(fd);
+    if (n <= 0) return nlohmann::json::object();
+    return nlohmann::json::parse(std::string(buffer, static_cast<std::size_t>(n)), nullptr, false);
   }
 
   test::LoopHarness h_;
   std::string temp_dir_;
+  std::string control_;
   std::unique_ptr<ModuleContext> context_;
   std::unique_ptr<GpuInventoryModule> module_;
   ModuleHealth health_ = ModuleHealth::kOk;
@@ -472,51 +495,68 @@ TEST_F(GpuInventoryModuleTest, ReleasingOneGpuKeepsServingTheOthersAndTakingItBa
   EXPECT_GE(Metric("gpu_node_supervisor_nvml_inventory_reads_total"), 3);
 }
 
-// NVML cannot interrupt a wait, and a GPU is let go of only once the wait on the set holding it
-// returned: waits are long at rest, short while a release is announced or in force, and for a
-// while after an XID (a reset often follows one).
-TEST_F(GpuInventoryModuleTest, EventWaitsAreShortWhileAReleaseIsAheadOrInForceAndAfterAnXid) {
+// NVML cannot interrupt a wait, and a GPU can be reset only once nothing holds it. The waiter
+// is a child process that a release kills: the release does not wait for the wait it is in, and
+// afterwards no process holds the GPU. The wait here would last ten minutes.
+TEST_F(GpuInventoryModuleTest, ReleasingOneGpuDoesNotWaitOutTheEventWait) {
   auto config = TestConfig();
-  config.event_wait_timeout = milliseconds(300);
-  config.short_event_wait = milliseconds(7);
-  config.short_waits_after_xid = milliseconds(0);
+  config.event_wait_timeout = std::chrono::minutes(10);
   StartModule(config);
   ASSERT_TRUE(WaitAvailable());
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
+  // The child's event set holds every GPU: a reset is refused.
+  const nlohmann::json reset = {{"resetGpu", {{"uuid", Uuid(2)}}}};
+  auto reply = Control(reset);
+  EXPECT_EQ(reply.value("ok", true), false) << reply.dump();
+  EXPECT_THAT(reply.value("error", ""), HasSubstr("in use by an NVML client")) << reply.dump();
 
-  h_.bus.Publish(NvmlReleaseAhead{Uuid(2), true});
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 7; }));
-  // The release itself keeps them short, and so does the reopened session without GPU 2.
   h_.bus.Publish(NvmlReleaseRequest{true, "reset of GPU 2", Uuid(2)});
-  ASSERT_TRUE(h_.RunUntil([&] { return Inventory()->gpus[2].released && health_ == ModuleHealth::kDegraded; }));
-  h_.bus.Publish(NvmlReleaseAhead{Uuid(2), false});
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory()->gpus[2].released; }));
+  // The others are watched again, by a new child that leaves GPU 2 alone (the session, and with
+  // it the simulated driver's control socket, is open again).
+  ASSERT_TRUE(h_.RunUntil([&] { return health_ == ModuleHealth::kDegraded; }));
+  // Nothing holds GPU 2 any more, in this process or another: the reset goes.
+  reply = Control(reset);
+  EXPECT_EQ(reply.value("ok", false), true) << reply.dump();
+  ASSERT_EQ(inject_xid_(Uuid(2).c_str(), 79), 0);
+  ASSERT_EQ(inject_xid_(Uuid(5).c_str(), 48), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return !xids_.empty(); }));
   h_.Drain();
-  EXPECT_EQ(LastWaitTimeout(), 7u) << "the release is still in force";
+  ASSERT_EQ(xids_.size(), 1u);
+  EXPECT_EQ(xids_[0].uuid, Uuid(5));
+
+  // Taken back without waiting either; its events are watched again.
   h_.bus.Publish(NvmlReleaseRequest{false, "reset done", Uuid(2)});
   ASSERT_TRUE(h_.RunUntil([&] { return !Inventory()->gpus[2].released && health_ == ModuleHealth::kOk; }));
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
-
-  // A reset that ended before its release (refused, say) also ends the short waits.
-  h_.bus.Publish(NvmlReleaseAhead{Uuid(5), true});
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 7; }));
-  h_.bus.Publish(NvmlReleaseAhead{Uuid(5), false});
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
+  ASSERT_EQ(inject_xid_(Uuid(2).c_str(), 79), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return xids_.size() == 2; }));
+  EXPECT_EQ(xids_[1].uuid, Uuid(2));
 }
 
-TEST_F(GpuInventoryModuleTest, AnXidShortensTheWaitsForAWhile) {
-  auto config = TestConfig();
-  config.event_wait_timeout = milliseconds(300);
-  config.short_event_wait = milliseconds(7);
-  config.short_waits_after_xid = milliseconds(1500);
-  StartModule(config);
+TEST_F(GpuInventoryModuleTest, AnEventWaiterThatDiesIsAFailureAndIsStartedAgain) {
+  StartModule();
   ASSERT_TRUE(WaitAvailable());
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }));
-  ASSERT_EQ(inject_xid_(Uuid(1).c_str(), 48), 0);
+  // Whatever child holds GPU 0's events now: kill it from outside.
+  const std::string needle = std::string("nvml-events");
+  pid_t child = -1;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream status(entry.path() / "status");
+    std::string line;
+    bool ours = false;
+    while (std::getline(status, line)) {
+      if (line.rfind("PPid:", 0) == 0) ours = std::stoi(line.substr(5)) == ::getpid();
+    }
+    std::ifstream cmdline(entry.path() / "cmdline");
+    const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (ours && args.find(needle) != std::string::npos) child = std::stoi(entry.path().filename().string());
+  }
+  ASSERT_GT(child, 0) << "no event waiter child";
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory() && !Inventory()->available; }));
+  EXPECT_THAT(Inventory()->error, HasSubstr("the NVML event waiter (pid " + std::to_string(child) + ") was killed by signal 9"));
+  // Opened again with a new child: XIDs flow again.
+  ASSERT_TRUE(WaitAvailable());
+  ASSERT_EQ(inject_xid_(Uuid(0).c_str(), 48), 0);
   ASSERT_TRUE(h_.RunUntil([&] { return !xids_.empty(); }));
-  // The wait the waiter begins right after the XID is short already.
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 7; }));
-  // ... and they turn long again once the window is over.
-  ASSERT_TRUE(h_.RunUntil([&] { return LastWaitTimeout() == 300; }, std::chrono::seconds(10)));
 }
 
 TEST_F(GpuInventoryModuleTest, ReleaseWhileFailingStopsRetryingUntilTakenBack) {

@@ -143,23 +143,20 @@ TEST(GpuInventoryConfig, DefaultsAndEveryKey) {
   const auto defaults = Parse("{}");
   EXPECT_EQ(defaults.nvml_library, "libnvidia-ml.so.1");
   EXPECT_EQ(defaults.event_wait_timeout, milliseconds(5000));
-  EXPECT_EQ(defaults.short_event_wait, milliseconds(10));
-  EXPECT_EQ(defaults.short_waits_after_xid, milliseconds(2000));
+  EXPECT_EQ(defaults.event_waiter_program, "/proc/self/exe");
   EXPECT_EQ(defaults.retry_backoff.initial, milliseconds(1000));
   EXPECT_EQ(defaults.retry_backoff.max, milliseconds(60000));
   EXPECT_EQ(defaults.refresh_interval, milliseconds(60000));
 
   const auto all = Parse(
       "nvmlLibrary: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n"
-      "eventWaitTimeout: 2s\n"
-      "shortEventWait: 25ms\n"
-      "shortWaitsAfterXid: 0s\n"
+      "eventWaitTimeout: 20m\n"
+      "eventWaiterProgram: /usr/bin/gpu-node-supervisor\n"
       "retryBackoff: {initial: 500ms, max: 30s}\n"
       "refreshInterval: 5m\n");
   EXPECT_EQ(all.nvml_library, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
-  EXPECT_EQ(all.event_wait_timeout, milliseconds(2000));
-  EXPECT_EQ(all.short_event_wait, milliseconds(25));
-  EXPECT_EQ(all.short_waits_after_xid, milliseconds(0));
+  EXPECT_EQ(all.event_wait_timeout, milliseconds(1200000));
+  EXPECT_EQ(all.event_waiter_program, "/usr/bin/gpu-node-supervisor");
   EXPECT_EQ(all.retry_backoff.initial, milliseconds(500));
   EXPECT_EQ(all.retry_backoff.max, milliseconds(30000));
   EXPECT_EQ(all.refresh_interval, milliseconds(300000));
@@ -175,11 +172,11 @@ TEST(GpuInventoryConfig, BadValuesNameThePlace) {
     return "no error";
   };
   EXPECT_THAT(error_of("eventWaitTimeout: 0s\n"), HasSubstr("modules.gpu-inventory.eventWaitTimeout"));
-  EXPECT_THAT(error_of("eventWaitTimeout: 1h\n"), HasSubstr("eventWaitTimeout"));
+  EXPECT_THAT(error_of("eventWaitTimeout: 2h\n"), HasSubstr("eventWaitTimeout"));
   EXPECT_THAT(error_of("nvmlLibrary: \"\"\n"), HasSubstr("nvmlLibrary"));
-  EXPECT_THAT(error_of("eventWaitTimeout: 200ms\nshortEventWait: 500ms\n"),
-              HasSubstr("modules.gpu-inventory.shortEventWait"));
-  EXPECT_THAT(error_of("shortEventWait: 0ms\n"), HasSubstr("shortEventWait"));
+  EXPECT_THAT(error_of("eventWaiterProgram: \"\"\n"), HasSubstr("eventWaiterProgram"));
+  // Gone with the waiter thread whose waits they paced.
+  EXPECT_THAT(error_of("shortEventWait: 10ms\n"), HasSubstr("shortEventWait"));
   EXPECT_THAT(error_of("retryBackoff: {initial: 10s, max: 1s}\n"), HasSubstr("max"));
   EXPECT_THAT(error_of("retryBackoff: {initial: 1s, bogus: 1}\n"), HasSubstr("bogus"));
   // XID filtering is gpu-health's business: every XID is published here.

@@ -1,0 +1,107 @@
+#pragma once
+// NVML's XID and MIG events, waited for in a child process. NVML cannot interrupt
+// nvmlEventSetWait_v2, and a GPU can only be reset once nothing holds it: an event set on it (or
+// its handle) keeps it held until the wait on that set returned and NVML was shut down. In a
+// thread of ours that meant a per-GPU release sat out the current wait. In a child process the
+// wait is ended by ending the process: SIGKILL, and once it is reaped the kernel has closed
+// every handle it held. So a release takes as long as a kill and a reap, whatever the wait's
+// timeout, which is then free to be long (few wake-ups at rest).
+//
+// The child is this binary again (`gpu-node-supervisor nvml-events …`, RunEventWaiter): it opens
+// NVML itself, registers XIDs (and MIG reconfigurations where supported) on every GPU it is not
+// told to leave alone, and writes one line per event on its stdout, a pipe the loop reads (no
+// thread, no polling). It dies with us (PR_SET_PDEATHSIG), and its exit is awaited through a
+// pidfd on the loop.
+//
+// Lines (fields separated by one space; UUIDs contain none, "-" when NVML named a device the
+// child did not register):
+//   armed                                  the event set answered its first wait
+//   xid <uuid> <xid> <gpu instance> <compute instance>
+//   mig <uuid>                             a MIG reconfiguration of that GPU
+//   warn <text>                            a GPU whose events cannot be registered (not fatal)
+//   error <function> <text>                it failed (<function> "-" when no NVML call); it exits
+
+#include "modules/gpu_inventory/nvml_abi.hpp"
+
+#include <boost/asio/io_context.hpp>
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gns::gpu_inventory {
+
+struct XidEvent {
+  std::string uuid;  // empty if NVML named a device the waiter did not register
+  uint64_t xid = 0;
+  uint32_t gpu_instance = nvml::kInstanceIdNone;
+  uint32_t compute_instance = nvml::kInstanceIdNone;
+};
+
+// The child's side: what `gpu-node-supervisor nvml-events` runs.
+struct EventWaiterOptions {
+  std::string library;                     // soname or path to dlopen
+  unsigned int wait_ms = 5000;             // each nvmlEventSetWait_v2 at rest
+  std::vector<uint32_t> excluded_indices;  // GPUs released for their reset: never touched
+  std::vector<std::string> excluded_uuids;
+};
+// Runs until killed (or its stdout is closed); returns 1 after an `error` line.
+int RunEventWaiter(const EventWaiterOptions& options);
+// The arguments after the program for `options` (the parent side builds them).
+std::vector<std::string> EventWaiterArgs(const EventWaiterOptions& options);
+
+// The parent's side: one child, on the loop.
+class EventWaiterProcess : public std::enable_shared_from_this<EventWaiterProcess> {
+ public:
+  // All run on the loop, never after Kill().
+  struct Callbacks {
+    std::function<void()> armed;
+    std::function<void(XidEvent)> xid;
+    std::function<void(std::string uuid)> mig_changed;
+    std::function<void(std::string text)> warning;
+    // It failed: an `error` line, or it ended without being asked to. `function` is the NVML
+    // call that failed ("" when none). Called once; the process is gone or going.
+    std::function<void(std::string function, std::string message)> failed;
+  };
+
+  // Forks and execs `program nvml-events <args>`. Throws std::runtime_error when it cannot
+  // (a failed exec is reported through `failed`).
+  static std::shared_ptr<EventWaiterProcess> Start(boost::asio::io_context& io, const std::string& program,
+                                                   const EventWaiterOptions& options, Callbacks callbacks);
+
+  // SIGKILL, callbacks silenced; `reaped` runs on the loop once the process was reaped (the
+  // kernel has closed every NVML handle it held). Once.
+  void Kill(std::function<void()> reaped);
+  pid_t Pid() const { return pid_; }
+
+  // Kills and reaps a child still there (a blocking waitpid after SIGKILL: quick).
+  ~EventWaiterProcess();
+  EventWaiterProcess(const EventWaiterProcess&) = delete;
+  EventWaiterProcess& operator=(const EventWaiterProcess&) = delete;
+
+ private:
+  struct Io;
+  EventWaiterProcess(boost::asio::io_context& io, Callbacks callbacks);
+  void ReadMore();
+  void OnLine(const std::string& line);
+  void AwaitExit();
+  void MaybeEnded();
+  void Fail(std::string function, std::string message);
+
+  Callbacks callbacks_;
+  std::unique_ptr<Io> io_;
+  pid_t pid_ = -1;
+  int status_ = 0;
+  bool reaped_ = false;
+  bool eof_ = false;
+  bool killing_ = false;
+  bool failed_ = false;
+  std::string partial_;  // an unfinished line
+  std::function<void()> on_reaped_;
+};
+
+}  // namespace gns::gpu_inventory
