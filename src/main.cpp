@@ -8,7 +8,9 @@
 //   gpu-node-supervisor version
 //   gpu-node-supervisor nvml-events …   (hidden: gpu-inventory's NVML event waiter child)
 //
-// Exit codes: 0 ok, 1 hard stop, 2 bad command line or config.
+// Exit codes: 0 ok, 1 hard stop (or too few file descriptors), 2 bad command line or config.
+// Signals: SIGTERM/SIGINT stop gracefully; SIGHUP, SIGUSR1, SIGUSR2 are logged and ignored;
+// SIGPIPE is ignored.
 
 #include "admin_client.hpp"
 #include "inventory_command.hpp"
@@ -83,6 +85,7 @@ gns::LoadedConfig Load(const Options& o) {
 
 int main(int argc, char** argv) {
   TuneMalloc();
+  gns::IgnoreSigpipe();  // before any thread starts: every thread inherits it
   CLI::App app{"gpu-node-supervisor: the GPU node's device plugin, DRA plugin, health watchers and IMEX jobs "
                "in one event loop"};
   app.require_subcommand(1);
@@ -187,6 +190,11 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   gns::SetupLogging(config.logging);
+  // Before gRPC, the journal and the sockets open anything: with too few descriptors gRPC aborts.
+  if (const auto fd_error = gns::RaiseOpenFileLimit(); !fd_error.empty()) {
+    spdlog::critical("{}", fd_error);
+    return gns::Runtime::kExitHardStop;
+  }
   spdlog::info("gpu-node-supervisor {} starting with {}", GNS_VERSION, config.site.config_file);
   gns::Runtime runtime(std::move(config));
   return runtime.Run();

@@ -1,6 +1,8 @@
 // The admin socket on the loop (see admin_socket.hpp).
 #include "loop/admin_socket.hpp"
 
+#include "loop/socket_path.hpp"
+
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
@@ -110,16 +112,20 @@ void AdminSocket::Start() {
     }
     ::unlink(path_.c_str());  // a stale socket of an earlier run
   }
-  stream_protocol::endpoint endpoint(path_);
+  // Bound where nobody else can reach it, made 0600, then renamed into place: the root CLI never
+  // talks to a socket that someone else could have connected to or replaced (socket_path.hpp).
+  PrivateSocketBind bind(path_);
+  stream_protocol::endpoint endpoint(bind.BindPath());
   acceptor_.open(endpoint.protocol());
   acceptor_.bind(endpoint);
-  if (::chmod(path_.c_str(), 0600) != 0) {
-    const int err = errno;
-    acceptor_.close();
-    ::unlink(path_.c_str());
-    throw std::system_error(err, std::generic_category(), "chmod 0600 " + path_);
-  }
   acceptor_.listen(static_cast<int>(kMaxConnections));
+  try {
+    bind.Publish(0600);
+  } catch (const std::exception& e) {
+    boost::system::error_code ignored;  // failing the start anyway
+    acceptor_.close(ignored);
+    throw std::system_error(EACCES, std::generic_category(), e.what());
+  }
   started_ = true;
   Accept();
 }

@@ -43,7 +43,14 @@ struct TempSweep {
 TempSweep RemoveInterruptedWrites(const std::string& dir, bool recursive,
                                   const std::function<bool(std::string_view target)>& ours);
 
-// Reads a whole file; false (with `error`) if it cannot be read.
+// Creates `path` and its missing parents with exactly `mode` (chmod after mkdir: the umask does
+// not narrow or widen it). Directories that already exist keep their mode (the kubelet owns
+// plugins_registry; an operator may have tightened ours). False with `error` ("mkdir: <path>:
+// <strerror>") on failure or when a component is not a directory.
+bool EnsureDirectory(const std::string& path, mode_t mode, std::string& error);
+
+// Reads a whole file; false (with `error`) if it cannot be read. For files from elsewhere (the
+// host's /proc and /sys); state files of ours go through ReadStateFile (state_file.hpp).
 bool ReadWholeFile(const std::string& path, std::string& out, std::string& error);
 
 }  // namespace gns

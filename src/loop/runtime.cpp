@@ -4,21 +4,54 @@
 #include "loop/atomic_file.hpp"
 #include "loop/logging.hpp"
 
+#include <sys/stat.h>
+
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <unistd.h>
 
 namespace gns {
 
+void IgnoreSigpipe() {
+  // Children get their default dispositions back before exec (run_command, child_process).
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+std::string RaiseOpenFileLimit(unsigned long minimum) {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return std::string("getrlimit(RLIMIT_NOFILE): ") + std::strerror(errno);
+  const auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(v); };
+  if (limit.rlim_cur != limit.rlim_max) {
+    const rlim_t was = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      limit.rlim_cur = was;  // keep going with what we have; judged below
+    }
+  }
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < minimum) {
+    return "the open-file limit is " + text(limit.rlim_cur) + " (hard limit " + text(limit.rlim_max) +
+           "); gpu-node-supervisor needs at least " + std::to_string(minimum) +
+           " (sockets, gRPC, the journal, inotify): raise it (ulimit -n, LimitNOFILE=, the container runtime's "
+           "nofile)";
+  }
+  return {};
+}
+
 Runtime::Runtime(LoadedConfig config)
     : config_(std::move(config)),
       pool_(loop_, config_.runtime.blocking_threads),
-      signals_(loop_.Io(), SIGINT, SIGTERM),
+      signals_(loop_.Io(), SIGINT, SIGTERM, SIGHUP),
       heartbeat_timer_(loop_.Io()),
       watchdog_timer_(loop_.Io()) {
+  // Their default action would end the process without a word.
+  signals_.add(SIGUSR1);
+  signals_.add(SIGUSR2);
   services_.Provide<LoopHeartbeat>(heartbeat_);
   supervisor_ = std::make_unique<Supervisor>(
       RuntimeParts{loop_, bus_, pool_, clock_, config_.site, metrics_, services_}, config_.runtime.supervisor,
@@ -62,6 +95,7 @@ int Runtime::Run() {
   for (const auto& [name, value] : config_.site.gates.Values()) {
     spdlog::info("feature gate {}={}", name, value ? "true" : "false");
   }
+  PrepareStateDirectory();
   RemoveInterruptedStateWrites();
 
   signals_.async_wait([this](const boost::system::error_code& ec, int signal) {
@@ -99,11 +133,44 @@ void Runtime::RemoveInterruptedStateWrites() {
   for (const auto& error : sweep.errors) spdlog::warn("cleaning {}: {}", dir, error);
 }
 
+void Runtime::PrepareStateDirectory() {
+  // Ours alone, whatever the umask: a local user must not plant files in it or replace the admin
+  // sockets the root CLI talks to. Modules create what is inside with their own explicit modes.
+  const auto& dir = config_.site.paths.state_dir;
+  if (dir.empty()) return;
+  std::string error;
+  if (!EnsureDirectory(dir, 0700, error)) {
+    spdlog::error("state directory: {}", error);  // the modules that need it fail and say so
+    return;
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0022) != 0) {
+    // Made writable for others by an earlier run under a loose umask: take it back.
+    const mode_t tightened = st.st_mode & 07755 & ~static_cast<mode_t>(0022);
+    if (::chmod(dir.c_str(), tightened) == 0) {
+      spdlog::warn("state directory {} was writable by others (mode {:o}); made it {:o}", dir, st.st_mode & 07777,
+                   tightened);
+    } else {
+      spdlog::error("state directory {} is writable by others and chmod failed: {}", dir, std::strerror(errno));
+    }
+  }
+}
+
 void Runtime::RequestStop() {
   loop_.Post([this] { BeginStop("stop requested"); });
 }
 
 void Runtime::OnSignal(int signal) {
+  if (signal == SIGHUP || signal == SIGUSR1 || signal == SIGUSR2) {
+    // Nothing to re-read or reopen: the config is read at start (a change needs a restart, as
+    // the DaemonSet's rollout does), logs go to stderr.
+    spdlog::info("{} received: ignored (the config is read at start only; restart to apply a change)",
+                 signal == SIGHUP ? "SIGHUP" : signal == SIGUSR1 ? "SIGUSR1" : "SIGUSR2");
+    signals_.async_wait([this](const boost::system::error_code& ec, int next) {
+      if (!ec) OnSignal(next);
+    });
+    return;
+  }
   if (stopping_) {
     spdlog::error("second signal ({}): stopping hard", signal);
     spdlog::default_logger()->flush();

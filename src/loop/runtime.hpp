@@ -1,9 +1,11 @@
 #pragma once
 // The reactor: one io_context on the calling thread, the bus, the blocking pool, the metrics
 // registry and the supervisor. At start it removes the temp files that interrupted atomic writes
-// left in stateDir. Handles SIGTERM/SIGINT (graceful stop in reverse start order;
-// a second signal or a missed stop deadline stops hard), and speaks sd_notify (READY=1,
-// STOPPING=1, WATCHDOG=1) when NOTIFY_SOCKET is set.
+// left in stateDir and creates stateDir 0700 (whatever the umask). Handles SIGTERM/SIGINT
+// (graceful stop in reverse start order; a second signal or a missed stop deadline stops hard);
+// SIGHUP, SIGUSR1 and SIGUSR2 are logged and otherwise ignored (the config is read at start
+// only; logs go to stderr, nothing to reopen). Speaks sd_notify (READY=1, STOPPING=1,
+// WATCHDOG=1) when NOTIFY_SOCKET is set.
 
 #include "loop/blocking_pool.hpp"
 #include "loop/bus.hpp"
@@ -20,8 +22,18 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
 
 namespace gns {
+
+// Process set-up before any thread starts (main): SIGPIPE ignored (a log reader or a peer that
+// went away is an EPIPE where it happens, not the end of the process).
+void IgnoreSigpipe();
+
+// The descriptor limit: the soft limit raised to the hard one; "" when at least `minimum` is
+// then open-able, else a message saying what the limits are and what to do.
+inline constexpr unsigned long kMinOpenFiles = 1024;
+std::string RaiseOpenFileLimit(unsigned long minimum = kMinOpenFiles);
 
 // Offered to modules as a service: is the loop turning, and how late do timers fire.
 class LoopHeartbeat {
@@ -67,6 +79,7 @@ class Runtime {
   void ArmWatchdog();
   void RegisterRuntimeMetrics();
   void RemoveInterruptedStateWrites();
+  void PrepareStateDirectory();
 
   LoadedConfig config_;
   Loop loop_;

@@ -1,6 +1,9 @@
 // gRPC on a unix socket, shut down off the loop.
 #include "loop/unix_grpc_server.hpp"
 
+#include "loop/atomic_file.hpp"
+#include "loop/socket_path.hpp"
+
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,9 +19,9 @@ void PrepareUnixSocketPath(const std::string& socket_path) {
   const auto slash = socket_path.rfind('/');
   if (slash == std::string::npos || slash == 0) throw std::runtime_error("socket path must be absolute: " + socket_path);
   const std::string dir = socket_path.substr(0, slash);
-  std::error_code ec;
-  if (std::filesystem::create_directories(dir, ec)) ::chmod(dir.c_str(), 0750);
-  if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
+  std::string error;
+  // 0750 whatever the umask (and every parent created with it).
+  if (!EnsureDirectory(dir, 0750, error)) throw std::runtime_error("cannot create " + dir + ": " + error);
   struct stat st {};
   if (::lstat(socket_path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) throw std::runtime_error(socket_path + " exists and is not a socket");
@@ -38,16 +41,23 @@ UnixGrpcServer::~UnixGrpcServer() {
 void UnixGrpcServer::Start(const std::string& socket_path, const std::vector<grpc::Service*>& services,
                            std::string_view what) {
   PrepareUnixSocketPath(socket_path);
+  // Bound where nobody else can reach it, made 0600 (the kubelet, root, is the only client), then
+  // renamed into place: there is no moment at which the socket is at its path with a wider mode.
+  PrivateSocketBind bind(socket_path);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + socket_path, grpc::InsecureServerCredentials());
+  builder.AddListeningPort("unix://" + bind.BindPath(), grpc::InsecureServerCredentials());
   for (auto* service : services) builder.RegisterService(service);
-  server_ = builder.BuildAndStart();
-  if (!server_) throw std::runtime_error("cannot serve " + std::string(what) + " on " + socket_path);
-  socket_path_ = socket_path;
-  // The kubelet (root) is the only client.
-  if (::chmod(socket_path.c_str(), 0600) != 0) {
-    throw std::runtime_error("chmod 0600 " + socket_path + ": " + std::strerror(errno));
+  auto server = builder.BuildAndStart();
+  if (!server) throw std::runtime_error("cannot serve " + std::string(what) + " on " + socket_path);
+  try {
+    bind.Publish(0600);
+  } catch (...) {
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
+    throw;
   }
+  server_ = std::move(server);
+  socket_path_ = socket_path;
 }
 
 void UnixGrpcServer::Shutdown(BlockingPool& pool, Loop& loop, std::shared_ptr<void> keep_alive,

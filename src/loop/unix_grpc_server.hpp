@@ -2,7 +2,8 @@
 // A gRPC server on a unix socket for services whose work runs on the loop (device plugin, DRA
 // plugin, plugin registration). Two rules every such server shares live here once:
 //  - the socket: a stale socket at the path is replaced, anything else there is refused, the
-//    directory is created 0750 when missing, the socket is 0600 (the kubelet is the client);
+//    directory is created 0750 when missing (whatever the umask), the socket is 0600 (the
+//    kubelet is the client) from the moment it appears at its path (socket_path.hpp);
 //  - shutting down: grpc::Server::Shutdown and Wait block until every RPC is finished, and
 //    finishing RPCs needs the loop, so they run on the blocking pool; the services are released
 //    there, after the server.

@@ -243,6 +243,14 @@ void Reconciler::OnDomain(const RunPtr& run, kube::Result r) {
     NotReady(run, "InvalidSpec", "spec.channel.resourceClaimTemplate.name is required", false);
     return;
   }
+  if (!kube::IsValidObjectName(run->template_name)) {
+    // It becomes a request path and an object name: never "../x" or "a?b".
+    NotReady(run, "InvalidSpec",
+             "spec.channel.resourceClaimTemplate.name \"" + run->template_name +
+                 "\" is not a valid object name (lowercase letters, digits, '-' and '.', at most 253)",
+             false);
+    return;
+  }
   EnsureFinalizer(run);
 }
 

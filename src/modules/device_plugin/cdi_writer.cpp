@@ -49,8 +49,9 @@ void CdiWriter::WriteNext() {
         out.warnings = facts.warnings;
         out.text = BuildCdiSpec(settings.spec, devices, facts).dump(2) + "\n";
         if (out.text == written) return out;
-        std::error_code ec;
-        std::filesystem::create_directories(settings.dir, ec);
+        std::string mkdir_error;
+        // Runtimes read it: 0755 whatever the umask (WriteFileAtomically reports a failure).
+        EnsureDirectory(settings.dir, 0755, mkdir_error);
         // Runtimes read the spec as root; 0644 as nvidia-ctk writes it (no secrets in it).
         const auto result = WriteFileAtomically(path, out.text, 0644);
         if (!result) out.error = result.error;

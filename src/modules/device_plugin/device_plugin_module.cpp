@@ -218,9 +218,11 @@ PlanSettings DevicePluginModule::MakePlanSettings() const {
 }
 
 void DevicePluginModule::Start() {
-  std::error_code ec;
-  std::filesystem::create_directories(plugin_dir_, ec);
-  if (ec) throw std::runtime_error("cannot create " + plugin_dir_ + ": " + ec.message());
+  std::string mkdir_error;
+  // The kubelet's directory when it exists (its mode kept); else 0750 whatever the umask.
+  if (!EnsureDirectory(plugin_dir_, 0750, mkdir_error)) {
+    throw std::runtime_error("cannot create " + plugin_dir_ + ": " + mkdir_error);
+  }
   watcher_.Start();
   started_ = true;
 

@@ -242,29 +242,22 @@ CheckpointLoadResult ParseCheckpoint(std::string_view text) {
 CheckpointLoadResult LoadCheckpoint(const std::string& path) {
   CheckpointLoadResult result;
   try {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-      if (errno == ENOENT) {
+    auto read = ReadStateFile(path);
+    switch (read.status) {
+      case StateFileRead::Status::kMissing:
         result.status = CheckpointStatus::kMissing;
         return result;
-      }
-      result.status = CheckpointStatus::kUnreadable;
-      result.error = "stat: " + path + ": " + std::strerror(errno);
-      return result;
+      case StateFileRead::Status::kRejected:
+        // Not a regular file, or far too large: nothing in it can be trusted.
+        return Corrupt(read.error);
+      case StateFileRead::Status::kUnreadable:
+        result.status = CheckpointStatus::kUnreadable;
+        result.error = read.error;
+        return result;
+      case StateFileRead::Status::kRead:
+        break;
     }
-    if (!S_ISREG(st.st_mode)) {
-      result.status = CheckpointStatus::kUnreadable;
-      result.error = path + ": not a regular file";
-      return result;
-    }
-    std::string text;
-    std::string error;
-    if (!ReadWholeFile(path, text, error)) {
-      result.status = CheckpointStatus::kUnreadable;
-      result.error = error;
-      return result;
-    }
-    result = ParseCheckpoint(text);
+    result = ParseCheckpoint(read.content);
     if (result.status == CheckpointStatus::kCorrupt) result.error = path + ": " + result.error;
     return result;
   } catch (const std::exception& e) {
@@ -292,14 +285,7 @@ FileWriteResult SaveCheckpoint(const std::string& path, const Checkpoint& checkp
 }
 
 MoveAsideResult MoveCorruptCheckpointAside(const std::string& path, int64_t unix_seconds) {
-  MoveAsideResult result;
-  result.moved_to = path + ".corrupt-" + std::to_string(unix_seconds);
-  if (std::rename(path.c_str(), result.moved_to.c_str()) != 0) {
-    result.error = "rename " + path + " to " + result.moved_to + ": " + std::strerror(errno);
-    return result;
-  }
-  result.ok = true;
-  return result;
+  return MoveStateFileAside(path, unix_seconds);
 }
 
 }  // namespace gns::dra

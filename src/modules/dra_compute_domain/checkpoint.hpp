@@ -4,9 +4,11 @@
 // Prepare idempotent, what detects a second claim on channel-0 (seed 000 §7.2 step 5), and what
 // Unprepare and the startup reconcile clean up from. The file is versioned and checksummed; a
 // file we cannot trust is never half-used: Load reports it as corrupt, the caller moves it aside
-// (checkpoint.json.corrupt-<unix-ts>), tells the operator, and starts clean.
+// (checkpoint.json.corrupt-<unix-ts>), tells the operator, and starts clean. It is read as every
+// state file is (loop/state_file.hpp): a regular file of bounded size, or it is corrupt.
 
 #include "loop/atomic_file.hpp"
+#include "loop/state_file.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -80,12 +82,8 @@ CheckpointLoadResult LoadCheckpoint(const std::string& path);
 // Creates the directory (0700) if missing, then writes through WriteFileAtomically (0600).
 FileWriteResult SaveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
 
-struct MoveAsideResult {
-  bool ok = false;
-  std::string moved_to;  // "<path>.corrupt-<unix_seconds>"
-  std::string error;
-};
-// Renames a corrupt checkpoint out of the way, keeping it for the operator. Never throws.
+// Renames a corrupt checkpoint out of the way ("<path>.corrupt-<unix_seconds>[-n]", never over
+// an earlier one), keeping it for the operator. Never throws.
 MoveAsideResult MoveCorruptCheckpointAside(const std::string& path, int64_t unix_seconds);
 
 // CRC-32 (IEEE 802.3, as zlib's crc32) of `data`; the checksum over the serialized `data` member.

@@ -179,6 +179,10 @@ ChildProcess::ChildProcess(boost::asio::io_context& io, const ChildSpec& spec, L
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
     // Our own process group: a terminal's Ctrl-C reaches the supervisor, which stops us.
     ::setpgid(0, 0);
+    // Our dispositions are not the child's: SIGPIPE is ignored in the supervisor.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
     sigset_t none;
     ::sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -1,6 +1,7 @@
 // The claim log: record format, replay and the append-only file.
 #include "modules/dra_compute_domain/claim_log.hpp"
 
+#include "loop/state_file.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
 
 #include <fcntl.h>
@@ -13,6 +14,9 @@
 namespace gns::dra {
 
 namespace {
+
+// The log between two compactions: a few records per prepare; far above any real one.
+constexpr std::size_t kMaxClaimLogBytes = 64u << 20;
 
 using nlohmann::json;
 
@@ -200,15 +204,18 @@ ClaimStateLoad LoadClaimState(const std::string& checkpoint_path, const std::str
   const bool trusted = load.checkpoint.status == CheckpointStatus::kLoaded;
   if (trusted) load.state = load.checkpoint.checkpoint;
   std::string bytes;
-  struct stat st {};
-  if (::stat(log_path.c_str(), &st) != 0) {
-    if (errno != ENOENT) load.log_error = "stat: " + log_path + ": " + std::strerror(errno);
-  } else if (!S_ISREG(st.st_mode)) {
-    load.log_error = log_path + ": not a regular file";
-  } else {
+  // Regular file, bounded (loop/state_file.hpp); appends between compactions stay far below.
+  auto read = ReadStateFile(log_path, kMaxClaimLogBytes);
+  if (read.status == StateFileRead::Status::kRead) {
     load.log_found = true;
-    std::string error;
-    if (!ReadWholeFile(log_path, bytes, error)) load.log_error = error;
+    bytes = std::move(read.content);
+  } else if (read.status == StateFileRead::Status::kRejected) {
+    // Not a regular file or far too large: damage, moved aside like a log damaged inside.
+    load.log_found = true;
+    load.log.corruption.push_back(read.error);
+    return load;
+  } else if (read.status == StateFileRead::Status::kUnreadable) {
+    load.log_error = read.error;
   }
   if (!load.log_error.empty()) return load;
   load.log = ParseClaimLog(bytes, trusted ? std::optional<uint64_t>(load.state.log_seq) : std::nullopt);

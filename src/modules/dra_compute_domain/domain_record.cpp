@@ -1,6 +1,8 @@
 // The driver-managed domain record.
 #include "modules/dra_compute_domain/domain_record.hpp"
 
+#include "loop/state_file.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
@@ -84,16 +86,20 @@ bool ParseDomainRecord(std::string_view text, DomainRecord& record, std::string&
 
 DomainRecordLoad LoadDomainRecord(const std::string& path) {
   DomainRecordLoad out;
-  std::string text;
-  std::string error;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) return out;
-  if (!ReadWholeFile(path, text, error)) {
+  // Regular file, bounded (loop/state_file.hpp): anything else is corrupt.
+  auto read = ReadStateFile(path, 1u << 20);
+  if (read.status == StateFileRead::Status::kMissing) return out;
+  if (read.status == StateFileRead::Status::kUnreadable) {
     out.status = RecordLoad::kUnreadable;
-    out.error = error;
+    out.error = read.error;
     return out;
   }
-  if (!ParseDomainRecord(text, out.record, out.error)) {
+  if (read.status == StateFileRead::Status::kRejected) {
+    out.status = RecordLoad::kCorrupt;
+    out.error = read.error;
+    return out;
+  }
+  if (!ParseDomainRecord(read.content, out.record, out.error)) {
     out.status = RecordLoad::kCorrupt;
     out.error = path + ": " + out.error;
     return out;

@@ -510,10 +510,8 @@ void DraComputeDomainModule::LoadAndReconcile() {
     // the operator, serve with what is valid, and do not trust the CDI directory's absences.
     std::string what;
     for (const auto& c : loaded.log.corruption) what += (what.empty() ? "" : "; ") + c;
-    const std::string aside = log_path + ".corrupt-" + std::to_string(now_s);
-    std::string moved = std::rename(log_path.c_str(), aside.c_str()) == 0
-                            ? "moved to " + aside
-                            : "could not be moved aside (" + std::string(std::strerror(errno)) + ")";
+    const auto aside = MoveStateFileAside(log_path, now_s);
+    std::string moved = aside.ok ? "moved to " + aside.moved_to : "could not be moved aside (" + aside.error + ")";
     corrupt_checkpoints_->Inc();
     const std::string note = "DRA claim log " + log_path + " is damaged: " + what + "; " + moved +
                              "; serving with the " + std::to_string(loaded.state.claims.size()) +

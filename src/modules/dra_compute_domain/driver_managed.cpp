@@ -1,6 +1,8 @@
 // Driver-managed IMEX on this node: domains, registration, files, daemons.
 #include "modules/dra_compute_domain/driver_managed.hpp"
 
+#include "loop/state_file.hpp"
+
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/informer.hpp"
@@ -185,10 +187,12 @@ void DriverManagedDomains::Load() {
       break;
     case RecordLoad::kCorrupt: {
       loaded_ = {};
-      const std::string aside = record_file_ + ".corrupt";
-      std::error_code ec;
-      std::filesystem::rename(record_file_, aside, ec);
-      if (ec) throw std::runtime_error("domain record " + loaded.error + " and cannot be moved aside: " + ec.message());
+      // A name of its own: an earlier corrupt record is evidence too.
+      const auto moved = MoveStateFileAside(
+          record_file_,
+          std::chrono::duration_cast<std::chrono::seconds>(context_.GetClock().WallNow().time_since_epoch()).count());
+      if (!moved.ok) throw std::runtime_error("domain record " + loaded.error + " and cannot be moved aside: " + moved.error);
+      const std::string& aside = moved.moved_to;
       context_.Log().error("driver-managed IMEX: the domain record was corrupt ({}); moved to {}; starting with no "
                            "domains (check the Node's {} label and the domains' status.nodes by hand)",
                            loaded.error, aside, kComputeDomainLabel);

@@ -32,40 +32,4 @@ DriverPaths MakeDriverPaths(const SitePaths& site) {
   return paths;
 }
 
-bool EnsureDirectory(const std::string& path, mode_t mode, std::string& error) {
-  if (path.empty()) {
-    error = "mkdir: empty path";
-    return false;
-  }
-  // Walk the components from the root so every missing parent gets `mode` too.
-  std::size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    const std::string prefix = path.substr(0, pos);
-    if (prefix.empty()) continue;
-    struct stat st {};
-    if (::stat(prefix.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode)) {
-        error = "mkdir: " + prefix + ": exists and is not a directory";
-        return false;
-      }
-      continue;
-    }
-    if (errno != ENOENT) {
-      error = "stat: " + prefix + ": " + std::strerror(errno);
-      return false;
-    }
-    if (::mkdir(prefix.c_str(), mode) != 0 && errno != EEXIST) {
-      error = "mkdir: " + prefix + ": " + std::strerror(errno);
-      return false;
-    }
-    // mkdir applies the umask; set the mode we promise on what we created.
-    if (::chmod(prefix.c_str(), mode) != 0) {
-      error = "chmod: " + prefix + ": " + std::strerror(errno);
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace gns::dra

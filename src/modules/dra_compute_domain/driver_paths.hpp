@@ -3,6 +3,7 @@
 // kubelet and the API know us by, the device names we publish, and where our sockets, checkpoint
 // and /proc/devices live under the site's (sandboxable) paths.
 
+#include "loop/atomic_file.hpp"
 #include "loop/site.hpp"
 
 #include <sys/types.h>
@@ -36,9 +37,7 @@ DriverPaths MakeDriverPaths(const SitePaths& site);
 // "a" + "b" with exactly one slash between them ("/" + "proc/devices" → "/proc/devices").
 std::string JoinPath(std::string_view dir, std::string_view name);
 
-// Creates `path` and its missing parents with `mode`. Directories that already exist keep their
-// mode (the kubelet owns plugins_registry; an operator may have tightened ours). False with
-// `error` ("mkdir: <path>: <strerror>") on failure or when a component is not a directory.
-bool EnsureDirectory(const std::string& path, mode_t mode, std::string& error);
+// EnsureDirectory (creating `path` and its missing parents with an exact mode) is
+// loop/atomic_file.hpp's, found from here as gns::EnsureDirectory.
 
 }  // namespace gns::dra

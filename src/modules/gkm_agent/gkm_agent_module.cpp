@@ -1,6 +1,8 @@
 // The gkm-agent module: watches, the pull queue, extraction on the pool, per-node status.
 #include "modules/gkm_agent/gkm_agent_module.hpp"
 
+#include "loop/state_file.hpp"
+
 #include "modules/gkm_agent/extract.hpp"
 
 #include <sys/stat.h>
@@ -506,11 +508,10 @@ void GkmAgentModule::Forget(const std::string& key, const json& last) {
 
 json GkmAgentModule::ReadUsage(const Cache& cache) const {
   const std::string path = config_.usage_root + "/" + CacheRelPath(cache.cluster, cache.ns, cache.name) + "/usage.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return json::array();
-  std::stringstream s;
-  s << in.rdbuf();
-  const auto j = json::parse(s.str(), nullptr, false);
+  // Written by the CSI side for pods: bounded, regular files only (loop/state_file.hpp).
+  const auto read = ReadStateFile(path, 1u << 20);
+  if (read.status != StateFileRead::Status::kRead) return json::array();
+  const auto j = json::parse(read.content, nullptr, false);
   json pods = json::array();
   if (!j.is_object()) return pods;
   for (const auto& [pod, entries] : j.items()) {

@@ -2,6 +2,7 @@
 #include "modules/gpu_health/gpu_health_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/state_file.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
@@ -172,6 +173,14 @@ void GpuHealthModule::Start() {
   // kube's services as they are now: the supervisor restarts this module when kube comes.
   auto& services = context_.GetServices();
   report_.UseKube(services.Find<kube::KubeClient>(), services.Find<kube::EventRecorder>());
+  if (!corrupt_note_.empty()) {
+    if (const auto recorder = services.Find<kube::EventRecorder>(); recorder && !context_.Site().node_name.empty()) {
+      kube::ObjectReference node;
+      node.name = context_.Site().node_name;
+      recorder->Record(node, "Warning", "CorruptStateFile", "LoadCheckpoint", corrupt_note_);
+    }
+    corrupt_note_.clear();
+  }
   if (config_.watch_annotation) {
     operator_.WatchAnnotation(services.Find<kube::InformerRegistry>(), services.Find<kube::KubeClient>());
   }
@@ -352,20 +361,28 @@ void GpuHealthModule::LoadCheckpoint() {
     context_.Log().info("{} unreadable: the saved verdicts wait for the boot journald reports", boot_path);
   }
 
-  std::error_code ec;
-  if (!fs::exists(state_path_, ec)) return;
-  if (!ReadWholeFile(state_path_, text, error)) {
-    Bad("unreadable_state_file", error + "; starting with every device Healthy");
+  // Bounded and type-checked (a FIFO, /dev/zero or a huge file here is refused, not read). The
+  // file holds a verdict and XID counts per GPU: kilobytes; 1 MiB parses in milliseconds.
+  auto read = ReadStateFile(state_path_, 1u << 20);
+  if (read.status == StateFileRead::Status::kMissing) return;
+  if (read.status == StateFileRead::Status::kUnreadable) {
+    Bad("unreadable_state_file", read.error + "; starting with every device Healthy");
     return;
   }
-  auto saved = HealthCheckpoint::Parse(text, error);
+  std::optional<HealthCheckpoint> saved;
+  if (read.status == StateFileRead::Status::kRejected) {
+    error = read.error;
+  } else {
+    saved = HealthCheckpoint::Parse(read.content, error);
+  }
   if (!saved) {
-    const std::string aside = state_path_ + ".corrupt-" + std::to_string(NowMs() / 1000);
-    fs::rename(state_path_, aside, ec);
+    const auto moved = MoveStateFileAside(state_path_, NowMs() / 1000);
     state_corrupt_->Inc();
-    context_.Log().error("{}: {}; {}, starting with every device Healthy and the health stream from the head of "
-                         "the boot",
-                         state_path_, error, ec ? "could not move it aside (" + ec.message() + ")" : "moved to " + aside);
+    const std::string note = state_path_ + ": " + error + "; " +
+                             (moved.ok ? "moved to " + moved.moved_to : "could not move it aside (" + moved.error + ")") +
+                             ", starting with every device Healthy and the health stream from the head of the boot";
+    context_.Log().error("{}", note);
+    corrupt_note_ = note;  // a Node Event once kube's services are picked up (Start)
     return;
   }
   // The position is journald's to judge (it knows the current boot): whatever the boot, the

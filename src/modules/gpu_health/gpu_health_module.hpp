@@ -141,6 +141,7 @@ class GpuHealthModule final : public Module {
   std::string persist_boot_;
   bool boot_from_host_ = false;
   std::optional<HealthCheckpoint> awaiting_boot_;  // loaded while the boot was unknown
+  std::string corrupt_note_;  // the state file was moved aside: said in a Node Event at start
 
   // Events wait here until a checkpoint that covers them is on disk.
   struct Outgoing {

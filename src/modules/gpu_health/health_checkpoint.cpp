@@ -208,13 +208,10 @@ void CheckpointWriter::Write() {
   const uint64_t covers = snapshot.covers;
   pool_.Run(
       [path = path_, content = std::move(snapshot.content)] {
-        const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        if (ec) return FileWriteResult{false, "creating " + dir.string() + ": " + ec.message()};
-        if (::chmod(dir.c_str(), 0700) != 0) {
-          return FileWriteResult{false, "chmod 0700 " + dir.string() + ": " + std::strerror(errno)};
-        }
+        // 0700 whatever the umask, and so is every parent it creates.
+        const std::string dir = std::filesystem::path(path).parent_path().string();
+        std::string error;
+        if (!EnsureDirectory(dir, 0700, error)) return FileWriteResult{false, error};
         return WriteFileAtomically(path, content, 0600);
       },
       [this, alive = alive_, covers](FileWriteResult result, std::exception_ptr error) {

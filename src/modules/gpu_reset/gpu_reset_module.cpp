@@ -3,6 +3,7 @@
 #include "modules/gpu_reset/gpu_reset_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/state_file.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/maintenance.hpp"
 #include "modules/gpu_inventory/messages.hpp"
@@ -29,6 +30,11 @@
 #include <utility>
 
 namespace gns::gpu_reset {
+
+namespace {
+// gpu-reset.json: finished jobs are trimmed and each step log is bounded; a few MiB at most.
+constexpr std::size_t kMaxBookBytes = 8u << 20;
+}  // namespace
 
 namespace asio = boost::asio;
 using std::chrono::milliseconds;
@@ -931,21 +937,26 @@ void GpuResetModule::Progress(const ResetJob& job, const std::string& line) {
 
 void GpuResetModule::LoadBook() {
   if (book_path_.empty()) return;
-  std::string text;
-  std::string error;
-  if (!ReadWholeFile(book_path_, text, error)) {
-    if (errno != ENOENT && std::filesystem::exists(book_path_)) context_.Log().error("cannot read {}: {}", book_path_, error);
+  // Bounded and type-checked (loop/state_file.hpp): a FIFO, a device or a huge file here is
+  // refused without being read, and moved aside like a corrupt one.
+  auto read = ReadStateFile(book_path_, kMaxBookBytes);
+  if (read.status == StateFileRead::Status::kMissing) return;
+  if (read.status == StateFileRead::Status::kUnreadable) {
+    context_.Log().error("cannot read {}: {}", book_path_, read.error);
     return;
   }
   try {
-    book_ = ParseResetBook(text);
+    if (read.status == StateFileRead::Status::kRejected) throw std::runtime_error(read.error);
+    book_ = ParseResetBook(read.content);
   } catch (const std::exception& e) {
     // A corrupt record must not crash-loop us: it is kept aside for a human and we start empty.
     // GPUs it held stay Unhealthy through gpu-health's own verdicts (never Healthy unvalidated).
-    const std::string aside = book_path_ + ".corrupt";
-    std::error_code ec;
-    std::filesystem::rename(book_path_, aside, ec);
-    context_.Log().error("{} is unusable ({}); moved to {}, starting with no reset in progress", book_path_, e.what(), aside);
+    const auto moved = MoveStateFileAside(book_path_, NowMs() / 1000);
+    const std::string note = book_path_ + " is unusable (" + e.what() + "); " +
+                             (moved.ok ? "moved to " + moved.moved_to : "not moved aside: " + moved.error) +
+                             ", starting with no reset in progress";
+    context_.Log().error("{}", note);
+    RecordEvent("Warning", "CorruptStateFile", note);
     book_ = ResetBook{};
     return;
   }
@@ -1014,6 +1025,19 @@ void GpuResetModule::UpdateModuleHealth() {
 }
 
 void GpuResetModule::PublishState() {
+  // Coalesced: one message per loop turn, made when it is sent. Every change of a burst (a
+  // resumed book of N jobs, each refused at once) publishing its own copy of every job would
+  // queue N copies of N jobs.
+  if (publish_pending_) return;
+  publish_pending_ = true;
+  context_.GetLoop().Post([this, alive = alive_] {
+    if (!*alive) return;
+    publish_pending_ = false;
+    PublishStateNow();
+  });
+}
+
+void GpuResetModule::PublishStateNow() {
   GpuResetState state;
   std::size_t open = 0;
   for (const auto& job : book_.jobs) open += job.Finished() ? 0 : 1;

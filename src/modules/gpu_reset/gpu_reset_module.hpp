@@ -138,7 +138,8 @@ class GpuResetModule final : public Module {
   // State and outputs.
   void LoadBook();
   void SaveBook();
-  void PublishState();
+  void PublishState();     // coalesced: at most one GpuResetState queued
+  void PublishStateNow();
   void AnnounceReleases();
   void WriteStatus(ResetJob& job);
   void SendStatus(const std::string& name);
@@ -203,6 +204,7 @@ class GpuResetModule final : public Module {
   std::map<std::string, StatusSlot> status_;
   boost::asio::steady_timer status_retry_;
 
+  bool publish_pending_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   MetricsRegistry::Series* resets_ok_;
   MetricsRegistry::Series* resets_failed_;

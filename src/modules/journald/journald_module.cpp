@@ -2,6 +2,7 @@
 #include "modules/journald/journald_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/state_file.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,11 @@
 #include <system_error>
 
 namespace gns::journald {
+
+namespace {
+// cursor.json holds two journal cursors and a boot ID: a few hundred bytes.
+constexpr std::size_t kMaxCursorFileBytes = 64 * 1024;
+}  // namespace
 namespace {
 
 constexpr int kCursorFileVersion = 1;
@@ -167,10 +173,10 @@ void JournaldModule::Start() {
   // (read-only, full) costs that position after a restart, never the streams: the health stream
   // is positioned by its consumer and must keep flowing.
   if (!cursor_path_.empty() && !config_.units.empty()) {
-    const auto dir = std::filesystem::path(cursor_path_).parent_path();
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) CursorNotPersisted("creating " + dir.string() + ": " + ec.message());
+    // 0700 whatever the umask: nobody else may plant a cursor here.
+    const auto dir = std::filesystem::path(cursor_path_).parent_path().string();
+    std::string error;
+    if (!EnsureDirectory(dir, 0700, error)) CursorNotPersisted("creating " + dir + ": " + error);
   }
   auto options = [&](std::string name, std::vector<std::vector<std::string>> groups) {
     return JournalStream::Options{std::move(name), config_.directory, std::move(groups), config_.max_message_bytes,
@@ -314,14 +320,28 @@ void JournaldModule::OnUnitEntry(JournalEntry&& entry) {
 
 std::optional<SavedPosition> JournaldModule::LoadCursorFile() {
   if (cursor_path_.empty()) return std::nullopt;
-  std::string text;
+  // Bounded and type-checked: a FIFO, a device or a huge file here is refused, not read.
+  auto read = ReadStateFile(cursor_path_, kMaxCursorFileBytes);
   std::string error;
-  if (ReadWholeFile(cursor_path_, text, error)) {
-    auto saved = ParseSavedPosition(text, error);
-    if (!saved) Bad("corrupt_cursor_file", cursor_path_ + ": " + error + "; reading the current boot from its head");
-    return saved;
+  switch (read.status) {
+    case StateFileRead::Status::kMissing:
+      return std::nullopt;
+    case StateFileRead::Status::kUnreadable:
+      Bad("unreadable_cursor_file", read.error);
+      return std::nullopt;
+    case StateFileRead::Status::kRejected:
+      error = read.error;
+      break;
+    case StateFileRead::Status::kRead:
+      if (auto saved = ParseSavedPosition(read.content, error)) return saved;
+      break;
   }
-  if (std::filesystem::exists(cursor_path_)) Bad("unreadable_cursor_file", error);
+  // Kept for the operator under a name of its own; the next flush writes a good one.
+  const auto moved = MoveStateFileAside(
+      cursor_path_, std::chrono::duration_cast<std::chrono::seconds>(context_.GetClock().WallNow().time_since_epoch()).count());
+  Bad("corrupt_cursor_file", cursor_path_ + ": " + error + "; " +
+                                 (moved.ok ? "moved to " + moved.moved_to : "not moved aside: " + moved.error) +
+                                 "; reading the current boot from its head");
   return std::nullopt;
 }
 

@@ -155,7 +155,8 @@ struct ResourcePath {
 
   // /api/v1/nodes, /apis/coordination.k8s.io/v1/namespaces/ns/leases
   std::string Collection() const;
-  // Collection() + "/" + name (+ "/" + subresource)
+  // Collection() + "/" + name (+ "/" + subresource); every segment from outside (namespace,
+  // name, subresource) is PathEscape'd.
   std::string Object(std::string_view name, std::string_view subresource = {}) const;
 
   static ResourcePath Core(std::string resource, std::string ns = {});
@@ -164,6 +165,14 @@ struct ResourcePath {
 
 // Percent-encodes a query parameter value.
 std::string QueryEscape(std::string_view value);
+// Percent-encodes one path segment: everything but RFC 3986 unreserved characters, so "/", "?",
+// "#", "%" and ".." cannot change which object a request names ("." and ".." as a whole
+// segment are encoded too).
+std::string PathEscape(std::string_view segment);
+// Whether `name` is a valid Kubernetes object name (a DNS-1123 subdomain: at most 253 of
+// [a-z0-9.-], starting and ending with [a-z0-9]). Names from the API or a spec that are not are
+// refused before they reach a request path.
+bool IsValidObjectName(std::string_view name);
 
 // Small typed views of what modules read.
 struct ObjectMeta {

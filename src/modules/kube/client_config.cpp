@@ -146,14 +146,29 @@ ClientConfig LoadKubeconfig(const std::string& path, const std::string& context_
 
 std::string ResourcePath::Collection() const {
   std::string out = group.empty() ? "/api/" + version : "/apis/" + group + "/" + version;
-  if (!ns.empty()) out += "/namespaces/" + ns;
+  if (!ns.empty()) out += "/namespaces/" + PathEscape(ns);
   return out + "/" + resource;
 }
 
 std::string ResourcePath::Object(std::string_view name, std::string_view subresource) const {
-  std::string out = Collection() + "/" + std::string(name);
-  if (!subresource.empty()) out += "/" + std::string(subresource);
+  std::string out = Collection() + "/" + PathEscape(name);
+  if (!subresource.empty()) out += "/" + PathEscape(subresource);
   return out;
+}
+
+std::string PathEscape(std::string_view segment) {
+  if (segment == "." || segment == "..") return segment == "." ? "%2E" : "%2E%2E";
+  return QueryEscape(segment);
+}
+
+bool IsValidObjectName(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  const auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!alnum(name.front()) || !alnum(name.back())) return false;
+  for (const char c : name) {
+    if (!alnum(c) && c != '-' && c != '.') return false;
+  }
+  return true;
 }
 
 ResourcePath ResourcePath::Core(std::string resource, std::string ns) {

@@ -9,6 +9,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "loop/rate_limited_log.hpp"
+
 #include <list>
 
 namespace gns::metrics {
@@ -19,15 +21,27 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
 struct HttpServer::State {
-  State(asio::io_context& io_, HttpServerOptions o, Handler h, std::shared_ptr<spdlog::logger> l)
-      : io(io_), options(std::move(o)), handler(std::move(h)), log(std::move(l)), acceptor(io_) {}
+  State(asio::io_context& io_, const Clock& c, HttpServerOptions o, Handler h, std::shared_ptr<spdlog::logger> l)
+      : io(io_), clock(c), options(std::move(o)), handler(std::move(h)), log(std::move(l)), acceptor(io_), warn(c) {}
+
+  struct Connection {
+    beast::tcp_stream* stream = nullptr;
+    bool waiting = false;  // for (the rest of) a request: may be closed to make room
+    Clock::SteadyTime waiting_since{};
+    bool evicted = false;  // closed to make room; its coroutine is unwinding
+  };
 
   asio::io_context& io;
+  const Clock& clock;
   HttpServerOptions options;
   Handler handler;
   std::shared_ptr<spdlog::logger> log;
   tcp::acceptor acceptor;
-  std::list<beast::tcp_stream*> connections;
+  std::list<Connection> connections;
+  std::size_t live = 0;  // connections not evicted
+  uint64_t evicted = 0;
+  uint64_t refused = 0;
+  RateLimitedLog warn;
   bool stopped = false;
   bool accepting = false;
   std::function<void()> on_idle;
@@ -52,7 +66,8 @@ HttpResponse Error(int status, std::string body) {
 
 asio::awaitable<void> Serve(std::shared_ptr<HttpServer::State> state, tcp::socket socket) {
   beast::tcp_stream stream(std::move(socket));
-  auto self = state->connections.insert(state->connections.end(), &stream);
+  auto self = state->connections.insert(state->connections.end(), HttpServer::State::Connection{&stream});
+  ++state->live;
   beast::flat_buffer buffer;
   beast::error_code ec;
   for (;;) {
@@ -60,7 +75,11 @@ asio::awaitable<void> Serve(std::shared_ptr<HttpServer::State> state, tcp::socke
     parser.header_limit(static_cast<std::uint32_t>(state->options.max_header_bytes));
     parser.body_limit(state->options.max_body_bytes);
     stream.expires_after(state->options.read_timeout);
+    self->waiting = true;
+    self->waiting_since = state->clock.Now();
     co_await http::async_read(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+    self->waiting = false;
+    if (self->evicted) break;
     if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted || ec == beast::error::timeout ||
         ec == asio::error::connection_reset || ec == asio::error::eof || state->stopped) {
       break;
@@ -103,8 +122,31 @@ asio::awaitable<void> Serve(std::shared_ptr<HttpServer::State> state, tcp::socke
   // Shutdown errors are expected here (peer gone, socket already closed by Stop).
   stream.socket().shutdown(tcp::socket::shutdown_both, ec);
   stream.close();
+  if (!self->evicted) --state->live;
   state->connections.erase(self);
   state->MaybeIdle();
+}
+
+// At the cap: closes the connection that has waited longest for a request, so a new client (a
+// kubelet probe) is served however many idle or dribbling clients hold the rest. False when every
+// connection is busy answering (they finish quickly: the handlers do not block).
+bool MakeRoom(HttpServer::State& state) {
+  HttpServer::State::Connection* oldest = nullptr;
+  for (auto& c : state.connections) {
+    if (c.evicted || !c.waiting) continue;
+    if (oldest == nullptr || c.waiting_since < oldest->waiting_since) oldest = &c;
+  }
+  if (oldest == nullptr) return false;
+  oldest->evicted = true;
+  --state.live;
+  ++state.evicted;
+  beast::error_code ec;  // the peer may be gone already: closed either way
+  oldest->stream->socket().shutdown(tcp::socket::shutdown_both, ec);
+  oldest->stream->socket().close(ec);
+  state.warn.Warn(*state.log, "connection_evicted",
+                  "connection limit (" + std::to_string(state.options.max_connections) +
+                      ") reached; closed the connection that waited longest for a request");
+  return true;
 }
 
 asio::awaitable<void> Accept(std::shared_ptr<HttpServer::State> state) {
@@ -122,8 +164,11 @@ asio::awaitable<void> Accept(std::shared_ptr<HttpServer::State> state) {
       if (state->stopped) break;
       continue;
     }
-    if (state->connections.size() >= state->options.max_connections) {
-      state->log->warn("connection limit ({}) reached; refusing a client", state->options.max_connections);
+    if (state->live >= state->options.max_connections && !MakeRoom(*state)) {
+      ++state->refused;
+      state->warn.Warn(*state->log, "connection_refused",
+                       "connection limit (" + std::to_string(state->options.max_connections) +
+                           ") reached with every connection busy; refusing a client");
       socket.close(ec);
       continue;
     }
@@ -135,16 +180,16 @@ asio::awaitable<void> Accept(std::shared_ptr<HttpServer::State> state) {
 
 }  // namespace
 
-HttpServer::HttpServer(asio::io_context& io, HttpServerOptions options, Handler handler,
+HttpServer::HttpServer(asio::io_context& io, const Clock& clock, HttpServerOptions options, Handler handler,
                        std::shared_ptr<spdlog::logger> log)
-    : state_(std::make_shared<State>(io, std::move(options), std::move(handler), std::move(log))) {}
+    : state_(std::make_shared<State>(io, clock, std::move(options), std::move(handler), std::move(log))) {}
 
 HttpServer::~HttpServer() {
   state_->stopped = true;
   state_->handler = [](const HttpRequest&) { return Error(503, "stopping\n"); };
   beast::error_code ec;
   state_->acceptor.close(ec);
-  for (auto* c : state_->connections) c->socket().close(ec);
+  for (auto& c : state_->connections) c.stream->socket().close(ec);
 }
 
 tcp::endpoint HttpServer::Start() {
@@ -163,11 +208,13 @@ void HttpServer::Stop(std::function<void()> done) {
   state_->on_idle = std::move(done);
   beast::error_code ec;
   state_->acceptor.close(ec);  // wakes the accept loop with operation_aborted
-  for (auto* c : state_->connections) c->socket().close(ec);
+  for (auto& c : state_->connections) c.stream->socket().close(ec);
   // If nothing was ever started the state is already idle.
   asio::post(state_->io, [state = state_] { state->MaybeIdle(); });
 }
 
 std::size_t HttpServer::OpenConnections() const { return state_->connections.size(); }
+uint64_t HttpServer::Evicted() const { return state_->evicted; }
+uint64_t HttpServer::Refused() const { return state_->refused; }
 
 }  // namespace gns::metrics

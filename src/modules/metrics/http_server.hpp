@@ -2,9 +2,15 @@
 // A small HTTP/1.1 server on the loop (Beast, C++20 coroutines): keep-alive, a read timeout on
 // every request, header and body limits, a connection cap. Malformed requests get 400 and the
 // connection is closed; nothing a client sends can take the process down.
+// A crowd cannot starve a probe: at the cap, a new client takes the place of the connection that
+// has waited longest for a request (idle keep-alives, slowloris dribblers), closed at once; only
+// when every connection is busy answering is the new one refused. Evictions and refusals are
+// counted and logged at most once a minute.
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+
+#include "loop/clock.hpp"
 
 #include <spdlog/logger.h>
 
@@ -42,7 +48,7 @@ class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
-  HttpServer(boost::asio::io_context& io, HttpServerOptions options, Handler handler,
+  HttpServer(boost::asio::io_context& io, const Clock& clock, HttpServerOptions options, Handler handler,
              std::shared_ptr<spdlog::logger> log);
   ~HttpServer();
 
@@ -52,6 +58,9 @@ class HttpServer {
   void Stop(std::function<void()> done);
 
   std::size_t OpenConnections() const;
+  // Connections closed to make room for a new one, and new ones refused (every one busy).
+  uint64_t Evicted() const;
+  uint64_t Refused() const;
 
   // Shared by the accept loop and the connection coroutines, which may outlive the server.
   struct State;

@@ -12,9 +12,12 @@ namespace gns::metrics {
 struct MetricsEndpoint {
   static constexpr std::string_view kTopic = "metrics.endpoint";
   static constexpr bool kRetained = true;
-  std::string address;  // "127.0.0.1:9464"
+  std::string address;        // "127.0.0.1:9464": /metrics, /healthz, /readyz
+  std::string debug_address;  // where /debug/state is served ("" nowhere): loopback only
 };
 
-inline void to_json(nlohmann::json& j, const MetricsEndpoint& m) { j = nlohmann::json{{"address", m.address}}; }
+inline void to_json(nlohmann::json& j, const MetricsEndpoint& m) {
+  j = nlohmann::json{{"address", m.address}, {"debugAddress", m.debug_address}};
+}
 
 }  // namespace gns::metrics

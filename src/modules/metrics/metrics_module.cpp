@@ -13,6 +13,15 @@ namespace gns::metrics {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
+namespace {
+
+std::string FormatEndpoint(const tcp::endpoint& endpoint) {
+  const auto& a = endpoint.address();
+  return (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" + std::to_string(endpoint.port());
+}
+
+}  // namespace
+
 std::optional<tcp::endpoint> ParseListenAddress(const std::string& text) {
   const auto colon = text.rfind(':');
   if (colon == std::string::npos || colon + 1 >= text.size()) return std::nullopt;
@@ -32,10 +41,22 @@ std::optional<tcp::endpoint> ParseListenAddress(const std::string& text) {
 MetricsModule::Config MetricsModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
   using std::chrono::milliseconds;
   Config config;  // its members hold the defaults
-  const std::string listen = section.String("listen", "0.0.0.0:9464");
+  // `address` is the newer name of `listen`; one of them, not both.
+  const bool has_address = section.Has("address");
+  if (has_address && section.Has("listen")) section.Fail("address", "set `address` or `listen`, not both");
+  const char* listen_key = has_address ? "address" : "listen";
+  const std::string listen = section.String(listen_key, "0.0.0.0:9464");
   const auto endpoint = ParseListenAddress(listen);
-  if (!endpoint) section.Fail("listen", "expected IP:PORT (e.g. 0.0.0.0:9464 or [::1]:9464), got \"" + listen + "\"");
+  if (!endpoint) section.Fail(listen_key, "expected IP:PORT (e.g. 0.0.0.0:9464 or [::1]:9464), got \"" + listen + "\"");
   config.listen = *endpoint;
+  const std::string debug = section.String("debugListen", "127.0.0.1:9465");
+  if (!debug.empty()) {
+    const auto debug_endpoint = ParseListenAddress(debug);
+    if (!debug_endpoint) {
+      section.Fail("debugListen", "expected IP:PORT (e.g. 127.0.0.1:9465) or \"\" for none, got \"" + debug + "\"");
+    }
+    config.debug_listen = *debug_endpoint;
+  }
   config.read_timeout = section.Duration("readTimeout", milliseconds(100), milliseconds(300000), config.read_timeout);
   config.max_connections = static_cast<std::size_t>(
       section.Int("maxConnections", 1, 4096, static_cast<int64_t>(config.max_connections)));
@@ -53,14 +74,33 @@ void MetricsModule::Start() {
   options.listen = config_.listen;
   options.read_timeout = config_.read_timeout;
   options.max_connections = config_.max_connections;
-  server_ = std::make_unique<HttpServer>(context_.GetLoop().Io(), options,
-                                         [this](const HttpRequest& r) { return Handle(r); }, context_.Logger());
+  server_ = std::make_unique<HttpServer>(context_.GetLoop().Io(), context_.GetClock(), options,
+                                         [this](const HttpRequest& r) { return Handle(r, true); }, context_.Logger());
   const auto bound = server_->Start();  // throws if the port is taken: the supervisor retries
+  debug_address_.clear();
+  if (DebugOnMain()) {
+    debug_address_ = FormatEndpoint(bound);
+  } else if (config_.debug_listen) {
+    HttpServerOptions debug_options = options;
+    debug_options.listen = *config_.debug_listen;
+    debug_options.max_connections = 8;
+    debug_server_ = std::make_unique<HttpServer>(context_.GetLoop().Io(), context_.GetClock(), debug_options,
+                                                 [this](const HttpRequest& r) { return Handle(r, false); },
+                                                 context_.Logger());
+    try {
+      debug_address_ = FormatEndpoint(debug_server_->Start());
+    } catch (const std::exception& e) {
+      // A debugging aid: its port taken must not take /metrics and the probes down with it.
+      context_.Log().error("cannot serve /debug/state on {}: {}; it is not served", FormatEndpoint(*config_.debug_listen),
+                           e.what());
+      debug_server_.reset();
+    }
+  }
 
   module_states_sub_ =
       context_.GetBus().Subscribe<ModuleStates>([this](const ModuleStates& states) { module_states_ = states; });
 
-  process_collector_ = context_.Metrics().AddCollector([](MetricsWriter& w) {
+  process_collector_ = context_.Metrics().AddCollector([this](MetricsWriter& w) {
     const auto stats = ReadProcessStats();
     w.Sample("gpu_node_supervisor_process_resident_memory_bytes", MetricType::kGauge, "Resident set size (VmRSS)",
              {}, static_cast<double>(stats.vm_rss_bytes));
@@ -72,13 +112,23 @@ void MetricsModule::Start() {
              static_cast<double>(stats.open_fds));
     w.Sample("gpu_node_supervisor_process_threads", MetricType::kGauge, "Threads", {},
              static_cast<double>(stats.threads));
+    if (server_) {
+      w.Sample("gpu_node_supervisor_http_connections_evicted_total", MetricType::kCounter,
+               "Connections waiting for a request closed to make room for a new client at the cap", {},
+               static_cast<double>(server_->Evicted()));
+      w.Sample("gpu_node_supervisor_http_connections_refused_total", MetricType::kCounter,
+               "New clients refused at the connection cap with every connection busy", {},
+               static_cast<double>(server_->Refused()));
+    }
   });
 
-  std::string address = bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string();
-  address += ":" + std::to_string(bound.port());
-  context_.GetBus().Publish(MetricsEndpoint{address});
-  context_.Log().info("serving /metrics /healthz /readyz /debug/state on http://{}", address);
+  const std::string address = FormatEndpoint(bound);
+  context_.GetBus().Publish(MetricsEndpoint{address, debug_address_});
+  context_.Log().info("serving /metrics /healthz /readyz on http://{}; /debug/state {}", address,
+                      debug_address_.empty() ? std::string("nowhere") : "on http://" + debug_address_);
 }
+
+bool MetricsModule::DebugOnMain() const { return config_.listen.address().is_loopback(); }
 
 void MetricsModule::Stop(std::function<void()> done) {
   process_collector_.Reset();
@@ -87,10 +137,20 @@ void MetricsModule::Stop(std::function<void()> done) {
     done();
     return;
   }
-  server_->Stop(std::move(done));
+  if (!debug_server_) {
+    server_->Stop(std::move(done));
+    return;
+  }
+  // Both listeners closed and their connections gone, then `done`.
+  auto left = std::make_shared<int>(2);
+  auto one_stopped = [left, done = std::make_shared<std::function<void()>>(std::move(done))] {
+    if (--*left == 0) (*done)();
+  };
+  debug_server_->Stop(one_stopped);
+  server_->Stop(one_stopped);
 }
 
-HttpResponse MetricsModule::Handle(const HttpRequest& request) {
+HttpResponse MetricsModule::Handle(const HttpRequest& request, bool main) {
   using Endpoint = HttpResponse (MetricsModule::*)();
   static const std::pair<std::string_view, Endpoint> kEndpoints[] = {
       {"/metrics", &MetricsModule::Metrics},
@@ -98,6 +158,21 @@ HttpResponse MetricsModule::Handle(const HttpRequest& request) {
       {"/readyz", &MetricsModule::Readyz},
       {"/debug/state", &MetricsModule::DebugState},
   };
+  const bool debug = request.path == "/debug/state";
+  if (main && debug && !DebugOnMain()) {
+    HttpResponse r;
+    r.status = 404;
+    r.body = debug_address_.empty() ? "not found: /debug/state is not served (metrics.debugListen is empty)\n"
+                                    : "not found: /debug/state is served on the node's loopback only, at http://" +
+                                          debug_address_ + "/debug/state\n";
+    return r;
+  }
+  if (!main && !debug) {
+    HttpResponse r;
+    r.status = 404;
+    r.body = "not found; this listener serves /debug/state only\n";
+    return r;
+  }
   for (const auto& [path, endpoint] : kEndpoints) {
     if (request.path != path) continue;
     if (request.method != "GET" && request.method != "HEAD") {

@@ -1,6 +1,9 @@
 #pragma once
 // The `metrics` module: serves /metrics (Prometheus text), /healthz (the loop is turning),
 // /readyz (every enabled module running) and /debug/state (every retained bus topic as JSON).
+// /debug/state shows GPU UUIDs, claims and pods: it never leaves the node by default. It is
+// served on `listen` only when that is a loopback address; otherwise on `debugListen`
+// (default 127.0.0.1:9465; "" turns it off), as node exporters keep their debug pages.
 
 #include "loop/module.hpp"
 #include "loop/supervisor_messages.hpp"
@@ -25,6 +28,8 @@ class MetricsModule final : public Module {
 
   struct Config {
     boost::asio::ip::tcp::endpoint listen;
+    // /debug/state's own listener, used when `listen` is not a loopback address; nullopt: none.
+    std::optional<boost::asio::ip::tcp::endpoint> debug_listen;
     std::chrono::milliseconds read_timeout{10000};
     std::size_t max_connections = 64;
     // /healthz fails when the loop's heartbeat is this late: older than its interval plus this.
@@ -39,7 +44,8 @@ class MetricsModule final : public Module {
   void Stop(std::function<void()> done) override;
 
  private:
-  HttpResponse Handle(const HttpRequest& request);
+  HttpResponse Handle(const HttpRequest& request, bool main);
+  bool DebugOnMain() const;
   HttpResponse Metrics();
   HttpResponse Healthz();
   HttpResponse Readyz();
@@ -48,6 +54,8 @@ class MetricsModule final : public Module {
   ModuleContext& context_;
   Config config_;
   std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<HttpServer> debug_server_;  // /debug/state on loopback, when `listen` is not
+  std::string debug_address_;                 // where /debug/state is served ("" nowhere)
   std::optional<ModuleStates> module_states_;
   MetricsRegistry::CollectorHandle process_collector_;
   Subscription module_states_sub_;

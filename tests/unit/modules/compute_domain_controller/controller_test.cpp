@@ -294,6 +294,21 @@ TEST_F(ControllerTest, ATemplateNotMadeForTheDomainIsReportedAndNotOverwritten) 
   EXPECT_EQ(Get(std::string(kTemplates) + "/shared-channel").Json(), before);
 }
 
+// Issue #24 §8: a template name from the API is a path segment and an object name; one that is
+// not a valid Kubernetes name ("../../x", "a?b") is refused, never sent.
+TEST_F(ControllerTest, ATemplateNameThatIsNotAValidObjectNameIsRefusedAndNeverRequested) {
+  auto& s = StartSupervisor("node-a");
+  ASSERT_TRUE(h_.RunUntil([&] { return s.module->Leading(); }));
+  CreateDomain(Domain("escape", "../../../api/v1/namespaces/kube-system/secrets/x"));
+  CreateDomain(Domain("query", "a?b=c"));
+  ASSERT_TRUE(h_.RunUntil([&] { return ConditionReason("escape") == "InvalidSpec" && ConditionReason("query") == "InvalidSpec"; }));
+  const auto status = GetDomain("escape")["status"];
+  EXPECT_EQ(status["status"], "NotReady");
+  EXPECT_NE(status["conditions"][0].value("message", "").find("not a valid object name"), std::string::npos) << status;
+  EXPECT_EQ(Count(kTemplates), 0u);
+  EXPECT_EQ(s.Stats().templates_created, 0u);
+}
+
 // Driver-managed (issue #16): finalizer and workload template as with the gate, no DaemonSet;
 // Ready only when the Ready nodes of the domain's clique reach numNodes; a deleted Node leaves
 // status.nodes; the delete waits for the nodes to deregister.

@@ -110,12 +110,29 @@ TEST(CheckpointTest, MissingFileIsAnEmptyStart) {
   EXPECT_TRUE(loaded.checkpoint.claims.empty());
 }
 
-TEST(CheckpointTest, ADirectoryInItsPlaceIsUnreadableNotCorrupt) {
+TEST(CheckpointTest, ADirectoryInItsPlaceIsCorrupt) {
   test::TempDir dir;
   std::filesystem::create_directories(dir / "checkpoint.json");
   const auto loaded = LoadCheckpoint(dir / "checkpoint.json");
-  EXPECT_EQ(loaded.status, CheckpointStatus::kUnreadable);
-  EXPECT_NE(loaded.error.find("not a regular file"), std::string::npos) << loaded.error;
+  // Never usable as it is: moved aside like any corrupt checkpoint (a retry would not help).
+  EXPECT_EQ(loaded.status, CheckpointStatus::kCorrupt);
+  EXPECT_NE(loaded.error.find("is a directory, expected a regular file"), std::string::npos) << loaded.error;
+}
+
+TEST(CheckpointTest, AFifoOrALinkToADeviceIsCorruptAndNeverRead) {
+  test::TempDir dir;
+  const std::string fifo = dir / "checkpoint.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto loaded = LoadCheckpoint(fifo);  // no writer: a plain read would wait for ever
+  EXPECT_EQ(loaded.status, CheckpointStatus::kCorrupt);
+  EXPECT_NE(loaded.error.find("is a FIFO"), std::string::npos) << loaded.error;
+  const auto moved = MoveCorruptCheckpointAside(fifo, 1767225600);
+  ASSERT_TRUE(moved.ok) << moved.error;
+  std::filesystem::create_symlink("/dev/zero", fifo);
+  EXPECT_EQ(LoadCheckpoint(fifo).status, CheckpointStatus::kCorrupt);
+  const auto again = MoveCorruptCheckpointAside(fifo, 1767225600);  // the same second: a name of its own
+  ASSERT_TRUE(again.ok) << again.error;
+  EXPECT_EQ(again.moved_to, fifo + ".corrupt-1767225600-1");
 }
 
 struct CorruptCase {

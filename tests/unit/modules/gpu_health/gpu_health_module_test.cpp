@@ -899,6 +899,33 @@ TEST_F(GpuHealthPersistTest, AStateDirThatCannotBeWrittenLeavesTheVerdictsFlowin
   StopAndForget();  // stops although its last write fails too
 }
 
+// Issue #24 §6: devices.json replaced by a FIFO (once: the start waited for a writer for ever,
+// /healthz with it) or a link to /dev/zero (once: read until memory ran out) is refused without
+// being read, moved aside under a name of its own, and the start is clean.
+TEST_F(GpuHealthPersistTest, AFifoOrALinkToADeviceInPlaceOfTheFileIsMovedAsideNotRead) {
+  SetHostBoot(kBootA);
+  fs::create_directories(h_.site.paths.state_dir + "/gpu-health");
+  ASSERT_EQ(::mkfifo(StateFile().c_str(), 0600), 0);
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  EXPECT_TRUE(module_.failures.empty());
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_state_file_corrupt_total"), 1);
+  ASSERT_EQ(CorruptCopies().size(), 1u);
+  EXPECT_TRUE(fs::is_fifo(fs::symlink_status(CorruptCopies().front())));
+  StopAndForget();  // writes a good file again
+
+  fs::remove(StateFile());
+  fs::create_symlink("/dev/zero", StateFile());
+  StartModule();
+  EXPECT_TRUE(module_.failures.empty());
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_state_file_corrupt_total"), 2);
+  EXPECT_EQ(CorruptCopies().size(), 2u);  // the first one kept, even within the same second
+  EXPECT_FALSE(fs::exists(fs::symlink_status(StateFile())));
+  // A clean start: the next verdict writes a regular file.
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+}
+
 TEST_F(GpuHealthPersistTest, WithoutTheHostBootIdTheJournalsBootDecides) {
   RemoveHostBoot();
   h_.bus.Publish(TwoGpus());

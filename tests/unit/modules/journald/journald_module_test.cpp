@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -283,6 +285,46 @@ TEST_F(JournaldModuleTest, CorruptCursorFileIsCountedAndTheBootReadFromItsHead) 
   const std::string saved((std::istreambuf_iterator<char>(in)), {});
   std::string error;
   EXPECT_TRUE(ParseSavedPosition(saved, error)) << error;
+}
+
+// Issue #24 §6 and §8: cursor.json replaced by a FIFO (once: Start waited for a writer for ever)
+// or a link to /dev/zero (once: read until memory ran out) is refused unread and moved aside;
+// journald/ is 0700 whatever the umask (once: 0777 under umask 000).
+TEST_F(JournaldModuleTest, ACursorFileThatIsNotARegularFileIsMovedAsideAndTheDirectoryIsPrivate) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "line 0")});
+  const fs::path journald = dir_ / "state" / "journald";
+  const fs::path cursor = journald / "cursor.json";
+  const mode_t saved_umask = ::umask(0);
+  StartModule();  // creates journald/
+  ::umask(saved_umask);
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && Live(); }));
+  StopModule();
+  EXPECT_EQ(fs::status(journald).permissions(), fs::perms::owner_all);
+  auto moved_aside = [&] {
+    std::size_t n = 0;
+    for (const auto& e : fs::directory_iterator(journald)) n += e.path().filename().string().starts_with("cursor.json.corrupt-");
+    return n;
+  };
+  fs::remove(cursor);
+  ASSERT_EQ(::mkfifo(cursor.c_str(), 0600), 0);
+  units_.clear();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && Live(); }));
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->units.start_mode, "boot-head");
+  StopModule();
+  EXPECT_EQ(moved_aside(), 1u);
+  fs::remove(cursor);
+  fs::create_symlink("/dev/zero", cursor);
+  units_.clear();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && Live(); }));
+  StopModule();
+  EXPECT_EQ(moved_aside(), 2u);
+  EXPECT_EQ(Metric("gpu_node_supervisor_journald_bad_input_total{kind=\"corrupt_cursor_file\"}"), 2);
+  // The stop wrote a good, regular one again.
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(cursor)));
+  EXPECT_TRUE(failures_.empty());
 }
 
 TEST_F(JournaldModuleTest, EnormousAndBinaryMessagesAreBoundedNeverACrash) {

@@ -14,6 +14,22 @@ using nlohmann::json;
 
 class KubeClientTest : public KubeTestBase {};
 
+// Issue #24 §8: every segment from outside is escaped; names are checked against Kubernetes' rule.
+TEST(ResourcePathTest, SegmentsFromOutsideAreEscapedAndNamesValidated) {
+  EXPECT_EQ(ResourcePath::Core("nodes").Object("n1", "status"), "/api/v1/nodes/n1/status");
+  EXPECT_EQ(ResourcePath::Grouped("resource.k8s.io", "v1", "resourceclaimtemplates", "team").Object("../../x"),
+            "/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates/..%2F..%2Fx");
+  EXPECT_EQ(ResourcePath::Core("pods", "a/b").Object("p?q#r%"), "/api/v1/namespaces/a%2Fb/pods/p%3Fq%23r%25");
+  EXPECT_EQ(ResourcePath::Core("nodes").Object(".."), "/api/v1/nodes/%2E%2E");
+  EXPECT_EQ(PathEscape("."), "%2E");
+  for (const char* good : {"a", "n1", "gpu-node-1.example.com", "0"}) EXPECT_TRUE(IsValidObjectName(good)) << good;
+  for (const char* bad : {"", "..", "../x", "a?b", "A", "-a", "a-", "a_b", "a b", "a/b", "a.", ".a"}) {
+    EXPECT_FALSE(IsValidObjectName(bad)) << bad;
+  }
+  EXPECT_FALSE(IsValidObjectName(std::string(254, 'a')));
+  EXPECT_TRUE(IsValidObjectName(std::string(253, 'a')));
+}
+
 TEST_F(KubeClientTest, CreateGetUpdateAndConflicts) {
   auto client = MakeClient(BaseConfig());
   const auto nodes = ResourcePath::Core("nodes");

@@ -8,6 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <vector>
+
 
 namespace gns::metrics {
 namespace {
@@ -20,6 +27,7 @@ class MetricsModuleTest : public ::testing::Test {
     MetricsModule::Config config;
     config.listen = *ParseListenAddress("127.0.0.1:0");
     config.read_timeout = std::chrono::milliseconds(2000);
+    Configure(config);
     module_ = std::make_unique<MetricsModule>(*context_, config);
     module_->Start();
     h_.Drain();
@@ -28,7 +36,10 @@ class MetricsModuleTest : public ::testing::Test {
     port_ = static_cast<unsigned short>(std::stoi(endpoint->address.substr(endpoint->address.rfind(':') + 1)));
   }
 
+  virtual void Configure(MetricsModule::Config&) {}
+
   void TearDown() override {
+    for (const int fd : idle_) ::close(fd);
     bool stopped = false;
     module_->Stop([&] { stopped = true; });
     EXPECT_TRUE(h_.RunUntil([&] { return stopped; }));
@@ -44,6 +55,22 @@ class MetricsModuleTest : public ::testing::Test {
     return OffLoop([=, this] { return test::HttpRequest("127.0.0.1", port_, method, target); });
   }
 
+  // A client that connects and then says nothing, or only part of a request (slowloris).
+  void ConnectIdle(unsigned short port, const std::string& partial = {}) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    if (!partial.empty()) {
+      ASSERT_EQ(::send(fd, partial.data(), partial.size(), MSG_NOSIGNAL), static_cast<ssize_t>(partial.size()));
+    }
+    idle_.push_back(fd);
+  }
+
+  std::vector<int> idle_;
   test::LoopHarness h_;
   std::unique_ptr<ModuleContext> context_;
   std::unique_ptr<MetricsModule> module_;
@@ -112,6 +139,57 @@ TEST_F(MetricsModuleTest, BadRequestsGetClearStatusesAndTheServerKeepsServing) {
   EXPECT_EQ(big_header.rfind("HTTP/1.1 431", 0), 0u) << big_header.substr(0, 80);
 
   EXPECT_EQ(Get("/metrics").status, 200);
+}
+
+// Issue #24 §4: a crowd of idle and dribbling clients at the connection cap cannot keep the
+// kubelet's probe out; each new client takes the place of the one that waited longest.
+class MetricsCrowdTest : public MetricsModuleTest {
+ protected:
+  void Configure(MetricsModule::Config& config) override {
+    config.max_connections = 4;
+    config.read_timeout = std::chrono::milliseconds(60000);  // the crowd outlasts the test
+  }
+};
+
+TEST_F(MetricsCrowdTest, ProbesAreAnsweredWhileIdleAndSlowClientsHoldEveryConnection) {
+  for (int i = 0; i < 6; ++i) ConnectIdle(port_);
+  for (int i = 0; i < 4; ++i) ConnectIdle(port_, "GET /metrics HTTP/1.1\r\nX-Slow: ");
+  h_.Drain();  // every one accepted
+  for (int probe = 0; probe < 3; ++probe) {
+    const auto healthz = Get("/healthz");
+    EXPECT_EQ(healthz.status, 200) << healthz.error;
+    EXPECT_EQ(Get("/readyz").status, 503) << "answered (nothing is ready in this test)";
+  }
+  const auto scrape = test::ParsePrometheus(Get("/metrics").body);
+  // At least the first probe took the place of an idle client (the crowd itself, accepted
+  // faster than each connection starts reading, may have seen refusals too).
+  EXPECT_GE(scrape.Value("gpu_node_supervisor_http_connections_evicted_total"), 1);
+}
+
+// /debug/state (GPU UUIDs, claims, pods) is not for the node's network: with a listener on every
+// address it is served on loopback only.
+class MetricsPublicListenTest : public MetricsModuleTest {
+ protected:
+  void Configure(MetricsModule::Config& config) override {
+    config.listen = *ParseListenAddress("0.0.0.0:0");
+    config.debug_listen = *ParseListenAddress("127.0.0.1:0");
+  }
+};
+
+TEST_F(MetricsPublicListenTest, DebugStateIsServedOnLoopbackOnlyAndProbesOnTheMainPort) {
+  EXPECT_EQ(Get("/healthz").status, 200);
+  EXPECT_EQ(Get("/metrics").status, 200);
+  const auto on_main = Get("/debug/state");
+  EXPECT_EQ(on_main.status, 404);
+  const auto* endpoint = h_.bus.Latest<MetricsEndpoint>();
+  ASSERT_NE(endpoint, nullptr);
+  ASSERT_EQ(endpoint->debug_address.rfind("127.0.0.1:", 0), 0u) << endpoint->debug_address;
+  EXPECT_NE(on_main.body.find(endpoint->debug_address), std::string::npos) << on_main.body;
+  const auto debug_port = static_cast<unsigned short>(std::stoi(endpoint->debug_address.substr(10)));
+  const auto state = OffLoop([&] { return test::HttpRequest("127.0.0.1", debug_port, "GET", "/debug/state"); });
+  ASSERT_EQ(state.status, 200) << state.error;
+  EXPECT_TRUE(nlohmann::json::parse(state.body).contains("metrics.endpoint"));
+  EXPECT_EQ(OffLoop([&] { return test::HttpRequest("127.0.0.1", debug_port, "GET", "/metrics"); }).status, 404);
 }
 
 TEST(ListenAddress, ParsesV4V6AndRejectsGarbage) {
