@@ -6,7 +6,8 @@
 #   tests/fuzz/run-fuzz.sh <target> <work-dir> [seconds=20]
 #
 # Targets: kernel_line_parser (gpu-health's kernel-line parser), json_reader (the kube module's
-# JSON decoding, checked against nlohmann's parser on every input).
+# JSON decoding, checked against nlohmann's parser on every input), config_yaml (the site
+# config's YAML reader over libfyaml: a tree or a ConfigError, within its bounds).
 # The work dir receives the binary, a copy of the corpus that libFuzzer may grow (the seeds
 # in the repository stay untouched) and any crash-* / timeout-* artifacts.
 set -euo pipefail
@@ -38,6 +39,11 @@ case "$target" in
     sources=("$repo/src/modules/kube/json_reader.cpp")
     libs=(-DSIMDJSON_THREADS_ENABLED=1 -lsimdjson)
     corpus=json_reader
+    ;;
+  config_yaml)
+    sources=("$repo/src/loop/config.cpp")
+    libs=($(pkg-config --cflags --libs libfyaml))
+    corpus=config_yaml
     ;;
   *)
     echo "run-fuzz.sh: unknown target \"$target\"" >&2
