@@ -301,7 +301,7 @@ class TreeBuilder {
   SourceLocation last_where_;
 };
 
-// YAML streams hold printable characters only (YAML 1.2 §5.1): libfyaml takes a NUL byte for
+// YAML streams are UTF-8 here and hold printable characters only (YAML 1.2 §5.1): libfyaml takes a NUL byte for
 // the end of the input, which would load the text before it as the whole file, and passes
 // other control characters through. Both are refused here, with their position.
 void RefuseControlCharacters(std::string_view text, const std::shared_ptr<const std::string>& file) {
@@ -320,12 +320,24 @@ void RefuseControlCharacters(std::string_view text, const std::shared_ptr<const 
                         std::string("invalid YAML: control character U+") + hex +
                             " (YAML allows none but tab, line feed and carriage return)");
     }
+    // UTF-8 only (libfyaml 0.7.12 can loop forever on some invalid sequences: found by
+    // tests/fuzz/config_yaml_fuzz.cpp).
+    std::size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool valid = length != 0 && i + length <= text.size() && !(length == 2 && c < 0xC2);
+    for (std::size_t k = 1; valid && k < length; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+    if (!valid) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "%02X", c);
+      throw YamlError(SourceLocation{file, line, column}, "",
+                      std::string("invalid YAML: not UTF-8 (byte 0x") + hex + ")");
+    }
     if (c == '\n') {
       ++line;
       column = 1;
-    } else if ((c & 0xC0) != 0x80) {
-      ++column;  // columns count characters, not UTF-8 continuation bytes
+    } else {
+      ++column;  // columns count characters
     }
+    i += length - 1;
   }
 }
 

@@ -324,6 +324,12 @@ TEST_F(ConfigTest, TabIndentationAndControlCharactersAreErrors) {
                                 "tab, line feed and carriage return)");
 }
 
+TEST_F(ConfigTest, InvalidUtf8IsAnError) {
+  // libfyaml 0.7.12 looped forever on this (found by tests/fuzz/config_yaml_fuzz.cpp).
+  EXPECT_EQ(ErrorOf("%: &a [x, x,N1hn8\x8b\x8b" "8 &a [x]\n"),
+            Path("site.yaml") + ":1:18: (top level): invalid YAML: not UTF-8 (byte 0x8B)");
+}
+
 TEST_F(ConfigTest, ASecondDocumentIsAnError) {
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "---\nnodeName: other\n"),
             Path("site.yaml") + ":8:1: (top level): a second YAML document: a config file holds exactly one (remove "
