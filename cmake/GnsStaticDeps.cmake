@@ -1,5 +1,5 @@
 # GNS_STATIC_DEPS (the optimised build of `make build`/`make bench` and the image): link the
-# code we use from gRPC, protobuf, abseil, OpenSSL, c-ares, re2, zlib, libarchive and yaml-cpp out
+# code we use from gRPC, protobuf, abseil, OpenSSL, c-ares, re2, zlib, libarchive, libfyaml and yaml-cpp out
 # of Debian's static archives instead of mapping their whole shared libraries.
 #
 # Why (issue #15, "memory of the whole binary"): a file page counts in VmRSS once touched, and the

@@ -28,7 +28,9 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
+#include <utility>
 
 namespace {
 
@@ -150,6 +152,23 @@ int main(int argc, char** argv) {
   nvml_events->add_option("--exclude-index", waiter_options.excluded_indices);
   nvml_events->add_option("--exclude-uuid", waiter_options.excluded_uuids);
 
+  // CLI11 reports a word that names no subcommand as "A subcommand is required": say which
+  // word it was, and what there is.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    std::string known;
+    bool found = false;
+    const std::function<bool(const CLI::App*)> every = [](const CLI::App*) { return true; };
+    for (const auto* sub : std::as_const(app).get_subcommands(every)) {
+      found = found || sub->get_name() == word;
+      if (sub->get_group().empty()) continue;  // hidden (nvml-events): not for people
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!found) {
+      std::cerr << "error: unknown subcommand \"" << word << "\" (known: " << known << ")\n";
+      return kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

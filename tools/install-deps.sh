@@ -8,7 +8,7 @@ packages=(
   g++ cmake ninja-build pkg-config ccache make lld
   libboost-dev libssl-dev openssl
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libspdlog-dev nlohmann-json3-dev libsystemd-dev libyaml-cpp-dev libcli11-dev libsimdjson-dev libarchive-dev
+  libspdlog-dev nlohmann-json3-dev libsystemd-dev libyaml-cpp-dev libfyaml-dev libcli11-dev libsimdjson-dev libarchive-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   systemd-journal-remote python3 python3-grpcio python3-yaml docker-registry skopeo
   dbus-daemon systemd

@@ -1,6 +1,8 @@
 // Site configuration loading and validation.
 #include "loop/site_loader.hpp"
 
+#include "loop/config_checks.hpp"
+
 #include <algorithm>
 
 namespace gns {
@@ -19,14 +21,10 @@ std::string KnownModules(const std::vector<ModuleDescriptor>& manifest) {
   return out;
 }
 
-std::string AbsolutePath(ConfigMap& section, std::string_view key) {
-  std::string value = section.String(key);
-  if (value.empty() || value.front() != '/') section.Fail(key, "must be an absolute path, got \"" + value + "\"");
-  while (value.size() > 1 && value.back() == '/') value.pop_back();
-  return value;
-}
+// The loggers there are: the supervisor's own and one per module (named after it).
+constexpr std::string_view kSupervisorLogger = "supervisor";
 
-LoggingConfig ParseLogging(ConfigMap& section) {
+LoggingConfig ParseLogging(ConfigMap& section, const std::vector<ModuleDescriptor>& manifest) {
   LoggingConfig out;
   out.format = section.Enum("format", {"text", "json"}, "text") == "json" ? LoggingConfig::Format::kJson
                                                                           : LoggingConfig::Format::kText;
@@ -34,6 +32,10 @@ LoggingConfig ParseLogging(ConfigMap& section) {
   ParseLogLevel(level, out.level);
   auto levels = section.Section("levels");
   for (const auto& name : levels.Keys()) {
+    if (name != kSupervisorLogger && FindModule(manifest, name) == nullptr) {
+      levels.FailKey(name, "no logger of that name (known: " + std::string(kSupervisorLogger) + ", " +
+                               KnownModules(manifest) + ")");
+    }
     const std::string value =
         levels.Enum(name, {"trace", "debug", "info", "warn", "error", "critical", "off"});
     ParseLogLevel(value, out.levels[name]);
@@ -78,13 +80,16 @@ LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const Command
   const std::string version = top.Enum("version", {"v1"});
   (void)version;
   out.site.node_name = top.String("nodeName");
-  if (out.site.node_name.empty()) top.Fail("nodeName", "must not be empty");
+  // The Node object's name: the API server refuses anything else, every request would fail.
+  if (const auto problem = DnsSubdomainProblem(out.site.node_name); !problem.empty()) {
+    top.Fail("nodeName", "not a Kubernetes node name: " + problem);
+  }
 
   auto paths = top.Section("paths");
-  out.site.paths.kubelet_dir = AbsolutePath(paths, "kubeletDir");
-  out.site.paths.cdi_dir = AbsolutePath(paths, "cdiDir");
-  out.site.paths.state_dir = AbsolutePath(paths, "stateDir");
-  out.site.paths.host_root = AbsolutePath(paths, "hostRoot");
+  out.site.paths.kubelet_dir = ReadAbsolutePath(paths, "kubeletDir");
+  out.site.paths.cdi_dir = ReadAbsolutePath(paths, "cdiDir");
+  out.site.paths.state_dir = ReadAbsolutePath(paths, "stateDir");
+  out.site.paths.host_root = ReadAbsolutePath(paths, "hostRoot");
   paths.Finish();
 
   auto gates = top.Section("featureGates");
@@ -103,7 +108,7 @@ LoadedConfig LoadSiteConfig(const std::vector<std::string>& files, const Command
   out.gate_overrides = out.site.gates.Resolve();
 
   auto logging = top.Section("logging");
-  out.logging = ParseLogging(logging);
+  out.logging = ParseLogging(logging, manifest);
   if (overrides.log_format) {
     out.logging.format = *overrides.log_format == "json" ? LoggingConfig::Format::kJson : LoggingConfig::Format::kText;
   }

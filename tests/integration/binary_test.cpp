@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -101,6 +102,42 @@ TEST_F(BinaryTest, BadCommandLineExitsTwo) {
   const auto version = test::RunToCompletion({Binary(), "version"});
   EXPECT_EQ(version.first, 0);
   EXPECT_EQ(version.second.rfind("gpu-node-supervisor ", 0), 0u);
+}
+
+// Issue #24: inputs that crashed (alias loops: unbounded recursion), grew without bound (a
+// billion laughs, /dev/zero) or hung (a FIFO) are config errors: exit 2 with a message.
+TEST_F(BinaryTest, HostileConfigFilesExitTwoWithAMessage) {
+  std::string laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'j'; ++c) {
+    laughs += std::string(1, c) + ": &" + c + " [";
+    for (int i = 0; i < 10; ++i) laughs += std::string(i ? ", " : "") + "*" + static_cast<char>(c - 1);
+    laughs += "]\n";
+  }
+  const auto fifo = (dir_ / "site.fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {Write("alias.yaml", "a: &a [*a]\n"), "alias *a refers to the node it is part of"},
+      {Write("merge.yaml", "a: &a\n  b: 1\n  <<: *a\n"), "alias *a refers to the node it is part of"},
+      {Write("laughs.yaml", laughs), "YAML nodes (aliases counted as what they copy): refused"},
+      {Write("quote.yaml", SiteYaml("  metrics:\n    enabled: \"true\n")), "invalid YAML"},
+      {"/dev/zero", "/dev/zero: cannot read config file: a character device, not a regular file"},
+      {fifo, fifo + ": cannot read config file: a FIFO, not a regular file"},
+  };
+  for (const auto& [file, message] : cases) {
+    for (const char* cmd : {"validate-config", "run"}) {
+      const auto [code, out] = test::RunToCompletion({Binary(), cmd, "--config", file});
+      EXPECT_EQ(code, 2) << cmd << " " << file << ": " << out;
+      EXPECT_NE(out.find(message), std::string::npos) << cmd << " " << file << ": " << out;
+    }
+  }
+}
+
+TEST_F(BinaryTest, UnknownSubcommandIsNamed) {
+  const auto [code, out] = test::RunToCompletion({Binary(), "valdate-config", "--config", "x.yaml"});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("error: unknown subcommand \"valdate-config\" (known: run, validate-config, version,"),
+            std::string::npos)
+      << out;
 }
 
 // A unix datagram socket standing in for systemd's NOTIFY_SOCKET.

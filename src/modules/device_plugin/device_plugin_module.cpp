@@ -3,6 +3,7 @@
 
 #include "loop/supervisor_messages.hpp"
 #include "loop/atomic_file.hpp"
+#include "loop/config_checks.hpp"
 #include "modules/device_plugin/cdi_spec.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/device_plugin/plugin_server.hpp"
@@ -23,15 +24,6 @@ namespace {
 // The module whose DeviceHealth verdicts the plugin follows (its kName; only messages.hpp
 // crosses a module wall, so the name is spelled here).
 constexpr std::string_view kHealthModule = "gpu-health";
-
-bool IsExtendedResourceName(const std::string& name) {
-  const auto slash = name.find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 == name.size()) return false;
-  if (name.find('/', slash + 1) != std::string::npos) return false;
-  const std::string domain = name.substr(0, slash);
-  // The kubelet rejects names in the kubernetes.io namespaces.
-  return domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io") && domain.find('.') != std::string::npos;
-}
 
 std::vector<std::string> AllocatedIds(const v1beta1::AllocateRequest& request) {
   std::vector<std::string> ids;
@@ -102,8 +94,8 @@ void ParseSharedResources(ConfigMap& shared, const std::string& gpu_resource, bo
                                 " clients per GPU (16 before compute capability 7.0), got " + std::to_string(r.replicas));
     }
     r.rename = item.String("rename", "");
-    if (!r.rename.empty() && !IsExtendedResourceName(r.rename)) {
-      item.Fail("rename", "must be an extended resource name, got \"" + r.rename + "\"");
+    if (!r.rename.empty()) {
+      if (const auto problem = ExtendedResourceNameProblem(r.rename); !problem.empty()) item.Fail("rename", problem);
     }
     item.Finish();
     sharing.resources.push_back(std::move(r));
@@ -144,18 +136,22 @@ SharingSettings ParseSharing(ConfigMap& section, const std::string& gpu_resource
 
 }  // namespace
 
-DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
+DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
   using std::chrono::milliseconds;
   Config config;
   config.resource_name = section.String("resourceName", config.resource_name);
-  if (!IsExtendedResourceName(config.resource_name)) {
-    section.Fail("resourceName", "must be an extended resource name such as nvidia.com/gpu, got \"" +
-                                     config.resource_name + "\"");
+  if (const auto problem = ExtendedResourceNameProblem(config.resource_name); !problem.empty()) {
+    section.Fail("resourceName", problem);
   }
   config.socket_name = section.String("socketName", config.socket_name);
   if (config.socket_name.empty() || config.socket_name.find('/') != std::string::npos ||
-      config.socket_name == "kubelet.sock") {
+      config.socket_name == "kubelet.sock" || config.socket_name == "." || config.socket_name == "..") {
     section.Fail("socketName", "must be a plain file name other than kubelet.sock, got \"" + config.socket_name + "\"");
+  }
+  // The sockets are bound in <kubeletDir>/device-plugins/: each path must fit a sockaddr_un.
+  const std::string plugin_dir = site.paths.kubelet_dir + "/device-plugins/";
+  if (const auto problem = SocketPathProblem(plugin_dir + config.socket_name); !problem.empty()) {
+    section.Fail("socketName", problem);
   }
   config.allocation.strategies = ParseDeviceListStrategies(section);
   config.allocation.pass_device_specs = section.Bool("passDeviceSpecs", false);
@@ -168,6 +164,15 @@ DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, c
   config.id_strategy = section.Enum("deviceIDStrategy", {"uuid", "index"}, "uuid") == "index" ? DeviceIdStrategy::kIndex
                                                                                               : DeviceIdStrategy::kUuid;
   config.sharing = ParseSharing(section, config.resource_name, config.mig_strategy);
+  PlanSettings sockets;
+  sockets.gpu_resource = config.resource_name;
+  sockets.gpu_socket = config.socket_name;
+  for (const auto& shared : config.sharing.resources) {
+    if (shared.rename.empty()) continue;
+    if (const auto problem = SocketPathProblem(plugin_dir + SocketFor(sockets, shared.rename)); !problem.empty()) {
+      section.Fail("sharing", "the socket of " + shared.rename + ": " + problem);
+    }
+  }
   config.mps.root = section.String("mpsRoot", config.mps.root);
   if (config.mps.root.empty() || config.mps.root.front() != '/') section.Fail("mpsRoot", "must be an absolute path");
   config.mps.check_interval =

@@ -2,6 +2,7 @@
 #include "modules/gpu_health/gpu_health_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
@@ -41,9 +42,9 @@ YAML::Node ToYaml(const ConfigValue& value) {
 
 }  // namespace
 
-GpuHealthModule::Config GpuHealthModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
+GpuHealthModule::Config GpuHealthModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
   Config config;
-  config.catalog_path = section.OptionalString("catalog").value_or("");
+  config.catalog_path = ReadAbsolutePath(section, "catalog", "", /*allow_empty=*/true);
   const XidCatalog& builtin = XidCatalog::Builtin();
   config.catalog = builtin;
   config.catalog_source = "built-in (" + std::to_string(builtin.size()) + " entries)";
@@ -69,6 +70,11 @@ GpuHealthModule::Config GpuHealthModule::ParseConfig(ConfigMap& section, const S
   if (config.condition_type.empty()) section.Fail("conditionType", "must not be empty");
   config.agent = section.String("agent", config.agent);
   config.admin_socket = section.Bool("adminSocket", config.admin_socket);
+  if (config.admin_socket) {
+    if (const auto problem = SocketPathProblem(site.paths.state_dir + "/admin.sock"); !problem.empty()) {
+      section.Fail("adminSocket", "admin.sock in paths.stateDir: " + problem);
+    }
+  }
   config.watch_annotation = section.Bool("watchAnnotation", config.watch_annotation);
   config.recent_events = static_cast<std::size_t>(section.Int("recentEvents", 0, 1000, 32));
   config.checkpoint_interval = section.Duration("checkpointInterval", std::chrono::milliseconds(10),

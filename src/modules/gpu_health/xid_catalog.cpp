@@ -3,16 +3,14 @@
 // 13.0 or "yes" are reported as mistakes instead of being converted behind the user's back.
 #include "modules/gpu_health/xid_catalog.hpp"
 
+#include "loop/config_checks.hpp"
+
 #include <yaml-cpp/yaml.h>
 
 #include <array>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
-#include <fstream>
 #include <initializer_list>
 #include <limits>
-#include <sstream>
 #include <utility>
 
 namespace gns::gpu_health {
@@ -204,7 +202,18 @@ class Reader {
   std::string source_;
 };
 
+// The text is first read by the site config's YAML reader (loop/config.hpp): YAML 1.2, one
+// document, bounded nesting and alias expansion (issue #24: an alias loop or a billion laughs
+// must be an error, not a crash or gigabytes). yaml-cpp then reads what is known to be safe.
 YAML::Node ParseDocument(std::string_view yaml, const std::string& source) {
+  try {
+    (void)gns::ParseYaml(yaml, source);
+  } catch (const gns::YamlError& e) {
+    throw ConfigError(source, e.Where().line, e.Where().column, e.KeyPath().empty() ? "(syntax)" : e.KeyPath(),
+                      e.What());
+  } catch (const gns::ConfigError& e) {
+    throw ConfigError(source, 0, 0, "(syntax)", e.what());
+  }
   try {
     return YAML::Load(std::string(yaml));
   } catch (const YAML::Exception& e) {
@@ -214,13 +223,15 @@ YAML::Node ParseDocument(std::string_view yaml, const std::string& source) {
   }
 }
 
+// Bounded, regular files only, never blocking (a FIFO or /dev/zero is an error).
 std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path, 0, 0, "(file)", std::string("cannot open: ") + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) throw ConfigError(path, 0, 0, "(file)", "read error");
-  return buf.str();
+  try {
+    return gns::ReadConfigFile(path, gns::YamlLimits{}.max_file_bytes);
+  } catch (const gns::ConfigError& e) {
+    std::string message = e.what();
+    if (message.starts_with(path + ": ")) message.erase(0, path.size() + 2);
+    throw ConfigError(path, 0, 0, "(file)", message);
+  }
 }
 
 }  // namespace

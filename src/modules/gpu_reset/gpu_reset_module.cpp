@@ -3,6 +3,7 @@
 #include "modules/gpu_reset/gpu_reset_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/maintenance.hpp"
@@ -95,17 +96,24 @@ GpuResetModule::Config GpuResetModule::ParseConfig(ConfigMap& section, const Sit
   config.healthy_timeout = section.Duration("healthyTimeout", milliseconds(0), milliseconds(600000), config.healthy_timeout);
   config.auto_reset = section.Bool("autoReset", config.auto_reset);
   config.watch_objects = section.Bool("watchObjects", config.watch_objects);
-  config.journal_socket = section.String("journalSocket", "");
+  config.journal_socket = ReadSocketPath(section, "journalSocket", "", /*allow_empty=*/true);
   if (config.journal_socket.empty()) {
     config.journal_socket = (std::filesystem::path(site.paths.host_root.empty() ? "/" : site.paths.host_root) /
                              "run/systemd/journal/socket").string();
+    if (const auto problem = SocketPathProblem(config.journal_socket); !problem.empty()) {
+      section.Fail("journalSocket", "the default under paths.hostRoot: " + problem);
+    }
   }
-  if (config.journal_socket.size() >= 108) section.Fail("journalSocket", "is too long for a unix socket path");
   config.ack_identifier = section.String("ackIdentifier", std::string(journald::kDefaultAckIdentifier));
   if (config.ack_identifier.empty() || config.ack_identifier.find('\n') != std::string::npos) {
     section.Fail("ackIdentifier", "must be one non-empty line");
   }
   config.admin_socket = section.Bool("adminSocket", config.admin_socket);
+  if (config.admin_socket) {
+    if (const auto problem = SocketPathProblem(site.paths.state_dir + "/reset.sock"); !problem.empty()) {
+      section.Fail("adminSocket", "reset.sock in paths.stateDir: " + problem);
+    }
+  }
   return config;
 }
 

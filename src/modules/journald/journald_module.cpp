@@ -2,6 +2,7 @@
 #include "modules/journald/journald_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
 
 #include <nlohmann/json.hpp>
@@ -81,7 +82,7 @@ std::string SerializeSavedPosition(const SavedPosition& p) {
 JournaldModule::Config JournaldModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
   using std::chrono::milliseconds;
   Config config;
-  config.directory = section.OptionalString("directory").value_or("");
+  config.directory = ReadAbsolutePath(section, "directory", "", /*allow_empty=*/true);
   config.kernel = section.Bool("kernel", true);
   config.units = section.StringList("units", std::vector<std::string>{});
   for (const auto& unit : config.units) {

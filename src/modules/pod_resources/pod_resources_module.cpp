@@ -1,6 +1,7 @@
 // The pod-resources module.
 #include "modules/pod_resources/pod_resources_module.hpp"
 
+#include "loop/config_checks.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
@@ -48,17 +49,17 @@ std::optional<std::string> AnnotationOf(const json& pod) {
 
 PodResourcesModule::Config PodResourcesModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
   Config config;
-  config.socket = section.String("socket", "");
+  config.socket = ReadSocketPath(section, "socket", "", /*allow_empty=*/true);
   if (config.socket.empty()) {
     config.socket = (std::filesystem::path(site.paths.kubelet_dir) / "pod-resources" / "kubelet.sock").string();
+    if (const auto problem = SocketPathProblem(config.socket); !problem.empty()) {
+      section.Fail("socket", "the default under paths.kubeletDir: " + problem);
+    }
   }
-  if (config.socket.size() >= 108) section.Fail("socket", "is too long for a unix socket path (107 bytes at most)");
   config.resource_names = section.StringList("resourceNames", config.resource_names);
   if (config.resource_names.empty()) section.Fail("resourceNames", "must name at least one resource");
   for (const auto& name : config.resource_names) {
-    if (name.find('/') == std::string::npos) {
-      section.Fail("resourceNames", "\"" + name + "\" is not an extended resource name (domain/name)");
-    }
+    if (const auto problem = ExtendedResourceNameProblem(name); !problem.empty()) section.Fail("resourceNames", problem);
   }
   config.call_timeout = section.Duration("callTimeout", milliseconds(100), milliseconds(60000), config.call_timeout);
   config.coalesce = section.Duration("coalesce", milliseconds(0), milliseconds(10000), config.coalesce);

@@ -282,7 +282,13 @@ INSTANTIATE_TEST_SUITE_P(
                    "version: 1\n"
                    "xids:\n"
                    "  - {xid: 13, mnemonic: [unclosed\n",
-                   ":4:1: (syntax): end of sequence flow not found"}),
+                   ":4:1: (syntax): invalid YAML: flow sequence without a closing bracket"},
+        // Issue #24: no crash, no gigabytes, one document.
+        BrokenCase{"AliasLoop", "version: 1\nxids: &x [*x]\n",
+                   ":2:11: xids[0]: alias *x refers to the node it is part of (a recursive alias)"},
+        BrokenCase{"SecondDocument", std::string(kGoodEntry) + "---\nversion: 1\n",
+                   ":8:1: (syntax): a second YAML document: a config file holds exactly one (remove the `---` "
+                   "and what follows, or merge it into the first)"}),
     [](const ::testing::TestParamInfo<BrokenCase>& info) { return info.param.name; });
 
 TEST(XidCatalog, MissingFileIsAConfigError) {
@@ -291,8 +297,17 @@ TEST(XidCatalog, MissingFileIsAConfigError) {
     (void)XidCatalog::LoadFile(path);
     FAIL() << "loaded a missing file";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()), path + ":0:0: (file): cannot open: No such file or directory");
+    EXPECT_EQ(std::string(e.what()), path + ":0:0: (file): cannot read config file: No such file or directory");
     EXPECT_EQ(e.key_path(), "(file)");
+  }
+}
+
+TEST(XidCatalog, OnlyBoundedRegularFilesAreRead) {
+  try {
+    (void)XidCatalog::LoadFile("/dev/zero");
+    FAIL() << "read /dev/zero";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "/dev/zero:0:0: (file): cannot read config file: a character device, not a regular file");
   }
 }
 
