@@ -75,7 +75,7 @@ TEST_F(HardeningTest, TooFewDescriptorsIsAMessageAndALowSoftLimitIsRaised) {
   EXPECT_NE(output.find("the open-file limit is 16 (hard limit 16)"), std::string::npos) << output;
   EXPECT_EQ(output.find("supervisor ready"), std::string::npos) << output;
 
-  test::Subprocess proc(Under("ulimit -Hn 4096 && ulimit -Sn 16 &&"));
+  test::Subprocess proc(Under("ulimit -Sn 16 && ulimit -Hn 4096 &&"));
   ASSERT_TRUE(proc.WaitForLine("supervisor ready", kGuard)) << proc.Output();
   proc.Signal(SIGTERM);
   const auto stopped = proc.Wait(kGuard);
