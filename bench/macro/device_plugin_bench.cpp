@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   gns::SetupLogging(logging);
   char tmpl[] = "/tmp/gnsbench-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
+  // The NVML event waiter is a child process: injected XIDs reach it through the fake driver's
+  // control socket (tools/sim/fake_nvml/README.md, several processes).
+  const std::string control = dir + "/nvml.sock";
+  ::setenv("FAKE_NVML_CONTROL", control.c_str(), 1);
 
   gns::Loop loop;
   gns::SystemClock clock;
@@ -99,6 +103,7 @@ int main(int argc, char** argv) {
     plugin_context = std::make_unique<gns::ModuleContext>(parts, "device-plugin", ignore_failure, ignore_health);
     gns::gpu_inventory::GpuInventoryModule::Config inventory_config;
     inventory_config.nvml_library = fake_nvml;
+    inventory_config.event_waiter_program = GNS_SUPERVISOR_BIN;  // not /proc/self/exe: this is the bench
     inventory_config.event_wait_timeout = std::chrono::milliseconds(1000);
     inventory = std::make_unique<gns::gpu_inventory::GpuInventoryModule>(*inventory_context, inventory_config);
     plugin = std::make_unique<gns::device_plugin::DevicePluginModule>(*plugin_context,

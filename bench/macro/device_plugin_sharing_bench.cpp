@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
     inventory_context = std::make_unique<gns::ModuleContext>(parts, "gpu-inventory", on_failure, ignore_health);
     gns::gpu_inventory::GpuInventoryModule::Config config;
     config.nvml_library = fake_nvml;
+    config.event_waiter_program = GNS_SUPERVISOR_BIN;  // not /proc/self/exe: this is the bench
     config.event_wait_timeout = std::chrono::milliseconds(1000);
     inventory = std::make_unique<gns::gpu_inventory::GpuInventoryModule>(*inventory_context, config);
     inventory->Start();
