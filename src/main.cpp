@@ -19,7 +19,7 @@
 #include "loop/logging.hpp"
 #include "loop/runtime.hpp"
 #include "loop/site_loader.hpp"
-#include "modules/gpu_inventory/event_waiter.hpp"
+#include "modules/gpu_inventory/api/nvml_events_command.hpp"
 #include "modules/manifest.hpp"
 
 #include <CLI/CLI.hpp>

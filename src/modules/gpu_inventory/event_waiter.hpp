@@ -21,6 +21,7 @@
 //   warn <text>                            a GPU whose events cannot be registered (not fatal)
 //   error <function> <text>                it failed (<function> "-" when no NVML call); it exits
 
+#include "modules/gpu_inventory/api/nvml_events_command.hpp"
 #include "modules/gpu_inventory/nvml_abi.hpp"
 
 #include <boost/asio/io_context.hpp>
@@ -42,15 +43,7 @@ struct XidEvent {
   uint32_t compute_instance = nvml::kInstanceIdNone;
 };
 
-// The child's side: what `gpu-node-supervisor nvml-events` runs.
-struct EventWaiterOptions {
-  std::string library;                     // soname or path to dlopen
-  unsigned int wait_ms = 5000;             // each nvmlEventSetWait_v2 at rest
-  std::vector<uint32_t> excluded_indices;  // GPUs released for their reset: never touched
-  std::vector<std::string> excluded_uuids;
-};
-// Runs until killed (or its stdout is closed); returns 1 after an `error` line.
-int RunEventWaiter(const EventWaiterOptions& options);
+// The child's side (EventWaiterOptions, RunEventWaiter) is in api/nvml_events_command.hpp.
 // The arguments after the program for `options` (the parent side builds them).
 std::vector<std::string> EventWaiterArgs(const EventWaiterOptions& options);
 
