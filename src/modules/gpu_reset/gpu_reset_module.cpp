@@ -151,13 +151,14 @@ void GpuResetModule::Start() {
   if (!maintenance_) throw std::runtime_error("gpu-inventory's GpuMaintenance service is not available");
   kube_ = services.Find<kube::KubeClient>();
   events_ = services.Find<kube::EventRecorder>();
-  LoadBook();
 
   auto& bus = context_.GetBus();
   // Every change a waiting step may be waiting for wakes the runner; the step checks again.
   subs_.push_back(bus.Subscribe<gpu_health::DeviceHealth>([this](const gpu_health::DeviceHealth& h) {
     wake_.cancel();
-    if (config_.auto_reset && !h.healthy && h.recommended_action == "COMPONENT_RESET") OnVerdictForAutoReset(h.uuid);
+    if (config_.auto_reset && !h.healthy && h.recommended_action == "COMPONENT_RESET") {
+      Intake([this, uuid = h.uuid] { OnVerdictForAutoReset(uuid); });
+    }
   }));
   subs_.push_back(bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory&) { wake_.cancel(); }));
   subs_.push_back(bus.Subscribe<pod_resources::GpuPodMap>([this](const pod_resources::GpuPodMap&) { wake_.cancel(); }));
@@ -189,11 +190,11 @@ void GpuResetModule::Start() {
       const kube::InformerSpec spec{ObjectsPath().Collection(), "", ""};
       objects_key_ = spec.Key();
       subs_.push_back(bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& event) {
-        if (event.informer_key == objects_key_ && event.object) OnObjectEvent(event);
+        if (event.informer_key == objects_key_ && event.object) Intake([this, event] { OnObjectEvent(event); });
       }));
       subs_.push_back(bus.Subscribe<kube::InformerSynced>([this](const kube::InformerSynced& synced) {
         if (synced.informer_key != objects_key_ || !synced.synced || !objects_) return;
-        for (const auto& [key, object] : objects_->Items()) OnObject(*object);
+        for (const auto& [key, object] : objects_->Items()) Intake([this, object = object] { OnObject(*object); });
       }));
       objects_ = informers->Acquire(spec);
     }
@@ -203,7 +204,9 @@ void GpuResetModule::Start() {
   if (!socket_path_.empty()) {
     socket_ = std::make_unique<AdminSocket>(
         context_.GetLoop().Io(), socket_path_,
-        [this](std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) { OnCliLine(line, std::move(reply)); });
+        [this](std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) {
+          Intake([this, line = std::string(line), reply]() mutable { OnCliLine(line, std::move(reply)); }, reply);
+        });
     try {
       socket_->Start();
     } catch (const std::exception& e) {
@@ -214,9 +217,12 @@ void GpuResetModule::Start() {
       context_.Log().error("{} unavailable ({}): reset-gpu cannot reach this supervisor; GPUReset objects and "
                            "autoReset still work",
                            socket_path_, socket_problem_);
-      UpdateModuleHealth();
     }
   }
+  LoadBook();
+}
+
+void GpuResetModule::Resume() {
   // Final statuses that did not reach the API before a restart.
   for (auto& job : book_.jobs) {
     if (job.source == "GPUReset" && job.Finished() && !job.final_status_written) WriteStatus(job);
@@ -226,13 +232,33 @@ void GpuResetModule::Start() {
                       config_.holders == HolderPolicy::kFail ? "fail" : config_.holders == HolderPolicy::kEvict ? "evict" : "wait",
                       config_.auto_reset ? "on" : "off", config_.journal_socket, config_.ack_identifier);
   PublishState();
+  // Requests that came while the record was read, in their order: each sees the restored jobs
+  // (a request for a GPU a resumed job holds joins it; a verdict already acted on is not again).
+  auto held = std::move(held_);
+  held_.clear();
+  for (auto& request : held) request.run();
   Kick();
+}
+
+void GpuResetModule::Intake(std::function<void()> request, std::shared_ptr<AdminSocket::Reply> caller) {
+  if (stopping_) return;
+  if (loading_) {
+    held_.push_back(HeldRequest{std::move(request), std::move(caller)});
+    return;
+  }
+  request();
 }
 
 void GpuResetModule::Stop(std::function<void()> done) {
   stopping_ = true;
   subs_.clear();
   if (socket_) socket_->Stop();
+  // Requests held while the record was read: a CLI caller is told; the others come again when
+  // the module starts again (objects are listed again, verdicts are retained).
+  for (auto& request : held_) {
+    if (request.caller) request.caller->Finish("error: the supervisor's gpu-reset module stopped before it took the request");
+  }
+  held_.clear();
   for (auto& [id, reply] : followers_) reply->Finish("error: the supervisor's gpu-reset module stopped; the reset resumes when it starts again");
   followers_.clear();
   status_retry_.cancel();
@@ -944,10 +970,26 @@ void GpuResetModule::Progress(const ResetJob& job, const std::string& line) {
 }
 
 void GpuResetModule::LoadBook() {
-  if (book_path_.empty()) return;
+  if (book_path_.empty()) {
+    UpdateModuleHealth();
+    Resume();
+    return;
+  }
   // Bounded and type-checked (loop/state_file.hpp): a FIFO, a device or a huge file here is
-  // refused without being read, and moved aside like a corrupt one.
-  auto read = ReadStateFile(book_path_, kMaxBookBytes);
+  // refused without being read, and moved aside like a corrupt one. Read on the pool: a slow
+  // disk holds a pool thread, never the loop; nothing is taken or run until it is back.
+  loading_ = true;
+  UpdateModuleHealth();
+  ReadStateFileOnPool(context_.Pool(), book_path_, kMaxBookBytes, [this, alive = alive_](StateFileRead read) {
+    if (!*alive || stopping_) return;
+    ApplyBook(std::move(read));
+    loading_ = false;
+    UpdateModuleHealth();
+    Resume();
+  });
+}
+
+void GpuResetModule::ApplyBook(StateFileRead read) {
   if (read.status == StateFileRead::Status::kMissing) return;
   if (read.status == StateFileRead::Status::kUnreadable) {
     context_.Log().error("cannot read {}: {}", book_path_, read.error);
@@ -1021,6 +1063,13 @@ asio::awaitable<bool> GpuResetModule::Persisted(std::optional<uint64_t> wanted_v
 }
 
 void GpuResetModule::UpdateModuleHealth() {
+  if (loading_) {
+    // Not ready: no request is taken until the record is restored.
+    context_.GetLoop().Post([this, alive = alive_, path = book_path_] {
+      if (*alive) context_.SetHealth(ModuleHealth::kUnhealthy, "restoring " + path + ": requests wait");
+    });
+    return;
+  }
   std::string detail;
   if (!save_problem_.empty()) detail = "GPU resets are refused: " + book_path_ + " cannot be written (" + save_problem_ + ")";
   if (!socket_problem_.empty()) {
@@ -1055,7 +1104,7 @@ void GpuResetModule::PublishStateNow() {
     state.running_gpu = current_gpu_->uuid;
     state.running_step = std::string(StepName(current_gpu_->step));
   }
-  state.jobs = book_.jobs;
+  state.jobs = book_.jobs;  // once per published message (coalesced): O(N) per turn, not per change
   context_.GetBus().Publish(std::move(state));
   AnnounceReleases();
 }

@@ -17,6 +17,7 @@
 
 #include "loop/admin_socket.hpp"
 #include "loop/run_command.hpp"
+#include "loop/state_file.hpp"
 #include "loop/module.hpp"
 #include "modules/gpu_reset/messages.hpp"
 #include "modules/gpu_reset/reset_book.hpp"
@@ -135,8 +136,16 @@ class GpuResetModule final : public Module {
   void Progress(const ResetJob& job, const std::string& line);
   void FinishJob(ResetJob& job);
 
-  // State and outputs.
+  // Start, in two halves: the record is read on the pool (a slow or odd gpu-reset.json never
+  // holds the loop), and the module takes no request until it is restored.
   void LoadBook();
+  void ApplyBook(StateFileRead read);
+  void Resume();
+  // Runs `request` now, or once the record is restored (in the order requests came); `caller`:
+  // the reset-gpu connection it answers, told when the module stops before taking it.
+  void Intake(std::function<void()> request, std::shared_ptr<AdminSocket::Reply> caller = nullptr);
+
+  // State and outputs.
   void SaveBook();
   void PublishState();     // coalesced: at most one GpuResetState queued
   void PublishStateNow();
@@ -160,6 +169,12 @@ class GpuResetModule final : public Module {
   ResetBook book_;
   uint64_t book_version_ = 0;   // bumped by every change
   uint64_t saved_version_ = 0;  // the newest version on disk
+  bool loading_ = false;        // gpu-reset.json is being read: not ready, requests held
+  struct HeldRequest {
+    std::function<void()> run;
+    std::shared_ptr<AdminSocket::Reply> caller;
+  };
+  std::vector<HeldRequest> held_;  // requests that came while loading, in order
   // The record's version once each job accepted in this run was in it (a job loaded at start
   // is on disk already): what the hold waits for.
   std::map<std::string, uint64_t> accepted_version_;
