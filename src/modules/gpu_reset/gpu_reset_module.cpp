@@ -8,8 +8,9 @@
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/maintenance.hpp"
 #include "modules/gpu_inventory/messages.hpp"
+#include "modules/gpu_reset/intake.hpp"
 #include "modules/gpu_reset/journal_sender.hpp"
-#include "modules/gpu_reset/reset_request.hpp"
+#include "modules/gpu_reset/object_status.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
@@ -26,7 +27,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <ctime>
 #include <filesystem>
 #include <utility>
 
@@ -49,14 +49,6 @@ constexpr std::string_view kResource = "gpuresets";
 
 kube::ResourcePath ObjectsPath() {
   return kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kResource));
-}
-
-std::string Rfc3339(int64_t unix_ms) {
-  const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
-  std::tm tm{};
-  ::gmtime_r(&seconds, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec);
 }
 
 // The handler of use_awaitable is move-only; std::function needs a copyable callable.
@@ -274,77 +266,17 @@ void GpuResetModule::OnObjectEvent(const kube::ResourceEvent& event) {
 }
 
 void GpuResetModule::OnObject(const nlohmann::json& object) {
-  const auto meta = kube::ObjectMeta::From(object);
-  if (!meta) return;
-  const auto spec = object.find("spec");
-  if (spec == object.end() || !spec->is_object()) return;
-  const auto node = spec->find("nodeName");
-  if (node == spec->end() || !node->is_string() || node->get<std::string>() != node_name_) return;  // another node's
-  // Terminal in the API (Complete True/False): done before, by us or someone else.
-  if (const auto status = object.find("status"); status != object.end() && status->is_object()) {
-    if (const auto conditions = status->find("conditions"); conditions != status->end() && conditions->is_array()) {
-      for (const auto& c : *conditions) {
-        if (c.value("type", "") == "Complete" && (c.value("status", "") == "True" || c.value("status", "") == "False")) return;
-      }
-    }
-  }
-  const std::string id = "GPUReset/" + meta->name + "/" + meta->uid;
-  if (ResetJob* known = book_.Find(id)) {
+  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
+  ObjectIntake intake = ReadGpuResetObject(object, node_name_, inventory, NowMs());
+  if (!intake.ours) return;
+  if (ResetJob* known = book_.Find(intake.job.id)) {
     if (known->Finished() && !known->final_status_written) WriteStatus(*known);
     return;
   }
-  ResetJob job;
-  job.id = id;
-  job.source = "GPUReset";
-  job.object_name = meta->name;
-  job.object_uid = meta->uid;
-  job.generation = object.value(nlohmann::json::json_pointer("/metadata/generation"), int64_t{0});
-  job.created_unix_ms = NowMs();
-  // Only a selector that names GPUs, or says all: true, selects any; anything else (missing,
-  // empty, a misspelt key, a wrong type) is refused with the field it is about, nothing touched.
-  const GpuSelection selection = ParseGpuSelector(*spec);
-  std::vector<std::string> uuids;
-  std::string problem = selection.error;
-  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  if (problem.empty() && selection.all && inventory != nullptr) {
-    for (const auto& gpu : inventory->gpus) uuids.push_back(gpu.uuid);
-  }
-  for (std::size_t i = 0; problem.empty() && i < selection.uuids.size(); ++i) {
-    const std::string& uuid = selection.uuids[i];
-    if (inventory == nullptr || inventory->FindByUuid(uuid) == nullptr) {
-      problem = "spec.selector.uuids[" + std::to_string(i) + "]: GPU " + uuid + " is not on node " + node_name_;
-    } else {
-      uuids.push_back(uuid);
-    }
-  }
-  for (std::size_t i = 0; problem.empty() && i < selection.pci_bus_ids.size(); ++i) {
-    const auto pci = ParsePciAddress(selection.pci_bus_ids[i]);
-    const auto* gpu = pci && inventory != nullptr ? inventory->FindByPci(*pci) : nullptr;
-    if (gpu == nullptr) {
-      problem = "spec.selector.pciBusIDs[" + std::to_string(i) + "]: " + selection.pci_bus_ids[i] +
-                " is no GPU of node " + node_name_;
-    } else {
-      uuids.push_back(gpu->uuid);
-    }
-  }
-  std::sort(uuids.begin(), uuids.end());
-  uuids.erase(std::unique(uuids.begin(), uuids.end()), uuids.end());
-  if (uuids.empty() && problem.empty()) problem = "no GPU is known on node " + node_name_ + " yet";
-  for (const auto& uuid : uuids) job.gpus.push_back(NewGpuReset(uuid));
-  if (!problem.empty()) {
-    // Bad input: the whole object is refused with the reason; nothing is touched.
-    context_.Log().warn("GPUReset {}: {}", meta->name, problem);
-    job.gpus.clear();
-    job.gpus.push_back(NewGpuReset(uuids.empty() ? "unknown" : uuids.front()));
-    job.gpus.front().outcome = "refused";
-    job.gpus.front().reason = "InvalidRequest";
-    job.gpus.front().message = problem;
-    job.gpus.front().step = Step::kDone;
-    job.phase = "Failed";
-    job.reason = "InvalidRequest";
-    job.message = problem;
-    job.completed_unix_ms = NowMs();
-    book_.jobs.push_back(std::move(job));
+  const std::string name = intake.job.object_name;
+  if (!intake.problem.empty()) {
+    context_.Log().warn("GPUReset {}: {}", name, intake.problem);
+    book_.jobs.push_back(std::move(intake.job));
     ResetJob& stored = book_.jobs.back();
     SaveBook();
     resets_refused_->Inc();
@@ -352,33 +284,24 @@ void GpuResetModule::OnObject(const nlohmann::json& object) {
     PublishState();
     return;
   }
-  const std::string joined = Enqueue(std::move(job));
-  context_.Log().info("GPUReset {} for {}: job {}", meta->name, fmt::join(uuids, ","), joined);
+  const std::string joined = Enqueue(std::move(intake.job));
+  context_.Log().info("GPUReset {} for {}: job {}", name, fmt::join(intake.uuids, ","), joined);
 }
 
 void GpuResetModule::OnCliLine(std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) {
-  constexpr std::string_view kVerb = "reset-gpu ";
-  if (line.substr(0, kVerb.size()) != kVerb) {
-    reply->Finish("error: unknown request (expected: reset-gpu GPU-…)");
-    return;
-  }
-  const std::string uuid(line.substr(kVerb.size()));
-  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  if (!LooksLikeGpuUuid(uuid)) {
-    reply->Finish("error: \"" + uuid + "\" is not a GPU UUID (GPU-…)");
-    return;
-  }
-  if (inventory == nullptr || inventory->FindByUuid(uuid) == nullptr) {
-    reply->Finish("error: GPU " + uuid + " is not on this node (gpu-inventory does not list it)");
+  const CliIntake intake = ReadResetGpuLine(line, context_.GetBus().Latest<gpu_inventory::GpuInventory>());
+  if (!intake.error.empty()) {
+    reply->Finish(intake.error);
     return;
   }
   ResetJob job;
   job.id = "cli/" + std::to_string(book_.next_cli++);
   job.source = "cli";
   job.created_unix_ms = NowMs();
-  job.gpus.push_back(NewGpuReset(uuid));
+  job.gpus.push_back(NewGpuReset(intake.uuid));
   const std::string id = Enqueue(std::move(job));
-  reply->Line("job " + id + ": reset of " + DescribeGpu(uuid) + (current_job_ != nullptr && current_job_->id != id ? " (queued behind " + current_job_->id + ")" : ""));
+  reply->Line("job " + id + ": reset of " + DescribeGpu(intake.uuid) +
+              (current_job_ != nullptr && current_job_->id != id ? " (queued behind " + current_job_->id + ")" : ""));
   followers_.emplace(id, std::move(reply));
 }
 
@@ -388,17 +311,19 @@ void GpuResetModule::OnVerdictForAutoReset(const std::string& uuid) {
   if (it == verdicts.end() || it->second.healthy) return;
   const int64_t since = it->second.since_unix_ms;
   if (auto seen = auto_seen_.find(uuid); seen != auto_seen_.end() && seen->second == since) return;
-  const std::string id = "auto/" + uuid + "/" + std::to_string(since);
+  const std::string id = AutoResetJobId(uuid, since);
   if (book_.Find(id) != nullptr || book_.FindActiveFor(uuid) != nullptr) return;
-  // Only a GPU nothing holds: with holders, the drainer (or the operator) decides. Without the
-  // pod-resources module the processes NVML sees are all we know (step 2 checks them).
-  if (const auto* map = context_.GetBus().Latest<pod_resources::GpuPodMap>(); map != nullptr && !map->fresh) {
-    context_.Log().info("autoReset: {} wants COMPONENT_RESET, but the pod map is not fresh; not resetting", uuid);
-    return;
-  } else if (map != nullptr && !map->Holders(uuid).empty()) {
-    context_.Log().info("autoReset: {} wants COMPONENT_RESET but pods hold it; left to the drainer", uuid);
-    auto_seen_[uuid] = since;
-    return;
+  // Only a GPU nothing holds: with holders, the drainer (or the operator) decides.
+  switch (CheckAutoReset(uuid, context_.GetBus().Latest<pod_resources::GpuPodMap>())) {
+    case AutoReset::kPodMapNotFresh:
+      context_.Log().info("autoReset: {} wants COMPONENT_RESET, but the pod map is not fresh; not resetting", uuid);
+      return;
+    case AutoReset::kHeldByPods:
+      context_.Log().info("autoReset: {} wants COMPONENT_RESET but pods hold it; left to the drainer", uuid);
+      auto_seen_[uuid] = since;
+      return;
+    case AutoReset::kReset:
+      break;
   }
   auto_seen_[uuid] = since;
   ResetJob job;
@@ -735,39 +660,8 @@ void GpuResetModule::AnnounceReleases() {
 
 void GpuResetModule::WriteStatus(ResetJob& job) {
   if (job.source != "GPUReset" || !kube_) return;
-  nlohmann::json gpus = nlohmann::json::array();
-  for (const auto& gpu : job.gpus) {
-    nlohmann::json steps = nlohmann::json::array();
-    for (const auto& s : gpu.steps) {
-      nlohmann::json step{{"name", s.name}, {"result", s.result}, {"durationMs", s.duration_ms}};
-      if (!s.message.empty()) step["message"] = s.message;
-      steps.push_back(std::move(step));
-    }
-    nlohmann::json g{{"uuid", gpu.uuid}, {"step", StepName(gpu.step)}, {"steps", steps}};
-    if (!gpu.outcome.empty()) g["outcome"] = gpu.outcome;
-    if (!gpu.command_output.empty()) g["commandOutput"] = gpu.command_output.substr(0, 2048);
-    gpus.push_back(std::move(g));
-  }
-  std::string condition_status = "Unknown";
-  std::string reason = job.phase == "Pending" ? "Queued" : "InProgress";
-  std::string message = job.phase == "Pending" ? "waiting for the node's maintenance slot" : "resetting";
-  if (job.Finished()) {
-    condition_status = job.phase == "Succeeded" ? "True" : "False";
-    reason = job.reason;
-    message = job.message;
-  } else if (const GpuReset* gpu = runner_->Current(); gpu != nullptr && current_job_ == &job) {
-    message = "resetting " + gpu->uuid + ": step " + std::string(StepName(gpu->step));
-  }
-  nlohmann::json condition{{"type", "Complete"},
-                           {"status", condition_status},
-                           {"reason", reason},
-                           {"message", message},
-                           {"lastTransitionTime", Rfc3339(job.Finished() ? job.completed_unix_ms
-                                                                        : (job.started_unix_ms ? job.started_unix_ms : job.created_unix_ms))}};
-  if (job.generation != 0) condition["observedGeneration"] = job.generation;
-  nlohmann::json status{{"phase", job.phase}, {"conditions", nlohmann::json::array({condition})}, {"gpus", gpus}};
-  if (job.started_unix_ms != 0) status["startTime"] = Rfc3339(job.started_unix_ms);
-  if (job.completed_unix_ms != 0) status["completionTime"] = Rfc3339(job.completed_unix_ms);
+  const GpuReset* running = current_job_ == &job ? runner_->Current() : nullptr;
+  nlohmann::json status = ObjectStatus(job, running);
   StatusSlot& slot = status_[job.object_name];
   slot.job_id = job.id;
   slot.status = std::move(status);
