@@ -53,6 +53,9 @@ class GpuResetResumeTest : public ::testing::Test {
       module_.reset();
     }
     context_.reset();
+    // A save the module started may still be writing into the directory on the pool.
+    h_.pool.Join();
+    h_.Drain();
     fs::remove_all(dir_);
   }
   std::string BookPath() const { return (dir_ / "gpu-reset.json").string(); }
