@@ -8,8 +8,9 @@
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/maintenance.hpp"
 #include "modules/gpu_inventory/messages.hpp"
+#include "modules/gpu_reset/intake.hpp"
 #include "modules/gpu_reset/journal_sender.hpp"
-#include "modules/gpu_reset/reset_request.hpp"
+#include "modules/gpu_reset/object_status.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
@@ -26,7 +27,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <ctime>
 #include <filesystem>
 #include <utility>
 
@@ -43,32 +43,12 @@ using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
-// The steps during which an XID on the GPU counts against its reset: validation, and the settle
-// window that follows the acknowledgement (the GPU back in service).
-bool Watched(Step step) { return step == Step::kValidate || step == Step::kRestore; }
-
 constexpr std::string_view kGroup = "janitor.dgxc.nvidia.com";
 constexpr std::string_view kVersion = "v1alpha1";
 constexpr std::string_view kResource = "gpuresets";
 
 kube::ResourcePath ObjectsPath() {
   return kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kResource));
-}
-
-std::string Rfc3339(int64_t unix_ms) {
-  const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
-  std::tm tm{};
-  ::gmtime_r(&seconds, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec);
-}
-
-// The last non-empty line of a command's output, for a one-line reason.
-std::string LastLine(const std::string& output) {
-  std::size_t end = output.find_last_not_of("\r\n \t");
-  if (end == std::string::npos) return "";
-  const std::size_t start = output.rfind('\n', end);
-  return output.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
 }
 
 // The handler of use_awaitable is move-only; std::function needs a copyable callable.
@@ -121,8 +101,20 @@ GpuResetModule::GpuResetModule(ModuleContext& context, const Config& config)
     : context_(context),
       config_(config),
       node_name_(context.Site().node_name),
-      wake_(context.GetLoop().Io()),
-      status_retry_(context.GetLoop().Io()) {
+      status_retry_(context.GetLoop().Io()),
+      saved_wake_(context.GetLoop().Io()) {
+  RunnerSettings settings;
+  settings.holders = config_.holders;
+  settings.holders_timeout = config_.holders_timeout;
+  settings.holders_recheck = config_.holders_recheck;
+  settings.hold_timeout = config_.hold_timeout;
+  settings.release_timeout = config_.release_timeout;
+  settings.command = config_.command;
+  settings.settle = config_.settle;
+  settings.healthy_timeout = config_.healthy_timeout;
+  settings.ack_identifier = config_.ack_identifier;
+  runner_ = std::make_unique<ResetRunner>(context.GetLoop().Io().get_executor(), static_cast<NodeMaintenance&>(*this),
+                                          std::move(settings), context.Log());
   const std::string& state_dir = context.Site().paths.state_dir;
   if (!state_dir.empty()) {
     book_path_ = state_dir + "/gpu-reset.json";
@@ -151,32 +143,27 @@ void GpuResetModule::Start() {
   if (!maintenance_) throw std::runtime_error("gpu-inventory's GpuMaintenance service is not available");
   kube_ = services.Find<kube::KubeClient>();
   events_ = services.Find<kube::EventRecorder>();
-  LoadBook();
 
   auto& bus = context_.GetBus();
   // Every change a waiting step may be waiting for wakes the runner; the step checks again.
   subs_.push_back(bus.Subscribe<gpu_health::DeviceHealth>([this](const gpu_health::DeviceHealth& h) {
-    wake_.cancel();
-    if (config_.auto_reset && !h.healthy && h.recommended_action == "COMPONENT_RESET") OnVerdictForAutoReset(h.uuid);
-  }));
-  subs_.push_back(bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory&) { wake_.cancel(); }));
-  subs_.push_back(bus.Subscribe<pod_resources::GpuPodMap>([this](const pod_resources::GpuPodMap&) { wake_.cancel(); }));
-  subs_.push_back(bus.Subscribe<gpu_inventory::XidObservation>([this](const gpu_inventory::XidObservation& x) {
-    if (current_gpu_ != nullptr && x.uuid == current_gpu_->uuid && Watched(current_gpu_->step)) {
-      recent_xids_[x.uuid].push_back("XID " + std::to_string(x.xid) + " (NVML)");
-      wake_.cancel();
+    runner_->Wake();
+    if (config_.auto_reset && !h.healthy && h.recommended_action == "COMPONENT_RESET") {
+      Intake([this, uuid = h.uuid] { OnVerdictForAutoReset(uuid); });
     }
   }));
+  subs_.push_back(bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory&) { runner_->Wake(); }));
+  subs_.push_back(bus.Subscribe<pod_resources::GpuPodMap>([this](const pod_resources::GpuPodMap&) { runner_->Wake(); }));
+  subs_.push_back(bus.Subscribe<gpu_inventory::XidObservation>([this](const gpu_inventory::XidObservation& x) {
+    runner_->NoteXid(x.uuid, "XID " + std::to_string(x.xid) + " (NVML)", std::nullopt);
+  }));
   subs_.push_back(bus.Subscribe<gpu_health::HealthEvent>([this](const gpu_health::HealthEvent& e) {
-    if (current_gpu_ == nullptr || !Watched(current_gpu_->step) || e.is_healthy || e.error_code.empty()) return;
+    if (e.is_healthy || e.error_code.empty()) return;
     if (e.source != "kernel" && e.source != "nvml") return;
-    // Judged before validation began (an event released late): not a sign of this reset.
-    if (e.generated_seconds * 1000 + e.generated_nanos / 1'000'000 < validate_started_unix_ms_) return;
+    // The runner counts it only against the GPU it validates, and only if judged since then.
+    const int64_t judged = e.generated_seconds * 1000 + e.generated_nanos / 1'000'000;
     for (const auto& entity : e.entities_impacted) {
-      if (entity.type == "GPU_UUID" && entity.value == current_gpu_->uuid) {
-        recent_xids_[entity.value].push_back("XID " + e.error_code.front() + " (" + e.source + ")");
-        wake_.cancel();
-      }
+      if (entity.type == "GPU_UUID") runner_->NoteXid(entity.value, "XID " + e.error_code.front() + " (" + e.source + ")", judged);
     }
   }));
 
@@ -189,11 +176,11 @@ void GpuResetModule::Start() {
       const kube::InformerSpec spec{ObjectsPath().Collection(), "", ""};
       objects_key_ = spec.Key();
       subs_.push_back(bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& event) {
-        if (event.informer_key == objects_key_ && event.object) OnObjectEvent(event);
+        if (event.informer_key == objects_key_ && event.object) Intake([this, event] { OnObjectEvent(event); });
       }));
       subs_.push_back(bus.Subscribe<kube::InformerSynced>([this](const kube::InformerSynced& synced) {
         if (synced.informer_key != objects_key_ || !synced.synced || !objects_) return;
-        for (const auto& [key, object] : objects_->Items()) OnObject(*object);
+        for (const auto& [key, object] : objects_->Items()) Intake([this, object = object] { OnObject(*object); });
       }));
       objects_ = informers->Acquire(spec);
     }
@@ -203,7 +190,9 @@ void GpuResetModule::Start() {
   if (!socket_path_.empty()) {
     socket_ = std::make_unique<AdminSocket>(
         context_.GetLoop().Io(), socket_path_,
-        [this](std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) { OnCliLine(line, std::move(reply)); });
+        [this](std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) {
+          Intake([this, line = std::string(line), reply]() mutable { OnCliLine(line, std::move(reply)); }, reply);
+        });
     try {
       socket_->Start();
     } catch (const std::exception& e) {
@@ -214,9 +203,12 @@ void GpuResetModule::Start() {
       context_.Log().error("{} unavailable ({}): reset-gpu cannot reach this supervisor; GPUReset objects and "
                            "autoReset still work",
                            socket_path_, socket_problem_);
-      UpdateModuleHealth();
     }
   }
+  LoadBook();
+}
+
+void GpuResetModule::Resume() {
   // Final statuses that did not reach the API before a restart.
   for (auto& job : book_.jobs) {
     if (job.source == "GPUReset" && job.Finished() && !job.final_status_written) WriteStatus(job);
@@ -226,18 +218,38 @@ void GpuResetModule::Start() {
                       config_.holders == HolderPolicy::kFail ? "fail" : config_.holders == HolderPolicy::kEvict ? "evict" : "wait",
                       config_.auto_reset ? "on" : "off", config_.journal_socket, config_.ack_identifier);
   PublishState();
+  // Requests that came while the record was read, in their order: each sees the restored jobs
+  // (a request for a GPU a resumed job holds joins it; a verdict already acted on is not again).
+  auto held = std::move(held_);
+  held_.clear();
+  for (auto& request : held) request.run();
   Kick();
+}
+
+void GpuResetModule::Intake(std::function<void()> request, std::shared_ptr<AdminSocket::Reply> caller) {
+  if (stopping_) return;
+  if (loading_) {
+    held_.push_back(HeldRequest{std::move(request), std::move(caller)});
+    return;
+  }
+  request();
 }
 
 void GpuResetModule::Stop(std::function<void()> done) {
   stopping_ = true;
   subs_.clear();
   if (socket_) socket_->Stop();
+  // Requests held while the record was read: a CLI caller is told; the others come again when
+  // the module starts again (objects are listed again, verdicts are retained).
+  for (auto& request : held_) {
+    if (request.caller) request.caller->Finish("error: the supervisor's gpu-reset module stopped before it took the request");
+  }
+  held_.clear();
   for (auto& [id, reply] : followers_) reply->Finish("error: the supervisor's gpu-reset module stopped; the reset resumes when it starts again");
   followers_.clear();
   status_retry_.cancel();
-  wake_.cancel();
-  if (child_) child_->Kill();
+  saved_wake_.cancel();
+  runner_->Stop();  // ends its waits and kills the reset command
   if (!running_) {
     maintenance_.reset();  // gpu-inventory's service (and the NVML library it keeps) goes with it
     done();
@@ -254,77 +266,17 @@ void GpuResetModule::OnObjectEvent(const kube::ResourceEvent& event) {
 }
 
 void GpuResetModule::OnObject(const nlohmann::json& object) {
-  const auto meta = kube::ObjectMeta::From(object);
-  if (!meta) return;
-  const auto spec = object.find("spec");
-  if (spec == object.end() || !spec->is_object()) return;
-  const auto node = spec->find("nodeName");
-  if (node == spec->end() || !node->is_string() || node->get<std::string>() != node_name_) return;  // another node's
-  // Terminal in the API (Complete True/False): done before, by us or someone else.
-  if (const auto status = object.find("status"); status != object.end() && status->is_object()) {
-    if (const auto conditions = status->find("conditions"); conditions != status->end() && conditions->is_array()) {
-      for (const auto& c : *conditions) {
-        if (c.value("type", "") == "Complete" && (c.value("status", "") == "True" || c.value("status", "") == "False")) return;
-      }
-    }
-  }
-  const std::string id = "GPUReset/" + meta->name + "/" + meta->uid;
-  if (ResetJob* known = book_.Find(id)) {
+  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
+  ObjectIntake intake = ReadGpuResetObject(object, node_name_, inventory, NowMs());
+  if (!intake.ours) return;
+  if (ResetJob* known = book_.Find(intake.job.id)) {
     if (known->Finished() && !known->final_status_written) WriteStatus(*known);
     return;
   }
-  ResetJob job;
-  job.id = id;
-  job.source = "GPUReset";
-  job.object_name = meta->name;
-  job.object_uid = meta->uid;
-  job.generation = object.value(nlohmann::json::json_pointer("/metadata/generation"), int64_t{0});
-  job.created_unix_ms = NowMs();
-  // Only a selector that names GPUs, or says all: true, selects any; anything else (missing,
-  // empty, a misspelt key, a wrong type) is refused with the field it is about, nothing touched.
-  const GpuSelection selection = ParseGpuSelector(*spec);
-  std::vector<std::string> uuids;
-  std::string problem = selection.error;
-  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  if (problem.empty() && selection.all && inventory != nullptr) {
-    for (const auto& gpu : inventory->gpus) uuids.push_back(gpu.uuid);
-  }
-  for (std::size_t i = 0; problem.empty() && i < selection.uuids.size(); ++i) {
-    const std::string& uuid = selection.uuids[i];
-    if (inventory == nullptr || inventory->FindByUuid(uuid) == nullptr) {
-      problem = "spec.selector.uuids[" + std::to_string(i) + "]: GPU " + uuid + " is not on node " + node_name_;
-    } else {
-      uuids.push_back(uuid);
-    }
-  }
-  for (std::size_t i = 0; problem.empty() && i < selection.pci_bus_ids.size(); ++i) {
-    const auto pci = ParsePciAddress(selection.pci_bus_ids[i]);
-    const auto* gpu = pci && inventory != nullptr ? inventory->FindByPci(*pci) : nullptr;
-    if (gpu == nullptr) {
-      problem = "spec.selector.pciBusIDs[" + std::to_string(i) + "]: " + selection.pci_bus_ids[i] +
-                " is no GPU of node " + node_name_;
-    } else {
-      uuids.push_back(gpu->uuid);
-    }
-  }
-  std::sort(uuids.begin(), uuids.end());
-  uuids.erase(std::unique(uuids.begin(), uuids.end()), uuids.end());
-  if (uuids.empty() && problem.empty()) problem = "no GPU is known on node " + node_name_ + " yet";
-  for (const auto& uuid : uuids) job.gpus.push_back(NewGpuReset(uuid));
-  if (!problem.empty()) {
-    // Bad input: the whole object is refused with the reason; nothing is touched.
-    context_.Log().warn("GPUReset {}: {}", meta->name, problem);
-    job.gpus.clear();
-    job.gpus.push_back(NewGpuReset(uuids.empty() ? "unknown" : uuids.front()));
-    job.gpus.front().outcome = "refused";
-    job.gpus.front().reason = "InvalidRequest";
-    job.gpus.front().message = problem;
-    job.gpus.front().step = Step::kDone;
-    job.phase = "Failed";
-    job.reason = "InvalidRequest";
-    job.message = problem;
-    job.completed_unix_ms = NowMs();
-    book_.jobs.push_back(std::move(job));
+  const std::string name = intake.job.object_name;
+  if (!intake.problem.empty()) {
+    context_.Log().warn("GPUReset {}: {}", name, intake.problem);
+    book_.jobs.push_back(std::move(intake.job));
     ResetJob& stored = book_.jobs.back();
     SaveBook();
     resets_refused_->Inc();
@@ -332,33 +284,24 @@ void GpuResetModule::OnObject(const nlohmann::json& object) {
     PublishState();
     return;
   }
-  const std::string joined = Enqueue(std::move(job));
-  context_.Log().info("GPUReset {} for {}: job {}", meta->name, fmt::join(uuids, ","), joined);
+  const std::string joined = Enqueue(std::move(intake.job));
+  context_.Log().info("GPUReset {} for {}: job {}", name, fmt::join(intake.uuids, ","), joined);
 }
 
 void GpuResetModule::OnCliLine(std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) {
-  constexpr std::string_view kVerb = "reset-gpu ";
-  if (line.substr(0, kVerb.size()) != kVerb) {
-    reply->Finish("error: unknown request (expected: reset-gpu GPU-…)");
-    return;
-  }
-  const std::string uuid(line.substr(kVerb.size()));
-  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  if (!LooksLikeGpuUuid(uuid)) {
-    reply->Finish("error: \"" + uuid + "\" is not a GPU UUID (GPU-…)");
-    return;
-  }
-  if (inventory == nullptr || inventory->FindByUuid(uuid) == nullptr) {
-    reply->Finish("error: GPU " + uuid + " is not on this node (gpu-inventory does not list it)");
+  const CliIntake intake = ReadResetGpuLine(line, context_.GetBus().Latest<gpu_inventory::GpuInventory>());
+  if (!intake.error.empty()) {
+    reply->Finish(intake.error);
     return;
   }
   ResetJob job;
   job.id = "cli/" + std::to_string(book_.next_cli++);
   job.source = "cli";
   job.created_unix_ms = NowMs();
-  job.gpus.push_back(NewGpuReset(uuid));
+  job.gpus.push_back(NewGpuReset(intake.uuid));
   const std::string id = Enqueue(std::move(job));
-  reply->Line("job " + id + ": reset of " + DescribeGpu(uuid) + (current_job_ != nullptr && current_job_->id != id ? " (queued behind " + current_job_->id + ")" : ""));
+  reply->Line("job " + id + ": reset of " + DescribeGpu(intake.uuid) +
+              (current_job_ != nullptr && current_job_->id != id ? " (queued behind " + current_job_->id + ")" : ""));
   followers_.emplace(id, std::move(reply));
 }
 
@@ -368,17 +311,19 @@ void GpuResetModule::OnVerdictForAutoReset(const std::string& uuid) {
   if (it == verdicts.end() || it->second.healthy) return;
   const int64_t since = it->second.since_unix_ms;
   if (auto seen = auto_seen_.find(uuid); seen != auto_seen_.end() && seen->second == since) return;
-  const std::string id = "auto/" + uuid + "/" + std::to_string(since);
+  const std::string id = AutoResetJobId(uuid, since);
   if (book_.Find(id) != nullptr || book_.FindActiveFor(uuid) != nullptr) return;
-  // Only a GPU nothing holds: with holders, the drainer (or the operator) decides. Without the
-  // pod-resources module the processes NVML sees are all we know (step 2 checks them).
-  if (const auto* map = context_.GetBus().Latest<pod_resources::GpuPodMap>(); map != nullptr && !map->fresh) {
-    context_.Log().info("autoReset: {} wants COMPONENT_RESET, but the pod map is not fresh; not resetting", uuid);
-    return;
-  } else if (map != nullptr && !map->Holders(uuid).empty()) {
-    context_.Log().info("autoReset: {} wants COMPONENT_RESET but pods hold it; left to the drainer", uuid);
-    auto_seen_[uuid] = since;
-    return;
+  // Only a GPU nothing holds: with holders, the drainer (or the operator) decides.
+  switch (CheckAutoReset(uuid, context_.GetBus().Latest<pod_resources::GpuPodMap>())) {
+    case AutoReset::kPodMapNotFresh:
+      context_.Log().info("autoReset: {} wants COMPONENT_RESET, but the pod map is not fresh; not resetting", uuid);
+      return;
+    case AutoReset::kHeldByPods:
+      context_.Log().info("autoReset: {} wants COMPONENT_RESET but pods hold it; left to the drainer", uuid);
+      auto_seen_[uuid] = since;
+      return;
+    case AutoReset::kReset:
+      break;
   }
   auto_seen_[uuid] = since;
   ResetJob job;
@@ -459,7 +404,7 @@ GpuResetModule::Awaitable GpuResetModule::RunJob(ResetJob& job) {
               "job " + job.id + (resumed ? " resumed after a restart" : " started"));
   for (auto& gpu : job.gpus) {
     if (!gpu.outcome.empty()) continue;
-    co_await RunGpu(job, gpu);
+    co_await runner_->RunGpu(job, gpu);
     if (stopping_) {
       current_job_ = nullptr;
       co_return;
@@ -467,365 +412,6 @@ GpuResetModule::Awaitable GpuResetModule::RunJob(ResetJob& job) {
   }
   FinishJob(job);
   current_job_ = nullptr;
-}
-
-GpuResetModule::Awaitable GpuResetModule::RunGpu(ResetJob& job, GpuReset& gpu) {
-  current_gpu_ = &gpu;
-  const auto started = SteadyClock::now();
-  const bool after_command = gpu.step == Step::kValidate || gpu.step == Step::kRestore;
-  if (gpu.step != Step::kQueued) {
-    context_.Log().warn("resuming the reset of {} at step {}{}", gpu.uuid, StepName(gpu.step),
-                        after_command ? " (the command ran: validating again)" : " (starting again from the hold)");
-  }
-  if (!after_command) {
-    co_await StepHold(job, gpu);
-    if (gpu.outcome.empty() && !stopping_) co_await StepHolders(job, gpu);
-    if (gpu.outcome.empty() && !stopping_) co_await StepPersistence(job, gpu);
-    if (gpu.outcome.empty() && !stopping_) co_await StepRelease(job, gpu);
-    if (gpu.outcome.empty() && !stopping_) co_await StepReset(job, gpu);
-  }
-  if (gpu.outcome.empty() && !stopping_) co_await StepValidate(job, gpu);
-  if (gpu.outcome.empty() && !stopping_) co_await StepRestore(job, gpu);
-  if (!stopping_) {
-    gpu.step = Step::kDone;
-    gpu.total_ms = std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started).count();
-    if (gpu.outcome == "succeeded") {
-      resets_ok_->Inc();
-      last_command_ms_->Set(static_cast<double>(gpu.command_ms));
-      last_overhead_ms_->Set(static_cast<double>(gpu.total_ms - gpu.command_ms));
-    }
-    SaveBook();
-  }
-  current_gpu_ = nullptr;
-}
-
-GpuResetModule::Awaitable GpuResetModule::StepHold(ResetJob& job, GpuReset& gpu) {
-  BeginStep(job, gpu, Step::kHold);
-  // The job must be on disk before anything outside changes (a restart resumes it and so ends
-  // the hold); that it has reached this step need not be: a restart before the command starts
-  // again from the hold anyway.
-  const auto accepted = accepted_version_.find(job.id);
-  const bool recorded = co_await Persisted(accepted != accepted_version_.end() ? accepted->second : 0);
-  if (stopping_) co_return;
-  if (!recorded) {
-    FailGpu(job, gpu, "StateNotPersisted",
-            "the job cannot be recorded in " + book_path_ + " (" + save_problem_ +
-                "): without the record a restart could not finish or undo the reset; nothing was touched",
-            true);
-    co_return;
-  }
-  if (context_.GetBus().Latest<gpu_health::GpuHealthState>() == nullptr) {
-    FailGpu(job, gpu, "HealthNotRunning", "gpu-health is not running: nothing would keep the GPU off the kubelet", true);
-    co_return;
-  }
-  if (const std::string error = WriteJournal("GPU reset started: " + gpu.uuid, 5, gpu.uuid); !error.empty()) {
-    FailGpu(job, gpu, "JournalUnavailable", error, true);
-    co_return;
-  }
-  const auto deadline = SteadyClock::now() + config_.hold_timeout;
-  while (!stopping_) {
-    const auto& verdicts = context_.GetBus().LatestByKey<gpu_health::DeviceHealth>();
-    const auto it = verdicts.find(gpu.uuid);
-    if (it != verdicts.end() && !it->second.healthy) {
-      EndStep(job, gpu, true, "Unhealthy at the kubelet (" + it->second.reason + ")");
-      co_return;
-    }
-    if (SteadyClock::now() >= deadline) {
-      FailGpu(job, gpu, "HoldTimeout",
-              "the verdict did not turn Unhealthy within " + std::to_string(config_.hold_timeout.count()) +
-                  " ms of the \"GPU reset started\" line (is journald reading " + config_.ack_identifier + " lines?)",
-              true);
-      co_return;
-    }
-    co_await Wake(deadline);
-  }
-}
-
-GpuResetModule::Awaitable GpuResetModule::StepHolders(ResetJob& job, GpuReset& gpu) {
-  BeginStep(job, gpu, Step::kHolders);
-  evicted_.clear();
-  const auto deadline = SteadyClock::now() + config_.holders_timeout;
-  while (!stopping_) {
-    const auto read = co_await Inspect(gpu.uuid);
-    if (stopping_) co_return;
-    if (!read.Ok()) {
-      FailGpu(job, gpu, "NvmlUnavailable", "cannot read the processes on the GPU: " + read.error, true);
-      co_return;
-    }
-    bool map_usable = true;
-    std::string map_problem;
-    const auto holders = Holders(gpu.uuid, read, map_usable, map_problem);
-    if (holders.empty() && map_usable) {
-      EndStep(job, gpu, true, map_problem.empty() ? "nothing holds the GPU" : "no process holds the GPU; " + map_problem);
-      co_return;
-    }
-    const std::string who = holders.empty() ? map_problem : "held by " + fmt::format("{}", fmt::join(holders, ", "));
-    if (config_.holders == HolderPolicy::kFail) {
-      FailGpu(job, gpu, "GpuInUse", who + " (holders: fail)", true);
-      co_return;
-    }
-    if (config_.holders == HolderPolicy::kEvict) {
-      const auto* map = context_.GetBus().Latest<pod_resources::GpuPodMap>();
-      if (map != nullptr) {
-        for (const auto& holder : map->Holders(gpu.uuid)) {
-          const std::string key = holder.namespace_name + "/" + holder.name;
-          if (evicted_.insert(key).second) {
-            Progress(job, "evicting pod " + key + " from " + gpu.uuid);
-            Evict(holder.namespace_name, holder.name);
-          }
-        }
-      }
-    }
-    if (SteadyClock::now() >= deadline) {
-      FailGpu(job, gpu, "HoldersTimeout",
-              who + " after waiting " + std::to_string(config_.holders_timeout.count()) + " ms", true);
-      co_return;
-    }
-    co_await Wake(std::min(deadline, SteadyClock::now() + config_.holders_recheck));
-  }
-}
-
-GpuResetModule::Awaitable GpuResetModule::StepRelease(ResetJob& job, GpuReset& gpu) {
-  BeginStep(job, gpu, Step::kRelease);
-  gpu.released = true;
-  context_.GetBus().Publish(gpu_inventory::NvmlReleaseRequest{true, "GPU reset " + job.id, gpu.uuid});
-  const auto deadline = SteadyClock::now() + config_.release_timeout;
-  while (!stopping_) {
-    const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-    const auto* info = inventory != nullptr ? inventory->FindByUuid(gpu.uuid) : nullptr;
-    if (info != nullptr && info->released) {
-      EndStep(job, gpu, true, "gpu-inventory let go of the GPU; the others stay served");
-      co_return;
-    }
-    if (inventory != nullptr && !inventory->available && inventory->error.rfind("released", 0) != 0) {
-      // NVML failed as a whole: nothing in the process holds any handle either.
-      EndStep(job, gpu, true, "NVML is not in use (" + inventory->error + ")");
-      co_return;
-    }
-    if (SteadyClock::now() >= deadline) {
-      FailGpu(job, gpu, "ReleaseTimeout", "gpu-inventory did not let go of the GPU within " +
-                                              std::to_string(config_.release_timeout.count()) + " ms", true);
-      co_return;
-    }
-    co_await Wake(deadline);
-  }
-}
-
-GpuResetModule::Awaitable GpuResetModule::StepPersistence(ResetJob& job, GpuReset& gpu) {
-  BeginStep(job, gpu, Step::kPersistence);
-  const auto read = co_await Inspect(gpu.uuid);
-  if (stopping_) co_return;
-  if (!read.Ok()) {
-    FailGpu(job, gpu, "NvmlUnavailable", "cannot read persistence mode: " + read.error, true);
-    co_return;
-  }
-  // The setting before we touched it, remembered once: a resumed job keeps the first reading.
-  if (!gpu.persistence_was_on) {
-    gpu.persistence_was_on = read.persistence.value_or(false);
-    SaveBook();
-    // Durable before we turn it off, so a restart still knows to turn it on again.
-    if (*gpu.persistence_was_on) {
-      const bool recorded = co_await Persisted();
-      if (stopping_) co_return;
-      if (!recorded) {
-        FailGpu(job, gpu, "StateNotPersisted",
-                "persistence mode was on, and that cannot be recorded in " + book_path_ + " (" + save_problem_ +
-                    "): it is left on and the GPU is not reset",
-                true);
-        co_return;
-      }
-    }
-  }
-  if (read.persistence.value_or(false)) {
-    const std::string error = co_await SetPersistence(gpu.uuid, false);
-    if (stopping_) co_return;
-    if (!error.empty()) {
-      FailGpu(job, gpu, "PersistenceModeFailed", error, true);
-      co_return;
-    }
-    EndStep(job, gpu, true, "persistence mode was on: turned off (restored after the reset)");
-    co_return;
-  }
-  EndStep(job, gpu, true, read.persistence ? "persistence mode is off" : "persistence mode is not supported");
-}
-
-GpuResetModule::Awaitable GpuResetModule::StepReset(ResetJob& job, GpuReset& gpu) {
-  BeginStep(job, gpu, Step::kReset);
-  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  const auto* info = inventory != nullptr ? inventory->FindByUuid(gpu.uuid) : nullptr;
-  std::vector<std::string> argv;
-  for (std::string arg : config_.command) {
-    for (const auto& [key, value] : {std::pair<std::string, std::string>{"{uuid}", gpu.uuid},
-                                     {"{pci}", info != nullptr ? info->pci_bus_id : std::string()}}) {
-      for (std::size_t p = arg.find(key); p != std::string::npos; p = arg.find(key, p + value.size())) {
-        arg.replace(p, key.size(), value);
-      }
-    }
-    argv.push_back(std::move(arg));
-  }
-  Progress(job, "running " + fmt::format("{}", fmt::join(argv, " ")));
-  const CommandResult result = co_await RunResetCommand(argv);
-  if (stopping_) co_return;
-  gpu.command_output = result.out + result.err;
-  gpu.command_ms = result.elapsed.count();
-  const std::string tail = LastLine(result.err.empty() ? result.out : result.err);
-  if (!result.Ok()) {
-    FailGpu(job, gpu, "ResetCommandFailed", argv.front() + ": " + result.Describe() + (tail.empty() ? "" : ": " + tail),
-            false);
-    co_return;
-  }
-  EndStep(job, gpu, true, tail.empty() ? "the command succeeded" : tail);
-}
-
-GpuResetModule::Awaitable GpuResetModule::StepValidate(ResetJob& job, GpuReset& gpu) {
-  // Made durable while NVML takes the GPU back (awaited before the step ends): a restart from
-  // here on validates again instead of resetting again.
-  BeginStep(job, gpu, Step::kValidate);
-  recent_xids_[gpu.uuid].clear();
-  validate_started_unix_ms_ = NowMs();
-  // NVML back for this GPU: gpu-inventory re-reads it.
-  context_.GetBus().Publish(gpu_inventory::NvmlReleaseRequest{false, "GPU reset " + job.id + " done", gpu.uuid});
-  const auto back_deadline = SteadyClock::now() + config_.release_timeout;
-  const gpu_inventory::GpuInfo* info = nullptr;
-  while (!stopping_) {
-    const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-    info = inventory != nullptr && inventory->available ? inventory->FindByUuid(gpu.uuid) : nullptr;
-    if (info != nullptr && !info->released) break;
-    if (SteadyClock::now() >= back_deadline) {
-      FailGpu(job, gpu, "GpuMissing",
-              "NVML does not show " + gpu.uuid + " again within " + std::to_string(config_.release_timeout.count()) +
-                  " ms of the reset" + (inventory != nullptr && !inventory->error.empty() ? " (" + inventory->error + ")" : ""),
-              false);
-      co_return;
-    }
-    co_await Wake(back_deadline);
-  }
-  if (stopping_) co_return;
-  gpu.released = false;
-  const auto read = co_await Inspect(gpu.uuid);
-  if (stopping_) co_return;
-  if (!read.Ok()) {
-    FailGpu(job, gpu, "ValidationFailed", "cannot read the GPU after the reset: " + read.error, false);
-    co_return;
-  }
-  if (read.retired_pages_pending.value_or(false)) {
-    FailGpu(job, gpu, "PendingPageRetirement", "a page retirement is still pending after the reset", false);
-    co_return;
-  }
-  if (read.remap_pending.value_or(false)) {
-    FailGpu(job, gpu, "PendingRowRemap", "a row remap is still pending after the reset", false);
-    co_return;
-  }
-  if (read.remap_failure.value_or(false)) {
-    FailGpu(job, gpu, "RowRemapFailure", "the GPU reports a failed row remap", false);
-    co_return;
-  }
-  // An XID since validation began fails it now; the settle window (StepRestore) watches the GPU
-  // once it is back in service instead of keeping it out.
-  if (const auto& xids = recent_xids_[gpu.uuid]; !xids.empty()) {
-    FailGpu(job, gpu, "XidAfterReset", xids.front() + " after the reset, before it validated", false);
-    co_return;
-  }
-  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  info = inventory != nullptr ? inventory->FindByUuid(gpu.uuid) : nullptr;
-  if (info == nullptr) {
-    FailGpu(job, gpu, "GpuMissing", gpu.uuid + " left the inventory while it was validated", false);
-    co_return;
-  }
-  if (info->fabric && info->fabric->state != 3) {
-    FailGpu(job, gpu, "FabricIncomplete",
-            "fabric registration is not complete after the reset (state " + std::to_string(info->fabric->state) + ")",
-            false);
-    co_return;
-  }
-  // So that a restart validates instead of resetting again. Not recorded (read-only or full
-  // state dir): validation is done anyway, and a second reset of an idle GPU is harmless.
-  const bool recorded = co_await Persisted();
-  if (!recorded && !stopping_) {
-    context_.Log().warn("{}: the end of the reset cannot be recorded ({}); a restart now would reset it again",
-                        gpu.uuid, save_problem_);
-  }
-  if (stopping_) co_return;
-  EndStep(job, gpu, true,
-          std::string("same UUID present, nothing pending, no XID") + (info->fabric ? ", fabric complete" : ""));
-}
-
-GpuResetModule::Awaitable GpuResetModule::StepRestore(ResetJob& job, GpuReset& gpu) {
-  BeginStep(job, gpu, Step::kRestore);
-  std::string note;
-  if (gpu.persistence_was_on.value_or(false)) {
-    const std::string error = co_await SetPersistence(gpu.uuid, true);
-    if (stopping_) co_return;
-    note = error.empty() ? "persistence mode on again; " : "persistence mode NOT restored (" + error + "); ";
-    if (!error.empty()) context_.Log().warn("{}: {}", gpu.uuid, note);
-  }
-  if (const std::string error = WriteJournal("GPU reset occurred: " + gpu.uuid, 6, gpu.uuid); !error.empty()) {
-    FailGpu(job, gpu, "JournalUnavailable", "the reset validated but the acknowledgement could not be written: " + error,
-            false);
-    co_return;
-  }
-  // The GPU is back in service from here on. The settle window watches it there: an XID within
-  // `settle` of the acknowledgement fails the reset (gpu-health then turns it Unhealthy again with
-  // RESTART_BM), so a GPU that only looked fine is not trusted, without keeping a good one out.
-  const auto back = SteadyClock::now();
-  const auto healthy_deadline = back + config_.healthy_timeout;
-  const auto settle_deadline = back + config_.settle;
-  bool healthy = false;
-  bool announced = false;
-  while (!stopping_) {
-    if (const auto& xids = recent_xids_[gpu.uuid]; !xids.empty()) {
-      FailGpu(job, gpu, "XidAfterReset",
-              xids.front() + " within the settle window (" + std::to_string(config_.settle.count()) +
-                  " ms) after the GPU was back in service",
-              false);
-      co_return;
-    }
-    const auto& verdicts = context_.GetBus().LatestByKey<gpu_health::DeviceHealth>();
-    const auto it = verdicts.find(gpu.uuid);
-    healthy = healthy || (it != verdicts.end() && it->second.healthy);
-    const auto now = SteadyClock::now();
-    if (healthy && !announced && now < settle_deadline) {
-      announced = true;
-      Progress(job, fmt::format("{}: Healthy at the kubelet; watching for XIDs until the settle window ({} ms) ends",
-                                gpu.uuid, config_.settle.count()));
-    }
-    const bool healthy_wait_over = healthy || now >= healthy_deadline;
-    if (healthy_wait_over && now >= settle_deadline) break;
-    co_await Wake(healthy_wait_over ? settle_deadline : healthy_deadline);
-  }
-  if (stopping_) co_return;
-  gpu.outcome = "succeeded";
-  EndStep(job, gpu, true,
-          note + "\"GPU reset occurred\" written; " +
-              (healthy ? "Healthy at the kubelet" : "the verdict was not Healthy yet when the wait ended") +
-              "; no XID within the settle window (" + std::to_string(config_.settle.count()) + " ms)");
-}
-
-void GpuResetModule::FailGpu(ResetJob& job, GpuReset& gpu, std::string reason, std::string message, bool refused) {
-  gpu.outcome = refused ? "refused" : "failed";
-  gpu.reason = reason;
-  gpu.message = message;
-  EndStep(job, gpu, false, reason + ": " + message);
-  if (gpu.released) {
-    // NVML back for this GPU whatever happened: the GPU stays Unhealthy by its verdict.
-    context_.GetBus().Publish(gpu_inventory::NvmlReleaseRequest{false, "GPU reset " + job.id + " ended", gpu.uuid});
-    gpu.released = false;
-  }
-  if (gpu.persistence_was_on.value_or(false) && gpu.step >= Step::kPersistence && maintenance_) {
-    maintenance_->SetPersistence(gpu.uuid, true, [](std::string) {});
-  }
-  if (refused) {
-    resets_refused_->Inc();
-    context_.Log().warn("reset of {} refused ({}): {}; the GPU stays as gpu-health judges it{}", gpu.uuid, reason,
-                        message, gpu.step >= Step::kHolders ? " (held Unhealthy)" : "");
-  } else {
-    resets_failed_->Inc();
-    // The GPU was reset and did not come back as it should: only a reboot is left.
-    const std::string error = WriteJournal("GPU reset executed: " + gpu.uuid + ", success: false", 3, gpu.uuid);
-    context_.Log().error("reset of {} failed ({}): {}{}", gpu.uuid, reason, message,
-                         error.empty() ? "" : "; and the failure line could not be written: " + error);
-  }
-  SaveBook();
 }
 
 void GpuResetModule::FinishJob(ResetJob& job) {
@@ -855,13 +441,6 @@ void GpuResetModule::FinishJob(ResetJob& job) {
 }
 
 // ---------------------------------------------------------------------------------- awaiting
-
-GpuResetModule::Awaitable GpuResetModule::Wake(SteadyClock::time_point deadline) {
-  if (stopping_) co_return;
-  wake_.expires_at(deadline);
-  boost::system::error_code ec;
-  co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-}
 
 asio::awaitable<gpu_inventory::GpuMaintenanceRead> GpuResetModule::Inspect(const std::string& uuid) {
   return asio::async_initiate<const asio::use_awaitable_t<>&, void(boost::system::error_code, gpu_inventory::GpuMaintenanceRead)>(
@@ -907,47 +486,32 @@ asio::awaitable<CommandResult> GpuResetModule::RunResetCommand(const std::vector
 
 // ------------------------------------------------------------------------------ bookkeeping
 
-void GpuResetModule::BeginStep(ResetJob& job, GpuReset& gpu, Step step) {
-  gpu.step = step;
-  gpu.steps.push_back(StepLog{std::string(StepName(step)), "running", NowMs(), 0, ""});
-  if (gpu.steps.size() > 64) gpu.steps.erase(gpu.steps.begin());
-  step_started_ = SteadyClock::now();
-  context_.Log().info("reset of {} ({}): step {}", gpu.uuid, job.id, StepName(step));
-  SaveBook();
-  WriteStatus(job);
-  PublishState();
-  Progress(job, fmt::format("{} {}: {} ...", gpu.uuid, static_cast<int>(step), StepName(step)));
-}
-
-void GpuResetModule::EndStep(ResetJob& job, GpuReset& gpu, bool ok, std::string message) {
-  const int64_t took = std::chrono::duration_cast<milliseconds>(SteadyClock::now() - step_started_).count();
-  if (!gpu.steps.empty()) {
-    StepLog& log = gpu.steps.back();
-    log.result = ok ? "ok" : "failed";
-    log.duration_ms = took;
-    log.message = message;
-  }
-  if (ok) {
-    context_.Log().info("reset of {}: {} ok in {} ms: {}", gpu.uuid, StepName(gpu.step), took, message);
-  }
-  // Not saved here: what a restart needs is saved by the next step's start, FailGpu or the
-  // GPU's end, each right after this; one save fewer per step on the reset's critical path.
-  WriteStatus(job);
-  PublishState();
-  Progress(job, fmt::format("{} {}: {} {} ({} ms): {}", gpu.uuid, static_cast<int>(gpu.step), StepName(gpu.step),
-                            ok ? "ok" : "FAILED", took, message));
-}
-
 void GpuResetModule::Progress(const ResetJob& job, const std::string& line) {
   const auto [begin, end] = followers_.equal_range(job.id);
   for (auto it = begin; it != end; ++it) it->second->Line(line);
 }
 
 void GpuResetModule::LoadBook() {
-  if (book_path_.empty()) return;
+  if (book_path_.empty()) {
+    UpdateModuleHealth();
+    Resume();
+    return;
+  }
   // Bounded and type-checked (loop/state_file.hpp): a FIFO, a device or a huge file here is
-  // refused without being read, and moved aside like a corrupt one.
-  auto read = ReadStateFile(book_path_, kMaxBookBytes);
+  // refused without being read, and moved aside like a corrupt one. Read on the pool: a slow
+  // disk holds a pool thread, never the loop; nothing is taken or run until it is back.
+  loading_ = true;
+  UpdateModuleHealth();
+  ReadStateFileOnPool(context_.Pool(), book_path_, kMaxBookBytes, [this, alive = alive_](StateFileRead read) {
+    if (!*alive || stopping_) return;
+    ApplyBook(std::move(read));
+    loading_ = false;
+    UpdateModuleHealth();
+    Resume();
+  });
+}
+
+void GpuResetModule::ApplyBook(StateFileRead read) {
   if (read.status == StateFileRead::Status::kMissing) return;
   if (read.status == StateFileRead::Status::kUnreadable) {
     context_.Log().error("cannot read {}: {}", book_path_, read.error);
@@ -999,11 +563,11 @@ void GpuResetModule::SaveBook() {
           --book_version_;  // SaveBook counts again
           SaveBook();
         }
-        wake_.cancel();
+        saved_wake_.cancel();  // SavedAtLeast checks again
       });
 }
 
-asio::awaitable<bool> GpuResetModule::Persisted(std::optional<uint64_t> wanted_version) {
+asio::awaitable<bool> GpuResetModule::SavedAtLeast(std::optional<uint64_t> wanted_version) {
   if (book_path_.empty()) co_return true;
   const uint64_t wanted = wanted_version.value_or(book_version_);
   bool asked = false;
@@ -1015,12 +579,21 @@ asio::awaitable<bool> GpuResetModule::Persisted(std::optional<uint64_t> wanted_v
       SaveBook();
       asked = true;
     }
-    co_await Wake(SteadyClock::now() + std::chrono::seconds(5));
+    saved_wake_.expires_after(std::chrono::seconds(5));
+    boost::system::error_code ec;
+    co_await saved_wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
   co_return saved_version_ >= wanted;
 }
 
 void GpuResetModule::UpdateModuleHealth() {
+  if (loading_) {
+    // Not ready: no request is taken until the record is restored.
+    context_.GetLoop().Post([this, alive = alive_, path = book_path_] {
+      if (*alive) context_.SetHealth(ModuleHealth::kUnhealthy, "restoring " + path + ": requests wait");
+    });
+    return;
+  }
   std::string detail;
   if (!save_problem_.empty()) detail = "GPU resets are refused: " + book_path_ + " cannot be written (" + save_problem_ + ")";
   if (!socket_problem_.empty()) {
@@ -1051,11 +624,11 @@ void GpuResetModule::PublishStateNow() {
   for (const auto& job : book_.jobs) open += job.Finished() ? 0 : 1;
   queue_gauge_->Set(static_cast<double>(open));
   if (current_job_ != nullptr) state.running = current_job_->id;
-  if (current_gpu_ != nullptr) {
-    state.running_gpu = current_gpu_->uuid;
-    state.running_step = std::string(StepName(current_gpu_->step));
+  if (const GpuReset* gpu = runner_->Current(); gpu != nullptr) {
+    state.running_gpu = gpu->uuid;
+    state.running_step = std::string(StepName(gpu->step));
   }
-  state.jobs = book_.jobs;
+  state.jobs = book_.jobs;  // once per published message (coalesced): O(N) per turn, not per change
   context_.GetBus().Publish(std::move(state));
   AnnounceReleases();
 }
@@ -1087,39 +660,8 @@ void GpuResetModule::AnnounceReleases() {
 
 void GpuResetModule::WriteStatus(ResetJob& job) {
   if (job.source != "GPUReset" || !kube_) return;
-  nlohmann::json gpus = nlohmann::json::array();
-  for (const auto& gpu : job.gpus) {
-    nlohmann::json steps = nlohmann::json::array();
-    for (const auto& s : gpu.steps) {
-      nlohmann::json step{{"name", s.name}, {"result", s.result}, {"durationMs", s.duration_ms}};
-      if (!s.message.empty()) step["message"] = s.message;
-      steps.push_back(std::move(step));
-    }
-    nlohmann::json g{{"uuid", gpu.uuid}, {"step", StepName(gpu.step)}, {"steps", steps}};
-    if (!gpu.outcome.empty()) g["outcome"] = gpu.outcome;
-    if (!gpu.command_output.empty()) g["commandOutput"] = gpu.command_output.substr(0, 2048);
-    gpus.push_back(std::move(g));
-  }
-  std::string condition_status = "Unknown";
-  std::string reason = job.phase == "Pending" ? "Queued" : "InProgress";
-  std::string message = job.phase == "Pending" ? "waiting for the node's maintenance slot" : "resetting";
-  if (job.Finished()) {
-    condition_status = job.phase == "Succeeded" ? "True" : "False";
-    reason = job.reason;
-    message = job.message;
-  } else if (current_gpu_ != nullptr && current_job_ == &job) {
-    message = "resetting " + current_gpu_->uuid + ": step " + std::string(StepName(current_gpu_->step));
-  }
-  nlohmann::json condition{{"type", "Complete"},
-                           {"status", condition_status},
-                           {"reason", reason},
-                           {"message", message},
-                           {"lastTransitionTime", Rfc3339(job.Finished() ? job.completed_unix_ms
-                                                                        : (job.started_unix_ms ? job.started_unix_ms : job.created_unix_ms))}};
-  if (job.generation != 0) condition["observedGeneration"] = job.generation;
-  nlohmann::json status{{"phase", job.phase}, {"conditions", nlohmann::json::array({condition})}, {"gpus", gpus}};
-  if (job.started_unix_ms != 0) status["startTime"] = Rfc3339(job.started_unix_ms);
-  if (job.completed_unix_ms != 0) status["completionTime"] = Rfc3339(job.completed_unix_ms);
+  const GpuReset* running = current_job_ == &job ? runner_->Current() : nullptr;
+  nlohmann::json status = ObjectStatus(job, running);
   StatusSlot& slot = status_[job.object_name];
   slot.job_id = job.id;
   slot.status = std::move(status);
@@ -1185,7 +727,7 @@ void GpuResetModule::Evict(const std::string& pod_namespace, const std::string& 
                     // 429: a PodDisruptionBudget says not now; the next recheck asks again.
                     context_.Log().warn("eviction of {}/{} refused ({}): {}", pod_namespace, pod_name,
                                         result.http_status, result.error);
-                    evicted_.erase(pod_namespace + "/" + pod_name);
+                    runner_->EvictionRefused(pod_namespace, pod_name);
                   }
                 });
 }
@@ -1211,25 +753,78 @@ std::string GpuResetModule::DescribeGpu(const std::string& uuid) const {
   return info == nullptr ? uuid : uuid + " (index " + std::to_string(info->index) + ", " + info->pci_bus_id + ")";
 }
 
-std::vector<std::string> GpuResetModule::Holders(const std::string& uuid, const gpu_inventory::GpuMaintenanceRead& read,
-                                                 bool& map_usable, std::string& map_problem) const {
-  std::vector<std::string> holders;
+// ------------------------------------------------------------- the runner's node (NodeMaintenance)
+
+bool GpuResetModule::HealthRunning() const { return context_.GetBus().Latest<gpu_health::GpuHealthState>() != nullptr; }
+
+std::optional<NodeMaintenance::Verdict> GpuResetModule::VerdictOf(const std::string& uuid) const {
+  const auto& verdicts = context_.GetBus().LatestByKey<gpu_health::DeviceHealth>();
+  const auto it = verdicts.find(uuid);
+  if (it == verdicts.end()) return std::nullopt;
+  return Verdict{it->second.healthy, it->second.reason};
+}
+
+NodeMaintenance::GpuView GpuResetModule::Gpu(const std::string& uuid) const {
+  GpuView view;
+  const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
+  if (inventory == nullptr) return view;
+  view.inventory_known = true;
+  view.available = inventory->available;
+  view.error = inventory->error;
+  if (const auto* info = inventory->FindByUuid(uuid); info != nullptr) {
+    view.present = true;
+    view.released = info->released;
+    view.pci_bus_id = info->pci_bus_id;
+    if (info->fabric) view.fabric_state = static_cast<int>(info->fabric->state);
+  }
+  return view;
+}
+
+NodeMaintenance::PodView GpuResetModule::Pods(const std::string& uuid) const {
+  PodView view;
   const auto* map = context_.GetBus().Latest<pod_resources::GpuPodMap>();
-  if (map == nullptr) {
-    map_problem = "pods unknown (the pod-resources module is not running)";
-  } else if (!map->fresh) {
-    map_usable = false;
-    map_problem = "the kubelet's pod list is not fresh (" + (map->error.empty() ? std::string("not listed yet") : map->error) + ")";
+  if (map == nullptr) return view;
+  view.known = true;
+  view.fresh = map->fresh;
+  view.error = map->error;
+  for (const auto& holder : map->Holders(uuid)) view.holders.push_back({holder.namespace_name, holder.name, holder.container});
+  return view;
+}
+
+void GpuResetModule::RequestRelease(const std::string& uuid, bool release, const std::string& why) {
+  context_.GetBus().Publish(gpu_inventory::NvmlReleaseRequest{release, why, uuid});
+}
+
+void GpuResetModule::RestorePersistence(const std::string& uuid) {
+  if (maintenance_) maintenance_->SetPersistence(uuid, true, [](std::string) {});
+}
+
+void GpuResetModule::KillResetCommand() {
+  if (child_) child_->Kill();
+}
+
+asio::awaitable<bool> GpuResetModule::Persisted() { return SavedAtLeast(std::nullopt); }
+
+asio::awaitable<bool> GpuResetModule::JobRecorded(const std::string& job_id) {
+  const auto accepted = accepted_version_.find(job_id);
+  return SavedAtLeast(accepted != accepted_version_.end() ? accepted->second : 0);
+}
+
+void GpuResetModule::StepChanged(ResetJob& job) {
+  WriteStatus(job);
+  PublishState();
+}
+
+void GpuResetModule::GpuEnded(const GpuReset& gpu) {
+  if (gpu.outcome == "succeeded") {
+    resets_ok_->Inc();
+    last_command_ms_->Set(static_cast<double>(gpu.command_ms));
+    last_overhead_ms_->Set(static_cast<double>(gpu.total_ms - gpu.command_ms));
+  } else if (gpu.outcome == "refused") {
+    resets_refused_->Inc();
+  } else {
+    resets_failed_->Inc();
   }
-  if (map != nullptr) {
-    for (const auto& holder : map->Holders(uuid)) {
-      holders.push_back("pod " + holder.namespace_name + "/" + holder.name + " (container " + holder.container + ")");
-    }
-  }
-  if (read.compute_processes) {
-    for (const auto& p : *read.compute_processes) holders.push_back("process " + std::to_string(p.pid));
-  }
-  return holders;
 }
 
 int64_t GpuResetModule::NowMs() const {

@@ -17,9 +17,11 @@
 
 #include "loop/admin_socket.hpp"
 #include "loop/run_command.hpp"
+#include "loop/state_file.hpp"
 #include "loop/module.hpp"
 #include "modules/gpu_reset/messages.hpp"
 #include "modules/gpu_reset/reset_book.hpp"
+#include "modules/gpu_reset/reset_runner.hpp"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -49,7 +51,10 @@ struct GpuMaintenanceRead;
 
 namespace gns::gpu_reset {
 
-class GpuResetModule final : public Module {
+// The coordinator: the request sources, the node's maintenance slot (one job at a time, its GPUs
+// one after another through ResetRunner), the record and the outputs. It is the runner's
+// NodeMaintenance: the bus, gpu-inventory's NVML service, the reset command, the journal, the API.
+class GpuResetModule final : public Module, private NodeMaintenance {
  public:
   static constexpr std::string_view kName = "gpu-reset";
   static constexpr std::string_view kSummary =
@@ -60,7 +65,7 @@ class GpuResetModule final : public Module {
   // the node work without it.
   static constexpr std::array<std::string_view, 1> kFollows = {"kube"};
 
-  enum class HolderPolicy { kFail, kWait, kEvict };
+  using HolderPolicy = gpu_reset::HolderPolicy;
 
   struct Config {
     HolderPolicy holders = HolderPolicy::kWait;
@@ -103,40 +108,50 @@ class GpuResetModule final : public Module {
   std::string Enqueue(ResetJob job);
   void Kick();
 
-  // The runner: one coroutine for the node's maintenance slot.
+  // The node's maintenance slot: one job at a time, each GPU's steps run by runner_.
   Awaitable RunJobs();
   Awaitable RunJob(ResetJob& job);
-  Awaitable RunGpu(ResetJob& job, GpuReset& gpu);
-  Awaitable StepHold(ResetJob& job, GpuReset& gpu);
-  Awaitable StepHolders(ResetJob& job, GpuReset& gpu);
-  Awaitable StepRelease(ResetJob& job, GpuReset& gpu);
-  Awaitable StepPersistence(ResetJob& job, GpuReset& gpu);
-  Awaitable StepReset(ResetJob& job, GpuReset& gpu);
-  Awaitable StepValidate(ResetJob& job, GpuReset& gpu);
-  Awaitable StepRestore(ResetJob& job, GpuReset& gpu);
-  // The GPU's reset ends without success; `refused`: before the command ran (GPU untouched).
-  void FailGpu(ResetJob& job, GpuReset& gpu, std::string reason, std::string message, bool refused);
-  // Until the record is on disk as it is now (or, with `wanted`, at least as it was at that
-  // version: a step that needs an earlier fact durable does not wait for later saves). False
-  // when a save that covers it failed (read-only or full state dir; save_problem_ says why) or
-  // the module stops.
-  boost::asio::awaitable<bool> Persisted(std::optional<uint64_t> wanted = std::nullopt);
+  void FinishJob(ResetJob& job);
+  // Until the record is on disk at least as it was at version `wanted` (nullopt: as it is now;
+  // a step that needs an earlier fact durable does not wait for later saves). False when a save
+  // that covers it failed (read-only or full state dir; save_problem_ says why) or the module stops.
+  boost::asio::awaitable<bool> SavedAtLeast(std::optional<uint64_t> wanted);
   // The module's health: degraded while the record cannot be written or reset.sock is missing.
   void UpdateModuleHealth();
-  // Sleeps until a bus change wakes it, the deadline passes or the module stops.
-  Awaitable Wake(std::chrono::steady_clock::time_point deadline);
-  boost::asio::awaitable<gpu_inventory::GpuMaintenanceRead> Inspect(const std::string& uuid);
-  boost::asio::awaitable<std::string> SetPersistence(const std::string& uuid, bool enabled);
-  boost::asio::awaitable<CommandResult> RunResetCommand(const std::vector<std::string>& argv);
 
-  // Step bookkeeping: log, record, publish, progress to the CLI and the object's status.
-  void BeginStep(ResetJob& job, GpuReset& gpu, Step step);
-  void EndStep(ResetJob& job, GpuReset& gpu, bool ok, std::string message);
-  void Progress(const ResetJob& job, const std::string& line);
-  void FinishJob(ResetJob& job);
+  // NodeMaintenance: what the runner asks of the node (reset_runner.hpp).
+  bool HealthRunning() const override;
+  std::optional<Verdict> VerdictOf(const std::string& uuid) const override;
+  GpuView Gpu(const std::string& uuid) const override;
+  PodView Pods(const std::string& uuid) const override;
+  std::string WriteJournal(const std::string& message, int priority, const std::string& uuid) override;
+  void RequestRelease(const std::string& uuid, bool release, const std::string& why) override;
+  void Evict(const std::string& pod_namespace, const std::string& pod_name) override;
+  boost::asio::awaitable<gpu_inventory::GpuMaintenanceRead> Inspect(const std::string& uuid) override;
+  boost::asio::awaitable<std::string> SetPersistence(const std::string& uuid, bool enabled) override;
+  void RestorePersistence(const std::string& uuid) override;
+  boost::asio::awaitable<CommandResult> RunResetCommand(const std::vector<std::string>& argv) override;
+  void KillResetCommand() override;
+  void Save() override { SaveBook(); }
+  boost::asio::awaitable<bool> Persisted() override;
+  boost::asio::awaitable<bool> JobRecorded(const std::string& job_id) override;
+  std::string RecordPath() const override { return book_path_; }
+  std::string RecordProblem() const override { return save_problem_; }
+  void StepChanged(ResetJob& job) override;
+  void Progress(const ResetJob& job, const std::string& line) override;
+  void GpuEnded(const GpuReset& gpu) override;
+  int64_t NowMs() const override;
+
+  // Start, in two halves: the record is read on the pool (a slow or odd gpu-reset.json never
+  // holds the loop), and the module takes no request until it is restored.
+  void LoadBook();
+  void ApplyBook(StateFileRead read);
+  void Resume();
+  // Runs `request` now, or once the record is restored (in the order requests came); `caller`:
+  // the reset-gpu connection it answers, told when the module stops before taking it.
+  void Intake(std::function<void()> request, std::shared_ptr<AdminSocket::Reply> caller = nullptr);
 
   // State and outputs.
-  void LoadBook();
   void SaveBook();
   void PublishState();     // coalesced: at most one GpuResetState queued
   void PublishStateNow();
@@ -145,12 +160,7 @@ class GpuResetModule final : public Module {
   void SendStatus(const std::string& name);
   void OnStatusWritten(const std::string& name, const kube::Result& result);
   void RecordEvent(std::string_view type, std::string_view reason, const std::string& note);
-  std::string WriteJournal(const std::string& message, int priority, const std::string& uuid);
   std::string DescribeGpu(const std::string& uuid) const;
-  std::vector<std::string> Holders(const std::string& uuid, const gpu_inventory::GpuMaintenanceRead& read,
-                                   bool& map_usable, std::string& map_problem) const;
-  void Evict(const std::string& pod_namespace, const std::string& pod_name);
-  int64_t NowMs() const;
 
   ModuleContext& context_;
   Config config_;
@@ -160,6 +170,12 @@ class GpuResetModule final : public Module {
   ResetBook book_;
   uint64_t book_version_ = 0;   // bumped by every change
   uint64_t saved_version_ = 0;  // the newest version on disk
+  bool loading_ = false;        // gpu-reset.json is being read: not ready, requests held
+  struct HeldRequest {
+    std::function<void()> run;
+    std::shared_ptr<AdminSocket::Reply> caller;
+  };
+  std::vector<HeldRequest> held_;  // requests that came while loading, in order
   // The record's version once each job accepted in this run was in it (a job loaded at start
   // is on disk already): what the hold waits for.
   std::map<std::string, uint64_t> accepted_version_;
@@ -174,24 +190,17 @@ class GpuResetModule final : public Module {
   std::shared_ptr<kube::EventRecorder> events_;
   std::unique_ptr<AdminSocket> socket_;
 
-  // The runner.
+  // The maintenance slot.
+  std::unique_ptr<ResetRunner> runner_;
   bool running_ = false;
   bool stopping_ = false;
   std::function<void()> stop_done_;
-  boost::asio::steady_timer wake_;
   std::shared_ptr<RunningCommand> child_;
   ResetJob* current_job_ = nullptr;
-  GpuReset* current_gpu_ = nullptr;
-  std::chrono::steady_clock::time_point step_started_{};
-  // XIDs seen for the GPU being validated (uuid → count), fed by NVML and gpu-health events.
-  std::map<std::string, std::vector<std::string>> recent_xids_;
-  int64_t validate_started_unix_ms_ = 0;
   // CLI connections following a job (job id → replies).
   std::multimap<std::string, std::shared_ptr<AdminSocket::Reply>> followers_;
   // autoReset: the verdicts already acted on (uuid → since_unix_ms).
   std::map<std::string, int64_t> auto_seen_;
-  // Evictions asked for in this wait (namespace/name), so each is asked once per holders step.
-  std::set<std::string> evicted_;
 
   // Status writes: one in flight per object; the latest wins.
   struct StatusSlot {
@@ -203,6 +212,7 @@ class GpuResetModule final : public Module {
   };
   std::map<std::string, StatusSlot> status_;
   boost::asio::steady_timer status_retry_;
+  boost::asio::steady_timer saved_wake_;  // SavedAtLeast waits on it; a finished save wakes it
 
   bool publish_pending_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -1,14 +1,13 @@
 #pragma once
 // Bus messages of the `gpu-reset` module: where the node's maintenance stands (retained, shown
 // in /debug/state), so an operator sees the running reset, the queue and the last outcomes.
-
-#include "modules/gpu_reset/reset_book.hpp"
+// Only what crosses the module's wall: the jobs travel as the JSON the record holds, so no
+// reader depends on the module's own record types (reset_book.hpp).
 
 #include <nlohmann/json.hpp>
 
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace gns::gpu_reset {
 
@@ -18,7 +17,9 @@ struct GpuResetState {
   std::string running;               // the job id running now, "" when idle
   std::string running_gpu;           // its GPU
   std::string running_step;          // its step
-  std::list<ResetJob> jobs;          // queued, running and recently finished
+  // Queued, running and recently finished jobs, oldest first, as in gpu-reset.json ("id",
+  // "source", "phase", "reason", "message", "gpus": [...]).
+  nlohmann::json jobs = nlohmann::json::array();
 };
 
 inline void to_json(nlohmann::json& j, const GpuResetState& s) {

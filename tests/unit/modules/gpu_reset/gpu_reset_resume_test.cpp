@@ -1,6 +1,9 @@
 // gpu-reset's record read back at start (issue #24 §6): a gpu-reset.json of N jobs is resumed in
-// O(N) memory (once every queued state message copied every job), and a record that is not a
-// regular file is moved aside unread.
+// O(N) memory (once every queued state message copied every job), a record that is not a
+// regular file is moved aside unread, and the record is read on the pool: the loop runs on while
+// it is read, the module is not ready and takes no request until it is back, and a stop during
+// the read is clean.
+#include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/maintenance.hpp"
 #include "modules/gpu_reset/gpu_reset_module.hpp"
 #include "modules/gpu_reset/messages.hpp"
@@ -14,6 +17,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 
 namespace gns::gpu_reset {
@@ -41,6 +45,7 @@ class GpuResetResumeTest : public ::testing::Test {
     config_.admin_socket = false;
   }
   void TearDown() override {
+    OpenPool();
     if (module_) {
       bool stopped = false;
       module_->Stop([&] { stopped = true; });
@@ -48,15 +53,42 @@ class GpuResetResumeTest : public ::testing::Test {
       module_.reset();
     }
     context_.reset();
+    // A save the module started may still be writing into the directory on the pool.
+    h_.pool.Join();
+    h_.Drain();
     fs::remove_all(dir_);
   }
   std::string BookPath() const { return (dir_ / "gpu-reset.json").string(); }
   void Start() {
     context_ = std::make_unique<ModuleContext>(h_.Parts(), "gpu-reset",
                                                [this](std::string why) { failures_.push_back(why); },
-                                               [](ModuleHealth, std::string) {});
+                                               [this](ModuleHealth health, std::string detail) {
+                                                 health_ = health;
+                                                 health_detail_ = std::move(detail);
+                                               });
     module_ = std::make_unique<GpuResetModule>(*context_, config_);
     module_->Start();
+  }
+  // Holds both of the harness pool's threads (a slow disk): nothing on the pool runs until OpenPool.
+  void BlockPool() {
+    for (int i = 0; i < 2; ++i) h_.pool.Execute([gate = gate_] { gate.wait(); });
+  }
+  void OpenPool() {
+    if (!gate_opened_) gate_open_.set_value();
+    gate_opened_ = true;
+  }
+  void WriteBook(const ResetBook& book) { std::ofstream(BookPath()) << nlohmann::json(book).dump(); }
+  static ResetJob FinishedAutoJob(const std::string& uuid, int64_t since) {
+    ResetJob job;
+    job.id = "auto/" + uuid + "/" + std::to_string(since);
+    job.source = "auto";
+    job.phase = "Failed";
+    job.reason = "HealthNotRunning";
+    job.created_unix_ms = job.started_unix_ms = job.completed_unix_ms = 1767225600000;
+    job.gpus.push_back(NewGpuReset(uuid));
+    job.gpus.back().outcome = "refused";
+    job.gpus.back().step = Step::kDone;
+    return job;
   }
   uint64_t StatePublished() const {
     for (const auto& topic : h_.bus.Topics()) {
@@ -71,6 +103,11 @@ class GpuResetResumeTest : public ::testing::Test {
   std::unique_ptr<ModuleContext> context_;
   std::unique_ptr<GpuResetModule> module_;
   std::vector<std::string> failures_;
+  ModuleHealth health_ = ModuleHealth::kOk;
+  std::string health_detail_;
+  std::promise<void> gate_open_;
+  std::shared_future<void> gate_ = gate_open_.get_future().share();
+  bool gate_opened_ = false;
 };
 
 TEST_F(GpuResetResumeTest, ABookOfManyJobsIsResumedWithoutACopyOfEveryJobPerChange) {
@@ -93,7 +130,7 @@ TEST_F(GpuResetResumeTest, ABookOfManyJobsIsResumedWithoutACopyOfEveryJobPerChan
     const auto* state = h_.bus.Latest<GpuResetState>();
     if (state == nullptr || !state->running.empty()) return false;
     for (const auto& job : state->jobs) {
-      if (!job.Finished()) return false;
+      if (job["phase"] != "Succeeded" && job["phase"] != "Failed") return false;
     }
     return true;
   }));
@@ -106,7 +143,8 @@ TEST_F(GpuResetResumeTest, ABookOfManyJobsIsResumedWithoutACopyOfEveryJobPerChan
 TEST_F(GpuResetResumeTest, ARecordThatIsAFifoIsMovedAsideUnreadAndTheStartIsClean) {
   ASSERT_EQ(::mkfifo(BookPath().c_str(), 0600), 0);
   Start();  // once: waited for a writer for ever, the whole loop with it
-  h_.Drain();
+  // Read on the pool: the state is published once the record is dealt with.
+  ASSERT_TRUE(h_.RunUntil([&] { return h_.bus.Latest<GpuResetState>() != nullptr; }));
   EXPECT_TRUE(failures_.empty());
   std::size_t aside = 0;
   for (const auto& e : fs::directory_iterator(dir_)) {
@@ -116,8 +154,92 @@ TEST_F(GpuResetResumeTest, ARecordThatIsAFifoIsMovedAsideUnreadAndTheStartIsClea
     }
   }
   EXPECT_EQ(aside, 1u);
-  ASSERT_TRUE(h_.RunUntil([&] { return h_.bus.Latest<GpuResetState>() != nullptr; }));
   EXPECT_TRUE(h_.bus.Latest<GpuResetState>()->jobs.empty());
+}
+
+TEST_F(GpuResetResumeTest, TheRecordIsReadOffTheLoopAndTheModuleIsNotReadyUntilItIsBack) {
+  ResetBook book;
+  book.jobs.push_back(FinishedAutoJob("GPU-1", 1000));
+  WriteBook(book);
+  BlockPool();  // the read takes as long as the test wants: a slow disk, an NFS state dir
+  Start();
+  // The loop turns on (once: ReadStateFile in Start, the loop stood still until the file was read).
+  ASSERT_TRUE(h_.RunUntil([&] { return health_ == ModuleHealth::kUnhealthy; }, std::chrono::seconds(3)))
+      << "the module never said it is not ready while the record is read";
+  EXPECT_NE(health_detail_.find("gpu-reset.json"), std::string::npos) << health_detail_;
+  h_.Drain();
+  EXPECT_EQ(h_.bus.Latest<GpuResetState>(), nullptr) << "state published before the record was restored";
+  OpenPool();
+  ASSERT_TRUE(h_.RunUntil([&] { return h_.bus.Latest<GpuResetState>() != nullptr && health_ == ModuleHealth::kOk; }));
+  ASSERT_EQ(h_.bus.Latest<GpuResetState>()->jobs.size(), 1u);
+  EXPECT_EQ(h_.bus.Latest<GpuResetState>()->jobs.front()["id"], "auto/GPU-1/1000");
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(GpuResetResumeTest, ARequestThatComesWhileTheRecordIsReadWaitsForItAndIsNotDoubled) {
+  config_.auto_reset = true;
+  ResetBook book;
+  book.jobs.push_back(FinishedAutoJob("GPU-1", 1000));  // this verdict was acted on before the restart
+  WriteBook(book);
+  BlockPool();
+  Start();
+  // The same verdict (retained, so delivered again at once) and a new one for another GPU.
+  gpu_health::DeviceHealth again;
+  again.uuid = "GPU-1";
+  again.healthy = false;
+  again.recommended_action = "COMPONENT_RESET";
+  again.since_unix_ms = 1000;
+  h_.bus.Publish(again);
+  gpu_health::DeviceHealth fresh = again;
+  fresh.uuid = "GPU-2";
+  fresh.since_unix_ms = 2000;
+  h_.bus.Publish(fresh);
+  h_.Drain();
+  EXPECT_EQ(h_.bus.Latest<GpuResetState>(), nullptr);
+  OpenPool();
+  // gpu-health is not running here: the new job is refused at its hold, nothing touched.
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto* state = h_.bus.Latest<GpuResetState>();
+    if (state == nullptr || !state->running.empty() || state->jobs.size() < 2) return false;
+    for (const auto& job : state->jobs) {
+      if (job["phase"] != "Succeeded" && job["phase"] != "Failed") return false;
+    }
+    return true;
+  }));
+  h_.Drain();
+  const auto& jobs = h_.bus.Latest<GpuResetState>()->jobs;
+  ASSERT_EQ(jobs.size(), 2u) << jobs.dump();
+  EXPECT_EQ(jobs[0]["id"], "auto/GPU-1/1000");  // restored, not replaced, not run again
+  EXPECT_EQ(jobs[0]["reason"], "HealthNotRunning");
+  EXPECT_EQ(jobs[1]["id"], "auto/GPU-2/2000");  // taken after the restore
+  EXPECT_EQ(jobs[1]["reason"], "HealthNotRunning");
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(GpuResetResumeTest, AStopWhileTheRecordIsReadIsClean) {
+  ResetBook book;
+  ResetJob open = FinishedAutoJob("GPU-1", 1000);
+  open.phase = "Pending";
+  open.gpus.back().outcome.clear();
+  open.gpus.back().step = Step::kQueued;
+  book.jobs.push_back(open);
+  WriteBook(book);
+  BlockPool();
+  Start();
+  h_.Drain();
+  bool stopped = false;
+  module_->Stop([&] { stopped = true; });
+  EXPECT_TRUE(stopped) << "nothing runs yet: the stop is at once";
+  module_.reset();
+  OpenPool();  // the read comes back to a module that is gone
+  h_.Drain();
+  h_.RunUntil([&] { return false; }, std::chrono::milliseconds(200));  // whatever was posted has run
+  EXPECT_TRUE(failures_.empty());
+  EXPECT_EQ(h_.bus.Latest<GpuResetState>(), nullptr);
+  // The record is as it was: the job resumes at the next start.
+  std::ifstream in(BookPath());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(ParseResetBook(text).jobs.front().phase, "Pending");
 }
 
 }  // namespace

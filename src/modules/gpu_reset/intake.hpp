@@ -1,0 +1,51 @@
+#pragma once
+// The three request sources, each turned into a job (or a refusal) before anything is queued:
+// a GPUReset object for this node, a `reset-gpu GPU-…` line on reset.sock, and autoReset's
+// COMPONENT_RESET verdict on a GPU no pod holds. Pure: what they are checked against (the
+// inventory, the pod map) is passed in; the module looks the job up in the record and queues it.
+
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/gpu_reset/reset_book.hpp"
+#include "modules/pod_resources/messages.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::gpu_reset {
+
+struct ObjectIntake {
+  // A GPUReset for this node that the API does not show finished (Complete True/False);
+  // anything else (another node's, malformed metadata or spec, done before) is left alone.
+  bool ours = false;
+  // id "GPUReset/<name>/<uid>"; pending with the GPUs it selects, or, when `problem` is set,
+  // finished and refused (InvalidRequest) with it, nothing touched.
+  ResetJob job;
+  std::string problem;
+  std::vector<std::string> uuids;  // the GPUs it selects, sorted, once each
+};
+ObjectIntake ReadGpuResetObject(const nlohmann::json& object, std::string_view node_name,
+                                const gpu_inventory::GpuInventory* inventory, int64_t now_ms);
+
+struct CliIntake {
+  std::string error;  // non-empty: the reply ("error: …"), nothing queued
+  std::string uuid;
+};
+// "reset-gpu GPU-…" for a GPU gpu-inventory lists.
+CliIntake ReadResetGpuLine(std::string_view line, const gpu_inventory::GpuInventory* inventory);
+
+enum class AutoReset {
+  kReset,            // nothing holds the GPU (as far as the pod map knows)
+  kPodMapNotFresh,   // the kubelet's list is stale: not now, ask again at the next verdict
+  kHeldByPods,       // pods hold it: left to the drainer (or the operator), for this verdict
+};
+// Without the pod-resources module (`map` null) the processes NVML sees are all we know: the
+// holders step checks them.
+AutoReset CheckAutoReset(const std::string& uuid, const pod_resources::GpuPodMap* map);
+// One job per verdict: "auto/<uuid>/<since_unix_ms>".
+std::string AutoResetJobId(const std::string& uuid, int64_t since_unix_ms);
+
+}  // namespace gns::gpu_reset
