@@ -33,12 +33,16 @@ void PrepareUnixSocketPath(const std::string& socket_path) {
 
 UnixGrpcServer::~UnixGrpcServer() {
   if (server_) {
+    // Nothing reaches the loop any more: completions release their calls on the queue thread.
+    queue_->Detach();
     server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
+    server_.reset();
+    queue_.reset();  // shuts the queue down, drains it, joins its thread
   }
 }
 
-void UnixGrpcServer::Start(const std::string& socket_path, const std::vector<grpc::Service*>& services,
+void UnixGrpcServer::Start(Loop& loop, const std::string& socket_path, const std::vector<grpc::Service*>& services,
                            std::string_view what) {
   PrepareUnixSocketPath(socket_path);
   // Bound where nobody else can reach it, made 0600 (the kubelet, root, is the only client), then
@@ -47,16 +51,31 @@ void UnixGrpcServer::Start(const std::string& socket_path, const std::vector<grp
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix://" + bind.BindPath(), grpc::InsecureServerCredentials());
   for (auto* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::ServerCompletionQueue> cq = builder.AddCompletionQueue();
   auto server = builder.BuildAndStart();
-  if (!server) throw std::runtime_error("cannot serve " + std::string(what) + " on " + socket_path);
+  if (!server) {
+    cq->Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq->Next(&tag, &ok)) {
+    }
+    throw std::runtime_error("cannot serve " + std::string(what) + " on " + socket_path);
+  }
+  grpc::ServerCompletionQueue* server_cq = cq.get();
+  auto queue = std::make_unique<GrpcQueue>(loop, std::move(cq));
   try {
     bind.Publish(0600);
   } catch (...) {
+    queue->Detach();
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();
+    server.reset();
+    queue.reset();
     throw;
   }
   server_ = std::move(server);
+  queue_ = std::move(queue);
+  server_cq_ = server_cq;
   socket_path_ = socket_path;
 }
 
@@ -67,16 +86,31 @@ void UnixGrpcServer::Shutdown(BlockingPool& pool, Loop& loop, std::shared_ptr<vo
     return;
   }
   ::unlink(socket_path_.c_str());  // ours; a missing file is fine (someone cleaned up already)
-  std::shared_ptr<grpc::Server> server = std::move(server_);
+  struct Parts {
+    std::unique_ptr<grpc::Server> server;
+    std::unique_ptr<GrpcQueue> queue;
+    std::shared_ptr<void> keep_alive;
+  };
+  auto parts = std::make_shared<Parts>(Parts{std::move(server_), std::move(queue_), std::move(keep_alive)});
+  server_cq_ = nullptr;
   pool.Run(
-      [server, keep_alive = std::move(keep_alive)]() mutable {
-        // RPCs posted to the loop but not run yet finish there (each server's "alive" gate).
-        server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-        server->Wait();
-        server.reset();
-        keep_alive.reset();
+      [parts] {
+        // RPCs posted to the loop but not run yet finish there (each server's "alive" gate); after
+        // the deadline gRPC cancels what is left, and those completions reach the loop too.
+        parts->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+        parts->server->Wait();
+        // No call is left to start an operation: shut the queue down and let its thread drain it.
+        parts->queue->Shutdown();
+        parts->queue->Join();
       },
-      [done = std::move(done)](std::exception_ptr) { done(); });
+      // On the loop, after every completion the queue thread posted: nothing posted can still
+      // point at the queue or the services.
+      [parts, done = std::move(done)](std::exception_ptr) {
+        parts->server.reset();
+        parts->queue.reset();
+        parts->keep_alive.reset();
+        done();
+      });
 }
 
 }  // namespace gns

@@ -1,8 +1,11 @@
 #pragma once
 // The kubelet-facing gRPC side of the device plugin: the v1beta1.DevicePlugin service on our
-// unix socket (callback API) and the Register call to kubelet.sock. gRPC threads never touch
-// module state: every handler posts to the loop, and the loop finishes the RPC. ListAndWatch
-// streams keep at most one write in flight and coalesce to the newest list.
+// unix socket and the Register call to kubelet.sock, both on the server's completion queue
+// (loop/grpc_queue.hpp: one thread of ours blocks on it and posts each completion to the loop).
+// Module state is touched on the loop only: Allocate and GetPreferredAllocation run there and the
+// loop finishes the RPC; GetDevicePluginOptions and PreStartContainer answer from fixed data on
+// the queue thread. ListAndWatch streams keep at most one write in flight and coalesce to the
+// newest list.
 
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
@@ -12,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <set>
@@ -39,9 +43,15 @@ class PluginServer {
   void Start(const std::string& path);
   // Sends `list` to every open ListAndWatch stream. Loop thread.
   void Broadcast(const v1beta1::ListAndWatchResponse& list);
-  // Shuts down off the loop (gRPC's Shutdown blocks); `done` runs on the loop.
+  // Shuts down off the loop (gRPC's Shutdown blocks); `done` runs on the loop. A registration
+  // in flight is cancelled (its `done` sees CANCELLED first).
   void Shutdown(BlockingPool& pool, std::function<void()> done);
   std::size_t OpenStreams() const;
+
+  // While serving: calls v1beta1.Registration/Register on `kubelet_socket`; `done(status)` runs on
+  // the loop (also when Shutdown cancels the call).
+  void Register(const std::string& kubelet_socket, const v1beta1::RegisterRequest& request,
+                std::chrono::milliseconds timeout, std::function<void(const grpc::Status&)> done);
 
   // State shared with gRPC reactors, which may outlive this object by a few posted handlers.
   struct Shared;
@@ -53,9 +63,5 @@ class PluginServer {
   std::shared_ptr<Service> service_;
   UnixGrpcServer server_;
 };
-
-// Calls v1beta1.Registration/Register on `kubelet_socket`; `done(status)` runs on the loop.
-void RegisterWithKubelet(Loop& loop, const std::string& kubelet_socket, const v1beta1::RegisterRequest& request,
-                         std::chrono::milliseconds timeout, std::function<void(const grpc::Status&)> done);
 
 }  // namespace gns::device_plugin

@@ -101,8 +101,8 @@ void ResourceEndpoint::Register() {
   request.set_endpoint(settings_.socket_name);
   request.set_resource_name(settings_.resource);
   request.mutable_options()->set_get_preferred_allocation_available(true);
-  RegisterWithKubelet(
-      context_.GetLoop(), kubelet_socket_, request, settings_.register_timeout,
+  server_->Register(
+      kubelet_socket_, request, settings_.register_timeout,
       [this, alive = alive_, generation](const grpc::Status& status) {
         if (!*alive) return;
         registering_ = false;

@@ -3,6 +3,8 @@
 
 #include "modules/dra_compute_domain/registration_server.hpp"
 
+#include "loop/grpc_unary.hpp"
+
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
 
@@ -23,7 +25,7 @@ namespace v1beta1 = k8s::io::kubelet::pkg::apis::dra::v1beta1;
 // The generated types of one API version; the two packages have identical messages.
 template <typename Plugin, typename PrepareReq, typename PrepareResp, typename UnprepareReq, typename UnprepareResp>
 struct ApiTypes {
-  using Service = typename Plugin::CallbackService;
+  using Service = typename Plugin::AsyncService;
   using PrepareRequest = PrepareReq;
   using PrepareResponse = PrepareResp;
   using UnprepareRequest = UnprepareReq;
@@ -91,90 +93,96 @@ struct DraServer::Shared {
   bool alive = true;  // loop thread, as everything below
   uint64_t next_id = 0;
   // Calls handed to the handler, by id: how to fail each one at shutdown.
-  std::map<uint64_t, grpc::ServerUnaryReactor*> pending;
+  std::map<uint64_t, std::function<void(const grpc::Status&)>> pending;
 
   // Registers the call; the returned id is what the handler's `done` redeems.
-  uint64_t Track(grpc::ServerUnaryReactor* reactor) {
+  uint64_t Track(std::function<void(const grpc::Status&)> fail) {
     const uint64_t id = next_id++;
-    pending.emplace(id, reactor);
+    pending.emplace(id, std::move(fail));
     return id;
   }
   // True once per call: the caller may finish it now. False if shutdown finished it already.
   bool Redeem(uint64_t id) { return pending.erase(id) == 1; }
+  void FailPending() {
+    auto calls = std::move(pending);
+    pending.clear();
+    for (auto& [id, fail] : calls) fail(kStopping);
+  }
 };
 
+namespace {
+
 // Runs the handler for one call on the loop and finishes the call with what it answers.
-template <typename Out, typename Fill, typename Invoke>
-void Dispatch(const std::shared_ptr<DraServer::Shared>& shared, grpc::ServerUnaryReactor* reactor,
-              std::vector<ClaimRef> claims, Fill fill, Invoke invoke) {
+template <typename Out, typename Call, typename Fill, typename Invoke>
+void Dispatch(const std::shared_ptr<DraServer::Shared>& shared, const std::shared_ptr<Call>& call, Fill fill,
+              Invoke invoke) {
   if (!shared->alive) {
-    reactor->Finish(kStopping);
+    call->Finish(kStopping);
     return;
   }
-  const uint64_t id = shared->Track(reactor);
+  const uint64_t id = shared->Track([call](const grpc::Status& status) { call->Finish(status); });
+  auto claims = ClaimsOf(call->request);
   auto claims_ptr = std::make_shared<const std::vector<ClaimRef>>(claims);
-  auto done = [shared, id, reactor, claims_ptr, fill](Out results) {
+  auto done = [shared, id, call, claims_ptr, fill](Out results) {
     GNS_ASSERT_ON_LOOP(*shared->loop);
     if (!shared->Redeem(id)) return;  // failed at shutdown already; the response is gone
-    fill(*claims_ptr, results);
-    reactor->Finish(grpc::Status::OK);
+    fill(*claims_ptr, results, &call->response);
+    call->Finish(grpc::Status::OK);
   };
   try {
     invoke(std::move(claims), std::move(done));
   } catch (const std::exception& e) {
-    if (shared->Redeem(id)) reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, std::string("DRA plugin error: ") + e.what()));
+    if (shared->Redeem(id)) call->Finish(grpc::Status(grpc::StatusCode::INTERNAL, std::string("DRA plugin error: ") + e.what()));
   }
 }
 
+// Serves one API version's two methods on the server's queue, on the loop.
 template <typename Api>
-class DraServer::Service final : public Api::Service {
- public:
-  Service(Loop& loop, std::shared_ptr<Shared> shared) : loop_(loop), shared_(std::move(shared)) {}
+void ServeVersion(GrpcQueue& queue, grpc::ServerCompletionQueue* cq, typename Api::Service& service,
+                  const std::shared_ptr<DraServer::Shared>& shared) {
+  using PrepareReq = typename Api::PrepareRequest;
+  using PrepareResp = typename Api::PrepareResponse;
+  using UnprepareReq = typename Api::UnprepareRequest;
+  using UnprepareResp = typename Api::UnprepareResponse;
+  ServeUnary<PrepareReq, PrepareResp>(
+      queue,
+      [&service, cq](grpc::ServerContext* context, PrepareReq* request,
+                     grpc::ServerAsyncResponseWriter<PrepareResp>* responder, void* tag) {
+        service.RequestNodePrepareResources(context, request, responder, cq, cq, tag);
+      },
+      [shared](const std::shared_ptr<UnaryCall<PrepareReq, PrepareResp>>& call) {
+        Dispatch<PrepareResults>(
+            shared, call,
+            [](const std::vector<ClaimRef>& asked, const PrepareResults& results, PrepareResp* response) {
+              FillPrepare(asked, results, response);
+            },
+            [&shared](std::vector<ClaimRef> c, std::function<void(PrepareResults)> done) {
+              shared->handler->Prepare(std::move(c), std::move(done));
+            });
+      });
+  ServeUnary<UnprepareReq, UnprepareResp>(
+      queue,
+      [&service, cq](grpc::ServerContext* context, UnprepareReq* request,
+                     grpc::ServerAsyncResponseWriter<UnprepareResp>* responder, void* tag) {
+        service.RequestNodeUnprepareResources(context, request, responder, cq, cq, tag);
+      },
+      [shared](const std::shared_ptr<UnaryCall<UnprepareReq, UnprepareResp>>& call) {
+        Dispatch<UnprepareResults>(
+            shared, call,
+            [](const std::vector<ClaimRef>& asked, const UnprepareResults& results, UnprepareResp* response) {
+              FillUnprepare(asked, results, response);
+            },
+            [&shared](std::vector<ClaimRef> c, std::function<void(UnprepareResults)> done) {
+              shared->handler->Unprepare(std::move(c), std::move(done));
+            });
+      });
+}
 
-  grpc::ServerUnaryReactor* NodePrepareResources(grpc::CallbackServerContext* context,
-                                                 const typename Api::PrepareRequest* request,
-                                                 typename Api::PrepareResponse* response) override {
-    auto* reactor = context->DefaultReactor();
-    // Convert on the gRPC thread (the request is immutable); only plain structs reach the loop.
-    loop_.Post([shared = shared_, reactor, response, claims = ClaimsOf(*request)]() mutable {
-      Dispatch<PrepareResults>(
-          shared, reactor, std::move(claims),
-          [response](const std::vector<ClaimRef>& asked, const PrepareResults& results) {
-            FillPrepare(asked, results, response);
-          },
-          [&shared](std::vector<ClaimRef> c, std::function<void(PrepareResults)> done) {
-            shared->handler->Prepare(std::move(c), std::move(done));
-          });
-    });
-    return reactor;
-  }
-
-  grpc::ServerUnaryReactor* NodeUnprepareResources(grpc::CallbackServerContext* context,
-                                                   const typename Api::UnprepareRequest* request,
-                                                   typename Api::UnprepareResponse* response) override {
-    auto* reactor = context->DefaultReactor();
-    loop_.Post([shared = shared_, reactor, response, claims = ClaimsOf(*request)]() mutable {
-      Dispatch<UnprepareResults>(
-          shared, reactor, std::move(claims),
-          [response](const std::vector<ClaimRef>& asked, const UnprepareResults& results) {
-            FillUnprepare(asked, results, response);
-          },
-          [&shared](std::vector<ClaimRef> c, std::function<void(UnprepareResults)> done) {
-            shared->handler->Unprepare(std::move(c), std::move(done));
-          });
-    });
-    return reactor;
-  }
-
- private:
-  Loop& loop_;
-  std::shared_ptr<Shared> shared_;
-};
+}  // namespace
 
 struct DraServer::Services {
-  Service<V1> v1;
-  Service<V1beta1> v1beta1;
-  Services(Loop& loop, const std::shared_ptr<Shared>& shared) : v1(loop, shared), v1beta1(loop, shared) {}
+  typename V1::Service v1;
+  typename V1beta1::Service v1beta1;
 };
 
 DraServer::DraServer(Loop& loop, DraHandler& handler) : loop_(loop), shared_(std::make_shared<Shared>()) {
@@ -184,13 +192,14 @@ DraServer::DraServer(Loop& loop, DraHandler& handler) : loop_(loop), shared_(std
 
 DraServer::~DraServer() {
   shared_->alive = false;
-  for (auto& [id, reactor] : shared_->pending) reactor->Finish(kStopping);
-  shared_->pending.clear();
+  shared_->pending.clear();  // the server's teardown cancels them
 }
 
 void DraServer::Start(const std::string& socket_path) {
-  services_ = std::make_shared<Services>(loop_, shared_);
-  server_.Start(socket_path, {&services_->v1, &services_->v1beta1}, "the DRA plugin");
+  services_ = std::make_shared<Services>();
+  server_.Start(loop_, socket_path, {&services_->v1, &services_->v1beta1}, "the DRA plugin");
+  ServeVersion<V1>(server_.Queue(), server_.ServerCq(), services_->v1, shared_);
+  ServeVersion<V1beta1>(server_.Queue(), server_.ServerCq(), services_->v1beta1, shared_);
 }
 
 std::size_t DraServer::PendingCalls() const { return shared_->pending.size(); }
@@ -198,9 +207,8 @@ std::size_t DraServer::PendingCalls() const { return shared_->pending.size(); }
 void DraServer::Shutdown(BlockingPool& pool, std::function<void()> done) {
   GNS_ASSERT_ON_LOOP(loop_);
   shared_->alive = false;
-  // Calls the handler has not answered would hold Server::Wait forever: fail them now.
-  for (auto& [id, reactor] : shared_->pending) reactor->Finish(kStopping);
-  shared_->pending.clear();
+  // Calls the handler has not answered would hold Server::Shutdown until its deadline: fail them now.
+  shared_->FailPending();
   server_.Shutdown(pool, loop_, std::move(services_), std::move(done));
 }
 

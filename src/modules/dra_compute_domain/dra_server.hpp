@@ -5,9 +5,9 @@
 // v1beta1). Both versions convert to plain structs and call one DraHandler, so the module has one
 // code path.
 //
-// Threading as in device_plugin/plugin_server: the gRPC thread converts the request and posts to
-// the loop; the handler runs on the loop and may answer later (it fetches from the API), calling
-// `done` on the loop; the loop finishes the RPC. A shared `alive` gate: once Shutdown starts, new
+// Threading as in device_plugin/plugin_server: the server's completion-queue thread
+// (loop/grpc_queue.hpp) posts each arriving call to the loop; the handler runs on the loop and may
+// answer later (it fetches from the API), calling `done` on the loop; the loop finishes the RPC. A shared `alive` gate: once Shutdown starts, new
 // calls get UNAVAILABLE and calls still waiting on the handler are finished with UNAVAILABLE (a
 // late `done` is then dropped), so Server::Wait never waits on the module.
 
@@ -83,8 +83,6 @@ class DraServer {
   struct Shared;
 
  private:
-  template <typename Api>
-  class Service;
   struct Services;
   Loop& loop_;
   std::shared_ptr<Shared> shared_;

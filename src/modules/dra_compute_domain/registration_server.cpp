@@ -5,6 +5,8 @@
 
 #include "pluginregistration/v1/api.grpc.pb.h"
 
+#include "loop/grpc_unary.hpp"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,47 +22,7 @@ struct RegistrationServer::Shared {
   bool alive = true;  // loop thread
 };
 
-class RegistrationServer::Service final : public pluginregistration::Registration::CallbackService {
- public:
-  Service(Loop& loop, std::shared_ptr<Shared> shared) : loop_(loop), shared_(std::move(shared)) {}
-
-  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context, const pluginregistration::InfoRequest*,
-                                    pluginregistration::PluginInfo* response) override {
-    auto* reactor = context->DefaultReactor();
-    // Info is fixed at construction: answer here, without the loop, so the kubelet's liveness
-    // probe never waits behind module work.
-    response->set_type("DRAPlugin");
-    response->set_name(shared_->info.driver_name);
-    response->set_endpoint(shared_->info.endpoint);
-    for (const auto& version : shared_->info.supported_versions) response->add_supported_versions(version);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  grpc::ServerUnaryReactor* NotifyRegistrationStatus(grpc::CallbackServerContext* context,
-                                                     const pluginregistration::RegistrationStatus* request,
-                                                     pluginregistration::RegistrationStatusResponse*) override {
-    auto* reactor = context->DefaultReactor();
-    loop_.Post([shared = shared_, request, reactor] {
-      if (!shared->alive) {
-        reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "DRA plugin is stopping"));
-        return;
-      }
-      if (shared->on_status) shared->on_status(request->plugin_registered(), request->error());
-      // As the upstream helper: a failed registration is answered with an error.
-      if (!request->plugin_registered()) {
-        reactor->Finish(grpc::Status(grpc::StatusCode::UNKNOWN, "failed registration process: " + request->error()));
-        return;
-      }
-      reactor->Finish(grpc::Status::OK);
-    });
-    return reactor;
-  }
-
- private:
-  Loop& loop_;
-  std::shared_ptr<Shared> shared_;
-};
+class RegistrationServer::Service final : public pluginregistration::Registration::AsyncService {};
 
 RegistrationServer::RegistrationServer(Loop& loop, Info info, StatusSink on_status)
     : loop_(loop), shared_(std::make_shared<Shared>()) {
@@ -71,8 +33,45 @@ RegistrationServer::RegistrationServer(Loop& loop, Info info, StatusSink on_stat
 RegistrationServer::~RegistrationServer() { shared_->alive = false; }
 
 void RegistrationServer::Start(const std::string& socket_path) {
-  service_ = std::make_shared<Service>(loop_, shared_);
-  server_.Start(socket_path, {service_.get()}, "plugin registration");
+  service_ = std::make_shared<Service>();
+  server_.Start(loop_, socket_path, {service_.get()}, "plugin registration");
+  Service& service = *service_;
+  grpc::ServerCompletionQueue* cq = server_.ServerCq();
+  auto shared = shared_;
+  // Info is fixed at construction: answered on the queue thread, without the loop, so the
+  // kubelet's liveness probe never waits behind module work.
+  ServeUnary<pluginregistration::InfoRequest, pluginregistration::PluginInfo>(
+      server_.Queue(),
+      [&service, cq](grpc::ServerContext* context, pluginregistration::InfoRequest* request,
+                     grpc::ServerAsyncResponseWriter<pluginregistration::PluginInfo>* responder, void* tag) {
+        service.RequestGetInfo(context, request, responder, cq, cq, tag);
+      },
+      [shared](const auto& call) {
+        call->response.set_type("DRAPlugin");
+        call->response.set_name(shared->info.driver_name);
+        call->response.set_endpoint(shared->info.endpoint);
+        for (const auto& version : shared->info.supported_versions) call->response.add_supported_versions(version);
+        call->Finish(grpc::Status::OK);
+      },
+      GrpcQueue::On::kQueueThread);
+  ServeUnary<pluginregistration::RegistrationStatus, pluginregistration::RegistrationStatusResponse>(
+      server_.Queue(),
+      [&service, cq](grpc::ServerContext* context, pluginregistration::RegistrationStatus* request,
+                     grpc::ServerAsyncResponseWriter<pluginregistration::RegistrationStatusResponse>* responder,
+                     void* tag) { service.RequestNotifyRegistrationStatus(context, request, responder, cq, cq, tag); },
+      [shared](const auto& call) {
+        if (!shared->alive) {
+          call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "DRA plugin is stopping"));
+          return;
+        }
+        if (shared->on_status) shared->on_status(call->request.plugin_registered(), call->request.error());
+        // As the upstream helper: a failed registration is answered with an error.
+        if (!call->request.plugin_registered()) {
+          call->Finish(grpc::Status(grpc::StatusCode::UNKNOWN, "failed registration process: " + call->request.error()));
+          return;
+        }
+        call->Finish(grpc::Status::OK);
+      });
 }
 
 void RegistrationServer::Shutdown(BlockingPool& pool, std::function<void()> done) {

@@ -5,8 +5,9 @@
 // kubelets, so it answers for the server's whole life), then NotifyRegistrationStatus. Start the
 // DRA server first: the kubelet dials PluginInfo.endpoint as soon as it has registered us.
 //
-// Threading as in device_plugin/plugin_server: GetInfo answers from immutable data on the gRPC
-// thread; NotifyRegistrationStatus posts to the loop, which reports it and finishes the RPC.
+// Threading as in device_plugin/plugin_server: GetInfo answers from immutable data on the server's
+// completion-queue thread (loop/grpc_queue.hpp); NotifyRegistrationStatus is posted to the loop,
+// which reports it and finishes the RPC.
 
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"

@@ -1,25 +1,20 @@
-// PodResourcesLister client over gRPC's callback API.
+// PodResourcesLister client over gRPC's completion-queue API.
 #include "modules/pod_resources/lister_client.hpp"
 
 #include "podresources/v1/api.grpc.pb.h"
 
+#include "loop/grpc_unary.hpp"
+
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
-#include <mutex>
 #include <set>
 
 namespace gns::pod_resources {
 
-// What gRPC's threads and the loop share: the calls in flight (to cancel them) and whether the
-// client still wants their outcomes.
+// Loop thread only, but held by the calls in flight too (the channel must outlive them).
 struct ListerClient::Shared {
-  std::mutex mutex;
-  std::condition_variable idle;
   std::set<grpc::ClientContext*> in_flight;
-  bool closed = false;
-  // Loop-thread only: outcomes are dropped once the client is gone.
-  bool alive = true;
+  bool alive = true;  // outcomes are dropped once the client is gone
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::PodResourcesLister::Stub> stub;
 };
@@ -50,12 +45,6 @@ std::string Describe(const grpc::Status& status) {
   return text;
 }
 
-template <typename Response>
-struct Call {
-  grpc::ClientContext context;
-  Response response;
-};
-
 }  // namespace
 
 ListerClient::ListerClient(Loop& loop, std::string socket_path, std::chrono::milliseconds timeout)
@@ -72,57 +61,47 @@ ListerClient::ListerClient(Loop& loop, std::string socket_path, std::chrono::mil
   args.SetMaxReceiveMessageSize(16 * 1024 * 1024);
   shared_->channel = grpc::CreateCustomChannel("unix:" + socket_path_, grpc::InsecureChannelCredentials(), args);
   shared_->stub = v1::PodResourcesLister::NewStub(shared_->channel);
+  queue_ = std::make_unique<GrpcQueue>(loop_, std::make_unique<grpc::CompletionQueue>());
 }
 
 ListerClient::~ListerClient() {
   shared_->alive = false;
-  std::unique_lock lock(shared_->mutex);
-  shared_->closed = true;
   for (grpc::ClientContext* context : shared_->in_flight) context->TryCancel();
-  // Cancellation completes on gRPC's threads without the loop; the calls must end before the
-  // channel (and the contexts they point at) can go.
-  shared_->idle.wait(lock, [&] { return shared_->in_flight.empty(); });
-  shared_->stub.reset();
-  shared_->channel.reset();
+  // Cancellation completes on the queue thread without the loop: the queue's teardown (detach,
+  // shut down, drain, join) waits only for that, and releases the calls there.
+  queue_.reset();
 }
 
-// Starts one unary call through `start` and posts its outcome to the loop; the call leaves
-// `in_flight` only after the post, so a destroyed client has no thread left touching the loop.
+// Starts one unary call through `prepare` on the client's queue; its outcome runs `done` on the
+// loop unless the client is gone by then.
 struct CallRunner {
-  template <typename Response, typename Start>
-  static void Run(Loop& loop, const std::shared_ptr<ListerClient::Shared>& shared, std::chrono::milliseconds timeout,
-                  Start start, std::function<void(CallOutcome<Response>)> done) {
-    auto call = std::make_shared<Call<Response>>();
+  template <typename Response, typename Prepare>
+  static void Run(GrpcQueue& queue, const std::shared_ptr<ListerClient::Shared>& shared,
+                  std::chrono::milliseconds timeout, Prepare prepare,
+                  std::function<void(CallOutcome<Response>)> done) {
+    auto call = std::make_shared<ClientCall<Response>>();
     call->context.set_deadline(std::chrono::system_clock::now() + timeout);
-    {
-      std::lock_guard lock(shared->mutex);
-      if (shared->closed) return;
-      shared->in_flight.insert(&call->context);
-    }
-    start(&call->context, &call->response,
-          [&loop, shared, call, done = std::move(done)](grpc::Status status) mutable {
-            CallOutcome<Response> outcome;
-            outcome.ok = status.ok();
-            if (!status.ok()) outcome.error = Describe(status);
-            outcome.response = std::move(call->response);
-            loop.Post([shared, outcome = std::move(outcome), done = std::move(done)]() mutable {
-              if (shared->alive) done(std::move(outcome));
-            });
-            std::lock_guard lock(shared->mutex);
-            shared->in_flight.erase(&call->context);
-            if (shared->in_flight.empty()) shared->idle.notify_all();
-          });
+    shared->in_flight.insert(&call->context);
+    const bool started = CallUnary<Response>(
+        queue, call, prepare, [shared, done = std::move(done)](ClientCall<Response>& finished) mutable {
+          shared->in_flight.erase(&finished.context);
+          if (!shared->alive) return;
+          CallOutcome<Response> outcome;
+          outcome.ok = finished.status.ok();
+          if (!outcome.ok) outcome.error = Describe(finished.status);
+          outcome.response = std::move(finished.response);
+          done(std::move(outcome));
+        });
+    if (!started) shared->in_flight.erase(&call->context);
   }
 };
 
 void ListerClient::List(std::function<void(CallOutcome<v1::ListPodResourcesResponse>)> done) {
   auto shared = shared_;
   CallRunner::Run<v1::ListPodResourcesResponse>(
-      loop_, shared_, timeout_,
-      [shared](grpc::ClientContext* context, v1::ListPodResourcesResponse* response,
-               std::function<void(grpc::Status)> on_done) {
-        static const v1::ListPodResourcesRequest kRequest;
-        shared->stub->async()->List(context, &kRequest, response, std::move(on_done));
+      *queue_, shared_, timeout_,
+      [shared](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+        return shared->stub->PrepareAsyncList(context, v1::ListPodResourcesRequest(), cq);
       },
       std::move(done));
 }
@@ -130,11 +109,9 @@ void ListerClient::List(std::function<void(CallOutcome<v1::ListPodResourcesRespo
 void ListerClient::GetAllocatableResources(std::function<void(CallOutcome<v1::AllocatableResourcesResponse>)> done) {
   auto shared = shared_;
   CallRunner::Run<v1::AllocatableResourcesResponse>(
-      loop_, shared_, timeout_,
-      [shared](grpc::ClientContext* context, v1::AllocatableResourcesResponse* response,
-               std::function<void(grpc::Status)> on_done) {
-        static const v1::AllocatableResourcesRequest kRequest;
-        shared->stub->async()->GetAllocatableResources(context, &kRequest, response, std::move(on_done));
+      *queue_, shared_, timeout_,
+      [shared](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+        return shared->stub->PrepareAsyncGetAllocatableResources(context, v1::AllocatableResourcesRequest(), cq);
       },
       std::move(done));
 }

@@ -1,11 +1,12 @@
 #pragma once
 // A client of the kubelet's PodResourcesLister v1 on its unix socket (WIRE-FACTS §5). Calls use
-// gRPC's callback API, so they run on gRPC's threads, never block the loop; each has a deadline;
-// the outcome is posted to the loop. The channel reconnects by itself (short backoff, so a
+// gRPC's completion-queue API on the client's own queue (loop/grpc_queue.hpp: one thread blocks
+// on it), so they never block the loop; each has a deadline; the outcome is posted to the loop. The channel reconnects by itself (short backoff, so a
 // restarted kubelet is found again quickly). Destroying the client cancels the calls in flight
 // and waits (briefly: cancellation is local) until gRPC has let go of them; their outcomes are
 // then dropped.
 
+#include "loop/grpc_queue.hpp"
 #include "loop/loop.hpp"
 #include "podresources/v1/api.pb.h"
 
@@ -43,6 +44,7 @@ class ListerClient {
   std::string socket_path_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Shared> shared_;
+  std::unique_ptr<GrpcQueue> queue_;
 };
 
 }  // namespace gns::pod_resources
