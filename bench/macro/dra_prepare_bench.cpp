@@ -11,7 +11,7 @@
 //
 //   dra_prepare_bench [--rounds N] [--cycles N]
 #include "bench_util.hpp"
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "loop/atomic_file.hpp"
@@ -123,10 +123,7 @@ int main(int argc, char** argv) {
   WriteFile(paths.proc_devices, "Character devices:\n  1 mem\n195 nvidia\n509 nvidia-caps-imex-channels\n");
   fs::create_directories(site.paths.kubelet_dir);
 
-  gns::sim::ApiServerOptions api_options;
-  api_options.state_dir = dir + "/api";
-  gns::sim::ApiServer api(api_options);
-  api.Start();
+  gns::test::ApiSim api(dir + "/api");
   api.Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
   api.Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
                 {"kind", "ComputeDomain"},

@@ -16,7 +16,9 @@
 //
 //   driver_managed_bench [--nodes 2,8,32] [--pod-start-ms 2000]
 #include "bench_util.hpp"
-#include "apiserver.h"
+#include "support/api_sim.hpp"
+#include "support/eventually.hpp"
+#include "support/held_port.hpp"
 #include "loop/blocking_pool.hpp"
 #include "loop/bus.hpp"
 #include "loop/clock.hpp"
@@ -34,9 +36,6 @@
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,40 +62,15 @@ std::shared_ptr<spdlog::logger> Quiet() {
   return std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
 }
 
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// One simulated node's runtime pieces (the loop and pool are shared).
-struct Node {
-  explicit Node(gns::Loop& loop) : bus(loop) {}
-  gns::Bus bus;
-  gns::MetricsRegistry metrics;
-  gns::Services services;
-  gns::SiteConfig site;
-  std::shared_ptr<gns::kube::KubeClient> client;
-  std::shared_ptr<gns::kube::InformerRegistry> informers;
-  std::unique_ptr<gns::ModuleContext> context;
+// One simulated node's runtime pieces (the loop and pool are shared), and what runs on it.
+struct Node : gns::test::SimNode {
+  using SimNode::SimNode;
   std::unique_ptr<gns::dra::DriverManagedDomains> domains;
   std::unique_ptr<gns::cd_controller::ComputeDomainControllerModule> controller;
 };
 
-bool WaitFor(const std::function<bool()>& done, milliseconds limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return done();
-}
+// Waits poll often: the time to a state is what is measured.
+constexpr milliseconds kPoll{5};
 
 struct RunResult {
   double ready_ms = 0;
@@ -113,10 +87,7 @@ enum class Mode { kSupervisor, kSupervisorCliques, kDaemonSet };
 RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::string& source_dir, int round) {
   const fs::path dir = fs::temp_directory_path() / ("gns-dm-bench-" + std::to_string(::getpid()) + "-" + std::to_string(round));
   fs::create_directories(dir);
-  gns::sim::ApiServerOptions options;
-  options.state_dir = dir / "api";
-  gns::sim::ApiServer api(options);
-  api.Start();
+  gns::test::ApiSim api(dir / "api");
   api.SeedFile(source_dir + "/deploy/crd-computedomains.yaml");  // status.nodes: a list-map keyed by name
   api.SeedFile(source_dir + "/deploy/crd-computedomaincliques.yaml");  // daemons: a list-map keyed by nodeName
   const bool cliques = mode == Mode::kSupervisorCliques;
@@ -135,31 +106,19 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
   gns::SystemClock clock;
   gns::BlockingPool pool(loop, 2);
   gns::bench::LoopThread thread(loop, pool);
-  const uint16_t server_port = FreePort();
-  const uint16_t cmd_port = FreePort();
+  // The IMEX ports of the domain, held for the run (the daemons bind them with SO_REUSEPORT).
+  const gns::test::HeldPort server_port_held;
+  const gns::test::HeldPort cmd_port_held;
+  const uint16_t server_port = server_port_held.Port();
+  const uint16_t cmd_port = cmd_port_held.Port();
   std::vector<std::unique_ptr<Node>> nodes;
   gns::bench::OnLoop(loop, [&] {
     for (std::size_t i = 0; i < n + 1; ++i) {  // the last one runs only the controller
-      auto node = std::make_unique<Node>(loop);
-      node->site.node_name = i < n ? "node-" + std::to_string(i) : "controller";
+      auto node = std::make_unique<Node>(loop, pool, clock, api, i < n ? "node-" + std::to_string(i) : "controller",
+                                         "bench", Quiet());
       node->site.gates.Set(gns::gates::kHostManagedIMEX, false);
       // Nodes and controller agree on where nodes register: status.nodes, or clique objects.
       node->site.gates.Set(gns::gates::kComputeDomainCliques, cliques);
-      gns::kube::ClientConfig config;
-      config.server = api.BaseUrl();
-      config.ca_pem = api.CaPem();
-      config.token_file = (dir / "api/token").string();
-      config.qps = 1000;
-      config.burst = 1000;
-      node->client = std::make_shared<gns::kube::KubeClient>(
-          gns::kube::KubeClient::Deps{loop, clock, node->metrics, Quiet()}, config);
-      node->informers =
-          std::make_shared<gns::kube::InformerRegistry>(node->client, node->bus, loop.Io(), node->metrics, Quiet());
-      node->services.Provide<gns::kube::KubeClient>(node->client);
-      node->services.Provide<gns::kube::InformerRegistry>(node->informers);
-      node->context = std::make_unique<gns::ModuleContext>(
-          gns::RuntimeParts{loop, node->bus, pool, clock, node->site, node->metrics, node->services}, "bench",
-          [](std::string) {}, [](gns::ModuleHealth, std::string) {});
       if (i == n) {
         gns::cd_controller::ComputeDomainControllerModule::Config cc;
         cc.lease.ns = "default";
@@ -192,9 +151,9 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
     }
   });
   // The controller leads and has made the workload template before t0.
-  WaitFor([&] { return api.Call("GET", std::string("/apis/resource.k8s.io/v1/namespaces/") + kNs +
+  gns::test::Eventually([&] { return api.Call("GET", std::string("/apis/resource.k8s.io/v1/namespaces/") + kNs +
                                            "/resourceclaimtemplates/train-channel").status == 200; },
-          milliseconds(30000));
+          milliseconds(30000), kPoll);
   const auto ready = [&] {
     const auto d = api.Call("GET", kDomains + "/train").Json();
     return d.value(json::json_pointer("/status/status"), std::string()) == "Ready";
@@ -232,7 +191,7 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
                                    [&answered](gns::kube::Result) { ++answered; });
         }
       });
-      WaitFor([&] { return answered.load() == count; }, milliseconds(30000));
+      gns::test::Eventually([&] { return answered.load() == count; }, milliseconds(30000), kPoll);
       for (std::size_t k = 0; k < count; ++k, ++created) {
         const std::string name = "imex-" + std::to_string(created);
         pods.emplace_back([&, created, name] {
@@ -252,7 +211,7 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
     }
     for (auto& t : pods) t.join();
   }
-  WaitFor(ready, milliseconds(600000));
+  gns::test::Eventually(ready, milliseconds(600000), kPoll);
   result.ready_ms = gns::bench::Ms(Clock::now() - t0);
   uint64_t node_requests = 0;
   gns::bench::OnLoop(loop, [&] {
@@ -262,10 +221,10 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
   gns::bench::OnLoop(loop, [&] {
     for (std::size_t i = 0; i < n; ++i) nodes[i]->domains->Detach("claim-" + std::to_string(i), [](std::string) {});
   });
-  WaitFor([&] {
+  gns::test::Eventually([&] {
     const auto d = api.Call("GET", kDomains + "/train").Json();
     return d.value(json::json_pointer("/status/nodes"), json::array()).empty();
-  }, milliseconds(600000));
+  }, milliseconds(600000), kPoll);
   result.teardown_ms = gns::bench::Ms(Clock::now() - t1);
   uint64_t all_node_requests = 0;
   gns::bench::OnLoop(loop, [&] {
@@ -288,13 +247,12 @@ RunResult RunOnce(std::size_t n, Mode mode, milliseconds pod_start, const std::s
       if (node->controller) node->controller->Stop(done);
     }
   });
-  WaitFor([&] { return stopped; }, milliseconds(30000));
+  gns::test::Eventually([&] { return stopped; }, milliseconds(30000), kPoll);
   gns::bench::OnLoop(loop, [&] {
     for (auto& node : nodes) {
       node->domains.reset();
       node->controller.reset();
-      node->informers->StopAll();
-      node->client->Shutdown();
+      node->Shutdown();
     }
   });
   thread.Stop();

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--source-dir") == 0) ::setenv("GNS_SOURCE_DIR", argv[i + 1], 1);
   }
   namespace fs = std::filesystem;
-  const fs::path dir = gns::gkm::test::TempDir("gkm-bench");
+  const fs::path dir = gns::test::MakeTempDir("gkm-bench");
   const uint64_t small = std::max<uint64_t>(bytes / 8, 1 << 20);
   int rc = 0;
   {

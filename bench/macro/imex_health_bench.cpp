@@ -9,7 +9,7 @@
 //      an idle period with nothing changing, per second; VmRSS / RssAnon of the process.
 //
 //   imex_health_bench [--rounds N] [--idle-ms N]
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "bench_util.hpp"
 #include "loop/bus.hpp"
 #include "loop/clock.hpp"
@@ -95,10 +95,7 @@ int main(int argc, char** argv) {
     gns::test::PrivateBus bus(dir.string());
     bus.StartBus();
     bus.StartSystemd({"nvidia-imex.service"});
-    gns::sim::ApiServerOptions api_options;
-    api_options.state_dir = dir / "api";
-    gns::sim::ApiServer server(api_options);
-    server.Start();
+    gns::test::ApiSim server(dir / "api");
     server.Seed(nlohmann::json{{"apiVersion", "v1"},
                                {"kind", "Node"},
                                {"metadata", {{"name", "node1"}}},
@@ -121,12 +118,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<gns::ModuleContext> context;
     std::unique_ptr<gns::imex_health::ImexHealthModule> module;
     gns::bench::OnLoop(loop, [&] {
-      gns::kube::ClientConfig config;
-      config.server = server.BaseUrl();
-      config.ca_pem = server.CaPem();
-      config.token_file = (dir / "api" / "token").string();
-      config.qps = 1000;
-      config.burst = 1000;
+      gns::kube::ClientConfig config = server.ClientConfig();
       client = std::make_shared<gns::kube::KubeClient>(gns::kube::KubeClient::Deps{loop, clock, metrics, log}, config);
       informers = std::make_shared<gns::kube::InformerRegistry>(client, bus_, loop.Io(), metrics, log);
       services.Provide<gns::kube::KubeClient>(client);

@@ -10,7 +10,7 @@
 //
 //   pod_resources_bench [--rounds N] [--steady-ms N]
 #include "bench_util.hpp"
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "kubelet_sim.h"
 #include "loop/blocking_pool.hpp"
 #include "loop/bus.hpp"
@@ -88,10 +88,7 @@ int main(int argc, char** argv) {
   site.node_name = kNode;
   site.paths.kubelet_dir = dir + "/kubelet";
 
-  gns::sim::ApiServerOptions api_options;
-  api_options.state_dir = dir + "/api";
-  gns::sim::ApiServer api(api_options);
-  api.Start();
+  gns::test::ApiSim api(dir + "/api");
 
   gns::sim::KubeletSimOptions sim_options;
   sim_options.kubelet_dir = site.paths.kubelet_dir;

@@ -1,6 +1,6 @@
 // The real binary: command line, config errors with positions and exit code 2, serving the
 // endpoints, sd_notify, and a graceful SIGTERM.
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "support/http_client.hpp"
 #include "support/prometheus.hpp"
 #include "support/subprocess.hpp"
@@ -300,10 +300,7 @@ TEST_F(BinaryTest, ControllerWaitsForTheKubeModuleAndStartsAfterIt) {
   EXPECT_EQ(proc.Output().find("candidate for lease"), std::string::npos) << "the controller started without kube";
 
   // The API server (and its kubeconfig) appears: kube starts at its next attempt, then the controller.
-  sim::ApiServerOptions options;
-  options.state_dir = dir_ / "api";
-  sim::ApiServer server(options);
-  server.Start();
+  gns::test::ApiSim server(dir_ / "api");
   ASSERT_TRUE(proc.WaitForLine("candidate for lease")) << proc.Output();
   ASSERT_TRUE(proc.WaitForLine("started leading")) << proc.Output();
   EXPECT_EQ(states().at("compute-domain-controller").at("state"), "running");

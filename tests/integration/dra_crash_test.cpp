@@ -14,7 +14,7 @@
 //   - a prepare retried for a prepared claim returns the same CDI device id.
 // The seed is printed; GNS_DRA_CRASH_SEED replays it, GNS_DRA_CRASH_SECONDS sets the budget
 // (default 40 s of kills, so the test stays near a minute under ASan on a loaded machine).
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "support/subprocess.hpp"
@@ -120,10 +120,7 @@ class DraCrashTest : public ::testing::Test {
     char pattern[] = "/tmp/gdc-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     dir_ = pattern;
-    sim::ApiServerOptions options;
-    options.state_dir = dir_ / "api";
-    api_ = std::make_unique<sim::ApiServer>(options);
-    api_->Start();
+    api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api");
     api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
     api_->Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
                     {"kind", "ComputeDomain"},
@@ -253,7 +250,7 @@ class DraCrashTest : public ::testing::Test {
   }
 
   fs::path dir_;
-  std::unique_ptr<sim::ApiServer> api_;
+  std::unique_ptr<gns::test::ApiSim> api_;
   std::unique_ptr<sim::KubeletSim> kubelet_;
   std::unique_ptr<test::Subprocess> proc_;
   std::string config_;

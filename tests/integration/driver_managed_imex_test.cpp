@@ -7,7 +7,9 @@
 // Run twice: with ComputeDomainCliques off (each node's entry in the domain's status.nodes) and
 // on (each node's entry in its clique's ComputeDomainClique object, status.nodes the
 // controller's mirror of them, the objects deleted with the domain).
-#include "apiserver.h"
+#include "support/api_sim.hpp"
+#include "support/eventually.hpp"
+#include "support/held_port.hpp"
 #include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "support/subprocess.hpp"
@@ -15,10 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,29 +45,12 @@ const std::string kCliques = "/apis/resource.nvidia.com/v1beta1/namespaces/team-
 std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
 std::string Built(const std::string& rel) { return std::string(std::getenv("GNS_BINARY_DIR")) + "/" + rel; }
 
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+// How long a condition that other processes make true (supervisors, daemons) may take.
+constexpr milliseconds kSettle = seconds(60);
+using test::Eventually;
 
-// Waits for a condition that another process makes true (a bounded wait on observable state).
-bool Eventually(const std::function<bool()>& done, milliseconds limit = seconds(60)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  return done();
-}
-
-struct SimNode {
+// One node: its kubelet simulator and the supervisor process that runs on it.
+struct NodeProcess {
   std::string name;
   std::string ip;
   int clique = 0;
@@ -86,15 +68,11 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     dir_ = pattern;
     sim::ApiServerOptions options;
-    options.state_dir = dir_ / "api";
     options.bookmark_interval = milliseconds(500);
-    api_ = std::make_unique<sim::ApiServer>(options);
-    api_->Start();
+    api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api", options);
     // Our CRD: status.nodes is a list-map keyed by name, so each node's applied entry is its own.
     api_->SeedFile(Source("deploy/crd-computedomains.yaml"));
     api_->SeedFile(Source("deploy/crd-computedomaincliques.yaml"));
-    server_port_ = FreePort();
-    cmd_port_ = FreePort();
     // Three nodes: a and b in clique 1, c in clique 2; each its own loopback address.
     const int base = 100 + static_cast<int>(::getpid() % 100);
     nodes_.push_back(MakeNode("node-a", "127.0." + std::to_string(base) + ".1", 1));
@@ -119,8 +97,8 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
     fs::remove_all(dir_, ignored);
   }
 
-  SimNode MakeNode(const std::string& name, const std::string& ip, int clique) {
-    SimNode n;
+  NodeProcess MakeNode(const std::string& name, const std::string& ip, int clique) {
+    NodeProcess n;
     n.name = name;
     n.ip = ip;
     n.clique = clique;
@@ -170,7 +148,7 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
     return n;
   }
 
-  void Launch(SimNode& n) {
+  void Launch(NodeProcess& n) {
     n.proc = std::make_unique<test::Subprocess>(
         std::vector<std::string>{std::getenv("GNS_SUPERVISOR_BIN"), "run", "--config", n.config},
         // POD_NAME: the lease identity, as the DaemonSet sets it (all three share this host's name).
@@ -190,7 +168,7 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
     return Get(kDomains + "/" + name)["metadata"]["uid"].get<std::string>();
   }
 
-  sim::DraClaim SeedClaim(const std::string& name, const SimNode& node, const std::string& domain_uid) {
+  sim::DraClaim SeedClaim(const std::string& name, const NodeProcess& node, const std::string& domain_uid) {
     api_->Seed(sim::AllocatedChannelClaim(
         kNs, name, node.name,
         json{{"apiVersion", "resource.nvidia.com/v1beta1"},
@@ -201,7 +179,7 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
     return sim::DraClaim{kNs, Get(kClaims + "/" + name)["metadata"]["uid"].get<std::string>(), name};
   }
 
-  std::string PrepareError(SimNode& n, const sim::DraClaim& claim) {
+  std::string PrepareError(NodeProcess& n, const sim::DraClaim& claim) {
     const auto result = n.kubelet->NodePrepareResources(kDriver, {claim});
     if (!result.ok()) return "rpc: " + result.status.ToString();
     const auto it = result.claims.find(claim.uid);
@@ -210,13 +188,13 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
 
   // Prepares as the kubelet does: a failed prepare is retried (here at once; the plugin itself
   // waits up to readyWait for its domain) until it succeeds or the limit passes.
-  std::string PrepareUntilDone(SimNode& n, const sim::DraClaim& claim, seconds limit = seconds(90)) {
+  std::string PrepareUntilDone(NodeProcess& n, const sim::DraClaim& claim, seconds limit = seconds(90)) {
     std::string error;
     Eventually([&] { return (error = PrepareError(n, claim)).empty(); }, limit);
     return error;
   }
 
-  std::string UnprepareError(SimNode& n, const sim::DraClaim& claim) {
+  std::string UnprepareError(NodeProcess& n, const sim::DraClaim& claim) {
     const auto result = n.kubelet->NodeUnprepareResources(kDriver, {claim});
     if (!result.ok()) return "rpc: " + result.status.ToString();
     const auto it = result.claims.find(claim.uid);
@@ -241,11 +219,11 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
     }
     return nullptr;
   }
-  std::string Label(const SimNode& n) {
+  std::string Label(const NodeProcess& n) {
     return Get("/api/v1/nodes/" + n.name).value(json::json_pointer("/metadata/labels/resource.nvidia.com~1computeDomain"),
                                                 std::string());
   }
-  std::string DomainDir(const SimNode& n, const std::string& uid) {
+  std::string DomainDir(const NodeProcess& n, const std::string& uid) {
     return (n.dir / "state/dra-compute-domain/domains" / uid).string();
   }
   std::string ReadFile(const std::string& path) {
@@ -254,23 +232,27 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
   }
 
   fs::path dir_;
-  std::unique_ptr<sim::ApiServer> api_;
-  uint16_t server_port_ = 0;
-  uint16_t cmd_port_ = 0;
-  std::vector<SimNode> nodes_;
+  std::unique_ptr<gns::test::ApiSim> api_;
+  // The IMEX ports all nodes share, held for the whole test (the daemons bind them with
+  // SO_REUSEPORT, each on its node's address).
+  test::HeldPort server_port_held_;
+  test::HeldPort cmd_port_held_;
+  uint16_t server_port_ = server_port_held_.Port();
+  uint16_t cmd_port_ = cmd_port_held_.Port();
+  std::vector<NodeProcess> nodes_;
 };
 
 TEST_P(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAreSupervised) {
   const bool cliques = GetParam();
-  SimNode& a = nodes_[0];
-  SimNode& b = nodes_[1];
-  SimNode& c = nodes_[2];
+  NodeProcess& a = nodes_[0];
+  NodeProcess& b = nodes_[1];
+  NodeProcess& c = nodes_[2];
   const std::string uid = SeedDomain("train", 2);
   // The controller (whichever supervisor leads) makes the workload template; no DaemonSet.
   ASSERT_TRUE(Eventually([&] {
     return api_->Call("GET", "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates/train-channel").status ==
            200;
-  }));
+  }, kSettle));
   EXPECT_EQ(Get("/apis/apps/v1/daemonsets").value("items", json::array()).size(), 0u);
 
   const auto ca = SeedClaim("pod-a-channel", a, uid);
@@ -285,7 +267,7 @@ TEST_P(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
   if (cliques) {
     // Registered in its clique's object; status.nodes follows through the controller.
     EXPECT_EQ(CliqueDaemons(uid, 1), std::vector<std::string>{"node-a"});
-    ASSERT_TRUE(Eventually([&] { return !NodeEntry("train", "node-a").is_null(); }));
+    ASSERT_TRUE(Eventually([&] { return !NodeEntry("train", "node-a").is_null(); }, kSettle));
   } else {
     EXPECT_EQ(Cliques(), 0u);
   }
@@ -312,13 +294,13 @@ TEST_P(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
 
   // The node of the other clique: registered, never in the others' maps, refused for good.
   std::string refused;
-  Eventually([&] { return (refused = PrepareError(c, cc)).find("clique") != std::string::npos; });
+  Eventually([&] { return (refused = PrepareError(c, cc)).find("clique") != std::string::npos; }, kSettle);
   EXPECT_NE(refused.find("this node's NVLink clique \"" + std::string(kCluster) + ".2\" is not ComputeDomain "
                          "team-a/train's clique \"" + std::string(kCluster) + ".1\""),
             std::string::npos)
       << refused;
   // (Gate on: the controller's mirror may list it a moment after its clique object does.)
-  EXPECT_TRUE(Eventually([&] { return !NodeEntry("train", "node-c").is_null(); }));
+  EXPECT_TRUE(Eventually([&] { return !NodeEntry("train", "node-c").is_null(); }, kSettle));
   if (cliques) {
     // One object per clique: node-c's own, and a and b together in theirs.
     EXPECT_EQ(CliqueDaemons(uid, 1), (std::vector<std::string>{"node-a", "node-b"}));
@@ -333,7 +315,7 @@ TEST_P(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
   EXPECT_EQ(ReadFile(DomainDir(a, uid) + "/nodes_config.cfg").find("compute-domain-daemon-2"), std::string::npos);
   EXPECT_EQ(Get(kDomains + "/train")["status"]["status"], "Ready");
   EXPECT_EQ(UnprepareError(c, cc), "");
-  ASSERT_TRUE(Eventually([&] { return NodeEntry("train", "node-c").is_null() && Label(c).empty(); }));
+  ASSERT_TRUE(Eventually([&] { return NodeEntry("train", "node-c").is_null() && Label(c).empty(); }, kSettle));
   if (cliques) {
     EXPECT_TRUE(CliqueDaemons(uid, 2).empty());
   }
@@ -345,7 +327,7 @@ TEST_P(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
   EXPECT_EQ(crash.first, 0) << crash.second;
   ASSERT_TRUE(a.proc->WaitForLine("exited with status 134; restarting in", seconds(30))) << a.proc->Output();
   ASSERT_TRUE(a.proc->WaitForLine("[nvidia-imex team-a/train] crashing on request")) << a.proc->Output();
-  ASSERT_TRUE(Eventually([&] { return NodeEntry("train", "node-a")["status"] == "Ready"; })) << a.proc->Output();
+  ASSERT_TRUE(Eventually([&] { return NodeEntry("train", "node-a")["status"] == "Ready"; }, kSettle)) << a.proc->Output();
 
   // kill -9 of node-b's supervisor: its daemon dies with it; the restarted supervisor finds the
   // claim in its checkpoint and the domain in its record, starts the daemon again, stays Ready.
@@ -362,20 +344,21 @@ TEST_P(DriverManagedImexTest, ADomainAcrossOneCliqueBecomesReadyAndItsDaemonsAre
   EXPECT_EQ(UnprepareError(a, ca), "");
   ASSERT_TRUE(a.proc->WaitForLine("IMEX daemon of ComputeDomain team-a/train stopped")) << a.proc->Output();
   ASSERT_TRUE(Eventually(
-      [&] { return NodeEntry("train", "node-a").is_null() && Label(a).empty() && !fs::exists(DomainDir(a, uid)); }));
+      [&] { return NodeEntry("train", "node-a").is_null() && Label(a).empty() && !fs::exists(DomainDir(a, uid)); },
+      kSettle));
   // node-b's map loses node-a: the domain is no longer Ready (1 of 2).
   ASSERT_TRUE(Eventually([&] {
     return ReadFile(DomainDir(b, uid) + "/hosts").find(a.ip) == std::string::npos &&
            ReadFile(DomainDir(b, uid) + "/nodes_config.cfg") == "compute-domain-daemon-" +
                                                                    NodeEntry("train", "node-b")["index"].dump() + "\n";
-  }));
-  ASSERT_TRUE(Eventually([&] { return Get(kDomains + "/train")["status"]["status"] == "NotReady"; }));
+  }, kSettle));
+  ASSERT_TRUE(Eventually([&] { return Get(kDomains + "/train")["status"]["status"] == "NotReady"; }, kSettle));
 
   // Deleting the domain waits for node-b to deregister, then the finalizer goes.
   api_->Call("DELETE", kDomains + "/train");
   EXPECT_EQ(api_->Call("GET", kDomains + "/train").status, 200);  // held by the finalizer
   EXPECT_EQ(UnprepareError(b, cb), "");
-  ASSERT_TRUE(Eventually([&] { return api_->Call("GET", kDomains + "/train").status == 404; }));
+  ASSERT_TRUE(Eventually([&] { return api_->Call("GET", kDomains + "/train").status == 404; }, kSettle));
   EXPECT_TRUE(Label(b).empty());
   EXPECT_EQ(Cliques(), 0u);  // deleted with their domain (gate on), never made (gate off)
 }

@@ -7,7 +7,8 @@
 // while the command runs, resumed after the restart and validated; GPUReset objects for this
 // node, for another node, naming an unknown GPU and with malformed selectors; a read-only state
 // directory (health still judged, /readyz says it is not persisted).
-#include "apiserver.h"
+#include "support/api_sim.hpp"
+#include "support/eventually.hpp"
 #include "support/http_client.hpp"
 #include "support/subprocess.hpp"
 
@@ -54,15 +55,7 @@ bool ProcessRunning(const std::string& needle) {
   return false;
 }
 
-template <typename Pred>
-bool Eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  return pred();
-}
+using test::Eventually;
 
 class GpuResetTest : public ::testing::Test {
  protected:
@@ -410,10 +403,7 @@ TEST_F(GpuResetTest, AReadOnlyStateDirDoesNotSilenceHealth) {
 }
 
 TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStatus) {
-  sim::ApiServerOptions options;
-  options.state_dir = dir_ / "api";
-  sim::ApiServer server(options);
-  server.Start();
+  gns::test::ApiSim server(dir_ / "api");
   server.Seed(json::parse(R"({"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}})"));
   const std::string kube = "  kube:\n    enabled: true\n    kubeconfig: " + (dir_ / "api/kubeconfig").string() + "\n";
   StartSupervisor(WriteConfig("", kube));

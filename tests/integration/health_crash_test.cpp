@@ -3,6 +3,7 @@
 // and its position in the journal from one checkpoint and reads on from there), the verdicts
 // are right, and a line that was in the journal before any start is not lost.
 #include "journal_writer.h"
+#include "support/eventually.hpp"
 #include "support/http_client.hpp"
 #include "support/prometheus.hpp"
 #include "support/subprocess.hpp"
@@ -117,8 +118,7 @@ TEST_F(HealthCrashTest, KillNineAtRandomPointsCountsEveryXidLineOnce) {
     }
     return true;
   };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!all_counted() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(50));
+  test::Eventually(all_counted, std::chrono::seconds(30));
   // Settled: nothing more arrives later either (a replay would show here).
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_TRUE(all_counted()) << proc.Output();

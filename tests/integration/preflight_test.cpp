@@ -1,7 +1,7 @@
 // `gpu-node-supervisor preflight` through the real binary: a host root of real files, the
 // unit on a private dbus-daemon with the fake systemd, the fake NVML; text and JSON output and
 // the exit codes (0 warnings only, 1 a failure, 2 a usage error).
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "support/private_bus.hpp"
 #include "support/subprocess.hpp"
 
@@ -134,10 +134,7 @@ TEST_F(PreflightTest, TheMapAgainstTheCliqueNodesInTheApi) {
   EXPECT_EQ(code, 0) << output;
   EXPECT_EQ(Checks(output).at("nodes-config-clique")["status"], "skip");
 
-  sim::ApiServerOptions options;
-  options.state_dir = dir_ / "api";
-  sim::ApiServer server(options);
-  server.Start();
+  gns::test::ApiSim server(dir_ / "api");
   auto node = [](const std::string& name, const std::string& clique, const std::string& ip) {
     nlohmann::json n = {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", name}, {"labels", {{"nvidia.com/gpu.clique", clique}}}}}};
     n["status"]["addresses"] = nlohmann::json::array();

@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apiserver.h"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -1390,21 +1391,7 @@ TEST(ApiServerSimFuzz, RandomRequestsNeverFailInternally) {
 
 // ---- seeds, state dir, in-process use, the binary
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "gns-apisim-XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using gns::test::TempDir;
 
 std::string ReadFile(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -1413,7 +1400,7 @@ std::string ReadFile(const std::filesystem::path& path) {
 
 TEST(ApiServerSimSeed, SeedFileYamlAndJson) {
   TempDir dir;
-  std::ofstream(dir.path() / "seed.yaml") << R"(apiVersion: v1
+  std::ofstream(dir.Path() / "seed.yaml") << R"(apiVersion: v1
 kind: Node
 metadata:
   name: node-a
@@ -1435,12 +1422,12 @@ spec: {holderIdentity: node-a, leaseDurationSeconds: 40}
   _resource: gizmoz
   metadata: {name: g}
 )";
-  std::ofstream(dir.path() / "seed.json")
+  std::ofstream(dir.Path() / "seed.json")
       << R"({"kind":"List","items":[{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"s"},"spec":{"driver":"gpu.nvidia.com","nodeName":"node-a"}}]})";
   ApiServer server;
-  server.SeedFile(dir.path() / "seed.yaml");
-  server.SeedFile(dir.path() / "seed.json");
-  EXPECT_THROW(server.SeedFile(dir.path() / "missing.yaml"), std::runtime_error);
+  server.SeedFile(dir.Path() / "seed.yaml");
+  server.SeedFile(dir.Path() / "seed.json");
+  EXPECT_THROW(server.SeedFile(dir.Path() / "missing.yaml"), std::runtime_error);
   EXPECT_THROW(server.Seed(Json{{"kind", "Node"}}), std::runtime_error);
 
   auto node = server.Call("GET", "/api/v1/nodes/node-a");
@@ -1458,7 +1445,7 @@ spec: {holderIdentity: node-a, leaseDurationSeconds: 40}
 TEST(ApiServerSimStateDir, WritesCaTokenKubeconfigAndRotates) {
   TempDir dir;
   ApiServerOptions options;
-  options.state_dir = dir.path() / "state";
+  options.state_dir = dir.Path() / "state";
   ApiServer server(options);
   server.Start();
   EXPECT_EQ(ReadFile(options.state_dir / "ca.crt"), server.CaPem());
@@ -1487,10 +1474,10 @@ TEST(ApiServerSimExternalLoop, RunsOnAGivenIoContext) {
 
 TEST(ApiServerSimBinary, StartsWritesStateAndStopsOnSigterm) {
   TempDir dir;
-  std::ofstream(dir.path() / "seed.yaml") << "apiVersion: v1\nkind: Node\nmetadata:\n  name: n\n";
-  std::string out = (dir.path() / "out.txt").string();
-  std::string state = (dir.path() / "state").string();
-  std::string seed = (dir.path() / "seed.yaml").string();
+  std::ofstream(dir.Path() / "seed.yaml") << "apiVersion: v1\nkind: Node\nmetadata:\n  name: n\n";
+  std::string out = (dir.Path() / "out.txt").string();
+  std::string state = (dir.Path() / "state").string();
+  std::string seed = (dir.Path() / "seed.yaml").string();
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

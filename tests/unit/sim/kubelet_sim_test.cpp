@@ -31,6 +31,7 @@
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
 #include "kubelet_sim.h"
+#include "support/temp_dir.hpp"
 #include "pluginregistration/v1/api.grpc.pb.h"
 #include "podresources/v1/api.grpc.pb.h"
 
@@ -45,25 +46,6 @@ using namespace std::chrono_literals;
 constexpr std::chrono::milliseconds kWait = 10s;
 constexpr const char* kGpu = "nvidia.com/gpu";
 constexpr const char* kDriver = "gpu.example.com";
-
-// A short directory under /tmp: unix socket paths must stay under 108 bytes.
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/gks-XXXXXX";
-    const char* made = ::mkdtemp(pattern);
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // A unix socket file nobody listens on (what a crashed plugin leaves behind).
 void MakeStaleSocket(const fs::path& path) {
@@ -528,7 +510,7 @@ FakeDraPlugin::Config DraConfig(std::string driver,
 class KubeletSimTest : public ::testing::Test {
  protected:
   KubeletSimTest() {
-    options_.kubelet_dir = temp_.path() / "kubelet";
+    options_.kubelet_dir = temp_.Path() / "kubelet";
     options_.dial_timeout = 2s;
     options_.log = [this](std::string_view line) {
       std::lock_guard lock(log_mutex_);
@@ -565,7 +547,7 @@ class KubeletSimTest : public ::testing::Test {
     return log_;
   }
 
-  TempDir temp_;
+  gns::test::TempDir temp_{"gks"};  // short: unix socket paths must stay under 108 bytes
   KubeletSimOptions options_;
   std::mutex log_mutex_;
   std::vector<std::string> log_;

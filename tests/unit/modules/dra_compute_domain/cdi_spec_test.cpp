@@ -1,7 +1,7 @@
 // The per-claim CDI spec: every field as the container runtime reads it (WIRE-FACTS §6, §9.1),
 // the file's name and mode, deletion and listing for the reconcile.
 #include "modules/dra_compute_domain/cdi_spec.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 
@@ -52,7 +52,7 @@ TEST(CdiSpecTest, SpecCarriesTheChannelNodeFromTheMajor) {
 }
 
 TEST(CdiSpecTest, WritesAtomicallyWithMode0644AndCreatesTheDirectory) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const std::string cdi_dir = dir / "run/cdi";
   const auto written = WriteChannelCdiSpec(cdi_dir, kUid, 511);
   ASSERT_TRUE(written) << written.error;
@@ -71,7 +71,7 @@ TEST(CdiSpecTest, WritesAtomicallyWithMode0644AndCreatesTheDirectory) {
 }
 
 TEST(CdiSpecTest, RejectsUidsThatAreNotSafeFileNames) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   for (const char* bad : {"", "../etc/passwd", "a/b", "-leading", "trailing-", "with space", "x.json"}) {
     EXPECT_FALSE(IsValidClaimUid(bad)) << bad;
     EXPECT_FALSE(WriteChannelCdiSpec(dir.Path(), bad, 1)) << bad;
@@ -82,7 +82,7 @@ TEST(CdiSpecTest, RejectsUidsThatAreNotSafeFileNames) {
 }
 
 TEST(CdiSpecTest, DeleteIsIdempotent) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   ASSERT_TRUE(WriteChannelCdiSpec(dir.Path(), kUid, 1));
   EXPECT_TRUE(DeleteCdiSpec(dir.Path(), kUid));
   EXPECT_FALSE(std::filesystem::exists(dir / CdiSpecFileName(kUid)));
@@ -91,7 +91,7 @@ TEST(CdiSpecTest, DeleteIsIdempotent) {
 }
 
 TEST(CdiSpecTest, ListsOnlyOurSpecFiles) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   ASSERT_TRUE(WriteChannelCdiSpec(dir.Path(), "bbbb-2", 1));
   ASSERT_TRUE(WriteChannelCdiSpec(dir.Path(), "aaaa-1", 1));
   // Someone else's specs, a leftover temp file and a YAML twin are not ours.

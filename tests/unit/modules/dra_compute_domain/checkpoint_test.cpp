@@ -2,7 +2,7 @@
 // (truncated, bad checksum, unknown version, wrong shapes) read as "corrupt: move aside".
 #include "modules/dra_compute_domain/checkpoint.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 
@@ -66,7 +66,7 @@ TEST(CheckpointTest, Crc32MatchesTheIeeeCheckValue) {
 }
 
 TEST(CheckpointTest, RoundTripsThroughTheFileWithPrivateModes) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const DriverPaths paths = MakeDriverPaths(SitePaths{"", "", dir / "state", "/"});
   const Checkpoint original = TwoClaims();
   const auto saved = SaveCheckpoint(paths.checkpoint_file, original);
@@ -104,14 +104,14 @@ TEST(CheckpointTest, SerializationIsDeterministicAndVersioned) {
 }
 
 TEST(CheckpointTest, MissingFileIsAnEmptyStart) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const auto loaded = LoadCheckpoint(dir / "nope/checkpoint.json");
   EXPECT_EQ(loaded.status, CheckpointStatus::kMissing);
   EXPECT_TRUE(loaded.checkpoint.claims.empty());
 }
 
 TEST(CheckpointTest, ADirectoryInItsPlaceIsCorrupt) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   std::filesystem::create_directories(dir / "checkpoint.json");
   const auto loaded = LoadCheckpoint(dir / "checkpoint.json");
   // Never usable as it is: moved aside like any corrupt checkpoint (a retry would not help).
@@ -120,7 +120,7 @@ TEST(CheckpointTest, ADirectoryInItsPlaceIsCorrupt) {
 }
 
 TEST(CheckpointTest, AFifoOrALinkToADeviceIsCorruptAndNeverRead) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const std::string fifo = dir / "checkpoint.json";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const auto loaded = LoadCheckpoint(fifo);  // no writer: a plain read would wait for ever
@@ -145,7 +145,7 @@ class CorruptCheckpointTest : public ::testing::TestWithParam<CorruptCase> {};
 
 TEST_P(CorruptCheckpointTest, ReadsAsCorruptAndCanBeMovedAside) {
   const CorruptCase& c = GetParam();
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const std::string path = dir / "checkpoint.json";
   WriteRaw(path, c.make(SerializeCheckpoint(TwoClaims())));
 
@@ -262,14 +262,14 @@ TEST(CheckpointTest, FindsTheCompletedHolderOfADeviceOtherThanTheAsker) {
 }
 
 TEST(CheckpointTest, MoveAsideOfAMissingFileReportsWhy) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const auto moved = MoveCorruptCheckpointAside(dir / "checkpoint.json", 1);
   EXPECT_FALSE(moved.ok);
   EXPECT_NE(moved.error.find("No such file"), std::string::npos) << moved.error;
 }
 
 TEST(CheckpointTest, SaveFailsCleanlyWhenTheDirectoryCannotBeMade) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   WriteRaw(dir / "file", "x");
   const auto saved = SaveCheckpoint(dir / "file/sub/checkpoint.json", TwoClaims());
   EXPECT_FALSE(saved);

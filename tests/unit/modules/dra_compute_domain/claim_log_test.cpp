@@ -5,7 +5,7 @@
 // holds is read back over the checkpoint.
 #include "modules/dra_compute_domain/claim_log.hpp"
 #include "modules/dra_compute_domain/checkpoint.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 
@@ -201,7 +201,7 @@ TEST(ClaimLogTest, GarbageAndEmptyInputNeverThrow) {
 }
 
 TEST(ClaimLogTest, TheFileIsPreZeroedPrivateAndReadBackOverTheCheckpoint) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const std::string log_path = dir / "state/claims.log";
   const std::string checkpoint_path = dir / "state/checkpoint.json";
   ClaimLog log(log_path);

@@ -3,7 +3,7 @@
 // ResourceClaims, the ResourceSlice and Events, and the files on disk (checkpoint, CDI specs).
 // Covers seed 000 §14.1 kubelet-side items and the §13 rows the driver owns, idempotency, the
 // crash-between-PrepareStarted-and-PrepareCompleted reconcile, a corrupt checkpoint, and §11.
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "loop/config.hpp"
@@ -22,7 +22,7 @@
 #include "modules/kube/informer.hpp"
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -110,16 +110,9 @@ class DraModuleTest : public ::testing::Test {
     WriteFile(paths_.proc_devices, ProcDevices(true));
 
     sim::ApiServerOptions api_options;
-    api_options.state_dir = dir_ / "api";
     api_options.bookmark_interval = std::chrono::milliseconds(200);
-    api_ = std::make_unique<sim::ApiServer>(api_options);
-    api_->Start();
-    kube::ClientConfig config;
-    config.server = api_->BaseUrl();
-    config.ca_pem = api_->CaPem();
-    config.token_file = dir_ / "api/token";
-    config.qps = 1000;
-    config.burst = 1000;
+    api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api", api_options);
+    kube::ClientConfig config = api_->ClientConfig();
     config.request_timeout = std::chrono::milliseconds(5000);
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
                                                  config);
@@ -259,11 +252,11 @@ class DraModuleTest : public ::testing::Test {
     return Metric("gpu_node_supervisor_dra_prepares_total", {{"driver", kDriver}, {"result", result}});
   }
 
-  dra::test::TempDir tmp_;
+  gns::test::TempDir tmp_;
   fs::path dir_{tmp_.Path()};
   gns::test::LoopHarness h_;
   DriverPaths paths_;
-  std::unique_ptr<sim::ApiServer> api_;
+  std::unique_ptr<gns::test::ApiSim> api_;
   std::shared_ptr<kube::KubeClient> client_;
   std::shared_ptr<kube::InformerRegistry> informers_;
   std::shared_ptr<kube::EventRecorder> events_;

@@ -5,21 +5,17 @@
 // own entry under its own field manager, so no write conflicts: every node appears, Ready, with
 // a unique index, every node's map agrees, no 409 was answered, and the requests per node stay
 // a small constant; the last claims' teardown leaves status.nodes empty, again without a 409.
-#include "apiserver.h"
-#include "support/loop_harness.hpp"
 #include "modules/dra_compute_domain/driver_managed.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/informer.hpp"
-#include "temp_dir.hpp"
+#include "support/api_sim.hpp"
+#include "support/held_port.hpp"
+#include "support/loop_harness.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,28 +41,10 @@ std::shared_ptr<spdlog::logger> Quiet() {
   return std::make_shared<spdlog::logger>("driver-managed-test", std::make_shared<spdlog::sinks::null_sink_mt>());
 }
 
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// One simulated node: its own bus, client and informers on the shared loop and pool.
-struct SimNode {
-  explicit SimNode(Loop& loop) : bus(loop) {}
-  Bus bus;
-  MetricsRegistry metrics;
-  Services services;
-  SiteConfig site;
-  std::shared_ptr<kube::KubeClient> client;
-  std::shared_ptr<kube::InformerRegistry> informers;
-  std::unique_ptr<ModuleContext> context;
+// One simulated node (its own bus, client and informers on the shared loop and pool) and the
+// module part under test.
+struct Node : gns::test::SimNode {
+  using SimNode::SimNode;
   std::unique_ptr<DriverManagedDomains> domains;
 };
 
@@ -74,10 +52,8 @@ class DriverManagedScaleTest : public ::testing::Test {
  protected:
   void SetUp() override {
     sim::ApiServerOptions options;
-    options.state_dir = root_ / "api";
     options.bookmark_interval = milliseconds(200);
-    api_ = std::make_unique<sim::ApiServer>(options);
-    api_->Start();
+    api_ = std::make_unique<gns::test::ApiSim>(root_ / "api", options);
     api_->SeedFile(Source("deploy/crd-computedomains.yaml"));
     for (std::size_t i = 0; i < kNodes; ++i) {
       api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", NodeName(i)}}}});
@@ -89,27 +65,12 @@ class DriverManagedScaleTest : public ::testing::Test {
                     {"_resource", kDomains}});
     uid_ = Domain()["metadata"]["uid"].get<std::string>();
 
-    const uint16_t server_port = FreePort();
-    const uint16_t cmd_port = FreePort();
+    const uint16_t server_port = server_port_.Port();
+    const uint16_t cmd_port = cmd_port_.Port();
     // Loopback addresses of their own per test process, so parallel runs do not meet.
     const int base = 20 + static_cast<int>(::getpid() % 200);
     for (std::size_t i = 0; i < kNodes; ++i) {
-      auto n = std::make_unique<SimNode>(h_.loop);
-      n->site.node_name = NodeName(i);
-      kube::ClientConfig config;
-      config.server = api_->BaseUrl();
-      config.ca_pem = api_->CaPem();
-      config.token_file = root_ / "api/token";
-      config.qps = 1000;
-      config.burst = 1000;
-      n->client = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, n->metrics, Quiet()},
-                                                     config);
-      n->informers = std::make_shared<kube::InformerRegistry>(n->client, n->bus, h_.loop.Io(), n->metrics, Quiet());
-      n->services.Provide<kube::KubeClient>(n->client);
-      n->services.Provide<kube::InformerRegistry>(n->informers);
-      n->context = std::make_unique<ModuleContext>(
-          RuntimeParts{h_.loop, n->bus, h_.pool, h_.clock, n->site, n->metrics, n->services}, "dra-compute-domain",
-          [](std::string) {}, [](ModuleHealth, std::string) {});
+      auto n = std::make_unique<Node>(h_.loop, h_.pool, h_.clock, *api_, NodeName(i), "dra-compute-domain", Quiet());
       DriverManagedSettings s;
       s.node_name = n->site.node_name;
       s.state_dir = (root_ / n->site.node_name).string();
@@ -135,8 +96,7 @@ class DriverManagedScaleTest : public ::testing::Test {
     EXPECT_TRUE(h_.RunUntil([&] { return left == 0; }, std::chrono::seconds(30)));
     for (auto& n : nodes_) {
       n->domains.reset();
-      n->informers->StopAll();
-      n->client->Shutdown();
+      n->Shutdown();
     }
     h_.Drain();
     nodes_.clear();
@@ -152,10 +112,14 @@ class DriverManagedScaleTest : public ::testing::Test {
   }
 
   gns::test::LoopHarness h_;
-  test::TempDir dir_;
+  gns::test::TempDir dir_;
   const std::filesystem::path root_{dir_.Path()};
-  std::unique_ptr<sim::ApiServer> api_;
-  std::vector<std::unique_ptr<SimNode>> nodes_;
+  // The IMEX ports all nodes share, held for the whole test (the daemons bind them with
+  // SO_REUSEPORT, each on its node's address).
+  gns::test::HeldPort server_port_;
+  gns::test::HeldPort cmd_port_;
+  std::unique_ptr<gns::test::ApiSim> api_;
+  std::vector<std::unique_ptr<Node>> nodes_;
   std::string uid_;
 };
 

@@ -4,17 +4,15 @@
 #include "modules/dra_compute_domain/child_process.hpp"
 #include "modules/dra_compute_domain/imex_daemon.hpp"
 #include "modules/dra_compute_domain/imex_domain.hpp"
+#include "support/held_port.hpp"
 #include "support/loop_harness.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,19 +32,6 @@ std::string Sim(const char* name) { return std::string(std::getenv("GNS_SOURCE_D
 std::shared_ptr<spdlog::logger> Logger() {
   if (std::getenv("GNS_TEST_LOG")) return spdlog::default_logger()->clone("imex-test");
   return std::make_shared<spdlog::logger>("imex-test", std::make_shared<spdlog::sinks::null_sink_mt>());
-}
-
-// A port the kernel just handed out on `ip` (free for the test's purposes).
-uint16_t FreePort(const std::string& ip) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  ::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // True once `pid` is gone for good: reaped (no such process), or a zombie that is not ours
@@ -125,10 +110,13 @@ class ImexDaemonTest : public ::testing::Test {
     }
   }
 
-  test::TempDir tmp_;
+  gns::test::TempDir tmp_;
   gns::test::LoopHarness h_;
-  uint16_t server_port_ = FreePort("127.0.0.1");
-  uint16_t cmd_port_ = FreePort("127.0.0.1");
+  // Held for the whole test, on every address: the daemons bind them with SO_REUSEPORT.
+  gns::test::HeldPort server_port_held_;
+  gns::test::HeldPort cmd_port_held_;
+  uint16_t server_port_ = server_port_held_.Port();
+  uint16_t cmd_port_ = cmd_port_held_.Port();
 };
 
 TEST_F(ImexDaemonTest, ReadyOnlyWhenEveryPeerOfTheMapAnswers) {

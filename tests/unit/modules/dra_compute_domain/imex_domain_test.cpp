@@ -2,7 +2,7 @@
 // the domain's clique, the node map / hosts / config rendering, and the domain record file.
 #include "modules/dra_compute_domain/domain_record.hpp"
 #include "modules/dra_compute_domain/imex_domain.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 
@@ -176,7 +176,7 @@ TEST(DomainRecordTest, RoundTripsAndRejectsWhatIsNotOurs) {
                                  back, error));
   EXPECT_EQ(error, "domains.d.claims.c.namespace: expected a non-empty string");
 
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const std::string path = dir / "domains.json";
   EXPECT_EQ(LoadDomainRecord(path).status, RecordLoad::kMissing);
   ASSERT_TRUE(SaveDomainRecord(path, record));

@@ -2,7 +2,7 @@
 // file, a missing line and garbage (seed 000 §11: the module then fails to start).
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/proc_devices.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 
@@ -40,7 +40,7 @@ TEST(ProcDevicesTest, FindsTheImexChannelMajor) {
 }
 
 TEST(ProcDevicesTest, ReadsTheFileUnderTheHostRoot) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   std::filesystem::create_directories(dir / "host/proc");
   std::ofstream(dir / "host/proc/devices") << kRealLooking;
   const DriverPaths paths = MakeDriverPaths(SitePaths{"", "", "", dir / "host"});
@@ -52,7 +52,7 @@ TEST(ProcDevicesTest, ReadsTheFileUnderTheHostRoot) {
 }
 
 TEST(ProcDevicesTest, AMissingFileNamesTheFileAndTheDevice) {
-  test::TempDir dir;
+  gns::test::TempDir dir;
   const auto found = ReadImexChannelMajor(dir / "proc/devices");
   EXPECT_FALSE(found.ok());
   EXPECT_NE(found.error.find(dir / "proc/devices"), std::string::npos) << found.error;

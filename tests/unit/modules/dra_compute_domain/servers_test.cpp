@@ -7,7 +7,7 @@
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/registration_server.hpp"
 #include "support/loop_harness.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
@@ -156,7 +156,7 @@ class DraServersTest : public ::testing::Test {
     });
   }
 
-  test::TempDir dir_;
+  gns::test::TempDir dir_;
   gns::test::LoopHarness h_;
   DriverPaths paths_;
   FakeHandler handler_{h_.loop};

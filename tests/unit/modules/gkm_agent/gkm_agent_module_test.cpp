@@ -26,7 +26,7 @@ constexpr const char* kClusterNodes = "/apis/gkm.io/v1alpha1/clustergkmcachenode
 class GkmAgentTest : public kube::test::KubeTestBase {
  protected:
   static void SetUpTestSuite() {
-    reg_dir_ = new fs::path(test::TempDir("gkm-module-registry"));
+    reg_dir_ = new fs::path(gns::test::MakeTempDir("gkm-module-registry"));
     registry_ = new test::TestRegistry(*reg_dir_);
   }
   static void TearDownTestSuite() {
@@ -37,7 +37,7 @@ class GkmAgentTest : public kube::test::KubeTestBase {
 
   void SetUp() override {
     KubeTestBase::SetUp();
-    root_ = test::TempDir("gkm-module");
+    root_ = gns::test::MakeTempDir("gkm-module");
     config_.cache_root = (root_ / "caches").string();
     config_.usage_root = (root_ / "usage").string();
     std::ofstream(root_ / "ca.pem") << registry_->CaPem();

@@ -134,7 +134,7 @@ TEST(SafePathTest, NormalisesAndRefusesEscapes) {
 // Real tar layers made by Python's tarfile, hostile entries included.
 class ExtractTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = test::TempDir("gkm-extract"); }
+  void SetUp() override { dir_ = gns::test::MakeTempDir("gkm-extract"); }
   void TearDown() override {
     std::error_code ec;
     fs::remove_all(dir_, ec);
@@ -254,7 +254,7 @@ void WriteKernel(const fs::path& root, const std::string& arch, int ptx, const s
 }
 
 TEST(CompatTest, ScansTritonMetadata) {
-  const auto root = test::TempDir("gkm-compat");
+  const auto root = gns::test::MakeTempDir("gkm-compat");
   WriteKernel(root, "80", 80);
   WriteKernel(root, "90", 84);
   std::ofstream(root / "broken.json") << "{ not json";
@@ -262,7 +262,7 @@ TEST(CompatTest, ScansTritonMetadata) {
   ASSERT_EQ(kernels.size(), 2u);
   EXPECT_EQ(kernels[0].arch, "80");
   EXPECT_EQ(kernels[1].ptx_version, 84);
-  const auto empty = test::TempDir("gkm-compat-empty");
+  const auto empty = gns::test::MakeTempDir("gkm-compat-empty");
   try {
     ScanTritonCache(empty.string());
     ADD_FAILURE();
@@ -315,7 +315,7 @@ TEST(LayoutTest, StatusObjectNamesAreUniquePerPair) {
 
 class LayoutMigrationTest : public ::testing::Test {
  protected:
-  void SetUp() override { root_ = test::TempDir("gkm-layout"); }
+  void SetUp() override { root_ = gns::test::MakeTempDir("gkm-layout"); }
   void TearDown() override { fs::remove_all(root_); }
   void Make(const std::string& dir) {
     fs::create_directories(root_ / dir);

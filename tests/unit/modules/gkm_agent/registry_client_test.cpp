@@ -27,7 +27,7 @@ std::shared_ptr<spdlog::logger> Logger() {
 class RegistryClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::filesystem::path(test::TempDir("gkm-registry"));
+    dir_ = new std::filesystem::path(gns::test::MakeTempDir("gkm-registry"));
     registry_ = new TestRegistry(*dir_);
   }
   static void TearDownTestSuite() {
@@ -38,7 +38,7 @@ class RegistryClientTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    work_ = test::TempDir("gkm-pull");
+    work_ = gns::test::MakeTempDir("gkm-pull");
     options_.ca_pem = registry_->CaPem();
     options_.system_roots = false;
     options_.retry_delay = std::chrono::milliseconds(10);

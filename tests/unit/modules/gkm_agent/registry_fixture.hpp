@@ -4,30 +4,20 @@
 // tools/sim/registry_proxy.py in front of it for bearer auth, 5xx, hangs and cut transfers.
 
 #include "support/subprocess.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace gns::gkm::test {
-
-inline std::filesystem::path TempDir(const std::string& prefix) {
-  std::random_device rd;
-  auto dir = std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(rd()) + std::to_string(rd()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 inline std::string SourceDir() {
   const char* dir = std::getenv("GNS_SOURCE_DIR");
@@ -41,19 +31,6 @@ inline std::string ReadText(const std::filesystem::path& path) {
   return s.str();
 }
 
-// A port nobody listens on right now (bound, read, released).
-inline int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 class TestRegistry {
  public:
   explicit TestRegistry(std::filesystem::path dir) : dir_(std::move(dir)) {
@@ -62,17 +39,20 @@ class TestRegistry {
          (dir_ / "key.pem").string(), "-out", (dir_ / "cert.pem").string(), "-days", "2", "-subj", "/CN=127.0.0.1",
          "-addext", "subjectAltName=IP:127.0.0.1"});
     if (rc != 0) throw std::runtime_error("openssl: " + out);
-    port_ = FreePort();
+    // Port 0: the registry binds a port the kernel picks and logs it ("listening on
+    // 127.0.0.1:PORT, tls"); that line is read back below.
     std::ofstream(dir_ / "config.yml") << "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n"
                                        << "    rootdirectory: " << (dir_ / "data").string() << "\n"
-                                       << "http:\n  addr: 127.0.0.1:" << port_ << "\n  tls:\n"
+                                       << "http:\n  addr: 127.0.0.1:0\n  tls:\n"
                                        << "    certificate: " << (dir_ / "cert.pem").string() << "\n"
                                        << "    key: " << (dir_ / "key.pem").string() << "\n";
     process_ = std::make_unique<gns::test::Subprocess>(
         std::vector<std::string>{"/usr/bin/docker-registry", "serve", (dir_ / "config.yml").string()});
     // The registry logs this line after it has bound its socket.
-    if (process_->WaitForLine("listening on")) return;
-    throw std::runtime_error("docker-registry did not start: " + process_->Output());
+    const auto line = process_->WaitForLine("listening on 127.0.0.1:");
+    if (!line) throw std::runtime_error("docker-registry did not start: " + process_->Output());
+    port_ = std::stoi(line->substr(line->find("listening on 127.0.0.1:") + 23));
+    if (port_ <= 0) throw std::runtime_error("docker-registry reported no port: " + *line);
   }
 
   ~TestRegistry() {

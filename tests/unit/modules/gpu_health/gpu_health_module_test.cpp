@@ -3,7 +3,7 @@
 // the Node condition and Events in the API simulator, and the whole chain journal file →
 // journald → gpu-health → device plugin → kubelet simulator.
 #include "admin_client.hpp"
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "journal_writer.h"
 #include "kubelet_sim.h"
 #include "loop/supervisor_messages.hpp"
@@ -385,22 +385,14 @@ class GpuHealthKubeTest : public GpuHealthModuleTest {
  protected:
   void SetUp() override {
     GpuHealthModuleTest::SetUp();
-    sim::ApiServerOptions options;
-    options.state_dir = fs::path(dir_) / "api";
-    server_ = std::make_unique<sim::ApiServer>(options);
-    server_->Start();
+    server_ = std::make_unique<gns::test::ApiSim>(fs::path(dir_) / "api");
     server_->Seed(nlohmann::json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node1"}}}});
     StartKube();
   }
 
   // What the kube module does at Start and Stop, as far as its users can tell.
   void StartKube() {
-    kube::ClientConfig config;
-    config.server = server_->BaseUrl();
-    config.ca_pem = server_->CaPem();
-    config.token_file = (fs::path(dir_) / "api" / "token").string();
-    config.qps = 1000;
-    config.burst = 1000;
+    kube::ClientConfig config = server_->ClientConfig();
     auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     kube::EventRecorderConfig events;
@@ -458,7 +450,7 @@ class GpuHealthKubeTest : public GpuHealthModuleTest {
     return out;
   }
 
-  std::unique_ptr<sim::ApiServer> server_;
+  std::unique_ptr<gns::test::ApiSim> server_;
   std::shared_ptr<kube::KubeClient> client_;
   std::shared_ptr<kube::EventRecorder> recorder_;
   std::shared_ptr<kube::InformerRegistry> informers_;

@@ -5,6 +5,7 @@
 #include "journal_writer.h"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/journald/journald_module.hpp"
+#include "support/eventually.hpp"
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
 
@@ -230,12 +231,13 @@ TEST_F(HealthStreamTest, TheCheckpointAVerdictTakesAtOnceHoldsTheLineThatCausedI
   open.set_value();
   // The loop stays still: what lands is that first checkpoint, as a kill -9 would leave it.
   std::optional<HealthCheckpoint> on_disk;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!on_disk && std::chrono::steady_clock::now() < deadline) {
-    std::string text, error;
-    if (ReadWholeFile(path, text, error)) on_disk = HealthCheckpoint::Parse(text, error);
-    if (!on_disk) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  gns::test::Eventually(
+      [&] {
+        std::string text, error;
+        if (ReadWholeFile(path, text, error)) on_disk = HealthCheckpoint::Parse(text, error);
+        return on_disk.has_value();
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(5));
   ASSERT_TRUE(on_disk);
   ASSERT_EQ(on_disk->devices.size(), 1u);
   uint64_t counted = 0;

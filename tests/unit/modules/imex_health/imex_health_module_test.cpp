@@ -1,7 +1,7 @@
 // The imex-health module against the real D-Bus wire (a private dbus-daemon with the fake
 // systemd of tools/sim/systemd), real files under a host root (inotify) and the API simulator
 // (the ImexHealthy Node condition and Events).
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "loop/supervisor_messages.hpp"
 #include "modules/imex_health/imex_health_module.hpp"
 #include "modules/kube/events.hpp"
@@ -47,20 +47,12 @@ class ImexHealthModuleTest : public ::testing::Test {
     bus_->StartBus();
     bus_->StartSystemd({kUnit});
 
-    sim::ApiServerOptions options;
-    options.state_dir = dir_ / "api";
-    server_ = std::make_unique<sim::ApiServer>(options);
-    server_->Start();
+    server_ = std::make_unique<gns::test::ApiSim>(dir_ / "api");
     server_->Seed(nlohmann::json{{"apiVersion", "v1"},
                                  {"kind", "Node"},
                                  {"metadata", {{"name", "node1"}}},
                                  {"status", {{"addresses", {{{"type", "InternalIP"}, {"address", "10.0.0.1"}}}}}}});
-    kube::ClientConfig config;
-    config.server = server_->BaseUrl();
-    config.ca_pem = server_->CaPem();
-    config.token_file = (dir_ / "api" / "token").string();
-    config.qps = 1000;
-    config.burst = 1000;
+    kube::ClientConfig config = server_->ClientConfig();
     auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     kube::EventRecorderConfig events;
@@ -148,7 +140,7 @@ class ImexHealthModuleTest : public ::testing::Test {
   fs::path dir_;
   fs::path root_;
   std::unique_ptr<test::PrivateBus> bus_;
-  std::unique_ptr<sim::ApiServer> server_;
+  std::unique_ptr<gns::test::ApiSim> server_;
   std::shared_ptr<kube::KubeClient> client_;
   std::shared_ptr<kube::EventRecorder> recorder_;
   std::shared_ptr<kube::InformerRegistry> informers_;

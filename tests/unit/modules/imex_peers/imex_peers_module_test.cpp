@@ -1,7 +1,7 @@
 // The imex-peers module with imex-health (its systemd connection) against a private dbus-daemon
 // with the fake systemd, the API simulator holding two cliques of Nodes, and a real
 // nodes_config.cfg under a host root.
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "loop/supervisor_messages.hpp"
 #include "modules/imex_health/imex_health_module.hpp"
 #include "modules/imex_peers/imex_peers_module.hpp"
@@ -48,20 +48,12 @@ class ImexPeersModuleTest : public ::testing::Test {
     bus_ = std::make_unique<test::PrivateBus>(dir_.string());
     bus_->StartBus();
     bus_->StartSystemd({kUnit});
-    sim::ApiServerOptions options;
-    options.state_dir = dir_ / "api";
-    server_ = std::make_unique<sim::ApiServer>(options);
-    server_->Start();
+    server_ = std::make_unique<gns::test::ApiSim>(dir_ / "api");
     // node1 (us) carries the clique label (node-labels writes it; imex-peers only reads it).
     server_->Seed(NodeObject("node1", "c1", "10.0.0.1"));
     server_->Seed(NodeObject("node2", "c1", "10.0.0.2"));
     server_->Seed(NodeObject("node9", "c2", "10.0.0.9"));
-    kube::ClientConfig config;
-    config.server = server_->BaseUrl();
-    config.ca_pem = server_->CaPem();
-    config.token_file = (dir_ / "api" / "token").string();
-    config.qps = 1000;
-    config.burst = 1000;
+    kube::ClientConfig config = server_->ClientConfig();
     auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     kube::EventRecorderConfig events;
@@ -150,7 +142,7 @@ class ImexPeersModuleTest : public ::testing::Test {
   fs::path dir_;
   fs::path root_;
   std::unique_ptr<test::PrivateBus> bus_;
-  std::unique_ptr<sim::ApiServer> server_;
+  std::unique_ptr<gns::test::ApiSim> server_;
   std::shared_ptr<kube::KubeClient> client_;
   std::shared_ptr<kube::EventRecorder> recorder_;
   std::shared_ptr<kube::InformerRegistry> informers_;

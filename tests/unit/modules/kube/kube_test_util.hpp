@@ -2,9 +2,10 @@
 // Shared set-up of the kube tests: an in-process simulated API server with a state dir (CA,
 // token file, kubeconfig), the loop harness, and a helper that waits for one async call.
 
-#include "apiserver.h"
 #include "modules/kube/client.hpp"
+#include "support/api_sim.hpp"
 #include "support/loop_harness.hpp"
+#include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -15,16 +16,8 @@
 #include <map>
 #include <optional>
 #include <cstdlib>
-#include <random>
 
 namespace gns::kube::test {
-
-inline std::filesystem::path TempDir(const std::string& prefix) {
-  std::random_device rd;
-  auto dir = std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(rd()) + std::to_string(rd()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 inline std::shared_ptr<spdlog::logger> TestLogger() {
   static auto logger = [] {
@@ -42,12 +35,10 @@ inline std::shared_ptr<spdlog::logger> TestLogger() {
 class KubeTestBase : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = TempDir("gns-kube");
+    dir_ = gns::test::MakeTempDir("gns-kube");
     sim::ApiServerOptions options;
-    options.state_dir = dir_ / "state";
     options.bookmark_interval = std::chrono::milliseconds(200);
-    server_ = std::make_unique<sim::ApiServer>(options);
-    server_->Start();
+    server_ = std::make_unique<gns::test::ApiSim>(dir_ / "state", options);
   }
 
   void TearDown() override {
@@ -60,12 +51,7 @@ class KubeTestBase : public ::testing::Test {
   }
 
   ClientConfig BaseConfig() {
-    ClientConfig config;
-    config.server = server_->BaseUrl();
-    config.ca_pem = server_->CaPem();
-    config.token_file = (dir_ / "state" / "token").string();
-    config.qps = 1000;
-    config.burst = 1000;
+    ClientConfig config = server_->ClientConfig();
     config.request_timeout = std::chrono::milliseconds(5000);
     return config;
   }
@@ -107,7 +93,7 @@ class KubeTestBase : public ::testing::Test {
 
   gns::test::LoopHarness h_;
   std::filesystem::path dir_;
-  std::unique_ptr<sim::ApiServer> server_;
+  std::unique_ptr<gns::test::ApiSim> server_;
   std::vector<std::shared_ptr<KubeClient>> clients_;
 };
 

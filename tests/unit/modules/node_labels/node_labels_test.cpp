@@ -8,7 +8,7 @@
 #include "support/module_under_test.hpp"
 
 #if GNS_HAVE_APISERVER_SIM
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "modules/kube/client.hpp"
 #endif
 
@@ -299,10 +299,7 @@ class NodeLabelsModuleTest : public ::testing::Test {
   void SetUp() override {
     char tmpl[] = "/tmp/gnslabels-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
-    sim::ApiServerOptions options;
-    options.state_dir = dir_ + "/api";
-    server_ = std::make_unique<sim::ApiServer>(options);
-    server_->Start();
+    server_ = std::make_unique<gns::test::ApiSim>(dir_ + "/api");
     server_->Seed(nlohmann::json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node1"}}}});
     // imex-peers' apply of an earlier version owned the clique label.
     const auto old = server_->Call(
@@ -310,12 +307,7 @@ class NodeLabelsModuleTest : public ::testing::Test {
         R"({"apiVersion":"v1","kind":"Node","metadata":{"name":"node1","labels":{"nvidia.com/gpu.clique":"old.1"}}})",
         "application/apply-patch+yaml");
     ASSERT_EQ(old.status, 200) << old.body;
-    kube::ClientConfig config;
-    config.server = server_->BaseUrl();
-    config.ca_pem = server_->CaPem();
-    config.token_file = dir_ + "/api/token";
-    config.qps = 1000;
-    config.burst = 1000;
+    kube::ClientConfig config = server_->ClientConfig();
     auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     h_.services.Provide<kube::KubeClient>(client_);
@@ -339,7 +331,7 @@ class NodeLabelsModuleTest : public ::testing::Test {
 
   test::LoopHarness h_;
   std::string dir_;
-  std::unique_ptr<sim::ApiServer> server_;
+  std::unique_ptr<gns::test::ApiSim> server_;
   std::shared_ptr<kube::KubeClient> client_;
   test::ModuleUnderTest<NodeLabelsModule> module_{h_};
   std::optional<NodeLabelsState> state_;

@@ -3,7 +3,7 @@
 // spec.nodeName field selector, merge patches). Covers the annotation written once and only on
 // change, its removal, a deleted pod, the socket absent then appearing, a kubelet restart,
 // unknown device IDs, and no API request at steady state.
-#include "apiserver.h"
+#include "support/api_sim.hpp"
 #include "kubelet_sim.h"
 #include "loop/config.hpp"
 #include "modules/device_plugin/messages.hpp"
@@ -63,16 +63,9 @@ class PodResourcesModuleTest : public ::testing::Test {
     h_.site.paths.kubelet_dir = (dir_ / "k").string();
 
     sim::ApiServerOptions api_options;
-    api_options.state_dir = dir_ / "api";
     api_options.bookmark_interval = std::chrono::milliseconds(200);
-    api_ = std::make_unique<sim::ApiServer>(api_options);
-    api_->Start();
-    kube::ClientConfig config;
-    config.server = api_->BaseUrl();
-    config.ca_pem = api_->CaPem();
-    config.token_file = dir_ / "api/token";
-    config.qps = 1000;
-    config.burst = 1000;
+    api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api", api_options);
+    kube::ClientConfig config = api_->ClientConfig();
     config.request_timeout = std::chrono::milliseconds(5000);
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
                                                  config);
@@ -169,7 +162,7 @@ class PodResourcesModuleTest : public ::testing::Test {
 
   test::LoopHarness h_;
   fs::path dir_;
-  std::unique_ptr<sim::ApiServer> api_;
+  std::unique_ptr<gns::test::ApiSim> api_;
   std::shared_ptr<kube::KubeClient> client_;
   std::shared_ptr<kube::InformerRegistry> informers_;
   sim::KubeletSimOptions sim_options_;
