@@ -30,7 +30,9 @@ class UnaryCall : public std::enable_shared_from_this<UnaryCall<Request, Respons
     if (finished_) return;
     finished_ = true;
     auto self = this->shared_from_this();
-    void* tag = GrpcQueue::Tag([self](bool) {});  // keeps the call until gRPC is done with it
+    // Keeps the call until gRPC is done with it. Released on the queue thread: waking the loop
+    // only to drop a reference cost a loop wake-up per call (the kubelet's GetInfo probes).
+    void* tag = GrpcQueue::Tag([self](bool) {}, GrpcQueue::On::kQueueThread);
     if (!queue_.Begin([&] { responder_.Finish(response, status, tag); })) GrpcQueue::Discard(tag);
   }
   bool Finished() const { return finished_; }
