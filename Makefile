@@ -28,7 +28,7 @@ run: build
 	tools/sim/run-local.sh $(RELEASE_DIR)
 
 $(TEST_DIR)/build.ninja: | deps
-	cmake -S . -B $(TEST_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGNS_SANITIZE=ON -DGNS_WERROR=ON -DGNS_BUILD_BENCH=ON -DGNS_SHARED_LIBS=ON
+	cmake -S . -B $(TEST_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGNS_SANITIZE=ON -DGNS_WERROR=ON -DGNS_UNITY_BUILD=ON -DGNS_BUILD_BENCH=ON -DGNS_SHARED_LIBS=ON
 
 test: deps $(TEST_DIR)/build.ninja
 	cmake --build $(TEST_DIR) -j $(JOBS)
