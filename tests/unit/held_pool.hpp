@@ -1,0 +1,44 @@
+#pragma once
+// Holds every thread of a BlockingPool until Release (or the end of the scope): work queued
+// meanwhile waits, as a read from a slow disk would. For tests that show a module keeps the
+// loop serving while its state is read on the pool. (Belongs in tests/support/ once that
+// folder is free to edit.)
+
+#include "loop/blocking_pool.hpp"
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+namespace gns::test {
+
+class HeldPool {
+ public:
+  // `threads`: the pool's size (LoopHarness: 2); returns once every one of them is held.
+  explicit HeldPool(BlockingPool& pool, int threads = 2) {
+    const std::shared_future<void> opened = open_.get_future().share();
+    for (int i = 0; i < threads; ++i) {
+      pool.Execute([this, open = opened] {
+        ++held_;
+        open.wait();
+      });
+    }
+    while (held_.load() < threads) std::this_thread::yield();
+  }
+  ~HeldPool() { Release(); }
+  HeldPool(const HeldPool&) = delete;
+  HeldPool& operator=(const HeldPool&) = delete;
+
+  void Release() {
+    if (released_) return;
+    released_ = true;
+    open_.set_value();
+  }
+
+ private:
+  std::promise<void> open_;
+  std::atomic<int> held_{0};
+  bool released_ = false;
+};
+
+}  // namespace gns::test
