@@ -22,6 +22,7 @@
 #include "modules/kube/informer.hpp"
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
+#include "unit/held_pool.hpp"
 #include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -176,6 +177,8 @@ class DraModuleTest : public ::testing::Test {
 
   void StartModule(DraComputeDomainModule::Config config = {}) {
     module_.Start(config);
+    // The claim state is read on the pool: started once it is back.
+    EXPECT_TRUE(h_.RunUntil([&] { return !module_->Loading(); })) << "the claim state never loaded";
     h_.Drain();
   }
 
@@ -805,6 +808,70 @@ TEST_F(DraModuleTest, ACompletedClaimSurvivesARestart) {
   }));
   EXPECT_EQ(PrepareError(claim), "");
   EXPECT_EQ(Prepares("already_prepared"), 1);
+}
+
+// Issue #24 §6: the checkpoint and the claim log are read on the pool, not on the loop (a large
+// log or a slow disk once stalled every module and /healthz). While they load the loop serves,
+// the module says it is loading (not ready), and the kubelet cannot reach it: no socket, no
+// registration, so no NodePrepare is answered without the claims it must know. Once they are
+// back the prepared claim is known and answered as such: never prepared twice.
+TEST_F(DraModuleTest, TheClaimStateIsReadOffTheLoopAndNothingIsServedBeforeIt) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("loaded");
+  ASSERT_EQ(PrepareError(claim), "");
+  StopModule();
+  ASSERT_FALSE(fs::exists(paths_.dra_socket));
+
+  gns::test::HeldPool held(h_.pool);  // the read cannot finish
+  module_.Start(DraComputeDomainModule::Config{});
+  bool served = false;
+  h_.loop.Post([&] { served = true; });
+  h_.Drain();
+  EXPECT_TRUE(served) << "the loop did not turn while the claim state loads";
+  EXPECT_TRUE(module_->Loading());
+  EXPECT_EQ(module_.health, ModuleHealth::kUnhealthy);
+  EXPECT_NE(module_.health_detail.find("loading " + paths_.checkpoint_file), std::string::npos)
+      << module_.health_detail;
+  EXPECT_FALSE(fs::exists(paths_.dra_socket)) << "served before the claim state was loaded";
+  EXPECT_FALSE(fs::exists(paths_.registration_socket));
+
+  held.Release();
+  ASSERT_TRUE(h_.RunUntil([&] { return !module_->Loading(); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered && State()->prepared_claims.size() == 1; }));
+  EXPECT_TRUE(module_.failures.empty());
+  ASSERT_TRUE(h_.OffLoop([&] {
+    return sim_->WaitFor([](const sim::KubeletState& s) {
+      const auto* d = s.FindDraDriver(kDriverName);
+      return d != nullptr && d->registrations >= 2;
+    }, seconds(20));
+  }));
+  EXPECT_EQ(PrepareError(claim), "");
+  EXPECT_EQ(Prepares("ok"), 1);
+  EXPECT_EQ(Prepares("already_prepared"), 1);
+}
+
+// A stop while the claim state loads: the late read touches nothing of the gone instance (ASan
+// would say), nothing is written, and the next start knows the claim.
+TEST_F(DraModuleTest, AStopWhileTheClaimStateLoadsKeepsItForTheNextStart) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("kept");
+  ASSERT_EQ(PrepareError(claim), "");
+  StopModule();
+  {
+    gns::test::HeldPool held(h_.pool);
+    module_.Start(DraComputeDomainModule::Config{});
+    h_.Drain();
+    StopModule();
+  }
+  bool after = false;
+  h_.pool.Run([] { return 0; }, [&](int, std::exception_ptr) { after = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return after; }));
+  h_.Drain();
+  EXPECT_FALSE(fs::exists(paths_.dra_socket));
+  EXPECT_NE(LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file).state.Find(claim.uid), nullptr);
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
+  EXPECT_TRUE(module_.failures.empty());
 }
 
 TEST_F(DraModuleTest, ACorruptCheckpointIsMovedAsideReportedAndTheModuleStartsClean) {
