@@ -5,8 +5,10 @@
 // folder is free to edit.)
 
 #include "loop/blocking_pool.hpp"
+#include "support/loop_harness.hpp"
 
 #include <atomic>
+#include <exception>
 #include <future>
 #include <thread>
 
@@ -40,5 +42,15 @@ class HeldPool {
   std::atomic<int> held_{0};
   bool released_ = false;
 };
+
+// Queues a marker on the harness's pool and turns the loop until it is back, then runs what is
+// ready: results of work queued before it (a late state read) have reached the loop by then.
+inline bool FlushPool(LoopHarness& h) {
+  bool back = false;
+  h.pool.Run([] { return 0; }, [&back](int, std::exception_ptr) { back = true; });
+  const bool ok = h.RunUntil([&] { return back; });
+  h.Drain();
+  return ok;
+}
 
 }  // namespace gns::test

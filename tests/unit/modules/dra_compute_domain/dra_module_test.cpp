@@ -194,6 +194,16 @@ class DraModuleTest : public ::testing::Test {
     module_.Stop();
   }
 
+  // The kubelet simulator has seen `n` registrations of the driver (over its restarts).
+  bool WaitForRegistrations(int n) {
+    return h_.OffLoop([&] {
+      return sim_->WaitFor([n](const sim::KubeletState& s) {
+        const auto* d = s.FindDraDriver(kDriverName);
+        return d != nullptr && d->registrations >= n;
+      }, seconds(20));
+    });
+  }
+
   const DraComputeDomainState* State() { return h_.bus.Latest<DraComputeDomainState>(); }
 
   // Driver-managed IMEX (HostManagedIMEX off) with tools/sim/imex's fake daemon on a loopback
@@ -800,12 +810,7 @@ TEST_F(DraModuleTest, ACompletedClaimSurvivesARestart) {
   StartModule();
   ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
   EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
-  ASSERT_TRUE(h_.OffLoop([&] {
-    return sim_->WaitFor([](const sim::KubeletState& s) {
-      const auto* d = s.FindDraDriver(kDriverName);
-      return d != nullptr && d->registrations >= 2;
-    }, seconds(20));
-  }));
+  ASSERT_TRUE(WaitForRegistrations(2));
   EXPECT_EQ(PrepareError(claim), "");
   EXPECT_EQ(Prepares("already_prepared"), 1);
 }
@@ -839,12 +844,7 @@ TEST_F(DraModuleTest, TheClaimStateIsReadOffTheLoopAndNothingIsServedBeforeIt) {
   ASSERT_TRUE(h_.RunUntil([&] { return !module_->Loading(); }));
   ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered && State()->prepared_claims.size() == 1; }));
   EXPECT_TRUE(module_.failures.empty());
-  ASSERT_TRUE(h_.OffLoop([&] {
-    return sim_->WaitFor([](const sim::KubeletState& s) {
-      const auto* d = s.FindDraDriver(kDriverName);
-      return d != nullptr && d->registrations >= 2;
-    }, seconds(20));
-  }));
+  ASSERT_TRUE(WaitForRegistrations(2));
   EXPECT_EQ(PrepareError(claim), "");
   EXPECT_EQ(Prepares("ok"), 1);
   EXPECT_EQ(Prepares("already_prepared"), 1);
@@ -863,10 +863,7 @@ TEST_F(DraModuleTest, AStopWhileTheClaimStateLoadsKeepsItForTheNextStart) {
     h_.Drain();
     StopModule();
   }
-  bool after = false;
-  h_.pool.Run([] { return 0; }, [&](int, std::exception_ptr) { after = true; });
-  ASSERT_TRUE(h_.RunUntil([&] { return after; }));
-  h_.Drain();
+  ASSERT_TRUE(gns::test::FlushPool(h_));  // the late read has come back to no one
   EXPECT_FALSE(fs::exists(paths_.dra_socket));
   EXPECT_NE(LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file).state.Find(claim.uid), nullptr);
   StartModule();
@@ -978,12 +975,7 @@ TEST_F(DraModuleTest, ADamagedClaimLogIsReportedMovedAsideAndTheModuleServesWhat
     return !event.is_null();
   }));
   EXPECT_NE(event["note"].get<std::string>().find("claim log"), std::string::npos) << event.dump();
-  ASSERT_TRUE(h_.OffLoop([&] {
-    return sim_->WaitFor([](const sim::KubeletState& s) {
-      const auto* d = s.FindDraDriver(kDriverName);
-      return d != nullptr && d->registrations >= 2;
-    }, seconds(20));
-  }));
+  ASSERT_TRUE(WaitForRegistrations(2));
   // It keeps serving: the prepared claim answers from its record, unprepare works.
   EXPECT_EQ(PrepareError(second), "");
   EXPECT_EQ(Unprepare({second}).claims.at(second.uid), "");

@@ -728,6 +728,16 @@ class GpuHealthPersistTest : public GpuHealthModuleTest {
     StartModule();
   }
 
+  // Boot A, XID 48 on kUuid: Unhealthy, on disk; then the instance stops.
+  void SaveAnUnhealthyVerdictAndStop() {
+    SetHostBoot(kBootA);
+    h_.bus.Publish(TwoGpus());
+    StartModule();
+    h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+    EXPECT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+    StopAndForget();
+  }
+
   std::vector<fs::path> CorruptCopies() {
     std::vector<fs::path> out;
     for (const auto& entry : fs::directory_iterator(h_.site.paths.state_dir + "/gpu-health")) {
@@ -934,12 +944,7 @@ TEST_F(GpuHealthPersistTest, AFifoOrALinkToADeviceInPlaceOfTheFileIsMovedAsideNo
 // serving, the module is running but not ready and says why, and nothing is judged or published
 // that the restored verdicts would have to override; once it is back they are restored once.
 TEST_F(GpuHealthPersistTest, TheCheckpointIsReadOffTheLoopAndNothingIsPublishedBeforeIt) {
-  SetHostBoot(kBootA);
-  h_.bus.Publish(TwoGpus());
-  StartModule();
-  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
-  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
-  StopAndForget();
+  SaveAnUnhealthyVerdictAndStop();
 
   gns::test::HeldPool held(h_.pool);  // the read cannot finish
   module_.Start(config_);
@@ -968,12 +973,7 @@ TEST_F(GpuHealthPersistTest, TheCheckpointIsReadOffTheLoopAndNothingIsPublishedB
 // would say), the file is not overwritten with the empty state of an instance that never
 // loaded it, and the next start restores it.
 TEST_F(GpuHealthPersistTest, AStopWhileTheCheckpointLoadsKeepsItForTheNextStart) {
-  SetHostBoot(kBootA);
-  h_.bus.Publish(TwoGpus());
-  StartModule();
-  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
-  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
-  StopAndForget();
+  SaveAnUnhealthyVerdictAndStop();
 
   {
     gns::test::HeldPool held(h_.pool);
@@ -982,10 +982,7 @@ TEST_F(GpuHealthPersistTest, AStopWhileTheCheckpointLoadsKeepsItForTheNextStart)
     StopModule();  // finishes without the pool
   }
   // The read comes back to no one.
-  bool after = false;
-  h_.pool.Run([] { return 0; }, [&](int, std::exception_ptr) { after = true; });
-  ASSERT_TRUE(h_.RunUntil([&] { return after; }));
-  h_.Drain();
+  ASSERT_TRUE(gns::test::FlushPool(h_));  // the late read has come back to no one
   EXPECT_TRUE(health_.empty());
   EXPECT_EQ(SavedHealthy(kUuid), false);
 
