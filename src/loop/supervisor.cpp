@@ -162,6 +162,9 @@ void Supervisor::StartSlot(Slot& slot) {
       [this, &slot, generation](ModuleHealth health, std::string detail) {
         OnHealth(slot, generation, health, std::move(detail));
       });
+  // What the module says about itself from now on stands: a module that reports its health
+  // from inside Start (still loading its state: not ready) keeps that detail once running.
+  slot.status.detail.clear();
   try {
     slot.instance = slot.factory(*slot.context);
     slot.instance->Start();
@@ -170,7 +173,6 @@ void Supervisor::StartSlot(Slot& slot) {
     return;
   }
   slot.status.state = ModuleState::kRunning;
-  slot.status.detail.clear();
   slot.started_at = parts_.clock.Now();
   slot.context->Log().info("running");
   Changed();

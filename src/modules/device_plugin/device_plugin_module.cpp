@@ -208,7 +208,8 @@ DevicePluginModule::DevicePluginModule(ModuleContext& context, const Config& con
                                CdiSettings{config.allocation.cdi_kind, config.driver_root, config.cdi_hook_path},
                                config.cdi_remove_on_stop},
            [this] { PublishState(); }),
-      mps_timer_(context.GetLoop().Io()) {}
+      mps_timer_(context.GetLoop().Io()),
+      health_wait_timer_(context.GetLoop().Io()) {}
 
 DevicePluginModule::~DevicePluginModule() { *alive_ = false; }
 
@@ -241,8 +242,37 @@ void DevicePluginModule::Start() {
     if (tracker_.OnDeviceHealth(health)) Replan();
   });
   SayWhatHealthMeans();
+  WaitForHealthState();
   Replan();
   serving_started_ = true;
+}
+
+void DevicePluginModule::WaitForHealthState() {
+  // gpu-health restores this boot's verdicts on the pool (issue #24 item 6), after this module
+  // may have started: the first advertisement waits for its state, so a GPU it restores
+  // Unhealthy is never offered as Healthy first. Bounded: a gpu-health that cannot start must
+  // not keep every GPU from the kubelet.
+  const auto* states = context_.GetBus().Latest<ModuleStates>();
+  const bool health_enabled = states != nullptr && std::any_of(states->modules.begin(), states->modules.end(),
+                                                               [](const ModuleStatus& m) { return m.name == kHealthModule; });
+  if (!health_enabled || context_.GetBus().Latest<gpu_health::GpuHealthState>() != nullptr) return;
+  awaiting_health_ = true;
+  health_state_sub_ = context_.GetBus().Subscribe<gpu_health::GpuHealthState>(
+      [this](const gpu_health::GpuHealthState&) { HealthStateKnown(); });
+  health_wait_timer_.expires_after(kHealthStateWait);
+  health_wait_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (ec || !*alive || !awaiting_health_) return;
+    context_.Log().warn("{} has not published its state after {} s: advertising without it", kHealthModule,
+                        std::chrono::duration_cast<std::chrono::seconds>(kHealthStateWait).count());
+    HealthStateKnown();
+  });
+}
+
+void DevicePluginModule::HealthStateKnown() {
+  if (!awaiting_health_) return;
+  awaiting_health_ = false;
+  health_wait_timer_.cancel();
+  Replan();
 }
 
 void DevicePluginModule::SayWhatHealthMeans() {
@@ -260,7 +290,7 @@ void DevicePluginModule::SayWhatHealthMeans() {
 }
 
 void DevicePluginModule::Replan() {
-  if (!started_ || stopping_) return;
+  if (!started_ || stopping_ || awaiting_health_) return;
   Plan next = MakePlan(tracker_.Gpus(), MakePlanSettings());
   if (next.error != plan_.error && !next.error.empty()) context_.Log().error("{}", next.error);
   plan_ = std::move(next);
@@ -665,9 +695,11 @@ std::vector<std::string> DevicePluginModule::ExistingControlDevices() const {
 void DevicePluginModule::Stop(std::function<void()> done) {
   stopping_ = true;
   mps_timer_.cancel();
+  health_wait_timer_.cancel();
   watcher_.Stop();
   inventory_sub_.Reset();
   health_sub_.Reset();
+  health_state_sub_.Reset();
   // Every endpoint shuts down off the loop, and the CDI spec goes when configured; `done` once
   // the last of them is done.
   auto remaining = std::make_shared<std::size_t>(endpoints_.size() + 1);

@@ -79,6 +79,10 @@ class DevicePluginModule final : public Module {
   void OnEndpointStateChanged();
   void PublishState();
   void SayWhatHealthMeans();
+  // The first plan waits (bounded) for gpu-health's state when gpu-health is enabled.
+  void WaitForHealthState();
+  void HealthStateKnown();
+  static constexpr std::chrono::milliseconds kHealthStateWait{10000};
   std::vector<std::string> ExistingControlDevices() const;
   // A device as advertised: its physical device's health and, for an MPS resource, whether the
   // control daemon answers. `reason` (optional) says why not.
@@ -117,9 +121,14 @@ class DevicePluginModule final : public Module {
   std::map<std::string, std::string> mps_problem_;
   boost::asio::steady_timer mps_timer_;
   bool mps_timer_armed_ = false;
+  // gpu-health is enabled and has not yet published its state (it restores this boot's
+  // verdicts off the loop): nothing is advertised until it has, or kHealthStateWait passed.
+  bool awaiting_health_ = false;
+  boost::asio::steady_timer health_wait_timer_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   Subscription inventory_sub_;
   Subscription health_sub_;
+  Subscription health_state_sub_;
 };
 
 }  // namespace gns::device_plugin

@@ -1,5 +1,7 @@
 // The dra-compute-domain module.
 #include "modules/dra_compute_domain/dra_module.hpp"
+#include "loop/state_file.hpp"
+#include "loop/state_load.hpp"
 
 // GCC 12 at -O2 (GCC bug 109224): once Asio's coroutine frame allocation (operator new through
 // thread_info_base) and the frame's own sized operator delete are both inlined into a coroutine,
@@ -375,8 +377,8 @@ void DraComputeDomainModule::Start() {
 
   auto& services = context_.GetServices();
   client_ = services.Find<kube::KubeClient>();
-  const auto informers = services.Find<kube::InformerRegistry>();
-  if (!client_ || !informers) {
+  informers_ = services.Find<kube::InformerRegistry>();
+  if (!client_ || !informers_) {
     throw std::runtime_error("the kube module's client is not available (is the `kube` module enabled?)");
   }
   events_ = services.Find<kube::EventRecorder>();
@@ -388,15 +390,40 @@ void DraComputeDomainModule::Start() {
   channel_major_ = *major.major;
   context_.Log().info("IMEX channel major {} (from {})", channel_major_, paths_.proc_devices);
 
-  LoadAndReconcile();
+  // The claim state (and the domain record) are read on the pool: a large claim log or a slow
+  // disk must not stall the loop. Nothing is served before they are back: the DRA and
+  // registration sockets are not even there, so the kubelet cannot call NodePrepare early.
+  loading_ = true;
+  LoadStateOffLoop(
+      context_, alive_, paths_.checkpoint_file + " and " + paths_.claim_log_file,
+      [checkpoint = paths_.checkpoint_file, log = paths_.claim_log_file,
+       record = host_managed_ ? std::string() : DriverManagedDomains::RecordFile(paths_.state_dir)] {
+        StartFiles files;
+        files.claims = LoadClaimState(checkpoint, log);
+        if (!record.empty()) files.domains = LoadDomainRecord(record);
+        return files;
+      },
+      [this](StartFiles files) {
+        if (stopping_) return;
+        loading_ = false;
+        try {
+          Serve(std::move(files));
+        } catch (const std::exception& e) {
+          context_.ReportFailure(std::string("start failed: ") + e.what());
+        }
+      });
+}
+
+void DraComputeDomainModule::Serve(StartFiles files) {
+  LoadAndReconcile(std::move(files.claims));
   if (!host_managed_) {
     DriverManagedSettings settings = config_.driver_managed;
     settings.node_name = node_name_;
     settings.state_dir = paths_.state_dir;
     settings.dns_names = context_.Site().gates.Enabled(gates::kIMEXDaemonsWithDNSNames);
     settings.cliques = context_.Site().gates.Enabled(gates::kComputeDomainCliques);
-    domains_ = std::make_unique<DriverManagedDomains>(context_, settings, client_, informers);
-    domains_->Load();
+    domains_ = std::make_unique<DriverManagedDomains>(context_, settings, client_, informers_);
+    domains_->Load(std::move(files.domains));
   }
 
   auto& bus = context_.GetBus();
@@ -457,20 +484,19 @@ void DraComputeDomainModule::Start() {
       PublishSlice();
     }
   });
-  slice_informer_ = informers->Acquire(spec);
+  slice_informer_ = informers_->Acquire(spec);
   if (!corrupt_note_.empty()) RecordCorruptCheckpointEvent();
   PublishSlice();
   ScheduleResync();
   PublishState();
 }
 
-void DraComputeDomainModule::LoadAndReconcile() {
+void DraComputeDomainModule::LoadAndReconcile(ClaimStateLoad loaded) {
   checkpoint_ = {};
   corrupt_note_.clear();
   log_.reset();
   const auto& path = paths_.checkpoint_file;
   const auto& log_path = paths_.claim_log_file;
-  ClaimStateLoad loaded = LoadClaimState(path, log_path);
   const auto now_s = UnixMillis(context_.GetClock()) / 1000;
   switch (loaded.checkpoint.status) {
     case CheckpointStatus::kLoaded:

@@ -42,6 +42,7 @@ namespace gns::kube {
 class KubeClient;
 class Informer;
 class EventRecorder;
+class InformerRegistry;
 struct Result;
 }  // namespace gns::kube
 
@@ -86,6 +87,8 @@ class DraComputeDomainModule final : public Module, private DraHandler {
 
   void Start() override;
   void Stop(std::function<void()> done) override;
+  // The claim state is being read on the pool: the kubelet plugin is not served yet.
+  bool Loading() const { return loading_; }
 
  private:
   // DraHandler (loop thread).
@@ -93,7 +96,14 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   void Unprepare(std::vector<ClaimRef> claims, std::function<void(UnprepareResults)> done) override;
 
   // Start steps (blocking, small files).
-  void LoadAndReconcile();
+  // What Start reads on the pool (never on the loop): the claim state, domains.json.
+  struct StartFiles {
+    ClaimStateLoad claims;
+    DomainRecordLoad domains;  // driver-managed only
+  };
+  // Start, continued once they are back: reconcile, then serve (the kubelet reaches us only then).
+  void Serve(StartFiles files);
+  void LoadAndReconcile(ClaimStateLoad loaded);
   void LogGates();
 
   // The per-node serialisation of kubelet calls and compactions: a FIFO drained in order, one job
@@ -179,6 +189,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   std::string corrupt_note_;  // set when the checkpoint was moved aside; the Node Event's note
 
   std::shared_ptr<kube::KubeClient> client_;
+  std::shared_ptr<kube::InformerRegistry> informers_;
   std::shared_ptr<kube::EventRecorder> events_;
   std::shared_ptr<kube::Informer> slice_informer_;
   std::string slice_informer_key_;
@@ -189,6 +200,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   std::deque<Job> jobs_;
   bool jobs_running_ = false;  // RunJobs is spawned and has not ended
   bool stopping_ = false;
+  bool loading_ = false;  // the claim state is being read on the pool: nothing is served yet
 
   // Slice publishing: one write in flight; a request during it is remembered.
   std::string node_uid_;

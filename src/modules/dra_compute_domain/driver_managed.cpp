@@ -166,7 +166,7 @@ DriverManagedDomains::DriverManagedDomains(ModuleContext& context, DriverManaged
       informers_(std::move(informers)),
       field_manager_(EntryFieldManager(settings_.node_name)),
       node_address_(settings_.node_address),
-      record_file_(JoinPath(settings_.state_dir, "domains.json")) {
+      record_file_(RecordFile(settings_.state_dir)) {
   events_sub_ = context_.GetBus().Subscribe<kube::ResourceEvent>(
       [this](const kube::ResourceEvent& event) { OnEvent(event); });
 }
@@ -175,8 +175,11 @@ DriverManagedDomains::~DriverManagedDomains() { *alive_ = false; }
 
 // ---------------------------------------------------------------------------------- start
 
-void DriverManagedDomains::Load() {
-  auto loaded = LoadDomainRecord(record_file_);
+std::string DriverManagedDomains::RecordFile(const std::string& state_dir) {
+  return JoinPath(state_dir, "domains.json");
+}
+
+void DriverManagedDomains::Load(DomainRecordLoad loaded) {
   switch (loaded.status) {
     case RecordLoad::kLoaded:
       loaded_ = std::move(loaded.record);

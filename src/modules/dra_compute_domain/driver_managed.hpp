@@ -80,9 +80,11 @@ class DriverManagedDomains {
   DriverManagedDomains(const DriverManagedDomains&) = delete;
   DriverManagedDomains& operator=(const DriverManagedDomains&) = delete;
 
-  // Blocking (Start): reads domains.json. Throws when it exists but cannot be read; a corrupt
-  // one is moved aside (logged loudly) and the node starts with no domains.
-  void Load();
+  // domains.json under `state_dir`: read (LoadDomainRecord, blocking) on the pool at start.
+  static std::string RecordFile(const std::string& state_dir);
+  // Takes domains.json as read. Throws when it exists but could not be read; a corrupt one is
+  // moved aside (logged loudly) and the node starts with no domains.
+  void Load(DomainRecordLoad loaded);
   // On the loop after Load: domains with claims resume (label, registration, files, daemon);
   // claims the DRA checkpoint does not hold as prepared are checked against the API (a deleted
   // claim is dropped); domains left without claims are torn down.

@@ -466,8 +466,12 @@ void GkmAgentModule::Finish(const std::string& key, const std::string& image, co
     } else {
       context_.Log().info("cache {}: {}{}", key, c.state, c.reason.empty() ? "" : " (" + c.reason + ")");
     }
-    if (c.state == "Ready") WatchUsage(key);
-    WriteStatus(key);
+    if (c.state == "Ready") {
+      WatchUsage(key);
+      RefreshUsage(key);  // writes the status once usage.json is read
+    } else {
+      WriteStatus(key);
+    }
   }
   UpdateGauges();
   PumpQueue();
@@ -506,8 +510,38 @@ void GkmAgentModule::Forget(const std::string& key, const json& last) {
   UpdateGauges();
 }
 
-json GkmAgentModule::ReadUsage(const Cache& cache) const {
-  const std::string path = config_.usage_root + "/" + CacheRelPath(cache.cluster, cache.ns, cache.name) + "/usage.json";
+std::string GkmAgentModule::UsagePath(const Cache& cache) const {
+  return config_.usage_root + "/" + CacheRelPath(cache.cluster, cache.ns, cache.name) + "/usage.json";
+}
+
+void GkmAgentModule::RefreshUsage(const std::string& key) {
+  auto it = caches_.find(key);
+  if (it == caches_.end()) return;
+  Cache& c = it->second;
+  if (c.usage_reading) {
+    c.usage_changed = true;  // read again once this read is back
+    return;
+  }
+  c.usage_reading = true;
+  context_.Pool().Run([path = UsagePath(c)] { return ReadUsage(path); },
+                      [this, key, alive = alive_](json pods, std::exception_ptr error) {
+                        if (!*alive) return;
+                        auto it = caches_.find(key);
+                        if (it == caches_.end()) return;  // deleted meanwhile
+                        Cache& c = it->second;
+                        c.usage_reading = false;
+                        // ReadUsage does not throw; a throw (a bug) keeps the pods last read.
+                        if (!error) c.pods = std::move(pods);
+                        if (c.usage_changed) {
+                          c.usage_changed = false;
+                          RefreshUsage(key);
+                          return;
+                        }
+                        WriteStatus(key);
+                      });
+}
+
+json GkmAgentModule::ReadUsage(const std::string& path) {
   // Written by the CSI side for pods: bounded, regular files only (loop/state_file.hpp).
   const auto read = ReadStateFile(path, 1u << 20);
   if (read.status != StateFileRead::Status::kRead) return json::array();
@@ -542,7 +576,7 @@ void GkmAgentModule::WatchUsage(const std::string& key) {
   }
   c.usage_watch = std::make_unique<DirWatcher>(context_.GetLoop().Io(), dir,
                                                [this, key](DirWatcher::Change, const std::string& name) {
-                                                 if (name.empty() || name == "usage.json") WriteStatus(key);
+                                                 if (name.empty() || name == "usage.json") RefreshUsage(key);
                                                });
   try {
     c.usage_watch->Start();
@@ -590,7 +624,7 @@ void GkmAgentModule::WriteStatus(const std::string& key) {
   if (!c.message.empty()) entry["message"] = c.message;
   if (c.state == "Ready") {
     entry["volumeSize"] = c.size_bytes;
-    entry["pods"] = ReadUsage(c);
+    entry["pods"] = c.pods;
   }
   json status = {{"nodeName", node_}, {"gpus", gpus}, {"caches", {{c.name, entry}}}};
   const std::string text = status.dump();

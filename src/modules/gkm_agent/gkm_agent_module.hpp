@@ -83,6 +83,11 @@ class GkmAgentModule final : public Module {
     std::unique_ptr<boost::asio::steady_timer> status_retry;
     Backoff status_backoff{kStatusRetry};
     std::unique_ptr<DirWatcher> usage_watch;
+    // usage.json as last read (on the pool): the pods in the status; one read at a time, a
+    // change during it reads again.
+    nlohmann::json pods = nlohmann::json::array();
+    bool usage_reading = false;
+    bool usage_changed = false;
     bool queued = false;
   };
   const std::map<std::string, Cache>& Caches() const { return caches_; }
@@ -106,7 +111,12 @@ class GkmAgentModule final : public Module {
   // The status write of `key` failed: forget what was written and write it again later.
   void RetryStatus(const std::string& key, std::chrono::milliseconds retry_after);
   void WatchUsage(const std::string& key);
-  nlohmann::json ReadUsage(const Cache& cache) const;
+  // Reads usage.json on the pool (never on the loop: the CSI side writes it, anything may stand
+  // there), then writes the status with the pods it names.
+  void RefreshUsage(const std::string& key);
+  std::string UsagePath(const Cache& cache) const;
+  // Blocking: the pods usage.json names ([] for anything unusable).
+  static nlohmann::json ReadUsage(const std::string& path);
   std::string CacheDir(const Cache& cache) const;
   std::string ObjectName(const Cache& cache) const;
   kube::ResourcePath NodePath(const Cache& cache) const;

@@ -4,6 +4,7 @@
 #include "loop/atomic_file.hpp"
 #include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
+#include "loop/state_load.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
@@ -144,8 +145,35 @@ int64_t GpuHealthModule::NowMs() const {
 
 void GpuHealthModule::Start() {
   // Before anything can change a verdict: what this boot already decided, and where in the
-  // health stream that was.
-  LoadCheckpoint();
+  // health stream that was. Read on the pool (a slow or large file must not stall the loop);
+  // until it is back nothing is subscribed, so no line is judged and no verdict published that
+  // a restored Unhealthy one would have to override (the device plugin would have offered it).
+  if (state_path_.empty()) {
+    Serve();
+    return;
+  }
+  namespace fs = std::filesystem;
+  const std::string& root = context_.Site().paths.host_root;
+  std::string boot_path = (fs::path(root.empty() ? "/" : root) / "proc/sys/kernel/random/boot_id").string();
+  loading_ = true;
+  LoadStateOffLoop(
+      context_, alive_, state_path_,
+      [boot_path, state_path = state_path_] { return ReadStartFiles(boot_path, state_path); },
+      [this](StartFiles files) {
+        if (stopping_) return;
+        loading_ = false;
+        try {
+          LoadCheckpoint(std::move(files));
+          Serve();
+        } catch (const std::exception& e) {
+          context_.ReportFailure(std::string("start failed: ") + e.what());
+          return;
+        }
+        UpdateModuleHealth();
+      });
+}
+
+void GpuHealthModule::Serve() {
   auto& bus = context_.GetBus();
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
     judge_.OnInventory(inv.gpus, NowMs());
@@ -351,15 +379,23 @@ std::string GpuHealthModule::SetHealthy(std::string_view target, std::string_vie
 
 // --- the checkpoint: <stateDir>/gpu-health/devices.json -----------------------------------
 
-void GpuHealthModule::LoadCheckpoint() {
-  if (state_path_.empty()) return;
-  namespace fs = std::filesystem;
-  const std::string& root = context_.Site().paths.host_root;
-  const std::string boot_path = (fs::path(root.empty() ? "/" : root) / "proc/sys/kernel/random/boot_id").string();
-  std::string text;
+GpuHealthModule::StartFiles GpuHealthModule::ReadStartFiles(const std::string& boot_path,
+                                                             const std::string& state_path) {
+  StartFiles files;
+  files.boot_path = boot_path;
   std::string error;
-  if (ReadWholeFile(boot_path, text, error)) {
-    persist_boot_ = NormalizeBootId(text);
+  files.boot_read = ReadWholeFile(boot_path, files.boot_text, error);
+  // Bounded and type-checked (a FIFO, /dev/zero or a huge file here is refused, not read). The
+  // file holds a verdict and XID counts per GPU: kilobytes; 1 MiB parses in milliseconds.
+  files.state = ReadStateFile(state_path, 1u << 20);
+  return files;
+}
+
+void GpuHealthModule::LoadCheckpoint(StartFiles files) {
+  const std::string& boot_path = files.boot_path;
+  std::string error;
+  if (files.boot_read) {
+    persist_boot_ = NormalizeBootId(files.boot_text);
     if (persist_boot_.empty()) Bad("bad_boot_id", boot_path + " does not hold a boot ID");
   }
   boot_from_host_ = !persist_boot_.empty();
@@ -367,9 +403,7 @@ void GpuHealthModule::LoadCheckpoint() {
     context_.Log().info("{} unreadable: the saved verdicts wait for the boot journald reports", boot_path);
   }
 
-  // Bounded and type-checked (a FIFO, /dev/zero or a huge file here is refused, not read). The
-  // file holds a verdict and XID counts per GPU: kilobytes; 1 MiB parses in milliseconds.
-  auto read = ReadStateFile(state_path_, 1u << 20);
+  auto& read = files.state;
   if (read.status == StateFileRead::Status::kMissing) return;
   if (read.status == StateFileRead::Status::kUnreadable) {
     Bad("unreadable_state_file", read.error + "; starting with every device Healthy");

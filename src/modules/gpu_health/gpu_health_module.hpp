@@ -25,6 +25,7 @@
 
 #include "loop/module.hpp"
 #include "loop/rate_limited_log.hpp"
+#include "loop/state_file.hpp"
 #include "modules/gpu_health/health_checkpoint.hpp"
 #include "modules/gpu_health/health_report.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -83,6 +84,8 @@ class GpuHealthModule final : public Module {
   void Stop(std::function<void()> done) override;
 
   const std::string& StatePath() const { return state_path_; }
+  // devices.json (and the host's boot ID) are being read on the pool: nothing is judged yet.
+  bool Loading() const { return loading_; }
   // set-healthy <uuid>|all: what the admin socket and the annotation call. Returns the answer.
   std::string SetHealthy(std::string_view target, std::string_view who);
   // The admin request line handler.
@@ -101,8 +104,17 @@ class GpuHealthModule final : public Module {
   void OnCounted(std::string_view gpu, uint32_t xid, uint64_t total);
   void Bad(std::string_view kind, std::string_view what);
   void Report();
-  // The checkpoint.
-  void LoadCheckpoint();
+  // Start, continued once the checkpoint is back: everything that may change a verdict.
+  void Serve();
+  // The checkpoint, read on the pool (what the loop gets back).
+  struct StartFiles {
+    std::string boot_path;
+    bool boot_read = false;
+    std::string boot_text;
+    StateFileRead state;
+  };
+  static StartFiles ReadStartFiles(const std::string& boot_path, const std::string& state_path);
+  void LoadCheckpoint(StartFiles files);
   void ResolveBoot(const std::string& boot_id);
   void Restore(const HealthCheckpoint& saved);
   [[nodiscard]] bool CanPersist() const { return !state_path_.empty() && !persist_boot_.empty(); }
@@ -140,6 +152,7 @@ class GpuHealthModule final : public Module {
   // The boot the persisted verdicts belong to: the host's, else the first one journald reports.
   std::string persist_boot_;
   bool boot_from_host_ = false;
+  bool loading_ = false;
   std::optional<HealthCheckpoint> awaiting_boot_;  // loaded while the boot was unknown
   std::string corrupt_note_;  // the state file was moved aside: said in a Node Event at start
 

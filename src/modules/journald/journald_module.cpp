@@ -4,6 +4,7 @@
 #include "loop/atomic_file.hpp"
 #include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
+#include "loop/state_load.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -198,12 +199,23 @@ void JournaldModule::Start() {
     units_ = std::make_unique<JournalStream>(context_.GetLoop().Io(), context_.GetClock(),
                                              options("units", {units}), HooksFor(false));
     units_->Open();
-    const auto saved = LoadCursorFile();
-    const std::string mode = units_->Position(saved, "cursor.json");
-    if (state_.boot_id.empty()) state_.boot_id = units_->PositionedBoot();
-    context_.Log().info("units stream: {} ({})", mode,
-                        mode == "cursor" ? "after the saved cursor" : "boot " + state_.boot_id);
-    units_->Resume();
+    if (cursor_path_.empty()) {
+      PositionUnits(std::nullopt);
+    } else {
+      // cursor.json is read on the pool, not on the loop (a slow disk); the units stream starts
+      // reading only once it knows where to, so no line is published twice or skipped.
+      loading_ = true;
+      LoadStateOffLoop(
+          context_, alive_, cursor_path_,
+          [path = cursor_path_] { return ReadStateFile(path, kMaxCursorFileBytes); },
+          [this](StateFileRead read) {
+            if (stopping_) return;
+            loading_ = false;
+            PositionUnits(CursorFrom(std::move(read)));
+            UpdateHealth();
+            PublishState();
+          });
+    }
   }
   PublishState();
   // The health stream waits for its consumer: a request of this instance may already be
@@ -215,6 +227,13 @@ void JournaldModule::Start() {
                         config_.ack_identifier.empty() ? "" : ", " + config_.ack_identifier + " acknowledgements",
                         state_.reader);
   }
+}
+
+void JournaldModule::PositionUnits(const std::optional<SavedPosition>& saved) {
+  const std::string mode = units_->Position(saved, "cursor.json");
+  if (state_.boot_id.empty()) state_.boot_id = units_->PositionedBoot();
+  context_.Log().info("units stream: {} ({})", mode, mode == "cursor" ? "after the saved cursor" : "boot " + state_.boot_id);
+  units_->Resume();
 }
 
 void JournaldModule::OnHealthRequest(const HealthStreamRequest& request) {
@@ -319,10 +338,7 @@ void JournaldModule::OnUnitEntry(JournalEntry&& entry) {
   context_.GetBus().Publish(std::move(line));
 }
 
-std::optional<SavedPosition> JournaldModule::LoadCursorFile() {
-  if (cursor_path_.empty()) return std::nullopt;
-  // Bounded and type-checked: a FIFO, a device or a huge file here is refused, not read.
-  auto read = ReadStateFile(cursor_path_, kMaxCursorFileBytes);
+std::optional<SavedPosition> JournaldModule::CursorFrom(StateFileRead read) {
   std::string error;
   switch (read.status) {
     case StateFileRead::Status::kMissing:
@@ -351,12 +367,19 @@ void JournaldModule::CursorNotPersisted(const std::string& why) {
   const bool first = cursor_problem_.empty();
   cursor_problem_ = why;
   if (first) context_.Log().error("the units stream's position is not persisted ({}): the streams keep flowing", why);
-  // Posted: the supervisor clears the detail of a module it marks running after Start.
+  // Posted: CursorNotPersisted may be called from Start.
   context_.GetLoop().Post([this, alive = alive_] {
-    if (*alive && !cursor_problem_.empty()) {
-      context_.SetHealth(ModuleHealth::kDegraded, "units stream position not persisted: " + cursor_problem_);
-    }
+    if (*alive) UpdateHealth();
   });
+}
+
+void JournaldModule::UpdateHealth() {
+  if (loading_) return;  // "loading cursor.json" stands until it is back
+  if (!cursor_problem_.empty()) {
+    context_.SetHealth(ModuleHealth::kDegraded, "units stream position not persisted: " + cursor_problem_);
+  } else {
+    context_.SetHealth(ModuleHealth::kOk);
+  }
 }
 
 void JournaldModule::Bad(std::string_view kind, std::string_view what) {
@@ -403,7 +426,7 @@ void JournaldModule::Flush() {
         } else if (!cursor_problem_.empty()) {
           context_.Log().info("{} written again: the units stream's position is persisted", cursor_path_);
           cursor_problem_.clear();
-          context_.SetHealth(ModuleHealth::kOk);
+          UpdateHealth();
         }
         if (stopping_) {
           Flush();  // whatever was read meanwhile, then finish

@@ -30,6 +30,7 @@
 #include "modules/journald/journal_stream.hpp"
 #include "modules/journald/messages.hpp"
 #include "loop/rate_limited_log.hpp"
+#include "loop/state_file.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -76,6 +77,8 @@ class JournaldModule final : public Module {
 
   // The cursor file (empty when the site has no state dir).
   const std::string& CursorPath() const { return cursor_path_; }
+  // cursor.json is being read on the pool: the units stream has not started reading.
+  bool Loading() const { return loading_; }
 
  private:
   JournalStream::Hooks HooksFor(bool health);
@@ -83,7 +86,10 @@ class JournaldModule final : public Module {
   void OnHealthEntry(JournalEntry&& entry);
   void OnUnitEntry(JournalEntry&& entry);
   void SeenBoot(const std::string& boot_id);
-  std::optional<SavedPosition> LoadCursorFile();
+  // cursor.json as read (on the pool): the saved position, or none (a bad file moved aside).
+  std::optional<SavedPosition> CursorFrom(StateFileRead read);
+  void PositionUnits(const std::optional<SavedPosition>& saved);
+  void UpdateHealth();
   void Bad(std::string_view kind, std::string_view what);
   // cursor.json cannot be written (read-only or full state dir): degraded, the streams go on.
   void CursorNotPersisted(const std::string& why);
@@ -107,6 +113,7 @@ class JournaldModule final : public Module {
   bool flush_armed_ = false;
   bool writing_ = false;
   bool stopping_ = false;
+  bool loading_ = false;
   std::function<void()> stop_done_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   MetricsRegistry::Series* kernel_lines_;

@@ -227,6 +227,23 @@ TEST_F(HealthModuleNotice, WithGpuHealthEnabledNothingIsSaid) {
   EXPECT_EQ(Notices(), 0);
 }
 
+// Issue #24 §6: gpu-health restores this boot's verdicts off the loop, possibly after the device
+// plugin started. With gpu-health enabled nothing is advertised until it has published its
+// state, so a GPU restored Unhealthy is never offered to the kubelet as Healthy first.
+TEST_F(HealthModuleNotice, WithGpuHealthEnabledNothingIsAdvertisedBeforeItsState) {
+  sim_->Start();
+  PublishEnabled({"metrics", "gpu-inventory", "journald", "gpu-health", "device-plugin"});
+  h_.bus.Publish(EightGpus());
+  StartModule();
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(300));
+  EXPECT_FALSE(fs::exists(h_.site.paths.kubelet_dir + "/device-plugins/nvidia-gpu.sock"))
+      << "advertised before gpu-health said what it restored";
+  h_.bus.Publish(Verdict("GPU-00000003", false, "XID 79 (restored)"));
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
+  ASSERT_TRUE(AwaitHealth("GPU-00000003", "Unhealthy"));
+}
+
 TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHealthy) {
   sim_->Start();
   h_.bus.Publish(EightGpus());

@@ -23,6 +23,7 @@
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
 #include "support/temp_dir.hpp"
+#include "support/held_pool.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -169,6 +170,8 @@ class DraModuleTest : public ::testing::Test {
 
   void StartModule(DraComputeDomainModule::Config config = {}) {
     module_.Start(config);
+    // The claim state is read on the pool: started once it is back.
+    EXPECT_TRUE(h_.RunUntil([&] { return !module_->Loading(); })) << "the claim state never loaded";
     h_.Drain();
   }
 
@@ -182,6 +185,16 @@ class DraModuleTest : public ::testing::Test {
 
   void StopModule() {
     module_.Stop();
+  }
+
+  // The kubelet simulator has seen `n` registrations of the driver (over its restarts).
+  bool WaitForRegistrations(int n) {
+    return h_.OffLoop([&] {
+      return sim_->WaitFor([n](const sim::KubeletState& s) {
+        const auto* d = s.FindDraDriver(kDriverName);
+        return d != nullptr && d->registrations >= n;
+      }, seconds(20));
+    });
   }
 
   const DraComputeDomainState* State() { return h_.bus.Latest<DraComputeDomainState>(); }
@@ -790,14 +803,65 @@ TEST_F(DraModuleTest, ACompletedClaimSurvivesARestart) {
   StartModule();
   ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
   EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
-  ASSERT_TRUE(h_.OffLoop([&] {
-    return sim_->WaitFor([](const sim::KubeletState& s) {
-      const auto* d = s.FindDraDriver(kDriverName);
-      return d != nullptr && d->registrations >= 2;
-    }, seconds(20));
-  }));
+  ASSERT_TRUE(WaitForRegistrations(2));
   EXPECT_EQ(PrepareError(claim), "");
   EXPECT_EQ(Prepares("already_prepared"), 1);
+}
+
+// Issue #24 §6: the checkpoint and the claim log are read on the pool, not on the loop (a large
+// log or a slow disk once stalled every module and /healthz). While they load the loop serves,
+// the module says it is loading (not ready), and the kubelet cannot reach it: no socket, no
+// registration, so no NodePrepare is answered without the claims it must know. Once they are
+// back the prepared claim is known and answered as such: never prepared twice.
+TEST_F(DraModuleTest, TheClaimStateIsReadOffTheLoopAndNothingIsServedBeforeIt) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("loaded");
+  ASSERT_EQ(PrepareError(claim), "");
+  StopModule();
+  ASSERT_FALSE(fs::exists(paths_.dra_socket));
+
+  gns::test::HeldPool held(h_.pool);  // the read cannot finish
+  module_.Start(DraComputeDomainModule::Config{});
+  bool served = false;
+  h_.loop.Post([&] { served = true; });
+  h_.Drain();
+  EXPECT_TRUE(served) << "the loop did not turn while the claim state loads";
+  EXPECT_TRUE(module_->Loading());
+  EXPECT_EQ(module_.health, ModuleHealth::kUnhealthy);
+  EXPECT_NE(module_.health_detail.find("loading " + paths_.checkpoint_file), std::string::npos)
+      << module_.health_detail;
+  EXPECT_FALSE(fs::exists(paths_.dra_socket)) << "served before the claim state was loaded";
+  EXPECT_FALSE(fs::exists(paths_.registration_socket));
+
+  held.Release();
+  ASSERT_TRUE(h_.RunUntil([&] { return !module_->Loading(); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered && State()->prepared_claims.size() == 1; }));
+  EXPECT_TRUE(module_.failures.empty());
+  ASSERT_TRUE(WaitForRegistrations(2));
+  EXPECT_EQ(PrepareError(claim), "");
+  EXPECT_EQ(Prepares("ok"), 1);
+  EXPECT_EQ(Prepares("already_prepared"), 1);
+}
+
+// A stop while the claim state loads: the late read touches nothing of the gone instance (ASan
+// would say), nothing is written, and the next start knows the claim.
+TEST_F(DraModuleTest, AStopWhileTheClaimStateLoadsKeepsItForTheNextStart) {
+  StartAndRegister();
+  const auto claim = SeedChannelClaim("kept");
+  ASSERT_EQ(PrepareError(claim), "");
+  StopModule();
+  {
+    gns::test::HeldPool held(h_.pool);
+    module_.Start(DraComputeDomainModule::Config{});
+    h_.Drain();
+    StopModule();
+  }
+  ASSERT_TRUE(gns::test::FlushPool(h_));  // the late read has come back to no one
+  EXPECT_FALSE(fs::exists(paths_.dra_socket));
+  EXPECT_NE(LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file).state.Find(claim.uid), nullptr);
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->prepared_claims.size() == 1; }));
+  EXPECT_TRUE(module_.failures.empty());
 }
 
 TEST_F(DraModuleTest, ACorruptCheckpointIsMovedAsideReportedAndTheModuleStartsClean) {
@@ -904,12 +968,7 @@ TEST_F(DraModuleTest, ADamagedClaimLogIsReportedMovedAsideAndTheModuleServesWhat
     return !event.is_null();
   }));
   EXPECT_NE(event["note"].get<std::string>().find("claim log"), std::string::npos) << event.dump();
-  ASSERT_TRUE(h_.OffLoop([&] {
-    return sim_->WaitFor([](const sim::KubeletState& s) {
-      const auto* d = s.FindDraDriver(kDriverName);
-      return d != nullptr && d->registrations >= 2;
-    }, seconds(20));
-  }));
+  ASSERT_TRUE(WaitForRegistrations(2));
   // It keeps serving: the prepared claim answers from its record, unprepare works.
   EXPECT_EQ(PrepareError(second), "");
   EXPECT_EQ(Unprepare({second}).claims.at(second.uid), "");

@@ -84,7 +84,7 @@ class DriverManagedScaleTest : public ::testing::Test {
       s.daemon.probe_interval = milliseconds(1000);
       s.daemon.restart.initial = milliseconds(100);
       n->domains = std::make_unique<DriverManagedDomains>(*n->context, s, n->client, n->informers);
-      n->domains->Load();
+      n->domains->Load(LoadDomainRecord(DriverManagedDomains::RecordFile(s.state_dir)));
       n->domains->SetClique(kClique);
       nodes_.push_back(std::move(n));
     }

@@ -6,9 +6,14 @@
 // directory; two nodes' status objects never share a name.
 #include "modules/gkm_agent/gkm_agent_module.hpp"
 #include "registry_fixture.hpp"
+#include "support/held_pool.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
 
+#include <boost/asio/steady_timer.hpp>
+
 #include <algorithm>
+#include <fstream>
+#include <functional>
 #include <set>
 
 namespace gns::gkm {
@@ -198,6 +203,31 @@ TEST_F(GkmAgentTest, ACacheBecomesReadyPerGpuThenGoesAwayWithItsObject) {
     auto n = server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).Json();
     return n["status"]["caches"]["llama"]["pods"] == json::parse(R"([{"podName":"pod-foo","podNamespace":"ml","volumeId":"csi-1"}])");
   }));
+
+  // Issue #24 §6: usage.json is read on the pool, never on the loop (the CSI side writes it;
+  // a slow disk or a large file there once stalled every module). With the pool held the loop
+  // keeps turning and the status keeps what was read last; once the pool is free it follows.
+  auto pods = [&] {
+    return server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).Json()["status"]["caches"]["llama"]["pods"];
+  };
+  {
+    gns::test::HeldPool held(h_.pool);
+    std::ofstream(usage / "usage.json.tmp")
+        << R"({"pod-bar":[{"podName":"pod-bar","podNamespace":"ml","volumeId":"csi-2"}]})";
+    fs::rename(usage / "usage.json.tmp", usage / "usage.json");
+    int turns = 0;
+    boost::asio::steady_timer tick(h_.loop.Io());
+    std::function<void()> arm = [&] {
+      tick.expires_after(std::chrono::milliseconds(10));
+      tick.async_wait([&](const boost::system::error_code& ec) {
+        if (!ec && ++turns < 30) arm();
+      });
+    };
+    arm();
+    ASSERT_TRUE(h_.RunUntil([&] { return turns == 30; })) << "the loop stalled";
+    EXPECT_EQ(pods()[0]["podName"], "pod-foo") << "usage.json was read on the loop";
+  }
+  ASSERT_TRUE(h_.RunUntil([&] { return pods() == json::parse(R"([{"podName":"pod-bar","podNamespace":"ml","volumeId":"csi-2"}])"); }));
 
   ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/llama").status, 200);
   EXPECT_TRUE(h_.RunUntil([&] {

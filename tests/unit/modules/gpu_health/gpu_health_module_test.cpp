@@ -13,6 +13,7 @@
 #include "modules/kube/events.hpp"
 #include "modules/kube/informer.hpp"
 #include "support/loop_harness.hpp"
+#include "support/held_pool.hpp"
 #include "support/module_under_test.hpp"
 
 #include <gtest/gtest.h>
@@ -98,6 +99,8 @@ class GpuHealthModuleTest : public ::testing::Test {
 
   void StartModule() {
     module_.Start(config_);
+    // devices.json is read on the pool: started once it is back.
+    EXPECT_TRUE(h_.RunUntil([&] { return !module_->Loading(); })) << "devices.json never loaded";
     h_.Drain();
   }
 
@@ -717,6 +720,16 @@ class GpuHealthPersistTest : public GpuHealthModuleTest {
     StartModule();
   }
 
+  // Boot A, XID 48 on kUuid: Unhealthy, on disk; then the instance stops.
+  void SaveAnUnhealthyVerdictAndStop() {
+    SetHostBoot(kBootA);
+    h_.bus.Publish(TwoGpus());
+    StartModule();
+    h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
+    EXPECT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+    StopAndForget();
+  }
+
   std::vector<fs::path> CorruptCopies() {
     std::vector<fs::path> out;
     for (const auto& entry : fs::directory_iterator(h_.site.paths.state_dir + "/gpu-health")) {
@@ -916,6 +929,58 @@ TEST_F(GpuHealthPersistTest, AFifoOrALinkToADeviceInPlaceOfTheFileIsMovedAsideNo
   // A clean start: the next verdict writes a regular file.
   h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 48), kBootAHex));
   ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+}
+
+// Issue #24 §6: devices.json is read on the pool, not on the loop (a slow disk or a large file
+// once stalled every module and /healthz for as long as it took). While it loads the loop keeps
+// serving, the module is running but not ready and says why, and nothing is judged or published
+// that the restored verdicts would have to override; once it is back they are restored once.
+TEST_F(GpuHealthPersistTest, TheCheckpointIsReadOffTheLoopAndNothingIsPublishedBeforeIt) {
+  SaveAnUnhealthyVerdictAndStop();
+
+  gns::test::HeldPool held(h_.pool);  // the read cannot finish
+  module_.Start(config_);
+  bool served = false;
+  h_.loop.Post([&] { served = true; });
+  h_.Drain();
+  EXPECT_TRUE(served) << "the loop did not turn while devices.json loads";
+  EXPECT_TRUE(module_->Loading());
+  EXPECT_EQ(module_.health, ModuleHealth::kUnhealthy);
+  EXPECT_NE(module_.health_detail.find("loading " + StateFile()), std::string::npos) << module_.health_detail;
+  EXPECT_TRUE(health_.empty()) << "a verdict was published before the checkpoint was restored";
+  EXPECT_NE(module_->HandleAdminLine("status").find("{}"), std::string::npos);
+
+  held.Release();
+  ASSERT_TRUE(h_.RunUntil([&] { return !module_->Loading(); }));
+  h_.Drain();
+  EXPECT_EQ(module_.health, ModuleHealth::kOk) << module_.health_detail;
+  ASSERT_EQ(health_.size(), 1u);  // restored once, nothing before it
+  EXPECT_EQ(health_[0].uuid, kUuid);
+  EXPECT_FALSE(health_[0].healthy);
+  EXPECT_TRUE(events_.empty());
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_restored_total"), 1);
+}
+
+// A stop while devices.json loads: the late read touches nothing of the gone instance (ASan
+// would say), the file is not overwritten with the empty state of an instance that never
+// loaded it, and the next start restores it.
+TEST_F(GpuHealthPersistTest, AStopWhileTheCheckpointLoadsKeepsItForTheNextStart) {
+  SaveAnUnhealthyVerdictAndStop();
+
+  {
+    gns::test::HeldPool held(h_.pool);
+    module_.Start(config_);
+    h_.Drain();
+    StopModule();  // finishes without the pool
+  }
+  // The read comes back to no one.
+  ASSERT_TRUE(gns::test::FlushPool(h_));  // the late read has come back to no one
+  EXPECT_TRUE(health_.empty());
+  EXPECT_EQ(SavedHealthy(kUuid), false);
+
+  StartModule();
+  ASSERT_NE(PublishedSinceRestart(kUuid), nullptr);
+  EXPECT_FALSE(PublishedSinceRestart(kUuid)->healthy);
 }
 
 TEST_F(GpuHealthPersistTest, WithoutTheHostBootIdTheJournalsBootDecides) {

@@ -8,6 +8,7 @@
 #include "modules/journald/journald_module.hpp"
 #include "modules/journald/messages.hpp"
 #include "support/loop_harness.hpp"
+#include "support/held_pool.hpp"
 
 #include <gtest/gtest.h>
 
@@ -398,6 +399,65 @@ TEST_F(JournaldModuleTest, TheUnitsStreamResumesAfterItsOwnCursorFile) {
   EXPECT_EQ(units_[0].generation, 0u);
   EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"k1"}));
   EXPECT_EQ(h_.bus.Latest<JournalState>()->units.start_mode, "cursor");
+}
+
+// Issue #24 §6: cursor.json is read on the pool, not on the loop (a slow disk once stalled every
+// module and /healthz). While it loads the health stream flows, the module says it is loading
+// (not ready), and the units stream reads nothing until it knows where to resume: nothing of
+// it is published twice or skipped.
+TEST_F(JournaldModuleTest, TheCursorIsReadOffTheLoopAndTheUnitsStreamWaitsForIt) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "u0"), JournalWriter::Kernel("k0")});
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && kernel_.size() == 1 && Live(); }));
+  StopModule();
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "u1"), JournalWriter::Kernel("k1")});
+  units_.clear();
+  kernel_.clear();
+
+  gns::test::HeldPool held(h_.pool);  // the read cannot finish
+  StartModule();
+  // The loop serves: the health stream reaches its consumer meanwhile.
+  ASSERT_TRUE(h_.RunUntil([&] { return kernel_.size() == 1; }));
+  EXPECT_EQ(KernelMessages(), (std::vector<std::string>{"k1"}));
+  EXPECT_TRUE(module_->Loading());
+  EXPECT_TRUE(units_.empty()) << "the units stream read before its cursor was known";
+  EXPECT_EQ(health_, ModuleHealth::kUnhealthy);
+  EXPECT_NE(health_detail_.find("loading " + module_->CursorPath()), std::string::npos) << health_detail_;
+
+  held.Release();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && Live(); }));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(50));
+  ASSERT_EQ(units_.size(), 1u);
+  EXPECT_EQ(units_[0].message, "u1");
+  EXPECT_EQ(h_.bus.Latest<JournalState>()->units.start_mode, "cursor");
+  EXPECT_EQ(health_, ModuleHealth::kOk) << health_detail_;
+  EXPECT_TRUE(failures_.empty());
+}
+
+// A stop while cursor.json loads: the late read touches nothing of the gone instance (ASan
+// would say), and the cursor file is left as it was for the next start.
+TEST_F(JournaldModuleTest, AStopWhileTheCursorLoadsKeepsItForTheNextStart) {
+  JournalWriter writer((dir_ / "journal").string());
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "u0")});
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && Live(); }));
+  StopModule();
+  writer.Append({JournalWriter::Unit("nvidia-imex.service", "u1")});
+  units_.clear();
+  {
+    gns::test::HeldPool held(h_.pool);
+    StartModule();
+    h_.Drain();
+    StopModule();
+  }
+  ASSERT_TRUE(gns::test::FlushPool(h_));  // the late read has come back to no one
+  EXPECT_TRUE(units_.empty());
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return units_.size() == 1 && Live(); }));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(50));
+  ASSERT_EQ(units_.size(), 1u);
+  EXPECT_EQ(units_[0].message, "u1");
 }
 
 TEST_F(JournaldModuleTest, AStateDirThatCannotBeWrittenCostsTheCursorNeverTheStreams) {
