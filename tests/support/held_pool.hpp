@@ -1,8 +1,7 @@
 #pragma once
 // Holds every thread of a BlockingPool until Release (or the end of the scope): work queued
 // meanwhile waits, as a read from a slow disk would. For tests that show a module keeps the
-// loop serving while its state is read on the pool. (Belongs in tests/support/ once that
-// folder is free to edit.)
+// loop serving while its state is read on the pool.
 
 #include "loop/blocking_pool.hpp"
 #include "support/loop_harness.hpp"
