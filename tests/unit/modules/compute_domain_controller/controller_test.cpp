@@ -597,7 +597,9 @@ TEST(ControllerConfigTest, DefaultsFullSectionAndBadValues) {
   const auto defaults = parse("{}");
   EXPECT_EQ(defaults.lease.ns, "kube-system");
   EXPECT_EQ(defaults.lease.lease_name, "gpu-node-supervisor-compute-domain-controller");
-  EXPECT_EQ(defaults.lease.lease_duration, milliseconds(15000));
+  EXPECT_EQ(defaults.lease.lease_duration, milliseconds(30000));
+  EXPECT_EQ(defaults.lease.renew_deadline, milliseconds(20000));
+  EXPECT_EQ(defaults.lease.retry_period, milliseconds(10000));
   EXPECT_FALSE(defaults.lease.identity.empty());
   EXPECT_EQ(defaults.resource_api, ResourceApi::kV1);
   EXPECT_EQ(defaults.workers, 4u);
