@@ -1,5 +1,6 @@
 // The dra-compute-domain module.
 #include "modules/dra_compute_domain/dra_module.hpp"
+#include "loop/json_fields.hpp"
 #include "loop/state_file.hpp"
 #include "loop/state_load.hpp"
 
@@ -76,13 +77,6 @@ int64_t UnixMillis(const Clock& clock) {
   return std::chrono::duration_cast<milliseconds>(clock.WallNow().time_since_epoch()).count();
 }
 
-std::string StringAt(const json& object, const char* pointer) {
-  const json::json_pointer ptr(pointer);
-  if (!object.contains(ptr)) return {};
-  const auto& value = object.at(ptr);
-  return value.is_string() ? value.get<std::string>() : std::string{};
-}
-
 // The claim's ComputeDomain in the list of its namespace's domains.
 DomainLookup FindDomain(const kube::Result& domains, const std::string& domain_uid,
                         const std::string& claim_namespace) {
@@ -93,9 +87,9 @@ DomainLookup FindDomain(const kube::Result& domains, const std::string& domain_u
   if (!domains.Ok()) return DomainLookup::Error(domains.error);
   if (domains.object.contains("items") && domains.object["items"].is_array()) {
     for (const auto& item : domains.object["items"]) {
-      if (StringAt(item, "/metadata/uid") != domain_uid) continue;
+      if (JsonStringAt(item, "/metadata/uid") != domain_uid) continue;
       DomainLookup lookup =
-          DomainLookup::Found({domain_uid, StringAt(item, "/metadata/namespace"), StringAt(item, "/metadata/name")});
+          DomainLookup::Found({domain_uid, JsonStringAt(item, "/metadata/namespace"), JsonStringAt(item, "/metadata/name")});
       if (lookup.domain.namespace_name.empty()) lookup.domain.namespace_name = claim_namespace;
       return lookup;
     }
@@ -475,7 +469,7 @@ void DraComputeDomainModule::Serve(StartFiles files) {
   slice_informer_key_ = spec.Key();
   slice_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& event) {
     if (event.informer_key != slice_informer_key_ || !event.object) return;
-    if (StringAt(*event.object, "/metadata/name") != ResourceSliceName(node_name_)) return;
+    if (JsonStringAt(*event.object, "/metadata/name") != ResourceSliceName(node_name_)) return;
     if (event.type == kube::ResourceEvent::Type::kDeleted) {
       context_.Log().warn("ResourceSlice {} was deleted (a kubelet start wipes the node's slices): recreating it",
                           ResourceSliceName(node_name_));
@@ -1155,7 +1149,7 @@ void DraComputeDomainModule::PublishSlice() {
       SliceDone(false, "cannot read Node " + node_name_ + ": " + result.error);
       return;
     }
-    node_uid_ = StringAt(result.object, "/metadata/uid");
+    node_uid_ = JsonStringAt(result.object, "/metadata/uid");
     PublishSliceWithNode();
   });
 }
@@ -1196,7 +1190,7 @@ void DraComputeDomainModule::PublishSliceWithNode() {
     }
     const int64_t generation = std::max(current_generation, slice_generation_) + 1;
     json desired = DesiredSlice(generation);
-    desired["metadata"]["resourceVersion"] = StringAt(current.object, "/metadata/resourceVersion");
+    desired["metadata"]["resourceVersion"] = JsonStringAt(current.object, "/metadata/resourceVersion");
     client_->Update(path, desired, [this, alive, name, generation](kube::Result updated) {
       if (!*alive || stopping_) return;
       if (!updated.Ok()) {

@@ -1,6 +1,7 @@
 // Driver-managed IMEX on this node: domains, registration, files, daemons.
 #include "modules/dra_compute_domain/driver_managed.hpp"
 
+#include "loop/json_fields.hpp"
 #include "loop/state_file.hpp"
 
 #include "modules/dra_compute_domain/driver_paths.hpp"
@@ -23,13 +24,6 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 namespace {
-
-std::string StringAt(const json& object, const char* pointer) {
-  const json::json_pointer ptr(pointer);
-  if (!object.is_object() || !object.contains(ptr)) return {};
-  const auto& value = object.at(ptr);
-  return value.is_string() ? value.get<std::string>() : std::string{};
-}
 
 // resourceVersions are opaque, but etcd's (and the simulator's) are increasing integers: an
 // object older than the one we hold (a late watch event after our own write) is skipped; any
@@ -79,7 +73,7 @@ std::string CliquesPath(const std::string& ns) {
 
 // Whether `got` is to be kept over `have` (see OlderVersion).
 bool NotOlder(const json& got, const std::shared_ptr<const json>& have) {
-  return !have || !OlderVersion(StringAt(got, "/metadata/resourceVersion"), StringAt(*have, "/metadata/resourceVersion"));
+  return !have || !OlderVersion(JsonStringAt(got, "/metadata/resourceVersion"), JsonStringAt(*have, "/metadata/resourceVersion"));
 }
 
 }  // namespace
@@ -241,7 +235,7 @@ void DriverManagedDomains::Resume(const std::vector<std::string>& prepared_claim
       ++api_requests_;
       client_->Get(path, [this, alive = alive_, d, cuid = cuid, left, decide](kube::Result r) {
         if (!*alive) return;
-        const bool gone = r.http_status == 404 || (r.Ok() && StringAt(r.object, "/metadata/uid") != cuid);
+        const bool gone = r.http_status == 404 || (r.Ok() && JsonStringAt(r.object, "/metadata/uid") != cuid);
         if (gone) {
           context_.Log().info("driver-managed IMEX: claim uid {} of ComputeDomain {} is gone: detached", cuid,
                               d->Label());
@@ -360,7 +354,7 @@ DomainVerdict DriverManagedDomains::Verdict(const Domain& d) const {
                                 ", the first to register): IMEX cannot span cliques; schedule the workload onto "
                                 "nodes of clique \"" + clique + "\""};
   }
-  if (StringAt(*d.object, "/status/status") == "Ready") {
+  if (JsonStringAt(*d.object, "/status/status") == "Ready") {
     // The domain's verdict is the controller's; this node's daemon must be ready too (a domain
     // that was Ready before this node joined, or one whose numNodes is 0).
     if (me->Ready()) return {Kind::kReady, ref + " is Ready"};
@@ -446,7 +440,7 @@ void DriverManagedDomains::OnEvent(const kube::ResourceEvent& event) {
   for (auto& [uid, d] : domains_) {
     if (!event.object) continue;
     if (!d->clique_informer_key.empty() && event.informer_key == d->clique_informer_key) {
-      if (StringAt(*event.object, "/metadata/name") != d->clique_name) continue;
+      if (JsonStringAt(*event.object, "/metadata/name") != d->clique_name) continue;
       if (event.type == kube::ResourceEvent::Type::kDeleted) {
         d->clique_object.reset();
         // Deleted under us (by hand, or by the controller once the domain is going): made again
@@ -462,7 +456,7 @@ void DriverManagedDomains::OnEvent(const kube::ResourceEvent& event) {
       return;
     }
     if (event.informer_key != d->informer_key) continue;
-    if (StringAt(*event.object, "/metadata/uid") != d->uid) continue;  // a namesake
+    if (JsonStringAt(*event.object, "/metadata/uid") != d->uid) continue;  // a namesake
     if (event.type == kube::ResourceEvent::Type::kDeleted) {
       context_.Log().warn("driver-managed IMEX: ComputeDomain {} was deleted", d->Label());
       d->gone = true;
@@ -476,7 +470,7 @@ void DriverManagedDomains::OnEvent(const kube::ResourceEvent& event) {
 }
 
 void DriverManagedDomains::OnDomainObject(const DomainPtr& d, std::shared_ptr<const json> object) {
-  if (StringAt(*object, "/metadata/uid") != d->uid) return;
+  if (JsonStringAt(*object, "/metadata/uid") != d->uid) return;
   // Keep the newer of the watch's object and our own write's answer (a newer one already
   // holds our write).
   const bool newer = NotOlder(*object, d->object);
@@ -507,7 +501,7 @@ void DriverManagedDomains::WatchClique(const DomainPtr& d) {
 }
 
 void DriverManagedDomains::OnCliqueObject(const DomainPtr& d, std::shared_ptr<const json> object) {
-  if (StringAt(*object, "/metadata/name") != d->clique_name) return;
+  if (JsonStringAt(*object, "/metadata/name") != d->clique_name) return;
   const bool newer = NotOlder(*object, d->clique_object);
   if (newer) d->clique_object = std::move(object);
   if (d->leaving || stopping_) return;
@@ -645,7 +639,7 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
           SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomain " + d->Label() + " status: " + r.error);
           return;
         }
-        if (StringAt(r.object, "/metadata/uid") != d->uid) {
+        if (JsonStringAt(r.object, "/metadata/uid") != d->uid) {
           // Deleted and recreated under the same name: not the domain our claims name. What we
           // just wrote there is withdrawn (best effort: its own nodes' controller judges it).
           d->gone = true;
@@ -761,7 +755,7 @@ void DriverManagedDomains::WithdrawFromClique(const DomainPtr& d, std::shared_pt
   }
   const json clique = std::move(cliques->back());
   cliques->pop_back();
-  const std::string object_name = StringAt(clique, "/metadata/name");
+  const std::string object_name = JsonStringAt(clique, "/metadata/name");
   const json labels = clique.value(json::json_pointer("/metadata/labels"), json::object());
   const std::string clique_id =
       labels.is_object() ? labels.value(std::string(kCliqueLabel), std::string()) : std::string();

@@ -6,7 +6,7 @@
 namespace gns::imex_health {
 namespace {
 
-std::string Trim(std::string_view s) {
+std::string TrimmedString(std::string_view s) {
   const auto begin = s.find_first_not_of(" \t\r\n");
   if (begin == std::string_view::npos) return {};
   const auto end = s.find_last_not_of(" \t\r\n");
@@ -15,7 +15,7 @@ std::string Trim(std::string_view s) {
 
 // The first line of what a command said (stdout, else stderr), cut short for a message.
 std::string Said(const CommandResult& r) {
-  std::string text = Trim(r.out).empty() ? Trim(r.err) : Trim(r.out);
+  std::string text = TrimmedString(r.out).empty() ? TrimmedString(r.err) : TrimmedString(r.out);
   if (const auto nl = text.find('\n'); nl != std::string::npos) text = text.substr(0, nl);
   if (text.size() > 200) text = text.substr(0, 200) + "…";
   return text.empty() ? "nothing" : "\"" + text + "\"";
@@ -42,7 +42,7 @@ std::string ParseImexCtlQuery(std::string_view out) {
   std::istringstream in{std::string(out)};
   std::string line;
   while (std::getline(in, line)) {
-    auto t = Trim(line);
+    auto t = TrimmedString(line);
     if (!t.empty()) return t;
   }
   return {};
@@ -53,10 +53,10 @@ ImexCtlNodes ParseImexCtlNodes(std::string_view out) {
   std::istringstream in{std::string(out)};
   std::string line;
   while (std::getline(in, line)) {
-    const std::string t = Trim(line);
+    const std::string t = TrimmedString(line);
     if (t.rfind("Domain State:", 0) == 0) {
       result.parsed = true;
-      result.domain_state = Trim(std::string_view(t).substr(13));
+      result.domain_state = TrimmedString(std::string_view(t).substr(13));
       continue;
     }
     // "Node #0   - 10.136.206.48   - READY"
@@ -66,8 +66,8 @@ ImexCtlNodes ParseImexCtlNodes(std::string_view out) {
     const auto second = t.find(" - ", first + 3);
     if (second == std::string::npos) continue;
     ImexCtlNode node;
-    node.address = Trim(std::string_view(t).substr(first + 3, second - first - 3));
-    node.state = Trim(std::string_view(t).substr(second + 3));
+    node.address = TrimmedString(std::string_view(t).substr(first + 3, second - first - 3));
+    node.state = TrimmedString(std::string_view(t).substr(second + 3));
     if (!node.address.empty()) result.nodes.push_back(std::move(node));
   }
   return result;

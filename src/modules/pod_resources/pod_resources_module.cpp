@@ -2,6 +2,7 @@
 #include "modules/pod_resources/pod_resources_module.hpp"
 
 #include "loop/config_checks.hpp"
+#include "loop/json_fields.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
@@ -27,13 +28,6 @@ namespace {
 constexpr int kExpectAttempts = 5;
 // A deleted pod the kubelet still lists is looked for again this many times (backoff up to retryMax).
 constexpr int kDepartingAttempts = 12;
-
-std::string StringAt(const json& object, const char* pointer) {
-  const json::json_pointer ptr(pointer);
-  if (!object.contains(ptr)) return {};
-  const auto& value = object.at(ptr);
-  return value.is_string() ? value.get<std::string>() : std::string{};
-}
 
 std::optional<std::string> AnnotationOf(const json& pod) {
   const json::json_pointer ptr("/metadata/annotations");
@@ -381,16 +375,16 @@ void PodResourcesModule::OnPreparedClaims(std::set<std::string> claims) {
 
 void PodResourcesModule::OnPodEvent(const kube::ResourceEvent& event) {
   const json& pod = *event.object;
-  const std::string key = StringAt(pod, "/metadata/namespace") + "/" + StringAt(pod, "/metadata/name");
+  const std::string key = JsonStringAt(pod, "/metadata/namespace") + "/" + JsonStringAt(pod, "/metadata/name");
   bool echo = false;
   if (event.type == kube::ResourceEvent::Type::kDeleted) {
     acked_.erase(key);
     departing_.emplace(key, 0);
   } else if (const auto it = acked_.find(key); it != acked_.end()) {
-    if (StringAt(pod, "/metadata/resourceVersion") == it->second.resource_version) {
+    if (JsonStringAt(pod, "/metadata/resourceVersion") == it->second.resource_version) {
       acked_.erase(it);  // the watch shows our own write: the cache is current again
       echo = true;
-    } else if (StringAt(pod, "/metadata/uid") != it->second.uid) {
+    } else if (JsonStringAt(pod, "/metadata/uid") != it->second.uid) {
       acked_.erase(it);  // another pod under the same name
     }
   }
@@ -405,7 +399,7 @@ void PodResourcesModule::OnPodEvent(const kube::ResourceEvent& event) {
 std::string PodResourcesModule::PodUid(const std::string& namespace_name, const std::string& name) const {
   if (!pods_) return {};
   const auto pod = pods_->Get(namespace_name + "/" + name);
-  return pod ? StringAt(*pod, "/metadata/uid") : std::string();
+  return pod ? JsonStringAt(*pod, "/metadata/uid") : std::string();
 }
 
 void PodResourcesModule::PublishMap() {
@@ -441,9 +435,9 @@ void PodResourcesModule::Reconcile() {
   std::map<std::string, PodAnnotationState> pods;
   for (const auto& [key, object] : pods_->Items()) {
     if (writing_.contains(key)) continue;
-    PodAnnotationState state{StringAt(*object, "/metadata/namespace"), StringAt(*object, "/metadata/name"),
-                             StringAt(*object, "/metadata/uid"), AnnotationOf(*object)};
-    if (!StringAt(*object, "/metadata/deletionTimestamp").empty()) continue;  // going away: leave it be
+    PodAnnotationState state{JsonStringAt(*object, "/metadata/namespace"), JsonStringAt(*object, "/metadata/name"),
+                             JsonStringAt(*object, "/metadata/uid"), AnnotationOf(*object)};
+    if (!JsonStringAt(*object, "/metadata/deletionTimestamp").empty()) continue;  // going away: leave it be
     if (const auto acked = acked_.find(key); acked != acked_.end() && acked->second.uid == state.uid) {
       state.current = acked->second.value;
     }
@@ -466,8 +460,8 @@ void PodResourcesModule::OnWritten(const AnnotationWrite& write, const kube::Res
   if (result.Ok()) {
     write_backoff_.Reset();
     (write.value ? writes_set_ : writes_removed_)->Inc();
-    acked_[write.Key()] = Acked{StringAt(result.object, "/metadata/uid"), write.value,
-                                StringAt(result.object, "/metadata/resourceVersion")};
+    acked_[write.Key()] = Acked{JsonStringAt(result.object, "/metadata/uid"), write.value,
+                                JsonStringAt(result.object, "/metadata/resourceVersion")};
     if (write.value) {
       context_.Log().info("annotated pod {}: {}={}", write.Key(), kDevicesAnnotation, *write.value);
     } else {
