@@ -8,6 +8,7 @@
 #include "modules/gpu_reset/gpu_reset_module.hpp"
 #include "modules/gpu_reset/messages.hpp"
 #include "modules/gpu_reset/reset_book.hpp"
+#include "support/held_pool.hpp"
 #include "support/loop_harness.hpp"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <random>
 
 namespace gns::gpu_reset {
@@ -70,12 +72,9 @@ class GpuResetResumeTest : public ::testing::Test {
     module_->Start();
   }
   // Holds both of the harness pool's threads (a slow disk): nothing on the pool runs until OpenPool.
-  void BlockPool() {
-    for (int i = 0; i < 2; ++i) h_.pool.Execute([gate = gate_] { gate.wait(); });
-  }
+  void BlockPool() { held_pool_.emplace(h_.pool); }
   void OpenPool() {
-    if (!gate_opened_) gate_open_.set_value();
-    gate_opened_ = true;
+    if (held_pool_) held_pool_->Release();
   }
   void WriteBook(const ResetBook& book) { std::ofstream(BookPath()) << nlohmann::json(book).dump(); }
   static ResetJob FinishedAutoJob(const std::string& uuid, int64_t since) {
@@ -105,9 +104,7 @@ class GpuResetResumeTest : public ::testing::Test {
   std::vector<std::string> failures_;
   ModuleHealth health_ = ModuleHealth::kOk;
   std::string health_detail_;
-  std::promise<void> gate_open_;
-  std::shared_future<void> gate_ = gate_open_.get_future().share();
-  bool gate_opened_ = false;
+  std::optional<test::HeldPool> held_pool_;
 };
 
 TEST_F(GpuResetResumeTest, ABookOfManyJobsIsResumedWithoutACopyOfEveryJobPerChange) {
