@@ -30,6 +30,10 @@
 
 namespace gns {
 
+// Whether this library set gRPC's poll engine (GRPC_POLL_STRATEGY=poll unless already set) before
+// gRPC started; see grpc_queue.cpp for why.
+bool GrpcPollStrategyChosen();
+
 class GrpcQueue {
  public:
   // Where a tag's function runs.

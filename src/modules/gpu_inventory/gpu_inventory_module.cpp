@@ -42,7 +42,7 @@ GpuInventoryModule::Config GpuInventoryModule::ParseConfig(ConfigMap& section, c
   // Up to an hour: a release no longer waits for a wait (the child is killed), so a long one
   // only means fewer wake-ups.
   config.event_wait_timeout =
-      section.Duration("eventWaitTimeout", milliseconds(100), milliseconds(3600000), milliseconds(5000));
+      section.Duration("eventWaitTimeout", milliseconds(100), milliseconds(3600000), Config{}.event_wait_timeout);
   config.event_waiter_program = section.String("eventWaiterProgram", Config{}.event_waiter_program);
   if (config.event_waiter_program.empty()) section.Fail("eventWaiterProgram", "must not be empty");
   {

@@ -44,7 +44,7 @@ class GpuInventoryModule final : public Module {
     // How long one nvmlEventSetWait_v2 of the event waiter child blocks. An event wakes it at
     // once, and a release kills the child instead of waiting for it: the length only sets how
     // often it wakes at rest.
-    std::chrono::milliseconds event_wait_timeout{5000};
+    std::chrono::milliseconds event_wait_timeout{60000};
     // The program run as `<it> nvml-events …` for the event waiter: this binary.
     std::string event_waiter_program = "/proc/self/exe";
     // Between attempts to open NVML again after it failed or was missing.

@@ -1,8 +1,9 @@
 #pragma once
 // A client of the kubelet's PodResourcesLister v1 on its unix socket (WIRE-FACTS §5). Calls use
 // gRPC's completion-queue API on the client's own queue (loop/grpc_queue.hpp: one thread blocks
-// on it), so they never block the loop; each has a deadline; the outcome is posted to the loop. The channel reconnects by itself (short backoff, so a
-// restarted kubelet is found again quickly). Destroying the client cancels the calls in flight
+// on it), so they never block the loop; each has a deadline; the outcome is posted to the loop.
+// A channel is held only while calls are in flight (none at rest: an idle gRPC channel costs
+// timer wake-ups), so a restarted kubelet is found by the next call. Destroying the client cancels the calls in flight
 // and waits (briefly: cancellation is local) until gRPC has let go of them; their outcomes are
 // then dropped.
 

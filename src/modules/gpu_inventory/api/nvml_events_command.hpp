@@ -12,7 +12,7 @@ namespace gns::gpu_inventory {
 // The child's side: what `gpu-node-supervisor nvml-events` runs.
 struct EventWaiterOptions {
   std::string library;                     // soname or path to dlopen
-  unsigned int wait_ms = 5000;             // each nvmlEventSetWait_v2 at rest
+  unsigned int wait_ms = 60000;            // each nvmlEventSetWait_v2 at rest
   std::vector<uint32_t> excluded_indices;  // GPUs released for their reset: never touched
   std::vector<std::string> excluded_uuids;
 };

@@ -4,6 +4,7 @@
 // goes away, Shutdown with a stream open and with a Register call in flight, and no thread of
 // gRPC's callback API in the process. The loop is driven by LoopHarness; clients block on other
 // threads. No sleeps.
+#include "loop/grpc_queue.hpp"
 #include "modules/device_plugin/plugin_server.hpp"
 #include "support/loop_harness.hpp"
 
@@ -17,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -31,6 +33,28 @@ v1beta1::ListAndWatchResponse ListOf(int devices) {
     device->set_health("Healthy");
   }
   return list;
+}
+
+// This process's queue threads ("grpc-cq"), as /proc/self/task/<tid> paths.
+std::set<std::string> QueueThreads() {
+  std::set<std::string> tasks;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name == "grpc-cq") tasks.insert(entry.path().string());
+  }
+  return tasks;
+}
+
+// How often a thread has blocked and been woken again.
+long VoluntarySwitches(const std::string& task) {
+  std::ifstream status(task + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
+  }
+  return -1;
 }
 
 // Names of this process's threads.
@@ -195,6 +219,48 @@ TEST_F(PluginServerTest, NoCallbackApiThreads) {
   EXPECT_TRUE(status.ok());
   for (const auto& name : ThreadNames()) EXPECT_NE(name, "nexting_thread");
   watcher.context.TryCancel();
+}
+
+// Calls to one server leave another server's queue thread asleep: gRPC's poll engine, chosen by
+// loop/grpc_queue.cpp, polls each queue's own sockets (epoll1, gRPC's default, hands one shared
+// epoll set from thread to thread and woke every queue thread for each connection: issue #23
+// item 8).
+TEST_F(PluginServerTest, CallsToOneServerLeaveAnotherServersQueueThreadAsleep) {
+  ASSERT_TRUE(GrpcPollStrategyChosen());
+  const std::set<std::string> before = QueueThreads();
+  PluginServer::Handlers handlers;
+  handlers.current_list = [] { return ListOf(1); };
+  PluginServer other(h_.loop, std::move(handlers));
+  other.Start(dir_ + "/other.sock");
+  std::set<std::string> added;
+  for (const auto& task : QueueThreads()) {
+    if (!before.contains(task)) added.insert(task);
+  }
+  ASSERT_EQ(added.size(), 1u) << "the second server's queue thread";
+  const std::string other_thread = *added.begin();
+  // Settle: the second server's start has run its queue thread.
+  auto stub = Stub();
+  h_.OffLoop([&] {
+    v1beta1::DevicePluginOptions response;
+    auto context = Deadline();
+    return stub->GetDevicePluginOptions(context.get(), v1beta1::Empty(), &response).ok();
+  });
+  const long asleep_from = VoluntarySwitches(other_thread);
+  for (int i = 0; i < 20; ++i) {
+    // A fresh channel each time, as the kubelet's probe dials anew: a connection and a call.
+    auto fresh = Stub();
+    const bool ok = h_.OffLoop([&] {
+      v1beta1::DevicePluginOptions response;
+      auto context = Deadline();
+      return fresh->GetDevicePluginOptions(context.get(), v1beta1::Empty(), &response).ok();
+    });
+    ASSERT_TRUE(ok);
+  }
+  EXPECT_LE(VoluntarySwitches(other_thread) - asleep_from, 2) << "20 connections to the first server";
+  EXPECT_STREQ(std::getenv("GRPC_POLL_STRATEGY"), "poll");
+  bool stopped = false;
+  other.Shutdown(h_.pool, [&] { stopped = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return stopped; }));
 }
 
 TEST_F(PluginServerTest, StreamGetsEveryBroadcastAndEndsWhenTheKubeletCancels) {

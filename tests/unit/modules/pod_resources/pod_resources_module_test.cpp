@@ -23,6 +23,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <unistd.h>
 
 namespace gns::pod_resources {
@@ -186,6 +188,42 @@ TEST_F(PodResourcesModuleTest, AnnotatesThePodThatHoldsAGpuAndMapsTheGpuToIt) {
   EXPECT_EQ(Annotation("web"), "");
   EXPECT_EQ(api_->RequestCount("patch"), 1u);
   EXPECT_EQ(module_.health, ModuleHealth::kOk);
+}
+
+// Connected sockets whose address is `path` (the kubelet's ends of our connections to it), from
+// /proc/net/unix: flags, type, state 03 (connected), then the path.
+int ConnectionsTo(const std::string& path) {
+  std::ifstream table("/proc/net/unix");
+  std::string line;
+  int count = 0;
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string num, refs, protocol, flags, type, state, inode, name;
+    if (fields >> num >> refs >> protocol >> flags >> type >> state >> inode >> name && state == "03" &&
+        name == path) {
+      ++count;
+    }
+  }
+  return count;
+}
+
+// Between Lists no connection to the kubelet is held: an idle gRPC channel costs wake-ups at
+// rest (its backup poller's timer), and the next List dials anew (issue #23 item 8).
+TEST_F(PodResourcesModuleTest, NoConnectionToTheKubeletIsHeldBetweenLists) {
+  SeedPod("trainer");
+  StartKubelet();
+  sim_->InjectPodDevices(kNs, "trainer", "main", "nvidia.com/gpu", {"GPU-0"});
+  StartModule();
+  ASSERT_TRUE(WaitAnnotation("trainer", Devices({"GPU-0"})));
+  const std::string socket = ModuleConfig().socket;
+  EXPECT_TRUE(h_.RunUntil([&] { return ConnectionsTo(socket) == 0; }, std::chrono::seconds(10)))
+      << ConnectionsTo(socket) << " connection(s) still open to " << socket;
+
+  // The next List dials again and is answered.
+  Allocated({"GPU-0"});
+  sim_->InjectPodDevices(kNs, "trainer", "main", "nvidia.com/gpu", {"GPU-0", "GPU-1"});
+  ASSERT_TRUE(WaitAnnotation("trainer", Devices({"GPU-0", "GPU-1"})));
+  EXPECT_TRUE(h_.RunUntil([&] { return ConnectionsTo(socket) == 0; }, std::chrono::seconds(10)));
 }
 
 TEST_F(PodResourcesModuleTest, AnAllocationForARunningPodIsAnnotatedAndSteadyStateMakesNoRequests) {
