@@ -11,7 +11,7 @@
 # Include directories come from GNS_FUZZ_INCLUDE_DIRS (':'-separated), which ctest sets from
 # tests/fuzz/CMakeLists.txt: the build's public include tree, plus the private tree of the module
 # whose insides a target fuzzes (cmake/GnsHelpers.cmake, gns_module). By hand, from a configured
-# build dir B: GNS_FUZZ_INCLUDE_DIRS=B/include/public:B/include/private/gpu_health.
+# build dir B: GNS_FUZZ_INCLUDE_DIRS=B/include/private/gpu_health:B/include/public (private first).
 # The work dir receives the binary, a copy of the corpus that libFuzzer may grow (the seeds
 # in the repository stay untouched) and any crash-* / timeout-* artifacts.
 set -euo pipefail
