@@ -91,8 +91,9 @@ endfunction()
 #       compile ("modules/<m>/<h> is private to module <m>").
 # <m>'s own targets (its libraries, its unit tests in tests/unit/modules/<m>/, and targets that
 # are named explicitly with gns_module_private, such as a fuzzer of one of its parsers) also get
-# ${GNS_INCLUDE_TREE}/private/<m>, where modules/<m> links to the whole folder; it comes first,
-# so they reach their own headers directly. The check that the wall holds is tests/wall.
+# ${GNS_INCLUDE_TREE}/private/<m>, where modules/<m> links to the whole folder. It must come
+# before the public tree (gns_module_private adds it BEFORE), so they reach their own headers
+# directly rather than the public tree's refusing ones. The check that the wall holds is tests/wall.
 # Our includes are written "modules/<m>/x.hpp"; GCC first looks beside the including file, which
 # finds nothing for a file in src/<dir>/ or deeper (src/<dir>/modules/ does not exist). That is
 # why no source file lives directly in src/ (tests/wall checks it).
