@@ -1,5 +1,10 @@
 # Small helpers shared by every CMakeLists.txt of the project.
 
+# Where every target finds the project's headers: ${GNS_PUBLIC_INCLUDE_DIR} (see gns_module).
+# src/ itself is on no include path: it holds every module's folder.
+set(GNS_INCLUDE_TREE ${PROJECT_BINARY_DIR}/include)
+set(GNS_PUBLIC_INCLUDE_DIR ${GNS_INCLUDE_TREE}/public)
+
 # gns_add_test(<name> SOURCES <files…> [LIBS <targets…>] [LABELS <labels…>] [TIMEOUT <s>])
 # A GoogleTest binary registered with ctest. Tests find the repository and the build tree
 # through GNS_SOURCE_DIR / GNS_BINARY_DIR in their environment.
@@ -7,7 +12,12 @@ function(gns_add_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_include_directories(${name} PRIVATE ${GNS_PUBLIC_INCLUDE_DIR} ${PROJECT_SOURCE_DIR}/tests)
+  # A module's own unit tests (tests/unit/modules/<m>/) see its insides; every other test sees
+  # the public surfaces only (see gns_module below).
+  if(CMAKE_CURRENT_SOURCE_DIR MATCHES "^${PROJECT_SOURCE_DIR}/tests/unit/modules/([a-z_0-9]+)$")
+    gns_module_private(${CMAKE_MATCH_1} ${name})
+  endif()
   add_test(NAME ${name} COMMAND ${name})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
@@ -66,5 +76,118 @@ function(gns_unity_build)
   foreach(target ${ARGN})
     set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 16)
     target_compile_options(${target} PRIVATE -Wno-subobject-linkage)
+  endforeach()
+endfunction()
+
+# ---- Modules keep their insides private (issue #25 item 2) --------------------------------------
+# No target has src/ on its include path. Every target gets ${GNS_PUBLIC_INCLUDE_DIR}, a tree
+# generated at configure time:
+#   loop/, proto/, cli/, preflight/, ...   links to src/'s folders other than modules/ (shared code)
+#   modules/manifest.hpp                   a link to src/modules/manifest.hpp
+#   modules/<m>/<h>                        one generated header per header of module <m>'s folder:
+#     - <h> declared public (gns_module PUBLIC_HEADERS): includes the real file, with <m> "open"
+#       meanwhile, so the private headers the public one needs come along;
+#     - any other <h>: #error unless <m> is open, so a direct include from outside <m> does not
+#       compile ("modules/<m>/<h> is private to module <m>").
+# <m>'s own targets (its libraries, its unit tests in tests/unit/modules/<m>/, and targets that
+# are named explicitly with gns_module_private, such as a fuzzer of one of its parsers) also get
+# ${GNS_INCLUDE_TREE}/private/<m>, where modules/<m> links to the whole folder. It must come
+# before the public tree (gns_module_private adds it BEFORE), so they reach their own headers
+# directly rather than the public tree's refusing ones. The check that the wall holds is tests/wall.
+# Our includes are written "modules/<m>/x.hpp"; GCC first looks beside the including file, which
+# finds nothing for a file in src/<dir>/ or deeper (src/<dir>/modules/ does not exist). That is
+# why no source file lives directly in src/ (tests/wall checks it).
+
+# Called once, before the modules: the links of the shared folders, the manifest's header.
+function(gns_include_tree_begin)
+  file(MAKE_DIRECTORY ${GNS_PUBLIC_INCLUDE_DIR}/modules ${GNS_INCLUDE_TREE}/private)
+  file(GLOB entries LIST_DIRECTORIES true RELATIVE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/src/*)
+  foreach(entry ${entries})
+    if(IS_DIRECTORY ${PROJECT_SOURCE_DIR}/src/${entry} AND NOT entry STREQUAL "modules")
+      file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${entry} ${GNS_PUBLIC_INCLUDE_DIR}/${entry} SYMBOLIC)
+    endif()
+  endforeach()
+  file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/modules/manifest.hpp ${GNS_PUBLIC_INCLUDE_DIR}/modules/manifest.hpp SYMBOLIC)
+  set_property(GLOBAL PROPERTY GNS_MODULES "")
+  set_property(GLOBAL PROPERTY GNS_GENERATED_HEADERS ${GNS_PUBLIC_INCLUDE_DIR}/modules/manifest.hpp)
+endfunction()
+
+# gns_module(<m> PUBLIC_HEADERS <headers…>)
+# Declares module <m> (its folder is the current source folder, src/modules/<m>) and its public
+# surface: the headers, relative to the folder, that other modules, the CLI, sims, benches and
+# other modules' tests may include. Everything else in the folder is private to <m>.
+function(gns_module m)
+  cmake_parse_arguments(M "" "" "PUBLIC_HEADERS" ${ARGN})
+  get_filename_component(folder_name ${CMAKE_CURRENT_SOURCE_DIR} NAME)
+  if(NOT folder_name STREQUAL m)
+    message(FATAL_ERROR "gns_module(${m}) called in ${CMAKE_CURRENT_SOURCE_DIR}: a module is named for its folder")
+  endif()
+  set(macro GNS_MODULE_OPEN_${m})
+  file(GLOB_RECURSE headers CONFIGURE_DEPENDS RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}
+    ${CMAKE_CURRENT_SOURCE_DIR}/*.hpp ${CMAKE_CURRENT_SOURCE_DIR}/*.h)
+  foreach(header ${M_PUBLIC_HEADERS})
+    if(NOT header IN_LIST headers)
+      message(FATAL_ERROR "gns_module(${m}): public header ${header} is not in ${CMAKE_CURRENT_SOURCE_DIR}")
+    endif()
+  endforeach()
+  set(generated)
+  foreach(header ${headers})
+    set(out ${GNS_PUBLIC_INCLUDE_DIR}/modules/${m}/${header})
+    get_filename_component(out_dir ${out} DIRECTORY)
+    file(RELATIVE_PATH real ${out_dir} ${CMAKE_CURRENT_SOURCE_DIR}/${header})
+    if(header IN_LIST M_PUBLIC_HEADERS)
+      set(content "// Generated by gns_module (cmake/GnsHelpers.cmake): modules/${m}/${header} is on module ${m}'s
+// public surface. The private headers it includes may come along while it is read.
+#pragma push_macro(\"${macro}\")
+#undef ${macro}
+#define ${macro} 1
+#include \"${real}\"
+#pragma pop_macro(\"${macro}\")
+")
+    else()
+      set(content "// Generated by gns_module (cmake/GnsHelpers.cmake): modules/${m}/${header} is private to module ${m}.
+#ifndef ${macro}
+#error \"modules/${m}/${header} is private to module ${m}: include its public surface (gns_module in src/modules/${m}/CMakeLists.txt)\"
+#endif
+#include \"${real}\"
+")
+    endif()
+    file(CONFIGURE OUTPUT ${out} CONTENT "${content}")
+    list(APPEND generated ${out})
+  endforeach()
+  file(MAKE_DIRECTORY ${GNS_INCLUDE_TREE}/private/${m}/modules)
+  file(CREATE_LINK ${CMAKE_CURRENT_SOURCE_DIR} ${GNS_INCLUDE_TREE}/private/${m}/modules/${m} SYMBOLIC)
+  set_property(GLOBAL APPEND PROPERTY GNS_MODULES ${m})
+  set_property(GLOBAL APPEND PROPERTY GNS_GENERATED_HEADERS ${generated})
+endfunction()
+
+# gns_module_private(<m> <targets…>): these targets see module <m>'s whole folder. For <m>'s
+# own libraries; its unit tests get it from gns_add_test. Anything else that needs it (a fuzzer
+# or a benchmark of one of <m>'s parts) names it here, explicitly.
+function(gns_module_private m)
+  if(NOT EXISTS ${GNS_INCLUDE_TREE}/private/${m}/modules/${m})
+    message(FATAL_ERROR "gns_module_private(${m}): no module ${m} declared with gns_module (yet)")
+  endif()
+  foreach(target ${ARGN})
+    target_include_directories(${target} BEFORE PRIVATE ${GNS_INCLUDE_TREE}/private/${m})
+  endforeach()
+endfunction()
+
+# Called once, after the modules: removes what an earlier configure generated and this one did
+# not (a header made public, then private again; a module renamed), so no stale header lingers.
+function(gns_include_tree_end)
+  get_property(generated GLOBAL PROPERTY GNS_GENERATED_HEADERS)
+  file(GLOB_RECURSE existing LIST_DIRECTORIES false ${GNS_PUBLIC_INCLUDE_DIR}/modules/*)
+  foreach(file ${existing})
+    if(NOT file IN_LIST generated)
+      file(REMOVE ${file})
+    endif()
+  endforeach()
+  get_property(modules GLOBAL PROPERTY GNS_MODULES)
+  file(GLOB private_dirs LIST_DIRECTORIES true RELATIVE ${GNS_INCLUDE_TREE}/private ${GNS_INCLUDE_TREE}/private/*)
+  foreach(dir ${private_dirs})
+    if(NOT dir IN_LIST modules)
+      file(REMOVE_RECURSE ${GNS_INCLUDE_TREE}/private/${dir})
+    endif()
   endforeach()
 endfunction()

@@ -19,7 +19,6 @@
 #include "loop/loop.hpp"
 #include "loop/metrics_registry.hpp"
 #include "loop/services.hpp"
-#include "modules/device_plugin/messages.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/informer.hpp"
 #include "modules/kube/messages.hpp"
@@ -171,7 +170,7 @@ int main(int argc, char** argv) {
   api.ResetRequestCounts();
   const auto steady_end = Clock::now() + milliseconds(steady_ms);
   while (Clock::now() < steady_end) {
-    OnLoop(loop, [&] { bus.Publish(gns::device_plugin::DevicesAllocated{"nvidia.com/gpu", {"GPU-0"}}); });
+    OnLoop(loop, [&] { bus.Publish(gns::pod_resources::DevicesAllocated{"nvidia.com/gpu", {"GPU-0"}}); });
     std::this_thread::sleep_for(milliseconds(50));
   }
   const auto counts = api.RequestCounts();

@@ -8,6 +8,10 @@
 # Targets: kernel_line_parser (gpu-health's kernel-line parser), json_reader (the kube module's
 # JSON decoding, checked against nlohmann's parser on every input), config_yaml (the site
 # config's YAML reader over libfyaml: a tree or a ConfigError, within its bounds).
+# Include directories come from GNS_FUZZ_INCLUDE_DIRS (':'-separated), which ctest sets from
+# tests/fuzz/CMakeLists.txt: the build's public include tree, plus the private tree of the module
+# whose insides a target fuzzes (cmake/GnsHelpers.cmake, gns_module). By hand, from a configured
+# build dir B: GNS_FUZZ_INCLUDE_DIRS=B/include/private/gpu_health:B/include/public (private first).
 # The work dir receives the binary, a copy of the corpus that libFuzzer may grow (the seeds
 # in the repository stay untouched) and any crash-* / timeout-* artifacts.
 set -euo pipefail
@@ -23,6 +27,13 @@ cxx=${GNS_FUZZ_CXX:-clang++-14}
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+
+: "${GNS_FUZZ_INCLUDE_DIRS:?set GNS_FUZZ_INCLUDE_DIRS (see the comment at the top of $0)}"
+include_flags=()
+IFS=: read -r -a include_dirs <<<"$GNS_FUZZ_INCLUDE_DIRS"
+for dir in "${include_dirs[@]}"; do
+  include_flags+=(-I"$dir")
+done
 
 if ! command -v "$cxx" >/dev/null 2>&1; then
   echo "run-fuzz.sh: $cxx not found (apt-get install -y clang-14 libclang-rt-14-dev)" >&2
@@ -63,7 +74,7 @@ binary=$work_dir/${target}_fuzz
 "$cxx" -std=c++20 -O1 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -Wall -Wextra -Werror \
-  -I"$repo/src" -I"$repo/tests" \
+  "${include_flags[@]}" -I"$repo/tests" \
   "${sources[@]}" \
   "$here/${target}_fuzz.cpp" \
   "${libs[@]}" \

@@ -10,6 +10,7 @@
 #include "modules/device_plugin/resource_endpoint.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
+#include "modules/pod_resources/messages.hpp"
 
 #include <unistd.h>
 
@@ -517,7 +518,7 @@ grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1b
   }
   metrics.Counter("gpu_node_supervisor_device_plugin_allocations_total", "Allocate requests",
                   {{"resource", resource}, {"result", "ok"}}).Inc();
-  context_.GetBus().Publish(DevicesAllocated{resource, AllocatedIds(request)});
+  context_.GetBus().Publish(pod_resources::DevicesAllocated{resource, AllocatedIds(request)});
   return grpc::Status::OK;
 }
 

@@ -87,12 +87,7 @@ inline void to_json(nlohmann::json& j, const DevicePluginState& s) {
   }
 }
 
-// One Allocate the kubelet made (an event): the devices now belong to a container being admitted.
-// pod-resources re-lists the kubelet's PodResourcesLister on it.
-struct DevicesAllocated {
-  static constexpr std::string_view kTopic = "device-plugin.allocated";
-  std::string resource_name;
-  std::vector<std::string> device_ids;  // every container's, in request order
-};
+// Each Allocate the plugin answers is published as pod_resources::DevicesAllocated
+// (modules/pod_resources/messages.hpp): the event pod-resources re-lists on is declared there.
 
 }  // namespace gns::device_plugin

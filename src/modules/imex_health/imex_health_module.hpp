@@ -7,13 +7,13 @@
 
 #include "loop/module.hpp"
 #include "loop/supervisor_messages.hpp"
-#include "modules/imex_health/domain_check.hpp"
-#include "modules/imex_health/host_checks.hpp"
 #include "modules/imex_health/messages.hpp"
 #include "modules/imex_health/unit_control.hpp"
-#include "modules/imex_health/unit_watcher.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/kube/messages.hpp"
+#include "preflight/domain_check.hpp"
+#include "preflight/host_checks.hpp"
+#include "preflight/unit_watcher.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 

@@ -61,6 +61,17 @@ struct GpuPodMap {
   bool operator==(const GpuPodMap&) const = default;
 };
 
+// One Allocate the kubelet made (an event): the devices now belong to a container being admitted.
+// pod-resources re-lists the kubelet's PodResourcesLister on it. The device plugin publishes it;
+// it is declared here, beside the map it refreshes, so pod-resources needs nothing of the device
+// plugin (whose health comes from gpu-health, which reads this module's GpuPodMap): no loop.
+// The topic keeps its name.
+struct DevicesAllocated {
+  static constexpr std::string_view kTopic = "device-plugin.allocated";
+  std::string resource_name;
+  std::vector<std::string> device_ids;  // every container's, in request order
+};
+
 inline void to_json(nlohmann::json& j, const PodContainerRef& r) {
   j = nlohmann::json{{"namespace", r.namespace_name}, {"name", r.name},           {"uid", r.uid},
                      {"container", r.container},      {"resource", r.resource}};

@@ -3,7 +3,6 @@
 
 #include "loop/config_checks.hpp"
 #include "loop/json_fields.hpp"
-#include "modules/device_plugin/messages.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/client.hpp"
@@ -109,7 +108,7 @@ void PodResourcesModule::Start() {
   lister_ = std::make_unique<ListerClient>(context_.GetLoop(), socket_, config_.call_timeout);
 
   auto& bus = context_.GetBus();
-  allocated_sub_ = bus.Subscribe<device_plugin::DevicesAllocated>([this](const device_plugin::DevicesAllocated& a) {
+  allocated_sub_ = bus.Subscribe<DevicesAllocated>([this](const DevicesAllocated& a) {
     if (!resources_.contains(a.resource_name)) return;
     for (const auto& id : a.device_ids) expected_.emplace(id, 0);
     RequestList("device-plugin Allocate");

@@ -2,7 +2,7 @@
 // 1M-line flood, new boot, operator set-healthy through the admin socket and the CLI client,
 // the Node condition and Events in the API simulator, and the whole chain journal file →
 // journald → gpu-health → device plugin → kubelet simulator.
-#include "admin_client.hpp"
+#include "cli/admin_client.hpp"
 #include "support/api_sim.hpp"
 #include "journal_writer.h"
 #include "kubelet_sim.h"

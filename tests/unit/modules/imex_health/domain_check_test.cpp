@@ -1,6 +1,6 @@
 // nvidia-imex-ctl's answers parsed and judged, and DomainCheck running the host-mode fake
 // (tools/sim/systemd/host-nvidia-imex-ctl) as a real child process.
-#include "modules/imex_health/domain_check.hpp"
+#include "preflight/domain_check.hpp"
 #include "support/loop_harness.hpp"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // The host IMEX checks on their own: /proc/devices, the IMEX config, the node-map rules of
 // seed 000 §3.2, and a scan of real files under a host root.
-#include "modules/imex_health/host_checks.hpp"
+#include "preflight/host_checks.hpp"
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,6 @@
 #include "support/api_sim.hpp"
 #include "kubelet_sim.h"
 #include "loop/config.hpp"
-#include "modules/device_plugin/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/informer.hpp"
@@ -152,7 +151,7 @@ class PodResourcesModuleTest : public ::testing::Test {
 
   // What our device plugin publishes after it answered Allocate.
   void Allocated(std::vector<std::string> ids) {
-    h_.bus.Publish(device_plugin::DevicesAllocated{"nvidia.com/gpu", std::move(ids)});
+    h_.bus.Publish(pod_resources::DevicesAllocated{"nvidia.com/gpu", std::move(ids)});
   }
 
   // A series' value ("name" or "name{labels}"), 0 when it was never written.

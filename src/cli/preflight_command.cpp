@@ -5,11 +5,11 @@
 #include "loop/loop.hpp"
 #include "loop/metrics_registry.hpp"
 #include "modules/gpu_inventory/nvml_session.hpp"
-#include "modules/imex_health/domain_check.hpp"
-#include "modules/imex_health/host_checks.hpp"
-#include "modules/imex_health/unit_watcher.hpp"
 #include "modules/imex_peers/imex_peers_module.hpp"
 #include "modules/kube/client.hpp"
+#include "preflight/domain_check.hpp"
+#include "preflight/host_checks.hpp"
+#include "preflight/unit_watcher.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/null_sink.h>

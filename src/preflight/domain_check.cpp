@@ -1,5 +1,5 @@
 // nvidia-imex-ctl domain readiness: see domain_check.hpp.
-#include "modules/imex_health/domain_check.hpp"
+#include "preflight/domain_check.hpp"
 
 #include <sstream>
 

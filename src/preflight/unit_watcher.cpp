@@ -1,5 +1,5 @@
 // sd-bus on the loop: see unit_watcher.hpp.
-#include "modules/imex_health/unit_watcher.hpp"
+#include "preflight/unit_watcher.hpp"
 
 #include <systemd/sd-bus.h>
 

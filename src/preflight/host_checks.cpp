@@ -1,5 +1,5 @@
 // Host IMEX checks: see host_checks.hpp.
-#include "modules/imex_health/host_checks.hpp"
+#include "preflight/host_checks.hpp"
 
 #include "loop/atomic_file.hpp"
 
