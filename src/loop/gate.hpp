@@ -16,6 +16,7 @@
 // instance goes, whoever built it (the supervisor, a test) and whatever outlives it (the
 // supervisor keeps an instance that did not stop in time, but not its context).
 
+#include <concepts>
 #include <memory>
 #include <utility>
 
@@ -46,15 +47,39 @@ class Gate {
   void Close() { *open_ = false; }
   bool IsOpen() const { return *open_; }
 
+  // Closes every ticket handed out so far and opens anew for what comes after: a Stop that
+  // drops what is still in flight, a watcher stopped and started again.
+  void Renew() {
+    Close();
+    open_ = std::make_shared<bool>(true);
+  }
+
   Ticket Watch() const { return Ticket(open_); }
 
   // `fn` wrapped so that a call runs it only while the gate is open (a call after Close() is
   // dropped, whatever its arguments). Copyable when `fn` is; the result of `fn` is discarded.
   template <typename Fn>
-  auto Guard(Fn fn) const {
-    return [open = std::shared_ptr<const bool>(open_), fn = std::move(fn)](auto&&... args) mutable {
-      if (*open) fn(std::forward<decltype(args)>(args)...);
-    };
+  class Guarded {
+   public:
+    Guarded(std::shared_ptr<const bool> open, Fn fn) : open_(std::move(open)), fn_(std::move(fn)) {}
+    template <typename... Args>
+    void operator()(Args&&... args) {
+      if (*open_) fn_(std::forward<Args>(args)...);
+    }
+    template <typename... Args>
+      requires std::invocable<const Fn&, Args...>
+    void operator()(Args&&... args) const {
+      if (*open_) fn_(std::forward<Args>(args)...);
+    }
+
+   private:
+    std::shared_ptr<const bool> open_;
+    Fn fn_;
+  };
+
+  template <typename Fn>
+  Guarded<Fn> Guard(Fn fn) const {
+    return Guarded<Fn>(open_, std::move(fn));
   }
 
  private:

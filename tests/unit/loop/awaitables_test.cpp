@@ -56,13 +56,33 @@ TEST(GateTest, GuardRunsWhileOpenAndDropsAfterClose) {
   std::vector<int> seen;
   auto guarded = gate.Guard([&seen](int v) { seen.push_back(v); });
   std::function<void(int)> copy = guarded;  // copyable: callback APIs take std::function
+  const auto& as_const = guarded;             // callable through a const reference too
   guarded(1);
   copy(2);
+  as_const(3);
   gate.Close();
-  guarded(3);
-  copy(4);
-  EXPECT_EQ(seen, (std::vector<int>{1, 2}));
+  guarded(4);
+  copy(5);
+  as_const(6);
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3}));
   EXPECT_FALSE(gate.IsOpen());
+}
+
+TEST(GateTest, RenewClosesWhatWasHandedOutAndOpensForWhatComes) {
+  Gate gate;
+  int old_runs = 0;
+  int new_runs = 0;
+  auto before = gate.Guard([&old_runs] { ++old_runs; });
+  const Gate::Ticket old_ticket = gate.Watch();
+  gate.Renew();  // a Stop that drops what is in flight
+  auto after = gate.Guard([&new_runs] { ++new_runs; });
+  before();
+  after();
+  EXPECT_EQ(old_runs, 0);
+  EXPECT_EQ(new_runs, 1);
+  EXPECT_FALSE(old_ticket.IsOpen());
+  EXPECT_TRUE(gate.Watch().IsOpen());
+  EXPECT_TRUE(gate.IsOpen());
 }
 
 TEST(GateTest, TicketsOutliveTheGateAndReadClosed) {
