@@ -100,7 +100,7 @@ AdminSocket::AdminSocket(asio::io_context& io, std::string path, Handler handler
     : io_(io), path_(std::move(path)), handler_(std::move(handler)), acceptor_(io) {}
 
 AdminSocket::~AdminSocket() {
-  *alive_ = false;
+  lifetime_.Close();
   Stop();
 }
 
@@ -139,8 +139,9 @@ void AdminSocket::Stop() {
 }
 
 void AdminSocket::Accept() {
-  acceptor_.async_accept([this, alive = alive_](const boost::system::error_code& ec, stream_protocol::socket socket) {
-    if (!*alive || !started_) return;
+  acceptor_.async_accept([this, alive = lifetime_.Watch()](const boost::system::error_code& ec,
+                                                           stream_protocol::socket socket) {
+    if (!alive || !started_) return;
     if (ec == asio::error::operation_aborted) return;
     if (!ec) {
       if (*open_ >= kMaxConnections) {
@@ -156,7 +157,7 @@ void AdminSocket::Accept() {
         asio::async_read_until(
             session->socket, session->buffer, '\n',
             [this, alive, session](const boost::system::error_code& rec, std::size_t n) {
-              if (!*alive) return;
+              if (!alive) return;
               if (rec && rec != asio::error::eof) {
                 session->Close();
                 return;

@@ -6,6 +6,8 @@
 // step). Connections are bounded in number and in request length; the request must arrive
 // within kDeadline; a streaming answer lasts as long as its handler says.
 
+#include "loop/gate.hpp"
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 
@@ -58,7 +60,7 @@ class AdminSocket {
   std::string path_;
   Handler handler_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   std::shared_ptr<std::size_t> open_ = std::make_shared<std::size_t>(0);
   bool started_ = false;
 };

@@ -29,8 +29,7 @@ void DirWatcher::Start() {
 }
 
 void DirWatcher::Stop() {
-  *alive_ = false;
-  alive_ = std::make_shared<bool>(true);
+  lifetime_.Renew();
   if (descriptor_.is_open()) {
     boost::system::error_code ec;
     descriptor_.close(ec);  // cancels the pending wait; nothing useful to do on error
@@ -39,16 +38,16 @@ void DirWatcher::Stop() {
 
 void DirWatcher::Arm() {
   descriptor_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
-                         [this, alive = alive_](const boost::system::error_code& ec) {
-                           if (ec || !*alive) return;
+                         [this, alive = lifetime_.Watch()](const boost::system::error_code& ec) {
+                           if (ec || !alive) return;
                            Drain();
-                           if (*alive && descriptor_.is_open()) Arm();
+                           if (alive && descriptor_.is_open()) Arm();
                          });
 }
 
 void DirWatcher::Drain() {
   alignas(inotify_event) char buffer[16 * (sizeof(inotify_event) + NAME_MAX + 1)];
-  auto alive = alive_;
+  auto alive = lifetime_.Watch();
   for (;;) {
     const ssize_t n = ::read(descriptor_.native_handle(), buffer, sizeof(buffer));
     if (n <= 0) return;  // EAGAIN: drained
@@ -65,7 +64,7 @@ void DirWatcher::Drain() {
       } else if (event->mask & (IN_DELETE | IN_MOVED_FROM)) {
         callback_(Change::kDeleted, name);
       }
-      if (!*alive) return;  // the callback stopped or destroyed us
+      if (!alive) return;  // the callback stopped or destroyed us
     }
   }
 }

@@ -4,6 +4,8 @@
 // directories (device-plugins/, plugins_registry/), where a kubelet restart shows up as our
 // socket being deleted and kubelet.sock being created again.
 
+#include "loop/gate.hpp"
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 
@@ -37,7 +39,7 @@ class DirWatcher {
   std::string directory_;
   Callback callback_;
   boost::asio::posix::stream_descriptor descriptor_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   int watch_ = -1;
 };
 

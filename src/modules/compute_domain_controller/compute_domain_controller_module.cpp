@@ -44,7 +44,7 @@ ComputeDomainControllerModule::ComputeDomainControllerModule(ModuleContext& cont
     : context_(context), config_(config) {}
 
 ComputeDomainControllerModule::~ComputeDomainControllerModule() {
-  *alive_ = false;
+  lifetime_.Close();
   elector_.reset();  // before the queue and reconciler its callbacks reach
 }
 
@@ -122,11 +122,10 @@ void ComputeDomainControllerModule::Stop(std::function<void()> done) {
   }
   // Stops the work first (on_stopped_leading), then hands the lease back so a peer takes over.
   elector_->Stop(
-      [this, alive = std::weak_ptr<bool>(alive_), done = std::move(done)] {
-        const auto a = alive.lock();
-        if (a && *a) StopWork();
+      lifetime_.Guard([this, done = std::move(done)] {
+        StopWork();
         done();
-      },
+      }),
       /*release=*/true);
 }
 
@@ -259,12 +258,11 @@ void ComputeDomainControllerModule::ArmResync() {
   if (config_.resync.count() == 0) return;
   if (!resync_timer_) resync_timer_ = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io());
   resync_timer_->expires_after(config_.resync);
-  resync_timer_->async_wait([this, alive = std::weak_ptr<bool>(alive_)](const boost::system::error_code& ec) {
-    const auto a = alive.lock();
-    if (ec || !a || !*a || !leading_ || !informer_) return;
+  resync_timer_->async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec || !leading_ || !informer_) return;
     for (const auto& [key, object] : informer_->Items()) queue_->Add(key);
     ArmResync();
-  });
+  }));
 }
 
 void ComputeDomainControllerModule::OnStoppedLeading() {

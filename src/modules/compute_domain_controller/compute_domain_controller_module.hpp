@@ -10,6 +10,7 @@
 
 #include "loop/backoff.hpp"
 #include "loop/bus.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/compute_domain_controller/reconciler.hpp"
 #include "modules/compute_domain_controller/work_queue.hpp"
@@ -105,7 +106,7 @@ class ComputeDomainControllerModule final : public Module {
   MetricsRegistry::Series* latency_sum_ = nullptr;
   MetricsRegistry::Series* latency_count_ = nullptr;
   MetricsRegistry::CollectorHandle collector_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   Subscription events_sub_;
   Subscription synced_sub_;
   Subscription templates_sub_;

@@ -149,7 +149,7 @@ Reconciler::Reconciler(std::shared_ptr<kube::KubeClient> client, std::shared_ptr
                        std::shared_ptr<spdlog::logger> log, ReconcileSettings settings)
     : client_(std::move(client)), events_(std::move(events)), log_(std::move(log)), settings_(std::move(settings)) {}
 
-Reconciler::~Reconciler() { *alive_ = false; }
+Reconciler::~Reconciler() { lifetime_.Close(); }
 
 void Reconciler::Cancel() {
   ++epoch_;
@@ -161,9 +161,8 @@ bool Reconciler::Current(const RunPtr& run) const { return run->epoch == epoch_;
 
 template <typename Send>
 void Reconciler::Call(const RunPtr& run, Send send, std::function<void(kube::Result)> next) {
-  send([this, run, alive = std::weak_ptr<bool>(alive_), next = std::move(next)](kube::Result r) {
-    const auto a = alive.lock();
-    if (!a || !*a || !Current(run)) return;  // cancelled (lease lost) or gone: drop the answer
+  send([this, run, alive = lifetime_.Watch(), next = std::move(next)](kube::Result r) {
+    if (!alive || !Current(run)) return;  // cancelled (lease lost) or gone: drop the answer
     next(std::move(r));
   });
 }

@@ -32,6 +32,7 @@
 // Cancel() abandons every reconcile in flight: callbacks of requests already sent are ignored
 // and no further request is made (used when the lease is lost).
 
+#include "loop/gate.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/events.hpp"
 
@@ -212,7 +213,7 @@ class Reconciler {
   ReconcileSettings settings_;
   uint64_t epoch_ = 0;
   std::set<Run*> runs_;  // in flight, for the abandoned count
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   Stats stats_;
 };
 

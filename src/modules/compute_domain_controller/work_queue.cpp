@@ -25,7 +25,7 @@ WorkQueue::WorkQueue(asio::io_context& io, BackoffPolicy policy, std::size_t max
       random_(std::move(random)) {}
 
 WorkQueue::~WorkQueue() {
-  *alive_ = false;
+  lifetime_.Close();
   for (auto& [key, timer] : timers_) timer->timer.cancel();
 }
 
@@ -43,12 +43,10 @@ void WorkQueue::Add(const std::string& key) {
   // Work starts from a posted handler, never inside Add: callers may hold state mid-change.
   if (pump_posted_) return;
   pump_posted_ = true;
-  asio::post(io_, [this, alive = std::weak_ptr<bool>(alive_)] {
-    const auto a = alive.lock();
-    if (!a || !*a) return;
+  asio::post(io_, lifetime_.Guard([this] {
     pump_posted_ = false;
     Pump();
-  });
+  }));
 }
 
 void WorkQueue::Pump() {
@@ -58,11 +56,9 @@ void WorkQueue::Pump() {
     queued_.erase(key);
     in_flight_.insert(key);
     const uint64_t epoch = epoch_;
-    handler_(key, [this, alive = std::weak_ptr<bool>(alive_), key, epoch](bool ok) {
-      const auto a = alive.lock();
-      if (!a || !*a) return;
+    handler_(key, lifetime_.Guard([this, key, epoch](bool ok) {
       Finished(key, epoch, ok);
-    });
+    }));
   }
 }
 
@@ -87,11 +83,10 @@ void WorkQueue::RetryLater(const std::string& key) {
   const auto delay = it->second.Next();
   auto timer = std::make_unique<KeyTimer>(io_, ++next_timer_id_);
   timer->timer.expires_after(delay);
-  timer->timer.async_wait([this, alive = std::weak_ptr<bool>(alive_), key, id = timer->id](
+  timer->timer.async_wait([this, alive = lifetime_.Watch(), key, id = timer->id](
                               const boost::system::error_code& ec) {
-    const auto a = alive.lock();
     // operation_aborted: Add() or Clear() cancelled this retry and already dropped the timer.
-    if (ec || !a || !*a) return;
+    if (ec || !alive) return;
     // A timer that fired just as Add() replaced it is not ours to erase any more.
     const auto it = timers_.find(key);
     if (it == timers_.end() || it->second->id != id) return;

@@ -5,6 +5,7 @@
 // by a success. At most `max_in_flight` keys run at once. Loop thread only.
 
 #include "loop/backoff.hpp"
+#include "loop/gate.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -64,7 +65,7 @@ class WorkQueue {
   uint64_t epoch_ = 0;
   uint64_t next_timer_id_ = 0;
   bool pump_posted_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
 };
 
 }  // namespace gns::cd_controller

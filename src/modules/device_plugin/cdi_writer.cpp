@@ -26,7 +26,7 @@ CdiWriter::CdiWriter(ModuleContext& context, Settings settings, std::function<vo
   status_.path = settings_.dir + "/" + CdiSpecFileName(settings_.spec.kind);
 }
 
-CdiWriter::~CdiWriter() { *alive_ = false; }
+CdiWriter::~CdiWriter() { lifetime_.Close(); }
 
 void CdiWriter::Update(std::vector<PhysicalDevice> devices) {
   if (!settings_.enabled || stopped_) return;
@@ -58,8 +58,7 @@ void CdiWriter::WriteNext() {
         else out.wrote = true;
         return out;
       },
-      [this, alive = alive_, wanted = wanted_, count](WriteOutcome out, std::exception_ptr error) {
-        if (!*alive) return;
+      lifetime_.Guard([this, wanted = wanted_, count](WriteOutcome out, std::exception_ptr error) {
         in_flight_ = false;
         if (error) out.error = "CDI spec write threw";
         for (const auto& w : out.warnings) context_.Log().warn("CDI spec: {}", w);
@@ -82,7 +81,7 @@ void CdiWriter::WriteNext() {
         if (changed_) changed_();
         // A change that came in meanwhile.
         if (wanted != wanted_) WriteNext();
-      });
+      }));
 }
 
 void CdiWriter::Stop(std::function<void()> done) {
@@ -104,8 +103,8 @@ void CdiWriter::Remove(std::function<void()> done) {
         if (::unlink(path.c_str()) != 0 && errno != ENOENT) return "unlink " + path + ": " + std::strerror(errno);
         return {};
       },
-      [this, alive = alive_, done = std::move(done)](std::string error, std::exception_ptr) {
-        if (*alive && !error.empty()) context_.Log().warn("cannot remove the CDI spec: {}", error);
+      [this, alive = lifetime_.Watch(), done = std::move(done)](std::string error, std::exception_ptr) {
+        if (alive && !error.empty()) context_.Log().warn("cannot remove the CDI spec: {}", error);
         done();
       });
 }

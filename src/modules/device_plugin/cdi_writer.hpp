@@ -4,6 +4,7 @@
 // changed; one write in flight, a change during it is written next. Removes the file at stop
 // when configured.
 
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/device_plugin/cdi_spec.hpp"
 
@@ -53,7 +54,7 @@ class CdiWriter {
   bool stopped_ = false;
   std::function<void()> stop_done_;
   std::string written_;  // the text on disk, as we last wrote it
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
 };
 
 }  // namespace gns::device_plugin

@@ -212,7 +212,7 @@ DevicePluginModule::DevicePluginModule(ModuleContext& context, const Config& con
       mps_timer_(context.GetLoop().Io()),
       health_wait_timer_(context.GetLoop().Io()) {}
 
-DevicePluginModule::~DevicePluginModule() { *alive_ = false; }
+DevicePluginModule::~DevicePluginModule() { lifetime_.Close(); }
 
 PlanSettings DevicePluginModule::MakePlanSettings() const {
   PlanSettings settings;
@@ -261,12 +261,12 @@ void DevicePluginModule::WaitForHealthState() {
   health_state_sub_ = context_.GetBus().Subscribe<gpu_health::GpuHealthState>(
       [this](const gpu_health::GpuHealthState&) { HealthStateKnown(); });
   health_wait_timer_.expires_after(kHealthStateWait);
-  health_wait_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive || !awaiting_health_) return;
+  health_wait_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec || !awaiting_health_) return;
     context_.Log().warn("{} has not published its state after {} s: advertising without it", kHealthModule,
                         std::chrono::duration_cast<std::chrono::seconds>(kHealthStateWait).count());
     HealthStateKnown();
-  });
+  }));
 }
 
 void DevicePluginModule::HealthStateKnown() {
@@ -358,13 +358,12 @@ void DevicePluginModule::ArmMpsTimer() {
   if (mps_timer_armed_ || stopping_ || mps_problem_.empty()) return;
   mps_timer_armed_ = true;
   mps_timer_.expires_after(config_.mps.check_interval);
-  mps_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (!*alive) return;
+  mps_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
     mps_timer_armed_ = false;
     if (ec || stopping_) return;  // cancelled at stop
     if (CheckMpsDaemons()) Replan();  // starts a waiting endpoint, or changes the replicas' health
     ArmMpsTimer();
-  });
+  }));
 }
 
 bool DevicePluginModule::Usable(const ResourcePlan& resource, const PlannedDevice& device, std::string* reason) const {

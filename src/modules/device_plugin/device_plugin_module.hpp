@@ -9,6 +9,7 @@
 
 #include "loop/backoff.hpp"
 #include "loop/dir_watcher.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/device_plugin/allocation.hpp"
 #include "modules/device_plugin/cdi_writer.hpp"
@@ -125,7 +126,7 @@ class DevicePluginModule final : public Module {
   // verdicts off the loop): nothing is advertised until it has, or kHealthStateWait passed.
   bool awaiting_health_ = false;
   boost::asio::steady_timer health_wait_timer_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   Subscription inventory_sub_;
   Subscription health_sub_;
   Subscription health_state_sub_;

@@ -25,7 +25,7 @@ ResourceEndpoint::ResourceEndpoint(ModuleContext& context, Settings settings, Ho
                                                      {{"resource", settings_.resource}});
 }
 
-ResourceEndpoint::~ResourceEndpoint() { *alive_ = false; }
+ResourceEndpoint::~ResourceEndpoint() { lifetime_.Close(); }
 
 void ResourceEndpoint::Start() { StartServing(); }
 
@@ -72,15 +72,15 @@ void ResourceEndpoint::RestartServing(const std::string& why) {
   SetProblem(why);
   auto old = std::move(server_);
   auto* raw = old.get();
-  raw->Shutdown(context_.Pool(), [this, alive = alive_, old = std::shared_ptr<PluginServer>(std::move(old))] {
-    if (!*alive || stopping_) return;
+  raw->Shutdown(context_.Pool(), lifetime_.Guard([this, old = std::shared_ptr<PluginServer>(std::move(old))] {
+    if (stopping_) return;
     restarting_ = false;
     try {
       StartServing();
     } catch (const std::exception& e) {
       context_.ReportFailure("cannot serve " + settings_.resource + " again: " + e.what());
     }
-  });
+  }));
 }
 
 void ResourceEndpoint::Register() {
@@ -103,8 +103,8 @@ void ResourceEndpoint::Register() {
   request.mutable_options()->set_get_preferred_allocation_available(true);
   server_->Register(
       kubelet_socket_, request, settings_.register_timeout,
-      [this, alive = alive_, generation](const grpc::Status& status) {
-        if (!*alive) return;
+      [this, alive = lifetime_.Watch(), generation](const grpc::Status& status) {
+        if (!alive) return;
         registering_ = false;
         if (stopping_ || !serving_) return;
         if (generation != kubelet_generation_) {
@@ -130,7 +130,7 @@ void ResourceEndpoint::Register() {
         SetProblem("registration of " + settings_.resource + " failed: " + status.error_message());
         register_timer_.expires_after(delay);
         register_timer_.async_wait([this, alive](const boost::system::error_code& ec) {
-          if (ec || !*alive) return;
+          if (ec || !alive) return;
           if (::access(kubelet_socket_.c_str(), F_OK) == 0) Register();
         });
       });
@@ -154,10 +154,10 @@ void ResourceEndpoint::WaitForListener(int err) {
   }
   register_timer_.cancel();
   register_timer_.expires_after(listen_backoff_.Next());
-  register_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive) return;
+  register_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec) return;
     Register();
-  });
+  }));
 }
 
 void ResourceEndpoint::OnKubeletSocketCreated() {
@@ -209,8 +209,8 @@ void ResourceEndpoint::Stop(std::function<void()> done) {
     return;
   }
   serving_ = false;
-  server_->Shutdown(context_.Pool(), [this, alive = alive_, done = std::move(done)] {
-    if (*alive) server_.reset();  // the socket is already gone: the kubelet cannot dial a dead one
+  server_->Shutdown(context_.Pool(), [this, alive = lifetime_.Watch(), done = std::move(done)] {
+    if (alive) server_.reset();  // the socket is already gone: the kubelet cannot dial a dead one
     done();
   });
 }

@@ -6,6 +6,7 @@
 // serves comes from the module through the hooks.
 
 #include "loop/backoff.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/device_plugin/plugin_server.hpp"
 
@@ -100,7 +101,7 @@ class ResourceEndpoint {
   bool registered_ = false;
   bool stopping_ = false;
   int registrations_ = 0;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* registrations_total_;
 };
 

@@ -1,5 +1,6 @@
 // The dra-compute-domain module.
 #include "modules/dra_compute_domain/dra_module.hpp"
+#include "loop/awaitables.hpp"
 #include "loop/json_fields.hpp"
 #include "loop/state_file.hpp"
 #include "loop/state_load.hpp"
@@ -184,83 +185,9 @@ struct CompactLog {
   }
 };
 
-// ------------------------------------------------------------------ awaiting callback APIs
-// Boost 1.74: no as_tuple, no awaitable operators; the callback APIs (kube client, pool,
-// driver-managed domains, timers) become awaitables through async_initiate, as in gpu_reset.
-
-// The handler of use_awaitable is move-only; the callback APIs take a copyable std::function.
-template <typename Handler>
-auto Shared(Handler&& handler) {
-  return std::make_shared<std::decay_t<Handler>>(std::forward<Handler>(handler));
-}
-
-// `start(resume)` begins a callback operation; `resume(value)`, its completion on the loop,
-// resumes the coroutine with `value`. A completion that arrives once the module is gone resumes
-// nothing: the coroutine's frames are dropped (destroyed through the loop) without touching the
-// module, as the callbacks' `if (!*alive) return;` did.
-template <typename T, typename Start>
-asio::awaitable<T> Await(std::shared_ptr<bool> alive, Start start) {
-  return asio::async_initiate<const asio::use_awaitable_t<>&, void(boost::system::error_code, T)>(
-      [alive = std::move(alive), start = std::move(start)](auto handler) mutable {
-        auto shared = Shared(std::move(handler));
-        start([alive, shared](T value) {
-          if (!*alive) return;
-          std::move (*shared)(boost::system::error_code{}, std::move(value));
-        });
-      },
-      asio::use_awaitable);
-}
-
-// A pool job's value, or the exception it threw (BlockingPool::Run's pair).
-template <typename T>
-struct PoolResult {
-  T value;
-  std::exception_ptr failure;
-};
-
-template <typename Work>
-auto OnPool(BlockingPool& pool, std::shared_ptr<bool> alive, Work work) {
-  using T = std::invoke_result_t<Work&>;
-  return Await<PoolResult<T>>(std::move(alive), [&pool, work = std::move(work)](auto resume) mutable {
-    pool.Run(std::move(work), [resume](T value, std::exception_ptr failure) {
-      resume(PoolResult<T>{std::move(value), failure});
-    });
-  });
-}
-
-// Runs `a` and `b` at once (each co_spawned: both are under way before either is awaited) and
-// resumes with both values when both are done; the first exception wins. Only the two runs
-// hold the waiting coroutine, so when both are dropped (the module is gone) it is dropped too.
-template <typename A, typename B>
-asio::awaitable<std::pair<A, B>> Both(std::shared_ptr<bool> alive, asio::io_context& io, asio::awaitable<A> a,
-                                      asio::awaitable<B> b) {
-  return asio::async_initiate<const asio::use_awaitable_t<>&, void(std::exception_ptr, std::pair<A, B>)>(
-      [alive = std::move(alive), &io](auto handler, asio::awaitable<A> a, asio::awaitable<B> b) {
-        using Handler = decltype(handler);
-        struct Join {
-          std::shared_ptr<bool> alive;
-          Handler handler;
-          std::pair<A, B> values{};
-          std::exception_ptr failure{};
-          int running = 2;
-          void Done(std::exception_ptr e) {
-            if (e && !failure) failure = e;
-            if (--running > 0 || !*alive) return;
-            std::move(handler)(failure, std::move(values));
-          }
-        };
-        auto join = std::make_shared<Join>(Join{alive, std::move(handler)});
-        asio::co_spawn(io, std::move(a), [join](std::exception_ptr e, A value) {
-          join->values.first = std::move(value);
-          join->Done(e);
-        });
-        asio::co_spawn(io, std::move(b), [join](std::exception_ptr e, B value) {
-          join->values.second = std::move(value);
-          join->Done(e);
-        });
-      },
-      asio::use_awaitable, std::move(a), std::move(b));
-}
+// The callback APIs (kube client, pool, driver-managed domains, timers) are awaited through
+// loop/awaitables.hpp, with the module's gate: a completion that arrives once the module is gone
+// resumes nothing (the coroutine is dropped without touching the module).
 
 }  // namespace
 
@@ -335,7 +262,7 @@ DraComputeDomainModule::DraComputeDomainModule(ModuleContext& context, const Con
                                     "Corrupt checkpoints moved aside at start");
 }
 
-DraComputeDomainModule::~DraComputeDomainModule() { *alive_ = false; }
+DraComputeDomainModule::~DraComputeDomainModule() { lifetime_.Close(); }
 
 // ---------------------------------------------------------------------------------- start
 
@@ -389,7 +316,7 @@ void DraComputeDomainModule::Start() {
   // registration sockets are not even there, so the kubelet cannot call NodePrepare early.
   loading_ = true;
   LoadStateOffLoop(
-      context_, alive_, paths_.checkpoint_file + " and " + paths_.claim_log_file,
+      context_, lifetime_.Watch(), paths_.checkpoint_file + " and " + paths_.claim_log_file,
       [checkpoint = paths_.checkpoint_file, log = paths_.claim_log_file,
        record = host_managed_ ? std::string() : DriverManagedDomains::RecordFile(paths_.state_dir)] {
         StartFiles files;
@@ -445,8 +372,7 @@ void DraComputeDomainModule::Serve(StartFiles files) {
   dra_server_->Start(paths_.dra_socket);
   registration_server_ = std::make_unique<RegistrationServer>(
       context_.GetLoop(), RegistrationServer::Info{std::string(kDriverName), paths_.dra_socket},
-      [this, alive = alive_](bool registered, const std::string& error) {
-        if (!*alive) return;
+      lifetime_.Guard([this](bool registered, const std::string& error) {
         registered_ = registered;
         registration_error_ = error;
         if (registered) {
@@ -457,7 +383,7 @@ void DraComputeDomainModule::Serve(StartFiles files) {
           context_.SetHealth(ModuleHealth::kUnhealthy, "kubelet refused the registration: " + error);
         }
         PublishState();
-      });
+      }));
   registration_server_->Start(paths_.registration_socket);
   context_.SetHealth(ModuleHealth::kUnhealthy, "waiting for the kubelet's plugin watcher");
   context_.Log().info("serving DRA v1/v1beta1 on {}, registration on {}", paths_.dra_socket,
@@ -659,8 +585,8 @@ void DraComputeDomainModule::Stop(std::function<void()> done) {
   slice_informer_.reset();
   jobs_.clear();  // their calls are failed by the DRA server's shutdown
   pending_prepares_.clear();  // never committed, never answered
-  auto finish = [this, alive = alive_, done = std::move(done)] {
-    if (*alive) {
+  auto finish = [this, alive = lifetime_.Watch(), done = std::move(done)] {
+    if (alive) {
       domains_.reset();
       dra_server_.reset();
       registration_server_.reset();
@@ -669,16 +595,16 @@ void DraComputeDomainModule::Stop(std::function<void()> done) {
     }
     done();
   };
-  auto stop_dra = [this, alive = alive_, finish = std::move(finish)]() mutable {
-    if (*alive && dra_server_) {
+  auto stop_dra = [this, alive = lifetime_.Watch(), finish = std::move(finish)]() mutable {
+    if (alive && dra_server_) {
       dra_server_->Shutdown(context_.Pool(), std::move(finish));
     } else {
       finish();
     }
   };
   // Registration first: removing its socket deregisters us before the DRA socket goes.
-  auto stop_servers = [this, alive = alive_, stop_dra = std::move(stop_dra)]() mutable {
-    if (*alive && registration_server_) {
+  auto stop_servers = [this, alive = lifetime_.Watch(), stop_dra = std::move(stop_dra)]() mutable {
+    if (alive && registration_server_) {
       registration_server_->Shutdown(context_.Pool(), std::move(stop_dra));
     } else {
       stop_dra();
@@ -707,8 +633,7 @@ void DraComputeDomainModule::Enqueue(Job job) {
   // After Stop the queue is never run: the DRA server's shutdown answers its calls.
   if (jobs_running_ || stopping_) return;
   jobs_running_ = true;
-  asio::co_spawn(context_.GetLoop().Io(), RunJobs(alive_), [this, alive = alive_](std::exception_ptr error) {
-    if (!*alive) return;
+  auto ended = [this](std::exception_ptr error) {
     jobs_running_ = false;
     if (!error) return;
     // A bug, not an expected error (those are values): restart the module, which recovers from
@@ -722,12 +647,13 @@ void DraComputeDomainModule::Enqueue(Job job) {
     }
     context_.Log().error("the prepare/unprepare runner failed: {}", what);
     context_.ReportFailure("prepare/unprepare runner: " + what);
-  });
+  };
+  asio::co_spawn(context_.GetLoop().Io(), RunJobs(lifetime_.Watch()), lifetime_.Guard(std::move(ended)));
 }
 
 // `alive` by value: co_spawn starts the coroutine one loop turn later.
-asio::awaitable<void> DraComputeDomainModule::RunJobs(std::shared_ptr<bool> alive) {
-  if (!*alive) co_return;
+asio::awaitable<void> DraComputeDomainModule::RunJobs(Gate::Ticket alive) {
+  if (!alive) co_return;
   while (!stopping_ && !jobs_.empty()) {
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
@@ -795,10 +721,10 @@ asio::awaitable<std::optional<PrepareResult>> DraComputeDomainModule::PrepareCla
   const std::string domains_path =
       kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", claim.namespace_name)
           .Collection();
-  asio::awaitable<kube::Result> get_claim = FetchWithRetry(alive_, false, claim_path, deadline);
-  asio::awaitable<kube::Result> list_domains = FetchWithRetry(alive_, true, domains_path, deadline);
+  asio::awaitable<kube::Result> get_claim = FetchWithRetry(lifetime_.Watch(), false, claim_path, deadline);
+  asio::awaitable<kube::Result> list_domains = FetchWithRetry(lifetime_.Watch(), true, domains_path, deadline);
   const std::pair<kube::Result, kube::Result> both =
-      co_await Both(alive_, context_.GetLoop().Io(), std::move(get_claim), std::move(list_domains));
+      co_await Both(context_.GetLoop().Io(), std::move(get_claim), std::move(list_domains), lifetime_.Watch());
   const kube::Result& fetched = both.first;
   if (stopping_) co_return std::nullopt;
   if (fetched.http_status == 404) {
@@ -927,7 +853,7 @@ asio::awaitable<PrepareResults> DraComputeDomainModule::CommitPrepares(std::vect
   std::vector<PreparedClaim> entries = std::move(pending_prepares_);
   pending_prepares_.clear();
   WritePrepares write{log_, paths_.cdi_dir, channel_major_, entries, next_seq_};
-  PoolResult<CommitOutcome> written = co_await OnPool(context_.Pool(), alive_, std::move(write));
+  JobResult<CommitOutcome> written = co_await OnPool(context_.Pool(), std::move(write), lifetime_.Watch());
   CommitOutcome& out = written.value;
   // No stopping_ check from here: what reached the disk is taken in even after Stop.
   if (written.failure && out.log_error.empty()) out.log_error = "unexpected failure while committing";
@@ -980,7 +906,7 @@ asio::awaitable<void> DraComputeDomainModule::Compact() {
   Checkpoint snapshot = checkpoint_;
   snapshot.log_seq = next_seq_ - 1;
   CompactLog compact{log_, paths_.checkpoint_file, std::move(snapshot)};
-  PoolResult<std::string> compacted = co_await OnPool(context_.Pool(), alive_, std::move(compact));
+  JobResult<std::string> compacted = co_await OnPool(context_.Pool(), std::move(compact), lifetime_.Watch());
   compaction_queued_ = false;
   std::string& error = compacted.value;
   if (compacted.failure && error.empty()) error = "unexpected failure";
@@ -994,9 +920,9 @@ asio::awaitable<void> DraComputeDomainModule::Compact() {
 }
 
 // `alive` by value: Both() co_spawns this, which starts it one loop turn later.
-asio::awaitable<kube::Result> DraComputeDomainModule::FetchWithRetry(std::shared_ptr<bool> alive, bool list,
+asio::awaitable<kube::Result> DraComputeDomainModule::FetchWithRetry(Gate::Ticket alive, bool list,
                                                                      std::string path, Clock::SteadyTime deadline) {
-  if (!*alive) co_return kube::Result{};  // Both() resumes nothing once the module is gone
+  if (!alive) co_return kube::Result{};  // Both() resumes nothing once the module is gone
   for (milliseconds delay = kFirstRetryDelay;; delay = std::min(delay * 2, kMaxRetryDelay)) {
     kube::Result result = co_await Fetch(list, path);
     if (!kube::IsTransient(result) || stopping_ || context_.GetClock().Now() + delay >= deadline) co_return result;
@@ -1007,13 +933,14 @@ asio::awaitable<kube::Result> DraComputeDomainModule::FetchWithRetry(std::shared
 }
 
 asio::awaitable<kube::Result> DraComputeDomainModule::Fetch(bool list, std::string path) {
-  return Await<kube::Result>(alive_, [client = client_, list, path = std::move(path)](auto resume) {
+  auto start = [client = client_, list, path = std::move(path)](auto resume) {
     if (list) {
       client->List(path, kube::ListOptions{}, std::move(resume));
     } else {
       client->Get(path, std::move(resume));
     }
-  });
+  };
+  return AwaitCallback<kube::Result>(std::move(start), lifetime_.Watch());
 }
 
 asio::awaitable<void> DraComputeDomainModule::Sleep(milliseconds delay) {
@@ -1022,28 +949,28 @@ asio::awaitable<void> DraComputeDomainModule::Sleep(milliseconds delay) {
   co_await Expiry(timer);
 }
 
-// The wrappers below build their callbacks outside any coroutine body. g++ 12 miscompiles a
-// lambda or a braced temporary inside a co_await expression (under ASan: the temporary's buffer
-// is freed twice); coroutine bodies therefore pass named locals, moved.
+// The wrappers below build their callbacks outside any coroutine body, so coroutine bodies can
+// await them directly (the g++ 12 co_await pitfall: loop/awaitables.hpp).
 
 asio::awaitable<DomainVerdict> DraComputeDomainModule::Attach(std::string uid, std::string claim_namespace,
                                                               std::string claim_name, ComputeDomainInfo domain) {
-  return Await<DomainVerdict>(alive_, [domains = domains_.get(), uid = std::move(uid),
-                                       claim_namespace = std::move(claim_namespace),
-                                       claim_name = std::move(claim_name), domain = std::move(domain)](auto resume) {
+  auto start = [domains = domains_.get(), uid = std::move(uid), claim_namespace = std::move(claim_namespace),
+                claim_name = std::move(claim_name), domain = std::move(domain)](auto resume) {
     domains->Attach(uid, claim_namespace, claim_name, domain, std::move(resume));
-  });
+  };
+  return AwaitCallback<DomainVerdict>(std::move(start), lifetime_.Watch());
 }
 
 asio::awaitable<std::string> DraComputeDomainModule::Detach(std::string uid) {
-  return Await<std::string>(alive_, [domains = domains_.get(), uid = std::move(uid)](auto resume) {
+  auto start = [domains = domains_.get(), uid = std::move(uid)](auto resume) {
     domains->Detach(uid, std::move(resume));
-  });
+  };
+  return AwaitCallback<std::string>(std::move(start), lifetime_.Watch());
 }
 
 asio::awaitable<boost::system::error_code> DraComputeDomainModule::Expiry(asio::steady_timer& timer) {
-  return Await<boost::system::error_code>(alive_,
-                                          [timer = &timer](auto resume) { timer->async_wait(std::move(resume)); });
+  auto start = [timer = &timer](auto resume) { timer->async_wait(std::move(resume)); };
+  return AwaitCallback<boost::system::error_code>(std::move(start), lifetime_.Watch());
 }
 
 // ---------------------------------------------------------------------------------- unprepare
@@ -1071,7 +998,7 @@ asio::awaitable<void> DraComputeDomainModule::UnprepareCall(UnprepareJob job) {
   std::vector<ClaimRef> detach;
   if (!work.empty()) {
     WriteUnprepares write{log_, paths_.cdi_dir, work, known, next_seq_};
-    PoolResult<CommitOutcome> written = co_await OnPool(context_.Pool(), alive_, std::move(write));
+    JobResult<CommitOutcome> written = co_await OnPool(context_.Pool(), std::move(write), lifetime_.Watch());
     CommitOutcome& out = written.value;
     // No stopping_ check from here: what reached the disk is taken in even after Stop.
     if (written.failure && out.log_error.empty()) out.log_error = "unexpected failure while committing";
@@ -1143,28 +1070,28 @@ void DraComputeDomainModule::PublishSlice() {
     return;
   }
   // The slice is owned by the Node (garbage-collected with it): its UID first.
-  client_->Get(kube::ResourcePath::Core("nodes").Object(node_name_), [this, alive = alive_](kube::Result result) {
-    if (!*alive || stopping_) return;
+  client_->Get(kube::ResourcePath::Core("nodes").Object(node_name_), lifetime_.Guard([this](kube::Result result) {
+    if (stopping_) return;
     if (!result.Ok()) {
       SliceDone(false, "cannot read Node " + node_name_ + ": " + result.error);
       return;
     }
     node_uid_ = JsonStringAt(result.object, "/metadata/uid");
     PublishSliceWithNode();
-  });
+  }));
 }
 
 void DraComputeDomainModule::PublishSliceWithNode() {
   const std::string name = ResourceSliceName(node_name_);
   const std::string path = SliceCollection() + "/" + name;
-  client_->Get(path, [this, alive = alive_, name, path](kube::Result current) {
-    if (!*alive || stopping_) return;
+  client_->Get(path, lifetime_.Guard([this, name, path](kube::Result current) {
+    if (stopping_) return;
     if (current.http_status == 404) {
       // A new slice starts a new pool generation, above any we wrote before.
       const int64_t generation = slice_generation_ + 1;
       client_->Create(SliceCollection(), DesiredSlice(generation),
-                      [this, alive, name, generation](kube::Result created) {
-                        if (!*alive || stopping_) return;
+                      lifetime_.Guard([this, name, generation](kube::Result created) {
+                        if (stopping_) return;
                         if (!created.Ok()) {
                           SliceDone(false, "cannot create ResourceSlice " + name + ": " + created.error);
                           return;
@@ -1174,7 +1101,7 @@ void DraComputeDomainModule::PublishSliceWithNode() {
                         context_.Log().info("created ResourceSlice {} (pool generation {}, clique {})", name,
                                             generation, clique_id_.empty() ? "(none)" : clique_id_);
                         SliceDone(true, {});
-                      });
+                      }));
       return;
     }
     if (!current.Ok()) {
@@ -1191,8 +1118,8 @@ void DraComputeDomainModule::PublishSliceWithNode() {
     const int64_t generation = std::max(current_generation, slice_generation_) + 1;
     json desired = DesiredSlice(generation);
     desired["metadata"]["resourceVersion"] = JsonStringAt(current.object, "/metadata/resourceVersion");
-    client_->Update(path, desired, [this, alive, name, generation](kube::Result updated) {
-      if (!*alive || stopping_) return;
+    client_->Update(path, desired, lifetime_.Guard([this, name, generation](kube::Result updated) {
+      if (stopping_) return;
       if (!updated.Ok()) {
         SliceDone(false, "cannot update ResourceSlice " + name + ": " + updated.error);
         return;
@@ -1202,8 +1129,8 @@ void DraComputeDomainModule::PublishSliceWithNode() {
       context_.Log().info("updated ResourceSlice {} (pool generation {}, clique {})", name, generation,
                           clique_id_.empty() ? "(none)" : clique_id_);
       SliceDone(true, {});
-    });
-  });
+    }));
+  }));
 }
 
 void DraComputeDomainModule::SliceDone(bool ok, const std::string& error) {
@@ -1227,19 +1154,19 @@ void DraComputeDomainModule::SliceDone(bool ok, const std::string& error) {
 void DraComputeDomainModule::ScheduleSliceRetry() {
   slice_retry_timer_.expires_after(slice_retry_delay_);
   slice_retry_delay_ = std::min(slice_retry_delay_ * 2, kSliceRetryMax);
-  slice_retry_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive) return;
+  slice_retry_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec) return;
     PublishSlice();
-  });
+  }));
 }
 
 void DraComputeDomainModule::ScheduleResync() {
   resync_timer_.expires_after(config_.slice_resync);
-  resync_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive || stopping_) return;
+  resync_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
     PublishSlice();
     ScheduleResync();
-  });
+  }));
 }
 
 // ---------------------------------------------------------------------------------- state

@@ -13,6 +13,7 @@
 // durable record is one claim-log append (claim_log.hpp) on the BlockingPool, and the loop's
 // state follows what reached the disk.
 
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/dra_compute_domain/checkpoint.hpp"
 #include "modules/dra_compute_domain/claim_log.hpp"
@@ -120,7 +121,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   struct CompactJob {};
   using Job = std::variant<PrepareJob, UnprepareJob, CompactJob>;
   void Enqueue(Job job);
-  boost::asio::awaitable<void> RunJobs(std::shared_ptr<bool> alive);
+  boost::asio::awaitable<void> RunJobs(Gate::Ticket alive);
 
   // One NodePrepareResources call: each claim decided in turn, then one commit, then the answer.
   // Coroutines take their parameters by value: their frames outlive the caller's arguments.
@@ -140,7 +141,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   boost::asio::awaitable<void> UnprepareCall(UnprepareJob job);
 
   // A GET (or LIST) retried on transport errors, 429 and 5xx until `deadline`.
-  boost::asio::awaitable<kube::Result> FetchWithRetry(std::shared_ptr<bool> alive, bool list, std::string path,
+  boost::asio::awaitable<kube::Result> FetchWithRetry(Gate::Ticket alive, bool list, std::string path,
                                                       Clock::SteadyTime deadline);
   boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay);
   // Callback APIs as awaitables (plain functions, not coroutines: see dra_module.cpp).
@@ -215,7 +216,7 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   bool registered_ = false;
   std::string registration_error_;
   std::string last_error_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;  // closed first thing in the destructor: late callbacks and resumptions are dropped
 
   MetricsRegistry::Series* prepares_ok_;
   MetricsRegistry::Series* prepares_already_;

@@ -165,7 +165,7 @@ DriverManagedDomains::DriverManagedDomains(ModuleContext& context, DriverManaged
       [this](const kube::ResourceEvent& event) { OnEvent(event); });
 }
 
-DriverManagedDomains::~DriverManagedDomains() { *alive_ = false; }
+DriverManagedDomains::~DriverManagedDomains() { lifetime_.Close(); }
 
 // ---------------------------------------------------------------------------------- start
 
@@ -233,8 +233,7 @@ void DriverManagedDomains::Resume(const std::vector<std::string>& prepared_claim
       const std::string path =
           kube::ResourcePath::Grouped("resource.k8s.io", "v1", "resourceclaims", claim.namespace_name).Object(claim.name);
       ++api_requests_;
-      client_->Get(path, [this, alive = alive_, d, cuid = cuid, left, decide](kube::Result r) {
-        if (!*alive) return;
+      client_->Get(path, lifetime_.Guard([this, d, cuid = cuid, left, decide](kube::Result r) {
         const bool gone = r.http_status == 404 || (r.Ok() && JsonStringAt(r.object, "/metadata/uid") != cuid);
         if (gone) {
           context_.Log().info("driver-managed IMEX: claim uid {} of ComputeDomain {} is gone: detached", cuid,
@@ -242,7 +241,7 @@ void DriverManagedDomains::Resume(const std::vector<std::string>& prepared_claim
           d->claims.erase(cuid);
         }
         if (--*left == 0) decide();
-      });
+      }));
     }
   }
   loaded_ = {};
@@ -292,8 +291,8 @@ void DriverManagedDomains::Attach(const std::string& claim_uid, const std::strin
           "ComputeDomain " + d->Label() + " is being torn down on this node (its last claim was unprepared)"});
     return;
   }
-  auto answer = [this, alive = alive_, d, done = std::move(done)](std::string error) mutable {
-    if (!*alive) return;
+  auto answer = [this, alive = lifetime_.Watch(), d, done = std::move(done)](std::string error) mutable {
+    if (!alive) return;
     if (!error.empty()) {
       done({DomainVerdict::Kind::kNotReady, "cannot record the domain on this node: " + error});
       return;
@@ -308,7 +307,7 @@ void DriverManagedDomains::Attach(const std::string& claim_uid, const std::strin
     waiter->done = std::move(done);
     waiter->timer = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io(), settings_.ready_wait);
     waiter->timer->async_wait([this, alive, d, w = std::weak_ptr<Waiter>(waiter)](const boost::system::error_code& ec) {
-      if (ec || !*alive) return;
+      if (ec || !alive) return;
       auto waiter = w.lock();
       if (!waiter) return;
       std::erase(d->waiters, waiter);
@@ -395,15 +394,15 @@ void DriverManagedDomains::Activate(const DomainPtr& d) {
 }
 
 void DriverManagedDomains::Register(const DomainPtr& d) {
-  EnsureAddress([this, alive = alive_, d](std::string error) {
-    if (!*alive || d->leaving) return;
+  EnsureAddress(lifetime_.Guard([this, d](std::string error) {
+    if (d->leaving) return;
     if (!error.empty()) {
       d->error = error;
       RetryLater(d, [this, d] { Register(d); });
       return;
     }
     SyncEntry(d);
-  });
+  }));
 }
 
 void DriverManagedDomains::EnsureAddress(std::function<void(std::string)> done) {
@@ -413,8 +412,7 @@ void DriverManagedDomains::EnsureAddress(std::function<void(std::string)> done) 
   }
   ++api_requests_;
   client_->Get(kube::ResourcePath::Core("nodes").Object(settings_.node_name),
-               [this, alive = alive_, done = std::move(done)](kube::Result r) {
-                 if (!*alive) return;
+               lifetime_.Guard([this, done = std::move(done)](kube::Result r) {
                  if (!r.Ok()) {
                    done("cannot read Node " + settings_.node_name + " for its address: " + r.error);
                    return;
@@ -433,7 +431,7 @@ void DriverManagedDomains::EnsureAddress(std::function<void(std::string)> done) 
                  }
                  context_.Log().info("driver-managed IMEX: this node's IMEX address is {}", node_address_);
                  done({});
-               });
+               }));
 }
 
 void DriverManagedDomains::OnEvent(const kube::ResourceEvent& event) {
@@ -537,13 +535,13 @@ void DriverManagedDomains::CheckEntry(const DomainPtr& d) {
 
 void DriverManagedDomains::Label(const DomainPtr& d, bool set) {
   const std::string path = kube::ResourcePath::Core("nodes").Object(settings_.node_name);
-  auto patch = [this, alive = alive_, d, set, path] {
+  auto patch = [this, alive = lifetime_.Watch(), d, set, path] {
     json labels = json::object();
     labels[std::string(kComputeDomainLabel)] = set ? json(d->uid) : json(nullptr);
     ++api_requests_;
     client_->Patch(path, kube::PatchType::kMerge, json{{"metadata", {{"labels", labels}}}}, "gpu-node-supervisor",
                    [this, alive, d, set](kube::Result r) {
-                     if (!*alive) return;
+                     if (!alive) return;
                      if (!r.Ok()) {
                        context_.Log().warn("driver-managed IMEX: cannot {} label {} on Node {}: {}",
                                            set ? "set" : "remove", kComputeDomainLabel, settings_.node_name, r.error);
@@ -561,8 +559,7 @@ void DriverManagedDomains::Label(const DomainPtr& d, bool set) {
   }
   // Removed only while it names this domain (another domain's may have replaced it).
   ++api_requests_;
-  client_->Get(path, [this, alive = alive_, d, patch](kube::Result r) {
-    if (!*alive) return;
+  client_->Get(path, lifetime_.Guard([this, d, patch](kube::Result r) {
     if (r.http_status == 404) {
       if (d->teardown_step == 3) TeardownStep(d);
       return;
@@ -578,7 +575,7 @@ void DriverManagedDomains::Label(const DomainPtr& d, bool set) {
       return;
     }
     patch();
-  });
+  }));
 }
 
 // The node's entry in status.nodes is written with server-side apply on the status
@@ -628,8 +625,7 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
   const bool withdrawal = d->leaving;
   client_->PatchStatus(
       d->Path(), kube::PatchType::kApply, body, field_manager_,
-      [this, alive = alive_, d, me, withdrawal](kube::Result r) {
-        if (!*alive) return;
+      lifetime_.Guard([this, d, me, withdrawal](kube::Result r) {
         if (r.http_status == 404) {
           d->gone = true;
           SyncEntryDone(d, d->leaving, "ComputeDomain " + d->Label() + " not found");
@@ -679,7 +675,7 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
         auto object = std::make_shared<const json>(std::move(r.object));
         SyncEntryDone(d, true, {});
         OnDomainObject(d, std::move(object));
-      },
+      }),
       /*force=*/true);
 }
 
@@ -707,8 +703,7 @@ void DriverManagedDomains::SyncCliqueEntry(const DomainPtr& d) {
   const std::string object_name = d->clique_name;
   client_->Patch(
       d->CliquePath(object_name), kube::PatchType::kApply, body, field_manager_,
-      [this, alive = alive_, d, me, object_name](kube::Result r) {
-        if (!*alive) return;
+      lifetime_.Guard([this, d, me, object_name](kube::Result r) {
         if (!r.Ok()) {
           SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomainClique " + d->ns + "/" + object_name +
                                       ": " + r.error);
@@ -719,7 +714,7 @@ void DriverManagedDomains::SyncCliqueEntry(const DomainPtr& d) {
         auto object = std::make_shared<const json>(std::move(r.object));
         SyncEntryDone(d, true, {});
         OnCliqueObject(d, std::move(object));
-      },
+      }),
       /*force=*/true);
 }
 
@@ -731,8 +726,7 @@ void DriverManagedDomains::WithdrawFromCliques(const DomainPtr& d) {
   kube::ListOptions options;
   options.label_selector = std::string(kComputeDomainLabel) + "=" + d->uid;
   ++api_requests_;
-  client_->List(CliquesPath(d->ns), options, [this, alive = alive_, d](kube::Result r) {
-    if (!*alive) return;
+  client_->List(CliquesPath(d->ns), options, lifetime_.Guard([this, d](kube::Result r) {
     if (!r.Ok()) {
       SyncEntryDone(d, false, "cannot list the ComputeDomainCliques of ComputeDomain " + d->Label() + ": " + r.error);
       return;
@@ -743,7 +737,7 @@ void DriverManagedDomains::WithdrawFromCliques(const DomainPtr& d) {
       if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) holding->push_back(item);
     }
     WithdrawFromClique(d, std::move(holding));
-  });
+  }));
 }
 
 void DriverManagedDomains::WithdrawFromClique(const DomainPtr& d, std::shared_ptr<std::vector<json>> cliques) {
@@ -767,8 +761,7 @@ void DriverManagedDomains::WithdrawFromClique(const DomainPtr& d, std::shared_pt
   ++api_requests_;
   client_->Patch(
       d->CliquePath(object_name), kube::PatchType::kApply, body, field_manager_,
-      [this, alive = alive_, d, cliques, object_name](kube::Result r) {
-        if (!*alive) return;
+      lifetime_.Guard([this, d, cliques, object_name](kube::Result r) {
         if (!r.Ok()) {
           SyncEntryDone(d, false, "cannot withdraw this node's entry from ComputeDomainClique " + d->ns + "/" +
                                       object_name + ": " + r.error);
@@ -787,7 +780,7 @@ void DriverManagedDomains::WithdrawFromClique(const DomainPtr& d, std::shared_pt
           return;
         }
         next(true, {});
-      },
+      }),
       /*force=*/true);
 }
 
@@ -804,8 +797,8 @@ void DriverManagedDomains::RemoveForeignEntry(const std::string& path, bool stat
   const json patch = json::array({json{{"op", "test"}, {"path", at + "/" + name_key}, {"value", settings_.node_name}},
                                   json{{"op", "remove"}, {"path", at}}});
   ++api_requests_;
-  auto done = [alive = alive_, path, then = std::move(then)](kube::Result r) {
-    if (!*alive) return;
+  auto done = [alive = lifetime_.Watch(), path, then = std::move(then)](kube::Result r) {
+    if (!alive) return;
     // 422: the list moved under us (the test failed): read it again next time.
     if (!r.Ok() && r.http_status != 404) {
       then(false, "cannot remove this node's entry from " + path + ": " + r.error);
@@ -852,11 +845,11 @@ void DriverManagedDomains::RetryLater(const DomainPtr& d, std::function<void()> 
   if (stopping_) return;
   // A timer per retry: a label retry and a status retry may wait at the same time.
   auto timer = std::make_shared<boost::asio::steady_timer>(context_.GetLoop().Io(), d->backoff.Next());
-  timer->async_wait([this, timer, alive = alive_, d, epoch = d->retry_epoch,
-                     fn = std::move(fn)](const boost::system::error_code& ec) {
-    if (ec || !*alive || stopping_ || epoch != d->retry_epoch) return;
+  timer->async_wait(lifetime_.Guard([this, timer, d, epoch = d->retry_epoch,
+                                     fn = std::move(fn)](const boost::system::error_code& ec) {
+    if (ec || stopping_ || epoch != d->retry_epoch) return;
     fn();
-  });
+  }));
 }
 
 // ---------------------------------------------------------------------------------- files, daemon
@@ -901,8 +894,8 @@ void DriverManagedDomains::RenderFiles(const DomainPtr& d) {
         }
         return {};
       },
-      [this, alive = alive_, d, config, map, hosts](std::string error, std::exception_ptr ex) {
-        if (!*alive) return;
+      [this, alive = lifetime_.Watch(), d, config, map, hosts](std::string error, std::exception_ptr ex) {
+        if (!alive) return;
         d->files_busy = false;
         if (ex && error.empty()) error = "unexpected failure writing the IMEX files";
         if (!error.empty()) {
@@ -926,7 +919,7 @@ void DriverManagedDomains::RenderFiles(const DomainPtr& d) {
               // Weak: the domain owns the daemon that owns this callback.
               [this, alive, weak = std::weak_ptr<Domain>(d)](bool, const std::string&) {
                 const auto d = weak.lock();
-                if (*alive && d && !d->leaving && !stopping_) SyncEntry(d);
+                if (alive && d && !d->leaving && !stopping_) SyncEntry(d);
               });
           d->daemon->Start();
         } else if (map_changed) {
@@ -947,14 +940,13 @@ void DriverManagedDomains::Detach(const std::string& claim_uid, std::function<vo
     const bool last = d->claims.empty();
     if (last) d->leaving = true;
     DomainPtr keep = d;
-    Persist([this, alive = alive_, keep, last, done = std::move(done)](std::string error) {
-      if (!*alive) return;
+    Persist(lifetime_.Guard([this, keep, last, done = std::move(done)](std::string error) {
       if (last) {
         AnswerWaiters(keep, true);
         Teardown(keep);
       }
       done(error.empty() ? std::string{} : "cannot record the claim's detach: " + error);
-    });
+    }));
     return;
   }
   done({});
@@ -976,9 +968,7 @@ void DriverManagedDomains::TeardownStep(const DomainPtr& d) {
   switch (d->teardown_step++) {
     case 0:
       if (d->daemon) {
-        d->daemon->Stop([this, alive = alive_, d] {
-          if (*alive && d->teardown_step == 1) TeardownStep(d);
-        });
+        d->daemon->Stop(lifetime_.Guard([this, d] { if (d->teardown_step == 1) TeardownStep(d); }));
       } else {
         TeardownStep(d);
       }
@@ -1005,25 +995,23 @@ void DriverManagedDomains::TeardownStep(const DomainPtr& d) {
             std::filesystem::remove_all(dir, ec);
             return ec ? "cannot remove " + dir + ": " + ec.message() : std::string{};
           },
-          [this, alive = alive_, d](std::string error, std::exception_ptr) {
-            if (!*alive) return;
+          lifetime_.Guard([this, d](std::string error, std::exception_ptr) {
             if (!error.empty()) context_.Log().warn("driver-managed IMEX: {}", error);
             TeardownStep(d);
-          });
+          }));
       return;
     }
     case 4: {
       const auto it = domains_.find(d->uid);
       if (it != domains_.end() && it->second == d) domains_.erase(it);
-      Persist([this, alive = alive_, d](std::string error) {
-        if (!*alive) return;
+      Persist(lifetime_.Guard([this, d](std::string error) {
         if (!error.empty()) {
           context_.Log().error("driver-managed IMEX: cannot drop ComputeDomain {} from the record: {}", d->Label(),
                                error);
           return;
         }
         context_.Log().info("driver-managed IMEX: ComputeDomain {} left this node", d->Label());
-      });
+      }));
       return;
     }
     default:
@@ -1052,7 +1040,7 @@ void DriverManagedDomains::Stop(std::function<void()> done) {
     d->clique_informer.reset();
     if (d->daemon) {
       ++*left;
-      d->daemon->Stop([alive = alive_, one_done] { one_done(); });
+      d->daemon->Stop([alive = lifetime_.Watch(), one_done] { one_done(); });
     }
   }
   one_done();
@@ -1083,15 +1071,14 @@ void DriverManagedDomains::PersistNext() {
         if (auto r = SaveDomainRecord(file, record); !r) return r.error;
         return {};
       },
-      [this, alive = alive_](std::string error, std::exception_ptr ex) {
-        if (!*alive) return;
+      lifetime_.Guard([this](std::string error, std::exception_ptr ex) {
         if (ex && error.empty()) error = "unexpected failure";
         persist_busy_ = false;
         auto callbacks = std::move(persist_inflight_);
         persist_inflight_.clear();
         for (auto& cb : callbacks) cb(error);
         PersistNext();
-      });
+      }));
 }
 
 json DriverManagedDomains::DebugState() const {

@@ -24,6 +24,7 @@
 // Loop thread only. Attach and Detach come from the module's job queue (one at a time).
 
 #include "loop/config.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/dra_compute_domain/domain_record.hpp"
 #include "modules/dra_compute_domain/imex_daemon.hpp"
@@ -162,7 +163,7 @@ class DriverManagedDomains {
   std::vector<std::function<void(std::string)>> persist_inflight_;
   bool stopping_ = false;
   uint64_t api_requests_ = 0;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   Subscription events_sub_;
 };
 

@@ -21,7 +21,7 @@ ImexDaemon::ImexDaemon(boost::asio::io_context& io, std::shared_ptr<spdlog::logg
       kill_timer_(io) {}
 
 ImexDaemon::~ImexDaemon() {
-  *alive_ = false;
+  lifetime_.Close();
   // ~ChildProcess kills a child still running.
 }
 
@@ -42,9 +42,9 @@ void ImexDaemon::Spawn() {
         [log = log_, label = settings_.label](const std::string& line) {
           log->info("[nvidia-imex {}] {}", label, line);
         },
-        [this, alive = alive_](ChildExit exit) {
-          if (*alive) OnExit(exit);
-        });
+        lifetime_.Guard([this](ChildExit exit) {
+          OnExit(exit);
+        }));
   } catch (const std::exception& e) {
     ++exits_;
     last_exit_ = e.what();
@@ -52,9 +52,9 @@ void ImexDaemon::Spawn() {
     log_->error("IMEX daemon of ComputeDomain {} cannot start: {}; retrying in {} ms", settings_.label, e.what(),
                 delay.count());
     restart_timer_.expires_after(delay);
-    restart_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-      if (!ec && *alive) Spawn();
-    });
+    restart_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+      if (!ec) Spawn();
+    }));
     return;
   }
   ++starts_;
@@ -69,9 +69,9 @@ void ImexDaemon::OnExit(ChildExit exit) {
   probe_timer_.cancel();
   kill_timer_.cancel();
   // Released after this callback: the child object delivered it.
-  boost::asio::post(io_, [this, alive = alive_, gen = generation_] {
-    if (*alive && gen == generation_ && child_ && !child_->Running()) child_.reset();
-  });
+  boost::asio::post(io_, lifetime_.Guard([this, gen = generation_] {
+    if (gen == generation_ && child_ && !child_->Running()) child_.reset();
+  }));
   if (stopping_) {
     log_->info("IMEX daemon of ComputeDomain {} stopped ({})", settings_.label, last_exit_);
     SetReady(false, "stopped");
@@ -83,9 +83,9 @@ void ImexDaemon::OnExit(ChildExit exit) {
   log_->warn("IMEX daemon of ComputeDomain {} {}; restarting in {} ms (restart {})", settings_.label, last_exit_,
              delay.count(), backoff_.Attempts());
   restart_timer_.expires_after(delay);
-  restart_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (!ec && *alive) Spawn();
-  });
+  restart_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (!ec) Spawn();
+  }));
 }
 
 void ImexDaemon::Reload() {
@@ -110,10 +110,10 @@ void ImexDaemon::Stop(std::function<void()> done) {
   stop_signalled_ = generation_;
   child_->Signal(SIGTERM);
   kill_timer_.expires_after(settings_.stop_grace);
-  kill_timer_.async_wait([this, alive = alive_, gen = generation_](const boost::system::error_code& ec) {
+  kill_timer_.async_wait([this, alive = lifetime_.Watch(), gen = generation_](const boost::system::error_code& ec) {
     // The exit may be delivered in the same loop turn as this expiry: the generation and
     // Running() say whether this child is still there to be killed.
-    if (ec || !*alive || gen != generation_ || !child_ || !child_->Running()) return;
+    if (ec || !alive || gen != generation_ || !child_ || !child_->Running()) return;
     log_->warn("IMEX daemon of ComputeDomain {} ignored SIGTERM for {} ms: SIGKILL", settings_.label,
                settings_.stop_grace.count());
     // Its whole group: a helper it started would otherwise outlive it (and keep its ports).
@@ -130,9 +130,9 @@ void ImexDaemon::Stopped() {
 
 void ImexDaemon::ScheduleProbe(milliseconds delay) {
   probe_timer_.expires_after(delay);
-  probe_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (!ec && *alive) Probe();
-  });
+  probe_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (!ec) Probe();
+  }));
 }
 
 void ImexDaemon::Probe() {
@@ -143,8 +143,7 @@ void ImexDaemon::Probe() {
   spec.argv = {settings_.ctl_path, "-q", "-c", settings_.config_file};
   if (!settings_.hosts_file.empty()) spec.bind_mounts.emplace_back(settings_.hosts_file, "/etc/hosts");
   RunCommand(io_, spec, settings_.ctl_timeout,
-             [this, alive = alive_, gen = generation_](ChildExit exit, std::string output) {
-               if (!*alive) return;
+             lifetime_.Guard([this, gen = generation_](ChildExit exit, std::string output) {
                probing_ = false;
                if (stopping_ || !child_ || !child_->Running()) return;  // OnExit/Spawn schedule the next
                if (gen != generation_) {
@@ -161,7 +160,7 @@ void ImexDaemon::Probe() {
                SetReady(ready, ready ? "READY" : why);
                if (ready) backoff_.Reset();
                ScheduleProbe(ready ? settings_.health_interval : settings_.probe_interval);
-             });
+             }));
 }
 
 void ImexDaemon::SetReady(bool ready, const std::string& why) {

@@ -7,6 +7,7 @@
 // of this node's daemon is this class's; it tells its owner on change.
 
 #include "loop/backoff.hpp"
+#include "loop/gate.hpp"
 #include "modules/dra_compute_domain/child_process.hpp"
 
 #include <boost/asio/io_context.hpp>
@@ -85,7 +86,7 @@ class ImexDaemon {
   std::string last_exit_;
   std::vector<std::function<void()>> stopped_;
   uint64_t stop_signalled_ = 0;  // the generation a Stop sent SIGTERM to
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
 };
 
 }  // namespace gns::dra

@@ -97,7 +97,7 @@ GkmAgentModule::GkmAgentModule(ModuleContext& context, const Config& config)
       extract_seconds_count_(&context.Metrics().Counter("gpu_node_supervisor_gkm_extract_seconds_count",
                                                         "Kernel caches extracted")) {}
 
-GkmAgentModule::~GkmAgentModule() { *alive_ = false; }
+GkmAgentModule::~GkmAgentModule() { lifetime_.Close(); }
 
 void GkmAgentModule::Start() {
   if (node_.empty()) throw std::runtime_error("gkm-agent needs the node name (site nodeName)");
@@ -135,8 +135,7 @@ void GkmAgentModule::Start() {
 }
 
 void GkmAgentModule::Stop(std::function<void()> done) {
-  *alive_ = false;
-  alive_ = std::make_shared<bool>(true);
+  lifetime_.Renew();
   if (puller_) puller_->Shutdown();
   for (auto& [key, cache] : caches_) {
     if (cache.retry) cache.retry->cancel();
@@ -213,8 +212,7 @@ void GkmAgentModule::Sweep() {
         for (auto& key : SweepLayout(root, wanted)) report.removed.push_back(std::move(key));
         return report;
       },
-      [this, alive = alive_](LayoutReport report, std::exception_ptr error) {
-        if (!*alive) return;
+      lifetime_.Guard([this](LayoutReport report, std::exception_ptr error) {
         swept_ = true;
         if (error) {
           try {
@@ -226,7 +224,7 @@ void GkmAgentModule::Sweep() {
         for (const auto& move : report.moved) context_.Log().info("cache moved to the new layout: {}", move);
         for (const auto& key : report.removed) context_.Log().info("removed stale cache {}", key);
         PumpQueue();
-      });
+      }));
 }
 
 void GkmAgentModule::SweepStatusObjects() {
@@ -237,8 +235,8 @@ void GkmAgentModule::SweepStatusObjects() {
             .Collection();
     kube::ListOptions options;
     options.label_selector = "gkm.node=" + node_;
-    client_->List(collection, options, [this, cluster, alive = alive_](kube::Result r) {
-      if (!*alive) return;
+    client_->List(collection, options, [this, cluster, alive = lifetime_.Watch()](kube::Result r) {
+      if (!alive) return;
       if (!r.Ok()) {
         context_.Log().warn("listing this node's {} status objects: {}", cluster ? "cluster cache" : "cache", r.error);
         return;
@@ -257,8 +255,8 @@ void GkmAgentModule::SweepStatusObjects() {
         gone.ns = meta->ns;
         context_.Log().info("deleting stale status object {}", meta->Key());
         client_->Delete(NodePath(gone).Object(meta->name), kube::Preconditions{meta->uid, meta->resource_version},
-                        [this, key = meta->Key(), alive = alive_](kube::Result d) {
-                          if (*alive && !d.Ok() && d.http_status != 404 && d.http_status != 409) {
+                        [this, key = meta->Key(), alive = lifetime_.Watch()](kube::Result d) {
+                          if (alive && !d.Ok() && d.http_status != 404 && d.http_status != 409) {
                             context_.Log().warn("delete stale status object {}: {}", key, d.error);
                           }
                         });
@@ -315,7 +313,8 @@ void GkmAgentModule::Pull(const std::string& key) {
     return;
   }
   auto step = std::make_shared<std::function<void()>>();
-  *step = [this, key, secret_ns, lookup, weak_step = std::weak_ptr<std::function<void()>>(step), alive = alive_] {
+  *step = [this, key, secret_ns, lookup, weak_step = std::weak_ptr<std::function<void()>>(step),
+           alive = lifetime_.Watch()] {
     if (lookup->next >= lookup->names.size()) {
       PullWithCredentials(key, std::nullopt);
       return;
@@ -323,7 +322,7 @@ void GkmAgentModule::Pull(const std::string& key) {
     const std::string name = lookup->names[lookup->next++];
     client_->Get(kube::ResourcePath::Core("secrets", secret_ns).Object(name),
                  [this, key, name, lookup, keep = weak_step.lock(), alive](kube::Result r) {
-                   if (!*alive || !caches_.count(key)) return;
+                   if (!alive || !caches_.count(key)) return;
                    if (r.Ok()) {
                      try {
                        const std::string data = Text(r.object, {"data", ".dockerconfigjson"});
@@ -371,8 +370,8 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
   const auto started = std::chrono::steady_clock::now();
   puller_->Pull(
       PullRequest{ref, resolved, std::move(credentials), work, work + "/cache", config_.max_cache_bytes},
-      [this, key, work, image, started, alive = alive_](PullResult r) {
-        if (!*alive) return;
+      [this, key, work, image, started, alive = lifetime_.Watch()](PullResult r) {
+        if (!alive) return;
         bytes_pulled_->Inc(static_cast<double>(r.bytes_pulled));
         auto it = caches_.find(key);
         if (it == caches_.end() || it->second.image != image) {
@@ -424,7 +423,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
               return out;
             },
             [this, key, image, digest, alive](Installed out, std::exception_ptr) {
-              if (!*alive) return;
+              if (!alive) return;
               extract_seconds_sum_->Inc(out.seconds);
               extract_seconds_count_->Inc();
               auto it = caches_.find(key);
@@ -460,9 +459,9 @@ void GkmAgentModule::Finish(const std::string& key, const std::string& image, co
       // Whatever failed (registry down, secret missing, bad image) may be fixed later.
       if (!c.retry) c.retry = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io());
       c.retry->expires_after(config_.retry_interval);
-      c.retry->async_wait([this, key, alive = alive_](const boost::system::error_code& ec) {
-        if (!ec && *alive) Enqueue(key);
-      });
+      c.retry->async_wait(lifetime_.Guard([this, key](const boost::system::error_code& ec) {
+        if (!ec) Enqueue(key);
+      }));
     } else {
       context_.Log().info("cache {}: {}{}", key, c.state, c.reason.empty() ? "" : " (" + c.reason + ")");
     }
@@ -503,9 +502,9 @@ void GkmAgentModule::Forget(const std::string& key, const json& last) {
     }
   });
   if (const std::string name = ObjectName(c); !name.empty()) {
-    client_->Delete(NodePath(c).Object(name), {}, [this, key, alive = alive_](kube::Result r) {
-      if (*alive && !r.Ok() && r.http_status != 404) context_.Log().warn("delete status of {}: {}", key, r.error);
-    });
+    client_->Delete(NodePath(c).Object(name), {}, lifetime_.Guard([this, key](kube::Result r) {
+      if (!r.Ok() && r.http_status != 404) context_.Log().warn("delete status of {}: {}", key, r.error);
+    }));
   }
   UpdateGauges();
 }
@@ -524,8 +523,7 @@ void GkmAgentModule::RefreshUsage(const std::string& key) {
   }
   c.usage_reading = true;
   context_.Pool().Run([path = UsagePath(c)] { return ReadUsage(path); },
-                      [this, key, alive = alive_](json pods, std::exception_ptr error) {
-                        if (!*alive) return;
+                      lifetime_.Guard([this, key](json pods, std::exception_ptr error) {
                         auto it = caches_.find(key);
                         if (it == caches_.end()) return;  // deleted meanwhile
                         Cache& c = it->second;
@@ -538,7 +536,7 @@ void GkmAgentModule::RefreshUsage(const std::string& key) {
                           return;
                         }
                         WriteStatus(key);
-                      });
+                      }));
 }
 
 json GkmAgentModule::ReadUsage(const std::string& path) {
@@ -651,8 +649,8 @@ void GkmAgentModule::WriteStatus(const std::string& key) {
   const std::string path = NodePath(c).Object(ObjectName(c));
   const std::string manager(kFieldManager);
   client_->Patch(path, kube::PatchType::kApply, object, manager,
-                 [this, key, path, status_object, manager, alive = alive_](kube::Result r) {
-                   if (!*alive) return;
+                 [this, key, path, status_object, manager, alive = lifetime_.Watch()](kube::Result r) {
+                   if (!alive) return;
                    if (!r.Ok()) {
                      context_.Log().warn("apply {}: {}", path, r.error);
                      RetryStatus(key, r.retry_after);
@@ -660,7 +658,7 @@ void GkmAgentModule::WriteStatus(const std::string& key) {
                    }
                    client_->PatchStatus(path, kube::PatchType::kApply, status_object, manager,
                                         [this, key, path, alive](kube::Result s) {
-                                          if (!*alive) return;
+                                          if (!alive) return;
                                           if (s.Ok()) {
                                             if (auto it = caches_.find(key); it != caches_.end()) {
                                               it->second.status_backoff.Reset();
@@ -684,9 +682,9 @@ void GkmAgentModule::RetryStatus(const std::string& key, std::chrono::millisecon
   context_.Log().info("cache {}: status written again in {} ms", key, delay.count());
   if (!c.status_retry) c.status_retry = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io());
   c.status_retry->expires_after(delay);
-  c.status_retry->async_wait([this, key, alive = alive_](const boost::system::error_code& ec) {
-    if (!ec && *alive) WriteStatus(key);
-  });
+  c.status_retry->async_wait(lifetime_.Guard([this, key](const boost::system::error_code& ec) {
+    if (!ec) WriteStatus(key);
+  }));
 }
 
 void GkmAgentModule::UpdateGauges() {

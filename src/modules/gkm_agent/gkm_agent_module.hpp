@@ -9,6 +9,7 @@
 #include "loop/backoff.hpp"
 #include "loop/bus.hpp"
 #include "loop/dir_watcher.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/gkm_agent/compat.hpp"
 #include "modules/gkm_agent/layout.hpp"
@@ -137,7 +138,7 @@ class GkmAgentModule final : public Module {
   bool pulling_ = false;
   bool sweep_started_ = false;
   bool swept_ = false;  // no pull before the start's sweep is done
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* bytes_pulled_;
   MetricsRegistry::Series* extract_seconds_sum_;
   MetricsRegistry::Series* extract_seconds_count_;

@@ -3,6 +3,7 @@
 // pulls. Everything but hashing, file writes and extraction runs on the loop thread.
 #include "modules/gkm_agent/registry_client.hpp"
 
+#include "loop/awaitables.hpp"
 #include "loop/https.hpp"
 #include "modules/gkm_agent/streaming_extraction.hpp"
 
@@ -235,44 +236,19 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
 
   // --- the pool, awaited
 
-  // Not a coroutine itself (g++ 12 destroys closure parameters of coroutines twice): returns
-  // the awaitable of the pool job; it yields the job's exception, if any.
-  asio::awaitable<std::exception_ptr> OnPool(std::function<void()> fn) {
-    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code, std::exception_ptr)>(
-        [this, fn = std::move(fn)](auto handler) mutable {
-          pool_.Run(std::move(fn), [handler = std::move(handler)](std::exception_ptr e) mutable {
-            std::move(handler)(beast::error_code{}, e);
-          });
-        },
-        kAwait);
-  }
-
-  // A pool job started now and awaited later, so the loop reads the next chunk from the network
-  // while the pool hashes and writes this one (at most one in flight per blob: the writes of a
-  // blob stay in order).
-  struct PoolJob {
-    explicit PoolJob(asio::io_context& io) : finished(io, asio::steady_timer::time_point::max()) {}
-    bool done = false;
-    std::exception_ptr error;
-    asio::steady_timer finished;  // cancelled when the job is done: the event an awaiter waits on
-  };
+  // A pool job awaited now (loop/awaitables.hpp), or started now and awaited later, so the loop
+  // reads the next chunk from the network while the pool hashes and writes this one (at most one
+  // in flight per blob: the writes of a blob stay in order).
+  using PoolJob = Pending<JobResult<void>>;
 
   std::shared_ptr<PoolJob> StartOnPool(std::function<void()> fn) {
-    auto job = std::make_shared<PoolJob>(loop_.Io());
-    pool_.Run(std::move(fn), [job](std::exception_ptr e) {
-      job->done = true;
-      job->error = e;
-      job->finished.cancel();
-    });
-    return job;
+    return gns::StartOnPool(pool_, loop_.Io(), std::move(fn));
   }
 
-  asio::awaitable<std::exception_ptr> AwaitJob(std::shared_ptr<PoolJob> job) {
-    if (!job->done) {
-      beast::error_code ec;  // operation_aborted is the signal, not an error
-      co_await job->finished.async_wait(asio::redirect_error(kAwait, ec));
-    }
-    co_return job->error;
+  // The job's exception, if any.
+  static asio::awaitable<std::exception_ptr> AwaitJob(std::shared_ptr<PoolJob> job) {
+    JobResult<void> result = co_await PoolJob::Wait(std::move(job));
+    co_return result.failure;
   }
 
   asio::awaitable<void> Sleep(std::chrono::milliseconds d) {
@@ -563,10 +539,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
                                    const std::string& path) {
     if (job.extraction) {
       auto released = std::make_shared<PoolJob>(loop_.Io());
-      job.extraction->Feed(data, n, [released] {
-        released->done = true;
-        released->finished.cancel();
-      });
+      job.extraction->Feed(data, n, [released] { released->Complete({}); });
       return released;
     }
     return StartOnPool([sink, data, n, path] { sink->Write(data, n, path); });
@@ -692,32 +665,23 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
   // --- the extraction, awaited (its completions run on the loop, each exactly once)
 
   static asio::awaitable<std::tuple<std::string, std::exception_ptr>> EndLayer(StreamingExtraction& extraction) {
-    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code, std::string, std::exception_ptr)>(
-        [&extraction](auto handler) {
-          auto h = std::make_shared<decltype(handler)>(std::move(handler));
-          extraction.EndLayer([h](std::string digest, std::exception_ptr e) {
-            std::move(*h)(beast::error_code{}, std::move(digest), e);
-          });
-        },
-        kAwait);
+    auto start = [&extraction](auto resume) {
+      extraction.EndLayer(
+          [resume](std::string digest, std::exception_ptr e) { resume(std::make_tuple(std::move(digest), e)); });
+    };
+    return AwaitCallback<std::tuple<std::string, std::exception_ptr>>(std::move(start));
   }
 
   static asio::awaitable<std::tuple<ExtractStats, std::exception_ptr>> FinishExtraction(StreamingExtraction& extraction) {
-    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code, ExtractStats, std::exception_ptr)>(
-        [&extraction](auto handler) {
-          auto h = std::make_shared<decltype(handler)>(std::move(handler));
-          extraction.Finish([h](ExtractStats stats, std::exception_ptr e) { std::move(*h)(beast::error_code{}, stats, e); });
-        },
-        kAwait);
+    auto start = [&extraction](auto resume) {
+      extraction.Finish([resume](ExtractStats stats, std::exception_ptr e) { resume(std::make_tuple(stats, e)); });
+    };
+    return AwaitCallback<std::tuple<ExtractStats, std::exception_ptr>>(std::move(start));
   }
 
   static asio::awaitable<void> StopExtraction(StreamingExtraction& extraction) {
-    return asio::async_initiate<const asio::use_awaitable_t<>&, void(beast::error_code)>(
-        [&extraction](auto handler) {
-          auto h = std::make_shared<decltype(handler)>(std::move(handler));
-          extraction.Abort([h] { std::move(*h)(beast::error_code{}); });
-        },
-        kAwait);
+    auto start = [&extraction](auto resume) { extraction.Abort(std::move(resume)); };
+    return AwaitCallback<void>(std::move(start));
   }
 
   // A blob streamed into `path` (hashed and written on the pool chunk by chunk) or into the
@@ -730,8 +694,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     } else {
       sink = std::make_shared<BlobSink>();
       std::function<void()> open = [sink, path] { sink->Open(path); };
-      std::exception_ptr opened = co_await OnPool(std::move(open));
-      if (opened) std::rethrow_exception(opened);
+      JobResult<void> opened = co_await OnPool(pool_, std::move(open));
+      if (opened.failure) std::rethrow_exception(opened.failure);
     }
     uint64_t offset = 0;
     std::array<std::vector<char>, 2> bufs{std::vector<char>(options_.chunk_bytes), std::vector<char>(options_.chunk_bytes)};
@@ -753,8 +717,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
       co_return;
     }
     std::function<void()> finish = [sink, &actual, &path] { actual = sink->Finish(path); };
-    std::exception_ptr finished = co_await OnPool(std::move(finish));
-    if (finished) std::rethrow_exception(finished);
+    JobResult<void> finished = co_await OnPool(pool_, std::move(finish));
+    if (finished.failure) std::rethrow_exception(finished.failure);
     if (actual != d.digest) {
       throw PullError("DigestMismatch", what + ": the bytes received hash to " + actual);
     }

@@ -136,7 +136,7 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
   generation_base_ = (static_cast<uint64_t>(random()) << 32 | random()) & 0x7fffffffffff0000ull;
 }
 
-GpuHealthModule::~GpuHealthModule() { *alive_ = false; }
+GpuHealthModule::~GpuHealthModule() { lifetime_.Close(); }
 
 int64_t GpuHealthModule::NowMs() const {
   return std::chrono::duration_cast<std::chrono::milliseconds>(context_.GetClock().WallNow().time_since_epoch())
@@ -157,7 +157,7 @@ void GpuHealthModule::Start() {
   std::string boot_path = (fs::path(root.empty() ? "/" : root) / "proc/sys/kernel/random/boot_id").string();
   loading_ = true;
   LoadStateOffLoop(
-      context_, alive_, state_path_,
+      context_, lifetime_.Watch(), state_path_,
       [boot_path, state_path = state_path_] { return ReadStartFiles(boot_path, state_path); },
       [this](StartFiles files) {
         if (stopping_) return;
@@ -200,9 +200,7 @@ void GpuHealthModule::Serve() {
     context_.Log().error("admin socket {} unavailable ({}): set-healthy only through the Node annotation",
                          admin_path_, admin_problem_);
     // After Start returns: the supervisor clears the detail of a module it marks running.
-    context_.GetLoop().Post([this, alive = alive_] {
-      if (*alive) UpdateModuleHealth();
-    });
+    context_.GetLoop().Post(lifetime_.Guard([this] { UpdateModuleHealth(); }));
   }
   // kube's services as they are now: the supervisor restarts this module when kube comes.
   auto& services = context_.GetServices();
@@ -253,7 +251,7 @@ void GpuHealthModule::FinishStop() {
   Release(change_);  // nothing more can be made durable: what is left goes now
   auto done = std::move(stop_done_);
   stop_done_ = nullptr;
-  *alive_ = false;
+  lifetime_.Close();
   done();
 }
 
@@ -486,11 +484,10 @@ void GpuHealthModule::PositionMoved() {
   if (!CanPersist() || position_timer_armed_ || stopping_) return;
   position_timer_armed_ = true;
   position_timer_.expires_after(config_.checkpoint_interval);
-  position_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (!*alive) return;
+  position_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
     position_timer_armed_ = false;
     if (!ec && writer_) writer_->Dirty();
-  });
+  }));
 }
 
 CheckpointWriter::Snapshot GpuHealthModule::TakeSnapshot() {

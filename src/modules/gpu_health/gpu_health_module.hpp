@@ -23,6 +23,7 @@
 // The verdicts of a boot survive restarts in that boot (the host's boot ID under hostRoot,
 // else the first boot journald reports); another boot restores nothing.
 
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "loop/rate_limited_log.hpp"
 #include "loop/state_file.hpp"
@@ -180,7 +181,7 @@ class GpuHealthModule final : public Module {
     }
   };
   std::map<std::pair<std::string, uint32_t>, MetricsRegistry::Series*, XidSeriesLess> xid_series_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* events_total_;
   MetricsRegistry::Series* suppressed_total_;
   MetricsRegistry::Series* recoveries_total_;

@@ -194,7 +194,7 @@ std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, s
 CheckpointWriter::CheckpointWriter(BlockingPool& pool, std::string path, Take take, Written written)
     : pool_(pool), path_(std::move(path)), take_(std::move(take)), written_(std::move(written)) {}
 
-CheckpointWriter::~CheckpointWriter() { *alive_ = false; }
+CheckpointWriter::~CheckpointWriter() { lifetime_.Close(); }
 
 void CheckpointWriter::Dirty() {
   dirty_ = true;
@@ -214,13 +214,13 @@ void CheckpointWriter::Write() {
         if (!EnsureDirectory(dir, 0700, error)) return FileWriteResult{false, error};
         return WriteFileAtomically(path, content, 0600);
       },
-      [this, alive = alive_, covers](FileWriteResult result, std::exception_ptr error) {
-        if (!*alive) return;
+      [this, alive = lifetime_.Watch(), covers](FileWriteResult result, std::exception_ptr error) {
+        if (!alive) return;
         writing_ = false;
         const bool ok = !error && result;
         // Called before the next write starts: the owner sees what landed in order.
         written_(covers, ok, ok ? std::string() : (error ? "exception writing " + path_ : result.error));
-        if (!*alive) return;  // the owner went away in `written_`
+        if (!alive) return;  // the owner went away in `written_`
         if (dirty_) Write();
       });
 }

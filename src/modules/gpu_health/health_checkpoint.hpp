@@ -12,6 +12,7 @@
 
 #include "loop/atomic_file.hpp"
 #include "loop/blocking_pool.hpp"
+#include "loop/gate.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_health/xid_counts.hpp"
 #include "modules/journald/messages.hpp"
@@ -79,7 +80,7 @@ class CheckpointWriter {
   Written written_;
   bool dirty_ = false;
   bool writing_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
 };
 
 }  // namespace gns::gpu_health

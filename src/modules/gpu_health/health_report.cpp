@@ -20,7 +20,7 @@ HealthReport::HealthReport(Bus& bus, MetricsRegistry& metrics, const Clock& cloc
   unhealthy_gauge_ = &metrics_.Gauge(devices, devices_help, {{"health", "Unhealthy"}});
 }
 
-HealthReport::~HealthReport() { *alive_ = false; }
+HealthReport::~HealthReport() { lifetime_.Close(); }
 
 void HealthReport::UseKube(std::shared_ptr<kube::KubeClient> client, std::shared_ptr<kube::EventRecorder> recorder) {
   recorder_ = std::move(recorder);
@@ -125,15 +125,14 @@ void HealthReport::UpdateCondition() {
   // The verdicts hold, but a restart may not know them: whoever reads the condition is told.
   if (!persist_problem_.empty()) condition.message += "; health is not persisted: " + persist_problem_;
   condition_in_flight_ = true;
-  conditions_->Set(settings_.node_name, condition, [this, alive = alive_](kube::Result result) {
-    if (!*alive) return;
+  conditions_->Set(settings_.node_name, condition, lifetime_.Guard([this](kube::Result result) {
     condition_in_flight_ = false;
     if (!result.Ok()) warn_.Warn(log_, "node_condition_failed", result.error);
     if (condition_dirty_) {
       condition_dirty_ = false;
       UpdateCondition();
     }
-  });
+  }));
 }
 
 }  // namespace gns::gpu_health

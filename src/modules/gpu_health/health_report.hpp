@@ -4,6 +4,7 @@
 // (no API server, kube disabled) only the gauges and the bus state are kept.
 #pragma once
 
+#include "loop/gate.hpp"
 #include "loop/metrics_registry.hpp"
 #include "loop/rate_limited_log.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -74,7 +75,7 @@ class HealthReport {
   std::deque<HealthEvent> recent_;
   bool condition_in_flight_ = false;
   bool condition_dirty_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   const Clock& clock_;
   MetricsRegistry::Series* healthy_gauge_;
   MetricsRegistry::Series* unhealthy_gauge_;

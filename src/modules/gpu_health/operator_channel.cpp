@@ -22,7 +22,7 @@ OperatorChannel::OperatorChannel(boost::asio::io_context& io, Bus& bus, const Cl
       warn_(clock) {}
 
 OperatorChannel::~OperatorChannel() {
-  *alive_ = false;
+  lifetime_.Close();
   Stop();
 }
 
@@ -91,9 +91,9 @@ void OperatorChannel::OnNodeEvent(const kube::ResourceEvent& event) {
   if (client_) {
     nlohmann::json patch = {{"metadata", {{"annotations", {{key, nullptr}}}}}};
     client_->Patch(kube::ResourcePath::Core("nodes").Object(node_name_), kube::PatchType::kMerge, patch, field_manager_,
-                   [this, alive = alive_](kube::Result result) {
-                     if (*alive && !result.Ok()) warn_.Warn(log_, "annotation_clear_failed", result.error);
-                   });
+                   lifetime_.Guard([this](kube::Result result) {
+                     if (!result.Ok()) warn_.Warn(log_, "annotation_clear_failed", result.error);
+                   }));
   }
 }
 

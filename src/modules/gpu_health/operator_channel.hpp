@@ -7,6 +7,7 @@
 #pragma once
 
 #include "loop/bus.hpp"
+#include "loop/gate.hpp"
 #include "loop/rate_limited_log.hpp"
 #include "loop/admin_socket.hpp"
 
@@ -69,7 +70,7 @@ class OperatorChannel {
   std::shared_ptr<kube::Informer> informer_;
   std::string informer_key_;
   std::string last_annotation_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   Subscription node_sub_;
 };
 

@@ -73,7 +73,7 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
                                                   "Reads of every GPU through NVML (opens and refreshes)")) {}
 
 GpuInventoryModule::~GpuInventoryModule() {
-  *alive_ = false;
+  lifetime_.Close();
   // Normally Stop() did this already.
   if (waiter_) waiter_->Kill({});
   if (session_) {
@@ -170,8 +170,8 @@ void GpuInventoryModule::StartOpen() {
   BlockingPool* pool = &context_.Pool();
   context_.Pool().Run(
       [options = std::move(options)] { return NvmlSession::Open(options); },
-      [this, alive = alive_, pool, generation](NvmlSession::Opened opened, std::exception_ptr error) {
-        if (!*alive) {
+      [this, alive = lifetime_.Watch(), pool, generation](NvmlSession::Opened opened, std::exception_ptr error) {
+        if (!alive) {
           // The module is gone: close what was opened for it, off the loop.
           if (opened.session) pool->Execute([session = std::move(opened.session)]() mutable { session.reset(); });
           return;
@@ -311,8 +311,8 @@ void GpuInventoryModule::StartClose() {
   };
   auto closing = std::make_shared<Closing>();
   closing->parts = waiter ? 2 : 1;
-  auto part_done = [this, alive = alive_, closing] {
-    if (--closing->parts == 0 && *alive) OnClosed(std::move(closing->closed));
+  auto part_done = [this, alive = lifetime_.Watch(), closing] {
+    if (--closing->parts == 0 && alive) OnClosed(std::move(closing->closed));
   };
   if (waiter) waiter->Kill(part_done);
   context_.Pool().Run(
@@ -346,11 +346,11 @@ void GpuInventoryModule::ScheduleRetry() {
   context_.Log().debug("opening NVML again in {} ms (attempt {})", delay.count(), backoff_.Attempts());
   const uint64_t seq = ++retry_seq_;
   retry_timer_.expires_after(delay);
-  retry_timer_.async_wait([this, alive = alive_, seq](const boost::system::error_code& ec) {
-    if (!*alive || ec || seq != retry_seq_) return;
+  retry_timer_.async_wait(lifetime_.Guard([this, seq](const boost::system::error_code& ec) {
+    if (ec || seq != retry_seq_) return;
     retry_pending_ = false;
     Reconcile();
-  });
+  }));
 }
 
 void GpuInventoryModule::CancelRetry() {
@@ -363,10 +363,10 @@ void GpuInventoryModule::CancelRetry() {
 void GpuInventoryModule::ScheduleRefresh() {
   const uint64_t seq = ++refresh_seq_;
   refresh_timer_.expires_after(config_.refresh_interval);
-  refresh_timer_.async_wait([this, alive = alive_, seq](const boost::system::error_code& ec) {
-    if (!*alive || ec || seq != refresh_seq_) return;
+  refresh_timer_.async_wait(lifetime_.Guard([this, seq](const boost::system::error_code& ec) {
+    if (ec || seq != refresh_seq_) return;
     StartRefresh();
-  });
+  }));
 }
 
 void GpuInventoryModule::StartRefresh() {
@@ -383,10 +383,9 @@ void GpuInventoryModule::StartRefresh() {
   // The task holds its own reference: Read() and the waiter may use NVML at the same time
   // (NVML is thread-safe), but Close() never overlaps Read() since only one task runs.
   context_.Pool().Run([session = session_] { return session->Read(); },
-                      [this, alive = alive_, generation](ReadResult read, std::exception_ptr error) {
-                        if (!*alive) return;
+                      lifetime_.Guard([this, generation](ReadResult read, std::exception_ptr error) {
                         OnRefreshed(generation, std::move(read), error);
-                      });
+                      }));
 }
 
 void GpuInventoryModule::OnRefreshed(uint64_t generation, ReadResult read, std::exception_ptr error) {

@@ -15,6 +15,7 @@
 // session's NVML down on the pool, so a release, Stop and the process exit are all prompt.
 
 #include "loop/backoff.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_inventory/event_waiter.hpp"
@@ -143,7 +144,7 @@ class GpuInventoryModule final : public Module {
   std::vector<std::string> last_warnings_;
   std::map<std::string, std::pair<Clock::SteadyTime, int>> xid_log_;  // "uuid/xid" → last logged, suppressed
 
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* gpus_gauge_;
   MetricsRegistry::Series* nvml_up_gauge_;
   MetricsRegistry::Series* inventory_reads_;

@@ -3,6 +3,7 @@
 #include "modules/gpu_reset/gpu_reset_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/awaitables.hpp"
 #include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -49,12 +50,6 @@ constexpr std::string_view kResource = "gpuresets";
 
 kube::ResourcePath ObjectsPath() {
   return kube::ResourcePath::Grouped(std::string(kGroup), std::string(kVersion), std::string(kResource));
-}
-
-// The handler of use_awaitable is move-only; std::function needs a copyable callable.
-template <typename Handler>
-auto Shared(Handler&& handler) {
-  return std::make_shared<std::decay_t<Handler>>(std::forward<Handler>(handler));
 }
 
 }  // namespace
@@ -133,7 +128,7 @@ GpuResetModule::GpuResetModule(ModuleContext& context, const Config& config)
                               "The last reset command's own run time");
 }
 
-GpuResetModule::~GpuResetModule() { *alive_ = false; }
+GpuResetModule::~GpuResetModule() { lifetime_.Close(); }
 
 // -------------------------------------------------------------------------------- start/stop
 
@@ -358,8 +353,7 @@ void GpuResetModule::Kick() {
   const bool any = std::any_of(book_.jobs.begin(), book_.jobs.end(), [](const ResetJob& j) { return !j.Finished(); });
   if (!any) return;
   running_ = true;
-  asio::co_spawn(context_.GetLoop().Io(), RunJobs(), [this, alive = alive_](std::exception_ptr error) {
-    if (!*alive) return;
+  asio::co_spawn(context_.GetLoop().Io(), RunJobs(), lifetime_.Guard([this](std::exception_ptr error) {
     running_ = false;
     if (error) {
       try {
@@ -374,7 +368,7 @@ void GpuResetModule::Kick() {
       auto done = std::move(stop_done_);
       done();
     }
-  });
+  }));
 }
 
 // ------------------------------------------------------------------------------------- runner
@@ -442,46 +436,35 @@ void GpuResetModule::FinishJob(ResetJob& job) {
 
 // ---------------------------------------------------------------------------------- awaiting
 
+// The runner's callback APIs, awaited (loop/awaitables.hpp); ungated, as they were before.
 asio::awaitable<gpu_inventory::GpuMaintenanceRead> GpuResetModule::Inspect(const std::string& uuid) {
-  return asio::async_initiate<const asio::use_awaitable_t<>&, void(boost::system::error_code, gpu_inventory::GpuMaintenanceRead)>(
-      [maintenance = maintenance_, uuid](auto handler) {
-        auto shared = Shared(std::move(handler));
-        maintenance->Inspect(uuid, [shared](gpu_inventory::GpuMaintenanceRead read) {
-          std::move (*shared)(boost::system::error_code{}, std::move(read));
-        });
-      },
-      asio::use_awaitable);
+  auto start = [maintenance = maintenance_, uuid](auto resume) { maintenance->Inspect(uuid, std::move(resume)); };
+  return AwaitCallback<gpu_inventory::GpuMaintenanceRead>(std::move(start));
 }
 
 asio::awaitable<std::string> GpuResetModule::SetPersistence(const std::string& uuid, bool enabled) {
-  return asio::async_initiate<const asio::use_awaitable_t<>&, void(boost::system::error_code, std::string)>(
-      [maintenance = maintenance_, uuid, enabled](auto handler) {
-        auto shared = Shared(std::move(handler));
-        maintenance->SetPersistence(uuid, enabled, [shared](std::string error) {
-          std::move (*shared)(boost::system::error_code{}, std::move(error));
-        });
-      },
-      asio::use_awaitable);
+  auto start = [maintenance = maintenance_, uuid, enabled](auto resume) {
+    maintenance->SetPersistence(uuid, enabled, std::move(resume));
+  };
+  return AwaitCallback<std::string>(std::move(start));
 }
 
 asio::awaitable<CommandResult> GpuResetModule::RunResetCommand(const std::vector<std::string>& argv) {
-  return asio::async_initiate<const asio::use_awaitable_t<>&, void(boost::system::error_code, CommandResult)>(
-      [this, argv](auto handler) {
-        auto shared = Shared(std::move(handler));
-        CommandSpec spec;
-        spec.argv = argv;
-        spec.timeout = config_.command_timeout;
-        spec.max_output = config_.command_output_bytes;
-        // The reset tool runs with our environment (the container's PATH, LD_LIBRARY_PATH, …).
-        spec.env.clear();
-        for (char** e = environ; e != nullptr && *e != nullptr; ++e) spec.env.emplace_back(*e);
-        child_ = gns::RunCommand(context_.GetLoop().Io(), std::move(spec),
-                                 [this, shared, alive = alive_](CommandResult result) {
-                                   if (*alive) child_.reset();
-                                   std::move (*shared)(boost::system::error_code{}, std::move(result));
-                                 });
-      },
-      asio::use_awaitable);
+  auto start = [this, argv](auto resume) {
+    CommandSpec spec;
+    spec.argv = argv;
+    spec.timeout = config_.command_timeout;
+    spec.max_output = config_.command_output_bytes;
+    // The reset tool runs with our environment (the container's PATH, LD_LIBRARY_PATH, …).
+    spec.env.clear();
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) spec.env.emplace_back(*e);
+    child_ = gns::RunCommand(context_.GetLoop().Io(), std::move(spec),
+                             [this, resume, alive = lifetime_.Watch()](CommandResult result) {
+                               if (alive) child_.reset();
+                               resume(std::move(result));
+                             });
+  };
+  return AwaitCallback<CommandResult>(std::move(start));
 }
 
 // ------------------------------------------------------------------------------ bookkeeping
@@ -502,13 +485,13 @@ void GpuResetModule::LoadBook() {
   // disk holds a pool thread, never the loop; nothing is taken or run until it is back.
   loading_ = true;
   UpdateModuleHealth();
-  ReadStateFileOnPool(context_.Pool(), book_path_, kMaxBookBytes, [this, alive = alive_](StateFileRead read) {
-    if (!*alive || stopping_) return;
+  ReadStateFileOnPool(context_.Pool(), book_path_, kMaxBookBytes, lifetime_.Guard([this](StateFileRead read) {
+    if (stopping_) return;
     ApplyBook(std::move(read));
     loading_ = false;
     UpdateModuleHealth();
     Resume();
-  });
+  }));
 }
 
 void GpuResetModule::ApplyBook(StateFileRead read) {
@@ -546,8 +529,7 @@ void GpuResetModule::SaveBook() {
   nlohmann::json j = book_;
   context_.Pool().Run(
       [path = book_path_, text = j.dump(1)] { return WriteFileAtomically(path, text, 0600); },
-      [this, alive = alive_, version](FileWriteResult result, std::exception_ptr error) {
-        if (!*alive) return;
+      lifetime_.Guard([this, version](FileWriteResult result, std::exception_ptr error) {
         save_in_flight_ = false;
         const std::string problem = error ? "exception writing " + book_path_ : result ? std::string() : result.error;
         if (!problem.empty()) {
@@ -564,7 +546,7 @@ void GpuResetModule::SaveBook() {
           SaveBook();
         }
         saved_wake_.cancel();  // SavedAtLeast checks again
-      });
+      }));
 }
 
 asio::awaitable<bool> GpuResetModule::SavedAtLeast(std::optional<uint64_t> wanted_version) {
@@ -589,9 +571,9 @@ asio::awaitable<bool> GpuResetModule::SavedAtLeast(std::optional<uint64_t> wante
 void GpuResetModule::UpdateModuleHealth() {
   if (loading_) {
     // Not ready: no request is taken until the record is restored.
-    context_.GetLoop().Post([this, alive = alive_, path = book_path_] {
-      if (*alive) context_.SetHealth(ModuleHealth::kUnhealthy, "restoring " + path + ": requests wait");
-    });
+    context_.GetLoop().Post(lifetime_.Guard([this, path = book_path_] {
+      context_.SetHealth(ModuleHealth::kUnhealthy, "restoring " + path + ": requests wait");
+    }));
     return;
   }
   std::string detail;
@@ -600,9 +582,9 @@ void GpuResetModule::UpdateModuleHealth() {
     detail += (detail.empty() ? "" : "; ") + std::string("reset-gpu unavailable: ") + socket_problem_;
   }
   // Posted: the supervisor clears the detail of a module it marks running after Start.
-  context_.GetLoop().Post([this, alive = alive_, detail] {
-    if (*alive) context_.SetHealth(detail.empty() ? ModuleHealth::kOk : ModuleHealth::kDegraded, detail);
-  });
+  context_.GetLoop().Post(lifetime_.Guard([this, detail] {
+    context_.SetHealth(detail.empty() ? ModuleHealth::kOk : ModuleHealth::kDegraded, detail);
+  }));
 }
 
 void GpuResetModule::PublishState() {
@@ -611,11 +593,10 @@ void GpuResetModule::PublishState() {
   // queue N copies of N jobs.
   if (publish_pending_) return;
   publish_pending_ = true;
-  context_.GetLoop().Post([this, alive = alive_] {
-    if (!*alive) return;
+  context_.GetLoop().Post(lifetime_.Guard([this] {
     publish_pending_ = false;
     PublishStateNow();
-  });
+  }));
 }
 
 void GpuResetModule::PublishStateNow() {
@@ -675,9 +656,9 @@ void GpuResetModule::SendStatus(const std::string& name) {
   slot.in_flight = true;
   slot.dirty = false;
   kube_->PatchStatus(ObjectsPath().Object(name), kube::PatchType::kMerge, {{"status", slot.status}},
-                     std::string(kName), [this, alive = alive_, name](kube::Result result) {
-                       if (*alive) OnStatusWritten(name, result);
-                     });
+                     std::string(kName), lifetime_.Guard([this, name](kube::Result result) {
+                       OnStatusWritten(name, result);
+                     }));
 }
 
 void GpuResetModule::OnStatusWritten(const std::string& name, const kube::Result& result) {
@@ -702,12 +683,12 @@ void GpuResetModule::OnStatusWritten(const std::string& name, const kube::Result
   slot.dirty = true;
   context_.Log().warn("writing the status of GPUReset {} failed ({}): retrying", name, result.error);
   status_retry_.expires_after(std::min(milliseconds(30000), milliseconds(250) * (1 << std::min(slot.failures, 7))));
-  status_retry_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive || stopping_) return;
+  status_retry_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
     for (auto& [n, s] : status_) {
       if (!s.in_flight && s.dirty) SendStatus(n);
     }
-  });
+  }));
 }
 
 void GpuResetModule::Evict(const std::string& pod_namespace, const std::string& pod_name) {
@@ -719,8 +700,7 @@ void GpuResetModule::Evict(const std::string& pod_namespace, const std::string& 
                                 {"kind", "Eviction"},
                                 {"metadata", {{"name", pod_name}, {"namespace", pod_namespace}}}};
   kube_->Create(kube::ResourcePath::Core("pods", pod_namespace).Object(pod_name, "eviction"), eviction,
-                [this, alive = alive_, pod_namespace, pod_name](kube::Result result) {
-                  if (!*alive) return;
+                lifetime_.Guard([this, pod_namespace, pod_name](kube::Result result) {
                   if (result.Ok()) {
                     context_.Log().info("evicted pod {}/{} for a GPU reset", pod_namespace, pod_name);
                   } else {
@@ -729,7 +709,7 @@ void GpuResetModule::Evict(const std::string& pod_namespace, const std::string& 
                                         result.http_status, result.error);
                     runner_->EvictionRefused(pod_namespace, pod_name);
                   }
-                });
+                }));
 }
 
 void GpuResetModule::RecordEvent(std::string_view type, std::string_view reason, const std::string& note) {

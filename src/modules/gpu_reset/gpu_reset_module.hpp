@@ -16,6 +16,7 @@
 // from the hold; after it, validation runs again — never Healthy without it.
 
 #include "loop/admin_socket.hpp"
+#include "loop/gate.hpp"
 #include "loop/run_command.hpp"
 #include "loop/state_file.hpp"
 #include "loop/module.hpp"
@@ -215,7 +216,7 @@ class GpuResetModule final : public Module, private NodeMaintenance {
   boost::asio::steady_timer saved_wake_;  // SavedAtLeast waits on it; a finished save wakes it
 
   bool publish_pending_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* resets_ok_;
   MetricsRegistry::Series* resets_failed_;
   MetricsRegistry::Series* resets_refused_;

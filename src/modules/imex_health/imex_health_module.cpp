@@ -129,7 +129,7 @@ ImexHealthModule::ImexHealthModule(ModuleContext& context, const Config& config)
       [this](const std::string& error) { context_.Log().warn("Node condition {}: {}", config_.condition_type, error); });
 }
 
-ImexHealthModule::~ImexHealthModule() { *alive_ = false; }
+ImexHealthModule::~ImexHealthModule() { lifetime_.Close(); }
 
 void ImexHealthModule::Start() {
   auto& bus = context_.GetBus();
@@ -178,7 +178,7 @@ void ImexHealthModule::Start() {
 }
 
 void ImexHealthModule::Stop(std::function<void()> done) {
-  *alive_ = false;
+  lifetime_.Close();
   if (control_) {
     context_.GetServices().Withdraw<ImexUnitControl>();
     control_->Detach();
@@ -248,8 +248,7 @@ void ImexHealthModule::Scan() {
       [paths = config_.paths, self = SelfIdentities(), resolve = config_.resolve_peers] {
         return ScanHost(paths, self, resolve);
       },
-      [this, alive = alive_](HostScan scan, std::exception_ptr error) {
-        if (!*alive) return;
+      lifetime_.Guard([this](HostScan scan, std::exception_ptr error) {
         scan_in_flight_ = false;
         bool imex_files_changed = false;
         if (error) {
@@ -266,7 +265,7 @@ void ImexHealthModule::Scan() {
         }
         if (imex_files_changed) CheckDomain();  // what nvidia-imex-ctl reads changed
         Evaluate();
-      });
+      }));
 }
 
 void ImexHealthModule::CheckDomain() {
@@ -312,9 +311,9 @@ void ImexHealthModule::CheckDomain() {
   if (!domain_) domain_pending_ = true;
   domain_timer_.cancel();
   domain_check_ = DomainCheck::Start(context_.GetLoop().Io(), std::move(options),
-                                     [this, alive = alive_, generation = domain_generation_](DomainResult result) {
-                                       if (*alive) OnDomain(std::move(result), generation);
-                                     });
+                                     lifetime_.Guard([this, generation = domain_generation_](DomainResult result) {
+                                       OnDomain(std::move(result), generation);
+                                     }));
 }
 
 void ImexHealthModule::OnDomain(DomainResult result, uint64_t generation) {
@@ -343,9 +342,9 @@ void ImexHealthModule::OnDomain(DomainResult result, uint64_t generation) {
 
 void ImexHealthModule::ArmDomainTimer(std::chrono::milliseconds after) {
   domain_timer_.expires_after(after);
-  domain_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (!ec && *alive) CheckDomain();
-  });
+  domain_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (!ec) CheckDomain();
+  }));
 }
 
 std::vector<std::string> ImexHealthModule::SelfIdentities() const {
@@ -497,9 +496,9 @@ void ImexHealthModule::ArmWindowTimer() {
     return;
   }
   window_timer_.expires_after(*next - context_.GetClock().Now());
-  window_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (!ec && *alive) Evaluate();
-  });
+  window_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (!ec) Evaluate();
+  }));
 }
 
 void ImexHealthModule::Record(std::string_view type, std::string_view reason, std::string_view note) {

@@ -5,6 +5,7 @@
 // ImexHealth on the bus, the Node condition ImexHealthy with a precise reason, Events on its
 // transitions and on warnings, and metrics the guide's alerts use (deploy/alerts-imex.yaml).
 
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "loop/supervisor_messages.hpp"
 #include "modules/imex_health/messages.hpp"
@@ -126,7 +127,7 @@ class ImexHealthModule final : public Module {
   std::shared_ptr<kube::Informer> node_informer_;
   std::string informer_key_;
   std::optional<bool> kube_running_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* unit_active_;
   MetricsRegistry::Series* unit_restarts_;
   MetricsRegistry::Series* log_errors_total_;

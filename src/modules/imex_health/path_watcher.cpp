@@ -27,8 +27,7 @@ void PathWatcher::Start() {
 }
 
 void PathWatcher::Stop() {
-  *alive_ = false;
-  alive_ = std::make_shared<bool>(true);
+  lifetime_.Renew();
   if (fd_.is_open()) {
     boost::system::error_code ec;
     fd_.close(ec);  // closing drops every watch; nothing to do on error
@@ -67,15 +66,15 @@ void PathWatcher::Lay() {
 
 void PathWatcher::Arm() {
   fd_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
-                 [this, alive = alive_](const boost::system::error_code& ec) {
-                   if (ec || !*alive) return;
+                 [this, alive = lifetime_.Watch()](const boost::system::error_code& ec) {
+                   if (ec || !alive) return;
                    ++wakeups_;
                    alignas(inotify_event) char buffer[16 * (sizeof(inotify_event) + NAME_MAX + 1)];
                    while (::read(fd_.native_handle(), buffer, sizeof(buffer)) > 0) {
                    }
                    Lay();  // a directory may have appeared or gone
                    on_change_();
-                   if (*alive && fd_.is_open()) Arm();
+                   if (alive && fd_.is_open()) Arm();
                  });
 }
 

@@ -5,6 +5,8 @@
 // directory created later (mkdir -p /dev/nvidia-caps-imex-channels) is followed too. procfs has
 // no inotify: /proc/devices is read at start and on unit (re)starts instead.
 
+#include "loop/gate.hpp"
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 
@@ -39,7 +41,7 @@ class PathWatcher {
   boost::asio::posix::stream_descriptor fd_;
   std::set<int> watches_;
   std::set<std::string> watched_paths_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   uint64_t wakeups_ = 0;
 };
 

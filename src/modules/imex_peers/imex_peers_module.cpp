@@ -60,7 +60,7 @@ ImexPeersModule::ImexPeersModule(ModuleContext& context, const Config& config)
       [this](const std::string& error) { context_.Log().warn("Node condition {}: {}", config_.condition_type, error); });
 }
 
-ImexPeersModule::~ImexPeersModule() { *alive_ = false; }
+ImexPeersModule::~ImexPeersModule() { lifetime_.Close(); }
 
 std::string ImexPeersModule::Render(std::vector<std::string> addresses) {
   std::sort(addresses.begin(), addresses.end());
@@ -98,7 +98,7 @@ void ImexPeersModule::Start() {
 }
 
 void ImexPeersModule::Stop(std::function<void()> done) {
-  *alive_ = false;
+  lifetime_.Close();
   clique_sub_.Reset();
   resource_sub_.Reset();
   synced_sub_.Reset();
@@ -236,8 +236,7 @@ void ImexPeersModule::Reconcile() {
         auto result = WriteFileAtomically(path, desired, 0644);
         return std::make_pair(result.ok, result.error);
       },
-      [this, alive = alive_, desired](std::pair<bool, std::string> result, std::exception_ptr) {
-        if (!*alive) return;
+      lifetime_.Guard([this, desired](std::pair<bool, std::string> result, std::exception_ptr) {
         writing_ = false;
         if (result.first) {
           on_disk_ = desired;
@@ -259,7 +258,7 @@ void ImexPeersModule::Reconcile() {
           Reconcile();
         }
         Publish();
-      });
+      }));
 }
 
 void ImexPeersModule::OnDraState(const dra::DraComputeDomainState& state) {
@@ -311,8 +310,7 @@ void ImexPeersModule::TryRestart() {
   wait("Restarting", "restarting " + control->Unit());
   context_.Log().info("restarting {} to load the {}", control->Unit(),
                       pending_for_divergence_ ? "clique's map (the running map diverges)" : "new node map");
-  control->Restart([this, alive = alive_, unit = control->Unit()](std::string error) {
-    if (!*alive) return;
+  control->Restart(lifetime_.Guard([this, unit = control->Unit()](std::string error) {
     restarting_ = false;
     if (!error.empty()) {
       restarted_run_ = 0;
@@ -331,7 +329,7 @@ void ImexPeersModule::TryRestart() {
       recorder->Record(node, "Normal", "ImexRestarted", "RestartUnit", unit + " restarted to load " + path_);
     }
     Publish();
-  });
+  }));
 }
 
 void ImexPeersModule::OnImexHealth(const imex_health::ImexHealth& health) {
@@ -362,8 +360,7 @@ void ImexPeersModule::ReadLoaded() {
         }
         return out;
       },
-      [this, alive = alive_, run](std::pair<std::optional<std::string>, uint64_t> read, std::exception_ptr) {
-        if (!*alive) return;
+      lifetime_.Guard([this, run](std::pair<std::optional<std::string>, uint64_t> read, std::exception_ptr) {
         reading_loaded_ = false;
         loaded_run_ = run;
         if (read.first) on_disk_ = *read.first;  // a hand edit is seen here, and put right below
@@ -384,7 +381,7 @@ void ImexPeersModule::ReadLoaded() {
         } else {
           CheckConsistency();
         }
-      });
+      }));
 }
 
 void ImexPeersModule::CheckConsistency() {

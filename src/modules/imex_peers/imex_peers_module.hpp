@@ -19,6 +19,7 @@
 //    and the IMEX restart, a hand edit, a restart outside us) is the reason LoadedMapDiverges,
 //    and is restarted away by the same policy.
 
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "loop/supervisor_messages.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
@@ -115,7 +116,7 @@ class ImexPeersModule final : public Module {
   ImexPeersState state_;
   std::string pending_message_;
   std::unique_ptr<kube::NodeConditionWriter> condition_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* writes_total_;
   MetricsRegistry::Series* restarts_total_;
   MetricsRegistry::Series* pending_gauge_;

@@ -27,7 +27,7 @@ JournalStream::JournalStream(boost::asio::io_context& io, const Clock& clock, Op
     : io_(io), clock_(clock), options_(std::move(options)), hooks_(std::move(hooks)) {}
 
 JournalStream::~JournalStream() {
-  *alive_ = false;
+  lifetime_.Close();
   // The fd belongs to sd_journal: the waiter hands it back (releases, never closes it).
   waiter_.reset();
 }
@@ -141,9 +141,7 @@ void JournalStream::Resume() {
   // sd_journal_process can reset the read position set by Position().)
   if (!read_posted_) {
     read_posted_ = true;
-    boost::asio::post(io_, [this, alive = alive_] {
-      if (*alive) ReadSome();
-    });
+    boost::asio::post(io_, lifetime_.Guard([this] { ReadSome(); }));
   }
 }
 
@@ -195,9 +193,7 @@ void JournalStream::ReadSome() {
   }
   // More to read: let other work run first.
   read_posted_ = true;
-  boost::asio::post(io_, [this, alive = alive_] {
-    if (*alive) ReadSome();
-  });
+  boost::asio::post(io_, lifetime_.Guard([this] { ReadSome(); }));
 }
 
 void JournalStream::Arm() {

@@ -11,6 +11,7 @@
 // Loop thread only. Reading goes in batches and yields to the loop between them.
 
 #include "loop/clock.hpp"
+#include "loop/gate.hpp"
 #include "modules/journald/journal_waiter.hpp"
 #include "modules/journald/messages.hpp"
 
@@ -124,7 +125,7 @@ class JournalStream {
   bool read_posted_ = false;
   bool woken_ = false;
   bool closed_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
 };
 
 }  // namespace gns::journald

@@ -26,7 +26,7 @@ JournalWaiter::JournalWaiter(boost::asio::io_context& io, int fd, Callbacks call
     : descriptor_(io, fd), timer_(io), callbacks_(std::move(callbacks)), min_timeout_interval_(min_timeout_interval) {}
 
 JournalWaiter::~JournalWaiter() {
-  *alive_ = false;
+  lifetime_.Close();
   Close();
 }
 
@@ -55,8 +55,7 @@ void JournalWaiter::Arm() {
 void JournalWaiter::WaitFd() {
   fd_waiting_ = true;
   descriptor_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
-                         [this, alive = alive_](const boost::system::error_code& ec) {
-                           if (!*alive) return;
+                         lifetime_.Guard([this](const boost::system::error_code& ec) {
                            fd_waiting_ = false;
                            if (closed_ || ec == boost::asio::error::operation_aborted) return;
                            if (ec) {
@@ -69,7 +68,7 @@ void JournalWaiter::WaitFd() {
                            // readable then, completes that wait at once.
                            if (!armed_) return;
                            Fire(Cause::kFd);
-                         });
+                         }));
 }
 
 void JournalWaiter::ArmTimer() {
@@ -90,10 +89,10 @@ void JournalWaiter::ArmTimer() {
   timer_delay_ = std::chrono::microseconds(delay);
   // A delay of 0 expires at once, but through the loop's queue like any other handler.
   timer_.expires_after(*timer_delay_);
-  timer_.async_wait([this, alive = alive_, round = round_](const boost::system::error_code& ec) {
-    if (!*alive || ec || closed_ || !armed_ || round != round_) return;  // cancelled or stale
+  timer_.async_wait(lifetime_.Guard([this, round = round_](const boost::system::error_code& ec) {
+    if (ec || closed_ || !armed_ || round != round_) return;  // cancelled or stale
     Fire(Cause::kTimeout);
-  });
+  }));
 }
 
 void JournalWaiter::Fire(Cause cause) {

@@ -15,6 +15,8 @@
 // Loop thread only, no thread of its own. The fd belongs to the caller (sd-journal): it is
 // released, never closed.
 
+#include "loop/gate.hpp"
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -82,7 +84,7 @@ class JournalWaiter {
   uint64_t round_ = 0;       // Arm() count: a timer of an older round is stale
   std::optional<std::chrono::microseconds> timer_delay_;
   std::optional<uint64_t> last_timeout_wake_usec_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
 };
 
 }  // namespace gns::journald

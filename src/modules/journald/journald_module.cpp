@@ -146,7 +146,7 @@ JournaldModule::JournaldModule(ModuleContext& context, const Config& config)
   state_.reader = reader;
 }
 
-JournaldModule::~JournaldModule() { *alive_ = false; }
+JournaldModule::~JournaldModule() { lifetime_.Close(); }
 
 JournalStream::Hooks JournaldModule::HooksFor(bool health) {
   JournalStream::Hooks hooks;
@@ -206,7 +206,7 @@ void JournaldModule::Start() {
       // reading only once it knows where to, so no line is published twice or skipped.
       loading_ = true;
       LoadStateOffLoop(
-          context_, alive_, cursor_path_,
+          context_, lifetime_.Watch(), cursor_path_,
           [path = cursor_path_] { return ReadStateFile(path, kMaxCursorFileBytes); },
           [this](StateFileRead read) {
             if (stopping_) return;
@@ -368,9 +368,7 @@ void JournaldModule::CursorNotPersisted(const std::string& why) {
   cursor_problem_ = why;
   if (first) context_.Log().error("the units stream's position is not persisted ({}): the streams keep flowing", why);
   // Posted: CursorNotPersisted may be called from Start.
-  context_.GetLoop().Post([this, alive = alive_] {
-    if (*alive) UpdateHealth();
-  });
+  context_.GetLoop().Post(lifetime_.Guard([this] { UpdateHealth(); }));
 }
 
 void JournaldModule::UpdateHealth() {
@@ -397,12 +395,11 @@ void JournaldModule::MarkDirty() {
   if (flush_armed_ || writing_ || stopping_) return;
   flush_armed_ = true;
   flush_timer_.expires_after(config_.cursor_flush_interval);
-  flush_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (!*alive) return;
+  flush_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
     flush_armed_ = false;
     if (ec || stopping_) return;  // cancelled by Stop, which flushes itself
     Flush();
-  });
+  }));
 }
 
 void JournaldModule::Flush() {
@@ -416,8 +413,7 @@ void JournaldModule::Flush() {
       [path = cursor_path_, content = SerializeSavedPosition(units_->Last())] {
         return WriteFileAtomically(path, content);
       },
-      [this, alive = alive_](FileWriteResult result, std::exception_ptr error) {
-        if (!*alive) return;
+      lifetime_.Guard([this](FileWriteResult result, std::exception_ptr error) {
         writing_ = false;
         if (error || !result) {
           cursor_writes_failed_->Inc();
@@ -433,7 +429,7 @@ void JournaldModule::Flush() {
         } else if (dirty_) {
           MarkDirty();
         }
-      });
+      }));
 }
 
 void JournaldModule::FinishStop() {

@@ -26,6 +26,7 @@
 // does not work that timeout is what makes it look for new entries. No polling thread, and no
 // timer when sd-journal gives no timeout. Wakes are counted by cause.
 
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/journald/journal_stream.hpp"
 #include "modules/journald/messages.hpp"
@@ -115,7 +116,7 @@ class JournaldModule final : public Module {
   bool stopping_ = false;
   bool loading_ = false;
   std::function<void()> stop_done_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* kernel_lines_;
   MetricsRegistry::Series* unit_lines_;
   MetricsRegistry::Series* ack_lines_;

@@ -39,7 +39,7 @@ NodeLabelsModule::NodeLabelsModule(ModuleContext& context, const Config& config)
       &m.Counter("gpu_node_supervisor_node_labels_apply_failures_total", "Failed server-side applies of the node labels");
 }
 
-NodeLabelsModule::~NodeLabelsModule() { *alive_ = false; }
+NodeLabelsModule::~NodeLabelsModule() { lifetime_.Close(); }
 
 void NodeLabelsModule::Start() {
   if (context_.Site().node_name.empty()) throw std::runtime_error("node-labels needs the node name (site nodeName)");
@@ -85,11 +85,10 @@ void NodeLabelsModule::Recompute() {
   // apply for all of them, at the end of this loop turn.
   if (apply_posted_) return;
   apply_posted_ = true;
-  context_.GetLoop().Post([this, alive = alive_] {
-    if (!*alive) return;
+  context_.GetLoop().Post(lifetime_.Guard([this] {
     apply_posted_ = false;
     Apply();
-  });
+  }));
 }
 
 std::string NodeLabelsModule::Unknown() const {
@@ -132,8 +131,8 @@ void NodeLabelsModule::Apply() {
   const Labels sent = wanted_;
   client->Patch(
       kube::ResourcePath::Core("nodes").Object(node), kube::PatchType::kApply, body, config_.field_manager,
-      [this, alive = alive_, sent](kube::Result result) {
-        if (!*alive) return;
+      [this, alive = lifetime_.Watch(), sent](kube::Result result) {
+        if (!alive) return;
         in_flight_ = false;
         if (stopping_) return;
         if (result.Ok()) {
@@ -158,7 +157,7 @@ void NodeLabelsModule::Apply() {
           context_.SetHealth(ModuleHealth::kDegraded, "node labels not applied: " + result.error);
           retry_timer_.expires_after(delay);
           retry_timer_.async_wait([this, alive](const boost::system::error_code& ec) {
-            if (!ec && *alive) Apply();
+            if (!ec && alive) Apply();
           });
         }
         context_.GetBus().Publish(state_);

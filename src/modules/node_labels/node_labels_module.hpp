@@ -8,6 +8,7 @@
 // clique label). A failed apply is retried with backoff; nothing is sent at steady state.
 
 #include "loop/backoff.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/device_plugin/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
@@ -63,7 +64,7 @@ class NodeLabelsModule final : public Module {
   NodeLabelsState state_;
   Backoff backoff_;
   boost::asio::steady_timer retry_timer_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
   MetricsRegistry::Series* applies_total_;
   MetricsRegistry::Series* failures_total_;
   Subscription inventory_sub_;

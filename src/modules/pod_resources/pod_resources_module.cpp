@@ -93,7 +93,7 @@ PodResourcesModule::PodResourcesModule(ModuleContext& context, const Config& con
   pods_with_gpus_ = &m.Gauge("gpu_node_supervisor_pod_resources_pods_with_gpus", "Pods the kubelet reports holding GPUs");
 }
 
-PodResourcesModule::~PodResourcesModule() { *alive_ = false; }
+PodResourcesModule::~PodResourcesModule() { lifetime_.Close(); }
 
 // ---------------------------------------------------------------------------------- start/stop
 
@@ -147,8 +147,7 @@ void PodResourcesModule::Start() {
 }
 
 void PodResourcesModule::Stop(std::function<void()> done) {
-  *alive_ = false;
-  alive_ = std::make_shared<bool>(true);
+  lifetime_.Renew();
   allocated_sub_ = {};
   dra_sub_ = {};
   inventory_sub_ = {};
@@ -186,9 +185,9 @@ void PodResourcesModule::ArmListTimer(milliseconds delay) {
   timer_armed_ = true;
   timer_due_ = due;
   list_timer_.expires_at(due);
-  list_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+  list_timer_.async_wait([this, alive = lifetime_.Watch()](const boost::system::error_code& ec) {
     // operation_aborted: re-armed earlier or stopped; the newer wait (if any) does the List.
-    if (ec || !*alive) return;
+    if (ec || !alive) return;
     timer_armed_ = false;
     DoList();
   });
@@ -203,13 +202,13 @@ void PodResourcesModule::DoList() {
   list_in_flight_ = true;
   list_again_ = false;
   if (need_allocatable_) {
-    lister_->GetAllocatableResources([this, alive = alive_](CallOutcome<v1::AllocatableResourcesResponse> outcome) {
-      if (*alive) OnAllocatable(std::move(outcome));
-    });
+    lister_->GetAllocatableResources(lifetime_.Guard([this](CallOutcome<v1::AllocatableResourcesResponse> outcome) {
+      OnAllocatable(std::move(outcome));
+    }));
   }
-  lister_->List([this, alive = alive_](CallOutcome<v1::ListPodResourcesResponse> outcome) {
-    if (*alive) OnList(std::move(outcome));
-  });
+  lister_->List(lifetime_.Guard([this](CallOutcome<v1::ListPodResourcesResponse> outcome) {
+    OnList(std::move(outcome));
+  }));
 }
 
 void PodResourcesModule::OnAllocatable(CallOutcome<v1::AllocatableResourcesResponse> outcome) {
@@ -275,15 +274,15 @@ void PodResourcesModule::WatchSocketDirectory() {
   const std::string name = std::filesystem::path(socket_).filename().string();
   auto watcher = std::make_unique<DirWatcher>(
       context_.GetLoop().Io(), directory,
-      [this, alive = alive_, name](DirWatcher::Change change, const std::string& entry) {
-        if (!*alive) return;
+      [this, alive = lifetime_.Watch(), name](DirWatcher::Change change, const std::string& entry) {
+        if (!alive) return;
         if (change == DirWatcher::Change::kCreated && entry == name) {
           need_allocatable_ = true;
           RequestList("the kubelet's socket appeared");
         } else if (change == DirWatcher::Change::kDirectoryGone) {
           // Watched again after the next failed List; not destroyed inside its own callback.
           context_.GetLoop().Post([this, alive] {
-            if (*alive) socket_watcher_.reset();
+            if (alive) socket_watcher_.reset();
           });
         }
       });
@@ -298,13 +297,13 @@ void PodResourcesModule::WatchSocketDirectory() {
 
 void PodResourcesModule::ScheduleResync() {
   resync_timer_.expires_after(config_.resync);
-  resync_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive) return;
+  resync_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec) return;
     // The informer cache is the truth again for pods whose write echo we may have missed.
     acked_.clear();
     RequestList("resync");
     ScheduleResync();
-  });
+  }));
 }
 
 void PodResourcesModule::RebuildView() {
@@ -449,9 +448,9 @@ void PodResourcesModule::Write(const AnnotationWrite& write) {
   writing_.insert(write.Key());
   const std::string path = kube::ResourcePath::Core("pods", write.namespace_name).Object(write.name);
   kube_->Patch(path, kube::PatchType::kMerge, AnnotationPatch(write), std::string(kName),
-               [this, alive = alive_, write](kube::Result result) {
-                 if (*alive) OnWritten(write, result);
-               });
+               lifetime_.Guard([this, write](kube::Result result) {
+                 OnWritten(write, result);
+               }));
 }
 
 void PodResourcesModule::OnWritten(const AnnotationWrite& write, const kube::Result& result) {
@@ -485,11 +484,11 @@ void PodResourcesModule::OnWritten(const AnnotationWrite& write, const kube::Res
   if (writes_paused_) return;
   writes_paused_ = true;
   write_timer_.expires_after(delay);
-  write_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-    if (ec || !*alive) return;
+  write_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+    if (ec) return;
     writes_paused_ = false;
     Reconcile();
-  });
+  }));
 }
 
 }  // namespace gns::pod_resources

@@ -14,6 +14,7 @@
 
 #include "loop/backoff.hpp"
 #include "loop/dir_watcher.hpp"
+#include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/pod_resources/lister_client.hpp"
 #include "modules/pod_resources/messages.hpp"
@@ -141,7 +142,7 @@ class PodResourcesModule final : public Module {
   Backoff write_backoff_;
   boost::asio::steady_timer write_timer_;
 
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  Gate lifetime_;
 
   MetricsRegistry::Series* lists_ok_;
   MetricsRegistry::Series* lists_failed_;
