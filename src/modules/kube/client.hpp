@@ -3,15 +3,20 @@
 // service: `context.GetServices().Find<KubeClient>()`). HTTP/1.1 over TLS (Beast + OpenSSL,
 // kept out of this header), keep-alive connections, a deadline on every request, a client-side
 // token bucket, bearer tokens re-read from their file every minute and on a 401, or client
-// certificates. Completion callbacks run on the loop. Objects are nlohmann JSON; a
-// resourceVersion is an opaque string compared for equality only.
+// certificates. Completion callbacks run on the loop; every verb can also be awaited from a
+// coroutine on the loop (`Result r = co_await client.Get(path, deadline);`). Objects are
+// nlohmann JSON; a resourceVersion is an opaque string compared for equality only.
 
 #include "loop/backoff.hpp"
 #include "loop/clock.hpp"
+#include "loop/gate.hpp"
 #include "loop/loop.hpp"
 #include "loop/metrics_registry.hpp"
 #include "modules/kube/json_reader.hpp"
 
+#include <utility>  // before awaitable.hpp: Boost 1.74's uses std::exchange without including it
+
+#include <boost/asio/awaitable.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/logger.h>
 
@@ -146,6 +151,19 @@ ClientConfig InClusterConfig(const InClusterPaths& paths = {});
 // tokenFile, client certificate/key as files or data. Throws std::runtime_error.
 ClientConfig LoadKubeconfig(const std::string& path, const std::string& context = {});
 
+// How long an awaited call may take in all, its wait in the rate limiter, its pages and its
+// retries included. Past it the call resumes with http_status 0 and an error starting with
+// kDeadlineExceeded (IsTransient: worth another try); the request itself is not recalled (a
+// write may still reach the server) and its late answer is dropped. Zero: no bound beyond the
+// client's own (request_timeout per attempt, RetryPolicy). Implicit from a duration, so
+// `co_await client.Get(path, std::chrono::seconds(5))` reads as it means.
+struct Deadline {
+  Deadline() = default;
+  Deadline(std::chrono::milliseconds within) : within(within) {}  // NOLINT(google-explicit-constructor)
+  std::chrono::milliseconds within{0};
+};
+inline constexpr std::string_view kDeadlineExceeded = "deadline exceeded";
+
 // Builds API paths: core ("" group, "v1") or grouped, namespaced or cluster-scoped.
 struct ResourcePath {
   std::string group;  // "" for core
@@ -230,6 +248,38 @@ class KubeClient {
   void Request(std::string_view verb, std::string_view method, std::string target, std::string body,
                std::string content_type, Callback cb);
 
+  // The same calls, awaited: each resumes its coroutine on the loop with the Result the
+  // callback would have had, or with a kDeadlineExceeded error once `deadline` passed; once
+  // `ticket`'s gate is closed it resumes nothing (the coroutine is dropped, loop/awaitables.hpp).
+  // Each copies what it needs before it returns; inside a coroutine body, still pass named
+  // values, not braced temporaries, in the co_await expression (the g++ 12 pitfall, there).
+  [[nodiscard]] boost::asio::awaitable<Result> Get(const std::string& path, Deadline deadline = {},
+                                                   Gate::Ticket ticket = {});
+  [[nodiscard]] boost::asio::awaitable<Result> List(const std::string& path, const ListOptions& options,
+                                                    Deadline deadline = {}, Gate::Ticket ticket = {});
+  [[nodiscard]] boost::asio::awaitable<Result> List(const std::string& path, const ListOptions& options,
+                                                    const Projection::Node& item_projection, CachedFn cached,
+                                                    Deadline deadline = {}, Gate::Ticket ticket = {});
+  [[nodiscard]] boost::asio::awaitable<Result> Create(const std::string& collection_path, const nlohmann::json& object,
+                                                      Deadline deadline = {}, Gate::Ticket ticket = {});
+  [[nodiscard]] boost::asio::awaitable<Result> Update(const std::string& path, const nlohmann::json& object,
+                                                      Deadline deadline = {}, Gate::Ticket ticket = {});
+  // `force` comes last: `Patch(path, PatchType::kApply, body, manager, deadline, ticket, true)`.
+  [[nodiscard]] boost::asio::awaitable<Result> Patch(const std::string& path, PatchType type, const nlohmann::json& body,
+                                                     const std::string& field_manager, Deadline deadline = {},
+                                                     Gate::Ticket ticket = {}, bool force = false);
+  [[nodiscard]] boost::asio::awaitable<Result> Delete(const std::string& path, const Preconditions& preconditions,
+                                                      Deadline deadline = {}, Gate::Ticket ticket = {});
+  [[nodiscard]] boost::asio::awaitable<Result> UpdateStatus(const std::string& path, const nlohmann::json& object,
+                                                            Deadline deadline = {}, Gate::Ticket ticket = {});
+  [[nodiscard]] boost::asio::awaitable<Result> PatchStatus(const std::string& path, PatchType type,
+                                                           const nlohmann::json& body,
+                                                           const std::string& field_manager, Deadline deadline = {},
+                                                           Gate::Ticket ticket = {}, bool force = false);
+  [[nodiscard]] boost::asio::awaitable<Result> Request(std::string_view verb, std::string_view method,
+                                                       std::string target, std::string body, std::string content_type,
+                                                       Deadline deadline = {}, Gate::Ticket ticket = {});
+
   // Closes every connection and watch; pending and later requests complete with an error.
   void Shutdown();
   // Re-reads the token file now (also done on a timer and after a 401).
@@ -251,6 +301,9 @@ class KubeClient {
  private:
   void List(const std::string& path, const ListOptions& options,
             std::shared_ptr<const Projection::Node> item_projection, CachedFn cached, Callback cb);
+  // Starts `start(callback)` and resumes with its Result or, past `deadline`, with an error.
+  boost::asio::awaitable<Result> Awaited(std::function<void(Callback)> start, Deadline deadline, Gate::Ticket ticket);
+  boost::asio::io_context& Io() const;
 
   std::shared_ptr<Impl> impl_;
 };

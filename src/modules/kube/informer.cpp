@@ -1,8 +1,16 @@
 // Shared informers: list + watch + relist, the cache, and the registry that shares them.
 #include "modules/kube/informer.hpp"
 
+#include "loop/awaitables.hpp"
 #include "modules/kube/json_reader.hpp"
 
+// GCC 12 at -O2 (GCC bug 109224) reports Asio's own coroutine frame new/delete pair as
+// mismatched once both are inlined (as dra_module.cpp).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <random>
@@ -51,6 +59,7 @@ Informer::Informer(const InformerSpec& spec, std::shared_ptr<KubeClient> client,
       log_(std::move(log)),
       options_(std::move(options)),
       backoff_(options_.backoff, options_.random),
+      io_(io),
       timer_(std::make_unique<InformerTimer>(io)),
       // Set on every event: looked up once (series stay put until the destructor removes them).
       objects_gauge_(&metrics_.Gauge(kObjects, "Objects in the informer cache", {{"informer", key_}})) {}
@@ -63,15 +72,18 @@ Informer::~Informer() {
 }
 
 void Informer::Start() {
-  if (running_) return;
-  running_ = true;
-  List();
+  if (run_gate_) return;
+  run_gate_ = std::make_unique<Gate>();
+  // A bug that throws in the run ends it and is rethrown on the loop, as from a callback.
+  asio::co_spawn(io_, Run(run_gate_->Watch()), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  });
 }
 
 void Informer::Stop() {
-  running_ = false;
-  *alive_ = false;
-  alive_ = std::make_shared<bool>(true);
+  // Closed first: nothing below (the watch's stop, the timer's cancel) resumes the run.
+  if (run_gate_) run_gate_->Close();
+  run_gate_.reset();
   if (watch_) watch_->Stop();
   watch_.reset();
   timer_->timer_.cancel();
@@ -92,57 +104,102 @@ void Informer::CountError(const char* counter, const std::string& why) {
   log_->warn("informer {}: {}", key_, why);
 }
 
-void Informer::Retry(const std::string& why, void (Informer::*what)(), std::chrono::milliseconds retry_after) {
-  if (!running_) return;
-  const auto delay = RetryDelay(retry_after, backoff_, client_->Retry().max_retry_after);
-  stats_.last_delay = delay;
-  log_->info("informer {}: {}; retrying in {} ms", key_, why, delay.count());
-  timer_->timer_.expires_after(delay);
-  timer_->timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_), what](const boost::system::error_code& ec) {
-    const auto a = alive.lock();
-    if (ec || !a || !*a || !running_) return;
-    (this->*what)();
-  });
-}
-
-void Informer::List() {
-  if (!running_) return;
-  ListOptions options{spec_.label_selector, spec_.field_selector, options_.page_size};
-  // Pages decode through the projection, and what the cache holds as it is is not built again.
-  // The watch is stopped while listing, so the cache cannot change before Replace.
-  client_->List(spec_.path, options, projection_.Root(), Cached(), [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
-    const auto a = alive.lock();
-    if (!a || !*a || !running_) return;
-    if (!r.Ok()) {
-      CountError(kErrors, "list failed: " + r.error);
-      Retry("list failed", &Informer::List, r.retry_after);
-      return;
-    }
-    const std::string* rv = nullptr;
-    if (const auto meta = r.object.find("metadata"); meta != r.object.end()) {
-      const auto it = meta->find("resourceVersion");
-      if (it != meta->end() && it->is_string() && !it->get_ref<const std::string&>().empty()) {
-        rv = it->get_ptr<const std::string*>();
+// list → watch → (resume the watch | relist) until Stop. Every wait takes the run's ticket:
+// once Stop closed the gate, the run is dropped where it waits, so no line below runs after it.
+asio::awaitable<void> Informer::Run(Gate::Ticket ticket) {
+  for (;;) {
+    // The cache becomes the server's state (the first list, or a relist after 410 or a lost
+    // event); a failed list is retried after the backoff.
+    if (!co_await ListIntoCache(ticket)) continue;
+    // Watch from the list's version; resume from the last seen one as long as it is valid.
+    for (bool relist = false; !relist;) {
+      WatchOutcome outcome = co_await WatchOnce(ticket);
+      std::chrono::milliseconds delay{0};
+      switch (outcome.verdict) {
+        case LineVerdict::kApplied:
+          break;  // the stream ended: judged below
+        case LineVerdict::kUnreadable:
+          // An event we could not read may have been a change we now miss: only a relist
+          // brings the cache back in line with the server.
+          delay = RetryDelayFor("undecodable watch event");
+          relist = true;
+          break;
+        case LineVerdict::kGone:
+          log_->info("informer {}: watch expired (410 in the stream); relisting", key_);
+          relist = true;
+          break;
+        case LineVerdict::kErrorEvent:
+          delay = RetryDelayFor("watch error event");
+          break;
       }
+      if (outcome.verdict == LineVerdict::kApplied) {
+        const WatchEnd& end = outcome.end;
+        ++stats_.watch_restarts;
+        metrics_.Counter(kRestarts, "Watches that ended and were resumed or relisted", {{"informer", key_}}).Inc();
+        if (end.http_status == 410) {
+          log_->info("informer {}: watch refused with 410 Gone; relisting", key_);
+          relist = true;
+        } else if (end.decode_error) {
+          CountError(kDecodeErrors, "watch stream: " + end.error);
+          delay = RetryDelayFor("undecodable watch stream");
+          relist = true;
+        } else {
+          if (end.http_status != 200 || !end.error.empty()) CountError(kErrors, "watch ended: " + end.error);
+          const bool healthy = end.http_status == 200 && (end.lines > 0 || client_->GetClock().Now() - watch_started_ >=
+                                                                                options_.healthy_watch);
+          if (healthy) {
+            // It worked until now (ended by timeoutSeconds, cut, idle): this is not a failure in
+            // a row, so no wait (as client-go's reflector); a reconnect that then fails backs
+            // off from the start.
+            backoff_.Reset();
+            ++stats_.immediate_rewatches;
+          } else {
+            delay = RetryDelayFor("watch ended", end.retry_after);
+          }
+        }
+      }
+      if (delay.count() > 0) co_await Sleep(delay, ticket);
     }
-    if (!rv) {
-      CountError(kDecodeErrors, "list without a resourceVersion");
-      Retry("bad list", &Informer::List);
-      return;
-    }
-    if (stats_.lists > 0) {
-      ++stats_.relists;
-      metrics_.Counter(kRelists, "Informer relists (after 410 or an undecodable event)", {{"informer", key_}}).Inc();
-    }
-    ++stats_.lists;
-    Replace(r.object["items"], *rv);
-    backoff_.Reset();
-    StartWatch();
-  });
+  }
 }
 
-void Informer::StartWatch() {
-  if (!running_) return;
+asio::awaitable<bool> Informer::ListIntoCache(Gate::Ticket ticket) {
+  // Pages decode through the projection, and what the cache holds as it is is not built again.
+  // No watch is open while listing, so the cache cannot change before Replace.
+  const ListOptions options{spec_.label_selector, spec_.field_selector, options_.page_size};
+  const Deadline deadline(options_.list_deadline);
+  CachedFn cached = Cached();
+  Result r = co_await client_->List(spec_.path, options, projection_.Root(), std::move(cached), deadline, ticket);
+  if (!r.Ok()) {
+    CountError(kErrors, "list failed: " + r.error);
+    const auto delay = RetryDelayFor("list failed", r.retry_after);
+    co_await Sleep(delay, ticket);
+    co_return false;
+  }
+  const std::string* rv = nullptr;
+  if (const auto meta = r.object.find("metadata"); meta != r.object.end()) {
+    const auto it = meta->find("resourceVersion");
+    if (it != meta->end() && it->is_string() && !it->get_ref<const std::string&>().empty()) {
+      rv = it->get_ptr<const std::string*>();
+    }
+  }
+  if (!rv) {
+    CountError(kDecodeErrors, "list without a resourceVersion");
+    const auto delay = RetryDelayFor("bad list");
+    co_await Sleep(delay, ticket);
+    co_return false;
+  }
+  if (stats_.lists > 0) {
+    ++stats_.relists;
+    metrics_.Counter(kRelists, "Informer relists (after 410 or an undecodable event)", {{"informer", key_}}).Inc();
+  }
+  ++stats_.lists;
+  Replace(r.object["items"], *rv);
+  backoff_.Reset();
+  co_return true;
+}
+
+asio::awaitable<Informer::WatchOutcome> Informer::WatchOnce(Gate::Ticket ticket) {
   ++stats_.watch_starts;
   watch_started_ = client_->GetClock().Now();
   WatchOptions options;
@@ -156,107 +213,87 @@ void Informer::StartWatch() {
     const double r = options_.random ? options_.random() : std::uniform_real_distribution<double>(0, 1)(engine);
     options.timeout_seconds = static_cast<int64_t>(options_.min_watch_timeout.count() * (1.0 + r));
   }
-  WatchCallbacks callbacks;
-  std::weak_ptr<bool> alive = alive_;
-  callbacks.on_line = [this, alive](std::string_view line) {
-    const auto a = alive.lock();
-    if (!a || !*a || !running_) return;
-    if (!HandleLine(line) && running_) {
-      // An event we could not read may have been a change we now miss: only a relist
-      // brings the cache back in line with the server.
-      if (watch_) watch_->Stop();
-      Retry("undecodable watch event", &Informer::List);
-    }
+  // The watch's deadlines are the client's: request_timeout to open it, idle_timeout between
+  // bytes. Its callbacks run only while watch_ holds it (Stop stops it first), so `this` is
+  // safe in them; `ended` resumes this coroutine once, on the loop.
+  auto open = [this, options = std::move(options)](auto ended) {
+    WatchCallbacks callbacks;
+    callbacks.on_line = [this, ended](std::string_view line) mutable {
+      const LineVerdict verdict = HandleLine(line);
+      if (verdict == LineVerdict::kApplied) return;
+      watch_->Stop();  // no more lines, and no on_end: this verdict ends the watch
+      ended(WatchOutcome{verdict, {}});
+    };
+    callbacks.on_end = [ended](const WatchEnd& end) mutable { ended(WatchOutcome{LineVerdict::kApplied, end}); };
+    watch_ = client_->Watch(spec_.path, options, std::move(callbacks));
   };
-  callbacks.on_end = [this, alive](const WatchEnd& end) {
-    const auto a = alive.lock();
-    if (!a || !*a || !running_) return;
-    OnWatchEnd(end);
+  WatchOutcome outcome = co_await AwaitCallback<WatchOutcome>(std::move(open), std::move(ticket));
+  watch_.reset();
+  co_return outcome;
+}
+
+std::chrono::milliseconds Informer::RetryDelayFor(const std::string& why, std::chrono::milliseconds retry_after) {
+  const auto delay = RetryDelay(retry_after, backoff_, client_->Retry().max_retry_after);
+  stats_.last_delay = delay;
+  log_->info("informer {}: {}; retrying in {} ms", key_, why, delay.count());
+  return delay;
+}
+
+asio::awaitable<void> Informer::Sleep(std::chrono::milliseconds delay, Gate::Ticket ticket) {
+  timer_->timer_.expires_after(delay);
+  // Only Stop cancels the timer, and it closes the gate first: the error code says nothing the
+  // ticket does not, so it is not read.
+  auto wait = [timer = &timer_->timer_](auto resume) {
+    timer->async_wait([resume](const boost::system::error_code&) mutable { resume(); });
   };
-  watch_ = client_->Watch(spec_.path, options, std::move(callbacks));
+  co_await AwaitCallback<void>(std::move(wait), std::move(ticket));
 }
 
-void Informer::OnWatchEnd(const WatchEnd& end) {
-  ++stats_.watch_restarts;
-  metrics_.Counter(kRestarts, "Watches that ended and were resumed or relisted", {{"informer", key_}}).Inc();
-  if (end.http_status == 410) {
-    Relist("watch refused with 410 Gone");
-    return;
-  }
-  if (end.decode_error) {
-    CountError(kDecodeErrors, "watch stream: " + end.error);
-    Retry("undecodable watch stream", &Informer::List);
-    return;
-  }
-  if (end.http_status != 200 || !end.error.empty()) CountError(kErrors, "watch ended: " + end.error);
-  const bool healthy = end.http_status == 200 &&
-                       (end.lines > 0 || client_->GetClock().Now() - watch_started_ >= options_.healthy_watch);
-  if (healthy) {
-    // It worked until now (ended by timeoutSeconds, cut, idle): this is not a failure in a
-    // row, so no wait (as client-go's reflector); a reconnect that then fails backs off from
-    // the start.
-    backoff_.Reset();
-    ++stats_.immediate_rewatches;
-    StartWatch();
-    return;
-  }
-  Retry("watch ended", &Informer::StartWatch, end.retry_after);
-}
-
-void Informer::Relist(const std::string& why) {
-  if (watch_) watch_->Stop();
-  log_->info("informer {}: {}; relisting", key_, why);
-  List();
-}
-
-bool Informer::HandleLine(std::string_view line) {
+Informer::LineVerdict Informer::HandleLine(std::string_view line) {
   std::string why;
   auto doc = ParseJson(line, projection_.Event(), &why);
   if (doc.is_discarded() || !doc.is_object()) {
     CountError(kDecodeErrors, "malformed watch line (" + std::to_string(line.size()) + " bytes): " +
                                   (doc.is_discarded() ? why : std::string("not a JSON object")));
-    return false;
+    return LineVerdict::kUnreadable;
   }
   const auto type_it = doc.find("type");
   const auto object_it = doc.find("object");
   if (type_it == doc.end() || !type_it->is_string() || object_it == doc.end() || !object_it->is_object()) {
     CountError(kDecodeErrors, "watch event without type or object");
-    return false;
+    return LineVerdict::kUnreadable;
   }
   const std::string& type = type_it->get_ref<const std::string&>();
   if (type == "BOOKMARK") {
     const auto* rv = RvOf(*object_it);
     if (!rv || rv->empty()) {
       CountError(kDecodeErrors, "bookmark without a resourceVersion");
-      return false;
+      return LineVerdict::kUnreadable;
     }
     resource_version_ = *rv;
-    return true;
+    return LineVerdict::kApplied;
   }
   if (type == "ERROR") {
     // Read the Status leniently: json::value throws on a field of another type.
     const auto code_it = object_it->find("code");
     const auto message_it = object_it->find("message");
     if (code_it != object_it->end() && code_it->is_number_integer() && code_it->get<int64_t>() == 410) {
-      Relist("watch expired (410 in the stream)");
-      return true;
+      return LineVerdict::kGone;
     }
     CountError(kErrors, "watch ERROR event: " + (message_it != object_it->end() && message_it->is_string()
                                                       ? message_it->get<std::string>()
                                                       : std::string("(no message)")));
-    if (watch_) watch_->Stop();
-    Retry("watch error event", &Informer::StartWatch);
-    return true;
+    return LineVerdict::kErrorEvent;
   }
   const bool deleted = type == "DELETED";
   if (!deleted && type != "ADDED" && type != "MODIFIED") {
     CountError(kDecodeErrors, "unknown watch event type \"" + type + "\"");
-    return false;
+    return LineVerdict::kUnreadable;
   }
   auto meta = ObjectMeta::From(*object_it);
   if (!meta || meta->resource_version.empty()) {
     CountError(kDecodeErrors, "watch object without name or resourceVersion");
-    return false;
+    return LineVerdict::kUnreadable;
   }
   resource_version_ = meta->resource_version;
   auto object = std::make_shared<const nlohmann::json>(std::move(*object_it));
@@ -265,7 +302,7 @@ bool Informer::HandleLine(std::string_view line) {
   } else {
     Upsert(std::move(object), meta->Key());
   }
-  return true;
+  return LineVerdict::kApplied;
 }
 
 void Informer::Upsert(std::shared_ptr<const nlohmann::json> object, const std::string& key) {
@@ -283,9 +320,11 @@ void Informer::Remove(const std::string& key, std::shared_ptr<const nlohmann::js
 }
 
 CachedFn Informer::Cached() const {
-  return [this, alive = std::weak_ptr<bool>(alive_)](std::string_view key, std::string_view resource_version) {
-    const auto a = alive.lock();
-    if (!a || !*a) return false;
+  // Asked while pages arrive, on the loop; the run's gate says whether `this` is still there
+  // (no run, as in RelistForTest: the informer is the caller's, alive).
+  Gate::Ticket ticket = run_gate_ ? run_gate_->Watch() : Gate::Ticket{};
+  return [this, ticket](std::string_view key, std::string_view resource_version) {
+    if (!ticket) return false;
     const auto it = items_.find(std::string(key));
     if (it == items_.end()) return false;
     const auto* rv = RvOf(*it->second);

@@ -8,6 +8,7 @@
 
 #include "loop/backoff.hpp"
 #include "loop/bus.hpp"
+#include "loop/gate.hpp"
 #include "modules/kube/client.hpp"
 #include "modules/kube/json_reader.hpp"
 #include "modules/kube/messages.hpp"
@@ -50,6 +51,10 @@ struct InformerOptions {
   // A watch that delivered a line, or stayed open this long, was healthy: when it ends it is
   // re-opened at once and the backoff starts over. Backoff is for consecutive failures only.
   std::chrono::milliseconds healthy_watch{1000};
+  // A list (every page, the client's retries included) that has not finished by then failed:
+  // it is retried after the backoff like any failed list. Far above what a list of 100k objects
+  // takes; it bounds a list that hangs (a resolver that never answers) rather than a slow one.
+  std::chrono::milliseconds list_deadline{600000};
 };
 
 class Informer {
@@ -87,7 +92,7 @@ class Informer {
   // Applies one watch line as if it came from the server (the benchmark drives this).
   // Returns false if the line was not usable (the informer then relists).
   // `client` may be null for an informer driven only by these two (never Start()ed).
-  bool HandleLineForTest(std::string_view line) { return HandleLine(line); }
+  bool HandleLineForTest(std::string_view line) { return HandleLine(line) != LineVerdict::kUnreadable; }
   // Replaces the cache with a list's items and publishes the difference (as a relist does).
   void ReplaceForTest(nlohmann::json items, std::string resource_version) {
     Replace(items, std::move(resource_version));
@@ -97,13 +102,29 @@ class Informer {
   void RelistForTest(const std::vector<std::string>& pages, std::string resource_version);
 
  private:
-  void List();
-  void StartWatch();
-  bool HandleLine(std::string_view line);
-  void OnWatchEnd(const WatchEnd& end);
-  void Relist(const std::string& why);
-  void Retry(const std::string& why, void (Informer::*what)(),
-             std::chrono::milliseconds retry_after = std::chrono::milliseconds(0));
+  // What one line of the watch asks for.
+  enum class LineVerdict {
+    kApplied,     // an event applied (or a bookmark): the watch goes on
+    kUnreadable,  // not usable (counted): the change it carried may be lost, so relist
+    kGone,        // an in-stream ERROR 410: the resume version expired, so relist
+    kErrorEvent,  // another in-stream ERROR (counted): resume the watch after a backoff
+  };
+  // How one watch ended: a line's verdict ended it, or the stream did (`end`).
+  struct WatchOutcome {
+    LineVerdict verdict = LineVerdict::kApplied;  // kApplied: the stream ended (`end`)
+    WatchEnd end;
+  };
+
+  // The informer's one coroutine, Start to Stop: list, watch, relist.
+  boost::asio::awaitable<void> Run(Gate::Ticket ticket);
+  // Lists into the cache; false (counted, logged) when the list failed.
+  boost::asio::awaitable<bool> ListIntoCache(Gate::Ticket ticket);
+  // One watch from resource_version_, lines applied as they come, until it ends.
+  boost::asio::awaitable<WatchOutcome> WatchOnce(Gate::Ticket ticket);
+  // The backoff's next delay (the server's Retry-After when it gave one), logged with `why`.
+  std::chrono::milliseconds RetryDelayFor(const std::string& why, std::chrono::milliseconds retry_after = {});
+  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay, Gate::Ticket ticket);
+  LineVerdict HandleLine(std::string_view line);
   void Replace(nlohmann::json& items, std::string resource_version);
   // For ParseListPage: does the cache hold `key` at `resource_version`? Safe to call after the
   // informer is gone (false).
@@ -122,11 +143,13 @@ class Informer {
   std::shared_ptr<spdlog::logger> log_;
   InformerOptions options_;
   Backoff backoff_;
+  boost::asio::io_context& io_;
   std::unique_ptr<class InformerTimer> timer_;
   MetricsRegistry::Series* objects_gauge_;
   std::unique_ptr<WatchHandle> watch_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  bool running_ = false;
+  // One per run (Start to Stop), closed by Stop: the run's coroutine is never resumed after
+  // it, and the CachedFn of a list still in flight answers false.
+  std::unique_ptr<Gate> run_gate_;
   bool synced_ = false;
   Clock::SteadyTime watch_started_{};
   std::string resource_version_;

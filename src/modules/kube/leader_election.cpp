@@ -1,8 +1,16 @@
 // Lease-based leader election (see leader_election.hpp).
 #include "modules/kube/leader_election.hpp"
 
+#include "loop/awaitables.hpp"
 #include "modules/kube/messages.hpp"
 
+// GCC 12 at -O2 (GCC bug 109224) reports Asio's own coroutine frame new/delete pair as
+// mismatched once both are inlined (as dra_module.cpp).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <unistd.h>
@@ -69,10 +77,11 @@ LeaderElector::LeaderElector(std::shared_ptr<KubeClient> client, asio::io_contex
       log_(std::move(log)),
       config_(std::move(config)),
       callbacks_(std::move(callbacks)),
+      io_(io),
       timer_(std::make_unique<ElectorTimer>(io)) {}
 
 LeaderElector::~LeaderElector() {
-  *alive_ = false;
+  gate_.Close();
   timer_->timer_.cancel();
   metrics_.Remove("gpu_node_supervisor_kube_leader", {{"lease", config_.ns + "/" + config_.lease_name}});
 }
@@ -85,72 +94,86 @@ void LeaderElector::Start() {
   if (running_) return;
   running_ = true;
   Publish();
-  Tick();
-}
-
-void LeaderElector::Schedule(std::chrono::milliseconds delay) {
-  if (!running_) return;
-  timer_->timer_.expires_after(delay);
-  timer_->timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](const boost::system::error_code& ec) {
-    const auto a = alive.lock();
-    if (ec || !a || !*a || !running_) return;
-    Tick();
+  // A run still winding down after a Stop (a request in flight) goes on as this one.
+  if (run_active_) return;
+  run_active_ = true;
+  // A bug that throws in the run ends it and is rethrown on the loop, as from a callback.
+  asio::co_spawn(io_, Run(gate_.Watch()), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
   });
 }
 
-void LeaderElector::Tick() {
-  if (!running_ || in_flight_) return;
-  if (leading_ && lease_.is_object()) {
-    Renew();
-    return;
+// acquire → renew every retryPeriod → (lose: another took it, or renewDeadline passed) → acquire
+// ..., until Stop. Every wait takes the gate's ticket: once the elector is gone, the run is
+// dropped where it waits.
+asio::awaitable<void> LeaderElector::Run(Gate::Ticket ticket) {
+  while (running_) {
+    const std::optional<std::chrono::milliseconds> wait = co_await Round(ticket);
+    if (!wait) break;
+    co_await Sleep(*wait, ticket);  // Stop cancels it
   }
+  run_active_ = false;
+}
+
+asio::awaitable<std::optional<std::chrono::milliseconds>> LeaderElector::Round(Gate::Ticket ticket) {
+  const std::string path = LeasePath();
+  Result written;
+  std::string what;
   in_flight_ = true;
-  client_->Get(LeasePath(), [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
-    const auto a = alive.lock();
-    if (!a || !*a) return;
-    in_flight_ = false;
-    if (!running_) return AfterStop(nullptr);
-    OnLease(std::move(r));
-  });
+  if (leading_ && lease_.is_object()) {
+    // Renew: the lease as we last wrote it, so a concurrent writer makes this a 409.
+    nlohmann::json renewed = Renewed(lease_, /*taking_over=*/false);
+    const Deadline deadline = RequestDeadline();
+    written = co_await client_->Update(path, renewed, deadline, ticket);
+    what = "update lease: ";
+  } else {
+    const Deadline read_deadline = RequestDeadline();
+    Result read = co_await client_->Get(path, read_deadline, ticket);
+    if (!running_) {
+      in_flight_ = false;
+      AfterStop(nullptr);
+      co_return std::nullopt;
+    }
+    if (read.http_status == 404) {
+      // None yet: create it, held by us.
+      const std::string collection =
+          ResourcePath::Grouped("coordination.k8s.io", "v1", "leases", config_.ns).Collection();
+      nlohmann::json lease = NewLease();
+      const Deadline deadline = RequestDeadline();
+      written = co_await client_->Create(collection, lease, deadline, ticket);
+      what = "create lease: ";
+    } else if (!read.Ok() || !read.object.is_object()) {
+      in_flight_ = false;
+      co_return Failed("get lease: " + read.error);
+    } else if (!ObserveLease(read.object)) {
+      in_flight_ = false;
+      if (leading_) SetLeading(false);  // someone else holds a live lease
+      co_return config_.retry_period;
+    } else {
+      // Free, expired or ours: take it, with the resourceVersion read (a 409 if it moved).
+      const bool taking_over = read.object.value("spec", nlohmann::json::object()).value("holderIdentity", "") !=
+                               config_.identity;
+      nlohmann::json taken = Renewed(std::move(read.object), taking_over);
+      const Deadline deadline = RequestDeadline();
+      written = co_await client_->Update(path, taken, deadline, ticket);
+      what = "update lease: ";
+    }
+  }
+  in_flight_ = false;
+  if (!running_) {
+    AfterStop(&written);
+    co_return std::nullopt;
+  }
+  if (written.Ok()) co_return Succeeded(written.object);
+  if (written.http_status == 409) lease_ = nullptr;  // somebody else wrote: read again
+  co_return Failed(what + written.error);
 }
 
-void LeaderElector::OnLease(Result r) {
+bool LeaderElector::ObserveLease(const nlohmann::json& lease) {
   const auto now = clock_.Now();
-  if (r.http_status == 404) {
-    const auto wall = FormatMicroTime(clock_.WallNow());
-    nlohmann::json lease = {
-        {"apiVersion", "coordination.k8s.io/v1"},
-        {"kind", "Lease"},
-        {"metadata", {{"name", config_.lease_name}, {"namespace", config_.ns}}},
-        {"spec",
-         {{"holderIdentity", config_.identity},
-          {"leaseDurationSeconds",
-           std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(config_.lease_duration).count())},
-          {"acquireTime", wall},
-          {"renewTime", wall},
-          {"leaseTransitions", 0}}}};
-    in_flight_ = true;
-    client_->Create(ResourcePath::Grouped("coordination.k8s.io", "v1", "leases", config_.ns).Collection(), lease,
-                    [this, alive = std::weak_ptr<bool>(alive_)](Result created) {
-                      const auto a = alive.lock();
-                      if (!a || !*a) return;
-                      in_flight_ = false;
-                      if (!running_) return AfterStop(&created);
-                      if (created.Ok()) {
-                        Succeeded(created.object);
-                      } else {
-                        Failed("create lease: " + created.error);
-                      }
-                    });
-    return;
-  }
-  if (!r.Ok() || !r.object.is_object()) {
-    Failed("get lease: " + r.error);
-    return;
-  }
-  const auto& spec = r.object.value("spec", nlohmann::json::object());
+  const auto& spec = lease.value("spec", nlohmann::json::object());
   const std::string holder = spec.value("holderIdentity", "");
-  const auto meta = ObjectMeta::From(r.object);
+  const auto meta = ObjectMeta::From(lease);
   const std::string record = holder + "|" + spec.value("renewTime", "") + "|" + (meta ? meta->resource_version : "");
   if (record != observed_record_) {
     observed_record_ = record;
@@ -173,15 +196,24 @@ void LeaderElector::OnLease(Result r) {
     Publish();
   }
   const bool held_by_other = !holder.empty() && holder != config_.identity;
-  if (held_by_other && observed_time_ + config_.lease_duration > now) {
-    if (leading_) SetLeading(false);  // someone else holds a live lease
-    Schedule(config_.retry_period);
-    return;
-  }
-  TryUpdate(std::move(r.object), holder != config_.identity);
+  return !(held_by_other && observed_time_ + config_.lease_duration > now);
 }
 
-void LeaderElector::TryUpdate(nlohmann::json lease, bool taking_over) {
+nlohmann::json LeaderElector::NewLease() const {
+  const auto wall = FormatMicroTime(clock_.WallNow());
+  return {{"apiVersion", "coordination.k8s.io/v1"},
+          {"kind", "Lease"},
+          {"metadata", {{"name", config_.lease_name}, {"namespace", config_.ns}}},
+          {"spec",
+           {{"holderIdentity", config_.identity},
+            {"leaseDurationSeconds",
+             std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(config_.lease_duration).count())},
+            {"acquireTime", wall},
+            {"renewTime", wall},
+            {"leaseTransitions", 0}}}};
+}
+
+nlohmann::json LeaderElector::Renewed(nlohmann::json lease, bool taking_over) {
   const auto wall = FormatMicroTime(clock_.WallNow());
   auto& spec = lease["spec"];
   if (!spec.is_object()) spec = nlohmann::json::object();
@@ -195,25 +227,28 @@ void LeaderElector::TryUpdate(nlohmann::json lease, bool taking_over) {
   spec["renewTime"] = wall;
   sent_renew_times_.push_back(wall);
   if (sent_renew_times_.size() > 4) sent_renew_times_.pop_front();
-  in_flight_ = true;
-  // The lease carries the resourceVersion we read: a concurrent writer makes this a 409.
-  client_->Update(LeasePath(), lease, [this, alive = std::weak_ptr<bool>(alive_)](Result r) {
-    const auto a = alive.lock();
-    if (!a || !*a) return;
-    in_flight_ = false;
-    if (!running_) return AfterStop(&r);
-    if (r.Ok()) {
-      Succeeded(r.object);
-    } else {
-      if (r.http_status == 409) lease_ = nullptr;  // somebody else wrote: read again
-      Failed("update lease: " + r.error);
-    }
-  });
+  return lease;
 }
 
-void LeaderElector::Renew() { TryUpdate(lease_, false); }
+Deadline LeaderElector::RequestDeadline() const {
+  using std::chrono::milliseconds;
+  if (!leading_) return Deadline(config_.renew_deadline);
+  const auto since = std::chrono::duration_cast<milliseconds>(clock_.Now() - last_renew_);
+  // +1 ms: past renewDeadline itself, so Failed() sees it passed (and never 0, "no bound").
+  return Deadline(std::max(config_.renew_deadline - since, milliseconds(0)) + milliseconds(1));
+}
 
-void LeaderElector::Succeeded(const nlohmann::json& lease) {
+asio::awaitable<void> LeaderElector::Sleep(std::chrono::milliseconds delay, Gate::Ticket ticket) {
+  timer_->timer_.expires_after(delay);
+  // Cancelled only by Stop (the run then sees running_ false) and the destructor (which closes
+  // the gate first): the error code says nothing more, so it is not read.
+  auto wait = [timer = &timer_->timer_](auto resume) {
+    timer->async_wait([resume](const boost::system::error_code&) mutable { resume(); });
+  };
+  co_await AwaitCallback<void>(std::move(wait), std::move(ticket));
+}
+
+std::chrono::milliseconds LeaderElector::Succeeded(const nlohmann::json& lease) {
   lease_ = lease;
   last_renew_ = clock_.Now();
   const auto meta = ObjectMeta::From(lease);
@@ -225,10 +260,10 @@ void LeaderElector::Succeeded(const nlohmann::json& lease) {
     if (callbacks_.on_new_leader) callbacks_.on_new_leader(observed_holder_);
   }
   if (!leading_) SetLeading(true);
-  Schedule(config_.retry_period);
+  return config_.retry_period;
 }
 
-void LeaderElector::Failed(const std::string& why) {
+std::chrono::milliseconds LeaderElector::Failed(const std::string& why) {
   if (leading_) {
     log_->warn("lease {}/{}: renew failed: {}", config_.ns, config_.lease_name, why);
     if (clock_.Now() - last_renew_ > config_.renew_deadline) {
@@ -240,7 +275,7 @@ void LeaderElector::Failed(const std::string& why) {
   } else {
     log_->debug("lease {}/{}: {}", config_.ns, config_.lease_name, why);
   }
-  Schedule(leading_ ? config_.retry_period / 2 : config_.retry_period);
+  return leading_ ? config_.retry_period / 2 : config_.retry_period;
 }
 
 void LeaderElector::SetLeading(bool leading) {
@@ -285,6 +320,29 @@ void LeaderElector::AfterStop(const Result* written) {
   ReleaseNow();
 }
 
+namespace {
+
+// A release outlives the elector if need be: Stop's `done` runs once the lease is handed back
+// (or the attempt failed), whoever still holds the elector.
+struct ReleaseJob {
+  std::shared_ptr<KubeClient> client;
+  std::string path;
+  nlohmann::json lease;
+  Deadline deadline;
+  std::function<void()> done;
+  std::shared_ptr<spdlog::logger> log;
+  std::string name;
+};
+
+// A coroutine with a plain shared_ptr parameter (no closure: the g++ 12 pitfall).
+asio::awaitable<void> Release(std::shared_ptr<ReleaseJob> job) {
+  Result r = co_await job->client->Update(job->path, job->lease, job->deadline);
+  if (!r.Ok()) job->log->warn("lease {}: release failed: {}", job->name, r.error);
+  job->done();
+}
+
+}  // namespace
+
 void LeaderElector::ReleaseNow() {
   auto done = std::move(release_done_);
   release_done_ = nullptr;
@@ -294,10 +352,11 @@ void LeaderElector::ReleaseNow() {
   lease["spec"]["holderIdentity"] = "";
   lease["spec"]["leaseDurationSeconds"] = 1;
   lease["spec"]["renewTime"] = FormatMicroTime(clock_.WallNow());
-  client_->Update(LeasePath(), lease, [this, alive = std::weak_ptr<bool>(alive_), done = std::move(done)](Result r) {
-    const auto a = alive.lock();
-    if (a && *a && !r.Ok()) log_->warn("lease {}/{}: release failed: {}", config_.ns, config_.lease_name, r.error);
-    done();
+  auto job = std::make_shared<ReleaseJob>(ReleaseJob{client_, LeasePath(), std::move(lease),
+                                                     Deadline(config_.renew_deadline), std::move(done), log_,
+                                                     config_.ns + "/" + config_.lease_name});
+  asio::co_spawn(io_, Release(std::move(job)), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
   });
 }
 

@@ -8,12 +8,14 @@
 #include "loop/bus.hpp"
 #include "loop/clock.hpp"
 #include "loop/config.hpp"
+#include "loop/gate.hpp"
 #include "modules/kube/client.hpp"
 
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace boost::asio {
@@ -77,13 +79,23 @@ class LeaderElector {
   const LeaderElectionConfig& Config() const { return config_; }
 
  private:
-  void Tick();
-  void Schedule(std::chrono::milliseconds delay);
-  void OnLease(Result r);
-  void TryUpdate(nlohmann::json lease, bool taking_over);
-  void Renew();
-  void Succeeded(const nlohmann::json& lease);
-  void Failed(const std::string& why);
+  // The elector's one coroutine, Start to Stop: rounds of acquire or renew, a wait between.
+  boost::asio::awaitable<void> Run(Gate::Ticket ticket);
+  // One round: renew the lease we hold, or read it and take it when it is free or expired.
+  // Returns the wait before the next round; nullopt once Stop came during the round.
+  boost::asio::awaitable<std::optional<std::chrono::milliseconds>> Round(Gate::Ticket ticket);
+  // Records a lease read; false while another holder's lease is live.
+  bool ObserveLease(const nlohmann::json& lease);
+  // `lease` with us as holder, renewed now (and acquired now when `taking_over`).
+  nlohmann::json Renewed(nlohmann::json lease, bool taking_over);
+  nlohmann::json NewLease() const;
+  // What a request may take: a renewal has until renewDeadline after the last renewal (then
+  // the leader gives up, before anyone may take over); any other request renewDeadline.
+  Deadline RequestDeadline() const;
+  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay, Gate::Ticket ticket);
+  // Both return the wait before the next round.
+  std::chrono::milliseconds Succeeded(const nlohmann::json& lease);
+  std::chrono::milliseconds Failed(const std::string& why);
   void SetLeading(bool leading);
   void Publish();
   std::string LeasePath() const;
@@ -98,9 +110,10 @@ class LeaderElector {
   std::shared_ptr<spdlog::logger> log_;
   LeaderElectionConfig config_;
   Callbacks callbacks_;
+  boost::asio::io_context& io_;
   std::unique_ptr<class ElectorTimer> timer_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  bool running_ = false;
+  bool running_ = false;     // between Start and Stop
+  bool run_active_ = false;  // the coroutine is under way (it may outlive a Stop by one request)
   bool leading_ = false;
   bool in_flight_ = false;
   nlohmann::json lease_;  // the last lease we wrote or read
@@ -112,6 +125,8 @@ class LeaderElector {
   Clock::SteadyTime last_renew_{};
   std::function<void()> release_done_;  // set by Stop(release) while a request was in flight
   nlohmann::json release_lease_;
+  // Closed by the destructor: the coroutine is never resumed once the elector is gone.
+  Gate gate_;
 };
 
 }  // namespace gns::kube

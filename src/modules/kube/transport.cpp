@@ -671,6 +671,7 @@ void KubeClient::ReloadToken() { impl_->ReadTokenFile(); }
 KubeClient::Stats KubeClient::GetStats() const { return impl_->stats_; }
 const Clock& KubeClient::GetClock() const { return impl_->deps_.clock; }
 const RetryPolicy& KubeClient::Retry() const { return impl_->config_.retry; }
+asio::io_context& KubeClient::Io() const { return impl_->deps_.loop.Io(); }
 
 void KubeClient::Request(std::string_view verb, std::string_view method, std::string target, std::string body,
                          std::string content_type, Callback cb) {

@@ -1,7 +1,11 @@
 // KubeClient against the simulated API server: verbs, paging, patches, apply, preconditions,
 // the status subresource, tokens (401 → re-read), kubeconfig and in-cluster auth, TLS
-// verification, deadlines, connection reuse and the rate limit.
+// verification, deadlines, connection reuse and the rate limit; the same verbs awaited from
+// coroutines.
 #include "kube_test_util.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 
 #include <cstdlib>
 #include <fstream>
@@ -415,6 +419,202 @@ TEST_F(KubeClientTest, ShutdownCompletesPendingRequestsWithAnError) {
   client->Get("/api/v1/nodes", [&](Result r) { later = std::move(r); });
   ASSERT_TRUE(h_.RunUntil([&] { return later.has_value(); }));
   EXPECT_FALSE(later->Ok());
+  server_->SetResponseDelay(std::chrono::milliseconds(0));
+}
+
+// ---------------------------------------------------------------- the verbs, awaited
+
+namespace asio = boost::asio;
+using Answers = std::map<std::string, Result>;
+
+// Every verb once or twice, from one coroutine, answers kept by name. Arguments are named
+// locals (the g++ 12 pitfall, loop/awaitables.hpp).
+asio::awaitable<void> EveryVerbAwaited(std::shared_ptr<KubeClient> client, std::shared_ptr<Answers> out) {
+  Answers& a = *out;
+  const auto nodes = ResourcePath::Core("nodes");
+  const std::string collection = nodes.Collection();
+  const std::string n1 = nodes.Object("aw-1");
+  const std::string missing = nodes.Object("aw-absent");
+  const json node = {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "aw-1"}, {"labels", {{"a", "1"}}}}}};
+  a["create"] = co_await client->Create(collection, node);
+  a["create-again"] = co_await client->Create(collection, node);
+  a["get"] = co_await client->Get(n1);
+  a["get-missing"] = co_await client->Get(missing);
+
+  json updated = a["get"].object;
+  updated["metadata"]["labels"]["a"] = "2";
+  a["update"] = co_await client->Update(n1, updated);
+  a["update-stale"] = co_await client->Update(n1, updated);
+
+  const std::string manager = "kube-test";
+  const std::string no_manager;
+  const json merge = {{"metadata", {{"labels", {{"b", "3"}}}}}};
+  a["merge"] = co_await client->Patch(n1, PatchType::kMerge, merge, manager);
+  const json applied = {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "aw-1"}, {"labels", {{"c", "4"}}}}}};
+  a["apply-without-manager"] = co_await client->Patch(n1, PatchType::kApply, applied, no_manager);
+  const Deadline none;
+  const Gate::Ticket any;
+  a["apply-forced"] = co_await client->Patch(n1, PatchType::kApply, applied, manager, none, any, /*force=*/true);
+
+  const json status_patch = {{"status", {{"capacity", {{"cpu", "4"}}}}}};
+  a["patch-status"] = co_await client->PatchStatus(n1, PatchType::kMerge, status_patch, manager);
+  json with_status = a["patch-status"].object;
+  with_status["status"]["phase"] = "Running";
+  a["update-status"] = co_await client->UpdateStatus(n1, with_status);
+
+  const ListOptions selected{"b=3", "", 1};
+  a["list"] = co_await client->List(collection, selected);
+  const std::vector<std::string> fields = {"metadata.labels"};
+  const Projection projection(fields);
+  CachedFn nothing_cached = [](std::string_view, std::string_view) { return false; };
+  const ListOptions all{};
+  a["list-projected"] = co_await client->List(collection, all, projection.Root(), std::move(nothing_cached));
+  const std::string verb = "get";
+  const std::string method = "GET";
+  std::string target = n1;
+  std::string body;
+  std::string content_type;
+  a["request"] = co_await client->Request(verb, method, std::move(target), std::move(body), std::move(content_type));
+
+  const Preconditions wrong{"not-the-uid", ""};
+  a["delete-wrong-uid"] = co_await client->Delete(n1, wrong);
+  const auto meta = ObjectMeta::From(a["update-status"].object);
+  const Preconditions right{meta ? meta->uid : "", ""};
+  a["delete"] = co_await client->Delete(n1, right);
+  a["delete-again"] = co_await client->Delete(n1, right);
+}
+
+// Runs `coroutine` on the harness's loop until it ended; false when it did not, or threw.
+bool RunCoroutine(gns::test::LoopHarness& h, asio::awaitable<void> coroutine) {
+  auto ended = std::make_shared<std::optional<std::exception_ptr>>();
+  asio::co_spawn(h.loop.Io(), std::move(coroutine), [ended](std::exception_ptr e) { *ended = e; });
+  if (!h.RunUntil([&] { return ended->has_value(); })) return false;
+  return !**ended;
+}
+
+TEST_F(KubeClientTest, EveryVerbAwaitedAnswersAsItsCallback) {
+  auto client = MakeClient(BaseConfig());
+  auto answers = std::make_shared<Answers>();
+  ASSERT_TRUE(RunCoroutine(h_, EveryVerbAwaited(client, answers)));
+  auto& a = *answers;
+  auto status = [&](const char* name) { return a.at(name).http_status; };
+  EXPECT_EQ(status("create"), 201) << a["create"].error;
+  EXPECT_EQ(status("create-again"), 409);
+  EXPECT_FALSE(a["create-again"].error.empty());
+  EXPECT_EQ(status("get"), 200);
+  EXPECT_EQ(a["get"].object["metadata"]["labels"]["a"], "1");
+  EXPECT_EQ(status("get-missing"), 404);
+  EXPECT_NE(a["get-missing"].error.find("not found"), std::string::npos) << a["get-missing"].error;
+  EXPECT_EQ(status("update"), 200) << a["update"].error;
+  EXPECT_EQ(status("update-stale"), 409);
+  EXPECT_EQ(status("merge"), 200) << a["merge"].error;
+  EXPECT_EQ(a["merge"].object["metadata"]["labels"]["b"], "3");
+  EXPECT_FALSE(a["apply-without-manager"].Ok());
+  EXPECT_EQ(a["apply-without-manager"].error, "server-side apply needs a field manager");
+  EXPECT_EQ(status("apply-forced"), 200) << a["apply-forced"].error;
+  EXPECT_EQ(a["apply-forced"].object["metadata"]["labels"]["c"], "4");
+  EXPECT_EQ(status("patch-status"), 200) << a["patch-status"].error;
+  EXPECT_EQ(status("update-status"), 200) << a["update-status"].error;
+  EXPECT_EQ(a["update-status"].object["status"]["phase"], "Running");
+  EXPECT_EQ(a["update-status"].object["status"]["capacity"]["cpu"], "4");
+  ASSERT_TRUE(a["list"].Ok()) << a["list"].error;
+  ASSERT_EQ(a["list"].object["items"].size(), 1u);
+  EXPECT_EQ(a["list"].object["items"][0]["metadata"]["name"], "aw-1");
+  ASSERT_TRUE(a["list-projected"].Ok()) << a["list-projected"].error;
+  ASSERT_EQ(a["list-projected"].object["items"].size(), 1u);
+  EXPECT_FALSE(a["list-projected"].object["items"][0].contains("status"));  // projected away
+  EXPECT_EQ(a["list-projected"].object["items"][0]["metadata"]["labels"]["b"], "3");
+  EXPECT_EQ(status("request"), 200) << a["request"].error;
+  EXPECT_EQ(status("delete-wrong-uid"), 409);
+  EXPECT_EQ(status("delete"), 200) << a["delete"].error;
+  EXPECT_EQ(status("delete-again"), 404);
+  EXPECT_EQ(server_->Call("GET", ResourcePath::Core("nodes").Object("aw-1")).status, 404);
+}
+
+// Awaits `path` with `within`, the time taken and the resumptions counted.
+asio::awaitable<void> GetWithin(std::shared_ptr<KubeClient> client, std::string path, Deadline within,
+                                std::shared_ptr<std::vector<Result>> out) {
+  Result r = co_await client->Get(path, within);
+  out->push_back(std::move(r));
+}
+
+TEST_F(KubeClientTest, AwaitedCallPastItsDeadlineResumesOnceWithAnError) {
+  auto config = BaseConfig();
+  config.request_timeout = std::chrono::milliseconds(5000);
+  auto client = MakeClient(config);
+  const std::string path = ResourcePath::Core("nodes").Collection();
+
+  // Answered within the deadline: the answer, and the deadline's timer does not resume it again.
+  auto fast = std::make_shared<std::vector<Result>>();
+  ASSERT_TRUE(RunCoroutine(h_, GetWithin(client, path, std::chrono::milliseconds(300), fast)));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(400));
+  ASSERT_EQ(fast->size(), 1u);
+  EXPECT_TRUE((*fast)[0].Ok()) << (*fast)[0].error;
+
+  // The server holds its answer for 1.5 s: the deadline of 200 ms resumes the coroutine first.
+  server_->SetResponseDelay(std::chrono::milliseconds(1500));
+  server_->ResetRequestCounts();
+  auto slow = std::make_shared<std::vector<Result>>();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(RunCoroutine(h_, GetWithin(client, path, std::chrono::milliseconds(200), slow)));
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(slow->size(), 1u);
+  EXPECT_EQ((*slow)[0].http_status, 0);
+  EXPECT_EQ((*slow)[0].error.rfind(kDeadlineExceeded, 0), 0u) << (*slow)[0].error;
+  EXPECT_TRUE(IsTransient((*slow)[0]));
+  EXPECT_GE(took, std::chrono::milliseconds(200));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  // The request itself went on; its late answer is dropped, not delivered a second time.
+  const auto answered = [&] {
+    return h_.metrics.Counter("gpu_node_supervisor_kube_requests_total", "", {{"verb", "get"}, {"code", "200"}})
+               .Value() >= 2;
+  };
+  ASSERT_TRUE(h_.RunUntil(answered, std::chrono::seconds(5)));
+  h_.Drain();
+  EXPECT_EQ(slow->size(), 1u);
+  EXPECT_EQ(server_->RequestCount("list") + server_->RequestCount("get"), 1u);
+  server_->SetResponseDelay(std::chrono::milliseconds(0));
+}
+
+// Awaits `path` under `ticket`'s gate, with `within`.
+asio::awaitable<void> GetGated(std::shared_ptr<KubeClient> client, std::string path, Deadline within,
+                               Gate::Ticket ticket, std::shared_ptr<std::vector<Result>> out) {
+  Result r = co_await client->Get(path, within, std::move(ticket));
+  out->push_back(std::move(r));
+}
+
+TEST_F(KubeClientTest, AwaitedCallsEndWithTheClientAndNotAfterTheirGateCloses) {
+  auto client = MakeClient(BaseConfig());
+  const std::string path = ResourcePath::Core("nodes").Collection();
+  server_->SetResponseDelay(std::chrono::milliseconds(1000));
+
+  // Two calls (no deadline; a deadline) whose gate closes while they wait: never resumed, and
+  // their frames are freed once the answers came.
+  auto gated = std::make_shared<std::vector<Result>>();
+  {
+    Gate gate;
+    asio::co_spawn(h_.loop.Io(), GetGated(client, path, Deadline{}, gate.Watch(), gated), asio::detached);
+    asio::co_spawn(h_.loop.Io(), GetGated(client, path, std::chrono::milliseconds(3000), gate.Watch(), gated),
+                   asio::detached);
+    h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
+  }  // closed
+  ASSERT_TRUE(h_.RunUntil([&] { return gated.use_count() == 1; }, std::chrono::seconds(5)))
+      << "a gated coroutine still holds its frame";
+  EXPECT_TRUE(gated->empty());
+  EXPECT_GE(h_.metrics.Counter("gpu_node_supervisor_kube_requests_total", "", {{"verb", "get"}, {"code", "200"}})
+                .Value(),
+            2);
+
+  // Shutdown completes an awaited call with an error, as it does a callback.
+  auto stopped = std::make_shared<std::vector<Result>>();
+  auto ended = std::make_shared<bool>(false);
+  asio::co_spawn(h_.loop.Io(), GetWithin(client, path, Deadline{}, stopped),
+                 [ended](std::exception_ptr) { *ended = true; });
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
+  client->Shutdown();
+  ASSERT_TRUE(h_.RunUntil([&] { return *ended; }));
+  ASSERT_EQ(stopped->size(), 1u);
+  EXPECT_EQ((*stopped)[0].error, "client stopped");
   server_->SetResponseDelay(std::chrono::milliseconds(0));
 }
 

@@ -335,5 +335,47 @@ TEST_F(InformerTest, OneInformerPerSpecAndNoRequestsInSteadyState) {
   EXPECT_EQ(registry_->Active(), 1u);
 }
 
+TEST_F(InformerTest, AListPastItsDeadlineFailsAndIsRetried) {
+  // The server holds every answer 800 ms; a list may take 300: each attempt fails (counted, no
+  // cache, not synced) until the server answers in time again.
+  InformerOptions options;
+  options.backoff = BackoffPolicy{std::chrono::milliseconds(20), std::chrono::milliseconds(200), 2.0, 0.5};
+  options.list_deadline = std::chrono::milliseconds(300);
+  InformerRegistry registry(client_, h_.bus, h_.loop.Io(), h_.metrics, test::TestLogger(), options);
+  server_->SetResponseDelay(std::chrono::milliseconds(800));
+  const auto start = std::chrono::steady_clock::now();
+  informer_ = registry.Acquire(InformerSpec{nodes_.Collection(), "", ""});
+  ASSERT_TRUE(h_.RunUntil([&] { return informer_->GetStats().errors >= 1; }, std::chrono::seconds(5)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(800));
+  EXPECT_FALSE(informer_->Synced());
+  EXPECT_EQ(informer_->Size(), 0u);
+  server_->SetResponseDelay(std::chrono::milliseconds(0));
+  ASSERT_TRUE(h_.RunUntil([&] { return informer_->Synced(); }));
+  EXPECT_EQ(informer_->GetStats().lists, 1u);
+  ExpectConverged();
+  informer_.reset();
+}
+
+TEST_F(InformerTest, AnInformerDroppedWhileItsListIsInFlightIsNeverResumed) {
+  // Its list answers after the informer is gone: the answer must reach nothing of it (ASan
+  // reports a use after free otherwise), and nothing is published for it.
+  server_->SetResponseDelay(std::chrono::milliseconds(400));
+  auto informer = registry_->Acquire(InformerSpec{nodes_.Collection(), "", ""});
+  const std::string key = informer->Key();
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
+  ASSERT_EQ(client_->GetStats().requests, 0u);  // the list is still in flight
+  informer.reset();
+  const auto answered = [&] {
+    return h_.metrics.Counter("gpu_node_supervisor_kube_requests_total", "", {{"verb", "list"}, {"code", "200"}})
+               .Value() >= 2;  // 10 nodes in pages of 7
+  };
+  ASSERT_TRUE(h_.RunUntil(answered, std::chrono::seconds(5)));
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(200));
+  EXPECT_TRUE(events_.empty());
+  EXPECT_EQ(h_.bus.LatestByKey<InformerSynced>().count(key), 0u);
+  EXPECT_TRUE(server_->OpenWatches().empty());
+  server_->SetResponseDelay(std::chrono::milliseconds(0));
+}
+
 }  // namespace
 }  // namespace gns::kube

@@ -134,6 +134,43 @@ TEST_F(LeaderElectionTest, LeaderThatCannotRenewStopsLeading) {
   EXPECT_TRUE(done);
 }
 
+TEST_F(LeaderElectionTest, ALeaderWhoseRenewalHangsStopsLeadingBeforeTheLeaseRunsOut) {
+  // The server holds every answer for 3 s (request_timeout is 5 s): a renewal cannot come back
+  // in time. The leader must stop by renewDeadline (400 ms) after its last renewal, before
+  // another candidate could take over (leaseDuration, 600 ms), not when the PUT gives up.
+  auto a = MakeCandidate("node-a");
+  a->elector->Start();
+  ASSERT_TRUE(h_.RunUntil([&] { return a->elector->IsLeader(); }));
+  h_.RunUntil([] { return false; }, milliseconds(150));  // renewing
+  ASSERT_TRUE(a->elector->IsLeader());
+  server_->SetResponseDelay(milliseconds(3000));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(h_.RunUntil([&] { return !a->elector->IsLeader(); }, std::chrono::seconds(5)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(600));
+  EXPECT_EQ(a->stopped, 1);
+  bool done = false;
+  a->elector->Stop([&] { done = true; });
+  EXPECT_TRUE(done);  // not leading: nothing to hand back
+  server_->SetResponseDelay(milliseconds(0));
+}
+
+TEST_F(LeaderElectionTest, ElectorDestroyedWithARequestInFlightIsNeverResumed) {
+  auto a = MakeCandidate("node-a");
+  server_->SetResponseDelay(milliseconds(300));
+  a->elector->Start();
+  h_.RunUntil([] { return false; }, milliseconds(100));  // its read of the lease is in flight
+  a.reset();
+  const auto answered = [&] {
+    return h_.metrics.Counter("gpu_node_supervisor_kube_requests_total", "", {{"verb", "get"}, {"code", "404"}})
+               .Value() >= 1;
+  };
+  ASSERT_TRUE(h_.RunUntil(answered, std::chrono::seconds(5)));
+  h_.RunUntil([] { return false; }, milliseconds(200));
+  // The 404 would have made it create the lease: nothing did (and ASan saw no use after free).
+  EXPECT_EQ(server_->Call("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases/gns-test").status, 404);
+  server_->SetResponseDelay(milliseconds(0));
+}
+
 TEST_F(LeaderElectionTest, EventsAreAggregatedIntoASeries) {
   EventRecorderConfig config;
   config.qps = 100;
