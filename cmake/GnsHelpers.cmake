@@ -1,21 +1,10 @@
 # Small helpers shared by every CMakeLists.txt of the project.
 
 # gns_add_test(<name> SOURCES <files…> [LIBS <targets…>] [LABELS <labels…>] [TIMEOUT <s>])
-# A GoogleTest binary registered with ctest. Tests find the repository and the build tree
-# through GNS_SOURCE_DIR / GNS_BINARY_DIR in their environment.
+# A GoogleTest binary of its own registered with ctest: gns_test (cmake/GnsTests.cmake) with
+# GROUP <name>. A test folder's files share one binary through gns_test instead.
 function(gns_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
-  add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-  add_test(NAME ${name} COMMAND ${name})
-  if(NOT T_TIMEOUT)
-    set(T_TIMEOUT 300)
-  endif()
-  set_tests_properties(${name} PROPERTIES
-    TIMEOUT ${T_TIMEOUT}
-    LABELS "${T_LABELS}"
-    ENVIRONMENT "GNS_SOURCE_DIR=${PROJECT_SOURCE_DIR};GNS_BINARY_DIR=${PROJECT_BINARY_DIR};GNS_SUPERVISOR_BIN=${PROJECT_BINARY_DIR}/src/gpu-node-supervisor")
+  gns_test(${name} GROUP ${name} ${ARGN})
 endfunction()
 
 # gns_proto_library(<target> PROTOS <files…>)
