@@ -6,26 +6,10 @@ set(GNS_INCLUDE_TREE ${PROJECT_BINARY_DIR}/include)
 set(GNS_PUBLIC_INCLUDE_DIR ${GNS_INCLUDE_TREE}/public)
 
 # gns_add_test(<name> SOURCES <files…> [LIBS <targets…>] [LABELS <labels…>] [TIMEOUT <s>])
-# A GoogleTest binary registered with ctest. Tests find the repository and the build tree
-# through GNS_SOURCE_DIR / GNS_BINARY_DIR in their environment.
+# A GoogleTest binary of its own registered with ctest: gns_test (cmake/GnsTests.cmake) with
+# GROUP <name>. A test folder's files share one binary through gns_test instead.
 function(gns_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
-  add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
-  target_include_directories(${name} PRIVATE ${GNS_PUBLIC_INCLUDE_DIR} ${PROJECT_SOURCE_DIR}/tests)
-  # A module's own unit tests (tests/unit/modules/<m>/) see its insides; every other test sees
-  # the public surfaces only (see gns_module below).
-  if(CMAKE_CURRENT_SOURCE_DIR MATCHES "^${PROJECT_SOURCE_DIR}/tests/unit/modules/([a-z_0-9]+)$")
-    gns_module_private(${CMAKE_MATCH_1} ${name})
-  endif()
-  add_test(NAME ${name} COMMAND ${name})
-  if(NOT T_TIMEOUT)
-    set(T_TIMEOUT 300)
-  endif()
-  set_tests_properties(${name} PROPERTIES
-    TIMEOUT ${T_TIMEOUT}
-    LABELS "${T_LABELS}"
-    ENVIRONMENT "GNS_SOURCE_DIR=${PROJECT_SOURCE_DIR};GNS_BINARY_DIR=${PROJECT_BINARY_DIR};GNS_SUPERVISOR_BIN=${PROJECT_BINARY_DIR}/src/gpu-node-supervisor")
+  gns_test(${name} GROUP ${name} ${ARGN})
 endfunction()
 
 # gns_proto_library(<target> PROTOS <files…>)

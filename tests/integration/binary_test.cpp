@@ -4,6 +4,7 @@
 #include "support/http_client.hpp"
 #include "support/prometheus.hpp"
 #include "support/subprocess.hpp"
+#include "integration/process_paths.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -24,16 +25,6 @@ namespace gns {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
-
-// The port of the "serving /metrics on http://127.0.0.1:<port>" log line; 0 when absent.
-unsigned short PortIn(const std::string& line) {
-  std::smatch m;
-  if (!std::regex_search(line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) return 0;
-  return static_cast<unsigned short>(std::stoi(m[1]));
-}
-std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
 
 class BinaryTest : public ::testing::Test {
  protected:

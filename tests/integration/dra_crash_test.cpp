@@ -18,6 +18,7 @@
 #include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "support/subprocess.hpp"
+#include "integration/process_paths.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -45,17 +46,14 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr const char* kNs = "team-a";
+constexpr const char* kCrashNs = "team-a";
 constexpr const char* kNode = "node-crash";
-constexpr const char* kDriver = "compute-domain.nvidia.com";
-constexpr const char* kCluster = "5b0e9c3a-1d2f-4e6a-8b7c-9d0e1f2a3b4c";
+constexpr const char* kCrashDriver = "compute-domain.nvidia.com";
+constexpr const char* kCrashCluster = "5b0e9c3a-1d2f-4e6a-8b7c-9d0e1f2a3b4c";
 constexpr uint32_t kMajor = 509;
-const std::string kDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
-const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
+const std::string kCrashDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
+const std::string kCrashClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
 const std::string kSpecPrefix = "k8s.compute-domain.nvidia.com-claim_";
-
-std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
-std::string Built(const std::string& rel) { return std::string(std::getenv("GNS_BINARY_DIR")) + "/" + rel; }
 
 std::string CdiId(const std::string& uid) { return "k8s.compute-domain.nvidia.com/claim=" + uid + "-channel-0"; }
 
@@ -124,10 +122,10 @@ class DraCrashTest : public ::testing::Test {
     api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
     api_->Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
                     {"kind", "ComputeDomain"},
-                    {"metadata", {{"name", "train"}, {"namespace", kNs}}},
+                    {"metadata", {{"name", "train"}, {"namespace", kCrashNs}}},
                     {"spec", {{"numNodes", 0}, {"channel", {{"allocationMode", "Single"}}}}},
-                    {"_resource", kDomains}});
-    domain_uid_ = api_->Call("GET", kDomains + "/train").Json()["metadata"]["uid"].get<std::string>();
+                    {"_resource", kCrashDomains}});
+    domain_uid_ = api_->Call("GET", kCrashDomains + "/train").Json()["metadata"]["uid"].get<std::string>();
 
     fs::create_directories(dir_ / "host/proc");
     fs::create_directories(dir_ / "kubelet/plugins_registry");
@@ -139,7 +137,7 @@ class DraCrashTest : public ::testing::Test {
     json gpus = json::parse(shipped);
     gpus["gpus"] = json::array({gpus["gpus"][0]});
     gpus["gpus"][0]["nvlinkPeers"] = json::array();
-    gpus["gpus"][0]["fabric"]["clusterUuid"] = kCluster;
+    gpus["gpus"][0]["fabric"]["clusterUuid"] = kCrashCluster;
     gpus["gpus"][0]["fabric"]["cliqueId"] = 1;
     std::ofstream(nvml_) << gpus.dump();
     config_ = (dir_ / "site.yaml").string();
@@ -185,13 +183,13 @@ class DraCrashTest : public ::testing::Test {
 
   sim::DraClaim NewClaim() {
     const std::string name = "claim-" + std::to_string(claims_++);
-    api_->Seed(sim::AllocatedChannelClaim(kNs, name, kNode,
+    api_->Seed(sim::AllocatedChannelClaim(kCrashNs, name, kNode,
                                           json{{"apiVersion", "resource.nvidia.com/v1beta1"},
                                                {"kind", "ComputeDomainChannelConfig"},
                                                {"domainID", domain_uid_},
                                                {"allocationMode", "Single"}},
-                                          kDriver));
-    return sim::DraClaim{kNs, api_->Call("GET", kClaims + "/" + name).Json()["metadata"]["uid"].get<std::string>(),
+                                          kCrashDriver));
+    return sim::DraClaim{kCrashNs, api_->Call("GET", kCrashClaims + "/" + name).Json()["metadata"]["uid"].get<std::string>(),
                          name};
   }
 
@@ -199,7 +197,7 @@ class DraCrashTest : public ::testing::Test {
   // when the call failed (the process died under it: the kubelet retries it after the restart).
   bool Call(Model& model, const sim::DraClaim& claim, bool prepare, std::string* failure) {
     if (prepare) {
-      const auto result = kubelet_->NodePrepareResources(kDriver, {claim});
+      const auto result = kubelet_->NodePrepareResources(kCrashDriver, {claim});
       if (!result.ok()) {
         last_rpc_error_ = result.status.ToString();
         return false;
@@ -222,7 +220,7 @@ class DraCrashTest : public ::testing::Test {
       model.unprepared.erase(claim.uid);
       return true;
     }
-    const auto result = kubelet_->NodeUnprepareResources(kDriver, {claim});
+    const auto result = kubelet_->NodeUnprepareResources(kCrashDriver, {claim});
     if (!result.ok()) {
       last_rpc_error_ = result.status.ToString();
       return false;

@@ -13,6 +13,7 @@
 #include "channel_claim.h"
 #include "kubelet_sim.h"
 #include "support/subprocess.hpp"
+#include "integration/process_paths.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -41,9 +42,6 @@ constexpr const char* kCluster = "5b0e9c3a-1d2f-4e6a-8b7c-9d0e1f2a3b4c";
 const std::string kDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
 const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
 const std::string kCliques = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomaincliques";
-
-std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
-std::string Built(const std::string& rel) { return std::string(std::getenv("GNS_BINARY_DIR")) + "/" + rel; }
 
 // How long a condition that other processes make true (supervisors, daemons) may take.
 constexpr milliseconds kSettle = seconds(60);

@@ -11,6 +11,7 @@
 #include "support/eventually.hpp"
 #include "support/http_client.hpp"
 #include "support/subprocess.hpp"
+#include "integration/process_paths.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -31,17 +32,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
-std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
-std::string Built(const std::string& rel) { return std::string(std::getenv("GNS_BINARY_DIR")) + "/" + rel; }
-
 constexpr const char* kGpu0 = "GPU-3f8a1c52-7e00-4b9d-9c1e-5a7d2e8f6b10";
-
-unsigned short PortIn(const std::string& line) {
-  std::smatch m;
-  if (!std::regex_search(line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) return 0;
-  return static_cast<unsigned short>(std::stoi(m[1]));
-}
 
 // Whether a process whose command line contains `needle` (arguments NUL-separated) runs.
 bool ProcessRunning(const std::string& needle) {

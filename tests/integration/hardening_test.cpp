@@ -1,6 +1,7 @@
 // The real binary against its process environment (issue #24 §7, §8): signals that used to end
 // it without a word, a descriptor limit gRPC aborts under, and a umask of 000.
 #include "support/subprocess.hpp"
+#include "integration/process_paths.hpp"
 
 #include <gtest/gtest.h>
 
@@ -18,8 +19,6 @@ namespace gns {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
 
 // Generous hang guards, not timing assertions: an ASan binary on a loaded machine starts slowly.
 constexpr auto kGuard = std::chrono::seconds(120);

@@ -7,6 +7,7 @@
 #include "support/http_client.hpp"
 #include "support/prometheus.hpp"
 #include "support/subprocess.hpp"
+#include "integration/process_paths.hpp"
 
 #include <gtest/gtest.h>
 
@@ -25,14 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-
-std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
-
-unsigned short PortIn(const std::string& line) {
-  std::smatch m;
-  if (!std::regex_search(line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) return 0;
-  return static_cast<unsigned short>(std::stoi(m[1]));
-}
 
 class HealthCrashTest : public ::testing::Test {
  protected:

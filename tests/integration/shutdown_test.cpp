@@ -1,6 +1,7 @@
 // The real binary's shutdown: SIGTERM while gpu-inventory's NVML event waiter is blocked in
 // nvmlEventSetWait_v2. Its own test binary (many process starts; its own ctest time budget).
 #include "support/subprocess.hpp"
+#include "integration/process_paths.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,9 +18,6 @@ namespace gns {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Binary() { return std::getenv("GNS_SUPERVISOR_BIN"); }
-std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
 
 class ShutdownTest : public ::testing::Test {
  protected:

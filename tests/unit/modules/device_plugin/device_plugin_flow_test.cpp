@@ -35,7 +35,7 @@ using std::chrono::seconds;
 
 constexpr const char* kResource = "nvidia.com/gpu";
 
-gpu_inventory::GpuInventory EightGpus() {
+gpu_inventory::GpuInventory InventoryOfEight() {
   gpu_inventory::GpuInventory inv;
   inv.available = true;
   for (uint32_t i = 0; i < 8; ++i) {
@@ -96,7 +96,7 @@ class DevicePluginFlowTest : public ::testing::Test {
 
 TEST_F(DevicePluginFlowTest, RegistersAndAdvertisesEveryGpuWithNumaTopology) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
   ASSERT_TRUE(Await([](auto& s) {
@@ -118,7 +118,7 @@ TEST_F(DevicePluginFlowTest, RegistersAndAdvertisesEveryGpuWithNumaTopology) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
-gpu_health::DeviceHealth Verdict(const std::string& uuid, bool healthy, const std::string& reason) {
+gpu_health::DeviceHealth FlowVerdict(const std::string& uuid, bool healthy, const std::string& reason) {
   gpu_health::DeviceHealth health;
   health.uuid = uuid;
   health.healthy = healthy;
@@ -128,13 +128,13 @@ gpu_health::DeviceHealth Verdict(const std::string& uuid, bool healthy, const st
 
 TEST_F(DevicePluginFlowTest, NvmlXidAloneLeavesTheDeviceHealthyOnlyGpuHealthDecides) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
   // XID 79 (fallen off the bus) as NVML reports it: gpu-health judges it, not the plugin.
   h_.bus.Publish(gpu_inventory::XidObservation{"GPU-00000003", 79});
   // A verdict on another GPU, published after: once the kubelet sees it, the XID was seen too.
-  h_.bus.Publish(Verdict("GPU-00000004", false, "XID 48: double-bit ECC error"));
+  h_.bus.Publish(FlowVerdict("GPU-00000004", false, "XID 48: double-bit ECC error"));
   ASSERT_TRUE(AwaitHealth("GPU-00000004", "Unhealthy"));
   EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
   const auto* state = h_.bus.Latest<DevicePluginState>();
@@ -144,10 +144,10 @@ TEST_F(DevicePluginFlowTest, NvmlXidAloneLeavesTheDeviceHealthyOnlyGpuHealthDeci
 
 TEST_F(DevicePluginFlowTest, DeviceHealthTurnsTheDeviceUnhealthyAndAHealthyVerdictTurnsItBack) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
-  h_.bus.Publish(Verdict("GPU-00000003", false, "XID 79: GPU has fallen off the bus"));
+  h_.bus.Publish(FlowVerdict("GPU-00000003", false, "XID 79: GPU has fallen off the bus"));
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Unhealthy"));
   EXPECT_EQ(sim_->Resource(kResource)->devices.size(), 8u);
   EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
@@ -159,7 +159,7 @@ TEST_F(DevicePluginFlowTest, DeviceHealthTurnsTheDeviceUnhealthyAndAHealthyVerdi
     }
   }
 
-  h_.bus.Publish(Verdict("GPU-00000003", true, "GPU reset occurred"));
+  h_.bus.Publish(FlowVerdict("GPU-00000003", true, "GPU reset occurred"));
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Healthy"));
   const auto* state = h_.bus.Latest<DevicePluginState>();
   ASSERT_NE(state, nullptr);
@@ -207,7 +207,7 @@ class HealthModuleNotice : public DevicePluginLogTest {
 
 TEST_F(HealthModuleNotice, WithoutGpuHealthTheLogSaysOnceThatOnlyNvmlAvailabilityCounts) {
   PublishEnabled({"metrics", "gpu-inventory", "device-plugin"});
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   EXPECT_EQ(Notices(), 1);
   bool said = false;
@@ -222,7 +222,7 @@ TEST_F(HealthModuleNotice, WithoutGpuHealthTheLogSaysOnceThatOnlyNvmlAvailabilit
 
 TEST_F(HealthModuleNotice, WithGpuHealthEnabledNothingIsSaid) {
   PublishEnabled({"metrics", "gpu-inventory", "journald", "gpu-health", "device-plugin"});
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   EXPECT_EQ(Notices(), 0);
 }
@@ -233,12 +233,12 @@ TEST_F(HealthModuleNotice, WithGpuHealthEnabledNothingIsSaid) {
 TEST_F(HealthModuleNotice, WithGpuHealthEnabledNothingIsAdvertisedBeforeItsState) {
   sim_->Start();
   PublishEnabled({"metrics", "gpu-inventory", "journald", "gpu-health", "device-plugin"});
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   h_.RunUntil([] { return false; }, std::chrono::milliseconds(300));
   EXPECT_FALSE(fs::exists(h_.site.paths.kubelet_dir + "/device-plugins/nvidia-gpu.sock"))
       << "advertised before gpu-health said what it restored";
-  h_.bus.Publish(Verdict("GPU-00000003", false, "XID 79 (restored)"));
+  h_.bus.Publish(FlowVerdict("GPU-00000003", false, "XID 79 (restored)"));
   h_.bus.Publish(gpu_health::GpuHealthState{});
   ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
   ASSERT_TRUE(AwaitHealth("GPU-00000003", "Unhealthy"));
@@ -246,7 +246,7 @@ TEST_F(HealthModuleNotice, WithGpuHealthEnabledNothingIsAdvertisedBeforeItsState
 
 TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHealthy) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(AwaitHealth("GPU-00000000", "Healthy"));
   gpu_inventory::GpuInventory down;
@@ -262,7 +262,7 @@ TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHea
         },
         seconds(20));
   }));
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   ASSERT_TRUE(Await([](auto& s) {
     return s.WaitForDevices(kResource, [](const auto& d) {
       return std::all_of(d.begin(), d.end(), [](const auto& x) { return x.health == "Healthy"; });
@@ -272,24 +272,24 @@ TEST_F(DevicePluginFlowTest, NvmlDownAdvertisesEveryDeviceUnhealthyNeverStaleHea
 
 TEST_F(DevicePluginFlowTest, AGpuReleasedForItsResetIsTheOnlyUnhealthyOne) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(AwaitHealth("GPU-00000006", "Healthy"));
-  auto released = EightGpus();
+  auto released = InventoryOfEight();
   released.gpus[6].released = true;
   released.gpus[6].release_reason = "GPU reset requested by an operator";
   h_.bus.Publish(released);
   ASSERT_TRUE(AwaitHealth("GPU-00000006", "Unhealthy"));
   EXPECT_EQ(sim_->Resource(kResource)->devices.size(), 8u);
   EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 1u);
-  h_.bus.Publish(EightGpus());  // taken back and read again
+  h_.bus.Publish(InventoryOfEight());  // taken back and read again
   ASSERT_TRUE(AwaitHealth("GPU-00000006", "Healthy"));
   EXPECT_EQ(sim_->Resource(kResource)->CountHealth("Unhealthy"), 0u);
 }
 
 TEST_F(DevicePluginFlowTest, KubeletRestartsAreFollowedByServingAndRegisteringAgain) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
   for (int restart = 1; restart <= 5; ++restart) {
@@ -323,7 +323,7 @@ TEST_F(DevicePluginLogTest, TheStaleSocketOfAKilledRunIsNotTakenForOursRemoved) 
     ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
     ::close(fd);  // the process died: the file stays
   }
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();  // runs the loop until idle: the deletion's inotify event is handled by now
   ASSERT_TRUE(Await([](auto& s) {
     return s.WaitFor([](const sim::KubeletState& st) {
@@ -350,7 +350,7 @@ TEST_F(DevicePluginLogTest, RegistersAsSoonAsTheKubeletListensAtStartAndAfterEac
   options.registration_listen_delay = milliseconds(100);
   sim_ = std::make_unique<sim::KubeletSim>(options);
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   DevicePluginModule::Config config;
   config.register_timeout = milliseconds(750);
   StartModule(config);
@@ -366,7 +366,7 @@ TEST_F(DevicePluginLogTest, RegistersAsSoonAsTheKubeletListensAtStartAndAfterEac
 }
 
 TEST_F(DevicePluginFlowTest, StartsBeforeTheKubeletAndRegistersOnceKubeletSockAppears) {
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   h_.RunUntil([] { return false; }, milliseconds(100));
   EXPECT_FALSE(h_.bus.Latest<DevicePluginState>()->registered);
@@ -377,7 +377,7 @@ TEST_F(DevicePluginFlowTest, StartsBeforeTheKubeletAndRegistersOnceKubeletSockAp
 
 TEST_F(DevicePluginFlowTest, AllocateAnswersPerStrategyAndRejectsBadIds) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   DevicePluginModule::Config config;
   config.allocation.strategies = {.envvar = false, .cdi_cri = true};
   config.allocation.pass_device_specs = true;
@@ -401,7 +401,7 @@ TEST_F(DevicePluginFlowTest, AllocateAnswersPerStrategyAndRejectsBadIds) {
   EXPECT_EQ(unknown.status.code, grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(unknown.status.message, "unknown device IDs: GPU-nope");
 
-  h_.bus.Publish(Verdict("GPU-00000005", false, "XID 79: GPU has fallen off the bus"));
+  h_.bus.Publish(FlowVerdict("GPU-00000005", false, "XID 79: GPU has fallen off the bus"));
   ASSERT_TRUE(AwaitHealth("GPU-00000005", "Unhealthy"));
   auto sick = h_.OffLoop([&] { return sim_->Allocate(kResource, {{"GPU-00000005"}}); });
   EXPECT_EQ(sick.status.code, grpc::StatusCode::INVALID_ARGUMENT);
@@ -410,7 +410,7 @@ TEST_F(DevicePluginFlowTest, AllocateAnswersPerStrategyAndRejectsBadIds) {
 
 TEST_F(DevicePluginFlowTest, PreferredAllocationThroughTheKubelet) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(AwaitHealth("GPU-00000000", "Healthy"));
   std::vector<std::string> all;
@@ -424,7 +424,7 @@ TEST_F(DevicePluginFlowTest, PreferredAllocationThroughTheKubelet) {
 
 TEST_F(DevicePluginFlowTest, StopRemovesOurSocket) {
   sim_->Start();
-  h_.bus.Publish(EightGpus());
+  h_.bus.Publish(InventoryOfEight());
   StartModule();
   ASSERT_TRUE(Await([](auto& s) { return s.WaitForRegistrations(kResource, 1, seconds(20)); }));
   ASSERT_TRUE(Await([](auto& s) {

@@ -25,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::seconds;
 
-gpu_inventory::MigDeviceInfo Mig(uint32_t gpu, uint32_t slot, uint32_t gi, const std::string& profile) {
+gpu_inventory::MigDeviceInfo SharingMig(uint32_t gpu, uint32_t slot, uint32_t gi, const std::string& profile) {
   gpu_inventory::MigDeviceInfo m;
   m.index = slot;
   m.uuid = "MIG-" + std::to_string(gpu) + "-" + std::to_string(slot);
@@ -47,14 +47,14 @@ gpu_inventory::GpuInventory MixedNode() {
     inv.gpus.push_back(g);
   }
   inv.gpus[0].mig_enabled = true;
-  inv.gpus[0].mig_devices = {Mig(0, 0, 1, "3g.40gb"), Mig(0, 1, 3, "2g.20gb"), Mig(0, 2, 9, "1g.10gb"),
-                             Mig(0, 3, 10, "1g.10gb")};
+  inv.gpus[0].mig_devices = {SharingMig(0, 0, 1, "3g.40gb"), SharingMig(0, 1, 3, "2g.20gb"), SharingMig(0, 2, 9, "1g.10gb"),
+                             SharingMig(0, 3, 10, "1g.10gb")};
   inv.gpus[1].mig_enabled = true;
-  for (uint32_t s = 0; s < 7; ++s) inv.gpus[1].mig_devices.push_back(Mig(1, s, 7 + s, "1g.10gb"));
+  for (uint32_t s = 0; s < 7; ++s) inv.gpus[1].mig_devices.push_back(SharingMig(1, s, 7 + s, "1g.10gb"));
   return inv;
 }
 
-gpu_health::DeviceHealth Verdict(const std::string& uuid, bool healthy, uint32_t gi = 0xFFFFFFFFu) {
+gpu_health::DeviceHealth SharingVerdict(const std::string& uuid, bool healthy, uint32_t gi = 0xFFFFFFFFu) {
   gpu_health::DeviceHealth h;
   h.uuid = uuid;
   h.healthy = healthy;
@@ -168,7 +168,7 @@ TEST_F(DevicePluginSharingTest, MigHealthFollowsGpuHealthPerGpuInstanceAndPerGpu
   }));
 
   // A verdict naming GPU instance 9 of GPU 0: that MIG device alone.
-  h_.bus.Publish(Verdict("GPU-0", false, 9));
+  h_.bus.Publish(SharingVerdict("GPU-0", false, 9));
   ASSERT_TRUE(AwaitHealth("nvidia.com/mig-1g.10gb", "MIG-0-2", "Unhealthy"));
   const auto small = sim_->Resource("nvidia.com/mig-1g.10gb");
   const auto large = sim_->Resource("nvidia.com/mig-3g.40gb");
@@ -180,7 +180,7 @@ TEST_F(DevicePluginSharingTest, MigHealthFollowsGpuHealthPerGpuInstanceAndPerGpu
   EXPECT_EQ(sick.status.message, "unhealthy device IDs: MIG-0-2");
 
   // A whole-GPU verdict on GPU 1: all seven of its MIG devices.
-  h_.bus.Publish(Verdict("GPU-1", false));
+  h_.bus.Publish(SharingVerdict("GPU-1", false));
   ASSERT_TRUE(h_.OffLoop([&] {
     return sim_->WaitForDevices("nvidia.com/mig-1g.10gb", [](const auto& d) {
       return std::count_if(d.begin(), d.end(), [](const auto& x) { return x.health == "Unhealthy"; }) == 8;
@@ -193,8 +193,8 @@ TEST_F(DevicePluginSharingTest, MigHealthFollowsGpuHealthPerGpuInstanceAndPerGpu
             "request for 2 devices of nvidia.com/mig-1g.10gb exceeds the 1 healthy devices; unhealthy device IDs: MIG-1-0");
 
   // The GPU instance recovers; GPU 1 recovers.
-  h_.bus.Publish(Verdict("GPU-0", true, 9));
-  h_.bus.Publish(Verdict("GPU-1", true));
+  h_.bus.Publish(SharingVerdict("GPU-0", true, 9));
+  h_.bus.Publish(SharingVerdict("GPU-1", true));
   ASSERT_TRUE(h_.OffLoop([&] {
     return sim_->WaitForDevices("nvidia.com/mig-1g.10gb", [](const auto& d) {
       return std::all_of(d.begin(), d.end(), [](const auto& x) { return x.health == "Healthy"; });
@@ -205,7 +205,7 @@ TEST_F(DevicePluginSharingTest, MigHealthFollowsGpuHealthPerGpuInstanceAndPerGpu
 TEST_F(DevicePluginSharingTest, SingleStrategyAdvertisesMigDevicesAsGpuOrRefusesAMixedLayout) {
   auto uniform = MixedNode();
   uniform.gpus.resize(2);
-  uniform.gpus[0].mig_devices = {Mig(0, 0, 7, "1g.10gb"), Mig(0, 1, 8, "1g.10gb")};
+  uniform.gpus[0].mig_devices = {SharingMig(0, 0, 7, "1g.10gb"), SharingMig(0, 1, 8, "1g.10gb")};
   h_.bus.Publish(uniform);
   DevicePluginModule::Config config;
   config.mig_strategy = MigStrategy::kSingle;
@@ -245,7 +245,7 @@ TEST_F(DevicePluginSharingTest, TimeSlicingAdvertisesReplicasAndMapsThemBackToTh
   EXPECT_EQ(ok.response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-2,GPU-3");
 
   // The GPU's health applies to each of its replicas.
-  h_.bus.Publish(Verdict("GPU-3", false));
+  h_.bus.Publish(SharingVerdict("GPU-3", false));
   for (int n = 0; n < 4; ++n) ASSERT_TRUE(AwaitHealth("nvidia.com/gpu", "GPU-3::" + std::to_string(n), "Unhealthy"));
   EXPECT_EQ(sim_->Resource("nvidia.com/gpu")->CountHealth("Unhealthy"), 4u);
 
@@ -342,7 +342,7 @@ TEST_F(DevicePluginSharingTest, CdiSpecIsWrittenForTheAdvertisedDevicesRewritten
   EXPECT_TRUE(found);
 
   // A health change does not change the devices: no write.
-  h_.bus.Publish(Verdict("GPU-2", false));
+  h_.bus.Publish(SharingVerdict("GPU-2", false));
   ASSERT_TRUE(AwaitHealth("nvidia.com/gpu", "GPU-2", "Unhealthy"));
   h_.Drain();
   EXPECT_EQ(writes(), 1);

@@ -44,13 +44,13 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using std::chrono::seconds;
 
-constexpr const char* kNode = "gb200-node-07";
-constexpr const char* kNs = "team-a";
-constexpr const char* kClique = "7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.32766";
+constexpr const char* kModuleNode = "gb200-node-07";
+constexpr const char* kModuleNs = "team-a";
+constexpr const char* kModuleClique = "7f3e2c1a-5b4d-4c6e-8f9a-0b1c2d3e4f50.32766";
 constexpr uint32_t kMajor = 509;
 const std::string kDriver(kDriverName);
 const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
-const std::string kDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
+const std::string kModuleDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
 const std::string kSlices = "/apis/resource.k8s.io/v1/resourceslices";
 
 std::shared_ptr<spdlog::logger> TestLogger() {
@@ -85,22 +85,22 @@ std::string ProcDevices(bool with_imex) {
   return text;
 }
 
-json ChannelParams(const std::string& domain_uid, json allocation_mode = "Single") {
+json ModuleChannelParams(const std::string& domain_uid, json allocation_mode = "Single") {
   json params{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "ComputeDomainChannelConfig"},
               {"domainID", domain_uid}};
   if (!allocation_mode.is_null()) params["allocationMode"] = std::move(allocation_mode);
   return params;
 }
 
-// A channel claim as the controller's claim template produces it, allocated on kNode.
+// A channel claim as the controller's claim template produces it, allocated on kModuleNode.
 json ChannelClaim(const std::string& name, const json& parameters) {
-  return sim::AllocatedChannelClaim(kNs, name, kNode, parameters, kDriver);
+  return sim::AllocatedChannelClaim(kModuleNs, name, kModuleNode, parameters, kDriver);
 }
 
 class DraModuleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    h_.site.node_name = kNode;
+    h_.site.node_name = kModuleNode;
     h_.site.paths.kubelet_dir = dir_ / "k";
     h_.site.paths.cdi_dir = dir_ / "cdi";
     h_.site.paths.state_dir = dir_ / "s";
@@ -126,15 +126,15 @@ class DraModuleTest : public ::testing::Test {
 
     // Our CRD: status.nodes is a list-map keyed by name (driver-managed nodes apply their own entry).
     api_->SeedFile(std::string(std::getenv("GNS_SOURCE_DIR")) + "/deploy/crd-computedomains.yaml");
-    api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
-    node_uid_ = Get("/api/v1/nodes/" + std::string(kNode))["metadata"]["uid"].get<std::string>();
+    api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kModuleNode}}}});
+    node_uid_ = Get("/api/v1/nodes/" + std::string(kModuleNode))["metadata"]["uid"].get<std::string>();
     api_->Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
                     {"kind", "ComputeDomain"},
-                    {"metadata", {{"name", "train-a"}, {"namespace", kNs}}},
+                    {"metadata", {{"name", "train-a"}, {"namespace", kModuleNs}}},
                     {"spec", {{"numNodes", 0}, {"channel", {{"allocationMode", "Single"}}}}},
-                    {"_resource", kDomains}});
-    domain_uid_ = Get(kDomains + "/train-a")["metadata"]["uid"].get<std::string>();
-    h_.bus.Publish(gpu_inventory::NodeClique{kClique, "", true});
+                    {"_resource", kModuleDomains}});
+    domain_uid_ = Get(kModuleDomains + "/train-a")["metadata"]["uid"].get<std::string>();
+    h_.bus.Publish(gpu_inventory::NodeClique{kModuleClique, "", true});
 
     sim::KubeletSimOptions sim_options;
     sim_options.kubelet_dir = h_.site.paths.kubelet_dir;
@@ -164,8 +164,8 @@ class DraModuleTest : public ::testing::Test {
   }
 
   sim::DraClaim SeedChannelClaim(const std::string& name, json allocation_mode = "Single") {
-    const auto uid = SeedClaim(ChannelClaim(name, ChannelParams(domain_uid_, std::move(allocation_mode))));
-    return sim::DraClaim{kNs, uid, name};
+    const auto uid = SeedClaim(ChannelClaim(name, ModuleChannelParams(domain_uid_, std::move(allocation_mode))));
+    return sim::DraClaim{kModuleNs, uid, name};
   }
 
   void StartModule(DraComputeDomainModule::Config config = {}) {
@@ -219,19 +219,19 @@ class DraModuleTest : public ::testing::Test {
 
   // The Node's computeDomain label ("" when absent).
   std::string DomainLabel() {
-    return Get("/api/v1/nodes/" + std::string(kNode))
+    return Get("/api/v1/nodes/" + std::string(kModuleNode))
         .value(json::json_pointer("/metadata/labels/resource.nvidia.com~1computeDomain"), std::string());
   }
   // This node's entry in the domain's status.nodes ({} when absent).
   json DomainEntry() {
-    const auto nodes = Get(kDomains + "/train-a").value(json::json_pointer("/status/nodes"), json::array());
+    const auto nodes = Get(kModuleDomains + "/train-a").value(json::json_pointer("/status/nodes"), json::array());
     return nodes.size() == 1 ? nodes[0] : json::object();
   }
   // The controller's verdict, written by hand (no controller runs here).
   void MarkDomainReady() {
-    auto domain = Get(kDomains + "/train-a");
+    auto domain = Get(kModuleDomains + "/train-a");
     domain["status"]["status"] = "Ready";
-    ASSERT_EQ(api_->Call("PUT", kDomains + "/train-a/status", domain.dump()).status, 200);
+    ASSERT_EQ(api_->Call("PUT", kModuleDomains + "/train-a/status", domain.dump()).status, 200);
   }
 
   sim::DraPrepareResult Prepare(const std::vector<sim::DraClaim>& claims) {
@@ -320,17 +320,17 @@ TEST_F(DraModuleTest, AV1beta1OnlyKubeletRegistersAndPrepares) {
 TEST_F(DraModuleTest, PublishesChannelZeroWithCliqueAndRecreatesTheSliceAfterDeletion) {
   StartAndRegister();
   ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes >= 1 && State()->slice_generation >= 1; }));
-  const std::string path = kSlices + "/" + ResourceSliceName(kNode);
+  const std::string path = kSlices + "/" + ResourceSliceName(kModuleNode);
   const json slice = Get(path);
   EXPECT_EQ(slice["spec"]["driver"], kDriver);
-  EXPECT_EQ(slice["spec"]["nodeName"], kNode);
-  EXPECT_EQ(slice["spec"]["pool"]["name"], kNode);
+  EXPECT_EQ(slice["spec"]["nodeName"], kModuleNode);
+  EXPECT_EQ(slice["spec"]["pool"]["name"], kModuleNode);
   ASSERT_EQ(slice["spec"]["devices"].size(), 1u) << slice.dump();  // no daemon device under the gate
   const json& device = slice["spec"]["devices"][0];
   EXPECT_EQ(device["name"], "channel-0");
   EXPECT_EQ(device["attributes"]["type"]["string"], "channel");
   EXPECT_EQ(device["attributes"]["id"]["int"], 0);
-  EXPECT_EQ(device["attributes"]["cliqueID"]["string"], kClique);
+  EXPECT_EQ(device["attributes"]["cliqueID"]["string"], kModuleClique);
   EXPECT_EQ(slice["metadata"]["ownerReferences"][0]["uid"], node_uid_);
   const int64_t generation = slice["spec"]["pool"]["generation"];
 
@@ -340,7 +340,7 @@ TEST_F(DraModuleTest, PublishesChannelZeroWithCliqueAndRecreatesTheSliceAfterDel
   const json again = Get(path);
   EXPECT_GT(again["spec"]["pool"]["generation"].get<int64_t>(), generation);
   EXPECT_EQ(Metric("gpu_node_supervisor_dra_slice_publishes_total", {{"driver", kDriver}, {"result", "created"}}), 2);
-  EXPECT_EQ(again["spec"]["devices"][0]["attributes"]["cliqueID"]["string"], kClique);
+  EXPECT_EQ(again["spec"]["devices"][0]["attributes"]["cliqueID"]["string"], kModuleClique);
 
   // A clique change is republished with a higher generation.
   const auto publishes = State()->slice_publishes;
@@ -363,7 +363,7 @@ TEST_F(DraModuleTest, PrepareWritesTheCdiSpecAndCheckpointAndReturnsTheCdiId) {
   const auto& answer = result.claims.at(claim.uid);
   ASSERT_EQ(answer.error, "");
   ASSERT_EQ(answer.devices.size(), 1u);
-  EXPECT_EQ(answer.devices[0].pool_name, kNode);
+  EXPECT_EQ(answer.devices[0].pool_name, kModuleNode);
   EXPECT_EQ(answer.devices[0].device_name, "channel-0");
   EXPECT_EQ(answer.devices[0].request_names, std::vector<std::string>{"channel"});
   EXPECT_EQ(answer.devices[0].cdi_device_ids, std::vector<std::string>{CdiQualifiedDeviceId(claim.uid)});
@@ -381,10 +381,10 @@ TEST_F(DraModuleTest, PrepareWritesTheCdiSpecAndCheckpointAndReturnsTheCdiId) {
   ASSERT_NE(entry, nullptr);
   EXPECT_EQ(entry->state, ClaimState::kPrepareCompleted);
   EXPECT_EQ(entry->domain_uid, domain_uid_);
-  EXPECT_EQ(entry->namespace_name, kNs);
+  EXPECT_EQ(entry->namespace_name, kModuleNs);
 
   // §14.1: no node labels under the gate.
-  EXPECT_FALSE(Get("/api/v1/nodes/" + std::string(kNode))["metadata"].contains("labels"));
+  EXPECT_FALSE(Get("/api/v1/nodes/" + std::string(kModuleNode))["metadata"].contains("labels"));
   EXPECT_EQ(Prepares("ok"), 1);
   ASSERT_TRUE(h_.RunUntil([&] { return State()->prepared_claims.size() == 1; }));
   EXPECT_EQ(State()->prepared_claims[0].state, "PrepareCompleted");
@@ -456,7 +456,7 @@ TEST_F(DraModuleTest, UnprepareRemovesSpecAndEntryAndIsIdempotent) {
   result = Unprepare({claim});  // again: nothing left, still success
   ASSERT_TRUE(result.ok());
   EXPECT_EQ(result.claims.at(claim.uid), "");
-  const sim::DraClaim never{kNs, "0b0b0b0b-0000-4000-8000-00000000abcd", "never-prepared"};
+  const sim::DraClaim never{kModuleNs, "0b0b0b0b-0000-4000-8000-00000000abcd", "never-prepared"};
   result = Unprepare({never});
   ASSERT_TRUE(result.ok());
   EXPECT_EQ(result.claims.at(never.uid), "");
@@ -502,7 +502,7 @@ TEST_F(DraModuleTest, BeforeTheCliqueIsKnownAPrepareWaitsForItThenSucceeds) {
   auto prepare = std::async(std::launch::async, [&] { return sim_->NodePrepareResources(kDriver, {claim}); });
   ASSERT_TRUE(h_.RunUntil([&] { return State()->waiting_for_clique == 1; }));
   EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
-  h_.bus.Publish(gpu_inventory::NodeClique{kClique, "", true});
+  h_.bus.Publish(gpu_inventory::NodeClique{kModuleClique, "", true});
   ASSERT_TRUE(h_.RunUntil([&] { return prepare.wait_for(seconds(0)) == std::future_status::ready; }));
   const auto result = prepare.get();
   ASSERT_TRUE(result.ok()) << result.status.ToString();
@@ -530,7 +530,7 @@ TEST_F(DraModuleTest, ACliqueStillUnknownAtTheDeadlineIsARetryableErrorThatSaysS
   EXPECT_EQ(Prepares("permanent_error"), 0);
   EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
   // Once the fabric is read, the kubelet's retry prepares it.
-  h_.bus.Publish(gpu_inventory::NodeClique{kClique, "", true});
+  h_.bus.Publish(gpu_inventory::NodeClique{kModuleClique, "", true});
   h_.Drain();
   EXPECT_EQ(PrepareError(claim), "");
 }
@@ -542,7 +542,7 @@ TEST_F(DraModuleTest, DaemonConfigIsAPermanentError) {
   json claim = ChannelClaim("daemon-claim", daemon);
   claim["status"]["allocation"]["devices"]["results"][0]["device"] = "daemon-0";
   const auto uid = SeedClaim(claim);
-  const auto error = PrepareError({kNs, uid, "daemon-claim"});
+  const auto error = PrepareError({kModuleNs, uid, "daemon-claim"});
   EXPECT_NE(error.find(kDaemonDisabledMessage), std::string::npos) << error;
 }
 
@@ -584,18 +584,18 @@ TEST_F(DraModuleTest, ConcurrentPreparesAreSerialisedSoOnlyOneClaimGetsTheChanne
 TEST_F(DraModuleTest, AMissingComputeDomainOrClaimIsAnError) {
   StartAndRegister();
   const auto orphan =
-      SeedClaim(ChannelClaim("no-domain", ChannelParams("d0d0d0d0-0000-4000-8000-0000000000ff")));
-  const auto error = PrepareError({kNs, orphan, "no-domain"});
+      SeedClaim(ChannelClaim("no-domain", ModuleChannelParams("d0d0d0d0-0000-4000-8000-0000000000ff")));
+  const auto error = PrepareError({kModuleNs, orphan, "no-domain"});
   EXPECT_NE(error.find("ComputeDomain with UID d0d0d0d0-0000-4000-8000-0000000000ff not found"), std::string::npos)
       << error;
 
-  const sim::DraClaim missing{kNs, "0b0b0b0b-0000-4000-8000-00000000ffff", "not-there"};
+  const sim::DraClaim missing{kModuleNs, "0b0b0b0b-0000-4000-8000-00000000ffff", "not-there"};
   const auto missing_error = PrepareError(missing);
   EXPECT_NE(missing_error.find("ResourceClaim team-a/not-there: not found"), std::string::npos) << missing_error;
 
   // A claim recreated under the same name is not the one the kubelet asked for.
   const auto stale = SeedChannelClaim("recreated");
-  const auto uid_error = PrepareError({kNs, "0b0b0b0b-0000-4000-8000-00000000eeee", "recreated"});
+  const auto uid_error = PrepareError({kModuleNs, "0b0b0b0b-0000-4000-8000-00000000eeee", "recreated"});
   EXPECT_NE(uid_error.find("metadata.uid is \"" + stale.uid + "\""), std::string::npos) << uid_error;
   EXPECT_TRUE(ListCdiSpecClaimUids(paths_.cdi_dir).claim_uids.empty());
 }
@@ -624,18 +624,18 @@ TEST_F(DraModuleTest, WithoutTheGateTheNodeJoinsItsDomainAndPreparesOnceItIsRead
   const auto entry = [&] { return DomainEntry(); };
   EXPECT_EQ(label(), domain_uid_);
   ASSERT_TRUE(h_.RunUntil([&] { return entry().value("status", "") == "Ready"; })) << entry().dump();
-  EXPECT_EQ(entry()["name"], kNode);
-  EXPECT_EQ(entry()["cliqueID"], kClique);
+  EXPECT_EQ(entry()["name"], kModuleNode);
+  EXPECT_EQ(entry()["cliqueID"], kModuleClique);
   EXPECT_EQ(entry()["ipAddress"], config.driver_managed.node_address);
   EXPECT_EQ(entry()["index"], 0);
   // Applied (server-side apply on /status) under this node's own field manager, which owns it.
-  const json applied = Get(kDomains + "/train-a");
+  const json applied = Get(kModuleDomains + "/train-a");
   bool owned = false;
   for (const auto& m : applied["metadata"]["managedFields"]) {
     const json items = m.value(json::json_pointer("/fieldsV1/f:status/f:nodes"), json::object());
-    owned = owned || (m.value("manager", "") == "gpu-node-supervisor/" + std::string(kNode) &&
+    owned = owned || (m.value("manager", "") == "gpu-node-supervisor/" + std::string(kModuleNode) &&
                       m.value("subresource", "") == "status" &&
-                      items.contains("k:{\"name\":\"" + std::string(kNode) + "\"}"));
+                      items.contains("k:{\"name\":\"" + std::string(kModuleNode) + "\"}"));
   }
   EXPECT_TRUE(owned) << applied["metadata"].dump();
   const std::string domain_dir = paths_.state_dir + "/domains/" + domain_uid_;
@@ -748,12 +748,12 @@ TEST_F(DraModuleTest, ACrashBetweenPrepareStartedAndCompletedIsRolledBackOnStart
   Checkpoint checkpoint;
   PreparedClaim entry;
   entry.uid = claim.uid;
-  entry.namespace_name = kNs;
+  entry.namespace_name = kModuleNs;
   entry.name = "crashed";
   entry.state = ClaimState::kPrepareStarted;
   entry.domain_uid = domain_uid_;
   entry.device = "channel-0";
-  entry.pool_name = kNode;
+  entry.pool_name = kModuleNode;
   entry.request_names = {"channel"};
   entry.cdi_spec_file = CdiSpecFileName(claim.uid);
   entry.cdi_device_id = CdiQualifiedDeviceId(claim.uid);
@@ -886,7 +886,7 @@ TEST_F(DraModuleTest, ACorruptCheckpointIsMovedAsideReportedAndTheModuleStartsCl
   }));
   EXPECT_EQ(event["type"], "Warning");
   EXPECT_EQ(event["regarding"]["kind"], "Node");
-  EXPECT_EQ(event["regarding"]["name"], kNode);
+  EXPECT_EQ(event["regarding"]["name"], kModuleNode);
   EXPECT_NE(event["note"].get<std::string>().find("moved to"), std::string::npos);
   EXPECT_TRUE(module_.failures.empty());
   // Clean start: prepares work.

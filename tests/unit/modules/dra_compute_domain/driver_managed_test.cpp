@@ -30,9 +30,9 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 constexpr std::size_t kNodes = 12;
-constexpr const char* kNs = "team-a";
-constexpr const char* kClique = "7d1c2b3a-0000-4000-8000-00000000abcd.3";
-const std::string kDomains = std::string("/apis/resource.nvidia.com/v1beta1/namespaces/") + kNs + "/computedomains";
+constexpr const char* kScaleNs = "team-a";
+constexpr const char* kScaleClique = "7d1c2b3a-0000-4000-8000-00000000abcd.3";
+const std::string kScaleDomains = std::string("/apis/resource.nvidia.com/v1beta1/namespaces/") + kScaleNs + "/computedomains";
 
 std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
 
@@ -43,7 +43,7 @@ std::shared_ptr<spdlog::logger> Quiet() {
 
 // One simulated node (its own bus, client and informers on the shared loop and pool) and the
 // module part under test.
-struct Node : gns::test::SimNode {
+struct ScaleNode : gns::test::SimNode {
   using SimNode::SimNode;
   std::unique_ptr<DriverManagedDomains> domains;
 };
@@ -60,9 +60,9 @@ class DriverManagedScaleTest : public ::testing::Test {
     }
     api_->Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
                     {"kind", "ComputeDomain"},
-                    {"metadata", {{"name", "train"}, {"namespace", kNs}}},
+                    {"metadata", {{"name", "train"}, {"namespace", kScaleNs}}},
                     {"spec", {{"numNodes", kNodes}, {"channel", {{"resourceClaimTemplate", {{"name", "t"}}}}}}},
-                    {"_resource", kDomains}});
+                    {"_resource", kScaleDomains}});
     uid_ = Domain()["metadata"]["uid"].get<std::string>();
 
     const uint16_t server_port = server_port_.Port();
@@ -70,7 +70,7 @@ class DriverManagedScaleTest : public ::testing::Test {
     // Loopback addresses of their own per test process, so parallel runs do not meet.
     const int base = 20 + static_cast<int>(::getpid() % 200);
     for (std::size_t i = 0; i < kNodes; ++i) {
-      auto n = std::make_unique<Node>(h_.loop, h_.pool, h_.clock, *api_, NodeName(i), "dra-compute-domain", Quiet());
+      auto n = std::make_unique<ScaleNode>(h_.loop, h_.pool, h_.clock, *api_, NodeName(i), "dra-compute-domain", Quiet());
       DriverManagedSettings s;
       s.node_name = n->site.node_name;
       s.state_dir = (root_ / n->site.node_name).string();
@@ -85,7 +85,7 @@ class DriverManagedScaleTest : public ::testing::Test {
       s.daemon.restart.initial = milliseconds(100);
       n->domains = std::make_unique<DriverManagedDomains>(*n->context, s, n->client, n->informers);
       n->domains->Load(LoadDomainRecord(DriverManagedDomains::RecordFile(s.state_dir)));
-      n->domains->SetClique(kClique);
+      n->domains->SetClique(kScaleClique);
       nodes_.push_back(std::move(n));
     }
   }
@@ -104,7 +104,7 @@ class DriverManagedScaleTest : public ::testing::Test {
   }
 
   static std::string NodeName(std::size_t i) { return "node-" + std::to_string(i); }
-  json Domain() { return api_->Call("GET", kDomains + "/train").Json(); }
+  json Domain() { return api_->Call("GET", kScaleDomains + "/train").Json(); }
   json Entries() { return Domain().value(json::json_pointer("/status/nodes"), json::array()); }
   std::string ReadFile(const std::filesystem::path& path) {
     std::ifstream in(path);
@@ -119,16 +119,16 @@ class DriverManagedScaleTest : public ::testing::Test {
   gns::test::HeldPort server_port_;
   gns::test::HeldPort cmd_port_;
   std::unique_ptr<gns::test::ApiSim> api_;
-  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<ScaleNode>> nodes_;
   std::string uid_;
 };
 
 TEST_F(DriverManagedScaleTest, NodesRegisteringAtOnceAllAppearWithoutConflicts) {
   api_->ResetRequestCounts();
-  const ComputeDomainInfo info{uid_, kNs, "train"};
+  const ComputeDomainInfo info{uid_, kScaleNs, "train"};
   // Every node's first prepare at the same moment (as when the scheduler places all pods at once).
   for (std::size_t i = 0; i < kNodes; ++i) {
-    nodes_[i]->domains->Attach("claim-" + std::to_string(i), kNs, "pod-" + std::to_string(i), info, [](DomainVerdict) {});
+    nodes_[i]->domains->Attach("claim-" + std::to_string(i), kScaleNs, "pod-" + std::to_string(i), info, [](DomainVerdict) {});
   }
   // All registered, all Ready (each daemon saw every peer), indices unique within the clique.
   const auto settled = [&] {
@@ -144,7 +144,7 @@ TEST_F(DriverManagedScaleTest, NodesRegisteringAtOnceAllAppearWithoutConflicts) 
   std::set<std::string> names;
   for (const auto& e : Entries()) {
     names.insert(e["name"].get<std::string>());
-    EXPECT_EQ(e["cliqueID"], kClique);
+    EXPECT_EQ(e["cliqueID"], kScaleClique);
   }
   EXPECT_EQ(names.size(), kNodes);
   // Every node's map is the same one (the same names, by the same indices).

@@ -18,7 +18,7 @@ json ClaimWithConfig(json config_list) {
   return json{{"status", {{"allocation", {{"devices", {{"results", json::array()}, {"config", std::move(config_list)}}}}}}}};
 }
 
-json Entry(json parameters, const std::string& source = "FromClaim", json requests = json::array({"channel"}),
+json ConfigEntry(json parameters, const std::string& source = "FromClaim", json requests = json::array({"channel"}),
            const std::string& driver = "compute-domain.nvidia.com") {
   return json{{"source", source},
               {"requests", std::move(requests)},
@@ -97,9 +97,9 @@ TEST(OpaqueConfigTest, CollectsOurEntriesClassFirstAndSkipsOtherDrivers) {
   json class_params = Params();
   class_params["domainID"] = "from-class";
   const json claim = ClaimWithConfig(json::array({
-      Entry(Params(), "FromClaim"),
-      Entry(json{{"anything", 1}}, "FromClaim", json::array(), "gpu.nvidia.com"),
-      Entry(class_params, "FromClass", json::array()),
+      ConfigEntry(Params(), "FromClaim"),
+      ConfigEntry(json{{"anything", 1}}, "FromClaim", json::array(), "gpu.nvidia.com"),
+      ConfigEntry(class_params, "FromClass", json::array()),
       json{{"source", "FromClaim"}},  // no opaque member: not ours
   }));
   const auto configs = DecodeClaimConfigs(claim);
@@ -124,15 +124,15 @@ TEST(OpaqueConfigTest, NoConfigListIsEmptyNotAnError) {
 TEST(OpaqueConfigTest, BadEntriesNameTheirIndex) {
   auto error_of = [](json list) { return DecodeClaimConfigs(ClaimWithConfig(std::move(list))).error; };
   EXPECT_EQ(error_of(json("x")), "status.allocation.devices.config: expected an array, got string");
-  EXPECT_EQ(error_of(json::array({Entry(Params()), 5})), "status.allocation.devices.config[1]: expected an object, got number");
+  EXPECT_EQ(error_of(json::array({ConfigEntry(Params()), 5})), "status.allocation.devices.config[1]: expected an object, got number");
   EXPECT_EQ(error_of(json::array({json{{"opaque", "x"}}})), "status.allocation.devices.config[0].opaque: expected an object, got string");
   EXPECT_EQ(error_of(json::array({json{{"opaque", {{"driver", "compute-domain.nvidia.com"}}}}})),
             "status.allocation.devices.config[0].opaque.parameters: missing");
-  EXPECT_EQ(error_of(json::array({Entry(Params(), "FromClaim", json("channel"))})),
+  EXPECT_EQ(error_of(json::array({ConfigEntry(Params(), "FromClaim", json("channel"))})),
             "status.allocation.devices.config[0].requests: expected an array, got string");
-  EXPECT_EQ(error_of(json::array({Entry(Params(), "FromClaim", json::array({1}))})),
+  EXPECT_EQ(error_of(json::array({ConfigEntry(Params(), "FromClaim", json::array({1}))})),
             "status.allocation.devices.config[0].requests[]: expected strings");
-  EXPECT_EQ(error_of(json::array({Entry(Without(Params(), "kind"))})),
+  EXPECT_EQ(error_of(json::array({ConfigEntry(Without(Params(), "kind"))})),
             "status.allocation.devices.config[0].opaque.parameters.kind: missing");
 }
 

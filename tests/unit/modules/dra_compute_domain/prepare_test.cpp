@@ -78,7 +78,7 @@ struct Case {
 
 json& Results(json& claim) { return claim["status"]["allocation"]["devices"]["results"]; }
 json& Configs(json& claim) { return claim["status"]["allocation"]["devices"]["config"]; }
-json& Params(json& claim) { return Configs(claim)[0]["opaque"]["parameters"]; }
+json& ClaimParams(json& claim) { return Configs(claim)[0]["opaque"]["parameters"]; }
 
 class PrepareDecisionTest : public ::testing::TestWithParam<Case> {};
 
@@ -121,14 +121,14 @@ TEST_P(PrepareDecisionTest, Decides) {
 const Case kCases[] = {
     // --- accepted ---
     {.name = "SingleIsPrepared"},
-    {.name = "EmptyAllocationModeIsPrepared", .edit_claim = [](json& c) { Params(c)["allocationMode"] = ""; }},
-    {.name = "AbsentAllocationModeIsPrepared", .edit_claim = [](json& c) { Params(c).erase("allocationMode"); }},
+    {.name = "EmptyAllocationModeIsPrepared", .edit_claim = [](json& c) { ClaimParams(c)["allocationMode"] = ""; }},
+    {.name = "AbsentAllocationModeIsPrepared", .edit_claim = [](json& c) { ClaimParams(c).erase("allocationMode"); }},
     // §14.1 "channel prepare skips AddNodeLabel and AssertComputeDomainReady": the lookup result
     // carries no readiness and no label step exists; a ComputeDomain that merely exists is enough.
     {.name = "ComputeDomainNeedNotBeReady"},
     // §13 "Nonzero numNodes: silently ignored": nothing the kubelet side reads depends on it, and
     // unknown opaque fields do not fail the decode.
-    {.name = "ExtraOpaqueFieldsAreIgnored", .edit_claim = [](json& c) { Params(c)["numNodes"] = 4; }},
+    {.name = "ExtraOpaqueFieldsAreIgnored", .edit_claim = [](json& c) { ClaimParams(c)["numNodes"] = 4; }},
     {.name = "ConfigFromTheClassApplies",
      .edit_claim = [](json& c) { Configs(c)[0]["source"] = "FromClass"; Configs(c)[0].erase("requests"); }},
     // A crashed earlier attempt of the same claim (PrepareStarted) is redone, not a conflict.
@@ -168,7 +168,7 @@ const Case kCases[] = {
     {.name = "GateOffPreparesSingle",
      .edit_context = [](PrepareContext& ctx, Checkpoint&) { ctx.host_managed = false; }},
     {.name = "GateOffPreparesAll",
-     .edit_claim = [](json& c) { Params(c)["allocationMode"] = "All"; },
+     .edit_claim = [](json& c) { ClaimParams(c)["allocationMode"] = "All"; },
      .edit_context = [](PrepareContext& ctx, Checkpoint&) { ctx.host_managed = false; }},
     {.name = "GateOffClaimsOfOneDomainShareTheChannels",
      .edit_context =
@@ -187,7 +187,7 @@ const Case kCases[] = {
      .error_contains = "requested device channel-0 is already prepared for claim team-b/job-b",
      .lookup_called = false},
     {.name = "GateOffUnknownModeIsRejected",
-     .edit_claim = [](json& c) { Params(c)["allocationMode"] = "Some"; },
+     .edit_claim = [](json& c) { ClaimParams(c)["allocationMode"] = "Some"; },
      .edit_context = [](PrepareContext& ctx, Checkpoint&) { ctx.host_managed = false; },
      .outcome = PrepareOutcome::kPermanentError,
      .error_contains = "allocationMode: \"Some\" is not supported (only \"Single\", \"All\" or empty)",
@@ -200,7 +200,7 @@ const Case kCases[] = {
      .error_contains = "status.allocation is not set",
      .lookup_called = false},
     {.name = "BadOpaqueConfigIsPermanent",
-     .edit_claim = [](json& c) { Params(c)["apiVersion"] = "resource.nvidia.com/v1alpha1"; },
+     .edit_claim = [](json& c) { ClaimParams(c)["apiVersion"] = "resource.nvidia.com/v1alpha1"; },
      .outcome = PrepareOutcome::kPermanentError,
      .error_contains = "invalid opaque config: status.allocation.devices.config[0].opaque.parameters.apiVersion",
      .lookup_called = false},
@@ -208,7 +208,7 @@ const Case kCases[] = {
     {.name = "DaemonConfigIsDisabled",
      .edit_claim =
          [](json& c) {
-           Params(c) = {{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "ComputeDomainDaemonConfig"},
+           ClaimParams(c) = {{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "ComputeDomainDaemonConfig"},
                         {"domainID", kDomainUid}};
            Results(c)[0]["device"] = "daemon-0";
          },
@@ -255,17 +255,17 @@ const Case kCases[] = {
 
     // --- step 3: the allocationMode allowlist (§14.1, §13 rows "All" and unknown) ---
     {.name = "AllIsRejected",
-     .edit_claim = [](json& c) { Params(c)["allocationMode"] = "All"; },
+     .edit_claim = [](json& c) { ClaimParams(c)["allocationMode"] = "All"; },
      .outcome = PrepareOutcome::kPermanentError,
      .error_contains = "allocationMode: \"All\" is not supported under HostManagedIMEX (only \"Single\" or empty)",
      .lookup_called = false},
     {.name = "UnknownModeIsRejected",
-     .edit_claim = [](json& c) { Params(c)["allocationMode"] = "foo"; },
+     .edit_claim = [](json& c) { ClaimParams(c)["allocationMode"] = "foo"; },
      .outcome = PrepareOutcome::kPermanentError,
      .error_contains = "allocationMode: \"foo\" is not supported",
      .lookup_called = false},
     {.name = "ModeIsCaseSensitive",
-     .edit_claim = [](json& c) { Params(c)["allocationMode"] = "single"; },
+     .edit_claim = [](json& c) { ClaimParams(c)["allocationMode"] = "single"; },
      .outcome = PrepareOutcome::kPermanentError,
      .error_contains = "\"single\"",
      .lookup_called = false},

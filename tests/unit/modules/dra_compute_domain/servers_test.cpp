@@ -85,7 +85,7 @@ void LeaveStaleSocket(const std::string& path) {
   ::close(fd);
 }
 
-mode_t ModeOf(const std::string& path) {
+mode_t SocketModeOf(const std::string& path) {
   struct stat st {};
   EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
   return st.st_mode & 07777;
@@ -169,10 +169,10 @@ TEST_F(DraServersTest, SocketsAndDirectoriesHaveTheirModes) {
   EXPECT_EQ(paths_.registration_socket, dir_ / "kubelet/plugins_registry/compute-domain.nvidia.com-reg.sock");
   EXPECT_EQ(paths_.dra_socket, dir_ / "kubelet/plugins/compute-domain.nvidia.com/dra.sock");
   EXPECT_LT(paths_.registration_socket.size(), 108u);
-  EXPECT_EQ(ModeOf(paths_.registration_socket), 0600u);
-  EXPECT_EQ(ModeOf(paths_.dra_socket), 0600u);
-  EXPECT_EQ(ModeOf(paths_.plugin_dir), 0750u);
-  EXPECT_EQ(ModeOf(paths_.plugins_registry_dir), 0750u);
+  EXPECT_EQ(SocketModeOf(paths_.registration_socket), 0600u);
+  EXPECT_EQ(SocketModeOf(paths_.dra_socket), 0600u);
+  EXPECT_EQ(SocketModeOf(paths_.plugin_dir), 0750u);
+  EXPECT_EQ(SocketModeOf(paths_.plugins_registry_dir), 0750u);
   Stop();
   // The plugin watcher deregisters us when the socket goes.
   EXPECT_FALSE(std::filesystem::exists(paths_.registration_socket));

@@ -35,7 +35,7 @@ using std::chrono::seconds;
 constexpr const char* kUuid = "GPU-455d8f70-2051-db6c-0430-ffc457bff834";
 constexpr const char* kOther = "GPU-00000000-0000-0000-0000-000000000002";
 
-std::string SourceDir() {
+std::string ModuleSourceDir() {
   const char* dir = std::getenv("GNS_SOURCE_DIR");
   return dir ? dir : GNS_TEST_SOURCE_DIR;
 }
@@ -83,7 +83,7 @@ class GpuHealthModuleTest : public ::testing::Test {
     h_.site.paths.state_dir = dir_ + "/state";
     h_.site.node_name = "node1";
     fs::create_directories(h_.site.paths.state_dir);
-    config_.catalog_path = SourceDir() + "/config/xid-catalog.yaml";
+    config_.catalog_path = ModuleSourceDir() + "/config/xid-catalog.yaml";
     config_.catalog = XidCatalog::LoadFile(config_.catalog_path);
     health_sub_ = h_.bus.Subscribe<DeviceHealth>([this](const DeviceHealth& d) { health_.push_back(d); });
     event_sub_ = h_.bus.Subscribe<HealthEvent>([this](const HealthEvent& e) { events_.push_back(e); });
@@ -338,7 +338,7 @@ TEST_F(GpuHealthModuleTest, OperatorSetHealthyThroughTheAdminSocket) {
 }
 
 TEST_F(GpuHealthModuleTest, ConfigOverridesAndBadCatalog) {
-  const auto yaml = ParseYaml("catalog: " + SourceDir() +
+  const auto yaml = ParseYaml("catalog: " + ModuleSourceDir() +
                                   "/config/xid-catalog.yaml\noverrides:\n  ignore: [48]\n  critical: [13]\n"
                                   "  thresholds:\n    - {xid: 31, count: 3, window: 10m}\n",
                               "site.yaml");
@@ -376,7 +376,7 @@ TEST_F(GpuHealthModuleTest, ConfigOverridesAndBadCatalog) {
   EXPECT_TRUE(laid.catalog.Lookup(79).fatal);
   EXPECT_EQ(laid.catalog.size(), XidCatalog::Builtin().size() + 1);
   EXPECT_NE(laid.catalog_source.find(site_catalog), std::string::npos) << laid.catalog_source;
-  const auto bad = ParseYaml("catalog: " + SourceDir() + "/config/xid-catalog.yaml\noverrides:\n  ignore: [x]\n",
+  const auto bad = ParseYaml("catalog: " + ModuleSourceDir() + "/config/xid-catalog.yaml\noverrides:\n  ignore: [x]\n",
                              "site.yaml");
   ConfigMap bad_section(bad, "modules.gpu-health");
   EXPECT_THROW(GpuHealthModule::ParseConfig(bad_section, h_.site), gns::ConfigError);

@@ -27,8 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 using sim::JournalWriter;
 
-constexpr const char* kA = "GPU-455d8f70-2051-db6c-0430-ffc457bff834";  // 0000:03:00
-constexpr const char* kB = "GPU-00000000-0000-0000-0000-000000000002";  // 0000:3b:00
+constexpr const char* kStreamA = "GPU-455d8f70-2051-db6c-0430-ffc457bff834";  // 0000:03:00
+constexpr const char* kStreamB = "GPU-00000000-0000-0000-0000-000000000002";  // 0000:3b:00
 
 class HealthStreamTest : public ::testing::Test {
  protected:
@@ -47,7 +47,7 @@ class HealthStreamTest : public ::testing::Test {
     health_config_.admin_socket = false;
     gpu_inventory::GpuInventory inv;
     inv.available = true;
-    for (const auto& [uuid, bus] : {std::pair{kA, "00000000:03:00.0"}, std::pair{kB, "00000000:3B:00.0"}}) {
+    for (const auto& [uuid, bus] : {std::pair{kStreamA, "00000000:03:00.0"}, std::pair{kStreamB, "00000000:3B:00.0"}}) {
       gpu_inventory::GpuInfo g;
       g.uuid = uuid;
       g.pci_bus_id = bus;
@@ -88,7 +88,7 @@ class HealthStreamTest : public ::testing::Test {
   }
   // Every count and event as appended, and nothing more arriving for a while.
   void ExpectExactlyOnce() {
-    const std::map<std::string, const char*> uuid_of = {{"0000:03:00", kA}, {"0000:3b:00", kB}};
+    const std::map<std::string, const char*> uuid_of = {{"0000:03:00", kStreamA}, {"0000:3b:00", kStreamB}};
     auto all_counted = [&] {
       for (const auto& [key, n] : appended_) {
         const auto slash = key.find('/');
@@ -132,9 +132,9 @@ TEST_F(HealthStreamTest, LinesInTheJournalBeforeStartAreHandledOnceWhenJournaldS
   h_.RunUntil([] { return false; }, std::chrono::milliseconds(100));
   StartHealth();
   ExpectExactlyOnce();
-  ASSERT_TRUE(h_.bus.LatestByKey<DeviceHealth>().count(kA));
-  EXPECT_FALSE(h_.bus.LatestByKey<DeviceHealth>().at(kA).healthy);
-  EXPECT_EQ(events_[std::string(kA) + "/48"], 1);
+  ASSERT_TRUE(h_.bus.LatestByKey<DeviceHealth>().count(kStreamA));
+  EXPECT_FALSE(h_.bus.LatestByKey<DeviceHealth>().at(kStreamA).healthy);
+  EXPECT_EQ(events_[std::string(kStreamA) + "/48"], 1);
 }
 
 TEST_F(HealthStreamTest, LinesInTheJournalBeforeStartAreHandledOnceWhenGpuHealthStartsFirst) {
@@ -143,9 +143,9 @@ TEST_F(HealthStreamTest, LinesInTheJournalBeforeStartAreHandledOnceWhenGpuHealth
   StartHealth();
   StartJournald();
   ExpectExactlyOnce();
-  ASSERT_TRUE(h_.bus.LatestByKey<DeviceHealth>().count(kA));
-  EXPECT_FALSE(h_.bus.LatestByKey<DeviceHealth>().at(kA).healthy);
-  EXPECT_EQ(events_[std::string(kA) + "/48"], 1);
+  ASSERT_TRUE(h_.bus.LatestByKey<DeviceHealth>().count(kStreamA));
+  EXPECT_FALSE(h_.bus.LatestByKey<DeviceHealth>().at(kStreamA).healthy);
+  EXPECT_EQ(events_[std::string(kStreamA) + "/48"], 1);
 }
 
 TEST_F(HealthStreamTest, ARestartOfGpuHealthAloneWhileLinesArriveLosesAndRepeatsNothing) {
@@ -164,7 +164,7 @@ TEST_F(HealthStreamTest, ARestartOfGpuHealthAloneWhileLinesArriveLosesAndRepeats
     AppendXid("0000:3b:00", 31);  // and right after it is back
     ExpectExactlyOnce();
   }
-  EXPECT_FALSE(h_.bus.LatestByKey<DeviceHealth>().at(kB).healthy);
+  EXPECT_FALSE(h_.bus.LatestByKey<DeviceHealth>().at(kStreamB).healthy);
 }
 
 TEST_F(HealthStreamTest, ARestartOfJournaldAloneRepeatsNothing) {
@@ -204,7 +204,7 @@ TEST_F(HealthStreamTest, TheCheckpointHoldsThePositionWithTheCountsItProduced) {
   for (const auto& c : saved->xid_counts) counted += c.count;
   EXPECT_EQ(counted, 2u);
   ASSERT_EQ(saved->devices.size(), 1u);
-  EXPECT_EQ(saved->devices[0].uuid, kA);
+  EXPECT_EQ(saved->devices[0].uuid, kStreamA);
 }
 
 TEST_F(HealthStreamTest, TheCheckpointAVerdictTakesAtOnceHoldsTheLineThatCausedIt) {
@@ -226,7 +226,7 @@ TEST_F(HealthStreamTest, TheCheckpointAVerdictTakesAtOnceHoldsTheLineThatCausedI
   for (int i = 0; i < 2; ++i) h_.pool.Execute([gate, &held] { ++held; gate.wait(); });
   while (held.load() < 2) std::this_thread::yield();
   AppendXid("0000:03:00", 48);  // fatal: a verdict, persisted at once
-  ASSERT_TRUE(h_.RunUntil([&] { return Count(kA, 48) == 1; }));
+  ASSERT_TRUE(h_.RunUntil([&] { return Count(kStreamA, 48) == 1; }));
   h_.Drain();
   open.set_value();
   // The loop stays still: what lands is that first checkpoint, as a kill -9 would leave it.

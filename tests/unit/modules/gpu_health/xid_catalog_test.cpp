@@ -13,7 +13,7 @@
 namespace gns::gpu_health {
 namespace {
 
-// The repository root, from the environment gns_add_test sets for ctest.
+// The repository root, from the environment gns_test (cmake/GnsTests.cmake) sets for ctest.
 std::string SourceDir() {
   const char* dir = std::getenv("GNS_SOURCE_DIR");
   EXPECT_NE(dir, nullptr) << "GNS_SOURCE_DIR is not set: run this test through ctest";

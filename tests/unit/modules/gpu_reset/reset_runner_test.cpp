@@ -16,7 +16,7 @@ namespace gns::gpu_reset {
 namespace {
 
 using std::chrono::milliseconds;
-constexpr const char* kUuid = "GPU-11111111-2222-3333-4444-555555555555";
+constexpr const char* kRunnerUuid = "GPU-11111111-2222-3333-4444-555555555555";
 
 // A node that behaves: gpu-health holds the GPU Unhealthy at "GPU reset started" and turns it
 // Healthy at "GPU reset occurred", gpu-inventory lets go and takes back when asked. Each test
@@ -131,7 +131,7 @@ class ResetRunnerTest : public ::testing::Test {
     settings_.ack_identifier = "gpu-node-supervisor";
     job_.id = "cli/1";
     job_.source = "cli";
-    job_.gpus.push_back(NewGpuReset(kUuid));
+    job_.gpus.push_back(NewGpuReset(kRunnerUuid));
   }
 
   ResetRunner& Runner() {
@@ -173,7 +173,7 @@ class ResetRunnerTest : public ::testing::Test {
   void ExpectFailed(const std::string& reason) {
     ExpectOutcome("failed", reason);
     ASSERT_FALSE(node_.journal.empty());
-    EXPECT_EQ(node_.journal.back(), std::string("GPU reset executed: ") + kUuid + ", success: false");
+    EXPECT_EQ(node_.journal.back(), std::string("GPU reset executed: ") + kRunnerUuid + ", success: false");
   }
   std::string StepMessage(std::string_view step) {
     for (const auto& s : Gpu().steps)
@@ -196,12 +196,12 @@ TEST_F(ResetRunnerTest, AGpuGoesThroughTheSevenStepsInOrderAndSucceeds) {
   ExpectOutcome("succeeded", "");
   EXPECT_EQ(StepNames(), (std::vector<std::string>{"hold:ok", "holders:ok", "persistence:ok", "release:ok", "reset:ok",
                                                    "validate:ok", "restore:ok"}));
-  EXPECT_EQ(node_.journal, (std::vector<std::string>{std::string("GPU reset started: ") + kUuid,
-                                                     std::string("GPU reset occurred: ") + kUuid}));
-  EXPECT_EQ(node_.releases, (std::vector<std::string>{std::string("release ") + kUuid, std::string("take back ") + kUuid}));
+  EXPECT_EQ(node_.journal, (std::vector<std::string>{std::string("GPU reset started: ") + kRunnerUuid,
+                                                     std::string("GPU reset occurred: ") + kRunnerUuid}));
+  EXPECT_EQ(node_.releases, (std::vector<std::string>{std::string("release ") + kRunnerUuid, std::string("take back ") + kRunnerUuid}));
   ASSERT_EQ(node_.commands.size(), 1u);
   EXPECT_EQ(node_.commands.front(),
-            (std::vector<std::string>{"reset-tool", "--gpu", kUuid, "--bus=00000000:3B:00.0"}));
+            (std::vector<std::string>{"reset-tool", "--gpu", kRunnerUuid, "--bus=00000000:3B:00.0"}));
   EXPECT_EQ(Gpu().command_ms, 1234);
   EXPECT_EQ(StepMessage("reset"), "GPU 00000000:3B:00.0 was successfully reset.");
   EXPECT_FALSE(Gpu().released);
@@ -237,7 +237,7 @@ TEST_F(ResetRunnerTest, HoldIsRefusedWhenTheJournalCannotBeWritten) {
 
 TEST_F(ResetRunnerTest, HoldTimesOutWhenTheVerdictStaysHealthy) {
   node_.health_follows = false;
-  node_.verdicts[kUuid] = {true, ""};
+  node_.verdicts[kRunnerUuid] = {true, ""};
   ASSERT_TRUE(Run());
   ExpectRefused("HoldTimeout");
   EXPECT_NE(Gpu().message.find("gpu-node-supervisor"), std::string::npos) << Gpu().message;
@@ -250,7 +250,7 @@ TEST_F(ResetRunnerTest, HoldWaitsForTheVerdictToTurnUnhealthy) {
   node_.on_journal = [&](const std::string& message) {
     if (message.rfind("GPU reset started", 0) != 0) return;
     boost::asio::post(io_, [&] {  // a turn later, as gpu-health's verdict comes over the bus
-      node_.verdicts[kUuid] = {false, "GPU reset in progress"};
+      node_.verdicts[kRunnerUuid] = {false, "GPU reset in progress"};
       node_.health_follows = true;
       Runner().Wake();
     });
@@ -357,7 +357,7 @@ TEST_F(ResetRunnerTest, PersistenceRefusedWhenItCannotBeTurnedOffAndGivenBack) {
   node_.persistence_error = "NVML_ERROR_NO_PERMISSION";
   ASSERT_TRUE(Run());
   ExpectRefused("PersistenceModeFailed");
-  EXPECT_EQ(node_.persistence_restored, (std::vector<std::string>{kUuid}));
+  EXPECT_EQ(node_.persistence_restored, (std::vector<std::string>{kRunnerUuid}));
   EXPECT_TRUE(node_.releases.empty());
 }
 
@@ -376,7 +376,7 @@ TEST_F(ResetRunnerTest, ReleaseTimesOutWhenGpuInventoryKeepsTheGpuAndGivesItBack
   node_.inventory_lets_go = false;
   ASSERT_TRUE(Run());
   ExpectRefused("ReleaseTimeout");
-  EXPECT_EQ(node_.releases, (std::vector<std::string>{std::string("release ") + kUuid, std::string("take back ") + kUuid}));
+  EXPECT_EQ(node_.releases, (std::vector<std::string>{std::string("release ") + kRunnerUuid, std::string("take back ") + kRunnerUuid}));
   EXPECT_FALSE(Gpu().released);
 }
 
@@ -402,7 +402,7 @@ TEST_F(ResetRunnerTest, AResetCommandThatFailsFailsTheGpuAndTheJournalSaysSo) {
   ExpectFailed("ResetCommandFailed");
   EXPECT_EQ(Gpu().message, "reset-tool: exit 3: The GPU is in use by another client.");
   EXPECT_EQ(Gpu().command_output, node_.command.err);
-  EXPECT_EQ(node_.releases.back(), std::string("take back ") + kUuid);
+  EXPECT_EQ(node_.releases.back(), std::string("take back ") + kRunnerUuid);
 }
 
 // ------------------------------------------------------------------------------- 6. validate
@@ -411,7 +411,7 @@ TEST_F(ResetRunnerTest, ValidateFailsWhenTheGpuDoesNotComeBack) {
   node_.inventory_takes_back = false;
   ASSERT_TRUE(Run());
   ExpectFailed("GpuMissing");
-  EXPECT_NE(Gpu().message.find("does not show " + std::string(kUuid) + " again"), std::string::npos) << Gpu().message;
+  EXPECT_NE(Gpu().message.find("does not show " + std::string(kRunnerUuid) + " again"), std::string::npos) << Gpu().message;
 }
 
 TEST_F(ResetRunnerTest, ValidateFailsWhenNvmlCannotReadTheGpu) {
@@ -448,7 +448,7 @@ TEST_F(ResetRunnerTest, ValidateFailsOnAFailedRowRemap) {
 
 TEST_F(ResetRunnerTest, ValidateFailsOnAnXidSinceItBegan) {
   node_.on_release = [&](bool release) {
-    if (!release) Runner().NoteXid(kUuid, "XID 79 (NVML)", std::nullopt);
+    if (!release) Runner().NoteXid(kRunnerUuid, "XID 79 (NVML)", std::nullopt);
   };
   ASSERT_TRUE(Run());
   ExpectFailed("XidAfterReset");
@@ -458,7 +458,7 @@ TEST_F(ResetRunnerTest, ValidateFailsOnAnXidSinceItBegan) {
 TEST_F(ResetRunnerTest, AnXidJudgedBeforeValidationBeganOrOnAnotherGpuIsNotHeldAgainstIt) {
   node_.on_release = [&](bool release) {
     if (release) return;
-    Runner().NoteXid(kUuid, "XID 79 (kernel)", 1000);  // judged long ago, released late
+    Runner().NoteXid(kRunnerUuid, "XID 79 (kernel)", 1000);  // judged long ago, released late
     Runner().NoteXid("GPU-other", "XID 79 (NVML)", std::nullopt);
   };
   ASSERT_TRUE(Run());
@@ -492,7 +492,7 @@ TEST_F(ResetRunnerTest, RestoreFailsOnAnXidWithinTheSettleWindow) {
   settings_.settle = milliseconds(5000);
   node_.on_journal = [&](const std::string& message) {
     if (message.rfind("GPU reset occurred", 0) == 0) {
-      boost::asio::post(io_, [&] { Runner().NoteXid(kUuid, "XID 48 (kernel)", node_.NowMs()); });
+      boost::asio::post(io_, [&] { Runner().NoteXid(kRunnerUuid, "XID 48 (kernel)", node_.NowMs()); });
     }
   };
   ASSERT_TRUE(Run());
@@ -515,7 +515,7 @@ TEST_F(ResetRunnerTest, RestoreTurnsPersistenceOnAgainAndSaysWhenItCannot) {
 TEST_F(ResetRunnerTest, RestoreWaitsForHealthyNoLongerThanItsTimeout) {
   node_.health_follows = false;
   node_.on_journal = [&](const std::string& message) {
-    if (message.rfind("GPU reset started", 0) == 0) node_.verdicts[kUuid] = {false, "held"};  // never Healthy again
+    if (message.rfind("GPU reset started", 0) == 0) node_.verdicts[kRunnerUuid] = {false, "held"};  // never Healthy again
   };
   ASSERT_TRUE(Run());
   ExpectOutcome("succeeded", "");
@@ -526,12 +526,12 @@ TEST_F(ResetRunnerTest, RestoreWaitsForHealthyNoLongerThanItsTimeout) {
 
 TEST_F(ResetRunnerTest, AGpuResumedAfterTheCommandValidatesAgainAndIsNotResetAgain) {
   Gpu().step = Step::kRestore;
-  node_.verdicts[kUuid] = {false, "GPU reset in progress"};
+  node_.verdicts[kRunnerUuid] = {false, "GPU reset in progress"};
   ASSERT_TRUE(Run());
   ExpectOutcome("succeeded", "");
   EXPECT_TRUE(node_.commands.empty());
   EXPECT_EQ(StepNames(), (std::vector<std::string>{"validate:ok", "restore:ok"}));
-  EXPECT_EQ(node_.journal, (std::vector<std::string>{std::string("GPU reset occurred: ") + kUuid}));
+  EXPECT_EQ(node_.journal, (std::vector<std::string>{std::string("GPU reset occurred: ") + kRunnerUuid}));
 }
 
 TEST_F(ResetRunnerTest, AGpuResumedBeforeTheCommandStartsAgainFromTheHold) {

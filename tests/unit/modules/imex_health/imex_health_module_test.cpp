@@ -25,7 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kUnit = "nvidia-imex.service";
-constexpr const char* kProcDevices = "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n";
+constexpr const char* kModuleProcDevices = "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n";
 
 class ImexHealthModuleTest : public ::testing::Test {
  protected:
@@ -37,7 +37,7 @@ class ImexHealthModuleTest : public ::testing::Test {
     fs::create_directories(root_ / "proc");
     fs::create_directories(root_ / "etc/nvidia-imex");
     fs::create_directories(root_ / "dev/nvidia-caps-imex-channels");
-    Write("proc/devices", kProcDevices);
+    Write("proc/devices", kModuleProcDevices);
     Write("etc/nvidia-imex/config.cfg",
           "DAEMONIZE=0\nIMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\nIMEX_CMD_PORT=50005\n");
     Write("etc/nvidia-imex/nodes_config.cfg", "10.0.0.1\n10.0.0.2\n");
