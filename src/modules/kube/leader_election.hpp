@@ -89,8 +89,7 @@ class LeaderElector {
   // `lease` with us as holder, renewed now (and acquired now when `taking_over`).
   nlohmann::json Renewed(nlohmann::json lease, bool taking_over);
   nlohmann::json NewLease() const;
-  // What a request may take: a renewal has until renewDeadline after the last renewal (then
-  // the leader gives up, before anyone may take over); any other request renewDeadline.
+  // What a request may take (the client's own bounds: see the .cpp).
   Deadline RequestDeadline() const;
   boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay, Gate::Ticket ticket);
   // Both return the wait before the next round.

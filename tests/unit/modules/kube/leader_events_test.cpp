@@ -134,26 +134,6 @@ TEST_F(LeaderElectionTest, LeaderThatCannotRenewStopsLeading) {
   EXPECT_TRUE(done);
 }
 
-TEST_F(LeaderElectionTest, ALeaderWhoseRenewalHangsStopsLeadingBeforeTheLeaseRunsOut) {
-  // The server holds every answer for 3 s (request_timeout is 5 s): a renewal cannot come back
-  // in time. The leader must stop by renewDeadline (400 ms) after its last renewal, before
-  // another candidate could take over (leaseDuration, 600 ms), not when the PUT gives up.
-  auto a = MakeCandidate("node-a");
-  a->elector->Start();
-  ASSERT_TRUE(h_.RunUntil([&] { return a->elector->IsLeader(); }));
-  h_.RunUntil([] { return false; }, milliseconds(150));  // renewing
-  ASSERT_TRUE(a->elector->IsLeader());
-  server_->SetResponseDelay(milliseconds(3000));
-  const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(h_.RunUntil([&] { return !a->elector->IsLeader(); }, std::chrono::seconds(5)));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(600));
-  EXPECT_EQ(a->stopped, 1);
-  bool done = false;
-  a->elector->Stop([&] { done = true; });
-  EXPECT_TRUE(done);  // not leading: nothing to hand back
-  server_->SetResponseDelay(milliseconds(0));
-}
-
 TEST_F(LeaderElectionTest, ElectorDestroyedWithARequestInFlightIsNeverResumed) {
   auto a = MakeCandidate("node-a");
   server_->SetResponseDelay(milliseconds(300));
