@@ -142,7 +142,7 @@ GpuInventoryModule::Config Parse(const std::string& yaml) {
 TEST(GpuInventoryConfig, DefaultsAndEveryKey) {
   const auto defaults = Parse("{}");
   EXPECT_EQ(defaults.nvml_library, "libnvidia-ml.so.1");
-  EXPECT_EQ(defaults.event_wait_timeout, milliseconds(5000));
+  EXPECT_EQ(defaults.event_wait_timeout, milliseconds(60000));
   EXPECT_EQ(defaults.event_waiter_program, "/proc/self/exe");
   EXPECT_EQ(defaults.retry_backoff.initial, milliseconds(1000));
   EXPECT_EQ(defaults.retry_backoff.max, milliseconds(60000));
