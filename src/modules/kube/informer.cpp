@@ -107,6 +107,9 @@ void Informer::CountError(const char* counter, const std::string& why) {
 // list → watch → (resume the watch | relist) until Stop. Every wait takes the run's ticket:
 // once Stop closed the gate, the run is dropped where it waits, so no line below runs after it.
 asio::awaitable<void> Informer::Run(Gate::Ticket ticket) {
+  // co_spawn begins the run one loop turn after Start: an informer stopped (or destroyed) in
+  // between must not be touched.
+  if (!ticket) co_return;
   for (;;) {
     // The cache becomes the server's state (the first list, or a relist after 410 or a lost
     // event); a failed list is retried after the backoff.

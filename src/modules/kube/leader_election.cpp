@@ -107,6 +107,9 @@ void LeaderElector::Start() {
 // ..., until Stop. Every wait takes the gate's ticket: once the elector is gone, the run is
 // dropped where it waits.
 asio::awaitable<void> LeaderElector::Run(Gate::Ticket ticket) {
+  // co_spawn begins the run one loop turn after Start: an elector stopped (or destroyed) in
+  // between must not be touched.
+  if (!ticket) co_return;
   while (running_) {
     const std::optional<std::chrono::milliseconds> wait = co_await Round(ticket);
     if (!wait) break;

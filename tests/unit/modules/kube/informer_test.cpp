@@ -377,5 +377,18 @@ TEST_F(InformerTest, AnInformerDroppedWhileItsListIsInFlightIsNeverResumed) {
   server_->SetResponseDelay(std::chrono::milliseconds(0));
 }
 
+TEST_F(InformerTest, AnInformerDroppedBeforeItsRunStartedNeverRuns) {
+  // Acquire starts the run, which co_spawn begins one loop turn later; dropped before that turn,
+  // the run must not begin at all (it would read the freed informer: ASan reports a use after
+  // free), and no list is sent.
+  auto informer = registry_->Acquire(InformerSpec{nodes_.Collection(), "", ""});
+  const std::string key = informer->Key();
+  informer.reset();
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(300));
+  EXPECT_EQ(client_->GetStats().requests, 0u);
+  EXPECT_TRUE(events_.empty());
+  EXPECT_EQ(h_.bus.LatestByKey<InformerSynced>().count(key), 0u);
+}
+
 }  // namespace
 }  // namespace gns::kube
