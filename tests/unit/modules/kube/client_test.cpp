@@ -563,12 +563,13 @@ TEST_F(KubeClientTest, AwaitedCallPastItsDeadlineResumesOnceWithAnError) {
   EXPECT_EQ((*slow)[0].error.rfind(kDeadlineExceeded, 0), 0u) << (*slow)[0].error;
   EXPECT_TRUE(IsTransient((*slow)[0]));
   EXPECT_GE(took, std::chrono::milliseconds(200));
-  EXPECT_LT(took, std::chrono::milliseconds(1500));
   // The request itself went on; its late answer is dropped, not delivered a second time.
   const auto answered = [&] {
     return h_.metrics.Counter("gpu_node_supervisor_kube_requests_total", "", {{"verb", "get"}, {"code", "200"}})
                .Value() >= 2;
   };
+  // The deadline resumed the coroutine before the server's answer came (it is held 1.5 s).
+  EXPECT_FALSE(answered());
   ASSERT_TRUE(h_.RunUntil(answered, std::chrono::seconds(5)));
   h_.Drain();
   EXPECT_EQ(slow->size(), 1u);
