@@ -99,7 +99,9 @@ endfunction()
 # gns_module(<m> PUBLIC_HEADERS <headers…>)
 # Declares module <m> (its folder is the current source folder, src/modules/<m>) and its public
 # surface: the headers, relative to the folder, that other modules, the CLI, sims, benches and
-# other modules' tests may include. Everything else in the folder is private to <m>.
+# other modules' tests may include: messages.hpp and everything under api/ by rule, and the
+# headers PUBLIC_HEADERS names (the module's own <m>_module.hpp, for the manifest). Everything
+# else in the folder is private to <m>.
 function(gns_module m)
   cmake_parse_arguments(M "" "" "PUBLIC_HEADERS" ${ARGN})
   get_filename_component(folder_name ${CMAKE_CURRENT_SOURCE_DIR} NAME)
@@ -115,6 +117,13 @@ function(gns_module m)
     endif()
   endforeach()
   set(generated)
+  # messages.hpp and everything under api/ are public by rule; PUBLIC_HEADERS adds the module's
+  # own header (the manifest, its tests and benches build it).
+  foreach(header ${headers})
+    if(header STREQUAL "messages.hpp" OR header MATCHES "^api/")
+      list(APPEND M_PUBLIC_HEADERS ${header})
+    endif()
+  endforeach()
   foreach(header ${headers})
     set(out ${GNS_PUBLIC_INCLUDE_DIR}/modules/${m}/${header})
     get_filename_component(out_dir ${out} DIRECTORY)

@@ -30,9 +30,9 @@
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/null_sink.h>

@@ -29,8 +29,8 @@
 #include "loop/services.hpp"
 #include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
 #include "modules/dra_compute_domain/driver_managed.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/null_sink.h>

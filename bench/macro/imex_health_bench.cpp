@@ -17,9 +17,9 @@
 #include "loop/module.hpp"
 #include "loop/services.hpp"
 #include "modules/imex_health/imex_health_module.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
 #include "support/private_bus.hpp"
 
 #include <nlohmann/json.hpp>

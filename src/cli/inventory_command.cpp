@@ -1,6 +1,6 @@
 #include "inventory_command.hpp"
 
-#include "modules/gpu_inventory/nvml_session.hpp"
+#include "modules/gpu_inventory/api/nvml_session.hpp"
 
 #include <nlohmann/json.hpp>
 

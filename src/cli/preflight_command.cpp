@@ -4,9 +4,9 @@
 #include "loop/clock.hpp"
 #include "loop/loop.hpp"
 #include "loop/metrics_registry.hpp"
-#include "modules/gpu_inventory/nvml_session.hpp"
-#include "modules/imex_peers/imex_peers_module.hpp"
-#include "modules/kube/client.hpp"
+#include "modules/gpu_inventory/api/nvml_session.hpp"
+#include "modules/imex_peers/api/node_address.hpp"
+#include "modules/kube/api/client.hpp"
 #include "preflight/domain_check.hpp"
 #include "preflight/host_checks.hpp"
 #include "preflight/unit_watcher.hpp"
@@ -143,7 +143,7 @@ CheckResult CliqueMapCheck(const PreflightOptions& options, const imex_health::H
   std::vector<std::string> expected;
   std::vector<std::string> without;
   for (const auto& item : nodes.object.value("items", nlohmann::json::array())) {
-    const std::string address = imex_peers::ImexPeersModule::AddressOf(item, type);
+    const std::string address = imex_peers::NodeAddressOf(item, type);
     if (address.empty()) without.push_back(item.value("/metadata/name"_json_pointer, std::string("?")));
     else expected.push_back(address);
   }

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "modules/kube/json_reader.hpp"
+#include "modules/kube/api/json_reader.hpp"
 
 namespace {
 

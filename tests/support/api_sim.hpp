@@ -14,8 +14,8 @@
 #include "loop/module.hpp"
 #include "loop/services.hpp"
 #include "loop/site.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <spdlog/spdlog.h>
 

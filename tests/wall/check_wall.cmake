@@ -65,18 +65,18 @@ endfunction()
 # private headers they need), never another module's insides. Light headers only: the machine
 # this runs on may be busy, and a header that pulls in Asio costs seconds each.
 probe(module modules/imex_health/path_watcher.hpp OK)
-probe(module modules/gpu_inventory/nvml_session.hpp OK)
+probe(module modules/gpu_inventory/api/nvml_session.hpp OK)
 probe(module modules/gpu_inventory/nvml_library.hpp PRIVATE gpu_inventory)
-probe(module modules/gpu_inventory/nvml_library.hpp PRIVATE gpu_inventory AFTER modules/gpu_inventory/nvml_session.hpp)
+probe(module modules/gpu_inventory/nvml_library.hpp PRIVATE gpu_inventory AFTER modules/gpu_inventory/api/nvml_session.hpp)
 probe(module modules/gpu_health/kernel_line_parser.hpp PRIVATE gpu_health)
 # The binary's command line: public surfaces and the shared libraries (loop, preflight) only.
-probe(cli modules/gpu_inventory/nvml_session.hpp OK)
+probe(cli modules/gpu_inventory/api/nvml_session.hpp OK)
 probe(cli preflight/host_checks.hpp OK)
 probe(cli modules/imex_peers/messages.hpp OK)
 probe(cli modules/imex_health/path_watcher.hpp PRIVATE imex_health)
 probe(cli modules/dra_compute_domain/checkpoint.hpp PRIVATE dra_compute_domain)
 # Shared test code (tests/support), as integration tests, sims and benches see the modules.
-probe(support modules/kube/json_reader.hpp OK)
+probe(support modules/kube/api/json_reader.hpp OK)
 probe(support modules/device_plugin/messages.hpp OK)
 probe(support modules/pod_resources/pod_map.hpp PRIVATE pod_resources)
 

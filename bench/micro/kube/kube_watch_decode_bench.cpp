@@ -8,7 +8,7 @@
 #include "loop/bus.hpp"
 #include "loop/loop.hpp"
 #include "loop/metrics_registry.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <benchmark/benchmark.h>
 #include <malloc.h>

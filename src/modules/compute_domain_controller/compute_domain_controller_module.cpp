@@ -2,7 +2,7 @@
 #include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
 
 #include "loop/feature_gates.hpp"
-#include "modules/kube/events.hpp"
+#include "modules/kube/api/events.hpp"
 #include "modules/kube/messages.hpp"
 
 #include <stdexcept>

@@ -14,8 +14,8 @@
 #include "loop/module.hpp"
 #include "modules/compute_domain_controller/reconciler.hpp"
 #include "modules/compute_domain_controller/work_queue.hpp"
-#include "modules/kube/informer.hpp"
-#include "modules/kube/leader_election.hpp"
+#include "modules/kube/api/informer.hpp"
+#include "modules/kube/api/leader_election.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 

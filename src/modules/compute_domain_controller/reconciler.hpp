@@ -33,8 +33,8 @@
 // and no further request is made (used when the lease is lost).
 
 #include "loop/gate.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/events.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/logger.h>

@@ -19,9 +19,9 @@
 #include "modules/dra_compute_domain/registration_server.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/imex_health/messages.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
 #include "modules/kube/messages.hpp"
 
 #include <boost/asio/co_spawn.hpp>

@@ -5,8 +5,8 @@
 #include "loop/state_file.hpp"
 
 #include "modules/dra_compute_domain/driver_paths.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/informer.hpp"
 #include "modules/kube/messages.hpp"
 
 #include <fcntl.h>

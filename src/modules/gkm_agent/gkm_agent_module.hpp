@@ -15,8 +15,8 @@
 #include "modules/gkm_agent/layout.hpp"
 #include "modules/gkm_agent/registry_client.hpp"
 #include "modules/gpu_inventory/messages.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 

@@ -5,9 +5,9 @@
 #include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
 #include "loop/state_load.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <yaml-cpp/yaml.h>
 

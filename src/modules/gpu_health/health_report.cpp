@@ -3,8 +3,8 @@
 
 #include "loop/bus.hpp"
 #include "loop/clock.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/events.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
 
 #include <algorithm>
 #include <set>

@@ -1,8 +1,8 @@
 // The operator's set-healthy channels (see operator_channel.hpp).
 #include "modules/gpu_health/operator_channel.hpp"
 
-#include "modules/kube/client.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <algorithm>
 #include <sstream>

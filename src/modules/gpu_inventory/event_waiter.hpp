@@ -22,7 +22,7 @@
 //   error <function> <text>                it failed (<function> "-" when no NVML call); it exits
 
 #include "modules/gpu_inventory/api/nvml_events_command.hpp"
-#include "modules/gpu_inventory/nvml_abi.hpp"
+#include "modules/gpu_inventory/api/nvml_abi.hpp"
 
 #include <boost/asio/io_context.hpp>
 

@@ -19,7 +19,7 @@
 #include "loop/module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_inventory/event_waiter.hpp"
-#include "modules/gpu_inventory/nvml_session.hpp"
+#include "modules/gpu_inventory/api/nvml_session.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 

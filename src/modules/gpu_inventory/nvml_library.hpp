@@ -3,7 +3,7 @@
 // any thread may call through it; dlclose runs when the last owner lets go. NVML calls block:
 // only the blocking pool and the XID waiter call through this, never the loop.
 
-#include "modules/gpu_inventory/nvml_abi.hpp"
+#include "modules/gpu_inventory/api/nvml_abi.hpp"
 
 #include <memory>
 #include <string>

@@ -4,7 +4,7 @@
 // NVML down again, on the blocking pool.
 
 #include "loop/blocking_pool.hpp"
-#include "modules/gpu_inventory/maintenance.hpp"
+#include "modules/gpu_inventory/api/maintenance.hpp"
 
 #include <memory>
 #include <mutex>

@@ -1,5 +1,5 @@
 // NVML reads, the event set and the session lifecycle (worker side).
-#include "modules/gpu_inventory/nvml_session.hpp"
+#include "modules/gpu_inventory/api/nvml_session.hpp"
 
 #include "modules/gpu_inventory/clique.hpp"
 

@@ -3,7 +3,7 @@
 
 #include "loop/pci_address.hpp"
 #include "modules/gpu_reset/reset_request.hpp"
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 
 #include <algorithm>
 

@@ -10,7 +10,7 @@
 // validates again if it had: never Healthy without validation. Loop thread only.
 
 #include "loop/run_command.hpp"
-#include "modules/gpu_inventory/maintenance.hpp"
+#include "modules/gpu_inventory/api/maintenance.hpp"
 #include "modules/gpu_reset/reset_book.hpp"
 
 #include <boost/asio/any_io_executor.hpp>

@@ -2,11 +2,10 @@
 #include "modules/imex_health/imex_health_module.hpp"
 
 #include "modules/imex_health/path_watcher.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/condition_writer.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
-#include "modules/kube/kube_module.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/condition_writer.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <unistd.h>
 

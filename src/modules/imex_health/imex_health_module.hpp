@@ -9,7 +9,7 @@
 #include "loop/module.hpp"
 #include "loop/supervisor_messages.hpp"
 #include "modules/imex_health/messages.hpp"
-#include "modules/imex_health/unit_control.hpp"
+#include "modules/imex_health/api/unit_control.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/kube/messages.hpp"
 #include "preflight/domain_check.hpp"

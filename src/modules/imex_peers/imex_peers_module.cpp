@@ -1,12 +1,13 @@
 // The imex-peers module: see imex_peers_module.hpp.
 #include "modules/imex_peers/imex_peers_module.hpp"
+#include "modules/imex_peers/api/node_address.hpp"
 
 #include "loop/atomic_file.hpp"
-#include "modules/imex_health/unit_control.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/condition_writer.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/imex_health/api/unit_control.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/condition_writer.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include <sys/stat.h>
 
@@ -70,16 +71,6 @@ std::string ImexPeersModule::Render(std::vector<std::string> addresses) {
     if (!a.empty()) out += a + "\n";
   }
   return out;
-}
-
-std::string ImexPeersModule::AddressOf(const nlohmann::json& node, const std::string& type) {
-  const auto list = node.value("/status/addresses"_json_pointer, nlohmann::json::array());
-  for (const auto& a : list.is_array() ? list : nlohmann::json::array()) {
-    if (a.is_object() && a.value("type", "") == type && a.contains("address") && a["address"].is_string()) {
-      return a["address"].get<std::string>();
-    }
-  }
-  return {};
 }
 
 void ImexPeersModule::Start() {
@@ -156,7 +147,7 @@ void ImexPeersModule::ReadSelf() {
   if (!self_informer_ || !self_informer_->Synced()) return;
   const auto node = self_informer_->Get(context_.Site().node_name);
   std::optional<std::string> address;
-  if (node) address = AddressOf(*node, config_.address_type);
+  if (node) address = NodeAddressOf(*node, config_.address_type);
   if (address == self_address_) return;
   self_address_ = std::move(address);
   if (synced_) Reconcile();
@@ -173,7 +164,7 @@ void ImexPeersModule::OnResourceEvent(const kube::ResourceEvent& event) {
   if (event.type == kube::ResourceEvent::Type::kDeleted) {
     addresses_.erase(meta->name);
   } else {
-    addresses_[meta->name] = AddressOf(*event.object, config_.address_type);
+    addresses_[meta->name] = NodeAddressOf(*event.object, config_.address_type);
   }
   if (synced_) Reconcile();
 }

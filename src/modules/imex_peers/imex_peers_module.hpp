@@ -65,8 +65,6 @@ class ImexPeersModule final : public Module {
 
   // The file content for a set of addresses: sorted, unique, one per line.
   static std::string Render(std::vector<std::string> addresses);
-  // A Node's first address of `type` (InternalIP, Hostname) from status.addresses; "" if none.
-  static std::string AddressOf(const nlohmann::json& node, const std::string& type);
 
  private:
   void OnClique(const gpu_inventory::NodeClique& clique);

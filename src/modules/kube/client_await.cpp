@@ -1,6 +1,6 @@
 // The client's verbs as awaitables (see client.hpp): each starts the callback call it mirrors
 // and resumes the awaiting coroutine with its Result, or with a deadline error first.
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 
 #include "loop/awaitables.hpp"
 

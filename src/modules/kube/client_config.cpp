@@ -1,6 +1,6 @@
 // Where the API server is and how to authenticate: kubeconfig and in-cluster loading, plus the
 // small path and metadata helpers of client.hpp (nothing here touches the network).
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 
 #include <yaml-cpp/yaml.h>
 

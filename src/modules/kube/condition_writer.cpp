@@ -1,5 +1,5 @@
 // One Node condition kept up to date: see condition_writer.hpp.
-#include "modules/kube/condition_writer.hpp"
+#include "modules/kube/api/condition_writer.hpp"
 
 namespace gns::kube {
 namespace {

@@ -1,7 +1,7 @@
 // Event recording with aggregation and a rate limit, and Node condition updates (events.hpp).
-#include "modules/kube/events.hpp"
+#include "modules/kube/api/events.hpp"
 
-#include "modules/kube/leader_election.hpp"
+#include "modules/kube/api/leader_election.hpp"
 
 #include <cstdio>
 

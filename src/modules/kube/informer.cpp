@@ -1,8 +1,8 @@
 // Shared informers: list + watch + relist, the cache, and the registry that shares them.
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/informer.hpp"
 
 #include "loop/awaitables.hpp"
-#include "modules/kube/json_reader.hpp"
+#include "modules/kube/api/json_reader.hpp"
 
 // GCC 12 at -O2 (GCC bug 109224) reports Asio's own coroutine frame new/delete pair as
 // mismatched once both are inlined (as dra_module.cpp).

@@ -1,4 +1,4 @@
-#include "modules/kube/json_reader.hpp"
+#include "modules/kube/api/json_reader.hpp"
 
 #include <simdjson.h>
 

@@ -4,10 +4,10 @@
 // leader election is enabled); publishes LeaderStatus on the bus.
 
 #include "loop/module.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
-#include "modules/kube/leader_election.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
+#include "modules/kube/api/leader_election.hpp"
 
 #include <chrono>
 #include <memory>

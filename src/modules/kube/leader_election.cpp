@@ -1,5 +1,5 @@
 // Lease-based leader election (see leader_election.hpp).
-#include "modules/kube/leader_election.hpp"
+#include "modules/kube/api/leader_election.hpp"
 
 #include "loop/awaitables.hpp"
 #include "modules/kube/messages.hpp"

@@ -1,8 +1,8 @@
 // KubeClient's network side: the only translation unit of the module with Beast, Asio SSL and
 // coroutines. Requests share a small pool of keep-alive TLS connections; every watch has its
 // own connection. Everything runs on the loop thread.
-#include "modules/kube/client.hpp"
-#include "modules/kube/json_reader.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/json_reader.hpp"
 #include "loop/https.hpp"
 
 #include <boost/asio/co_spawn.hpp>

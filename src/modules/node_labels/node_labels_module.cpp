@@ -2,7 +2,7 @@
 #include "modules/node_labels/node_labels_module.hpp"
 
 #include "loop/supervisor_messages.hpp"
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 
 #include <algorithm>
 

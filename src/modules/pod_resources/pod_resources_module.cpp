@@ -5,8 +5,8 @@
 #include "loop/json_fields.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/informer.hpp"
 #include "modules/kube/messages.hpp"
 
 #include <fmt/format.h>

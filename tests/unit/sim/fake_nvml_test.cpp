@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fake_nvml_control.h"
-#include "modules/gpu_inventory/nvml_abi.hpp"
+#include "modules/gpu_inventory/api/nvml_abi.hpp"
 
 namespace gns::sim {
 namespace {

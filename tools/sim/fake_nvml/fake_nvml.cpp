@@ -1,5 +1,5 @@
 // A fake libnvidia-ml.so.1 for the simulated node: it exports the versioned NVML symbols that
-// src/modules/gpu_inventory/nvml_abi.hpp lists, with NVML's exact C ABI, and serves GPUs
+// src/modules/gpu_inventory/api/nvml_abi.hpp lists, with NVML's exact C ABI, and serves GPUs
 // described by the JSON file named in FAKE_NVML_CONFIG. Xid events and failures can be injected
 // in-process (fake_nvml_control.h) or, when FAKE_NVML_CONTROL names a path, through a unix
 // datagram socket created by nvmlInit (fakenvmlctl.py sends the commands).
@@ -50,7 +50,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "modules/gpu_inventory/nvml_abi.hpp"
+#include "modules/gpu_inventory/api/nvml_abi.hpp"
 
 #define FAKE_NVML_EXPORT extern "C" __attribute__((visibility("default")))
 

@@ -6,7 +6,7 @@
 // refuses: a process or an NVML event set still holding the GPU, persistence mode on.
 #pragma once
 
-#include "modules/gpu_inventory/nvml_abi.hpp"
+#include "modules/gpu_inventory/api/nvml_abi.hpp"
 
 #include <nlohmann/json.hpp>
 

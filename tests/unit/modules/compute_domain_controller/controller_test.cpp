@@ -5,9 +5,9 @@
 // the lease mid-reconcile stops the work, and the next leader finishes it.
 #include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
 #include "modules/compute_domain_controller/work_queue.hpp"
-#include "modules/kube/events.hpp"
-#include "modules/kube/informer.hpp"
-#include "modules/kube/leader_election.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
+#include "modules/kube/api/leader_election.hpp"
 #include "support/prometheus.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
 

@@ -4,7 +4,7 @@
 // it is read, the module is not ready and takes no request until it is back, and a stop during
 // the read is clean.
 #include "modules/gpu_health/messages.hpp"
-#include "modules/gpu_inventory/maintenance.hpp"
+#include "modules/gpu_inventory/api/maintenance.hpp"
 #include "modules/gpu_reset/gpu_reset_module.hpp"
 #include "modules/gpu_reset/messages.hpp"
 #include "modules/gpu_reset/reset_book.hpp"

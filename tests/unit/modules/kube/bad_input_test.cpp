@@ -4,7 +4,7 @@
 // Each must end as a counted error and a retry or relist — never a crash, never a hang, never
 // a cache that differs from what the server said.
 #include "kube_test_util.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/informer.hpp"
 #include "tls.h"
 
 #include <boost/asio/co_spawn.hpp>

@@ -1,7 +1,7 @@
 // Shared informers against the simulated API server: list, watch, bookmarks, and every fault
 // an API server does to a long watch; after each, the cache must equal the server's state.
 #include "kube_test_util.hpp"
-#include "modules/kube/informer.hpp"
+#include "modules/kube/api/informer.hpp"
 
 namespace gns::kube {
 namespace {

@@ -1,6 +1,6 @@
 // ParseJson against nlohmann::json::parse, the reference: same acceptance, same values, same
 // number types, same winner among duplicate keys, and an error that says where.
-#include "modules/kube/json_reader.hpp"
+#include "modules/kube/api/json_reader.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // Shared set-up of the kube tests: an in-process simulated API server with a state dir (CA,
 // token file, kubeconfig), the loop harness, and a helper that waits for one async call.
 
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 #include "support/api_sim.hpp"
 #include "support/loop_harness.hpp"
 #include "support/temp_dir.hpp"

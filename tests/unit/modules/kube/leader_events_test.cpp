@@ -1,9 +1,9 @@
 // Leader election on a Lease, Events aggregation, Node conditions and the module itself
 // (config, services, in-cluster start), against the simulated API server.
 #include "kube_test_util.hpp"
-#include "modules/kube/events.hpp"
+#include "modules/kube/api/events.hpp"
 #include "modules/kube/kube_module.hpp"
-#include "modules/kube/leader_election.hpp"
+#include "modules/kube/api/leader_election.hpp"
 #include "modules/kube/messages.hpp"
 
 #include <cstdlib>

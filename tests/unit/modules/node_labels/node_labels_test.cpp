@@ -9,7 +9,7 @@
 
 #if GNS_HAVE_APISERVER_SIM
 #include "support/api_sim.hpp"
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 #endif
 
 #include <gtest/gtest.h>

@@ -12,7 +12,7 @@
 #include "loop/gate.hpp"
 #include "loop/loop.hpp"
 #include "loop/metrics_registry.hpp"
-#include "modules/kube/json_reader.hpp"
+#include "modules/kube/api/json_reader.hpp"
 
 #include <utility>  // before awaitable.hpp: Boost 1.74's uses std::exchange without including it
 

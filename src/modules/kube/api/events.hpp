@@ -18,7 +18,7 @@
 
 #include "loop/clock.hpp"
 #include "loop/rate_limited_log.hpp"
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 
 #include <chrono>
 #include <map>

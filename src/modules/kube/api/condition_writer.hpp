@@ -8,7 +8,7 @@
 // writes again.
 
 #include "loop/clock.hpp"
-#include "modules/kube/events.hpp"
+#include "modules/kube/api/events.hpp"
 
 #include <functional>
 #include <memory>

@@ -9,7 +9,7 @@
 #include "loop/clock.hpp"
 #include "loop/config.hpp"
 #include "loop/gate.hpp"
-#include "modules/kube/client.hpp"
+#include "modules/kube/api/client.hpp"
 
 #include <chrono>
 #include <deque>

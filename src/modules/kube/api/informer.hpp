@@ -9,8 +9,8 @@
 #include "loop/backoff.hpp"
 #include "loop/bus.hpp"
 #include "loop/gate.hpp"
-#include "modules/kube/client.hpp"
-#include "modules/kube/json_reader.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/json_reader.hpp"
 #include "modules/kube/messages.hpp"
 
 #include <chrono>
