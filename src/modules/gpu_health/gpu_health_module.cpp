@@ -96,7 +96,8 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                  [this](std::string_view kind, std::string_view what) { Bad(kind, what); },
                  [this] { duplicates_total_->Inc(); },
                  [this] { suppressed_total_->Inc(); },
-                 [this] { recoveries_total_->Inc(); }}),
+                 [this] { recoveries_total_->Inc(); },
+                 [this](uint32_t sxid, bool fatal) { OnSxid(sxid, fatal); }}),
       report_(context.GetBus(), context.Metrics(), context.GetClock(), context.Log(),
               HealthReport::Settings{context.Site().node_name, config_.condition_type, std::string(kName),
                                      config_.recent_events, config_.catalog_source}),
@@ -355,6 +356,15 @@ void GpuHealthModule::OnCounted(std::string_view gpu, uint32_t xid, uint64_t tot
   // The count is the judge's (restored from the checkpoint), so a restart neither resets nor
   // repeats it.
   it->second->Set(static_cast<double>(total));
+}
+
+void GpuHealthModule::OnSxid(uint32_t sxid, bool fatal) {
+  // Not in the checkpoint (unlike XID counts): after kill -9 the lines read again since the last
+  // checkpoint are counted again.
+  context_.Metrics()
+      .Counter("gpu_node_supervisor_sxid_errors_total", "NVSwitch SXid reports in the kernel log, by SXid and severity",
+               {{"sxid", std::to_string(sxid)}, {"severity", fatal ? "fatal" : "non-fatal"}})
+      .Inc();
 }
 
 void GpuHealthModule::Bad(std::string_view kind, std::string_view what) {

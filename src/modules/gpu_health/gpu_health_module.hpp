@@ -103,6 +103,7 @@ class GpuHealthModule final : public Module {
   void OnVerdict(const DeviceHealth& health);
   void OnEvent(HealthEvent event, XidJudge::KubeEvent k8s);
   void OnCounted(std::string_view gpu, uint32_t xid, uint64_t total);
+  void OnSxid(uint32_t sxid, bool fatal);
   void Bad(std::string_view kind, std::string_view what);
   void Report();
   // Start, continued once the checkpoint is back: everything that may change a verdict.

@@ -27,6 +27,9 @@ constexpr std::string_view kGpuAtMarker = "NVRM: GPU at PCI:";
 constexpr std::string_view kTheGpuMarker = "NVRM: The NVIDIA GPU ";
 constexpr std::string_view kDevPrintfMarker = "NVRM: GPU ";
 constexpr std::string_view kFallenText = "fallen off the bus";
+// nvswitch_os_print of the NVSwitch driver: "nvidia-nvswitch%d: SXid (PCI:%04x:%02x:%02x.%x): ".
+constexpr std::string_view kSxidMarker = "SXid (PCI:";
+constexpr std::string_view kNvSwitchPrefix = "nvidia-nvswitch";
 // The design document (seed 003) names "occurred"; the reset job as shipped writes
 // "executed", later with ", success: true|false". Accept all three.
 constexpr std::string_view kResetExecuted = "GPU reset executed: ";
@@ -241,8 +244,8 @@ bool HasAt(std::string_view text, std::size_t at, std::string_view lit) {
   return text.size() - at >= lit.size() && std::memcmp(text.data() + at, lit.data(), lit.size()) == 0;
 }
 
-// Calls visit(i) for every i, in increasing order, where text[i] is 'N' or 'G' (how "NVRM" and
-// "GPU reset " start), until visit returns true. One pass over the message, 16 bytes at a
+// Calls visit(i) for every i, in increasing order, where text[i] is 'N', 'G' or 'S' (how "NVRM",
+// "GPU reset " and "SXid" start), until visit returns true. One pass over the message, 16 bytes at a
 // time where SSE2 is there: what decides that nearly every kernel line is unrelated.
 template <typename Visit>
 void ForEachMarkerStart(std::string_view text, Visit&& visit) {
@@ -253,10 +256,11 @@ void ForEachMarkerStart(std::string_view text, Visit&& visit) {
   if (n >= 16) {
     const __m128i n_byte = _mm_set1_epi8('N');
     const __m128i g_byte = _mm_set1_epi8('G');
+    const __m128i s_byte = _mm_set1_epi8('S');
     auto candidates = [&](std::size_t at) {
       const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
-      return static_cast<unsigned>(
-          _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(chunk, n_byte), _mm_cmpeq_epi8(chunk, g_byte))));
+      const __m128i n_or_g = _mm_or_si128(_mm_cmpeq_epi8(chunk, n_byte), _mm_cmpeq_epi8(chunk, g_byte));
+      return static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(n_or_g, _mm_cmpeq_epi8(chunk, s_byte))));
     };
     auto each = [&](std::size_t base, unsigned mask) {
       for (; mask != 0; mask &= mask - 1) {
@@ -275,7 +279,7 @@ void ForEachMarkerStart(std::string_view text, Visit&& visit) {
   }
 #endif
   for (; i < n; ++i) {
-    if ((p[i] == 'N' || p[i] == 'G') && visit(i)) return;
+    if ((p[i] == 'N' || p[i] == 'G' || p[i] == 'S') && visit(i)) return;
   }
 }
 
@@ -478,6 +482,55 @@ ParsedLine ParseFallenOffBus(std::string_view msg) {
   return Parsed(f);
 }
 
+// "nvidia-nvswitchN: SXid (PCI:dddd:bb:dd.f): NNNNN, Fatal|Non-fatal, Link L <text>". The
+// companion lines of one report ("…: NNNNN, Severity …", "…: NNNNN, Data {…}") and any form this
+// parser does not know after the number are unrelated: only a broken address or number is
+// malformed.
+ParsedLine ParseSxid(std::string_view msg, std::size_t marker) {
+  Cursor c(msg, marker + kSxidMarker.size());
+  auto fail = [&](std::string_view expected) { return Malformed(LineKind::kSxid, c.pos(), expected); };
+  std::string_view expected;
+  auto pci = PciAt(c, expected);
+  if (!pci) return fail(expected);
+  if (!c.Consume(')')) return fail("expected ')' after the PCI address");
+  if (!c.Consume(':')) return fail("expected ':' after ')'");
+  c.SkipBlanks();
+  const std::size_t number_start = c.pos();
+  Number sxid = c.Decimal(10, std::numeric_limits<uint32_t>::max());
+  if (sxid.status != NumberStatus::kOk) c.Reset(number_start);
+  if (sxid.status == NumberStatus::kMissing) return fail("expected the SXid number");
+  if (sxid.status == NumberStatus::kTooLarge) return fail("SXid number does not fit in 32 bits");
+
+  SxidLine line;
+  if (c.Consume(", Fatal, Link ")) {
+    line.fatal = true;
+  } else if (!c.Consume(", Non-fatal, Link ")) {
+    return Unrelated();
+  }
+  const std::size_t link_start = c.pos();
+  Number link = c.Decimal(5, std::numeric_limits<uint16_t>::max());
+  if (link.status != NumberStatus::kOk) {
+    c.Reset(link_start);
+    return fail("expected the NVSwitch link number after 'Link '");
+  }
+  line.pci = *pci;
+  line.sxid = sxid.value;
+  line.link = link.value;
+  c.SkipBlanks();
+  std::string_view detail = c.RestOfLine();
+  while (!detail.empty() && IsBlank(detail.back())) detail.remove_suffix(1);
+  line.raw_detail = detail;
+
+  // "nvidia-nvswitchN: " just before the marker, where the message has it.
+  const std::size_t prefix = msg.rfind(kNvSwitchPrefix, marker);
+  if (prefix != std::string_view::npos) {
+    Cursor n(msg, prefix + kNvSwitchPrefix.size());
+    Number index = n.Decimal(5, std::numeric_limits<uint16_t>::max());
+    if (index.status == NumberStatus::kOk && n.Consume(": ") && n.pos() == marker) line.nvswitch = index.value;
+  }
+  return Parsed(std::move(line));
+}
+
 ParsedLine ParseResetAck(std::string_view msg, std::size_t marker, std::size_t marker_size, bool started = false) {
   Cursor c(msg, marker + marker_size);
   auto fail = [&](std::string_view expected) {
@@ -511,6 +564,7 @@ std::string_view LineKindName(LineKind kind) noexcept {
     case LineKind::kFallenOffBus: return "fallen off the bus";
     case LineKind::kResetAck: return "GPU reset acknowledgement";
     case LineKind::kMalformed: return "malformed";
+    case LineKind::kSxid: return "SXid";
   }
   return "unknown";
 }
@@ -529,6 +583,8 @@ std::optional<std::string> XidLine::process_name() const {
 
 std::string XidLine::detail() const { return SanitizedText(raw_detail, kMaxDetailBytes); }
 
+std::string SxidLine::detail() const { return SanitizedText(raw_detail, kMaxDetailBytes); }
+
 bool XidLine::detail_truncated() const {
   bool truncated = false;
   (void)SanitizedText(raw_detail, kMaxDetailBytes, &truncated);
@@ -546,24 +602,31 @@ std::string MalformedLine::Reason() const {
 
 LineKind ParsedLine::kind() const noexcept {
   // The order of the variant's alternatives: monostate, XidLine, GpuUuidLine, FallenOffBusLine,
-  // ResetAckLine, MalformedLine.
-  static constexpr LineKind kByIndex[] = {LineKind::kUnrelated,    LineKind::kXid,      LineKind::kGpuUuid,
-                                          LineKind::kFallenOffBus, LineKind::kResetAck, LineKind::kMalformed};
+  // ResetAckLine, MalformedLine, SxidLine.
+  static constexpr LineKind kByIndex[] = {LineKind::kUnrelated, LineKind::kXid,       LineKind::kGpuUuid,
+                                          LineKind::kFallenOffBus, LineKind::kResetAck, LineKind::kMalformed,
+                                          LineKind::kSxid};
   static_assert(std::size(kByIndex) == std::variant_size_v<decltype(payload)>);
   const std::size_t index = payload.index();
   return index < std::size(kByIndex) ? kByIndex[index] : LineKind::kUnrelated;  // npos: valueless
 }
 
 ParsedLine ParseKernelLine(std::string_view message) noexcept {
-  // Nearly every kernel line is unrelated. Every marker starts with "NVRM" or "GPU reset ",
-  // so one pass over the 'N's and 'G's of the message finds the first valid "NVRM: Xid" (it
-  // wins wherever it is), the first "NVRM: GPU at PCI:" and the first "GPU reset ".
+  // Nearly every kernel line is unrelated. Every marker starts with "NVRM", "SXid" or
+  // "GPU reset ", so one pass over the 'N's, 'S's and 'G's of the message finds the first valid
+  // "NVRM: Xid" (it wins wherever it is), the first "SXid (PCI:", the first "NVRM: GPU at PCI:"
+  // and the first "GPU reset ".
   constexpr std::size_t npos = std::string_view::npos;
   bool nvrm = false;
   std::size_t xid = npos;
   std::size_t gpu_at = npos;
   std::size_t reset = npos;
+  std::size_t sxid = npos;
   ForEachMarkerStart(message, [&](std::size_t at) {
+    if (message[at] == 'S') {
+      if (sxid == npos && HasAt(message, at, kSxidMarker)) sxid = at;
+      return false;
+    }
     if (message[at] == 'N') {
       if (!HasAt(message, at, kNvrm)) return false;
       nvrm = true;
@@ -583,6 +646,7 @@ ParsedLine ParseKernelLine(std::string_view message) noexcept {
     return false;
   });
   if (xid != npos) return ParseXid(message, xid);
+  if (sxid != npos) return ParseSxid(message, sxid);
   if (gpu_at != npos) return ParseGpuUuid(message, gpu_at);
   if (nvrm && message.find(kFallenText) != npos) return ParseFallenOffBus(message);
   if (reset != npos) {

@@ -1,6 +1,6 @@
 // Classifies one kernel log message (journald MESSAGE) for the gpu-health module: NVRM Xid
-// reports, the "GPU at PCI:… GPU-<uuid>" line that teaches PCI → UUID, "fallen off the bus"
-// reports and the GPU reset acknowledgement written by the reset job.
+// reports, NVSwitch SXid reports, the "GPU at PCI:… GPU-<uuid>" line that teaches PCI → UUID,
+// "fallen off the bus" reports and the GPU reset acknowledgement written by the reset job.
 //
 // The parser is pure and framework-free (no Asio, no logging) so the fuzz target can compile
 // it alone. It never throws on input and never allocates except for the strings it returns,
@@ -40,6 +40,7 @@ enum class LineKind : uint8_t {
   kFallenOffBus,  // NVRM: GPU … has fallen off the bus / … fallen off the bus and is not responding
   kResetAck,      // GPU reset executed|occurred|started: GPU-<uuid>[, success: true|false]
   kMalformed,     // began like one of the above but did not parse
+  kSxid,          // nvidia-nvswitchN: SXid (PCI:…): N, Fatal|Non-fatal, Link L …
 };
 
 [[nodiscard]] std::string_view LineKindName(LineKind kind) noexcept;
@@ -92,6 +93,22 @@ struct ResetAckLine {
   bool started = false;
 };
 
+// An NVSwitch error report. The driver prints each SXid as a group of lines with the same
+// number: "…, Non-fatal, Link 44 <what>" (this one), "…, Severity 0 Engine instance 44 …" and
+// "…, Data {0x…, …}" (companions, kUnrelated: they add nothing the judge uses).
+struct SxidLine {
+  std::optional<uint32_t> nvswitch;  // N of "nvidia-nvswitchN:", when the prefix is there
+  PciAddress pci;                    // the NVSwitch's PCI function
+  uint32_t sxid = 0;
+  bool fatal = false;                // the driver's own "Fatal" / "Non-fatal"
+  uint32_t link = 0;                 // the NVSwitch port
+  // The text after "Link L", blanks trimmed: a view into the message, raw bytes.
+  std::string_view raw_detail;
+
+  // The detail sanitised (SanitizedText), at most kMaxDetailBytes.
+  [[nodiscard]] std::string detail() const;
+};
+
 struct MalformedLine {
   LineKind attempted = LineKind::kXid;  // what the line started like
   std::size_t offset = 0;               // byte offset in the message where parsing stopped
@@ -101,7 +118,7 @@ struct MalformedLine {
 };
 
 struct ParsedLine {
-  std::variant<std::monostate, XidLine, GpuUuidLine, FallenOffBusLine, ResetAckLine, MalformedLine>
+  std::variant<std::monostate, XidLine, GpuUuidLine, FallenOffBusLine, ResetAckLine, MalformedLine, SxidLine>
       payload;
 
   [[nodiscard]] LineKind kind() const noexcept;
@@ -118,6 +135,7 @@ struct ParsedLine {
   [[nodiscard]] const MalformedLine* malformed() const noexcept {
     return std::get_if<MalformedLine>(&payload);
   }
+  [[nodiscard]] const SxidLine* sxid() const noexcept { return std::get_if<SxidLine>(&payload); }
 };
 
 // Classifies one message. The markers are searched, not anchored, because the text may

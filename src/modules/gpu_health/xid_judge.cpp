@@ -17,6 +17,7 @@ std::string_view MalformedKind(LineKind attempted) {
     case LineKind::kGpuUuid: return "malformed_gpu_uuid";
     case LineKind::kFallenOffBus: return "malformed_fallen_off_bus";
     case LineKind::kResetAck: return "malformed_reset_ack";
+    case LineKind::kSxid: return "malformed_sxid";
     default: return "malformed_other";
   }
 }
@@ -85,6 +86,9 @@ void XidJudge::OnKernelLine(std::string_view message, uint64_t at_usec, bool ack
     }
     case LineKind::kResetAck:
       HandleResetAck(*parsed.reset_ack(), now_unix_ms);
+      return;
+    case LineKind::kSxid:
+      HandleSxid(*parsed.sxid(), now_unix_ms);
       return;
     case LineKind::kMalformed: {
       const auto& m = *parsed.malformed();
@@ -354,6 +358,33 @@ bool XidJudge::MarkHealthy(const std::string& uuid, const std::string& reason, i
     out_.verdict(h);
   }
   return !changed.empty();
+}
+
+// An SXid is the NVSwitch's, not a GPU's: which GPU sits behind the switch port needs the NVLink
+// topology (remote link ids), which the inventory does not read yet, so no GPU verdict follows
+// from it. Every SXid is counted; a fatal one (the driver says "Fatal") becomes a HealthEvent for
+// NVSentinel and a Node Event, as NVSentinel's syslog monitor reports it: CONTACT_SUPPORT, the
+// switch, its PCI function and the port as the impacted entities. Non-fatal ones (dozens at
+// every boot on some systems) are counted only.
+void XidJudge::HandleSxid(const SxidLine& line, int64_t now_unix_ms) {
+  if (out_.sxid) out_.sxid(line.sxid, line.fatal);
+  if (!line.fatal) return;
+  HealthEvent event = NewEvent("kernel", now_unix_ms);
+  event.check_name = "SysLogsSXIDError";
+  event.component_class = "NVSWITCH";
+  event.is_fatal = true;
+  event.is_healthy = false;
+  event.recommended_action = static_cast<int>(RecommendedAction::kContactSupport);
+  event.recommended_action_name = std::string(ActionName(RecommendedAction::kContactSupport));
+  event.error_code = {std::to_string(line.sxid)};
+  if (line.nvswitch) event.entities_impacted.push_back({"NVSWITCH", std::to_string(*line.nvswitch)});
+  event.entities_impacted.push_back({"PCI", line.pci.ToString()});
+  event.entities_impacted.push_back({"NVLINK", std::to_string(line.link)});
+  event.message = "NVSwitch " + (line.nvswitch ? std::to_string(*line.nvswitch) + " " : std::string()) + "at " +
+                  line.pci.ToString() + ": fatal SXid " + std::to_string(line.sxid) + " on link " +
+                  std::to_string(line.link) + ": " + line.detail();
+  log_.warn("{}", event.message);
+  out_.event(std::move(event), KubeEvent{true, "Warning", "NvSwitchSxidFatal"});
 }
 
 HealthEvent XidJudge::NewEvent(std::string_view source, int64_t now_unix_ms) const {

@@ -46,6 +46,8 @@ class XidJudge {
     std::function<void()> duplicate;   // a report folded into one already counted
     std::function<void()> suppressed;  // an occurrence swallowed by the rate limit
     std::function<void()> recovered;   // a device made Healthy again
+    // An NVSwitch SXid report (may be empty): the metric of SXids by number and severity.
+    std::function<void(uint32_t sxid, bool fatal)> sxid;
   };
   struct Settings {
     std::string agent = "gpu-node-supervisor";
@@ -83,6 +85,7 @@ class XidJudge {
                  int64_t now_unix_ms, uint32_t gpu_instance = kWholeGpu);
   void HandleRecoveryAction(const XidSubject& who, const XidLine& line, Timestamp at, int64_t now_unix_ms);
   void HandleResetAck(const ResetAckLine& ack, int64_t now_unix_ms);
+  void HandleSxid(const SxidLine& line, int64_t now_unix_ms);
   void Learn(const PciAddress& pci, const std::string& uuid, int64_t now_unix_ms);
   void MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
                      RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance = kWholeGpu);

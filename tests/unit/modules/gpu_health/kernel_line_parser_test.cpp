@@ -209,7 +209,9 @@ TEST(KernelLineParser, ResetAcknowledgementForms) {
 TEST(KernelLineParser, UnrelatedLines) {
   for (const std::string& line : {
            ""s,
-           "nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 11001, Fatal, Link 32 ingress invalid ACL"s,
+           // An SXid report's companion lines (the report itself is kSxid, below).
+           "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00"s,
+           "nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Data {0x000001c0, 0x00bd5c8a, 0x00000500}"s,
            "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  525.125.06  Tue May 30 05:11:37 UTC 2023"s,
            "NVRM: GPU Board Serial Number: 1324023049334"s,
            "NVRM: The NVIDIA GPU 0000:5d:00.0"s,  // a split header alone says nothing yet
@@ -219,6 +221,73 @@ TEST(KernelLineParser, UnrelatedLines) {
            "Xid (PCI:0000:03:00): 48, pid=1, name=x, not from the driver"s,
        }) {
     EXPECT_EQ(ParseKernelLine(line).kind(), LineKind::kUnrelated) << line;
+  }
+}
+
+// NVSwitch SXid reports as public reports show them: NVIDIA/nvtrust issue 124 (a boot's
+// Non-fatal DLREQ interrupts), leptonai/gpud's kmsg examples (20034 LTSSM Fault Up, 12028) and
+// NVIDIA/NVSentinel's syslog monitor tests (24007 sourcetrack timeout).
+TEST(KernelLineParser, SxidReports) {
+  struct Case {
+    std::string line;
+    std::optional<uint32_t> nvswitch;
+    std::string pci;
+    uint32_t sxid;
+    bool fatal;
+    uint32_t link;
+    std::string detail;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"[   38.178720] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt",
+            3, "0000:04:00.0", 22013, false, 44, "Minion Link DLREQ interrupt"},
+           {"[131453.740743] nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up", 0,
+            "0000:00:00.0", 20034, true, 30, "LTSSM Fault Up"},
+           {"[ 1108.858286] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)",
+            0, "0000:c3:00.0", 24007, true, 28, "sourcetrack timeout error (First)"},
+           {"nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)  ",
+            3, "0000:05:00.0", 12028, false, 32, "egress non-posted PRIV error (First)"},
+           // A forwarder that dropped the "nvidia-nvswitchN: " prefix: the switch number is unknown.
+           {"kernel: SXid (PCI:0000:cd:00.0): 20034, Fatal, Link 24 LTSSM Fault Up", std::nullopt, "0000:cd:00.0", 20034,
+            true, 24, "LTSSM Fault Up"},
+       }) {
+    const ParsedLine p = ParseKernelLine(c.line);
+    ASSERT_EQ(p.kind(), LineKind::kSxid) << c.line;
+    const SxidLine& s = *p.sxid();
+    EXPECT_EQ(s.nvswitch, c.nvswitch) << c.line;
+    EXPECT_EQ(s.pci, Pci(c.pci)) << c.line;
+    EXPECT_TRUE(s.pci.has_function) << c.line;
+    EXPECT_EQ(s.sxid, c.sxid) << c.line;
+    EXPECT_EQ(s.fatal, c.fatal) << c.line;
+    EXPECT_EQ(s.link, c.link) << c.line;
+    EXPECT_EQ(s.detail(), c.detail) << c.line;
+  }
+  // An Xid in the same message still wins: it is the GPU's.
+  EXPECT_EQ(ParseKernelLine("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 x\n"
+                            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=p, GPU has fallen off the bus.")
+                .kind(),
+            LineKind::kXid);
+}
+
+TEST(KernelLineParser, BrokenSxidReportsSayWhatWasExpectedWhere) {
+  struct Case {
+    std::string line;
+    std::size_t offset;
+    std::string expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"nvidia-nvswitch0: SXid (PCI:zz:00:00.0): 20034, Fatal, Link 30 x", 28, "expected a hex PCI domain"},
+           {"nvidia-nvswitch0: SXid (PCI:0000:c3:00.0) 20034, Fatal, Link 30 x", 41, "expected ':' after ')'"},
+           {"nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): , Fatal, Link 30 x", 43, "expected the SXid number"},
+           {"nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 99999999999, Fatal, Link 30 x", 43,
+            "SXid number does not fit in 32 bits"},
+           {"nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link x", 62,
+            "expected the NVSwitch link number after 'Link '"},
+       }) {
+    const ParsedLine p = ParseKernelLine(c.line);
+    ASSERT_EQ(p.kind(), LineKind::kMalformed) << c.line;
+    EXPECT_EQ(p.malformed()->attempted, LineKind::kSxid) << c.line;
+    EXPECT_EQ(p.malformed()->offset, c.offset) << c.line;
+    EXPECT_EQ(p.malformed()->expected, c.expected) << c.line;
   }
 }
 

@@ -43,7 +43,7 @@ class XidJudgeTest : public ::testing::Test {
                           [this](HealthEvent e, XidJudge::KubeEvent) { events_.push_back(std::move(e)); },
                           [this](std::string_view, uint32_t, uint64_t) { ++counted_; },
                           [this](std::string_view kind, std::string_view) { bad_.emplace_back(kind); },
-                          [this] { ++duplicates_; }, [] {}, [] {}});
+                          [this] { ++duplicates_; }, [] {}, [] {}, nullptr});
     judge_->OnInventory({Gpu(kA, "00000000:03:00.0"), Gpu(kB, "00000000:3B:00.0"), Gpu(kC, "00000008:01:00.0"),
                          Gpu(kD, "00000000:CB:00.0")},
                         kNow);
@@ -500,6 +500,45 @@ TEST_F(XidJudgeTest, AGpuInstanceXidOnAnUnknownAddressWaitsWithItsInstance) {
   EXPECT_EQ(verdicts_[0].uuid, kE);
   EXPECT_EQ(verdicts_[0].gpu_instance, 4u);
   EXPECT_FALSE(judge_->Verdicts().IsUnhealthy(kE));
+}
+
+TEST_F(XidJudgeTest, AFatalSxidIsReportedForTheSwitchAndEverySxidIsCountedButNoGpuVerdictFollows) {
+  std::vector<std::pair<uint32_t, bool>> sxids;
+  overrides_ = {};
+  judge_ = std::make_unique<XidJudge>(
+      XidCatalog::Builtin(), overrides_, XidJudge::Settings{"gpu-node-supervisor", "SysLogsXIDError", "node1"}, log_,
+      XidJudge::Outputs{[this](const DeviceHealth& h) { verdicts_.push_back(h); },
+                        [this](HealthEvent e, XidJudge::KubeEvent k) {
+                          EXPECT_TRUE(k.record);
+                          EXPECT_EQ(k.reason, "NvSwitchSxidFatal");
+                          events_.push_back(std::move(e));
+                        },
+                        [this](std::string_view, uint32_t, uint64_t) { ++counted_; },
+                        [this](std::string_view kind, std::string_view) { bad_.emplace_back(kind); }, [] {}, [] {},
+                        [] {}, [&](uint32_t sxid, bool fatal) { sxids.emplace_back(sxid, fatal); }});
+  judge_->OnInventory({Gpu(kA, "00000000:03:00.0")}, kNow);
+
+  Line("[   38.178720] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt");
+  Line("[   38.180708] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00");
+  EXPECT_TRUE(events_.empty());
+  Line("[131453.740743] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 30 LTSSM Fault Up");
+
+  EXPECT_EQ(sxids, (std::vector<std::pair<uint32_t, bool>>{{22013, false}, {20034, true}}));
+  ASSERT_EQ(events_.size(), 1u);
+  const HealthEvent& e = events_.front();
+  EXPECT_EQ(e.check_name, "SysLogsSXIDError");
+  EXPECT_EQ(e.component_class, "NVSWITCH");
+  EXPECT_TRUE(e.is_fatal);
+  EXPECT_FALSE(e.is_healthy);
+  EXPECT_EQ(e.recommended_action_name, "CONTACT_SUPPORT");
+  EXPECT_EQ(e.error_code, std::vector<std::string>{"20034"});
+  EXPECT_EQ(e.entities_impacted, (std::vector<ImpactedEntity>{{"NVSWITCH", "0"}, {"PCI", "0000:c3:00.0"}, {"NVLINK", "30"}}));
+  EXPECT_NE(e.message.find("LTSSM Fault Up"), std::string::npos) << e.message;
+  // The switch is not a GPU: no verdict, no XID count.
+  EXPECT_TRUE(verdicts_.empty());
+  EXPECT_FALSE(Unhealthy(kA));
+  EXPECT_EQ(counted_, 0);
+  EXPECT_TRUE(bad_.empty());
 }
 
 }  // namespace
