@@ -4,6 +4,8 @@
 // a validated reset or set-healthy, and across a restart; a non-fatal condition back Healthy
 // after the hysteresis; a pass that comes back ok=false changes nothing; no sampler → no
 // checks, said in /debug/state; the metrics of the checks.
+#include "loop/config.hpp"
+#include "modules/gpu_health/checks_config.hpp"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_inventory/api/health_sample.hpp"
 #include "support/loop_harness.hpp"
@@ -334,3 +336,69 @@ TEST_F(GpuHealthChecksTest, AnXidAndAConditionRankTogether) {
 
 }  // namespace
 }  // namespace gns::gpu_health::checks_module_test
+
+namespace gns::gpu_health::checks_config_test {
+namespace {
+
+// The `checks:` section: defaults, each key read, and errors that name the key.
+std::string ErrorOf(const std::string& yaml) {
+  const ConfigValue value = ParseYaml(yaml, "site.yaml");
+  ConfigMap section(value, "modules.gpu-health");
+  try {
+    ParseChecksConfig(section);
+  } catch (const gns::ConfigError& e) {  // the loop's, not the XID catalog's
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ChecksConfigTest, DefaultsAreTheAnchorsIntervals) {
+  const ConfigValue value = ParseYaml("{}", "site.yaml");
+  ConfigMap section(value, "modules.gpu-health");
+  const ChecksConfig config = ParseChecksConfig(section);
+  EXPECT_TRUE(config.enabled);
+  EXPECT_EQ(config.clear_after, 3u);
+  EXPECT_EQ(config.intervals[0], std::chrono::seconds(60));  // memory
+  EXPECT_EQ(config.intervals[2], std::chrono::seconds(30));  // fabric
+  EXPECT_EQ(config.intervals[4], std::chrono::seconds(30));  // thermal
+  EXPECT_DOUBLE_EQ(config.thermal.clock_event_rate.per_minute, 0.6);
+  EXPECT_EQ(config.thermal.clock_event_rate.window, std::chrono::minutes(10));
+}
+
+TEST(ChecksConfigTest, EachKeyIsRead) {
+  const ConfigValue value = ParseYaml(R"(
+checks:
+  clearAfterPasses: 5
+  memory: {interval: 2m, rowRemapPending: {enabled: false}, retiredPagesLimit: {pages: 10}}
+  nvlink: {enabled: false}
+  thermal: {clockEventRate: {perMinute: 1.5, window: 20m}, thermalMargin: {marginC: 8}}
+  presence: {gpuMissingFromNvml: {enabled: false}}
+)",
+                                      "site.yaml");
+  ConfigMap section(value, "modules.gpu-health");
+  const ChecksConfig config = ParseChecksConfig(section);
+  EXPECT_EQ(config.clear_after, 5u);
+  EXPECT_EQ(config.intervals[0], std::chrono::minutes(2));
+  EXPECT_FALSE(config.memory.row_remap_pending);
+  EXPECT_TRUE(config.memory.row_remap_failed);
+  EXPECT_EQ(config.memory.retired_pages_max, 10u);
+  EXPECT_EQ(config.intervals[1], std::chrono::milliseconds(0)) << "a group switched off";
+  EXPECT_DOUBLE_EQ(config.thermal.clock_event_rate.per_minute, 1.5);
+  EXPECT_EQ(config.thermal.margin_c, 8u);
+  EXPECT_FALSE(config.presence.missing_from_nvml);
+}
+
+TEST(ChecksConfigTest, ErrorsNameTheKey) {
+  EXPECT_NE(ErrorOf("checks: {memory: {interval: 10ms}}").find("checks.memory.interval"), std::string::npos)
+      << ErrorOf("checks: {memory: {interval: 10ms}}");
+  EXPECT_NE(ErrorOf("checks: {memory: {rowRemapPendin: {enabled: true}}}").find("rowRemapPendin"), std::string::npos);
+  EXPECT_NE(ErrorOf("checks: {thermal: {clockEventRate: {perMinute: -1}}}").find("checks.thermal.clockEventRate.perMinute"),
+            std::string::npos)
+      << ErrorOf("checks: {thermal: {clockEventRate: {perMinute: -1}}}");
+  EXPECT_NE(ErrorOf("checks: {clearAfterPasses: 0}").find("checks.clearAfterPasses"), std::string::npos);
+  EXPECT_NE(ErrorOf("checks: {pcie: {pcieLinkDegraded: {enabled: maybe}}}").find("checks.pcie.pcieLinkDegraded.enabled"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gns::gpu_health::checks_config_test
