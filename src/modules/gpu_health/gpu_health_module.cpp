@@ -2,18 +2,24 @@
 #include "modules/gpu_health/gpu_health_module.hpp"
 
 #include "loop/atomic_file.hpp"
+#include "loop/awaitables.hpp"
 #include "loop/config_checks.hpp"
 #include "loop/state_file.hpp"
 #include "loop/state_load.hpp"
+#include "modules/gpu_health/checks_config.hpp"
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/events.hpp"
 #include "modules/kube/api/informer.hpp"
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <system_error>
 
 namespace gns::gpu_health {
@@ -39,6 +45,23 @@ YAML::Node ToYaml(const ConfigValue& value) {
     }
   }
   return YAML::Node();
+}
+
+// A published verdict that says the same as another (since aside: a verdict decided again is
+// not a change).
+bool SameVerdict(const DeviceHealth& a, const DeviceHealth& b) {
+  return a.healthy == b.healthy && a.reason == b.reason && a.xid == b.xid &&
+         a.recommended_action == b.recommended_action && a.pci == b.pci;
+}
+
+// One pass of the sampler under a time limit. Not a coroutine (the g++ 12 pitfall,
+// loop/awaitables.hpp): it hands its arguments to the awaitables it returns.
+boost::asio::awaitable<Timed<gpu_inventory::HealthSample>> SamplePass(
+    boost::asio::io_context& io, std::shared_ptr<gpu_inventory::GpuHealthSampler> sampler, uint32_t groups,
+    std::chrono::milliseconds limit, Gate::Ticket alive) {
+  auto start = [sampler = std::move(sampler), groups](auto resume) { sampler->Sample(groups, std::move(resume)); };
+  auto pass = AwaitCallback<gpu_inventory::HealthSample>(std::move(start), alive);
+  return WithDeadline(io, limit, std::move(pass), std::move(alive));
 }
 
 }  // namespace
@@ -80,6 +103,7 @@ GpuHealthModule::Config GpuHealthModule::ParseConfig(ConfigMap& section, const S
   config.recent_events = static_cast<std::size_t>(section.Int("recentEvents", 0, 1000, 32));
   config.checkpoint_interval = section.Duration("checkpointInterval", std::chrono::milliseconds(10),
                                                 std::chrono::minutes(10), config.checkpoint_interval);
+  config.checks = ParseChecksConfig(section);
   return config;
 }
 
@@ -98,6 +122,10 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                  [this] { suppressed_total_->Inc(); },
                  [this] { recoveries_total_->Inc(); },
                  [this](uint32_t sxid, bool fatal) { OnSxid(sxid, fatal); }}),
+      checks_(config_.checks),
+      check_book_(config_.checks.clear_after),
+      schedule_(config_.checks.intervals),
+      check_timer_(context.GetLoop().Io()),
       report_(context.GetBus(), context.Metrics(), context.GetClock(), context.Log(),
               HealthReport::Settings{context.Site().node_name, config_.condition_type, std::string(kName),
                                      config_.recent_events, config_.catalog_source}),
@@ -105,7 +133,7 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                 std::string(kName), [this](std::string_view target, std::string_view who) { return SetHealthy(target, who); },
                 [this] {
                   nlohmann::json out = nlohmann::json::object();
-                  for (const auto& h : judge_.Verdicts().All()) out[h.RetainKey()] = h;
+                  for (const auto& h : Published()) out[h.RetainKey()] = h;
                   return out.dump();
                 }),
       position_timer_(context.GetLoop().Io()) {
@@ -133,6 +161,23 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                               "gpu-health/devices.json files found corrupt or of an unknown version and moved aside");
   restored_total_ = &m.Counter("gpu_node_supervisor_gpu_health_restored_total",
                                "Unhealthy verdicts of the same boot restored from gpu-health/devices.json");
+  check_passes_ = &m.Counter("gpu_node_supervisor_gpu_health_check_passes_total",
+                             "Passes of the polled checks answered by gpu-inventory's sampler");
+  check_passes_failed_ = &m.Counter("gpu_node_supervisor_gpu_health_check_passes_failed_total",
+                                    "Passes of the polled checks that judged nothing (NVML unavailable, a pass past its "
+                                    "deadline, no answer within passTimeout)");
+  check_pass_seconds_ = &m.Gauge("gpu_node_supervisor_gpu_health_check_pass_seconds",
+                                 "How long the last pass of the polled checks took on the pool");
+  // A validated reset takes the checks' latched conditions with the XID verdict, and the
+  // GPU's counters start again.
+  judge_.OnResetHealed([this](const std::string& uuid) {
+    checks_.Forget(uuid);
+    ConditionsChanged(check_book_.Heal(uuid, "GPU reset occurred"));
+  });
+  checks_state_.status = config_.checks.enabled ? "not started" : "disabled (checks.enabled: false)";
+  for (std::size_t i = 0; i < config_.checks.intervals.size(); ++i) {
+    checks_state_.intervals_ms.emplace_back(std::string(GroupName(i)), config_.checks.intervals[i].count());
+  }
   std::random_device random;
   generation_base_ = (static_cast<uint64_t>(random()) << 32 | random()) & 0x7fffffffffff0000ull;
 }
@@ -179,6 +224,7 @@ void GpuHealthModule::Serve() {
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
     judge_.OnInventory(inv.gpus, NowMs());
     Report();
+    StartChecks();  // gpu-inventory (and its sampler) may have come after us
   });
   kernel_sub_ = bus.Subscribe<journald::KernelLine>(
       [this](const journald::KernelLine& line) { OnHealthLine(line, false); });
@@ -218,6 +264,7 @@ void GpuHealthModule::Serve() {
     operator_.WatchAnnotation(services.Find<kube::InformerRegistry>(), services.Find<kube::KubeClient>());
   }
   Report();
+  StartChecks();
   context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds{}", config_.catalog_source,
                       config_.overrides.ignore.size(), config_.overrides.critical.size(),
                       config_.overrides.thresholds.size(), admin_path_.empty() ? "" : ", admin socket " + admin_path_);
@@ -232,6 +279,7 @@ void GpuHealthModule::Stop(std::function<void()> done) {
   journal_state_sub_.Reset();
   nvml_sub_.Reset();
   position_timer_.cancel();
+  check_timer_.cancel();
   // journald stops reading for us; our next instance asks again from what is written now.
   if (!reader_.empty()) {
     journald::HealthStreamRequest request;
@@ -305,6 +353,9 @@ void GpuHealthModule::OnBoot(const std::string& boot_id) {
     Report();
     return;
   }
+  // A reboot resets every GPU: the checks' conditions and counters start again too.
+  checks_.ForgetAll();
+  ConditionsChanged(check_book_.HealAll("new boot"));
   judge_.OnNewBoot(boot_id, NowMs());
   // Without the host's boot ID the verdicts belong to the boot journald reports.
   if (!boot_from_host_) {
@@ -319,10 +370,61 @@ void GpuHealthModule::OnBoot(const std::string& boot_id) {
 // --- the judge's outputs ------------------------------------------------------------------
 
 void GpuHealthModule::OnVerdict(const DeviceHealth& health) {
-  // At once: the device plugin stops offering a failed GPU without waiting for the disk.
-  context_.GetBus().Publish(health);
+  // At once: the device plugin stops offering a failed GPU without waiting for the disk. A
+  // whole GPU's verdict goes out combined with the checks' conditions (a GPU instance's as it is:
+  // the checks judge whole GPUs).
+  if (health.gpu_instance == kWholeGpu) {
+    Republish(health.uuid);
+  } else {
+    context_.GetBus().Publish(health);
+  }
   Persist();
   Report();
+}
+
+void GpuHealthModule::Republish(const std::string& uuid, std::string_view why) {
+  const DeviceHealth* xid = judge_.Verdicts().Find(uuid);
+  auto combined = CombinedVerdict(uuid, xid, check_book_.Of(uuid));
+  const auto known = published_.find(uuid);
+  DeviceHealth next;
+  if (combined) {
+    next = std::move(*combined);
+  } else {
+    // Healthy now: worth saying only if it was said Unhealthy.
+    if (known == published_.end() || known->second.healthy) return;
+    if (xid != nullptr && why.empty()) {
+      next = *xid;  // the XID judge healed it: its verdict says how
+    } else {
+      next = known->second;
+      next.healthy = true;
+      next.reason = why.empty() ? "no check condition holds" : std::string(why);
+      next.xid = 0;
+      next.recommended_action.clear();
+      next.since_unix_ms = NowMs();
+    }
+  }
+  if (known != published_.end() && SameVerdict(known->second, next)) return;
+  if (next.pci.empty()) next.pci = judge_.Directory().PciForUuid(uuid);
+  published_[uuid] = next;
+  context_.GetBus().Publish(next);
+}
+
+std::vector<DeviceHealth> GpuHealthModule::Published() const {
+  std::vector<DeviceHealth> out;
+  std::set<std::string, std::less<>> seen;
+  for (const DeviceHealth& h : judge_.Verdicts().All()) {
+    if (h.gpu_instance == kWholeGpu) {
+      seen.insert(h.uuid);
+      const auto it = published_.find(h.uuid);
+      out.push_back(it != published_.end() ? it->second : h);
+    } else {
+      out.push_back(h);
+    }
+  }
+  for (const auto& [uuid, h] : published_) {
+    if (seen.count(uuid) == 0) out.push_back(h);
+  }
+  return out;
 }
 
 void GpuHealthModule::OnEvent(HealthEvent event, XidJudge::KubeEvent k8s) {
@@ -376,13 +478,219 @@ void GpuHealthModule::Bad(std::string_view kind, std::string_view what) {
 }
 
 void GpuHealthModule::Report() {
-  const auto verdicts = judge_.Verdicts().All();
+  const auto verdicts = Published();
   report_.Verdicts(verdicts, judge_.KnownGpus());
   report_.PublishState(boot_id_, verdicts, judge_.Directory().Learned());
 }
 
 std::string GpuHealthModule::SetHealthy(std::string_view target, std::string_view who) {
-  return judge_.SetHealthy(target, who, NowMs());
+  // The checks' conditions go first (a fault still there is found again by the next pass), so
+  // the XID judge's verdicts turn the GPUs Healthy at once.
+  const std::string why = "set healthy by " + std::string(who);
+  const auto xid_unhealthy = judge_.Verdicts().UnhealthyUuids();
+  std::vector<CheckBook::Change> healed;
+  if (target == "all") {
+    healed = check_book_.HealAll(why);
+  } else if (target.rfind("GPU-", 0) == 0) {
+    healed = check_book_.Heal(std::string(target), why);
+  }
+  std::set<std::string> only_checks;  // GPUs Unhealthy through a check alone
+  for (const auto& change : healed) {
+    if (change.uuid == kNodeKey || change.condition.severity == Severity::kWarning) continue;
+    if (std::find(xid_unhealthy.begin(), xid_unhealthy.end(), change.uuid) == xid_unhealthy.end()) {
+      only_checks.insert(change.uuid);
+    }
+  }
+  ConditionsChanged(healed);
+  std::string answer = judge_.SetHealthy(target, who, NowMs());
+  if (only_checks.empty() || answer.rfind("ok:", 0) != 0) return answer;
+  if (target == "all") return "ok: " + std::to_string(xid_unhealthy.size() + only_checks.size()) + " device(s) set healthy";
+  return "ok: 1 device(s) set healthy";
+}
+
+// --- the polled checks --------------------------------------------------------------------
+
+std::size_t GpuHealthModule::KnownGpus() const { return judge_.KnownGpus(); }
+
+void GpuHealthModule::StartChecks() {
+  if (!config_.checks.enabled || checks_running_ || stopping_) return;
+  if (schedule_.Enabled() == 0) {
+    checks_state_.status = "disabled (every group is off)";
+    PublishChecks();
+    return;
+  }
+  if (!context_.GetServices().Find<gpu_inventory::GpuHealthSampler>()) {
+    const std::string status = "no GpuHealthSampler (gpu-inventory not running): no polled checks";
+    if (checks_state_.status != status) {
+      checks_state_.status = status;
+      context_.Log().info("{}; XIDs are still judged", status);
+      PublishChecks();
+    }
+    return;
+  }
+  checks_running_ = true;
+  checks_state_.status = "running";
+  PublishChecks();
+  auto ended = [this](std::exception_ptr error) {
+    checks_running_ = false;
+    if (!error) return;
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    context_.Log().error("the polled checks failed: {}", what);
+    context_.ReportFailure("polled checks: " + what);
+  };
+  boost::asio::co_spawn(context_.GetLoop().Io(), RunChecks(lifetime_.Watch()), lifetime_.Guard(std::move(ended)));
+}
+
+// `alive` by value: co_spawn starts the coroutine one loop turn later. One timer for the next
+// group due; one pass (all GPUs) for every group due then.
+boost::asio::awaitable<void> GpuHealthModule::RunChecks(Gate::Ticket alive) {
+  namespace asio = boost::asio;
+  while (alive && !stopping_) {
+    const auto next = schedule_.NextDue();
+    if (!next) co_return;
+    const auto now = context_.GetClock().Now();
+    if (*next > now) {
+      check_timer_.expires_after(*next - now);
+      boost::system::error_code ec;
+      co_await check_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;  // the loop's condition says whether we still run
+    }
+    const uint32_t groups = schedule_.Due(now);
+    schedule_.Ran(groups, now);
+    auto sampler = context_.GetServices().Find<gpu_inventory::GpuHealthSampler>();
+    if (!sampler) {
+      checks_state_.status = "no GpuHealthSampler (gpu-inventory stopped): no polled checks";
+      PublishChecks();
+      co_return;  // the inventory's next message starts them again
+    }
+    auto timed = co_await SamplePass(context_.GetLoop().Io(), std::move(sampler), groups, config_.checks.pass_timeout,
+                                     alive);
+    if (!alive || stopping_) co_return;
+    if (timed.value) {
+      OnSample(*timed.value);
+    } else {
+      gpu_inventory::HealthSample failed;
+      failed.groups = groups;
+      failed.error = timed.timed_out ? "the sampler did not answer within checks.passTimeout" : "the sampler threw";
+      OnSample(failed);
+    }
+  }
+}
+
+void GpuHealthModule::OnSample(const gpu_inventory::HealthSample& sample) {
+  ++checks_state_.passes;
+  check_passes_->Inc();
+  checks_state_.last_ok = sample.ok;
+  checks_state_.last_groups = sample.groups;
+  checks_state_.last_unix_ms = sample.taken_unix_ms != 0 ? sample.taken_unix_ms : NowMs();
+  checks_state_.last_pass_micros = sample.pass_micros;
+  check_pass_seconds_->Set(static_cast<double>(sample.pass_micros) / 1e6);
+  if (!sample.ok) {
+    // Nothing new is judged: every condition stays as it is (no clean pass counted either).
+    // gpu-inventory marks the inventory unavailable itself when NVML hangs.
+    ++checks_state_.failed_passes;
+    check_passes_failed_->Inc();
+    checks_state_.last_error = sample.error.empty() ? "the pass failed" : sample.error;
+    warn_.Warn(context_.Log(), "check_pass_failed", "a pass of the polled checks judged nothing: " + checks_state_.last_error);
+    PublishChecks();
+    return;
+  }
+  checks_state_.last_error.clear();
+  const int64_t now = NowMs();
+  const auto found = checks_.Judge(sample, KnownGpus());
+  std::vector<CheckBook::Change> changes;
+  for (const auto& gpu : found.gpus) {
+    auto more = check_book_.Apply(gpu.uuid, gpu.pci, gpu.findings, now);
+    changes.insert(changes.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  }
+  if (found.node) {
+    auto more = check_book_.Apply(std::string(kNodeKey), "", {*found.node}, now);
+    changes.insert(changes.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  }
+  ConditionsChanged(changes);
+  PublishChecks();
+}
+
+void GpuHealthModule::ConditionsChanged(const std::vector<CheckBook::Change>& changes) {
+  if (changes.empty()) return;
+  bool fatal = false;
+  std::vector<std::pair<std::string, std::string>> gpus;  // (uuid, why it cleared)
+  for (const auto& change : changes) {
+    const Condition& c = change.condition;
+    fatal = fatal || c.severity == Severity::kFatal;
+    const bool node = change.uuid == kNodeKey;
+    if (!node) {
+      const auto it = std::find_if(gpus.begin(), gpus.end(), [&](const auto& g) { return g.first == change.uuid; });
+      // What a Healthy verdict says: "NvLinkDown cleared after 2 clean pass(es)", or what
+      // healed the GPU ("GPU reset occurred", "set healthy by …", "new boot").
+      const bool by_itself = change.why.rfind("cleared after", 0) == 0;
+      std::string why = change.appeared ? std::string() : by_itself ? c.check + " " + change.why : change.why;
+      if (it == gpus.end()) {
+        gpus.emplace_back(change.uuid, std::move(why));
+      } else if (!change.appeared) {
+        it->second = std::move(why);
+      }
+    }
+    if (change.appeared) {
+      context_.Log().warn("{} ({}, {}): {}", c.check, SeverityName(c.severity), ActionName(c.action), c.message);
+    } else {
+      context_.Log().info("{} on {}: {}", c.check, change.uuid, change.why);
+    }
+    context_.Metrics()
+        .Gauge("gpu_node_supervisor_gpu_health_check_condition",
+               "Conditions of the polled checks that hold (1) or held and cleared (0), by GPU and check",
+               {{"gpu", change.uuid}, {"check", c.check}, {"severity", std::string(SeverityName(c.severity))}})
+        .Set(change.appeared ? 1 : 0);
+    // NVSentinel's HealthEvent: checkName = the check; a cleared condition is a healthy event
+    // of the same check, so the one it clears can be found.
+    HealthEvent event;
+    event.agent = config_.agent;
+    event.check_name = c.check;
+    event.node_name = context_.Site().node_name;
+    event.source = "check";
+    const int64_t ms = NowMs();
+    event.generated_seconds = ms / 1000;
+    event.generated_nanos = static_cast<int32_t>((ms % 1000) * 1'000'000);
+    event.is_fatal = c.severity == Severity::kFatal;
+    event.is_healthy = !change.appeared;
+    const RecommendedAction action = change.appeared ? c.action : RecommendedAction::kNone;
+    event.recommended_action = static_cast<int>(action);
+    event.recommended_action_name = std::string(ActionName(action));
+    event.message = change.appeared ? c.message : c.check + " cleared: " + change.why;
+    if (change.appeared && !c.error_code.empty()) event.error_code = {c.error_code};
+    if (!node) {
+      const std::string pci = change.pci.empty() ? judge_.Directory().PciForUuid(change.uuid) : change.pci;
+      if (!pci.empty()) event.entities_impacted.push_back({"PCI", pci});
+      event.entities_impacted.push_back({"GPU_UUID", change.uuid});
+    }
+    // Node Events for what changes a verdict (warnings: the HealthEvent, metrics, /debug/state).
+    const bool record = c.severity != Severity::kWarning;
+    OnEvent(std::move(event), XidJudge::KubeEvent{record, change.appeared ? "Warning" : "Normal",
+                                                  change.appeared ? "GpuCheckFailed" : "GpuCheckCleared"});
+  }
+  for (const auto& [uuid, why] : gpus) Republish(uuid, why);
+  if (fatal) Persist();
+  Report();
+}
+
+void GpuHealthModule::PublishChecks() {
+  GpuHealthChecks state = checks_state_;
+  for (const auto& [gpu, checks] : check_book_.All()) {
+    for (const auto& [check, h] : checks) {
+      const Condition& c = h.condition;
+      state.conditions.push_back(GpuHealthChecks::Held{gpu, c.check, std::string(ComponentName(c.component)),
+                                                       std::string(SeverityName(c.severity)),
+                                                       std::string(ActionName(c.action)), c.message, c.error_code,
+                                                       h.since_unix_ms});
+    }
+  }
+  context_.GetBus().Publish(std::move(state));
 }
 
 // --- the checkpoint: <stateDir>/gpu-health/devices.json -----------------------------------
@@ -470,13 +778,26 @@ void GpuHealthModule::ResolveBoot(const std::string& boot_id) {
 
 void GpuHealthModule::Restore(const HealthCheckpoint& saved) {
   std::size_t restored = 0;
+  std::vector<std::string> gpus;
   for (const auto& h : saved.devices) {
     if (!judge_.Restore(h)) continue;
     ++restored;
     context_.Log().warn("{} stays Unhealthy (restored, boot {}): {}, recommended action {}", h.uuid, saved.boot_id,
                         h.reason, h.recommended_action);
-    context_.GetBus().Publish(h);
+    if (h.gpu_instance == kWholeGpu) {
+      gpus.push_back(h.uuid);
+    } else {
+      context_.GetBus().Publish(h);
+    }
   }
+  for (const auto& [uuid, held] : saved.conditions) {
+    if (!check_book_.Restore(uuid, held)) continue;
+    ++restored;
+    context_.Log().warn("{} stays Unhealthy (restored, boot {}): {}", uuid, saved.boot_id, ConditionReason(held.condition));
+    if (std::find(gpus.begin(), gpus.end(), uuid) == gpus.end()) gpus.push_back(uuid);
+  }
+  for (const auto& uuid : gpus) Republish(uuid);
+  if (!saved.conditions.empty()) PublishChecks();
   restored_total_->Inc(static_cast<double>(restored));
   judge_.RestoreCounts(saved.xid_counts);
   for (const auto& c : judge_.Counts().All()) OnCounted(c.gpu, c.xid, c.count);
@@ -506,6 +827,7 @@ CheckpointWriter::Snapshot GpuHealthModule::TakeSnapshot() {
   checkpoint.devices = judge_.Verdicts().All();
   checkpoint.journal = consumed_;
   checkpoint.xid_counts = judge_.Counts().All();
+  checkpoint.conditions = check_book_.Fatal();
   return CheckpointWriter::Snapshot{checkpoint.Serialize(), change_};
 }
 

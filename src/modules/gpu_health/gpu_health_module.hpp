@@ -7,7 +7,11 @@
 //  - health_checkpoint: verdicts, the position of the last health-stream line handled and the
 //    XID counts, in one atomic write (<stateDir>/gpu-health/devices.json);
 //  - operator_channel: the admin socket and the set-healthy Node annotation;
-//  - health_report: the Node condition, Node Events, gauges and /debug/state.
+//  - health_report: the Node condition, Node Events, gauges and /debug/state;
+//  - health_checks (memory, NVLink, fabric, PCIe, thermal, presence, host checks) and
+//    check_book: gpu-inventory's GpuHealthSampler read on a schedule, each GPU's conditions
+//    held with hysteresis (non-fatal) or latched (fatal) and laid over its XID verdict: the
+//    published verdict is the combination (CombinedVerdict), one judge for both.
 //
 // Nothing lost, nothing doubled. The module is the consumer of record of journald's health
 // stream: it asks each journald instance for the stream after the last line it handled
@@ -27,16 +31,20 @@
 #include "loop/module.hpp"
 #include "loop/rate_limited_log.hpp"
 #include "loop/state_file.hpp"
+#include "modules/gpu_health/check_book.hpp"
 #include "modules/gpu_health/health_checkpoint.hpp"
+#include "modules/gpu_health/health_checks.hpp"
 #include "modules/gpu_health/health_report.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_health/operator_channel.hpp"
 #include "modules/gpu_health/xid_catalog.hpp"
 #include "modules/gpu_health/xid_judge.hpp"
+#include "modules/gpu_inventory/api/health_sample.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/pod_resources/messages.hpp"
 
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <array>
@@ -75,6 +83,7 @@ class GpuHealthModule final : public Module {
     // How long the position of lines that changed nothing may wait before it is written (the
     // most that is read again after kill -9; lines that change something are written at once).
     std::chrono::milliseconds checkpoint_interval{5000};
+    ChecksConfig checks;  // the polled checks (`checks:`)
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 
@@ -92,6 +101,8 @@ class GpuHealthModule final : public Module {
   // The admin request line handler.
   std::string HandleAdminLine(std::string_view line) { return operator_.HandleLine(line); }
   const std::string& AdminSocketPath() const { return admin_path_; }
+  // The conditions of the polled checks (tests, /debug/state).
+  const CheckBook& Conditions() const { return check_book_; }
 
  private:
   // The health stream (journald).
@@ -106,6 +117,18 @@ class GpuHealthModule final : public Module {
   void OnSxid(uint32_t sxid, bool fatal);
   void Bad(std::string_view kind, std::string_view what);
   void Report();
+  // The verdicts as published: the XID verdicts with the checks' conditions laid over them.
+  std::vector<DeviceHealth> Published() const;
+  // The polled checks: started once the sampler is there (the inventory's messages look again).
+  void StartChecks();
+  boost::asio::awaitable<void> RunChecks(Gate::Ticket alive);
+  void OnSample(const gpu_inventory::HealthSample& sample);
+  // Conditions that appeared or cleared: HealthEvents, then the GPUs' verdicts again.
+  void ConditionsChanged(const std::vector<CheckBook::Change>& changes);
+  // Publishes the GPU's combined verdict when it differs from the one published.
+  // `why`: what cleared the last condition ("" when the XID judge decided).
+  void Republish(const std::string& uuid, std::string_view why = {});
+  void PublishChecks();
   // Start, continued once the checkpoint is back: everything that may change a verdict.
   void Serve();
   // The checkpoint, read on the pool (what the loop gets back).
@@ -129,11 +152,20 @@ class GpuHealthModule final : public Module {
   void UpdateModuleHealth();
   void FinishStop();
   int64_t NowMs() const;
+  std::size_t KnownGpus() const;
 
   ModuleContext& context_;
   Config config_;
   RateLimitedLog warn_;
   XidJudge judge_;
+  HealthChecks checks_;
+  CheckBook check_book_;
+  CheckSchedule schedule_;
+  // The whole-GPU verdicts as last published (the combination), by UUID.
+  std::map<std::string, DeviceHealth, std::less<>> published_;
+  boost::asio::steady_timer check_timer_;
+  bool checks_running_ = false;
+  GpuHealthChecks checks_state_;
   HealthReport report_;
   OperatorChannel operator_;
   std::string state_path_;
@@ -191,6 +223,9 @@ class GpuHealthModule final : public Module {
   MetricsRegistry::Series* state_writes_failed_;
   MetricsRegistry::Series* state_corrupt_;
   MetricsRegistry::Series* restored_total_;
+  MetricsRegistry::Series* check_passes_;
+  MetricsRegistry::Series* check_passes_failed_;
+  MetricsRegistry::Series* check_pass_seconds_;
   Subscription inventory_sub_;
   Subscription kernel_sub_;
   Subscription unit_sub_;

@@ -68,7 +68,18 @@ std::string HealthCheckpoint::Serialize() const {
   }
   nlohmann::json counts = nlohmann::json::array();
   for (const auto& c : xid_counts) counts.push_back({{"gpu", c.gpu}, {"xid", c.xid}, {"count", c.count}});
-  return nlohmann::json{{"version", kVersion},
+  nlohmann::json held = nlohmann::json::array();
+  for (const auto& [uuid, h] : conditions) {
+    held.push_back({{"uuid", uuid},
+                    {"check", h.condition.check},
+                    {"component", ComponentName(h.condition.component)},
+                    {"recommendedAction", ActionName(h.condition.action)},
+                    {"message", h.condition.message},
+                    {"errorCode", h.condition.error_code},
+                    {"pci", h.pci},
+                    {"sinceUnixMs", h.since_unix_ms}});
+  }
+  nlohmann::json out{{"version", kVersion},
                         {"bootId", boot_id},
                         {"devices", out_devices},
                         {"journal",
@@ -76,9 +87,10 @@ std::string HealthCheckpoint::Serialize() const {
                           {"cursor", journal.cursor},
                           {"monotonicUsec", journal.monotonic_usec},
                           {"realtimeUsec", journal.realtime_usec}}},
-                        {"xidCounts", counts}}
-             .dump(2) +
-         "\n";
+                        {"xidCounts", counts}};
+  // Only when there are some: a file without fatal check conditions reads as before.
+  if (!held.empty()) out["checkConditions"] = std::move(held);
+  return out.dump(2) + "\n";
 }
 
 std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, std::string& error) {
@@ -187,6 +199,39 @@ std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, s
     }
     count.xid = static_cast<uint32_t>(xid);
     out.xid_counts.push_back(std::move(count));
+  }
+  const auto held = doc.find("checkConditions");
+  if (held == doc.end()) return out;
+  if (!held->is_array() || held->size() > kMaxDevices) {
+    error = "checkConditions is not an array of at most " + std::to_string(kMaxDevices) + " entries";
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < held->size(); ++i) {
+    const auto& c = (*held)[i];
+    const std::string where = "checkConditions[" + std::to_string(i) + "]";
+    std::string uuid, component, action;
+    HeldCondition h;
+    const auto since = c.is_object() ? c.find("sinceUnixMs") : c.end();
+    if (!c.is_object() || !TextField(c, "uuid", uuid) || uuid.rfind("GPU-", 0) != 0 || uuid.size() > kMaxUuidBytes ||
+        !TextField(c, "check", h.condition.check) || h.condition.check.empty() || !TextField(c, "component", component) ||
+        !TextField(c, "recommendedAction", action) || !TextField(c, "message", h.condition.message) ||
+        !TextField(c, "errorCode", h.condition.error_code) || !TextField(c, "pci", h.pci) || since == c.end() ||
+        !since->is_number_integer()) {
+      error = where + ": uuid, check, component, recommendedAction, message, errorCode, pci or sinceUnixMs missing "
+              "or of the wrong type";
+      return std::nullopt;
+    }
+    const auto parsed_component = ParseComponentName(component);
+    if (!parsed_component) {
+      error = where + ": unknown component \"" + component + "\"";
+      return std::nullopt;
+    }
+    h.condition.component = *parsed_component;
+    // A name this build does not know ranks as UNKNOWN, as a verdict's does.
+    h.condition.action = ParseActionName(action).value_or(RecommendedAction::kUnknown);
+    h.condition.severity = Severity::kFatal;  // only fatal conditions are written
+    h.since_unix_ms = since->get<int64_t>();
+    out.conditions.emplace_back(std::move(uuid), std::move(h));
   }
   return out;
 }

@@ -5,7 +5,7 @@
 // acted on before (its effects would be in the file), none is lost (journald serves the
 // stream from this position).
 //
-// Version 2; version 1 files (verdicts only) are read, their position taken as unknown.
+// Version 2 (with the optional fatal check conditions); version 1 files (verdicts only) are read, their position taken as unknown.
 // CheckpointWriter keeps one write in flight, always of the newest state, and says which
 // state each finished write covered, so that effects which leave the process can wait for it.
 #pragma once
@@ -13,6 +13,7 @@
 #include "loop/atomic_file.hpp"
 #include "loop/blocking_pool.hpp"
 #include "loop/gate.hpp"
+#include "modules/gpu_health/check_book.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_health/xid_counts.hpp"
 #include "modules/journald/messages.hpp"
@@ -37,6 +38,10 @@ struct HealthCheckpoint {
   std::vector<DeviceHealth> devices;
   journald::JournalPosition journal;  // the last health-stream line handled; empty cursor: none
   std::vector<XidCount> xid_counts;
+  // Fatal conditions of the polled checks (latched like fatal XIDs), by GPU UUID. Optional in
+  // the file ("checkConditions"): files written before the checks read as none, and a build
+  // without the checks ignores the key, so the version stays 2.
+  std::vector<std::pair<std::string, HeldCondition>> conditions;
 
   [[nodiscard]] std::string Serialize() const;
   // nullopt (with `error`: what and where) for anything malformed, too large or of an unknown

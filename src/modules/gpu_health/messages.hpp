@@ -125,4 +125,52 @@ inline void to_json(nlohmann::json& j, const GpuHealthState& s) {
                      {"recentEvents", s.recent_events}, {"pciToUuid", pci}};
 }
 
+// Retained: the polled checks for /debug/state — whether they run (gpu-inventory's sampler may
+// be absent), the last pass, and every condition that holds (warnings included), by GPU.
+struct GpuHealthChecks {
+  static constexpr std::string_view kTopic = "gpu-health.checks";
+  static constexpr bool kRetained = true;
+  struct Held {
+    std::string gpu;  // GPU UUID, or "node"
+    std::string check;
+    std::string component;
+    std::string severity;  // fatal | non-fatal | warning
+    std::string recommended_action;
+    std::string message;
+    std::string error_code;
+    int64_t since_unix_ms = 0;
+  };
+  std::string status;  // "running", "disabled", or why not ("no GpuHealthSampler: gpu-inventory …")
+  std::vector<std::pair<std::string, int64_t>> intervals_ms;  // group → interval (0: off)
+  uint64_t passes = 0;
+  uint64_t failed_passes = 0;
+  bool last_ok = false;
+  std::string last_error;  // why the last pass judged nothing
+  uint32_t last_groups = 0;
+  int64_t last_unix_ms = 0;
+  int64_t last_pass_micros = 0;
+  std::vector<Held> conditions;
+};
+
+inline void to_json(nlohmann::json& j, const GpuHealthChecks::Held& h) {
+  j = nlohmann::json{{"gpu", h.gpu},
+                     {"check", h.check},
+                     {"component", h.component},
+                     {"severity", h.severity},
+                     {"recommendedAction", h.recommended_action},
+                     {"message", h.message},
+                     {"sinceUnixMs", h.since_unix_ms}};
+  if (!h.error_code.empty()) j["errorCode"] = h.error_code;
+}
+
+inline void to_json(nlohmann::json& j, const GpuHealthChecks& c) {
+  nlohmann::json intervals = nlohmann::json::object();
+  for (const auto& [group, ms] : c.intervals_ms) intervals[group] = ms;
+  j = nlohmann::json{{"status", c.status},       {"intervalsMs", intervals},   {"passes", c.passes},
+                     {"failedPasses", c.failed_passes}, {"lastOk", c.last_ok},  {"lastGroups", c.last_groups},
+                     {"lastUnixMs", c.last_unix_ms},    {"lastPassMicros", c.last_pass_micros},
+                     {"conditions", c.conditions}};
+  if (!c.last_error.empty()) j["lastError"] = c.last_error;
+}
+
 }  // namespace gns::gpu_health

@@ -301,6 +301,7 @@ void XidJudge::HandleResetAck(const ResetAckLine& ack, int64_t now_unix_ms) {
     return;
   }
   Forget(uuid);
+  if (reset_healed_) reset_healed_(uuid);
   const bool changed = MarkHealthy(uuid, "GPU reset occurred", now_unix_ms);
   // Seed 003: the healthy event names the GPU and its PCI address so the unhealthy one it
   // clears can be found.

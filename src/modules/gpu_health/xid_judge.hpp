@@ -69,6 +69,11 @@ class XidJudge {
   // set-healthy <uuid>|all: returns the answer ("ok: …" or "error: …").
   std::string SetHealthy(std::string_view target, std::string_view who, int64_t now_unix_ms);
 
+  // Called when a validated reset ("GPU reset occurred") heals a GPU, whatever its XID verdict
+  // was, just before that verdict turns Healthy: the polled checks' latched conditions of the
+  // GPU go with it (the module's check book).
+  void OnResetHealed(std::function<void(const std::string& uuid)> healed) { reset_healed_ = std::move(healed); }
+
   // Restores an Unhealthy verdict of the same boot (the state file); true when it took.
   bool Restore(const DeviceHealth& saved);
   void RestoreCounts(const std::vector<XidCount>& counts) { counts_.Restore(counts); }
@@ -102,6 +107,7 @@ class XidJudge {
   Settings settings_;
   spdlog::logger& log_;
   Outputs out_;
+  std::function<void(const std::string&)> reset_healed_;
   XidPolicy policy_;
   GpuDirectory directory_;  // PCI → UUID: the inventory, then what the kernel log taught
   VerdictBook verdicts_;
