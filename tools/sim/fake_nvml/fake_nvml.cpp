@@ -735,7 +735,13 @@ class HangState {
 
 HangState& Hangs() {
   // Never destroyed, like the library state: a hung call may outlive static destruction.
-  static HangState* hangs = new HangState;
+  static HangState* hangs = [] {
+    auto* created = new HangState;
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_ignore_object(created);  // kept on purpose, also after dlclose unmaps the pointer to it
+#endif
+    return created;
+  }();
   return *hangs;
 }
 
@@ -1798,20 +1804,23 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetPcieReplayCounter(nvml::Device device, unsi
   return ReadHealthValue(__func__, device, value, &fake::Health::pcie_replay);
 }
 
-FAKE_NVML_EXPORT Return nvmlDeviceGetCurrentClocksEventReasons(nvml::Device device, unsigned long long* reasons) {
-  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+namespace {
+// The clock event reasons under either name (12.2 renamed the function, not what it answers).
+Return ReadClocksEventReasons(std::string_view function, nvml::Device device, unsigned long long* reasons) {
+  return fake::Fake().WithGpu(function, device, [&](const fake::Gpu& g, std::size_t) {
     if (reasons == nullptr) return nvml::kErrorInvalidArgument;
     *reasons = g.health.clocks_event_reasons;
     return nvml::kSuccess;
   });
 }
+}  // namespace
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetCurrentClocksEventReasons(nvml::Device device, unsigned long long* reasons) {
+  return ReadClocksEventReasons(__func__, device, reasons);
+}
 
 FAKE_NVML_EXPORT Return nvmlDeviceGetCurrentClocksThrottleReasons(nvml::Device device, unsigned long long* reasons) {
-  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
-    if (reasons == nullptr) return nvml::kErrorInvalidArgument;
-    *reasons = g.health.clocks_event_reasons;
-    return nvml::kSuccess;
-  });
+  return ReadClocksEventReasons(__func__, device, reasons);
 }
 
 FAKE_NVML_EXPORT Return nvmlDeviceGetTemperature(nvml::Device device, nvml::TemperatureSensor sensor, unsigned int* temp) {
