@@ -3,6 +3,17 @@
 
 #include "modules/gpu_inventory/nvml_maintenance.hpp"
 
+#include "loop/awaitables.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+// GCC 12 at -O2 (GCC bug 109224) reports Asio's own coroutine frame new/delete pair as
+// mismatched once both are inlined (as kube's client_await.cpp).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
 #include <algorithm>
 #include <utility>
 
@@ -21,6 +32,12 @@ constexpr auto kLogInterval = std::chrono::seconds(60);
 bool SameGpus(const std::map<std::string, std::string>& a, const std::map<std::string, std::string>& b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(),
                     [](const auto& x, const auto& y) { return x.first == y.first; });
+}
+
+// "10s", "1500ms": a deadline as the operator wrote it.
+std::string FormatDuration(milliseconds d) {
+  if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000) + "s";
+  return std::to_string(d.count()) + "ms";
 }
 
 std::string Describe(const std::exception_ptr& error) {
@@ -57,6 +74,8 @@ GpuInventoryModule::Config GpuInventoryModule::ParseConfig(ConfigMap& section, c
   }
   config.refresh_interval =
       section.Duration("refreshInterval", milliseconds(1000), milliseconds(3600000), milliseconds(60000));
+  config.health_read_timeout =
+      section.Duration("healthReadTimeout", milliseconds(100), milliseconds(600000), Config{}.health_read_timeout);
   return config;
 }
 
@@ -70,7 +89,24 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
                                            "GPUs NVML reports (0 while NVML is unavailable)")),
       nvml_up_gauge_(&context.Metrics().Gauge("gpu_node_supervisor_nvml_up", "1 while NVML is loaded and usable")),
       inventory_reads_(&context.Metrics().Counter("gpu_node_supervisor_nvml_inventory_reads_total",
-                                                  "Reads of every GPU through NVML (opens and refreshes)")) {}
+                                                  "Reads of every GPU through NVML (opens and refreshes)")),
+      health_reads_(&context.Metrics().Counter("gpu_node_supervisor_nvml_health_reads_total",
+                                               "Health passes over every GPU through NVML (GpuHealthSampler)")),
+      health_hangs_(&context.Metrics().Counter("gpu_node_supervisor_nvml_health_read_hangs_total",
+                                               "Health passes that outlived healthReadTimeout (an NVML call hung)")) {}
+
+// What other modules find in the services while gpu-inventory runs (withdrawn on Stop).
+class GpuInventoryModule::HealthSamplerService final : public GpuHealthSampler {
+ public:
+  HealthSamplerService(GpuInventoryModule& module, Gate::Ticket ticket) : module_(module), ticket_(std::move(ticket)) {}
+  void Sample(uint32_t groups, std::function<void(HealthSample)> done) override {
+    if (ticket_) module_.SampleHealth(groups, std::move(done));  // the module is gone: never answered
+  }
+
+ private:
+  GpuInventoryModule& module_;
+  Gate::Ticket ticket_;
+};
 
 GpuInventoryModule::~GpuInventoryModule() {
   lifetime_.Close();
@@ -90,6 +126,7 @@ void GpuInventoryModule::Start() {
       [this](const NvmlReleaseRequest& request) { OnReleaseRequest(request); });
   context_.GetServices().Provide<GpuMaintenance>(
       std::make_shared<NvmlMaintenance>(context_.Pool(), config_.nvml_library));
+  context_.GetServices().Provide<GpuHealthSampler>(std::make_shared<HealthSamplerService>(*this, lifetime_.Watch()));
   Reconcile();
 }
 
@@ -98,6 +135,11 @@ void GpuInventoryModule::Stop(std::function<void()> done) {
   stopping_ = true;
   release_sub_.Reset();
   context_.GetServices().Withdraw<GpuMaintenance>();
+  context_.GetServices().Withdraw<GpuHealthSampler>();
+  // Requests not answered yet never are (the sampler is withdrawn); a pass under way is dropped.
+  ++health_seq_;
+  health_current_.clear();
+  health_waiting_.clear();
   CancelRetry();
   ++refresh_seq_;
   refresh_timer_.cancel();
@@ -370,7 +412,8 @@ void GpuInventoryModule::ScheduleRefresh() {
 }
 
 void GpuInventoryModule::StartRefresh() {
-  if (!session_ || !armed_ || session_failed_ || stopping_ || released_) return;
+  // Not while a health pass hangs: NVML would hang this read too; its return reads again.
+  if (!session_ || !armed_ || session_failed_ || stopping_ || released_ || health_pass_hung_) return;
   if (task_in_flight_) {
     // With a session in place that task is a refresh, whose read may predate what asked for
     // this one: another follows it (Reconcile).
@@ -400,6 +443,7 @@ void GpuInventoryModule::OnRefreshed(uint64_t generation, ReadResult read, std::
   if (generation == generation_ && session_ && armed_ && !session_failed_ && !stopping_ && !released_) {
     if (read.ok) {
       PublishAvailable(read);
+      SetOkHealth();
       ScheduleRefresh();
     } else {
       session_failed_ = true;
@@ -475,6 +519,10 @@ void GpuInventoryModule::ApplyReleased(std::vector<GpuInfo>& gpus) const {
 }
 
 void GpuInventoryModule::SetOkHealth() {
+  if (health_pass_hung_) {
+    context_.SetHealth(ModuleHealth::kUnhealthy, health_hung_error_);
+    return;
+  }
   if (released_gpus_.empty()) {
     context_.SetHealth(ModuleHealth::kOk);
     return;
@@ -497,6 +545,13 @@ void GpuInventoryModule::RecordFailure(const std::string& error) {
 }
 
 void GpuInventoryModule::PublishAvailable(const ReadResult& read) {
+  if (health_pass_hung_) {
+    // A read that did not hang (opened before the pass, say) does not make NVML usable again
+    // while another call still hangs: its return reads the inventory again.
+    last_gpus_ = read.inventory.gpus;
+    PublishUnavailable(health_hung_error_);
+    return;
+  }
   GpuInventory inventory = read.inventory;
   inventory.available = true;
   inventory.error.clear();
@@ -594,6 +649,147 @@ void GpuInventoryModule::LogFailure(const std::string& error) {
     ++suppressed_errors_;
     context_.Log().debug("NVML unavailable: {}", error);
   }
+}
+
+}  // namespace gns::gpu_inventory
+
+namespace gns::gpu_inventory {
+
+// ---- GpuHealthSampler ---------------------------------------------------------------------------
+
+HealthSample GpuInventoryModule::FailedSample(uint32_t groups, std::string error) const {
+  HealthSample sample;
+  sample.ok = false;
+  sample.error = std::move(error);
+  sample.groups = groups & kHealthAll;
+  sample.taken_unix_ms =
+      std::chrono::duration_cast<milliseconds>(context_.GetClock().WallNow().time_since_epoch()).count();
+  return sample;
+}
+
+// `done` runs on the loop later, never inside Sample (the caller may hold state it expects to
+// change first), and not once the module is gone.
+void GpuInventoryModule::AnswerLater(std::function<void(HealthSample)> done, HealthSample sample) {
+  context_.GetLoop().Post(lifetime_.Guard([done = std::move(done), sample = std::move(sample)]() mutable {
+    done(std::move(sample));
+  }));
+}
+
+void GpuInventoryModule::SampleHealth(uint32_t groups, std::function<void(HealthSample)> done) {
+  GNS_ASSERT_ON_LOOP(context_.GetLoop());
+  if (stopping_ || !done) return;
+  if (health_pass_hung_) {
+    // Never a second pass beside a hung one: it would hang too, and pile up pool threads.
+    AnswerLater(std::move(done), FailedSample(groups, health_hung_error_));
+    return;
+  }
+  if (!session_ || !armed_ || session_failed_ || released_) {
+    std::string why = released_ ? "NVML released: " + release_reason_
+                                : (published_inventory_ && !published_inventory_->error.empty()
+                                       ? "NVML unavailable: " + published_inventory_->error
+                                       : std::string("NVML unavailable: not open yet"));
+    AnswerLater(std::move(done), FailedSample(groups, std::move(why)));
+    return;
+  }
+  health_waiting_.push_back(HealthRequest{groups, std::move(done)});
+  if (!health_pass_running_) StartHealthPass();
+}
+
+void GpuInventoryModule::StartHealthPass() {
+  health_current_ = std::move(health_waiting_);
+  health_waiting_.clear();
+  uint32_t groups = 0;
+  for (const auto& request : health_current_) groups |= request.groups;
+  health_pass_running_ = true;
+  health_pass_returned_ = false;
+  health_pass_started_ = context_.GetClock().Now();
+  const uint64_t seq = ++health_seq_;
+  boost::asio::co_spawn(context_.GetLoop().Io(), RunHealthPass(session_, groups & kHealthAll, last_gpus_, seq),
+                        boost::asio::detached);
+}
+
+// The pass itself: on the pool, then back on the loop whenever it returns, in time or not. A
+// coroutine, but its parameters are no closures (the g++ 12 pitfall of loop/awaitables.hpp).
+boost::asio::awaitable<HealthSample> GpuInventoryModule::HealthPoolPass(std::shared_ptr<NvmlSession> session,
+                                                                        uint32_t groups, std::vector<GpuInfo> known,
+                                                                        uint64_t seq) {
+  auto work = [session = std::move(session), groups, known = std::move(known)] {
+    return session->ReadHealth(groups, known);
+  };
+  JobResult<HealthSample> result = co_await OnPool(context_.Pool(), std::move(work), lifetime_.Watch());
+  OnHealthPassReturned(seq);
+  if (result.failure) std::rethrow_exception(result.failure);
+  co_return std::move(result.value);
+}
+
+boost::asio::awaitable<void> GpuInventoryModule::RunHealthPass(std::shared_ptr<NvmlSession> session, uint32_t groups,
+                                                               std::vector<GpuInfo> known, uint64_t seq) {
+  auto pass = HealthPoolPass(std::move(session), groups, std::move(known), seq);
+  Timed<HealthSample> timed = co_await WithDeadline(context_.GetLoop().Io(), config_.health_read_timeout,
+                                                    std::move(pass), lifetime_.Watch());
+  OnHealthPassDone(seq, groups, timed.timed_out, std::move(timed.value), timed.failure);
+}
+
+void GpuInventoryModule::OnHealthPassReturned(uint64_t seq) {
+  if (seq != health_seq_) return;  // dropped by Stop
+  health_pass_returned_ = true;
+  if (!health_pass_hung_) return;  // in time: OnHealthPassDone answers
+  const auto took = std::chrono::duration_cast<milliseconds>(context_.GetClock().Now() - health_pass_started_);
+  context_.Log().warn("the NVML health read that hung returned after {} ms: reading the inventory again", took.count());
+  health_pass_hung_ = false;
+  health_pass_running_ = false;
+  health_hung_error_.clear();
+  // Back to what the session says: a refresh publishes the inventory available again (or
+  // finds NVML failed and reopens it); without an armed session Reconcile does what is due.
+  if (session_ && armed_ && !session_failed_) {
+    refresh_wanted_ = true;
+    StartRefresh();
+  } else {
+    Reconcile();
+  }
+  if (!health_waiting_.empty()) StartHealthPass();
+}
+
+void GpuInventoryModule::OnHealthPassDone(uint64_t seq, uint32_t groups, bool timed_out,
+                                          std::optional<HealthSample> sample, std::exception_ptr failure) {
+  if (seq != health_seq_) return;
+  auto requests = std::move(health_current_);
+  health_current_.clear();
+  HealthSample answer;
+  if (timed_out) {
+    answer = FailedSample(groups, "NVML health read did not return within " +
+                                      FormatDuration(config_.health_read_timeout) +
+                                      ": an NVML call hangs; no NVML read starts until it returns");
+    health_hangs_->Inc();
+    if (!health_pass_returned_) {
+      health_pass_hung_ = true;
+      health_hung_error_ = answer.error;
+      context_.Log().error("{}", answer.error);
+      // The inventory is not to be trusted (nor refreshed) while NVML hangs: consumers (the
+      // device plugin) treat the GPUs as they do whenever NVML is unavailable.
+      ++refresh_seq_;
+      refresh_timer_.cancel();
+      PublishUnavailable(answer.error);
+      nvml_up_gauge_->Set(0);
+      context_.SetHealth(ModuleHealth::kUnhealthy, answer.error);
+      for (auto& request : health_waiting_) requests.push_back(std::move(request));
+      health_waiting_.clear();
+    } else {
+      health_pass_running_ = false;  // it came back just after its deadline
+    }
+  } else if (failure || !sample) {
+    health_pass_running_ = false;
+    answer = FailedSample(groups, "NVML health read threw: " + (failure ? Describe(failure) : std::string("no result")));
+  } else {
+    health_pass_running_ = false;
+    answer = std::move(*sample);
+    answer.taken_unix_ms =
+        std::chrono::duration_cast<milliseconds>(context_.GetClock().WallNow().time_since_epoch()).count();
+    health_reads_->Inc();
+    for (const auto& gpu : answer.gpus) CountErrors(gpu.failed_functions);
+  }
+  for (auto& request : requests) request.done(answer);
+  if (!health_pass_running_ && !health_waiting_.empty() && !stopping_) StartHealthPass();
 }
 
 }  // namespace gns::gpu_inventory

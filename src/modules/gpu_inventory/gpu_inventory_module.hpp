@@ -8,6 +8,11 @@
 // reset and takes it back; releasing one GPU reopens the session without it, and the others stay
 // available throughout.
 //
+// GpuHealthSampler (api/health_sample.hpp) is provided while the module runs: a health pass
+// runs on the pool with the module's session, only when asked, one at a time, under a deadline
+// (healthReadTimeout). A pass that outlives it makes the inventory unavailable with the reason,
+// and no NVML read starts until it returns; then the inventory is read again.
+//
 // Threads and processes: NVML calls run on the blocking pool, one task at a time; NVML's events
 // are waited for in a child process (EventWaiterProcess) whose lines the loop reads from a pipe.
 // Module state lives on the loop thread only. Nothing ever waits for an event wait: closing a
@@ -19,8 +24,10 @@
 #include "loop/module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_inventory/event_waiter.hpp"
+#include "modules/gpu_inventory/api/health_sample.hpp"
 #include "modules/gpu_inventory/api/nvml_session.hpp"
 
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
@@ -53,6 +60,8 @@ class GpuInventoryModule final : public Module {
     // How often the inventory is read again (fabric registration completes after boot). A MIG
     // reconfiguration that NVML reports (nvmlEventMigConfigChange) is read at once instead.
     std::chrono::milliseconds refresh_interval{60000};
+    // How long one health pass (GpuHealthSampler) may take before NVML counts as hung.
+    std::chrono::milliseconds health_read_timeout{10000};
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 
@@ -97,6 +106,24 @@ class GpuInventoryModule final : public Module {
   void LogFailure(const std::string& error);
   EventWaiterProcess::Callbacks WaiterCallbacks(uint64_t generation);
 
+  // GpuHealthSampler: the service object forwards to SampleHealth while the module runs.
+  class HealthSamplerService;
+  struct HealthRequest {
+    uint32_t groups = 0;
+    std::function<void(HealthSample)> done;
+  };
+  void SampleHealth(uint32_t groups, std::function<void(HealthSample)> done);
+  void AnswerLater(std::function<void(HealthSample)> done, HealthSample sample);
+  HealthSample FailedSample(uint32_t groups, std::string error) const;
+  void StartHealthPass();
+  boost::asio::awaitable<void> RunHealthPass(std::shared_ptr<NvmlSession> session, uint32_t groups,
+                                             std::vector<GpuInfo> known, uint64_t seq);
+  boost::asio::awaitable<HealthSample> HealthPoolPass(std::shared_ptr<NvmlSession> session, uint32_t groups,
+                                                      std::vector<GpuInfo> known, uint64_t seq);
+  void OnHealthPassReturned(uint64_t seq);
+  void OnHealthPassDone(uint64_t seq, uint32_t groups, bool timed_out, std::optional<HealthSample> sample,
+                        std::exception_ptr failure);
+
   ModuleContext& context_;
   Config config_;
   Backoff backoff_;
@@ -137,6 +164,16 @@ class GpuInventoryModule final : public Module {
   std::string last_driver_version_;
   bool clique_known_ = false;
 
+  // Health passes: the requests the pass under way answers, those waiting for the next one.
+  std::vector<HealthRequest> health_current_;
+  std::vector<HealthRequest> health_waiting_;
+  uint64_t health_seq_ = 0;           // of the newest pass; Stop moves it on (late answers are dropped)
+  bool health_pass_running_ = false;  // a pass runs on the pool (in time or hung)
+  bool health_pass_returned_ = false; // the running pass came back from the pool
+  bool health_pass_hung_ = false;     // it outlived its deadline and has not come back yet
+  std::string health_hung_error_;
+  Clock::SteadyTime health_pass_started_{};
+
   // Log rate limits.
   std::string last_error_;
   Clock::SteadyTime last_error_at_{};
@@ -148,6 +185,8 @@ class GpuInventoryModule final : public Module {
   MetricsRegistry::Series* gpus_gauge_;
   MetricsRegistry::Series* nvml_up_gauge_;
   MetricsRegistry::Series* inventory_reads_;
+  MetricsRegistry::Series* health_reads_;
+  MetricsRegistry::Series* health_hangs_;
   Subscription release_sub_;
 };
 

@@ -2,6 +2,7 @@
 #include "modules/gpu_inventory/api/nvml_session.hpp"
 
 #include "modules/gpu_inventory/clique.hpp"
+#include "modules/gpu_inventory/nvml_fabric.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -211,43 +212,20 @@ class Reader {
     return out;
   }
 
-  // The V API with the v3 tag, then v2 (a driver that does not know v3 answers
-  // ARGUMENT_VERSION_MISMATCH), then the v1 function. nullopt when the GPU has no fabric.
+  // QueryFabric (V API v3, v2, then v1). nullopt when the GPU has no fabric.
   std::optional<FabricInfo> Fabric(nvml::Device device, const std::string& uuid,
                                     std::vector<std::string>& fabric_errors) {
-    auto from = [](const auto& info) {
-      return FabricInfo{FormatClusterUuid(info.clusterUuid, nvml::kGpuFabricUuidLen), info.cliqueId,
-                        static_cast<uint32_t>(info.state), static_cast<uint32_t>(info.status)};
-    };
-    auto failed = [&](const char* function, nvml::Return rc) {
-      Warn(function, rc, uuid);
+    const FabricQuery query = QueryFabric(api_, device);
+    if (query.function == nullptr || query.rc == nvml::kErrorNotSupported) return std::nullopt;
+    if (query.rc != nvml::kSuccess) {
+      Warn(query.function, query.rc, uuid);
       fabric_errors.push_back(uuid);
-      if (fabric_error_.empty()) fabric_error_ = std::string(function) + ": " + library_.Describe(rc);
+      if (fabric_error_.empty()) fabric_error_ = std::string(query.function) + ": " + library_.Describe(query.rc);
       return std::nullopt;
-    };
-    if (api_.nvmlDeviceGetGpuFabricInfoV != nullptr) {
-      nvml::GpuFabricInfoV info{};
-      info.version = nvml::kGpuFabricInfoV3Version;
-      nvml::Return rc = api_.nvmlDeviceGetGpuFabricInfoV(device, &info);
-      if (rc == nvml::kErrorArgumentVersionMismatch) {
-        // The v2 fields sit at the same offsets as v3's, so the same buffer reads both.
-        info = {};
-        info.version = nvml::kGpuFabricInfoV2Version;
-        rc = api_.nvmlDeviceGetGpuFabricInfoV(device, &info);
-      }
-      if (rc == nvml::kSuccess) return from(info);
-      if (rc == nvml::kErrorNotSupported) return std::nullopt;
-      if (rc != nvml::kErrorArgumentVersionMismatch && rc != nvml::kErrorFunctionNotFound) {
-        return failed("nvmlDeviceGetGpuFabricInfoV", rc);
-      }
-      if (api_.nvmlDeviceGetGpuFabricInfo == nullptr) return failed("nvmlDeviceGetGpuFabricInfoV", rc);
     }
-    if (api_.nvmlDeviceGetGpuFabricInfo == nullptr) return std::nullopt;  // a driver before fabric
-    nvml::GpuFabricInfo info{};
-    const nvml::Return rc = api_.nvmlDeviceGetGpuFabricInfo(device, &info);
-    if (rc == nvml::kSuccess) return from(info);
-    if (rc == nvml::kErrorNotSupported) return std::nullopt;
-    return failed("nvmlDeviceGetGpuFabricInfo", rc);
+    const auto& info = query.info;
+    return FabricInfo{FormatClusterUuid(info.clusterUuid, nvml::kGpuFabricUuidLen), info.cliqueId,
+                      static_cast<uint32_t>(info.state), static_cast<uint32_t>(info.status)};
   }
 
   // MIG mode and, when enabled, every MIG device in slot order. A driver or GPU without MIG

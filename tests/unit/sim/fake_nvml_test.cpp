@@ -50,6 +50,11 @@ class FakeNvmlTest : public ::testing::Test {
     inject_xid_ = reinterpret_cast<fakeNvmlInjectXid_t>(dlsym(library_, "fakeNvmlInjectXid"));
     set_failure_ = reinterpret_cast<fakeNvmlSetFailure_t>(dlsym(library_, "fakeNvmlSetFailure"));
     clear_failures_ = reinterpret_cast<fakeNvmlClearFailures_t>(dlsym(library_, "fakeNvmlClearFailures"));
+    set_health_ = reinterpret_cast<fakeNvmlSetHealth_t>(dlsym(library_, "fakeNvmlSetHealth"));
+    clear_health_ = reinterpret_cast<fakeNvmlClearHealth_t>(dlsym(library_, "fakeNvmlClearHealth"));
+    hang_ = reinterpret_cast<fakeNvmlHang_t>(dlsym(library_, "fakeNvmlHang"));
+    release_hangs_ = reinterpret_cast<fakeNvmlReleaseHangs_t>(dlsym(library_, "fakeNvmlReleaseHangs"));
+    hung_calls_ = reinterpret_cast<fakeNvmlHungCalls_t>(dlsym(library_, "fakeNvmlHungCalls"));
     std::ifstream in(kGpus8Path);
     gpus8_ = json::parse(in);
   }
@@ -68,6 +73,8 @@ class FakeNvmlTest : public ::testing::Test {
 
   void TearDown() override {
     clear_failures_();
+    if (release_hangs_ != nullptr) release_hangs_();
+    if (clear_health_ != nullptr) clear_health_();
     std::filesystem::remove_all(temp_dir_);
   }
 
@@ -95,6 +102,11 @@ class FakeNvmlTest : public ::testing::Test {
   static inline fakeNvmlInjectXid_t inject_xid_ = nullptr;
   static inline fakeNvmlSetFailure_t set_failure_ = nullptr;
   static inline fakeNvmlClearFailures_t clear_failures_ = nullptr;
+  static inline fakeNvmlSetHealth_t set_health_ = nullptr;
+  static inline fakeNvmlClearHealth_t clear_health_ = nullptr;
+  static inline fakeNvmlHang_t hang_ = nullptr;
+  static inline fakeNvmlReleaseHangs_t release_hangs_ = nullptr;
+  static inline fakeNvmlHungCalls_t hung_calls_ = nullptr;
   static inline json gpus8_;
   std::string temp_dir_;
 };
@@ -230,9 +242,9 @@ TEST_F(FakeNvmlTest, NvLinkRemotePciInfoNamesThePairedGpu) {
       EXPECT_EQ(remote.bus, peer_pci.bus);
       EXPECT_EQ(remote.pciDeviceId, peer_pci.pciDeviceId);
     }
+    // gpus-8.json gives each GPU two links: link 2 is one it does not have.
     nvml::EnableState active = nvml::kFeatureEnabled;
-    ASSERT_EQ(api_.nvmlDeviceGetNvLinkState(device, 2, &active), nvml::kSuccess);
-    EXPECT_EQ(active, nvml::kFeatureDisabled);
+    EXPECT_EQ(api_.nvmlDeviceGetNvLinkState(device, 2, &active), nvml::kErrorInvalidArgument);
     nvml::PciInfo remote{};
     EXPECT_EQ(api_.nvmlDeviceGetNvLinkRemotePciInfo_v2(device, 2, &remote), nvml::kErrorNotSupported);
     EXPECT_EQ(api_.nvmlDeviceGetNvLinkState(device, nvml::kNvLinkMaxLinks, &active), nvml::kErrorInvalidArgument);
@@ -721,6 +733,250 @@ TEST_F(FakeNvmlTest, ReloadConfigPlaysAMigReconfigurationAndQueuesItsEvent) {
   EXPECT_EQ(api_.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 6, &new_mig), nvml::kSuccess);
   EXPECT_EQ(Uuid(new_mig), "MIG-re000000-0000-0000-0000-000000000106");
   EXPECT_EQ(api_.nvmlEventSetFree(set), nvml::kSuccess);
+}
+
+// ---- Health readings (issue 26) ------------------------------------------------------------------
+
+// What gpu-health reads of one GPU, through the same function types the daemon resolves.
+struct Readings {
+  nvml::EnableState ecc_current = nvml::kFeatureDisabled, ecc_pending = nvml::kFeatureDisabled;
+  unsigned long long dbe_volatile = 99, sbe_aggregate = 99;
+  nvml::RowRemapperHistogramValues histogram{};
+  unsigned int remap_corrected = 9, remap_uncorrected = 9, remap_pending = 9, remap_failed = 9;
+  unsigned int retired_dbe = 99;
+  nvml::Return retired_dbe_rc = nvml::kErrorUnknown;
+  nvml::EnableState link1 = nvml::kFeatureDisabled;
+  unsigned long long link0_replay = 99;
+  unsigned int gen = 0, width = 0, max_gen = 0, max_width = 0, replay = 99;
+  unsigned long long reasons = 99, old_reasons = 99;
+  unsigned int temp = 0, slowdown = 0, shutdown = 0, mem_max = 0;
+  nvml::FieldValue memory_temp{};
+  nvml::ViolationTime power{}, thermal{};
+};
+
+Readings ReadAll(const nvml::Api& api, nvml::Device d) {
+  Readings r;
+  EXPECT_EQ(api.nvmlDeviceGetEccMode(d, &r.ecc_current, &r.ecc_pending), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetTotalEccErrors(d, nvml::kMemoryErrorTypeUncorrected, nvml::kVolatileEcc, &r.dbe_volatile),
+            nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetTotalEccErrors(d, nvml::kMemoryErrorTypeCorrected, nvml::kAggregateEcc, &r.sbe_aggregate),
+            nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetRowRemapperHistogram(d, &r.histogram), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetRemappedRows(d, &r.remap_corrected, &r.remap_uncorrected, &r.remap_pending, &r.remap_failed),
+            nvml::kSuccess);
+  r.retired_dbe = 0;
+  r.retired_dbe_rc = api.nvmlDeviceGetRetiredPages(d, nvml::kPageRetirementCauseDoubleBitEccError, &r.retired_dbe, nullptr);
+  EXPECT_EQ(api.nvmlDeviceGetNvLinkState(d, 1, &r.link1), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetNvLinkErrorCounter(d, 0, nvml::kNvLinkErrorDlReplay, &r.link0_replay), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetCurrPcieLinkGeneration(d, &r.gen), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetCurrPcieLinkWidth(d, &r.width), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetMaxPcieLinkGeneration(d, &r.max_gen), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetMaxPcieLinkWidth(d, &r.max_width), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetPcieReplayCounter(d, &r.replay), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetCurrentClocksEventReasons(d, &r.reasons), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetCurrentClocksThrottleReasons(d, &r.old_reasons), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetTemperature(d, nvml::kTemperatureGpu, &r.temp), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetTemperatureThreshold(d, nvml::kTemperatureThresholdSlowdown, &r.slowdown), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetTemperatureThreshold(d, nvml::kTemperatureThresholdShutdown, &r.shutdown), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetTemperatureThreshold(d, nvml::kTemperatureThresholdMemMax, &r.mem_max), nvml::kSuccess);
+  r.memory_temp.fieldId = nvml::kFieldDevMemoryTemp;
+  EXPECT_EQ(api.nvmlDeviceGetFieldValues(d, 1, &r.memory_temp), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetViolationStatus(d, nvml::kPerfPolicyPower, &r.power), nvml::kSuccess);
+  EXPECT_EQ(api.nvmlDeviceGetViolationStatus(d, nvml::kPerfPolicyThermal, &r.thermal), nvml::kSuccess);
+  return r;
+}
+
+TEST_F(FakeNvmlTest, HealthReadingsAreHealthyByDefault) {
+  Session session(api_);
+  const Readings r = ReadAll(api_, Handle(3));
+  EXPECT_EQ(r.ecc_current, nvml::kFeatureEnabled);
+  EXPECT_EQ(r.ecc_pending, nvml::kFeatureEnabled);
+  EXPECT_EQ(r.dbe_volatile, 0u);
+  EXPECT_EQ(r.sbe_aggregate, 0u);
+  EXPECT_EQ(r.histogram.max, 640u);
+  EXPECT_EQ(r.histogram.none, 0u);
+  EXPECT_EQ(r.remap_uncorrected, 0u);
+  EXPECT_EQ(r.remap_pending, 0u);
+  EXPECT_EQ(r.remap_failed, 0u);
+  EXPECT_EQ(r.retired_dbe_rc, nvml::kSuccess);
+  EXPECT_EQ(r.retired_dbe, 0u);
+  EXPECT_EQ(r.link1, nvml::kFeatureEnabled);
+  EXPECT_EQ(r.link0_replay, 0u);
+  EXPECT_EQ(r.gen, 5u);
+  EXPECT_EQ(r.width, 16u);
+  EXPECT_EQ(r.max_gen, 5u);
+  EXPECT_EQ(r.max_width, 16u);
+  EXPECT_EQ(r.replay, 0u);
+  EXPECT_EQ(r.reasons, 0u);
+  EXPECT_EQ(r.old_reasons, 0u);
+  EXPECT_LT(r.temp, r.slowdown);
+  EXPECT_LT(r.slowdown, r.shutdown);
+  EXPECT_EQ(r.memory_temp.nvmlReturn, nvml::kSuccess);
+  EXPECT_EQ(r.memory_temp.valueType, nvml::kValueTypeUnsignedInt);
+  EXPECT_LT(r.memory_temp.value.uiVal, r.mem_max);
+  EXPECT_GT(r.memory_temp.timestamp, 0);
+  EXPECT_EQ(r.power.violationTime, 0u);
+  EXPECT_GT(r.power.referenceTime, 0u);
+  EXPECT_EQ(r.thermal.violationTime, 0u);
+  // A field the fake does not know is NOT_SUPPORTED in its own return code, not the call's.
+  nvml::FieldValue fields[2]{};
+  fields[0].fieldId = 1;
+  fields[1].fieldId = nvml::kFieldDevMemoryTemp;
+  EXPECT_EQ(api_.nvmlDeviceGetFieldValues(Handle(3), 2, fields), nvml::kSuccess);
+  EXPECT_EQ(fields[0].nvmlReturn, nvml::kErrorNotSupported);
+  EXPECT_EQ(fields[1].nvmlReturn, nvml::kSuccess);
+  // The link numbers stop where the GPU's links do.
+  unsigned long long counter = 0;
+  EXPECT_EQ(api_.nvmlDeviceGetNvLinkErrorCounter(Handle(3), 2, nvml::kNvLinkErrorDlCrcFlit, &counter),
+            nvml::kErrorInvalidArgument);
+}
+
+TEST_F(FakeNvmlTest, HealthFromTheConfigAndChangedAtRunTime) {
+  json config = gpus8_;
+  config["gpus"][0]["health"] = {{"pcieWidth", 8}, {"eccUncorrectedVolatile", 2}, {"retiredPagesDbe", 3}};
+  config["gpus"][1]["nvlinkCount"] = 4;
+  setenv("FAKE_NVML_CONFIG", WriteFile("health.json", config.dump()).c_str(), 1);
+  Session session(api_);
+  Readings r = ReadAll(api_, Handle(0));
+  EXPECT_EQ(r.width, 8u);
+  EXPECT_EQ(r.dbe_volatile, 2u);
+  EXPECT_EQ(r.retired_dbe_rc, nvml::kErrorInsufficientSize) << "the count query answers the count";
+  EXPECT_EQ(r.retired_dbe, 3u);
+  unsigned long long pages[3] = {};
+  unsigned int count = 3;
+  EXPECT_EQ(api_.nvmlDeviceGetRetiredPages(Handle(0), nvml::kPageRetirementCauseDoubleBitEccError, &count, pages),
+            nvml::kSuccess);
+  EXPECT_EQ(count, 3u);
+  EXPECT_NE(pages[2], 0u);
+  nvml::EnableState active = nvml::kFeatureEnabled;
+  EXPECT_EQ(api_.nvmlDeviceGetNvLinkState(Handle(1), 3, &active), nvml::kSuccess);
+  EXPECT_EQ(active, nvml::kFeatureDisabled) << "a link past the peers is inactive";
+
+  const std::string uuid = Uuid(Handle(2));
+  ASSERT_EQ(set_health_(uuid.c_str(), R"({"remapPending":true,"nvlinkDown":[1],"fabricHealthMask":1,)"
+                                      R"("clocksEventReasons":72,"nvlinkErrors":{"0":{"replay":7}},"memoryTemperature":99})"),
+            nvml::kSuccess);
+  r = ReadAll(api_, Handle(2));
+  EXPECT_EQ(r.remap_pending, 1u);
+  EXPECT_EQ(r.link1, nvml::kFeatureDisabled);
+  EXPECT_EQ(r.link0_replay, 7u);
+  EXPECT_EQ(r.reasons, 72u);
+  EXPECT_EQ(r.old_reasons, 72u);
+  EXPECT_EQ(r.memory_temp.value.uiVal, 99u);
+  nvml::GpuFabricInfoV fabric{};
+  fabric.version = nvml::kGpuFabricInfoV3Version;
+  ASSERT_EQ(api_.nvmlDeviceGetGpuFabricInfoV(Handle(2), &fabric), nvml::kSuccess);
+  EXPECT_EQ(fabric.healthMask, 1u);
+  // Later changes merge with earlier ones; a bad one changes nothing.
+  ASSERT_EQ(set_health_(uuid.c_str(), R"({"pcieWidth":4})"), nvml::kSuccess);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(set_health_(uuid.c_str(), R"({"pcieWidth":2,"bogus":1})"), nvml::kErrorInvalidArgument);
+  EXPECT_EQ(set_health_(uuid.c_str(), "not json"), nvml::kErrorInvalidArgument);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("bogus"));
+  r = ReadAll(api_, Handle(2));
+  EXPECT_EQ(r.width, 4u);
+  EXPECT_EQ(r.link1, nvml::kFeatureDisabled);
+  // Kept across nvmlShutdown/nvmlInit, as a hardware fault is, until cleared.
+  {
+    Session again(api_);
+  }
+  EXPECT_EQ(ReadAll(api_, Handle(2)).width, 4u);
+  clear_health_();
+  r = ReadAll(api_, Handle(2));
+  EXPECT_EQ(r.width, 16u);
+  EXPECT_EQ(r.link1, nvml::kFeatureEnabled);
+  EXPECT_EQ(ReadAll(api_, Handle(0)).width, 8u) << "the config's own health stays";
+  // The maintenance keys stay (they are the GPU's state, which a reset changes).
+  EXPECT_EQ(r.remap_pending, 1u);
+  ASSERT_EQ(set_health_(uuid.c_str(), R"({"remapPending":false})"), nvml::kSuccess);
+}
+
+TEST_F(FakeNvmlTest, ALostGpuAnswersGpuIsLostFromEveryCallThatNamesIt) {
+  Session session(api_);
+  const nvml::Device device = Handle(5);
+  const std::string uuid = Uuid(device);
+  ASSERT_EQ(set_health_(uuid.c_str(), R"({"lost":true})"), nvml::kSuccess);
+  unsigned int value = 0;
+  EXPECT_EQ(api_.nvmlDeviceGetCurrPcieLinkWidth(device, &value), nvml::kErrorGpuIsLost);
+  EXPECT_EQ(api_.nvmlDeviceGetMinorNumber(device, &value), nvml::kErrorGpuIsLost);
+  char buffer[nvml::kDeviceUuidV2BufferSize] = {};
+  EXPECT_EQ(api_.nvmlDeviceGetUUID(device, buffer, sizeof(buffer)), nvml::kErrorGpuIsLost);
+  nvml::Device other = nullptr;
+  EXPECT_EQ(api_.nvmlDeviceGetHandleByIndex_v2(5, &other), nvml::kErrorGpuIsLost);
+  EXPECT_EQ(api_.nvmlDeviceGetHandleByUUID(uuid.c_str(), &other), nvml::kErrorGpuIsLost);
+  EXPECT_EQ(api_.nvmlDeviceGetCurrPcieLinkWidth(Handle(4), &value), nvml::kSuccess) << "the others answer";
+  ASSERT_EQ(set_health_(uuid.c_str(), R"({"lost":false})"), nvml::kSuccess);
+  EXPECT_EQ(api_.nvmlDeviceGetCurrPcieLinkWidth(device, &value), nvml::kSuccess);
+}
+
+TEST_F(FakeNvmlTest, AHungCallBlocksOnlyItsCallerUntilReleased) {
+  Session session(api_);
+  const nvml::Device device = Handle(0);
+  ASSERT_EQ(hang_("nvmlDeviceGetTemperature", 0), nvml::kSuccess);
+  EXPECT_EQ(hang_("nvmlNoSuchFunction", 0), nvml::kErrorInvalidArgument);
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    unsigned int temp = 0;
+    EXPECT_EQ(api_.nvmlDeviceGetTemperature(device, nvml::kTemperatureGpu, &temp), nvml::kSuccess);
+    returned = true;
+  });
+  unsigned int hung = 0;
+  for (int i = 0; i < 500 && hung == 0; ++i) {
+    hung_calls_(&hung);
+    if (hung == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(hung, 1u);
+  // Other calls, the same GPU included, go on meanwhile.
+  unsigned int width = 0;
+  EXPECT_EQ(api_.nvmlDeviceGetCurrPcieLinkWidth(device, &width), nvml::kSuccess);
+  EXPECT_FALSE(returned);
+  release_hangs_();
+  caller.join();
+  EXPECT_TRUE(returned);
+  hung_calls_(&hung);
+  EXPECT_EQ(hung, 0u);
+  // With a number of seconds the hang ends by itself.
+  ASSERT_EQ(hang_("*", 1), nvml::kSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(api_.nvmlDeviceGetCurrPcieLinkWidth(device, &width), nvml::kSuccess);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(900));
+}
+
+TEST_F(FakeNvmlTest, HealthAndHangsThroughTheControlSocket) {
+  const std::string socket_path = temp_dir_ + "/control.sock";
+  setenv("FAKE_NVML_CONTROL", socket_path.c_str(), 1);
+  ASSERT_EQ(api_.nvmlInit_v2(), nvml::kSuccess);
+  const nvml::Device device = Handle(1);
+  const std::string uuid = Uuid(device);
+  EXPECT_EQ(RunCtl(socket_path, "set-health " + uuid + R"( '{"pcieMaxWidth":8,"remapFailure":true}')"), 0);
+  unsigned int value = 0;
+  EXPECT_EQ(api_.nvmlDeviceGetMaxPcieLinkWidth(device, &value), nvml::kSuccess);
+  EXPECT_EQ(value, 8u);
+  unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
+  EXPECT_EQ(api_.nvmlDeviceGetRemappedRows(device, &corrected, &uncorrected, &pending, &failed), nvml::kSuccess);
+  EXPECT_EQ(failed, 1u);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCtl(socket_path, "set-health " + uuid + R"( '{"pcieMaxWidth":"wide"}')"), 1);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(RunCtl(socket_path, "hang nvmlDeviceGetPcieReplayCounter"), 0);
+  std::thread caller([&] {
+    unsigned int replay = 0;
+    EXPECT_EQ(api_.nvmlDeviceGetPcieReplayCounter(device, &replay), nvml::kSuccess);
+  });
+  json hung;
+  for (int i = 0; i < 500; ++i) {
+    hung = SendCommand(socket_path, R"({"getHung":true})");
+    if (hung.value("hung", 0) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(hung.value("hung", 0), 1);
+  EXPECT_EQ(RunCtl(socket_path, "release-hangs"), 0);
+  caller.join();
+  EXPECT_EQ(RunCtl(socket_path, "clear-health"), 0);
+  EXPECT_EQ(api_.nvmlDeviceGetMaxPcieLinkWidth(device, &value), nvml::kSuccess);
+  EXPECT_EQ(value, 16u);
+  EXPECT_EQ(SendCommand(socket_path, R"({"setHealth":{"uuid":")" + uuid + R"(","remapFailure":false}})")["ok"], true);
+  ASSERT_EQ(api_.nvmlShutdown(), nvml::kSuccess);
 }
 
 }  // namespace

@@ -89,6 +89,33 @@ struct Fabric {
   unsigned char health_summary = 0;
 };
 
+// NVLink DL error counters of one link (nvmlDeviceGetNvLinkErrorCounter).
+struct NvLinkCounters {
+  unsigned long long replay = 0, recovery = 0, crc_flit = 0, crc_data = 0;
+};
+
+// What the health readings answer (issue 26): healthy unless configured ("health" of a GPU) or
+// set at run time (setHealth). Row-remap pending/failure, retired-pages pending and persistence
+// live in the maintenance state (maintenance_state.h), which a reset changes.
+struct Health {
+  bool ecc_enabled = true;
+  unsigned long long ecc[2][2] = {};  // [nvmlMemoryErrorType_t][nvmlEccCounterType_t]
+  unsigned int remapped_corrected = 0;
+  unsigned int remapped_uncorrected = 0;
+  nvml::RowRemapperHistogramValues histogram{640, 0, 0, 0, 0};  // every bank has all its spare rows
+  unsigned int retired_sbe = 0;
+  unsigned int retired_dbe = 0;
+  std::set<unsigned int> nvlinks_down;
+  std::map<unsigned int, NvLinkCounters> nvlink_errors;
+  unsigned int pcie_generation = 5, pcie_width = 16, pcie_max_generation = 5, pcie_max_width = 16;
+  unsigned int pcie_replay = 0;
+  unsigned long long clocks_event_reasons = 0;
+  unsigned int temperature = 40, slowdown = 87, shutdown = 92;
+  unsigned int memory_temperature = 45, memory_max = 95;
+  unsigned long long power_violation_ns = 0, thermal_violation_ns = 0;
+  bool lost = false;  // every call that names the GPU answers GPU_IS_LOST
+};
+
 // One MIG device of a MIG-enabled GPU (a compute instance in a GPU instance).
 struct MigDevice {
   std::string uuid;  // "MIG-…"
@@ -117,10 +144,12 @@ struct Gpu {
   int cc_minor = 0;
   std::vector<std::string> nvlink_peer_names;  // as configured, resolved into nvlink_remote
   std::vector<nvml::PciInfo> nvlink_remote;    // one entry per active link, in link order
+  unsigned int nvlink_count = 0;               // links the GPU has (default: one per peer)
   Fabric fabric;
   unsigned long long supported_events = kDefaultSupportedEvents;
   bool mig_enabled = false;
   std::vector<std::optional<MigDevice>> mig_slots;  // index = nvmlDeviceGetMigDeviceHandleByIndex slot
+  Health health;
 };
 
 // MIG devices per GPU are at most 7 on every MIG-capable GPU so far; the fake allows 8 slots.
@@ -271,12 +300,94 @@ void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
   }
 }
 
+// Applies health keys (README: "Health readings") to `gpu`. `runtime`: a setHealth command,
+// which may also name the maintenance state's keys (handled by the caller) and "uuid".
+void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime) {
+  static const std::set<std::string, std::less<>> kKeys = {
+      "eccEnabled", "eccCorrectedVolatile", "eccUncorrectedVolatile", "eccCorrectedAggregate",
+      "eccUncorrectedAggregate", "remappedRowsCorrected", "remappedRowsUncorrected", "rowRemapHistogram",
+      "retiredPagesSbe", "retiredPagesDbe", "nvlinkDown", "nvlinkErrors", "fabricState", "fabricStatus",
+      "fabricHealthMask", "pcieGeneration", "pcieWidth", "pcieMaxGeneration", "pcieMaxWidth", "pcieReplayCounter",
+      "clocksEventReasons", "temperature", "temperatureSlowdown", "temperatureShutdown", "memoryTemperature",
+      "memoryTemperatureMax", "powerViolationNs", "thermalViolationNs", "lost"};
+  static const std::set<std::string, std::less<>> kRuntimeKeys = {"uuid", "remapPending", "remapFailure",
+                                                                   "retiredPagesPending", "persistence"};
+  if (!h.is_object()) throw ConfigError(nvml::kErrorUnknown, where + " must be a JSON object");
+  for (const auto& [key, value] : h.items()) {
+    if (kKeys.count(key) == 0 && (!runtime || kRuntimeKeys.count(key) == 0)) {
+      throw ConfigError(nvml::kErrorUnknown, where + ": unknown key \"" + key + "\"");
+    }
+  }
+  Health& health = gpu.health;
+  auto u32 = [&](const char* key, unsigned int& out) {
+    if (h.contains(key)) out = h.at(key).get<unsigned int>();
+  };
+  auto u64 = [&](const char* key, unsigned long long& out) {
+    if (h.contains(key)) out = h.at(key).get<unsigned long long>();
+  };
+  if (h.contains("eccEnabled")) health.ecc_enabled = h.at("eccEnabled").get<bool>();
+  u64("eccCorrectedVolatile", health.ecc[nvml::kMemoryErrorTypeCorrected][nvml::kVolatileEcc]);
+  u64("eccUncorrectedVolatile", health.ecc[nvml::kMemoryErrorTypeUncorrected][nvml::kVolatileEcc]);
+  u64("eccCorrectedAggregate", health.ecc[nvml::kMemoryErrorTypeCorrected][nvml::kAggregateEcc]);
+  u64("eccUncorrectedAggregate", health.ecc[nvml::kMemoryErrorTypeUncorrected][nvml::kAggregateEcc]);
+  u32("remappedRowsCorrected", health.remapped_corrected);
+  u32("remappedRowsUncorrected", health.remapped_uncorrected);
+  if (h.contains("rowRemapHistogram")) {
+    const Json& r = h.at("rowRemapHistogram");
+    CheckKeys(r, {"max", "high", "partial", "low", "none"}, where + ".rowRemapHistogram");
+    auto& v = health.histogram;
+    v = {r.value("max", 0u), r.value("high", 0u), r.value("partial", 0u), r.value("low", 0u), r.value("none", 0u)};
+  }
+  u32("retiredPagesSbe", health.retired_sbe);
+  u32("retiredPagesDbe", health.retired_dbe);
+  if (h.contains("nvlinkDown")) {
+    health.nvlinks_down.clear();
+    for (const auto& link : h.at("nvlinkDown")) health.nvlinks_down.insert(link.get<unsigned int>());
+  }
+  if (h.contains("nvlinkErrors")) {
+    const Json& e = h.at("nvlinkErrors");
+    if (!e.is_object()) throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkErrors must map link numbers to counters");
+    health.nvlink_errors.clear();
+    for (const auto& [link, counters] : e.items()) {
+      unsigned int n = 0;
+      const auto [end, ec] = std::from_chars(link.data(), link.data() + link.size(), n);
+      if (ec != std::errc() || end != link.data() + link.size() || n >= nvml::kNvLinkMaxLinks) {
+        throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkErrors: \"" + link + "\" is not a link number below 18");
+      }
+      CheckKeys(counters, {"replay", "recovery", "crcFlit", "crcData"}, where + ".nvlinkErrors." + link);
+      health.nvlink_errors[n] = {counters.value("replay", 0ULL), counters.value("recovery", 0ULL),
+                                 counters.value("crcFlit", 0ULL), counters.value("crcData", 0ULL)};
+    }
+  }
+  if (h.contains("fabricState") || h.contains("fabricStatus") || h.contains("fabricHealthMask")) {
+    if (!gpu.fabric.present) throw ConfigError(nvml::kErrorUnknown, where + ": the GPU has no \"fabric\" to change");
+    if (h.contains("fabricState")) gpu.fabric.state = ParseFabricState(h.at("fabricState"));
+    if (h.contains("fabricStatus")) gpu.fabric.status = ParseReturnCode(h.at("fabricStatus"), where + ".fabricStatus");
+    u32("fabricHealthMask", gpu.fabric.health_mask);
+  }
+  u32("pcieGeneration", health.pcie_generation);
+  u32("pcieWidth", health.pcie_width);
+  u32("pcieMaxGeneration", health.pcie_max_generation);
+  u32("pcieMaxWidth", health.pcie_max_width);
+  u32("pcieReplayCounter", health.pcie_replay);
+  u64("clocksEventReasons", health.clocks_event_reasons);
+  u32("temperature", health.temperature);
+  u32("temperatureSlowdown", health.slowdown);
+  u32("temperatureShutdown", health.shutdown);
+  u32("memoryTemperature", health.memory_temperature);
+  u32("memoryTemperatureMax", health.memory_max);
+  u64("powerViolationNs", health.power_violation_ns);
+  u64("thermalViolationNs", health.thermal_violation_ns);
+  if (h.contains("lost")) health.lost = h.at("lost").get<bool>();
+}
+
 Gpu ParseGpu(const Json& j, std::size_t index) {
   const std::string where = "gpus[" + std::to_string(index) + "]";
   CheckKeys(j,
             {"uuid", "name", "pciBusId", "minor", "memoryTotalBytes", "memoryReservedBytes",
              "memoryUsedBytes", "numaNode", "nvlinkPeers", "fabric", "pciDeviceId",
-             "pciSubSystemId", "supportedEventTypes", "computeCapability", "migEnabled", "migDevices"},
+             "pciSubSystemId", "supportedEventTypes", "computeCapability", "migEnabled", "migDevices",
+             "nvlinkCount", "health"},
             where);
   Gpu gpu;
   gpu.uuid = j.at("uuid").get<std::string>();
@@ -309,6 +420,10 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
   if (gpu.nvlink_peer_names.size() > nvml::kNvLinkMaxLinks) {
     throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkPeers has more than 18 links");
   }
+  gpu.nvlink_count = j.value("nvlinkCount", static_cast<unsigned int>(gpu.nvlink_peer_names.size()));
+  if (gpu.nvlink_count < gpu.nvlink_peer_names.size() || gpu.nvlink_count > nvml::kNvLinkMaxLinks) {
+    throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkCount must be at least the number of nvlinkPeers and at most 18");
+  }
   ParseMig(j, gpu, where);
   // MIG-enabled GPUs also report MIG reconfigurations (nvmlEventMigConfigChange) by default.
   gpu.supported_events = j.value("supportedEventTypes", kDefaultSupportedEvents | (gpu.mig_enabled ? nvml::kEventMigConfigChange : 0));
@@ -326,6 +441,7 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
     gpu.fabric.health_mask = f.value("healthMask", 0u);
     gpu.fabric.health_summary = f.value("healthSummary", static_cast<unsigned char>(0));
   }
+  if (j.contains("health")) ApplyHealth(j.at("health"), gpu, where + ".health", false);
   return gpu;
 }
 
@@ -563,6 +679,72 @@ std::vector<Json> AskClients(const std::string& primary, const Json& command) {
   return replies;
 }
 
+// ---- Hung calls ------------------------------------------------------------------------------
+
+// NVML calls that block, as DCGM-style stalls do: a named function (or every one, "*") blocks
+// for N seconds, or until released when N is 0. Its own lock, not the library's: a hung call
+// holds nothing, so other calls (and the control socket) go on meanwhile.
+class HangState {
+ public:
+  void Hang(const std::string& function, unsigned int seconds) {
+    std::lock_guard lock(mu_);
+    hangs_[function] = seconds == 0 ? std::chrono::steady_clock::time_point::max()
+                                    : std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  }
+
+  // Ends every hang: blocked calls go on, later calls do not block.
+  void Release() {
+    std::lock_guard lock(mu_);
+    hangs_.clear();
+    cv_.notify_all();
+  }
+
+  // Blocks while a hang covers `function`.
+  void Wait(std::string_view function) {
+    std::unique_lock lock(mu_);
+    if (hangs_.empty()) return;
+    bool counted = false;
+    while (true) {
+      auto it = hangs_.find(function);
+      if (it == hangs_.end()) it = hangs_.find("*");
+      if (it == hangs_.end() || std::chrono::steady_clock::now() >= it->second) break;
+      if (!counted) {
+        counted = true;
+        ++hung_;
+      }
+      if (it->second == std::chrono::steady_clock::time_point::max()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_until(lock, it->second);
+      }
+    }
+    if (counted) --hung_;
+  }
+
+  unsigned int Hung() const {
+    std::lock_guard lock(mu_);
+    return hung_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::chrono::steady_clock::time_point, std::less<>> hangs_;
+  unsigned int hung_ = 0;  // calls blocked right now
+};
+
+HangState& Hangs() {
+  // Never destroyed, like the library state: a hung call may outlive static destruction.
+  static HangState* hangs = [] {
+    auto* created = new HangState;
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_ignore_object(created);  // kept on purpose, also after dlclose unmaps the pointer to it
+#endif
+    return created;
+  }();
+  return *hangs;
+}
+
 // ---- The fake library state ---------------------------------------------------------------------
 
 struct EventSetState {
@@ -585,6 +767,7 @@ class FakeNvml {
   }
 
   Return Init(std::string_view function, unsigned int flags) {
+    Hangs().Wait(function);
     std::unique_lock lock(mu_);
     if (const auto failure = Failure(function)) return *failure;
     if (init_count_ > 0) {
@@ -615,6 +798,10 @@ class FakeNvml {
         // The driver's failures so far hold for this client too (a GPU lost stays lost).
         if (auto reply = Ask(path, R"({"getFailures":true})"); reply && reply->contains("failures")) {
           for (const auto& [name, code] : reply->at("failures").items()) failures_[name] = code.get<Return>();
+          // So does what was set of the GPUs' health.
+          if (reply->contains("health")) {
+            for (const auto& [uuid, patch] : reply->at("health").items()) health_patches_[uuid] = patch;
+          }
         }
         path += ".c" + std::to_string(::getpid());
       } else {
@@ -627,12 +814,14 @@ class FakeNvml {
       }
     }
     config_ = std::move(config);
+    ApplyHealthPatches();
     ++generation_;
     init_count_ = 1;
     return nvml::kSuccess;
   }
 
   Return Shutdown(std::string_view function) {
+    Hangs().Wait(function);
     std::unique_ptr<ControlServer> stopping;
     {
       std::lock_guard lock(mu_);
@@ -657,6 +846,7 @@ class FakeNvml {
   // Runs `body(config)` for an initialized library after failure injection.
   template <typename Body>
   Return WithInit(std::string_view function, Body&& body) {
+    Hangs().Wait(function);  // outside the lock: a hung call blocks only its caller
     std::lock_guard lock(mu_);
     if (const auto failure = Failure(function)) return *failure;
     if (init_count_ == 0) return nvml::kErrorUninitialized;
@@ -669,6 +859,7 @@ class FakeNvml {
     return WithInit(function, [&](const Config& config) {
       const auto index = IndexOf(device, config);
       if (!index) return nvml::kErrorInvalidArgument;
+      if (config.gpus[*index].health.lost) return nvml::kErrorGpuIsLost;
       return body(config.gpus[*index], *index);
     });
   }
@@ -700,6 +891,7 @@ class FakeNvml {
         return nvml::kErrorInvalidArgument;
       }
       const Gpu& gpu = config.gpus[index];
+      if (gpu.health.lost) return nvml::kErrorGpuIsLost;
       if (mig == 0) return body(gpu, index, static_cast<const MigDevice*>(nullptr));
       // A MIG handle from before a reconfiguration is stale.
       if (!gpu.mig_enabled || mig - 1 >= gpu.mig_slots.size() || !gpu.mig_slots[mig - 1]) {
@@ -732,6 +924,7 @@ class FakeNvml {
   }
 
   Return EventSetWait(std::string_view function, nvml::EventSet set, nvml::EventData* data, unsigned int timeout_ms) {
+    Hangs().Wait(function);
     std::unique_lock lock(mu_);
     last_wait_timeout_ms_ = timeout_ms;
     if (const auto failure = Failure(function)) return *failure;
@@ -835,6 +1028,7 @@ class FakeNvml {
       if (!same) changed_gpus.push_back(i);
     }
     config_ = std::move(config);
+    ApplyHealthPatches();
     for (const std::size_t index : changed_gpus) {
       for (auto& [id, set] : event_sets_) {
         const auto reg = set->registered.find(index);
@@ -901,6 +1095,62 @@ class FakeNvml {
     return nvml::kSuccess;
   }
 
+  // A run-time change of one GPU's health readings (setHealth), kept by UUID for the life of the
+  // process (across nvmlShutdown/nvmlInit and reloadConfig, as a fault of the hardware is) and
+  // applied over what the config says. Keys of the maintenance state go there. Throws
+  // ConfigError / a JSON error for a bad patch (nothing changes then).
+  void SetHealth(const std::string& uuid, const Json& patch) {
+    Json maintenance = Json::object();
+    Json health = Json::object();
+    for (const auto& [key, value] : patch.items()) {
+      if (key == "uuid") continue;
+      if (key == "remapPending" || key == "remapFailure" || key == "retiredPagesPending" || key == "persistence") {
+        maintenance[key] = value;
+      } else {
+        health[key] = value;
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      Json merged = health_patches_.count(uuid) != 0 ? health_patches_[uuid] : Json::object();
+      merged.update(health);
+      Gpu probe;  // validates the patch before anything changes
+      probe.fabric.present = true;
+      ApplyHealth(merged, probe, "setHealth", false);
+      health_patches_[uuid] = std::move(merged);
+      ApplyHealthPatches();
+    }
+    if (!maintenance.empty()) {
+      maintenance["uuid"] = uuid;
+      Maintenance().Set(maintenance);
+    }
+  }
+
+  // Forgets every run-time health change: the GPUs read as configured again.
+  void ClearHealth() {
+    std::lock_guard lock(mu_);
+    health_patches_.clear();
+    if (init_count_ == 0) return;
+    try {
+      Config config = LoadConfig();
+      if (config.gpus.size() == config_.gpus.size()) {
+        for (std::size_t i = 0; i < config.gpus.size(); ++i) {
+          config_.gpus[i].health = config.gpus[i].health;
+          config_.gpus[i].fabric = config.gpus[i].fabric;
+        }
+      }
+    } catch (const ConfigError& e) {
+      std::fprintf(stderr, "fake_nvml: clearHealth: %s\n", e.what());
+    }
+  }
+
+  Json HealthPatches() const {
+    std::lock_guard lock(mu_);
+    Json out = Json::object();
+    for (const auto& [uuid, patch] : health_patches_) out[uuid] = patch;
+    return out;
+  }
+
   Return LastWaitTimeout(unsigned int* timeout_ms) const {
     if (timeout_ms == nullptr) return nvml::kErrorInvalidArgument;
     std::lock_guard lock(mu_);
@@ -915,6 +1165,19 @@ class FakeNvml {
     if (const auto it = failures_.find(function); it != failures_.end()) return it->second;
     if (const auto it = failures_.find("*"); it != failures_.end()) return it->second;
     return std::nullopt;
+  }
+
+  // Caller holds mu_. Applies the run-time health changes over the configured GPUs.
+  void ApplyHealthPatches() {
+    for (Gpu& gpu : config_.gpus) {
+      const auto it = health_patches_.find(gpu.uuid);
+      if (it == health_patches_.end()) continue;
+      try {
+        ApplyHealth(it->second, gpu, "setHealth", false);
+      } catch (const std::exception& e) {  // validated when set: only a fabric the config dropped
+        std::fprintf(stderr, "fake_nvml: setHealth for %s: %s\n", gpu.uuid.c_str(), e.what());
+      }
+    }
   }
 
   void WakeAllWaiters() {
@@ -932,6 +1195,7 @@ class FakeNvml {
   std::map<std::uintptr_t, std::shared_ptr<EventSetState>> event_sets_;
   std::map<std::string, Return, std::less<>> failures_;
   std::string primary_path_;  // FAKE_NVML_CONTROL when this process serves it
+  std::map<std::string, Json> health_patches_;  // UUID → setHealth keys in force
   // Last member: destroyed (thread joined) first.
   std::unique_ptr<ControlServer> control_;
 };
@@ -996,6 +1260,23 @@ std::string FakeNvml::HandleCommand(std::string_view text) {
         reply["changed"] = changed;
       } else if (key == "getFailures") {
         reply["failures"] = Fake().Failures();
+        reply["health"] = Fake().HealthPatches();
+      } else if (key == "setHealth") {
+        Fake().SetHealth(value.at("uuid").get<std::string>(), value);
+        AskClients(Fake().PrimaryPath(), {{key, value}});
+      } else if (key == "clearHealth") {
+        Fake().ClearHealth();
+        AskClients(Fake().PrimaryPath(), {{key, value}});
+      } else if (key == "hang") {
+        const auto function = value.at("function").get<std::string>();
+        if (function != "*" && !IsKnownFunction(function)) throw std::runtime_error("hang: unknown NVML function \"" + function + "\"");
+        Hangs().Hang(function, value.value("seconds", 0u));
+        AskClients(Fake().PrimaryPath(), {{key, value}});
+      } else if (key == "releaseHangs") {
+        Hangs().Release();
+        AskClients(Fake().PrimaryPath(), {{key, value}});
+      } else if (key == "getHung") {
+        reply["hung"] = Hangs().Hung();
       } else if (key == "holds") {
         reply["holds"] = Fake().HoldsGpu(value.at("uuid").get<std::string>());
       } else if (key == "setGpuState") {
@@ -1099,6 +1380,7 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetCount_v2(unsigned int* device_count) {
 FAKE_NVML_EXPORT Return nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvml::Device* device) {
   return fake::Fake().WithInit(__func__, [&](const fake::Config& c) {
     if (device == nullptr || index >= c.gpus.size()) return nvml::kErrorInvalidArgument;
+    if (c.gpus[index].health.lost) return nvml::kErrorGpuIsLost;
     *device = fake::Fake().HandleOf(index);
     return nvml::kSuccess;
   });
@@ -1109,6 +1391,7 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetHandleByUUID(const char* uuid, nvml::Device
     if (uuid == nullptr || device == nullptr) return nvml::kErrorInvalidArgument;
     for (std::size_t i = 0; i < c.gpus.size(); ++i) {
       if (c.gpus[i].uuid == uuid) {
+        if (c.gpus[i].health.lost) return nvml::kErrorGpuIsLost;
         *device = fake::Fake().HandleOf(i);
         return nvml::kSuccess;
       }
@@ -1126,6 +1409,7 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetHandleByPciBusId_v2(const char* pci_bus_id,
       const fake::PciAddress& a = c.gpus[i].address;
       if (a.domain == address->domain && a.bus == address->bus && a.device == address->device &&
           a.function == address->function) {
+        if (c.gpus[i].health.lost) return nvml::kErrorGpuIsLost;
         *device = fake::Fake().HandleOf(i);
         return nvml::kSuccess;
       }
@@ -1215,13 +1499,17 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetNumaNodeId(nvml::Device device, unsigned in
   });
 }
 
-// A GPU configured without nvlinkPeers has no NVLink (NOT_SUPPORTED, like a PCIe card); links
-// past the configured ones are inactive.
+// A GPU configured without NVLink links (no nvlinkPeers, no nvlinkCount) answers NOT_SUPPORTED,
+// like a PCIe card; a link past the GPU's nvlinkCount INVALID_ARGUMENT, as NVML does for a link
+// number the GPU lacks. Links with a peer are active unless set down (health.nvlinkDown); links
+// beyond the peers are inactive.
 FAKE_NVML_EXPORT Return nvmlDeviceGetNvLinkState(nvml::Device device, unsigned int link, nvml::EnableState* is_active) {
   return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
     if (is_active == nullptr || link >= nvml::kNvLinkMaxLinks) return nvml::kErrorInvalidArgument;
-    if (g.nvlink_remote.empty()) return nvml::kErrorNotSupported;
-    *is_active = link < g.nvlink_remote.size() ? nvml::kFeatureEnabled : nvml::kFeatureDisabled;
+    if (g.nvlink_count == 0) return nvml::kErrorNotSupported;
+    if (link >= g.nvlink_count) return nvml::kErrorInvalidArgument;
+    const bool up = link < g.nvlink_remote.size() && g.health.nvlinks_down.count(link) == 0;
+    *is_active = up ? nvml::kFeatureEnabled : nvml::kFeatureDisabled;
     return nvml::kSuccess;
   });
 }
@@ -1419,6 +1707,177 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetRemappedRows(nvml::Device device, unsigned 
   });
 }
 
+// ---- Health readings (issue 26): what Health says of the GPU ------------------------------------
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetEccMode(nvml::Device device, nvml::EnableState* current, nvml::EnableState* pending) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (current == nullptr || pending == nullptr) return nvml::kErrorInvalidArgument;
+    *current = *pending = g.health.ecc_enabled ? nvml::kFeatureEnabled : nvml::kFeatureDisabled;
+    return nvml::kSuccess;
+  });
+}
+
+// Counters exist only while ECC is on (NVML answers NOT_SUPPORTED otherwise).
+FAKE_NVML_EXPORT Return nvmlDeviceGetTotalEccErrors(nvml::Device device, nvml::MemoryErrorType error_type,
+                                                    nvml::EccCounterType counter_type, unsigned long long* ecc_counts) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (ecc_counts == nullptr || error_type < 0 || error_type > 1 || counter_type < 0 || counter_type > 1) {
+      return nvml::kErrorInvalidArgument;
+    }
+    if (!g.health.ecc_enabled) return nvml::kErrorNotSupported;
+    *ecc_counts = g.health.ecc[error_type][counter_type];
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetRowRemapperHistogram(nvml::Device device, nvml::RowRemapperHistogramValues* values) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (values == nullptr) return nvml::kErrorInvalidArgument;
+    *values = g.health.histogram;
+    return nvml::kSuccess;
+  });
+}
+
+// The count query (page_count 0, addresses null) answers INSUFFICIENT_SIZE with the count when
+// pages were retired, as NVML does; a big enough array gets made-up page addresses.
+FAKE_NVML_EXPORT Return nvmlDeviceGetRetiredPages(nvml::Device device, nvml::PageRetirementCause cause,
+                                                  unsigned int* page_count, unsigned long long* addresses) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (page_count == nullptr || (cause != nvml::kPageRetirementCauseMultipleSingleBitEccErrors &&
+                                  cause != nvml::kPageRetirementCauseDoubleBitEccError)) {
+      return nvml::kErrorInvalidArgument;
+    }
+    const unsigned int n = cause == nvml::kPageRetirementCauseDoubleBitEccError ? g.health.retired_dbe : g.health.retired_sbe;
+    if (*page_count < n || (n > 0 && addresses == nullptr)) {
+      *page_count = n;
+      return nvml::kErrorInsufficientSize;
+    }
+    for (unsigned int i = 0; i < n; ++i) addresses[i] = 0x100000ULL * (i + 1) + static_cast<unsigned long long>(cause);
+    *page_count = n;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetNvLinkErrorCounter(nvml::Device device, unsigned int link,
+                                                        nvml::NvLinkErrorCounter counter, unsigned long long* value) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (value == nullptr || link >= nvml::kNvLinkMaxLinks || counter < 0 || counter > 3) return nvml::kErrorInvalidArgument;
+    if (g.nvlink_count == 0) return nvml::kErrorNotSupported;
+    if (link >= g.nvlink_count) return nvml::kErrorInvalidArgument;
+    const auto it = g.health.nvlink_errors.find(link);
+    const fake::NvLinkCounters c = it != g.health.nvlink_errors.end() ? it->second : fake::NvLinkCounters{};
+    const unsigned long long values[] = {c.replay, c.recovery, c.crc_flit, c.crc_data};
+    *value = values[counter];
+    return nvml::kSuccess;
+  });
+}
+
+namespace {
+// One unsigned reading of the GPU's Health.
+template <typename Member>
+Return ReadHealthValue(std::string_view function, nvml::Device device, unsigned int* out, Member member) {
+  return fake::Fake().WithGpu(function, device, [&](const fake::Gpu& g, std::size_t) {
+    if (out == nullptr) return nvml::kErrorInvalidArgument;
+    *out = g.health.*member;
+    return nvml::kSuccess;
+  });
+}
+}  // namespace
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetCurrPcieLinkGeneration(nvml::Device device, unsigned int* value) {
+  return ReadHealthValue(__func__, device, value, &fake::Health::pcie_generation);
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetCurrPcieLinkWidth(nvml::Device device, unsigned int* value) {
+  return ReadHealthValue(__func__, device, value, &fake::Health::pcie_width);
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMaxPcieLinkGeneration(nvml::Device device, unsigned int* value) {
+  return ReadHealthValue(__func__, device, value, &fake::Health::pcie_max_generation);
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetMaxPcieLinkWidth(nvml::Device device, unsigned int* value) {
+  return ReadHealthValue(__func__, device, value, &fake::Health::pcie_max_width);
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetPcieReplayCounter(nvml::Device device, unsigned int* value) {
+  return ReadHealthValue(__func__, device, value, &fake::Health::pcie_replay);
+}
+
+namespace {
+// The clock event reasons under either name (12.2 renamed the function, not what it answers).
+Return ReadClocksEventReasons(std::string_view function, nvml::Device device, unsigned long long* reasons) {
+  return fake::Fake().WithGpu(function, device, [&](const fake::Gpu& g, std::size_t) {
+    if (reasons == nullptr) return nvml::kErrorInvalidArgument;
+    *reasons = g.health.clocks_event_reasons;
+    return nvml::kSuccess;
+  });
+}
+}  // namespace
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetCurrentClocksEventReasons(nvml::Device device, unsigned long long* reasons) {
+  return ReadClocksEventReasons(__func__, device, reasons);
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetCurrentClocksThrottleReasons(nvml::Device device, unsigned long long* reasons) {
+  return ReadClocksEventReasons(__func__, device, reasons);
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetTemperature(nvml::Device device, nvml::TemperatureSensor sensor, unsigned int* temp) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (temp == nullptr || sensor != nvml::kTemperatureGpu) return nvml::kErrorInvalidArgument;
+    *temp = g.health.temperature;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetTemperatureThreshold(nvml::Device device, nvml::TemperatureThreshold threshold,
+                                                          unsigned int* temp) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (temp == nullptr) return nvml::kErrorInvalidArgument;
+    switch (threshold) {
+      case nvml::kTemperatureThresholdShutdown: *temp = g.health.shutdown; return nvml::kSuccess;
+      case nvml::kTemperatureThresholdSlowdown: *temp = g.health.slowdown; return nvml::kSuccess;
+      case nvml::kTemperatureThresholdMemMax: *temp = g.health.memory_max; return nvml::kSuccess;
+      case nvml::kTemperatureThresholdGpuMax: *temp = g.health.slowdown - 2; return nvml::kSuccess;
+      default: return nvml::kErrorNotSupported;
+    }
+  });
+}
+
+// Knows NVML_FI_DEV_MEMORY_TEMP only; other fields answer NOT_SUPPORTED in their nvmlReturn.
+FAKE_NVML_EXPORT Return nvmlDeviceGetFieldValues(nvml::Device device, int values_count, nvml::FieldValue* values) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (values == nullptr || values_count <= 0) return nvml::kErrorInvalidArgument;
+    const auto now = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch());
+    for (int i = 0; i < values_count; ++i) {
+      nvml::FieldValue& v = values[i];
+      v.timestamp = now.count();
+      v.latencyUsec = 0;
+      if (v.fieldId == nvml::kFieldDevMemoryTemp) {
+        v.valueType = nvml::kValueTypeUnsignedInt;
+        v.value.uiVal = g.health.memory_temperature;
+        v.nvmlReturn = nvml::kSuccess;
+      } else {
+        v.nvmlReturn = nvml::kErrorNotSupported;
+      }
+    }
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetViolationStatus(nvml::Device device, nvml::PerfPolicyType policy,
+                                                     nvml::ViolationTime* time) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (time == nullptr) return nvml::kErrorInvalidArgument;
+    if (policy != nvml::kPerfPolicyPower && policy != nvml::kPerfPolicyThermal) return nvml::kErrorNotSupported;
+    time->referenceTime = static_cast<unsigned long long>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+    time->violationTime = policy == nvml::kPerfPolicyPower ? g.health.power_violation_ns : g.health.thermal_violation_ns;
+    return nvml::kSuccess;
+  });
+}
+
 // ---- Control entry points -------------------------------------------------------------------
 
 // What the driver does reaches every NVML client: the other processes' (fake::AskClients) too.
@@ -1443,6 +1902,48 @@ FAKE_NVML_EXPORT int fakeNvmlClearFailures() {
   const Return rc = fake::Fake().ClearFailures();
   fake::AskClients(fake::Fake().PrimaryPath(), {{"clearFailures", true}});
   return rc;
+}
+
+FAKE_NVML_EXPORT int fakeNvmlSetHealth(const char* uuid, const char* json_keys) {
+  if (uuid == nullptr || json_keys == nullptr) return nvml::kErrorInvalidArgument;
+  try {
+    const auto keys = fake::Json::parse(json_keys);
+    fake::Fake().SetHealth(uuid, keys);
+    fake::Json command = keys;
+    command["uuid"] = uuid;
+    fake::AskClients(fake::Fake().PrimaryPath(), {{"setHealth", command}});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fake_nvml: fakeNvmlSetHealth(%s): %s\n", uuid, e.what());
+    return nvml::kErrorInvalidArgument;
+  }
+  return nvml::kSuccess;
+}
+
+FAKE_NVML_EXPORT int fakeNvmlClearHealth() {
+  fake::Fake().ClearHealth();
+  fake::AskClients(fake::Fake().PrimaryPath(), {{"clearHealth", true}});
+  return nvml::kSuccess;
+}
+
+FAKE_NVML_EXPORT int fakeNvmlHang(const char* function_name, unsigned int seconds) {
+  if (function_name == nullptr) return nvml::kErrorInvalidArgument;
+  const std::string_view function = function_name;
+  if (function != "*" && !fake::IsKnownFunction(function)) return nvml::kErrorInvalidArgument;
+  fake::Hangs().Hang(function_name, seconds);
+  fake::AskClients(fake::Fake().PrimaryPath(), {{"hang", {{"function", function_name}, {"seconds", seconds}}}});
+  return nvml::kSuccess;
+}
+
+FAKE_NVML_EXPORT int fakeNvmlReleaseHangs() {
+  fake::Hangs().Release();
+  fake::AskClients(fake::Fake().PrimaryPath(), {{"releaseHangs", true}});
+  return nvml::kSuccess;
+}
+
+FAKE_NVML_EXPORT int fakeNvmlHungCalls(unsigned int* calls) {
+  if (calls == nullptr) return nvml::kErrorInvalidArgument;
+  *calls = fake::Hangs().Hung();
+  return nvml::kSuccess;
 }
 
 FAKE_NVML_EXPORT int fakeNvmlLastWaitTimeout(unsigned int* timeout_ms) {
@@ -1470,3 +1971,8 @@ static_assert(std::is_same_v<decltype(&::fakeNvmlSetFailure), fakeNvmlSetFailure
 static_assert(std::is_same_v<decltype(&::fakeNvmlClearFailures), fakeNvmlClearFailures_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlLastWaitTimeout), fakeNvmlLastWaitTimeout_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlReloadConfig), fakeNvmlReloadConfig_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlSetHealth), fakeNvmlSetHealth_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlClearHealth), fakeNvmlClearHealth_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlHang), fakeNvmlHang_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlReleaseHangs), fakeNvmlReleaseHangs_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlHungCalls), fakeNvmlHungCalls_t>);

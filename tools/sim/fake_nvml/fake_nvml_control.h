@@ -41,11 +41,38 @@ FAKE_NVML_CONTROL_API int fakeNvmlLastWaitTimeout(unsigned int* timeout_ms);
 // unreadable file, NVML_ERROR_INVALID_ARGUMENT when the GPUs differ (nothing changes then).
 FAKE_NVML_CONTROL_API int fakeNvmlReloadConfig(unsigned int* changed_gpus);
 
+// Changes what the health readings of the GPU `uuid` answer, as a fault of the hardware would:
+// `json_keys` is a JSON object of the README's health keys (e.g. {"pcieWidth":8,"lost":true},
+// or the maintenance keys remapPending, remapFailure, retiredPagesPending, persistence). Kept by
+// UUID for the life of the process, over what FAKE_NVML_CONFIG says, and passed on to the
+// driver's other client processes. NVML_ERROR_INVALID_ARGUMENT for a bad key or value (nothing
+// changes then).
+FAKE_NVML_CONTROL_API int fakeNvmlSetHealth(const char* uuid, const char* json_keys);
+
+// Forgets every fakeNvmlSetHealth change (not the maintenance keys): the GPUs read as configured.
+FAKE_NVML_CONTROL_API int fakeNvmlClearHealth(void);
+
+// Makes calls of `function_name` ("*" = every NVML function) block for `seconds`, or until
+// fakeNvmlReleaseHangs when 0 — a hung NVML call, as DCGM-style stalls are. A hung call holds
+// no lock of the fake: other calls and the control socket go on.
+FAKE_NVML_CONTROL_API int fakeNvmlHang(const char* function_name, unsigned int seconds);
+
+// Ends every hang: blocked calls return (with their normal answer), later ones do not block.
+FAKE_NVML_CONTROL_API int fakeNvmlReleaseHangs(void);
+
+// How many NVML calls of this process are blocked in a hang right now.
+FAKE_NVML_CONTROL_API int fakeNvmlHungCalls(unsigned int* calls);
+
 typedef int (*fakeNvmlInjectXid_t)(const char*, unsigned long long);
 typedef int (*fakeNvmlSetFailure_t)(const char*, int);
 typedef int (*fakeNvmlClearFailures_t)(void);
 typedef int (*fakeNvmlLastWaitTimeout_t)(unsigned int*);
 typedef int (*fakeNvmlReloadConfig_t)(unsigned int*);
+typedef int (*fakeNvmlSetHealth_t)(const char*, const char*);
+typedef int (*fakeNvmlClearHealth_t)(void);
+typedef int (*fakeNvmlHang_t)(const char*, unsigned int);
+typedef int (*fakeNvmlReleaseHangs_t)(void);
+typedef int (*fakeNvmlHungCalls_t)(unsigned int*);
 
 #ifdef __cplusplus
 }  // extern "C"

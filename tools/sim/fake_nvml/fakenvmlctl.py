@@ -10,6 +10,12 @@ Examples:
   fakenvmlctl.py fail '*' UNKNOWN          # every NVML call returns 999
   fakenvmlctl.py fail nvmlEventSetWait_v2 GPU_IS_LOST
   fakenvmlctl.py clear-failures
+  fakenvmlctl.py set-health GPU-3f8a… '{"remapPending": true}'   # health readings (README)
+  fakenvmlctl.py set-health GPU-3f8a… '{"nvlinkDown": [1], "pcieWidth": 8}'
+  fakenvmlctl.py set-health GPU-3f8a… '{"lost": true}'            # GPU_IS_LOST from every call
+  fakenvmlctl.py clear-health
+  fakenvmlctl.py hang nvmlDeviceGetTemperature 0   # blocks until release-hangs (N>0: N seconds)
+  fakenvmlctl.py release-hangs
   fakenvmlctl.py raw '{"ping": true}'
 
 Standard library only (run with /usr/bin/python3).
@@ -59,6 +65,17 @@ def build_command(args):
         return {"reloadConfig": True}
     if args.command == "ping":
         return {"ping": True}
+    if args.command == "set-health":
+        keys = json.loads(args.keys)
+        if not isinstance(keys, dict):
+            raise ValueError("the health keys must be a JSON object")
+        return {"setHealth": dict(keys, uuid=args.gpu)}
+    if args.command == "clear-health":
+        return {"clearHealth": True}
+    if args.command == "hang":
+        return {"hang": {"function": args.function, "seconds": args.seconds}}
+    if args.command == "release-hangs":
+        return {"releaseHangs": True}
     return json.loads(args.json)
 
 
@@ -92,6 +109,14 @@ def main(argv=None):
     sub.add_parser("clear-failures", help="remove every injected failure")
     sub.add_parser("reload-config",
                    help="re-read FAKE_NVML_CONFIG (a MIG reconfiguration: same GPUs, new MIG layout)")
+    p = sub.add_parser("set-health", help="change a GPU's health readings (JSON object of README keys)")
+    p.add_argument("gpu")
+    p.add_argument("keys")
+    sub.add_parser("clear-health", help="forget every set-health change")
+    p = sub.add_parser("hang", help="make an NVML function ('*' = all) block")
+    p.add_argument("function")
+    p.add_argument("seconds", type=int, nargs="?", default=0, help="0 (default): until release-hangs")
+    sub.add_parser("release-hangs", help="end every hang")
     sub.add_parser("ping", help="check that the fake is listening")
     p = sub.add_parser("raw", help="send a JSON command as is")
     p.add_argument("json")
@@ -100,7 +125,11 @@ def main(argv=None):
     if not args.socket:
         parser.error("no control socket: pass --socket or set FAKE_NVML_CONTROL")
     try:
-        reply = send(args.socket, build_command(args), args.timeout, not args.no_wait)
+        command = build_command(args)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        reply = send(args.socket, command, args.timeout, not args.no_wait)
     except (OSError, ValueError) as e:
         print(f"fakenvmlctl: {args.socket}: {e}", file=sys.stderr)
         return 2

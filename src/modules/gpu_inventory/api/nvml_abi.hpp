@@ -10,6 +10,13 @@
 //     types, nvmlGpuFabricInfo_t, affinity scope, NVLink/event/system prototypes.
 //   - Newer mirrored NVIDIA headers (third-party copies): nvmlGpuFabricInfo_v2_t/_v3_t and their
 //     version tags 0x02000024 / 0x03000028, nvmlDeviceGetGpuFabricInfoV, nvmlDeviceGetNumaNodeId.
+//   - The health readings (issue 26) from the same 12.2 header: ECC mode and counters
+//     (nvmlMemoryErrorType_t, nvmlEccCounterType_t), nvmlRowRemapperHistogramValues_t,
+//     nvmlPageRetirementCause_t, nvmlNvLinkErrorCounter_t, PCIe link and replay counter,
+//     nvmlClocksThrottleReason* bits (renamed nvmlClocksEventReason* from 12.2 on, same values;
+//     nvmlDeviceGetCurrentClocksEventReasons is the new name of
+//     nvmlDeviceGetCurrentClocksThrottleReasons), temperature sensors and thresholds,
+//     nvmlFieldValue_t / NVML_FI_DEV_MEMORY_TEMP (82), nvmlViolationTime_t and nvmlPerfPolicyType_t.
 // The static_asserts at the bottom pin every size and offset the C ABI depends on (x86-64/arm64
 // LP64).
 //
@@ -122,6 +129,62 @@ inline constexpr unsigned int kGpuFabricHealthMaskDegradedBwFalse = 2;
 inline constexpr unsigned int kGpuFabricHealthMaskShiftDegradedBw = 0;
 inline constexpr unsigned int kGpuFabricHealthMaskWidthDegradedBw = 0x11;
 
+// ECC (nvmlMemoryErrorType_t, nvmlEccCounterType_t; C enums).
+using MemoryErrorType = int;
+inline constexpr MemoryErrorType kMemoryErrorTypeCorrected = 0;    // single-bit (SBE)
+inline constexpr MemoryErrorType kMemoryErrorTypeUncorrected = 1;  // double-bit (DBE)
+using EccCounterType = int;
+inline constexpr EccCounterType kVolatileEcc = 0;   // since the driver loaded
+inline constexpr EccCounterType kAggregateEcc = 1;  // over the GPU's life
+
+// nvmlPageRetirementCause_t (C enum).
+using PageRetirementCause = int;
+inline constexpr PageRetirementCause kPageRetirementCauseMultipleSingleBitEccErrors = 0;
+inline constexpr PageRetirementCause kPageRetirementCauseDoubleBitEccError = 1;
+
+// nvmlNvLinkErrorCounter_t (C enum).
+using NvLinkErrorCounter = int;
+inline constexpr NvLinkErrorCounter kNvLinkErrorDlReplay = 0;
+inline constexpr NvLinkErrorCounter kNvLinkErrorDlRecovery = 1;
+inline constexpr NvLinkErrorCounter kNvLinkErrorDlCrcFlit = 2;
+inline constexpr NvLinkErrorCounter kNvLinkErrorDlCrcData = 3;
+
+// nvmlTemperatureSensors_t and nvmlTemperatureThresholds_t (C enums).
+using TemperatureSensor = int;
+inline constexpr TemperatureSensor kTemperatureGpu = 0;
+using TemperatureThreshold = int;
+inline constexpr TemperatureThreshold kTemperatureThresholdShutdown = 0;
+inline constexpr TemperatureThreshold kTemperatureThresholdSlowdown = 1;
+inline constexpr TemperatureThreshold kTemperatureThresholdMemMax = 2;
+inline constexpr TemperatureThreshold kTemperatureThresholdGpuMax = 3;
+
+// nvmlPerfPolicyType_t (C enum) for nvmlDeviceGetViolationStatus.
+using PerfPolicyType = int;
+inline constexpr PerfPolicyType kPerfPolicyPower = 0;
+inline constexpr PerfPolicyType kPerfPolicyThermal = 1;
+
+// Clock event (formerly "throttle") reasons, a 64-bit mask.
+inline constexpr unsigned long long kClocksEventReasonGpuIdle = 0x0000000000000001ULL;
+inline constexpr unsigned long long kClocksEventReasonApplicationsClocksSetting = 0x0000000000000002ULL;
+inline constexpr unsigned long long kClocksEventReasonSwPowerCap = 0x0000000000000004ULL;
+inline constexpr unsigned long long kClocksEventReasonHwSlowdown = 0x0000000000000008ULL;
+inline constexpr unsigned long long kClocksEventReasonSyncBoost = 0x0000000000000010ULL;
+inline constexpr unsigned long long kClocksEventReasonSwThermalSlowdown = 0x0000000000000020ULL;
+inline constexpr unsigned long long kClocksEventReasonHwThermalSlowdown = 0x0000000000000040ULL;
+inline constexpr unsigned long long kClocksEventReasonHwPowerBrakeSlowdown = 0x0000000000000080ULL;
+inline constexpr unsigned long long kClocksEventReasonDisplayClockSetting = 0x0000000000000100ULL;
+
+// nvmlDeviceGetFieldValues: field ids (NVML_FI_*) and nvmlValueType_t (C enum).
+inline constexpr unsigned int kFieldDevMemoryTemp = 82;  // NVML_FI_DEV_MEMORY_TEMP, degrees C
+using ValueType = int;
+inline constexpr ValueType kValueTypeDouble = 0;
+inline constexpr ValueType kValueTypeUnsignedInt = 1;
+inline constexpr ValueType kValueTypeUnsignedLong = 2;
+inline constexpr ValueType kValueTypeUnsignedLongLong = 3;
+inline constexpr ValueType kValueTypeSignedLongLong = 4;
+inline constexpr ValueType kValueTypeSignedInt = 5;
+inline constexpr ValueType kValueTypeUnsignedShort = 6;
+
 // ---- Structs ---------------------------------------------------------------------------------
 // These mirror C structs, so they keep NVML's field names (easier to check against the header)
 // instead of our member_ convention.
@@ -208,6 +271,44 @@ struct ProcessInfo {
   unsigned int computeInstanceId;  // 0xFFFFFFFF without MIG
 };
 
+// nvmlRowRemapperHistogramValues_t: memory banks by how many spare rows they have left.
+struct RowRemapperHistogramValues {
+  unsigned int max;
+  unsigned int high;
+  unsigned int partial;
+  unsigned int low;
+  unsigned int none;
+};
+
+// nvmlValue_t (a C union, 8 bytes).
+union Value {
+  double dVal;
+  unsigned int uiVal;
+  unsigned long ulVal;
+  unsigned long long ullVal;
+  signed long long sllVal;
+  signed int siVal;
+  unsigned short usVal;
+};
+
+// nvmlFieldValue_t: the caller sets fieldId (and scopeId); NVML fills the rest, with a return
+// code per field.
+struct FieldValue {
+  unsigned int fieldId;
+  unsigned int scopeId;
+  long long timestamp;    // microseconds since 1970
+  long long latencyUsec;
+  ValueType valueType;
+  Return nvmlReturn;
+  Value value;
+};
+
+// nvmlViolationTime_t (nanoseconds).
+struct ViolationTime {
+  unsigned long long referenceTime;
+  unsigned long long violationTime;
+};
+
 // NVML_STRUCT_VERSION(name, ver) = sizeof(nvml<name>_v<ver>_t) | (ver << 24).
 constexpr unsigned int StructVersion(std::size_t size, unsigned int version) {
   return static_cast<unsigned int>(size) | (version << 24U);
@@ -235,6 +336,12 @@ static_assert(sizeof(GpuFabricInfo_v2) == 36 && offsetof(GpuFabricInfo_v2, healt
 static_assert(sizeof(GpuFabricInfo_v3) == 40 && offsetof(GpuFabricInfo_v3, healthSummary) == 36);
 static_assert(sizeof(ProcessInfo) == 24 && offsetof(ProcessInfo, usedGpuMemory) == 8);
 static_assert(offsetof(ProcessInfo, gpuInstanceId) == 16 && offsetof(ProcessInfo, computeInstanceId) == 20);
+static_assert(sizeof(RowRemapperHistogramValues) == 20);
+static_assert(sizeof(Value) == 8);
+static_assert(sizeof(FieldValue) == 40 && offsetof(FieldValue, timestamp) == 8);
+static_assert(offsetof(FieldValue, latencyUsec) == 16 && offsetof(FieldValue, valueType) == 24);
+static_assert(offsetof(FieldValue, nvmlReturn) == 28 && offsetof(FieldValue, value) == 32);
+static_assert(sizeof(ViolationTime) == 16 && offsetof(ViolationTime, violationTime) == 8);
 // The tags NVIDIA's headers print: the strongest check that the layouts above are right.
 static_assert(kGpuFabricInfoV2Version == 0x02000024u);
 static_assert(kGpuFabricInfoV3Version == 0x03000028u);
@@ -278,6 +385,24 @@ using DeviceSetPersistenceModeFn = Return (*)(Device device, EnableState mode); 
 using DeviceGetRetiredPagesPendingStatusFn = Return (*)(Device device, EnableState* is_pending);
 using DeviceGetRemappedRowsFn = Return (*)(Device device, unsigned int* corrected_rows, unsigned int* uncorrected_rows,
                                            unsigned int* is_pending, unsigned int* failure_occurred);
+// Health readings (issue 26).
+using DeviceGetEccModeFn = Return (*)(Device device, EnableState* current, EnableState* pending);
+using DeviceGetTotalEccErrorsFn = Return (*)(Device device, MemoryErrorType error_type, EccCounterType counter_type,
+                                             unsigned long long* ecc_counts);
+using DeviceGetRowRemapperHistogramFn = Return (*)(Device device, RowRemapperHistogramValues* values);
+// page_count in/out: the array's size (0 with addresses = nullptr to ask for the count), then
+// the number of pages retired for `cause` (kErrorInsufficientSize when the array is too small).
+using DeviceGetRetiredPagesFn = Return (*)(Device device, PageRetirementCause cause, unsigned int* page_count,
+                                           unsigned long long* addresses);
+using DeviceGetNvLinkErrorCounterFn = Return (*)(Device device, unsigned int link, NvLinkErrorCounter counter,
+                                                 unsigned long long* counter_value);
+using DeviceGetPcieLinkValueFn = Return (*)(Device device, unsigned int* value);  // generation or width
+using DeviceGetPcieReplayCounterFn = Return (*)(Device device, unsigned int* value);
+using DeviceGetClocksEventReasonsFn = Return (*)(Device device, unsigned long long* reasons);
+using DeviceGetTemperatureFn = Return (*)(Device device, TemperatureSensor sensor, unsigned int* temp);
+using DeviceGetTemperatureThresholdFn = Return (*)(Device device, TemperatureThreshold threshold, unsigned int* temp);
+using DeviceGetFieldValuesFn = Return (*)(Device device, int values_count, FieldValue* values);
+using DeviceGetViolationStatusFn = Return (*)(Device device, PerfPolicyType policy, ViolationTime* time);
 using EventSetCreateFn = Return (*)(EventSet* set);
 using DeviceGetSupportedEventTypesFn = Return (*)(Device device, unsigned long long* event_types);
 using DeviceRegisterEventsFn = Return (*)(Device device, unsigned long long event_types, EventSet set);
@@ -324,6 +449,22 @@ namespace gns::nvml {
   X(nvmlDeviceSetPersistenceMode, DeviceSetPersistenceModeFn, false)            \
   X(nvmlDeviceGetRetiredPagesPendingStatus, DeviceGetRetiredPagesPendingStatusFn, false) \
   X(nvmlDeviceGetRemappedRows, DeviceGetRemappedRowsFn, false)                  \
+  X(nvmlDeviceGetEccMode, DeviceGetEccModeFn, false)                            \
+  X(nvmlDeviceGetTotalEccErrors, DeviceGetTotalEccErrorsFn, false)              \
+  X(nvmlDeviceGetRowRemapperHistogram, DeviceGetRowRemapperHistogramFn, false)  \
+  X(nvmlDeviceGetRetiredPages, DeviceGetRetiredPagesFn, false)                  \
+  X(nvmlDeviceGetNvLinkErrorCounter, DeviceGetNvLinkErrorCounterFn, false)      \
+  X(nvmlDeviceGetCurrPcieLinkGeneration, DeviceGetPcieLinkValueFn, false)       \
+  X(nvmlDeviceGetCurrPcieLinkWidth, DeviceGetPcieLinkValueFn, false)            \
+  X(nvmlDeviceGetMaxPcieLinkGeneration, DeviceGetPcieLinkValueFn, false)        \
+  X(nvmlDeviceGetMaxPcieLinkWidth, DeviceGetPcieLinkValueFn, false)             \
+  X(nvmlDeviceGetPcieReplayCounter, DeviceGetPcieReplayCounterFn, false)        \
+  X(nvmlDeviceGetCurrentClocksEventReasons, DeviceGetClocksEventReasonsFn, false) \
+  X(nvmlDeviceGetCurrentClocksThrottleReasons, DeviceGetClocksEventReasonsFn, false) \
+  X(nvmlDeviceGetTemperature, DeviceGetTemperatureFn, false)                    \
+  X(nvmlDeviceGetTemperatureThreshold, DeviceGetTemperatureThresholdFn, false)  \
+  X(nvmlDeviceGetFieldValues, DeviceGetFieldValuesFn, false)                    \
+  X(nvmlDeviceGetViolationStatus, DeviceGetViolationStatusFn, false)            \
   X(nvmlEventSetCreate, EventSetCreateFn, true)                                 \
   X(nvmlDeviceGetSupportedEventTypes, DeviceGetSupportedEventTypesFn, true)     \
   X(nvmlDeviceRegisterEvents, DeviceRegisterEventsFn, true)                     \

@@ -6,6 +6,7 @@
 // a child process (event_waiter.hpp), so no wait ever holds this session: closing it is one
 // nvmlShutdown.
 
+#include "modules/gpu_inventory/api/health_sample.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_inventory/nvml_library.hpp"
 
@@ -13,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,20 @@ struct SessionOptions {
 ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root,
                          const ExcludedGpus& excluded = {});
 
+// Reads `groups` (HealthGroup bits) of every GPU but the excluded ones through an initialised
+// NVML, all GPUs in one pass, and counts the NVIDIA GPUs on the host's PCI bus. A reading NVML
+// cannot give (NOT_SUPPORTED, FUNCTION_NOT_FOUND, a symbol this driver lacks) stays empty;
+// other errors name the function in the GPU's failed_functions; GPU_IS_LOST marks the GPU lost
+// and ends its reading. `known` (the inventory last read) names a GPU that NVML cannot name any
+// more (lost before its UUID was read). ok = false only when the GPUs cannot be counted.
+// Blocking; thread-safe (NVML is).
+HealthSample ReadHealth(const NvmlLibrary& library, uint32_t groups, const std::string& host_root,
+                        const ExcludedGpus& excluded = {}, const std::vector<GpuInfo>& known = {});
+
+// NVIDIA GPUs (vendor 0x10de, class display VGA 0x0300xx or 3D controller 0x0302xx) under
+// <host_root>/sys/bus/pci/devices; nullopt when that folder cannot be read.
+std::optional<uint32_t> CountPciGpus(const std::string& host_root);
+
 class NvmlSession {
  public:
   struct Opened {
@@ -65,6 +81,10 @@ class NvmlSession {
 
   // Re-reads every GPU (refresh). Blocking.
   ReadResult Read() const { return ReadInventory(*library_, options_.host_root, options_.excluded); }
+  // One health pass (ReadHealth) over this session's GPUs. Blocking.
+  HealthSample ReadHealth(uint32_t groups, const std::vector<GpuInfo>& known = {}) const {
+    return gpu_inventory::ReadHealth(*library_, groups, options_.host_root, options_.excluded, known);
+  }
   // nvmlShutdown. Blocking; idempotent (a second call gets an empty Closed).
   Closed Close();
   // The GPUs this session leaves alone (its event waiter must too).

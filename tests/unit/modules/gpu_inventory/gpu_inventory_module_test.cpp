@@ -4,6 +4,7 @@
 // of the same simulated driver. Events and failures are injected through the fake's in-process
 // control functions, which pass them on to that child as the driver would.
 #include "loop/supervisor_messages.hpp"
+#include "modules/gpu_inventory/api/health_sample.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "support/loop_harness.hpp"
@@ -25,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,11 @@ class GpuInventoryModuleTest : public ::testing::Test {
     inject_xid_ = reinterpret_cast<fakeNvmlInjectXid_t>(dlsym(library_, "fakeNvmlInjectXid"));
     set_failure_ = reinterpret_cast<fakeNvmlSetFailure_t>(dlsym(library_, "fakeNvmlSetFailure"));
     clear_failures_ = reinterpret_cast<fakeNvmlClearFailures_t>(dlsym(library_, "fakeNvmlClearFailures"));
+    set_health_ = reinterpret_cast<fakeNvmlSetHealth_t>(dlsym(library_, "fakeNvmlSetHealth"));
+    clear_health_ = reinterpret_cast<fakeNvmlClearHealth_t>(dlsym(library_, "fakeNvmlClearHealth"));
+    hang_ = reinterpret_cast<fakeNvmlHang_t>(dlsym(library_, "fakeNvmlHang"));
+    release_hangs_ = reinterpret_cast<fakeNvmlReleaseHangs_t>(dlsym(library_, "fakeNvmlReleaseHangs"));
+    hung_calls_ = reinterpret_cast<fakeNvmlHungCalls_t>(dlsym(library_, "fakeNvmlHungCalls"));
   }
 
   void SetUp() override {
@@ -78,7 +85,10 @@ class GpuInventoryModuleTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    // A hung call would hold a pool thread past the test: let it return first.
+    if (release_hangs_ != nullptr) release_hangs_();
     StopModule();
+    if (clear_health_ != nullptr) clear_health_();
     // The session is shut down on the pool after Stop: wait until NVML is down, so the next
     // test's nvmlInit reads its own GPU description.
     clear_failures_();
@@ -155,6 +165,31 @@ class GpuInventoryModuleTest : public ::testing::Test {
   static inline fakeNvmlInjectXid_t inject_xid_ = nullptr;
   static inline fakeNvmlSetFailure_t set_failure_ = nullptr;
   static inline fakeNvmlClearFailures_t clear_failures_ = nullptr;
+  static inline fakeNvmlSetHealth_t set_health_ = nullptr;
+  static inline fakeNvmlClearHealth_t clear_health_ = nullptr;
+  static inline fakeNvmlHang_t hang_ = nullptr;
+  static inline fakeNvmlReleaseHangs_t release_hangs_ = nullptr;
+  static inline fakeNvmlHungCalls_t hung_calls_ = nullptr;
+
+  std::shared_ptr<GpuHealthSampler> Sampler() { return h_.services.Find<GpuHealthSampler>(); }
+
+  // One Sample, answered on the test loop.
+  std::optional<HealthSample> SampleNow(uint32_t groups) {
+    auto sampler = Sampler();
+    EXPECT_NE(sampler, nullptr);
+    if (!sampler) return std::nullopt;
+    std::optional<HealthSample> got;
+    sampler->Sample(groups, [&](HealthSample sample) { got = std::move(sample); });
+    EXPECT_FALSE(got.has_value()) << "never answered inside Sample";
+    EXPECT_TRUE(h_.RunUntil([&] { return got.has_value(); }));
+    return got;
+  }
+
+  unsigned int HungCalls() {
+    unsigned int hung = 0;
+    hung_calls_(&hung);
+    return hung;
+  }
 
   // One command to the simulated driver's control socket (as the fake nvidia-smi sends it).
   nlohmann::json Control(const nlohmann::json& command) {
@@ -711,6 +746,122 @@ TEST_F(GpuInventoryModuleTest, StopWhileOpeningIsSafe) {
   StartModule();
   StopModule();  // the open is still on the pool: its session is closed off the loop when it lands
   EXPECT_TRUE(h_.RunUntil([&] { return inject_xid_(Uuid(0).c_str(), 79) == kUninitialized; }));
+}
+
+// ---- GpuHealthSampler (issue 26) -----------------------------------------------------------------
+
+TEST_F(GpuInventoryModuleTest, TheHealthSamplerReadsEveryGpuWhenAsked) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  ASSERT_EQ(set_health_(Uuid(2).c_str(), R"({"pcieWidth":8,"nvlinkDown":[0]})"), 0);
+  auto sample = SampleNow(kHealthAll);
+  ASSERT_TRUE(sample);
+  ASSERT_TRUE(sample->ok) << sample->error;
+  EXPECT_EQ(sample->groups, static_cast<uint32_t>(kHealthAll));
+  ASSERT_EQ(sample->gpus.size(), 8u);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(sample->gpus[i].uuid, Uuid(i));
+    EXPECT_EQ(sample->gpus[i].pci_bus_id, Inventory()->gpus[i].pci_bus_id);
+  }
+  EXPECT_EQ(sample->gpus[2].pcie.width, 8u);
+  EXPECT_FALSE(sample->gpus[2].nvlinks[0].active);
+  EXPECT_EQ(sample->gpus[3].pcie.width, 16u);
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_health_reads_total"), 1);
+
+  // Requests made while a pass runs are answered too (by the next pass, which reads their groups).
+  std::vector<HealthSample> answers;
+  auto sampler = Sampler();
+  sampler->Sample(kHealthPcie, [&](HealthSample s) { answers.push_back(std::move(s)); });
+  sampler->Sample(kHealthThermal, [&](HealthSample s) { answers.push_back(std::move(s)); });
+  sampler->Sample(kHealthHost, [&](HealthSample s) { answers.push_back(std::move(s)); });
+  ASSERT_TRUE(h_.RunUntil([&] { return answers.size() == 3; }));
+  for (const auto& answer : answers) {
+    EXPECT_TRUE(answer.ok) << answer.error;
+    EXPECT_EQ(answer.gpus.size(), 8u);
+  }
+  EXPECT_TRUE(answers[1].gpus[0].thermal.gpu_temperature_c.has_value());
+  EXPECT_TRUE(answers[2].gpus[0].persistence_mode.has_value());
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_health_reads_total"), 3) << "the two that waited shared one pass";
+}
+
+TEST_F(GpuInventoryModuleTest, AHungHealthReadMakesTheInventoryUnavailableUntilItReturns) {
+  auto config = TestConfig();
+  config.health_read_timeout = milliseconds(300);
+  StartModule(config);
+  ASSERT_TRUE(WaitAvailable());
+  const double reads_before = Metric("gpu_node_supervisor_nvml_inventory_reads_total");
+  ASSERT_EQ(hang_("nvmlDeviceGetTemperature", 0), 0);
+
+  auto sample = SampleNow(kHealthThermal);
+  ASSERT_TRUE(sample);
+  EXPECT_FALSE(sample->ok);
+  EXPECT_THAT(sample->error, HasSubstr("NVML health read did not return within 300ms"));
+  EXPECT_EQ(HungCalls(), 1u);
+  ASSERT_TRUE(WaitUnavailable());
+  EXPECT_EQ(Inventory()->error, sample->error);
+  EXPECT_EQ(Inventory()->gpus.size(), 8u) << "the GPUs stay listed, unavailable";
+  EXPECT_EQ(health_, ModuleHealth::kUnhealthy);
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_nvml_up"), 0);
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_health_read_hangs_total"), 1);
+
+  // No second pass beside the hung one: later requests get the same answer at once, even for
+  // groups that would not hang.
+  auto again = SampleNow(kHealthPcie);
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(again->ok);
+  EXPECT_EQ(again->error, sample->error);
+  (void)h_.RunUntil([] { return false; }, milliseconds(200));
+  EXPECT_EQ(HungCalls(), 1u) << "no second NVML read started";
+  EXPECT_FALSE(Inventory()->available);
+
+  // The call returns: the inventory is read again and available, and passes work again.
+  release_hangs_();
+  ASSERT_TRUE(WaitAvailable()) << health_detail_;
+  EXPECT_GT(Metric("gpu_node_supervisor_nvml_inventory_reads_total"), reads_before);
+  EXPECT_EQ(GaugeValue("gpu_node_supervisor_nvml_up"), 1);
+  auto after = SampleNow(kHealthAll);
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(after->ok) << after->error;
+  EXPECT_EQ(after->gpus.size(), 8u);
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(GpuInventoryModuleTest, TheHealthSamplerSaysWhyWhenNvmlIsUnavailable) {
+  auto config = TestConfig();
+  config.nvml_library = "/nonexistent/libnvidia-ml.so.1";
+  StartModule(config);
+  ASSERT_TRUE(WaitUnavailable());
+  auto sample = SampleNow(kHealthAll);
+  ASSERT_TRUE(sample);
+  EXPECT_FALSE(sample->ok);
+  EXPECT_THAT(sample->error, HasSubstr("NVML unavailable"));
+  EXPECT_THAT(sample->error, HasSubstr("/nonexistent/libnvidia-ml.so.1"));
+  EXPECT_TRUE(sample->gpus.empty());
+}
+
+TEST_F(GpuInventoryModuleTest, AGpuOutForAResetIsLeftOutOfTheSampleAndStopWithdrawsTheSampler) {
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  h_.bus.Publish(NvmlReleaseRequest{true, "reset of GPU 3", Uuid(3)});
+  ASSERT_TRUE(h_.RunUntil([&] { return health_ == ModuleHealth::kDegraded && Inventory()->gpus[3].released; }));
+  // A call naming GPU 3 would fail the reading; none is made.
+  ASSERT_EQ(set_health_(Uuid(3).c_str(), R"({"lost":true})"), 0);
+  auto sample = SampleNow(kHealthAll);
+  ASSERT_TRUE(sample);
+  ASSERT_TRUE(sample->ok) << sample->error;
+  ASSERT_EQ(sample->gpus.size(), 7u);
+  for (const auto& gpu : sample->gpus) {
+    EXPECT_NE(gpu.uuid, Uuid(3));
+    EXPECT_FALSE(gpu.lost);
+  }
+  // Withdrawn on Stop: a consumer that still holds it gets no answer, ever.
+  auto sampler = Sampler();
+  bool answered = false;
+  StopModule();
+  EXPECT_EQ(Sampler(), nullptr);
+  sampler->Sample(kHealthAll, [&](HealthSample) { answered = true; });
+  (void)h_.RunUntil([] { return false; }, milliseconds(100));
+  EXPECT_FALSE(answered);
 }
 
 }  // namespace

@@ -147,19 +147,22 @@ TEST(GpuInventoryConfig, DefaultsAndEveryKey) {
   EXPECT_EQ(defaults.retry_backoff.initial, milliseconds(1000));
   EXPECT_EQ(defaults.retry_backoff.max, milliseconds(60000));
   EXPECT_EQ(defaults.refresh_interval, milliseconds(60000));
+  EXPECT_EQ(defaults.health_read_timeout, milliseconds(10000));
 
   const auto all = Parse(
       "nvmlLibrary: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n"
       "eventWaitTimeout: 20m\n"
       "eventWaiterProgram: /usr/bin/gpu-node-supervisor\n"
       "retryBackoff: {initial: 500ms, max: 30s}\n"
-      "refreshInterval: 5m\n");
+      "refreshInterval: 5m\n"
+      "healthReadTimeout: 2500ms\n");
   EXPECT_EQ(all.nvml_library, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
   EXPECT_EQ(all.event_wait_timeout, milliseconds(1200000));
   EXPECT_EQ(all.event_waiter_program, "/usr/bin/gpu-node-supervisor");
   EXPECT_EQ(all.retry_backoff.initial, milliseconds(500));
   EXPECT_EQ(all.retry_backoff.max, milliseconds(30000));
   EXPECT_EQ(all.refresh_interval, milliseconds(300000));
+  EXPECT_EQ(all.health_read_timeout, milliseconds(2500));
 }
 
 TEST(GpuInventoryConfig, BadValuesNameThePlace) {
@@ -181,6 +184,8 @@ TEST(GpuInventoryConfig, BadValuesNameThePlace) {
   EXPECT_THAT(error_of("retryBackoff: {initial: 1s, bogus: 1}\n"), HasSubstr("bogus"));
   // XID filtering is gpu-health's business: every XID is published here.
   EXPECT_THAT(error_of("ignoredXids: [13]\n"), HasSubstr("ignoredXids"));
+  EXPECT_THAT(error_of("healthReadTimeout: 10ms\n"), HasSubstr("healthReadTimeout"));
+  EXPECT_THAT(error_of("healthReadTimeout: 1h\n"), HasSubstr("healthReadTimeout"));
   EXPECT_EQ(error_of("eventWaitTimeout: 1s\n"), "no error");
 }
 

@@ -1,0 +1,351 @@
+// The health readings (api/health_sample.hpp) of every GPU through NVML, in one blocking pass,
+// and the count of NVIDIA GPUs on the PCI bus. Worker side: runs on the blocking pool (or in the
+// CLI), never on the loop.
+#include "modules/gpu_inventory/api/nvml_session.hpp"
+
+#include "modules/gpu_inventory/clique.hpp"
+#include "modules/gpu_inventory/nvml_fabric.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+namespace gns::gpu_inventory {
+
+namespace {
+
+class HealthReader {
+ public:
+  HealthReader(const NvmlLibrary& library, uint32_t groups, const ExcludedGpus& excluded,
+               const std::vector<GpuInfo>& known)
+      : library_(library), api_(library.Api()), groups_(groups), excluded_(excluded), known_(known) {}
+
+  HealthSample Run(const std::string& host_root) {
+    const auto started = std::chrono::steady_clock::now();
+    HealthSample sample;
+    sample.groups = groups_ & kHealthAll;
+    sample.taken_unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    sample.pci_gpu_count = CountPciGpus(host_root);
+    unsigned int count = 0;
+    const nvml::Return rc = api_.nvmlDeviceGetCount_v2(&count);
+    if (rc != nvml::kSuccess) {
+      sample.error = "nvmlDeviceGetCount_v2 failed: " + library_.Describe(rc);
+    } else {
+      sample.ok = true;
+      for (unsigned int i = 0; i < count; ++i) {
+        if (excluded_.count(i) != 0) continue;  // out for a reset: not touched at all
+        GpuHealthReading gpu;
+        if (ReadGpu(i, gpu)) sample.gpus.push_back(std::move(gpu));
+      }
+    }
+    sample.pass_micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count();
+    return sample;
+  }
+
+ private:
+  // Whether `rc` gave a value. NOT_SUPPORTED / FUNCTION_NOT_FOUND: no value, no error.
+  static bool Ok(GpuHealthReading& gpu, const char* function, nvml::Return rc) {
+    if (rc == nvml::kSuccess) return true;
+    if (rc == nvml::kErrorNotSupported || rc == nvml::kErrorFunctionNotFound) return false;
+    if (rc == nvml::kErrorGpuIsLost) {
+      gpu.lost = true;
+    } else {
+      gpu.failed_functions.emplace_back(function);
+    }
+    return false;
+  }
+
+  bool IsExcluded(const std::string& uuid) const {
+    for (const auto& [index, excluded] : excluded_)
+      if (excluded == uuid) return true;
+    return false;
+  }
+
+  // Names a GPU NVML cannot name any more from the inventory last read.
+  void NameFromKnown(GpuHealthReading& gpu) const {
+    for (const auto& known : known_) {
+      if (known.index != gpu.index) continue;
+      if (gpu.uuid.empty()) gpu.uuid = known.uuid;
+      if (gpu.pci_bus_id.empty()) gpu.pci_bus_id = known.pci_bus_id;
+    }
+  }
+
+  // False when the GPU is not to be reported (excluded by UUID).
+  bool ReadGpu(unsigned int index, GpuHealthReading& gpu) {
+    gpu.index = index;
+    nvml::Device device = nullptr;
+    if (!Ok(gpu, "nvmlDeviceGetHandleByIndex_v2", api_.nvmlDeviceGetHandleByIndex_v2(index, &device))) {
+      NameFromKnown(gpu);
+      return !IsExcluded(gpu.uuid);
+    }
+    char uuid[nvml::kDeviceUuidV2BufferSize] = {};
+    if (Ok(gpu, "nvmlDeviceGetUUID", api_.nvmlDeviceGetUUID(device, uuid, sizeof(uuid)))) gpu.uuid = uuid;
+    nvml::PciInfo pci{};
+    if (!gpu.lost && Ok(gpu, "nvmlDeviceGetPciInfo_v3", api_.nvmlDeviceGetPciInfo_v3(device, &pci))) {
+      gpu.pci_bus_id = std::string(pci.busId, strnlen(pci.busId, sizeof(pci.busId)));
+    }
+    NameFromKnown(gpu);
+    if (IsExcluded(gpu.uuid)) return false;  // released, found at another index
+    if (gpu.lost) return true;
+    if ((groups_ & kHealthMemory) != 0) ReadMemory(device, gpu);
+    if (!gpu.lost && (groups_ & kHealthNvLink) != 0) ReadNvLinks(device, gpu);
+    if (!gpu.lost && (groups_ & kHealthFabric) != 0) ReadFabric(device, gpu);
+    if (!gpu.lost && (groups_ & kHealthPcie) != 0) ReadPcie(device, gpu);
+    if (!gpu.lost && (groups_ & kHealthThermal) != 0) ReadThermal(device, gpu);
+    if (!gpu.lost && (groups_ & kHealthHost) != 0) ReadHost(device, gpu);
+    return true;
+  }
+
+  void ReadMemory(nvml::Device device, GpuHealthReading& gpu) {
+    if (api_.nvmlDeviceGetEccMode != nullptr) {
+      nvml::EnableState current = nvml::kFeatureDisabled, pending = nvml::kFeatureDisabled;
+      if (Ok(gpu, "nvmlDeviceGetEccMode", api_.nvmlDeviceGetEccMode(device, &current, &pending))) {
+        gpu.ecc_enabled = current == nvml::kFeatureEnabled;
+      }
+    }
+    // Counters mean nothing with ECC off (NVML answers NOT_SUPPORTED then anyway).
+    if (api_.nvmlDeviceGetTotalEccErrors != nullptr && gpu.ecc_enabled.value_or(true) && !gpu.lost) {
+      auto read = [&](nvml::MemoryErrorType type, nvml::EccCounterType counter, std::optional<uint64_t>& out) {
+        if (gpu.lost) return;
+        unsigned long long value = 0;
+        if (Ok(gpu, "nvmlDeviceGetTotalEccErrors", api_.nvmlDeviceGetTotalEccErrors(device, type, counter, &value))) {
+          out = value;
+        }
+      };
+      read(nvml::kMemoryErrorTypeCorrected, nvml::kVolatileEcc, gpu.ecc.corrected_volatile);
+      read(nvml::kMemoryErrorTypeUncorrected, nvml::kVolatileEcc, gpu.ecc.uncorrected_volatile);
+      read(nvml::kMemoryErrorTypeCorrected, nvml::kAggregateEcc, gpu.ecc.corrected_aggregate);
+      read(nvml::kMemoryErrorTypeUncorrected, nvml::kAggregateEcc, gpu.ecc.uncorrected_aggregate);
+    }
+    if (api_.nvmlDeviceGetRemappedRows != nullptr && !gpu.lost) {
+      unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
+      if (Ok(gpu, "nvmlDeviceGetRemappedRows",
+             api_.nvmlDeviceGetRemappedRows(device, &corrected, &uncorrected, &pending, &failed))) {
+        gpu.remapped_rows = RemappedRows{corrected, uncorrected, pending != 0, failed != 0};
+      }
+    }
+    if (api_.nvmlDeviceGetRowRemapperHistogram != nullptr && !gpu.lost) {
+      nvml::RowRemapperHistogramValues values{};
+      if (Ok(gpu, "nvmlDeviceGetRowRemapperHistogram", api_.nvmlDeviceGetRowRemapperHistogram(device, &values))) {
+        gpu.remap_histogram = RowRemapHistogram{values.max, values.high, values.partial, values.low, values.none};
+      }
+    }
+    if (api_.nvmlDeviceGetRetiredPages != nullptr && !gpu.lost) ReadRetiredPages(device, gpu);
+  }
+
+  // The count query (no address array) per cause: NVML answers the count with SUCCESS, or with
+  // INSUFFICIENT_SIZE when pages were retired.
+  void ReadRetiredPages(nvml::Device device, GpuHealthReading& gpu) {
+    RetiredPages pages;
+    auto count = [&](nvml::PageRetirementCause cause, uint32_t& out) {
+      unsigned int n = 0;
+      nvml::Return rc = api_.nvmlDeviceGetRetiredPages(device, cause, &n, nullptr);
+      if (rc == nvml::kErrorInsufficientSize) rc = nvml::kSuccess;
+      if (!Ok(gpu, "nvmlDeviceGetRetiredPages", rc)) return false;
+      out = n;
+      return true;
+    };
+    if (!count(nvml::kPageRetirementCauseMultipleSingleBitEccErrors, pages.single_bit) || gpu.lost) return;
+    if (!count(nvml::kPageRetirementCauseDoubleBitEccError, pages.double_bit) || gpu.lost) return;
+    if (api_.nvmlDeviceGetRetiredPagesPendingStatus != nullptr) {
+      nvml::EnableState pending = nvml::kFeatureDisabled;
+      if (Ok(gpu, "nvmlDeviceGetRetiredPagesPendingStatus", api_.nvmlDeviceGetRetiredPagesPendingStatus(device, &pending))) {
+        pages.pending = pending == nvml::kFeatureEnabled;
+      }
+      if (gpu.lost) return;
+    }
+    gpu.retired_pages = pages;
+  }
+
+  // Links 0, 1, … until the first the GPU does not have (INVALID_ARGUMENT, or NOT_SUPPORTED on
+  // a GPU without NVLink).
+  void ReadNvLinks(nvml::Device device, GpuHealthReading& gpu) {
+    for (unsigned int link = 0; link < nvml::kNvLinkMaxLinks; ++link) {
+      nvml::EnableState active = nvml::kFeatureDisabled;
+      const nvml::Return rc = api_.nvmlDeviceGetNvLinkState(device, link, &active);
+      if (rc == nvml::kErrorInvalidArgument || rc == nvml::kErrorNotSupported) break;
+      if (!Ok(gpu, "nvmlDeviceGetNvLinkState", rc)) break;
+      NvLinkReading reading;
+      reading.link = link;
+      reading.active = active == nvml::kFeatureEnabled;
+      if (api_.nvmlDeviceGetNvLinkErrorCounter != nullptr) {
+        auto read = [&](nvml::NvLinkErrorCounter counter, std::optional<uint64_t>& out) {
+          if (gpu.lost) return;
+          unsigned long long value = 0;
+          if (Ok(gpu, "nvmlDeviceGetNvLinkErrorCounter", api_.nvmlDeviceGetNvLinkErrorCounter(device, link, counter, &value))) {
+            out = value;
+          }
+        };
+        read(nvml::kNvLinkErrorDlReplay, reading.replay);
+        read(nvml::kNvLinkErrorDlRecovery, reading.recovery);
+        read(nvml::kNvLinkErrorDlCrcFlit, reading.crc_flit);
+        read(nvml::kNvLinkErrorDlCrcData, reading.crc_data);
+      }
+      gpu.nvlinks.push_back(reading);
+      if (gpu.lost) break;
+    }
+  }
+
+  // As the inventory reads it (QueryFabric); a v1-only driver gives no health mask (0).
+  void ReadFabric(nvml::Device device, GpuHealthReading& gpu) {
+    const FabricQuery query = QueryFabric(api_, device);
+    if (query.function == nullptr || !Ok(gpu, query.function, query.rc)) return;
+    FabricReading reading;
+    reading.state = query.info.state;
+    reading.status = query.info.status;
+    reading.clique_id = query.info.cliqueId;
+    reading.health_mask = query.info.healthMask;
+    reading.cluster_uuid = FormatClusterUuid(query.info.clusterUuid, nvml::kGpuFabricUuidLen);
+    gpu.fabric = std::move(reading);
+  }
+
+  void ReadPcie(nvml::Device device, GpuHealthReading& gpu) {
+    auto read = [&](nvml::DeviceGetPcieLinkValueFn fn, const char* name, std::optional<uint32_t>& out) {
+      if (fn == nullptr || gpu.lost) return;
+      unsigned int value = 0;
+      if (Ok(gpu, name, fn(device, &value))) out = value;
+    };
+    read(api_.nvmlDeviceGetCurrPcieLinkGeneration, "nvmlDeviceGetCurrPcieLinkGeneration", gpu.pcie.generation);
+    read(api_.nvmlDeviceGetCurrPcieLinkWidth, "nvmlDeviceGetCurrPcieLinkWidth", gpu.pcie.width);
+    read(api_.nvmlDeviceGetMaxPcieLinkGeneration, "nvmlDeviceGetMaxPcieLinkGeneration", gpu.pcie.max_generation);
+    read(api_.nvmlDeviceGetMaxPcieLinkWidth, "nvmlDeviceGetMaxPcieLinkWidth", gpu.pcie.max_width);
+    read(api_.nvmlDeviceGetPcieReplayCounter, "nvmlDeviceGetPcieReplayCounter", gpu.pcie.replay_counter);
+  }
+
+  void ReadThermal(nvml::Device device, GpuHealthReading& gpu) {
+    ThermalReading& t = gpu.thermal;
+    {
+      // The 12.2 name first; drivers before it only have the old name of the same function.
+      unsigned long long reasons = 0;
+      nvml::Return rc = nvml::kErrorFunctionNotFound;
+      const char* name = "nvmlDeviceGetCurrentClocksEventReasons";
+      if (api_.nvmlDeviceGetCurrentClocksEventReasons != nullptr) {
+        rc = api_.nvmlDeviceGetCurrentClocksEventReasons(device, &reasons);
+      }
+      if (rc == nvml::kErrorFunctionNotFound && api_.nvmlDeviceGetCurrentClocksThrottleReasons != nullptr) {
+        name = "nvmlDeviceGetCurrentClocksThrottleReasons";
+        rc = api_.nvmlDeviceGetCurrentClocksThrottleReasons(device, &reasons);
+      }
+      if (Ok(gpu, name, rc)) t.clock_event_reasons = reasons;
+    }
+    if (api_.nvmlDeviceGetTemperature != nullptr && !gpu.lost) {
+      unsigned int value = 0;
+      if (Ok(gpu, "nvmlDeviceGetTemperature", api_.nvmlDeviceGetTemperature(device, nvml::kTemperatureGpu, &value))) {
+        t.gpu_temperature_c = value;
+      }
+    }
+    if (api_.nvmlDeviceGetTemperatureThreshold != nullptr) {
+      auto read = [&](nvml::TemperatureThreshold which, std::optional<uint32_t>& out) {
+        if (gpu.lost) return;
+        unsigned int value = 0;
+        if (Ok(gpu, "nvmlDeviceGetTemperatureThreshold", api_.nvmlDeviceGetTemperatureThreshold(device, which, &value))) {
+          out = value;
+        }
+      };
+      read(nvml::kTemperatureThresholdSlowdown, t.slowdown_threshold_c);
+      read(nvml::kTemperatureThresholdShutdown, t.shutdown_threshold_c);
+      read(nvml::kTemperatureThresholdMemMax, t.memory_max_c);
+    }
+    if (api_.nvmlDeviceGetFieldValues != nullptr && !gpu.lost) {
+      nvml::FieldValue field{};
+      field.fieldId = nvml::kFieldDevMemoryTemp;
+      if (Ok(gpu, "nvmlDeviceGetFieldValues", api_.nvmlDeviceGetFieldValues(device, 1, &field)) &&
+          Ok(gpu, "nvmlDeviceGetFieldValues", field.nvmlReturn)) {
+        t.memory_temperature_c = FieldAsUnsigned(field);
+      }
+    }
+    if (api_.nvmlDeviceGetViolationStatus != nullptr) {
+      auto read = [&](nvml::PerfPolicyType policy, std::optional<uint64_t>& out) {
+        if (gpu.lost) return;
+        nvml::ViolationTime time{};
+        if (Ok(gpu, "nvmlDeviceGetViolationStatus", api_.nvmlDeviceGetViolationStatus(device, policy, &time))) {
+          out = time.violationTime;
+        }
+      };
+      read(nvml::kPerfPolicyPower, t.power_violation_ns);
+      read(nvml::kPerfPolicyThermal, t.thermal_violation_ns);
+    }
+  }
+
+  // A temperature as whatever value type the driver chose; nullopt for a negative or odd one.
+  static std::optional<uint32_t> FieldAsUnsigned(const nvml::FieldValue& field) {
+    switch (field.valueType) {
+      case nvml::kValueTypeUnsignedInt: return field.value.uiVal;
+      case nvml::kValueTypeUnsignedLong: return static_cast<uint32_t>(field.value.ulVal);
+      case nvml::kValueTypeUnsignedLongLong: return static_cast<uint32_t>(field.value.ullVal);
+      case nvml::kValueTypeUnsignedShort: return field.value.usVal;
+      case nvml::kValueTypeSignedInt:
+        if (field.value.siVal >= 0) return static_cast<uint32_t>(field.value.siVal);
+        return std::nullopt;
+      case nvml::kValueTypeSignedLongLong:
+        if (field.value.sllVal >= 0) return static_cast<uint32_t>(field.value.sllVal);
+        return std::nullopt;
+      case nvml::kValueTypeDouble:
+        if (field.value.dVal >= 0) return static_cast<uint32_t>(field.value.dVal);
+        return std::nullopt;
+      default: return std::nullopt;
+    }
+  }
+
+  void ReadHost(nvml::Device device, GpuHealthReading& gpu) {
+    if (api_.nvmlDeviceGetPersistenceMode == nullptr) return;
+    nvml::EnableState mode = nvml::kFeatureDisabled;
+    if (Ok(gpu, "nvmlDeviceGetPersistenceMode", api_.nvmlDeviceGetPersistenceMode(device, &mode))) {
+      gpu.persistence_mode = mode == nvml::kFeatureEnabled;
+    }
+  }
+
+  const NvmlLibrary& library_;
+  const nvml::Api& api_;
+  uint32_t groups_;
+  const ExcludedGpus& excluded_;
+  const std::vector<GpuInfo>& known_;
+};
+
+// "0x10de\n" → 0x10de; nullopt when unreadable.
+std::optional<unsigned long> ReadHexFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text)) return std::nullopt;
+  try {
+    std::size_t used = 0;
+    const unsigned long value = std::stoul(text, &used, 16);
+    if (used != text.size()) return std::nullopt;
+    return value;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<uint32_t> CountPciGpus(const std::string& host_root) {
+  constexpr unsigned long kNvidiaVendor = 0x10de;
+  constexpr unsigned long kClassDisplayVga = 0x0300;  // class >> 8: base class and subclass
+  constexpr unsigned long kClassDisplay3d = 0x0302;
+  const auto devices = std::filesystem::path(host_root.empty() ? "/" : host_root) / "sys/bus/pci/devices";
+  std::error_code ec;
+  std::filesystem::directory_iterator it(devices, ec);
+  if (ec) return std::nullopt;
+  uint32_t count = 0;
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    if (ec) return std::nullopt;
+    const auto vendor = ReadHexFile(it->path() / "vendor");
+    if (!vendor || *vendor != kNvidiaVendor) continue;
+    const auto pci_class = ReadHexFile(it->path() / "class");
+    if (pci_class && ((*pci_class >> 8) == kClassDisplayVga || (*pci_class >> 8) == kClassDisplay3d)) ++count;
+  }
+  return count;
+}
+
+HealthSample ReadHealth(const NvmlLibrary& library, uint32_t groups, const std::string& host_root,
+                        const ExcludedGpus& excluded, const std::vector<GpuInfo>& known) {
+  return HealthReader(library, groups, excluded, known).Run(host_root);
+}
+
+}  // namespace gns::gpu_inventory
