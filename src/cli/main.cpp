@@ -5,6 +5,7 @@
 //   gpu-node-supervisor validate-config --config FILE [--config OVERLAY]…
 //   gpu-node-supervisor set-healthy --gpu UUID|all [--state-dir DIR]
 //   gpu-node-supervisor reset-gpu --gpu UUID [--state-dir DIR]
+//   gpu-node-supervisor inventory | preflight | scan …   (one-shot reads of this node)
 //   gpu-node-supervisor version
 //   gpu-node-supervisor nvml-events …   (hidden: gpu-inventory's NVML event waiter child)
 //
@@ -15,6 +16,8 @@
 #include "admin_client.hpp"
 #include "inventory_command.hpp"
 #include "preflight_command.hpp"
+#include "scan_command.hpp"
+#include "loop/config.hpp"
 #include "loop/feature_gates.hpp"
 #include "loop/logging.hpp"
 #include "loop/runtime.hpp"
@@ -117,6 +120,16 @@ int main(int argc, char** argv) {
   inventory->add_option("--nvml-library", inventory_library, "NVML to dlopen (soname or path)");
   inventory->add_option("--host-root", inventory_host_root, "Where the host's /sys is (NUMA fallback)");
 
+  gns::ScanOptions scan_options;
+  std::string scan_window;
+  auto* scan = app.add_subcommand(
+      "scan", "Run every GPU health check once through NVML and print the findings; exit 1 when a GPU is unhealthy");
+  scan->add_option("--nvml-library", scan_options.nvml_library, "NVML to dlopen (soname or path)");
+  scan->add_option("--host-root", scan_options.host_root, "Where the host's /sys is (the PCI bus count)");
+  scan->add_option("--output", scan_options.output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  scan->add_option("--window", scan_window,
+                   "Read twice, this long apart, to judge counter growth too (e.g. 10s; default: one pass)");
+
   gns::PreflightOptions preflight_options;
   auto* preflight = app.add_subcommand(
       "preflight", "Run the host IMEX node checks (operator guide §3.4, §3.6, §3.7) now; exit 1 when one fails");
@@ -186,6 +199,17 @@ int main(int argc, char** argv) {
   if (reset_gpu_cmd->parsed()) return gns::RunResetGpu(reset_state_dir, reset_gpu, std::cout, std::cerr);
   if (inventory->parsed()) return gns::RunInventory(inventory_library, inventory_host_root);
   if (preflight->parsed()) return gns::RunPreflight(preflight_options);
+  if (scan->parsed()) {
+    if (!scan_window.empty()) {
+      const auto window = gns::ParseDuration(scan_window);
+      if (!window || window->count() <= 0) {
+        std::cerr << "error: --window " << scan_window << ": expected a duration such as 10s or 1m\n";
+        return 2;
+      }
+      scan_options.window = *window;
+    }
+    return gns::RunScan(scan_options);
+  }
 
   if (validate->parsed()) {
     try {

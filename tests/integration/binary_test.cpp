@@ -260,6 +260,61 @@ TEST_F(BinaryTest, InventoryPrintsWhatNvmlReportsAndFailsClearlyWithoutIt) {
   EXPECT_NE(out.find("no-nvml.so.1"), std::string::npos) << out;
 }
 
+// `scan`: every polled health check once, NVML read as gpu-inventory reads it and judged as
+// gpu-health judges it; exit 1 when a GPU is unhealthy, 2 without NVML.
+TEST_F(BinaryTest, ScanJudgesEveryGpuOnceAndExitsOneWhenAGpuIsUnhealthy) {
+  const std::string fake = std::string(std::getenv("GNS_BINARY_DIR")) + "/tools/sim/fake_nvml/libnvidia-ml.so.1";
+  const std::string gpus = Source("tools/sim/fake_nvml/gpus-8.json");
+  const std::string no_sys = (dir_ / "host").string();  // no /sys: the PCI bus is not counted
+  auto [code, out] = test::RunToCompletion(
+      {Binary(), "scan", "--nvml-library", fake, "--host-root", no_sys, "--output", "json"}, {{"FAKE_NVML_CONFIG", gpus}});
+  ASSERT_EQ(code, 0) << out;
+  auto printed = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(printed.at("ok"), true);
+  EXPECT_EQ(printed.at("healthy"), true);
+  ASSERT_EQ(printed.at("gpus").size(), 8u);
+  auto finding = [](const nlohmann::json& gpu, const std::string& check) {
+    for (const auto& f : gpu.at("findings")) {
+      if (f.at("check") == check) return f;
+    }
+    return nlohmann::json();
+  };
+  for (const auto& gpu : printed.at("gpus")) {
+    EXPECT_EQ(gpu.at("healthy"), true) << gpu.dump();
+    EXPECT_EQ(finding(gpu, "RowRemapPending").value("holds", true), false) << gpu.dump();
+    EXPECT_EQ(finding(gpu, "PcieLinkDegraded").value("holds", true), false) << gpu.dump();
+  }
+
+  // GPU 2's link trained at x8 of x16, GPU 5's NVLink 0 down.
+  auto described = nlohmann::json::parse(std::ifstream(gpus));
+  described["gpus"][2]["health"] = {{"pcieWidth", 8}};
+  described["gpus"][5]["health"] = {{"nvlinkDown", {0}}};
+  const auto faulty = Write("gpus-faulty.json", described.dump());
+  std::tie(code, out) = test::RunToCompletion(
+      {Binary(), "scan", "--nvml-library", fake, "--host-root", no_sys, "--output", "json"}, {{"FAKE_NVML_CONFIG", faulty}});
+  ASSERT_EQ(code, 1) << out;
+  printed = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(printed.at("healthy"), false);
+  const auto pcie = finding(printed.at("gpus")[2], "PcieLinkDegraded");
+  EXPECT_EQ(pcie.value("holds", false), true) << printed.dump();
+  EXPECT_EQ(pcie.value("recommendedAction", ""), "RESTART_BM") << pcie.dump();
+  const auto link = finding(printed.at("gpus")[5], "NvLinkDown");
+  EXPECT_EQ(link.value("holds", false), true) << printed.dump();
+  EXPECT_EQ(printed.at("gpus")[5].at("healthy"), false);
+  EXPECT_EQ(printed.at("gpus")[0].at("healthy"), true);
+
+  std::tie(code, out) = test::RunToCompletion({Binary(), "scan", "--nvml-library", fake, "--host-root", no_sys},
+                                              {{"FAKE_NVML_CONFIG", faulty}});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("PcieLinkDegraded"), std::string::npos) << out;
+  EXPECT_NE(out.find("FAIL"), std::string::npos) << out;
+  EXPECT_NE(out.find("UNHEALTHY"), std::string::npos) << out;
+
+  std::tie(code, out) = test::RunToCompletion({Binary(), "scan", "--nvml-library", (dir_ / "no-nvml.so.1").string()});
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("error: NVML"), std::string::npos) << out;
+}
+
 // kUses in the real binary: the controller waits (and says so) while kube cannot start, then
 // starts once kube runs; the process serves throughout.
 TEST_F(BinaryTest, ControllerWaitsForTheKubeModuleAndStartsAfterIt) {
