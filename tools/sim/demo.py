@@ -344,6 +344,29 @@ def gkm_demo(api):
         f"{entry.get('volumeSize', 0)} bytes under var/lib/gkm/caches/namespaced/ml-apps/triton-demo")
 
 
+def health_checks_demo():
+    """Issue 26: the polled checks (config/local.yaml: a pass every 5 s, clear after 2 clean
+    passes). Two faults injected into the fake NVML turn a GPU Unhealthy at the kubelet, and the
+    GPU comes back once they clear; an NVSwitch's fatal SXid in the kernel log is reported."""
+    gpu = "GPU-3f8a1c52-7e04-4b9d-9c1e-5a7d2e8f6b14"
+    for fault, check in (({"nvlinkDown": [0]}, "NvLinkDown"), ({"pcieWidth": 8}, "PcieLinkDegraded")):
+        subprocess.run(NVML_CTL + ["set-health", gpu, json.dumps(fault)], check=True, capture_output=True)
+        wait_for(f"{gpu} Unhealthy for {check}", lambda: device_health(gpu) == "Unhealthy", timeout=60)
+        verdict = json.loads(http_get("/debug/state")[1]).get("gpu-health.state", {}).get("devices", {}).get(gpu, {})
+        say("gpu health checks", f"fake NVML {json.dumps(fault)} -> {gpu} Unhealthy at the kubelet "
+            f"({verdict.get('reason', check)}; {verdict.get('recommendedAction')})")
+        subprocess.run(NVML_CTL + ["clear-health"], check=True, capture_output=True)
+        wait_for(f"{gpu} Healthy again", lambda: device_health(gpu) == "Healthy", timeout=60)
+        say("gpu health checks", f"fault cleared -> {gpu} Healthy again after the clean passes")
+    before = metric('gpu_node_supervisor_sxid_errors_total{sxid="20034",severity="fatal"}')
+    subprocess.run(JOURNAL_SIM + ["kernel", "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 30 "
+                                  "LTSSM Fault Up"], check=True)
+    wait_for("the fatal SXid counted", lambda: metric(
+        'gpu_node_supervisor_sxid_errors_total{sxid="20034",severity="fatal"}') > before)
+    say("gpu health", "kernel log 'nvidia-nvswitch0: SXid …: 20034, Fatal, Link 30' -> counted and reported "
+        "(HealthEvent SysLogsSXIDError, CONTACT_SUPPORT, Node Event NvSwitchSxidFatal)")
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -389,6 +412,7 @@ def main():
     wait_for("both Xid 13 reports handled", lambda: metric(folded) > before[1] and metric(xid13) > before[0])
     say("gpu health", f"Xid 13 from the kernel log and from NVML -> occurrences +{metric(xid13) - before[0]:.0f}, "
         f"folded duplicates +{metric(folded) - before[1]:.0f}; {GPU_UUID} still {device_health(GPU_UUID)}")
+    health_checks_demo()
 
     api = Api()
     domains = f"/apis/resource.nvidia.com/v1beta1/namespaces/{NS}/computedomains"
