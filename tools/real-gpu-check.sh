@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The check on a real GPU node (no cluster needed): what NVML tells `inventory` beside what
-# nvidia-smi says, then the supervisor itself on the real NVML for a few seconds with the
-# device plugin registered at the kubelet simulator, our CDI spec written from the real driver
-# files, and /debug/state and /metrics read back. Read-only towards the GPU: it never resets,
+# nvidia-smi says, `scan` (every polled health check once), then the supervisor itself on the
+# real NVML for a few seconds with the device plugin registered at the kubelet simulator,
+# gpu-health's polled checks every 2 s, our CDI spec written from the real driver files, and
+# /debug/state and /metrics read back. Read-only towards the GPU: it never resets,
 # never changes persistence or MIG mode.
 #
 #   tools/real-gpu-check.sh BUILD_DIR [OUT_DIR]
@@ -54,6 +55,28 @@ for r in rows:
 print(f"{len(rows)} GPU(s) by nvidia-smi, {len(gpus)} by inventory, {bad} difference(s)")
 PY
 
+section "gpu-node-supervisor scan (every polled health check once, then twice 5 s apart)"
+"$bin" scan --nvml-library "$nvml" --host-root / > "$out/scan.txt" 2>&1
+echo "exit $?"
+cat "$out/scan.txt"
+"$bin" scan --nvml-library "$nvml" --host-root / --output json --window 5s > "$out/scan.json" 2> "$out/scan.err"
+echo "exit $? (with --window 5s)"
+/usr/bin/env python3 - "$out/scan.json" <<'PY2'
+import json, sys
+try:
+    report = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no JSON report:", e); sys.exit(0)
+print(f"ok {report.get('ok')}, healthy {report.get('healthy')}, pass {report.get('passMicros')} us, "
+      f"pciGpuCount {report.get('pciGpuCount')}")
+for g in report.get("gpus", []):
+    held = [f for f in g.get("findings", []) if f.get("holds")]
+    print(f"  GPU {g['index']} {g['uuid']}: {len(g.get('findings', []))} checks judged, {len(held)} hold; "
+          f"failed NVML calls {g.get('failedFunctions', [])}")
+    for f in held:
+        print(f"    {f['check']}: {f['severity']} {f['recommendedAction']}: {f['message'][:160]}")
+PY2
+
 section "preflight on this host (an IMEX node passes; elsewhere each failure says why and how to fix it)"
 "$bin" preflight --host-root / --output json > "$out/preflight.json" 2> "$out/preflight.err"
 echo "exit $?"
@@ -82,6 +105,18 @@ logging: {format: text, level: info}
 modules:
   metrics: {enabled: true, listen: 127.0.0.1:$port}
   gpu-inventory: {enabled: true, nvmlLibrary: $nvml, eventWaitTimeout: 1s}
+  gpu-health:
+    enabled: true
+    adminSocket: false
+    watchAnnotation: false
+    checks:
+      clearAfterPasses: 2
+      memory: {interval: 2s}
+      nvlink: {interval: 2s}
+      fabric: {interval: 2s}
+      pcie: {interval: 2s}
+      thermal: {interval: 2s}
+      host: {interval: 2s}
   device-plugin:
     enabled: true
     deviceListStrategy: [cdi-cri, envvar]
@@ -98,7 +133,7 @@ for _ in $(seq 100); do
     | grep -q '"Healthy"' && break
   sleep 0.1
 done
-sleep 2
+sleep 6  # gpu-health's checks (2 s intervals) make a few passes
 section "kubelet simulator: what the device plugin advertises"
 /usr/bin/env python3 "$repo/tools/sim/kubelet/kubeletctl.py" --socket "$sandbox/kubelet.ctl" state > "$out/kubelet-state.json"
 /usr/bin/env python3 - "$out/kubelet-state.json" <<'PY'
@@ -132,12 +167,13 @@ PY
 import json, sys
 state = json.load(open(sys.argv[1]))
 print("retained topics:", sorted(state))
-for key in ("gpu-inventory.devices", "gpu-inventory.clique", "device-plugin.state"):
+for key in ("gpu-inventory.devices", "gpu-inventory.clique", "device-plugin.state", "gpu-health.checks",
+            "gpu-health.state"):
     print(key, json.dumps(state.get(key))[:1500])
 PY
 /usr/bin/env python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:"+__import__("sys").argv[1]+"/metrics", timeout=5).read().decode())' "$port" \
   > "$out/metrics.txt"
-grep -E '^gpu_node_supervisor_(gpu|nvml|device)' "$out/metrics.txt" | head -30
+grep -E '^gpu_node_supervisor_(gpu|nvml|device|health|check)' "$out/metrics.txt" | head -60
 section "stop"
 kill -TERM $spid; wait $spid; echo "supervisor exit $?"
 kill $kpid 2>/dev/null; wait $kpid 2>/dev/null
