@@ -6,6 +6,7 @@
 #include "modules/kube/api/condition_writer.hpp"
 #include "modules/kube/api/events.hpp"
 #include "modules/kube/api/informer.hpp"
+#include "modules/kube/messages.hpp"
 
 #include <unistd.h>
 
@@ -546,7 +547,7 @@ void ImexHealthModule::OnNodeEvent(const kube::ResourceEvent& event) {
 
 void ImexHealthModule::OnModuleStates(const ModuleStates& states) {
   const auto kube = std::find_if(states.modules.begin(), states.modules.end(),
-                                 [](const ModuleStatus& m) { return m.name == kube::KubeModule::kName; });
+                                 [](const ModuleStatus& m) { return m.name == kube::kModuleName; });
   if (kube == states.modules.end()) return;
   const bool running = kube->state == ModuleState::kRunning;
   const bool first = !kube_running_.has_value();

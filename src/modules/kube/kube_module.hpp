@@ -8,6 +8,7 @@
 #include "modules/kube/api/events.hpp"
 #include "modules/kube/api/informer.hpp"
 #include "modules/kube/api/leader_election.hpp"
+#include "modules/kube/messages.hpp"
 
 #include <chrono>
 #include <memory>
@@ -17,7 +18,7 @@ namespace gns::kube {
 
 class KubeModule final : public Module {
  public:
-  static constexpr std::string_view kName = "kube";
+  static constexpr std::string_view kName = kModuleName;
   static constexpr std::string_view kSummary =
       "Kubernetes API client, shared informers, leader election and events";
 

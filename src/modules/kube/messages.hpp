@@ -11,6 +11,9 @@
 
 namespace gns::kube {
 
+// The module's name as ModuleStates lists it: what a module that waits for kube looks for.
+inline constexpr std::string_view kModuleName = "kube";
+
 // One change seen by an informer, after its cache was updated. `object` is shared with the
 // cache (immutable): subscribers may keep the pointer. For kDeleted it is the last state known.
 struct ResourceEvent {
