@@ -546,7 +546,8 @@ void ImexHealthModule::OnNodeEvent(const kube::ResourceEvent& event) {
 
 void ImexHealthModule::OnModuleStates(const ModuleStates& states) {
   const auto kube = std::find_if(states.modules.begin(), states.modules.end(),
-                                 [](const ModuleStatus& m) { return m.name == kube::KubeModule::kName; });
+                                 // The kube module's name (its kName is behind its wall).
+                                 [](const ModuleStatus& m) { return m.name == "kube"; });
   if (kube == states.modules.end()) return;
   const bool running = kube->state == ModuleState::kRunning;
   const bool first = !kube_running_.has_value();
