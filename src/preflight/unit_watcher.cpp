@@ -1,8 +1,17 @@
 // sd-bus on the loop: see unit_watcher.hpp.
 #include "preflight/unit_watcher.hpp"
 
+#include "loop/awaitables.hpp"
+
 #include <systemd/sd-bus.h>
 
+// GCC 12 at -O2 (GCC bug 109224) reports Asio's own coroutine frame new/delete pair as
+// mismatched once both are inlined (as dra_module.cpp).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 
 #include <poll.h>
@@ -220,7 +229,7 @@ void SystemdUnitWatcher::Stop() {
   stopped_ = true;
   reconnect_timer_.cancel();
   if (bus_) {
-    *connection_alive_ = false;
+    connection_.Close();
     timeout_timer_.cancel();
     fd_.cancel();
     fd_.release();  // sd-bus owns the fd and closes it
@@ -249,7 +258,7 @@ void SystemdUnitWatcher::Connect() {
   }
   bus_ = bus;
   ++stats_.connects;
-  connection_alive_ = std::make_shared<bool>(true);
+  connection_.Renew();
   fd_.assign(sd_bus_get_fd(bus_));
   read_armed_ = write_armed_ = false;
   state_.bus_connected = true;
@@ -273,7 +282,7 @@ void SystemdUnitWatcher::Connect() {
 void SystemdUnitWatcher::Disconnect(const std::string& why) {
   if (!bus_) return;
   ++stats_.disconnects;
-  *connection_alive_ = false;
+  connection_.Close();
   timeout_timer_.cancel();
   fd_.cancel();
   fd_.release();
@@ -317,12 +326,12 @@ void SystemdUnitWatcher::Arm() {
     Disconnect("the system bus connection is closing: " + ErrnoText(events));
     return;
   }
-  auto alive = connection_alive_;
+  auto alive = connection_.Watch();
   if ((events & POLLIN) && !read_armed_) {
     read_armed_ = true;
     fd_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
                    [this, alive](const boost::system::error_code& ec) {
-                     if (!*alive) return;
+                     if (!alive) return;
                      read_armed_ = false;
                      if (!ec) Pump();
                    });
@@ -331,7 +340,7 @@ void SystemdUnitWatcher::Arm() {
     write_armed_ = true;
     fd_.async_wait(boost::asio::posix::stream_descriptor::wait_write,
                    [this, alive](const boost::system::error_code& ec) {
-                     if (!*alive) return;
+                     if (!alive) return;
                      write_armed_ = false;
                      if (!ec) Pump();
                    });
@@ -341,7 +350,7 @@ void SystemdUnitWatcher::Arm() {
     // sd-bus answers in CLOCK_MONOTONIC µs, the clock steady_clock reads on Linux.
     timeout_timer_.expires_at(std::chrono::steady_clock::time_point(std::chrono::microseconds(usec)));
     timeout_timer_.async_wait([this, alive](const boost::system::error_code& ec) {
-      if (!ec && *alive) Pump();
+      if (!ec && alive) Pump();
     });
   } else {
     timeout_timer_.cancel();
@@ -350,36 +359,70 @@ void SystemdUnitWatcher::Arm() {
 
 void SystemdUnitWatcher::Refresh() {
   if (!bus_) return;
-  auto alive = connection_alive_;
+  // A bug that throws in the read ends it and is rethrown on the loop, as from a callback.
+  boost::asio::co_spawn(io_, ReadUnit(connection_.Watch()), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  });
+}
+
+boost::asio::awaitable<void> SystemdUnitWatcher::ReadUnit(Gate::Ticket connection) {
+  // co_spawn begins this a loop turn after Refresh: the connection (or the watcher) may be gone.
+  if (!connection) co_return;
   // Subscribe asks systemd to send unit signals at all (it does not otherwise); its answer
   // carries nothing we need.
   CallAsync(bus_, io_, kManagerPath, kManager, "Subscribe", nullptr, nullptr, "");
-  const int r = CallAsync(
-      bus_, io_, kManagerPath, kManager, "LoadUnit",
-      [this, alive](sd_bus_message* reply) {
-        if (!*alive) return;
-        if (const auto error = CallError(reply); !error.empty()) {
-          state_.systemd_present = false;
-          state_.known = false;
-          state_.error = "LoadUnit " + options_.unit + ": " + error;
-          Notify();
-          return;
-        }
-        state_.systemd_present = true;
-        GetAll(kUnitInterface);
-        GetAll(kServiceInterface);
-      },
-      nullptr, "s", options_.unit.c_str());
-  if (r < 0) log_->warn("LoadUnit {}: {}", options_.unit, ErrnoText(r));
+  const BusReply loaded = co_await Call(kManagerPath, kManager, "LoadUnit", options_.unit, connection);
+  if (!loaded.sent) {
+    log_->warn("LoadUnit {}: {}", options_.unit, loaded.error);
+    co_return;
+  }
+  if (!loaded.error.empty()) {
+    state_.systemd_present = false;
+    state_.known = false;
+    state_.error = "LoadUnit " + options_.unit + ": " + loaded.error;
+    Notify();
+    co_return;
+  }
+  state_.systemd_present = true;
+  // Both asked at once; each answer is applied as it comes.
+  GetAll(kUnitInterface);
+  GetAll(kServiceInterface);
+}
+
+boost::asio::awaitable<SystemdUnitWatcher::BusReply> SystemdUnitWatcher::Call(const char* path, const char* interface,
+                                                                              const char* member,
+                                                                              const std::string& arg,
+                                                                              Gate::Ticket connection) {
+  // Not a coroutine: the call is made when awaited, on the connection of that moment (the
+  // ticket is that connection's: a call that cannot be made answers with sent = false).
+  auto start = [this, path, interface, member, arg](auto resume) {
+    if (!bus_) {
+      boost::asio::post(io_, [resume]() mutable { resume(BusReply{nullptr, "not connected", false}); });
+      return;
+    }
+    const int r = CallAsync(
+        bus_, io_, path, interface, member,
+        [resume](sd_bus_message* reply) mutable {
+          std::shared_ptr<sd_bus_message> held(sd_bus_message_ref(reply), &sd_bus_message_unref);
+          resume(BusReply{std::move(held), CallError(reply), true});
+        },
+        [resume](std::string why) mutable { resume(BusReply{nullptr, std::move(why), true}); }, "s", arg.c_str());
+    if (r < 0) {
+      boost::asio::post(io_, [resume, r]() mutable { resume(BusReply{nullptr, ErrnoText(r), false}); });
+      return;
+    }
+    Arm();  // the call is to be written, and its timeout waited for
+  };
+  return AwaitCallback<BusReply>(std::move(start), std::move(connection));
 }
 
 void SystemdUnitWatcher::GetAll(const char* interface) {
-  auto alive = connection_alive_;
+  auto alive = connection_.Watch();
   const bool unit_interface = std::strcmp(interface, kUnitInterface) == 0;
   CallAsync(
       bus_, io_, unit_path_.c_str(), "org.freedesktop.DBus.Properties", "GetAll",
       [this, alive, unit_interface](sd_bus_message* reply) {
-        if (!*alive) return;
+        if (!alive) return;
         if (const auto error = CallError(reply); !error.empty()) {
           // A unit that is not a service has no Service interface: only the Unit one counts.
           if (unit_interface) {

@@ -13,7 +13,11 @@
 // properties are µs (ActiveEnterTimestamp: since the epoch, 0 = never).
 
 #include "loop/backoff.hpp"
+#include "loop/gate.hpp"
 
+#include <utility>  // before awaitable.hpp: Boost 1.74's uses std::exchange without including it
+
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -92,6 +96,13 @@ class SystemdUnitWatcher {
   const Stats& GetStats() const { return stats_; }
 
  private:
+  // A method call's outcome: its reply (referenced), or why there is none.
+  struct BusReply {
+    std::shared_ptr<sd_bus_message> message;  // null when no reply came
+    std::string error;                        // the reply's D-Bus error, or why no reply came
+    bool sent = true;                         // false: the call could not be queued at all
+  };
+
   static int OnPropertiesChanged(sd_bus_message* m, void* userdata, sd_bus_error* error);
   static int OnNameOwnerChanged(sd_bus_message* m, void* userdata, sd_bus_error* error);
 
@@ -100,6 +111,12 @@ class SystemdUnitWatcher {
   void Pump();
   void Arm();
   void Refresh();
+  // LoadUnit, then the unit's properties; spawned by Refresh with a ticket of the connection.
+  boost::asio::awaitable<void> ReadUnit(Gate::Ticket connection);
+  // `member`(arg) on `path`/`interface`, awaited: resumes on the loop with the reply, or not at
+  // all once `connection` is closed (the coroutine is dropped with its connection).
+  boost::asio::awaitable<BusReply> Call(const char* path, const char* interface, const char* member,
+                                        const std::string& arg, Gate::Ticket connection);
   void GetAll(const char* interface);
   void Notify();
 
@@ -116,7 +133,9 @@ class SystemdUnitWatcher {
   bool read_armed_ = false;
   bool write_armed_ = false;
   bool stopped_ = true;
-  std::shared_ptr<bool> connection_alive_ = std::make_shared<bool>(false);
+  // Open while the current connection is: renewed by Connect, closed by Disconnect and Stop,
+  // so nothing started for one connection (an fd wait, a timer, a call) touches the next.
+  Gate connection_;
   UnitState state_;
   Stats stats_;
 };

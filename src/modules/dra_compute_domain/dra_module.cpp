@@ -932,15 +932,11 @@ asio::awaitable<kube::Result> DraComputeDomainModule::FetchWithRetry(Gate::Ticke
   }
 }
 
+// Not a coroutine: the client's awaited verbs copy what they need before they return. No
+// deadline of their own: FetchWithRetry's deadline bounds the retries, the client each attempt.
 asio::awaitable<kube::Result> DraComputeDomainModule::Fetch(bool list, std::string path) {
-  auto start = [client = client_, list, path = std::move(path)](auto resume) {
-    if (list) {
-      client->List(path, kube::ListOptions{}, std::move(resume));
-    } else {
-      client->Get(path, std::move(resume));
-    }
-  };
-  return AwaitCallback<kube::Result>(std::move(start), lifetime_.Watch());
+  if (list) return client_->List(path, kube::ListOptions{}, kube::Deadline{}, lifetime_.Watch());
+  return client_->Get(path, kube::Deadline{}, lifetime_.Watch());
 }
 
 asio::awaitable<void> DraComputeDomainModule::Sleep(milliseconds delay) {

@@ -1,6 +1,7 @@
 // Driver-managed IMEX on this node: domains, registration, files, daemons.
 #include "modules/dra_compute_domain/driver_managed.hpp"
 
+#include "loop/awaitables.hpp"
 #include "loop/json_fields.hpp"
 #include "loop/state_file.hpp"
 
@@ -8,6 +9,14 @@
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/informer.hpp"
 #include "modules/kube/messages.hpp"
+
+// GCC 12 at -O2 (GCC bug 109224) reports Asio's own coroutine frame new/delete pair as
+// mismatched once both are inlined (as dra_module.cpp).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+#include <boost/asio/co_spawn.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -20,10 +29,15 @@
 
 namespace gns::dra {
 
+namespace asio = boost::asio;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
 namespace {
+
+// The calls below have no deadline of their own: the client's bounds (request_timeout per
+// attempt, its RetryPolicy) end them, and a failed one is retried with the domain's backoff.
+const kube::Deadline kClientBounds{};
 
 // resourceVersions are opaque, but etcd's (and the simulator's) are increasing integers: an
 // object older than the one we hold (a late watch event after our own write) is skipped; any
@@ -211,40 +225,64 @@ void DriverManagedDomains::Resume(const std::vector<std::string>& prepared_claim
     for (const auto& [cuid, claim] : d->claims) {
       if (prepared.count(cuid) == 0) unsure.emplace_back(cuid, claim);
     }
-    auto left = std::make_shared<std::size_t>(unsure.size());
-    auto decide = [this, d] {
-      if (d->claims.empty()) {
-        context_.Log().info("driver-managed IMEX: ComputeDomain {} has no claims left on this node: tearing down",
-                            d->Label());
-        d->leaving = true;
-        Persist([](std::string) {});
-        Teardown(d);
-      } else {
-        context_.Log().info("driver-managed IMEX: resuming ComputeDomain {} ({} claim(s))", d->Label(),
-                            d->claims.size());
-        Activate(d);
-      }
-    };
     if (unsure.empty()) {
-      decide();
+      ResumeOrTeardown(d);
       continue;
     }
-    for (const auto& [cuid, claim] : unsure) {
-      const std::string path =
-          kube::ResourcePath::Grouped("resource.k8s.io", "v1", "resourceclaims", claim.namespace_name).Object(claim.name);
-      ++api_requests_;
-      client_->Get(path, lifetime_.Guard([this, d, cuid = cuid, left, decide](kube::Result r) {
-        const bool gone = r.http_status == 404 || (r.Ok() && JsonStringAt(r.object, "/metadata/uid") != cuid);
-        if (gone) {
-          context_.Log().info("driver-managed IMEX: claim uid {} of ComputeDomain {} is gone: detached", cuid,
-                              d->Label());
-          d->claims.erase(cuid);
-        }
-        if (--*left == 0) decide();
-      }));
-    }
+    Spawn(ResumeDomain(d, std::move(unsure), lifetime_.Watch()));
   }
   loaded_ = {};
+}
+
+asio::awaitable<void> DriverManagedDomains::ResumeDomain(DomainPtr d,
+                                                         std::vector<std::pair<std::string, RecordedClaim>> unsure,
+                                                         Gate::Ticket ticket) {
+  // co_spawn begins this a loop turn after Resume: the owner may be gone by now.
+  if (!ticket) co_return;
+  // Every claim is asked at once (a restart does not wait a round trip per claim); the answers
+  // are read in the order asked.
+  std::vector<std::shared_ptr<Pending<kube::Result>>> answers;
+  for (const auto& [cuid, claim] : unsure) {
+    const std::string path =
+        kube::ResourcePath::Grouped("resource.k8s.io", "v1", "resourceclaims", claim.namespace_name).Object(claim.name);
+    auto answer = std::make_shared<Pending<kube::Result>>(context_.GetLoop().Io());
+    ++api_requests_;
+    client_->Get(path, [answer](kube::Result r) { answer->Complete(std::move(r)); });
+    answers.push_back(std::move(answer));
+  }
+  for (std::size_t i = 0; i < unsure.size(); ++i) {
+    const std::shared_ptr<Pending<kube::Result>>& answer = answers[i];
+    kube::Result r = co_await Pending<kube::Result>::Wait(answer);
+    // A Pending takes no ticket: the owner may have gone while this waited.
+    if (!ticket) co_return;
+    const std::string& cuid = unsure[i].first;
+    const bool gone = r.http_status == 404 || (r.Ok() && JsonStringAt(r.object, "/metadata/uid") != cuid);
+    if (gone) {
+      context_.Log().info("driver-managed IMEX: claim uid {} of ComputeDomain {} is gone: detached", cuid, d->Label());
+      d->claims.erase(cuid);
+    }
+  }
+  ResumeOrTeardown(d);
+}
+
+void DriverManagedDomains::ResumeOrTeardown(const DomainPtr& d) {
+  if (d->claims.empty()) {
+    context_.Log().info("driver-managed IMEX: ComputeDomain {} has no claims left on this node: tearing down",
+                        d->Label());
+    d->leaving = true;
+    Persist([](std::string) {});
+    Teardown(d);
+  } else {
+    context_.Log().info("driver-managed IMEX: resuming ComputeDomain {} ({} claim(s))", d->Label(), d->claims.size());
+    Activate(d);
+  }
+}
+
+void DriverManagedDomains::Spawn(asio::awaitable<void> run) {
+  // A bug that throws in a run ends it and is rethrown on the loop, as from a callback.
+  asio::co_spawn(context_.GetLoop().Io(), std::move(run), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  });
 }
 
 void DriverManagedDomains::SetClique(const std::string& clique_id) {
@@ -390,48 +428,41 @@ void DriverManagedDomains::Activate(const DomainPtr& d) {
   if (auto cached = d->informer->Get(d->ns + "/" + d->name)) OnDomainObject(d, cached);
   WatchClique(d);
   Label(d, true);
-  Register(d);
+  Spawn(Register(d, lifetime_.Watch()));
 }
 
-void DriverManagedDomains::Register(const DomainPtr& d) {
-  EnsureAddress(lifetime_.Guard([this, d](std::string error) {
-    if (d->leaving) return;
-    if (!error.empty()) {
-      d->error = error;
-      RetryLater(d, [this, d] { Register(d); });
-      return;
-    }
-    SyncEntry(d);
-  }));
-}
-
-void DriverManagedDomains::EnsureAddress(std::function<void(std::string)> done) {
-  if (!node_address_.empty()) {
-    done({});
-    return;
+// The node's address (read once), then its entry.
+asio::awaitable<void> DriverManagedDomains::Register(DomainPtr d, Gate::Ticket ticket) {
+  if (!ticket) co_return;
+  const std::string error = co_await EnsureAddress(ticket);
+  if (d->leaving) co_return;
+  if (!error.empty()) {
+    d->error = error;
+    RetryLater(d, [this, d] { Spawn(Register(d, lifetime_.Watch())); });
+    co_return;
   }
+  SyncEntry(d);
+}
+
+asio::awaitable<std::string> DriverManagedDomains::EnsureAddress(Gate::Ticket ticket) {
+  if (!node_address_.empty()) co_return std::string{};
+  const std::string path = kube::ResourcePath::Core("nodes").Object(settings_.node_name);
   ++api_requests_;
-  client_->Get(kube::ResourcePath::Core("nodes").Object(settings_.node_name),
-               lifetime_.Guard([this, done = std::move(done)](kube::Result r) {
-                 if (!r.Ok()) {
-                   done("cannot read Node " + settings_.node_name + " for its address: " + r.error);
-                   return;
-                 }
-                 const json addresses = r.object.value(json::json_pointer("/status/addresses"), json::array());
-                 for (const auto& a : addresses) {
-                   if (a.is_object() && a.value("type", "") == "InternalIP" && a.value("address", "") != "") {
-                     node_address_ = a.value("address", "");
-                     break;
-                   }
-                 }
-                 if (node_address_.empty()) {
-                   done("Node " + settings_.node_name +
-                        " has no InternalIP in status.addresses (set modules.dra-compute-domain.imex.nodeAddress)");
-                   return;
-                 }
-                 context_.Log().info("driver-managed IMEX: this node's IMEX address is {}", node_address_);
-                 done({});
-               }));
+  const kube::Result r = co_await client_->Get(path, kClientBounds, ticket);
+  if (!r.Ok()) co_return "cannot read Node " + settings_.node_name + " for its address: " + r.error;
+  const json addresses = r.object.value(json::json_pointer("/status/addresses"), json::array());
+  for (const auto& a : addresses) {
+    if (a.is_object() && a.value("type", "") == "InternalIP" && a.value("address", "") != "") {
+      node_address_ = a.value("address", "");
+      break;
+    }
+  }
+  if (node_address_.empty()) {
+    co_return "Node " + settings_.node_name +
+        " has no InternalIP in status.addresses (set modules.dra-compute-domain.imex.nodeAddress)";
+  }
+  context_.Log().info("driver-managed IMEX: this node's IMEX address is {}", node_address_);
+  co_return std::string{};
 }
 
 void DriverManagedDomains::OnEvent(const kube::ResourceEvent& event) {
@@ -533,49 +564,45 @@ void DriverManagedDomains::CheckEntry(const DomainPtr& d) {
 
 // ---------------------------------------------------------------------------------- API writes
 
-void DriverManagedDomains::Label(const DomainPtr& d, bool set) {
+void DriverManagedDomains::Label(const DomainPtr& d, bool set) { Spawn(WriteLabel(d, set, lifetime_.Watch())); }
+
+asio::awaitable<void> DriverManagedDomains::WriteLabel(DomainPtr d, bool set, Gate::Ticket ticket) {
+  if (!ticket) co_return;
+  if (set && d->leaving) co_return;
   const std::string path = kube::ResourcePath::Core("nodes").Object(settings_.node_name);
-  auto patch = [this, alive = lifetime_.Watch(), d, set, path] {
-    json labels = json::object();
-    labels[std::string(kComputeDomainLabel)] = set ? json(d->uid) : json(nullptr);
+  if (!set) {
+    // Removed only while it names this domain (another domain's may have replaced it).
     ++api_requests_;
-    client_->Patch(path, kube::PatchType::kMerge, json{{"metadata", {{"labels", labels}}}}, "gpu-node-supervisor",
-                   [this, alive, d, set](kube::Result r) {
-                     if (!alive) return;
-                     if (!r.Ok()) {
-                       context_.Log().warn("driver-managed IMEX: cannot {} label {} on Node {}: {}",
-                                           set ? "set" : "remove", kComputeDomainLabel, settings_.node_name, r.error);
-                       RetryLater(d, [this, d, set] { Label(d, set); });
-                       return;
-                     }
-                     d->labelled = set;
-                     if (!set && d->teardown_step == 3) TeardownStep(d);
-                   });
-  };
-  if (set) {
-    if (d->leaving) return;
-    patch();
-    return;
-  }
-  // Removed only while it names this domain (another domain's may have replaced it).
-  ++api_requests_;
-  client_->Get(path, lifetime_.Guard([this, d, patch](kube::Result r) {
+    const kube::Result r = co_await client_->Get(path, kClientBounds, ticket);
     if (r.http_status == 404) {
       if (d->teardown_step == 3) TeardownStep(d);
-      return;
+      co_return;
     }
     if (!r.Ok()) {
       RetryLater(d, [this, d] { Label(d, false); });
-      return;
+      co_return;
     }
     const json labels = r.object.value(json::json_pointer("/metadata/labels"), json::object());
     if (!labels.is_object() || labels.value(std::string(kComputeDomainLabel), std::string()) != d->uid) {
       d->labelled = false;
       if (d->teardown_step == 3) TeardownStep(d);
-      return;
+      co_return;
     }
-    patch();
-  }));
+  }
+  json labels = json::object();
+  labels[std::string(kComputeDomainLabel)] = set ? json(d->uid) : json(nullptr);
+  const json body{{"metadata", {{"labels", labels}}}};
+  const std::string manager = "gpu-node-supervisor";
+  ++api_requests_;
+  const kube::Result r = co_await client_->Patch(path, kube::PatchType::kMerge, body, manager, kClientBounds, ticket);
+  if (!r.Ok()) {
+    context_.Log().warn("driver-managed IMEX: cannot {} label {} on Node {}: {}", set ? "set" : "remove",
+                        kComputeDomainLabel, settings_.node_name, r.error);
+    RetryLater(d, [this, d, set] { Label(d, set); });
+    co_return;
+  }
+  d->labelled = set;
+  if (!set && d->teardown_step == 3) TeardownStep(d);
 }
 
 // The node's entry in status.nodes is written with server-side apply on the status
@@ -596,17 +623,20 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
     return;
   }
   d->entry_busy = true;
-  if (settings_.cliques) {
-    if (d->leaving) {
-      WithdrawFromCliques(d);
-    } else {
-      SyncCliqueEntry(d);
-    }
-    return;
+  // Each write ends in SyncEntryDone (which clears entry_busy), whatever its outcome.
+  if (!settings_.cliques) {
+    Spawn(ApplyEntry(d, lifetime_.Watch()));
+  } else if (d->leaving) {
+    Spawn(WithdrawFromCliques(d, lifetime_.Watch()));
+  } else {
+    Spawn(ApplyCliqueEntry(d, lifetime_.Watch()));
   }
-  json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
-            {"kind", "ComputeDomain"},
-            {"metadata", {{"name", d->name}, {"namespace", d->ns}}}};
+}
+
+asio::awaitable<void> DriverManagedDomains::ApplyEntry(DomainPtr d, Gate::Ticket ticket) {
+  if (!ticket) co_return;
+  const json body_meta{{"name", d->name}, {"namespace", d->ns}};
+  json body{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "ComputeDomain"}, {"metadata", body_meta}};
   DomainNode me;
   if (!d->leaving) {
     // The index from the latest list seen (the informer's or our last write's answer): the
@@ -619,75 +649,72 @@ void DriverManagedDomains::SyncEntry(const DomainPtr& d) {
     me = RegisterNode(seen, Me(*d)).me;
     body["status"]["nodes"] = NodesToJson({me});
   }
-  ++api_requests_;
   // What this write is (a teardown may start while a registration is in flight: its answer is
   // still a registration's; the withdrawal queued behind it follows through entry_again).
   const bool withdrawal = d->leaving;
-  client_->PatchStatus(
-      d->Path(), kube::PatchType::kApply, body, field_manager_,
-      lifetime_.Guard([this, d, me, withdrawal](kube::Result r) {
-        if (r.http_status == 404) {
-          d->gone = true;
-          SyncEntryDone(d, d->leaving, "ComputeDomain " + d->Label() + " not found");
-          return;
-        }
-        if (!r.Ok()) {
-          SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomain " + d->Label() + " status: " + r.error);
-          return;
-        }
-        if (JsonStringAt(r.object, "/metadata/uid") != d->uid) {
-          // Deleted and recreated under the same name: not the domain our claims name. What we
-          // just wrote there is withdrawn (best effort: its own nodes' controller judges it).
-          d->gone = true;
-          if (!d->leaving) {
-            ++api_requests_;
-            client_->PatchStatus(d->Path(), kube::PatchType::kApply,
-                                 json{{"apiVersion", "resource.nvidia.com/v1beta1"},
-                                      {"kind", "ComputeDomain"},
-                                      {"metadata", {{"name", d->name}, {"namespace", d->ns}}}},
-                                 field_manager_, [](kube::Result) {}, true);
-          }
-          SyncEntryDone(d, d->leaving, "ComputeDomain " + d->Label() + " now has another UID");
-          return;
-        }
-        if (withdrawal) {
-          const auto parsed = ParseDomainNodes(r.object);
-          if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) {
-            // Still there: an entry this manager never owned (written by an update, e.g. by an
-            // earlier version of this plugin). Removed by position, guarded by a test of its name.
-            RemoveForeignEntry(d->Path(), true, r.object, "/status/nodes", "name",
-                               [this, d](bool ok, std::string error) {
-                                 if (ok) {
-                                   context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}",
-                                                       settings_.node_name, d->Label());
-                                 }
-                                 SyncEntryDone(d, ok, error);
-                               });
-            return;
-          }
-          context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}", settings_.node_name,
-                              d->Label());
-          SyncEntryDone(d, true, {});
-          return;
-        }
-        context_.Log().info("driver-managed IMEX: node {} in ComputeDomain {}: index {}, clique {}, {}",
-                            settings_.node_name, d->Label(), me.index, me.clique_id, me.status);
-        auto object = std::make_shared<const json>(std::move(r.object));
-        SyncEntryDone(d, true, {});
-        OnDomainObject(d, std::move(object));
-      }),
-      /*force=*/true);
+  const std::string path = d->Path();
+  ++api_requests_;
+  kube::Result r =
+      co_await client_->PatchStatus(path, kube::PatchType::kApply, body, field_manager_, kClientBounds, ticket,
+                                    /*force=*/true);
+  if (r.http_status == 404) {
+    d->gone = true;
+    SyncEntryDone(d, d->leaving, "ComputeDomain " + d->Label() + " not found");
+    co_return;
+  }
+  if (!r.Ok()) {
+    SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomain " + d->Label() + " status: " + r.error);
+    co_return;
+  }
+  if (JsonStringAt(r.object, "/metadata/uid") != d->uid) {
+    // Deleted and recreated under the same name: not the domain our claims name. What we just
+    // wrote there is withdrawn (best effort, not awaited: its own nodes' controller judges it).
+    d->gone = true;
+    if (!d->leaving) {
+      const json nothing{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                         {"kind", "ComputeDomain"},
+                         {"metadata", body_meta}};
+      ++api_requests_;
+      client_->PatchStatus(path, kube::PatchType::kApply, nothing, field_manager_, [](kube::Result) {}, true);
+    }
+    SyncEntryDone(d, d->leaving, "ComputeDomain " + d->Label() + " now has another UID");
+    co_return;
+  }
+  if (withdrawal) {
+    const auto parsed = ParseDomainNodes(r.object);
+    if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) {
+      // Still there: an entry this manager never owned (written by an update, e.g. by an
+      // earlier version of this plugin). Removed by position, guarded by a test of its name.
+      const std::string error = co_await RemoveForeignEntry(path, true, r.object, "/status/nodes", "name", ticket);
+      if (error.empty()) {
+        context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}", settings_.node_name,
+                            d->Label());
+      }
+      SyncEntryDone(d, error.empty(), error);
+      co_return;
+    }
+    context_.Log().info("driver-managed IMEX: node {} deregistered from ComputeDomain {}", settings_.node_name,
+                        d->Label());
+    SyncEntryDone(d, true, {});
+    co_return;
+  }
+  context_.Log().info("driver-managed IMEX: node {} in ComputeDomain {}: index {}, clique {}, {}", settings_.node_name,
+                      d->Label(), me.index, me.clique_id, me.status);
+  auto object = std::make_shared<const json>(std::move(r.object));
+  SyncEntryDone(d, true, {});
+  OnDomainObject(d, std::move(object));
 }
 
 // ComputeDomainCliques: the node's entry in the `daemons` of its clique's object, applied on the
 // main resource (the object has no status) under the same field manager; the apply creates the
 // object when it is missing. Every node applies the same metadata (labels, owner reference): a
 // shared ownership, so the object keeps it until the last of them withdraws.
-void DriverManagedDomains::SyncCliqueEntry(const DomainPtr& d) {
+asio::awaitable<void> DriverManagedDomains::ApplyCliqueEntry(DomainPtr d, Gate::Ticket ticket) {
+  if (!ticket) co_return;
   if (d->gone) {
     // An apply would make the object again, owned by a domain that no longer exists.
     SyncEntryDone(d, false, "ComputeDomain " + d->Label() + " was deleted");
-    return;
+    co_return;
   }
   json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
             {"kind", "ComputeDomainClique"},
@@ -699,94 +726,83 @@ void DriverManagedDomains::SyncCliqueEntry(const DomainPtr& d) {
   }
   const DomainNode me = RegisterNode(seen, Me(*d)).me;
   body["daemons"] = DaemonsToJson({me});
-  ++api_requests_;
   const std::string object_name = d->clique_name;
-  client_->Patch(
-      d->CliquePath(object_name), kube::PatchType::kApply, body, field_manager_,
-      lifetime_.Guard([this, d, me, object_name](kube::Result r) {
-        if (!r.Ok()) {
-          SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomainClique " + d->ns + "/" + object_name +
-                                      ": " + r.error);
-          return;
-        }
-        context_.Log().info("driver-managed IMEX: node {} in ComputeDomainClique {}/{}: index {}, {}",
-                            settings_.node_name, d->ns, object_name, me.index, me.status);
-        auto object = std::make_shared<const json>(std::move(r.object));
-        SyncEntryDone(d, true, {});
-        OnCliqueObject(d, std::move(object));
-      }),
-      /*force=*/true);
+  const std::string path = d->CliquePath(object_name);
+  ++api_requests_;
+  kube::Result r =
+      co_await client_->Patch(path, kube::PatchType::kApply, body, field_manager_, kClientBounds, ticket,
+                              /*force=*/true);
+  if (!r.Ok()) {
+    SyncEntryDone(d, false, "cannot apply this node's entry in ComputeDomainClique " + d->ns + "/" + object_name +
+                                ": " + r.error);
+    co_return;
+  }
+  context_.Log().info("driver-managed IMEX: node {} in ComputeDomainClique {}/{}: index {}, {}", settings_.node_name,
+                      d->ns, object_name, me.index, me.status);
+  auto object = std::make_shared<const json>(std::move(r.object));
+  SyncEntryDone(d, true, {});
+  OnCliqueObject(d, std::move(object));
 }
 
 // Leaving (gate on): the node's entry goes from every clique object of the domain that holds it
 // (listed by the domain label: this works after a restart before the clique is known, and after
 // a clique change). Only objects that exist and hold the entry are written, so no apply makes a
 // clique object again after the controller deleted it.
-void DriverManagedDomains::WithdrawFromCliques(const DomainPtr& d) {
+asio::awaitable<void> DriverManagedDomains::WithdrawFromCliques(DomainPtr d, Gate::Ticket ticket) {
+  if (!ticket) co_return;
   kube::ListOptions options;
   options.label_selector = std::string(kComputeDomainLabel) + "=" + d->uid;
+  const std::string collection = CliquesPath(d->ns);
   ++api_requests_;
-  client_->List(CliquesPath(d->ns), options, lifetime_.Guard([this, d](kube::Result r) {
-    if (!r.Ok()) {
-      SyncEntryDone(d, false, "cannot list the ComputeDomainCliques of ComputeDomain " + d->Label() + ": " + r.error);
-      return;
-    }
-    auto holding = std::make_shared<std::vector<json>>();
-    for (const auto& item : r.object.value("items", json::array())) {
-      const auto parsed = ParseCliqueDaemons(item);
-      if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) holding->push_back(item);
-    }
-    WithdrawFromClique(d, std::move(holding));
-  }));
-}
-
-void DriverManagedDomains::WithdrawFromClique(const DomainPtr& d, std::shared_ptr<std::vector<json>> cliques) {
-  if (cliques->empty()) {
-    context_.Log().info("driver-managed IMEX: node {} deregistered from the ComputeDomainCliques of ComputeDomain {}",
-                        settings_.node_name, d->Label());
-    SyncEntryDone(d, true, {});
-    return;
+  const kube::Result listed = co_await client_->List(collection, options, kClientBounds, ticket);
+  if (!listed.Ok()) {
+    SyncEntryDone(d, false, "cannot list the ComputeDomainCliques of ComputeDomain " + d->Label() + ": " + listed.error);
+    co_return;
   }
-  const json clique = std::move(cliques->back());
-  cliques->pop_back();
-  const std::string object_name = JsonStringAt(clique, "/metadata/name");
-  const json labels = clique.value(json::json_pointer("/metadata/labels"), json::object());
-  const std::string clique_id =
-      labels.is_object() ? labels.value(std::string(kCliqueLabel), std::string()) : std::string();
-  // The same metadata as the registration (so the labels stay while others still own them),
-  // and no daemons: the entry this manager owned goes.
-  const json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
-                  {"kind", "ComputeDomainClique"},
-                  {"metadata", CliqueObjectMeta(d->ns, d->name, d->uid, clique_id)}};
-  ++api_requests_;
-  client_->Patch(
-      d->CliquePath(object_name), kube::PatchType::kApply, body, field_manager_,
-      lifetime_.Guard([this, d, cliques, object_name](kube::Result r) {
-        if (!r.Ok()) {
-          SyncEntryDone(d, false, "cannot withdraw this node's entry from ComputeDomainClique " + d->ns + "/" +
-                                      object_name + ": " + r.error);
-          return;
-        }
-        auto next = [this, d, cliques](bool ok, std::string error) {
-          if (!ok) {
-            SyncEntryDone(d, false, error);
-            return;
-          }
-          WithdrawFromClique(d, cliques);
-        };
-        const auto parsed = ParseCliqueDaemons(r.object);
-        if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) {
-          RemoveForeignEntry(d->CliquePath(object_name), false, r.object, "/daemons", "nodeName", std::move(next));
-          return;
-        }
-        next(true, {});
-      }),
-      /*force=*/true);
+  std::vector<json> holding;
+  for (const auto& item : listed.object.value("items", json::array())) {
+    const auto parsed = ParseCliqueDaemons(item);
+    if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) holding.push_back(item);
+  }
+  // One object at a time, the last listed first; the first failure ends the withdrawal (retried
+  // whole by SyncEntryDone).
+  for (auto clique = holding.rbegin(); clique != holding.rend(); ++clique) {
+    const std::string object_name = JsonStringAt(*clique, "/metadata/name");
+    const json labels = clique->value(json::json_pointer("/metadata/labels"), json::object());
+    const std::string clique_id =
+        labels.is_object() ? labels.value(std::string(kCliqueLabel), std::string()) : std::string();
+    // The same metadata as the registration (so the labels stay while others still own them),
+    // and no daemons: the entry this manager owned goes.
+    const json body{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                    {"kind", "ComputeDomainClique"},
+                    {"metadata", CliqueObjectMeta(d->ns, d->name, d->uid, clique_id)}};
+    const std::string path = d->CliquePath(object_name);
+    ++api_requests_;
+    const kube::Result r =
+        co_await client_->Patch(path, kube::PatchType::kApply, body, field_manager_, kClientBounds, ticket,
+                                /*force=*/true);
+    if (!r.Ok()) {
+      SyncEntryDone(d, false, "cannot withdraw this node's entry from ComputeDomainClique " + d->ns + "/" +
+                                  object_name + ": " + r.error);
+      co_return;
+    }
+    const auto parsed = ParseCliqueDaemons(r.object);
+    if (parsed.ok() && FindNode(parsed.nodes, settings_.node_name) != nullptr) {
+      const std::string error = co_await RemoveForeignEntry(path, false, r.object, "/daemons", "nodeName", ticket);
+      if (!error.empty()) {
+        SyncEntryDone(d, false, error);
+        co_return;
+      }
+    }
+  }
+  context_.Log().info("driver-managed IMEX: node {} deregistered from the ComputeDomainCliques of ComputeDomain {}",
+                      settings_.node_name, d->Label());
+  SyncEntryDone(d, true, {});
 }
 
-void DriverManagedDomains::RemoveForeignEntry(const std::string& path, bool status_subresource,
-                                              const json& object, const char* list_pointer, const char* name_key,
-                                              std::function<void(bool, std::string)> then) {
+asio::awaitable<std::string> DriverManagedDomains::RemoveForeignEntry(std::string path, bool status_subresource,
+                                                                      json object, const char* list_pointer,
+                                                                      const char* name_key, Gate::Ticket ticket) {
   const json nodes = object.value(json::json_pointer(list_pointer), json::array());
   std::size_t position = 0;
   while (position < nodes.size() &&
@@ -797,20 +813,15 @@ void DriverManagedDomains::RemoveForeignEntry(const std::string& path, bool stat
   const json patch = json::array({json{{"op", "test"}, {"path", at + "/" + name_key}, {"value", settings_.node_name}},
                                   json{{"op", "remove"}, {"path", at}}});
   ++api_requests_;
-  auto done = [alive = lifetime_.Watch(), path, then = std::move(then)](kube::Result r) {
-    if (!alive) return;
-    // 422: the list moved under us (the test failed): read it again next time.
-    if (!r.Ok() && r.http_status != 404) {
-      then(false, "cannot remove this node's entry from " + path + ": " + r.error);
-      return;
-    }
-    then(true, {});
-  };
+  kube::Result r;
   if (status_subresource) {
-    client_->PatchStatus(path, kube::PatchType::kJson, patch, field_manager_, std::move(done));
+    r = co_await client_->PatchStatus(path, kube::PatchType::kJson, patch, field_manager_, kClientBounds, ticket);
   } else {
-    client_->Patch(path, kube::PatchType::kJson, patch, field_manager_, std::move(done));
+    r = co_await client_->Patch(path, kube::PatchType::kJson, patch, field_manager_, kClientBounds, ticket);
   }
+  // 422: the list moved under us (the test failed): read it again next time.
+  if (!r.Ok() && r.http_status != 404) co_return "cannot remove this node's entry from " + path + ": " + r.error;
+  co_return std::string{};
 }
 
 void DriverManagedDomains::SyncEntryDone(const DomainPtr& d, bool ok, const std::string& error) {
@@ -883,53 +894,57 @@ void DriverManagedDomains::RenderFiles(const DomainPtr& d) {
     return;
   }
   d->files_busy = true;
-  context_.Pool().Run(
-      [dir = d->dir, config, map, hosts, dns = settings_.dns_names]() -> std::string {
-        std::string error;
-        if (!EnsureDirectory(dir, 0700, error)) return error;
-        if (auto r = WriteFileAtomically(JoinPath(dir, "config.cfg"), config, 0644); !r) return r.error;
-        if (auto r = WriteFileAtomically(JoinPath(dir, "nodes_config.cfg"), map, 0644); !r) return r.error;
-        if (dns) {
-          if (auto error = WriteHostsFile(JoinPath(dir, "hosts"), hosts); !error.empty()) return error;
-        }
-        return {};
-      },
-      [this, alive = lifetime_.Watch(), d, config, map, hosts](std::string error, std::exception_ptr ex) {
-        if (!alive) return;
-        d->files_busy = false;
-        if (ex && error.empty()) error = "unexpected failure writing the IMEX files";
-        if (!error.empty()) {
-          d->error = error;
-          context_.Log().error("driver-managed IMEX: ComputeDomain {}: {}", d->Label(), error);
-          RetryLater(d, [this, d] { RenderFiles(d); });
-          return;
-        }
-        const bool map_changed = !d->written_map.empty() && map != d->written_map;
-        d->written_config = config;
-        d->written_map = map;
-        d->written_hosts = hosts;
-        if (d->leaving || stopping_) return;
-        if (!d->daemon) {
-          ImexDaemonSettings daemon = settings_.daemon;
-          daemon.label = d->Label();
-          daemon.config_file = JoinPath(d->dir, "config.cfg");
-          if (settings_.dns_names) daemon.hosts_file = JoinPath(d->dir, "hosts");
-          d->daemon = std::make_unique<ImexDaemon>(
-              context_.GetLoop().Io(), context_.Logger(), daemon,
-              // Weak: the domain owns the daemon that owns this callback.
-              [this, alive, weak = std::weak_ptr<Domain>(d)](bool, const std::string&) {
-                const auto d = weak.lock();
-                if (alive && d && !d->leaving && !stopping_) SyncEntry(d);
-              });
-          d->daemon->Start();
-        } else if (map_changed) {
-          d->daemon->Reload();
-        }
-        if (d->files_again) {
-          d->files_again = false;
-          RenderFiles(d);
-        }
-      });
+  Spawn(WriteFiles(d, config, map, hosts, lifetime_.Watch()));
+}
+
+asio::awaitable<void> DriverManagedDomains::WriteFiles(DomainPtr d, std::string config, std::string map,
+                                                       std::string hosts, Gate::Ticket ticket) {
+  if (!ticket) co_return;
+  auto write = [dir = d->dir, config, map, hosts, dns = settings_.dns_names]() -> std::string {
+    std::string error;
+    if (!EnsureDirectory(dir, 0700, error)) return error;
+    if (auto r = WriteFileAtomically(JoinPath(dir, "config.cfg"), config, 0644); !r) return r.error;
+    if (auto r = WriteFileAtomically(JoinPath(dir, "nodes_config.cfg"), map, 0644); !r) return r.error;
+    if (dns) {
+      if (auto error = WriteHostsFile(JoinPath(dir, "hosts"), hosts); !error.empty()) return error;
+    }
+    return {};
+  };
+  JobResult<std::string> written = co_await OnPool(context_.Pool(), std::move(write), ticket);
+  d->files_busy = false;
+  std::string error = std::move(written.value);
+  if (written.failure && error.empty()) error = "unexpected failure writing the IMEX files";
+  if (!error.empty()) {
+    d->error = error;
+    context_.Log().error("driver-managed IMEX: ComputeDomain {}: {}", d->Label(), error);
+    RetryLater(d, [this, d] { RenderFiles(d); });
+    co_return;
+  }
+  const bool map_changed = !d->written_map.empty() && map != d->written_map;
+  d->written_config = config;
+  d->written_map = map;
+  d->written_hosts = hosts;
+  if (d->leaving || stopping_) co_return;
+  if (!d->daemon) {
+    ImexDaemonSettings daemon = settings_.daemon;
+    daemon.label = d->Label();
+    daemon.config_file = JoinPath(d->dir, "config.cfg");
+    if (settings_.dns_names) daemon.hosts_file = JoinPath(d->dir, "hosts");
+    d->daemon = std::make_unique<ImexDaemon>(
+        context_.GetLoop().Io(), context_.Logger(), daemon,
+        // Weak: the domain owns the daemon that owns this callback.
+        [this, alive = ticket, weak = std::weak_ptr<Domain>(d)](bool, const std::string&) {
+          const auto d = weak.lock();
+          if (alive && d && !d->leaving && !stopping_) SyncEntry(d);
+        });
+    d->daemon->Start();
+  } else if (map_changed) {
+    d->daemon->Reload();
+  }
+  if (d->files_again) {
+    d->files_again = false;
+    RenderFiles(d);
+  }
 }
 
 // ---------------------------------------------------------------------------------- detach, teardown

@@ -31,6 +31,9 @@
 #include "modules/dra_compute_domain/imex_domain.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
 
+#include <utility>  // before awaitable.hpp: Boost 1.74's uses std::exchange without including it
+
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
@@ -113,7 +116,11 @@ class DriverManagedDomains {
 
   DomainPtr Ensure(const std::string& uid, const std::string& ns, const std::string& name);
   void Activate(const DomainPtr& d);
-  void Register(const DomainPtr& d);
+  // Each chain of API calls below is a coroutine spawned on the loop with a ticket of
+  // lifetime_: `if (!ticket) co_return;` first (a run that begins after the owner is gone does
+  // not touch it), and every co_await takes the ticket, so none resumes once the owner is gone.
+  void Spawn(boost::asio::awaitable<void> run);
+  boost::asio::awaitable<void> Register(DomainPtr d, Gate::Ticket ticket);
   void OnEvent(const kube::ResourceEvent& event);
   void OnDomainObject(const DomainPtr& d, std::shared_ptr<const nlohmann::json> object);
   void WatchClique(const DomainPtr& d);
@@ -126,19 +133,28 @@ class DriverManagedDomains {
   DomainVerdict Verdict(const Domain& d) const;
   void AnswerWaiters(const DomainPtr& d, bool at_deadline);
 
-  void EnsureAddress(std::function<void(std::string error)> done);
+  // Claims recorded for `d` that the DRA checkpoint does not hold as prepared: each asked of
+  // the API (all at once), the deleted ones dropped; then the domain resumes or is torn down.
+  boost::asio::awaitable<void> ResumeDomain(DomainPtr d, std::vector<std::pair<std::string, RecordedClaim>> unsure,
+                                            Gate::Ticket ticket);
+  void ResumeOrTeardown(const DomainPtr& d);
+  // "" once node_address_ is known (read from the Node when not configured), else why not.
+  boost::asio::awaitable<std::string> EnsureAddress(Gate::Ticket ticket);
   void Label(const DomainPtr& d, bool set);
+  boost::asio::awaitable<void> WriteLabel(DomainPtr d, bool set, Gate::Ticket ticket);
   void SyncEntry(const DomainPtr& d);
-  void SyncCliqueEntry(const DomainPtr& d);
-  void WithdrawFromCliques(const DomainPtr& d);
-  void WithdrawFromClique(const DomainPtr& d, std::shared_ptr<std::vector<nlohmann::json>> cliques);
+  boost::asio::awaitable<void> ApplyEntry(DomainPtr d, Gate::Ticket ticket);
+  boost::asio::awaitable<void> ApplyCliqueEntry(DomainPtr d, Gate::Ticket ticket);
+  boost::asio::awaitable<void> WithdrawFromCliques(DomainPtr d, Gate::Ticket ticket);
   // Removes an entry no apply manager owns (written by an update), by position, guarded by a
-  // `test` of its name; `then(ok, error)`.
-  void RemoveForeignEntry(const std::string& path, bool status_subresource,
-                          const nlohmann::json& object, const char* list_pointer, const char* name_key,
-                          std::function<void(bool, std::string)> then);
+  // `test` of its name; "" when done (or nothing was left to remove), else why not.
+  boost::asio::awaitable<std::string> RemoveForeignEntry(std::string path, bool status_subresource,
+                                                         nlohmann::json object, const char* list_pointer,
+                                                         const char* name_key, Gate::Ticket ticket);
   void SyncEntryDone(const DomainPtr& d, bool ok, const std::string& error);
   void RenderFiles(const DomainPtr& d);
+  boost::asio::awaitable<void> WriteFiles(DomainPtr d, std::string config, std::string map, std::string hosts,
+                                          Gate::Ticket ticket);
   void Teardown(const DomainPtr& d);
   void TeardownStep(const DomainPtr& d);
   void RetryLater(const DomainPtr& d, std::function<void()> fn);

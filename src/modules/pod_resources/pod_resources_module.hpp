@@ -20,6 +20,9 @@
 #include "modules/pod_resources/messages.hpp"
 #include "modules/pod_resources/pod_map.hpp"
 
+#include <utility>  // before awaitable.hpp: Boost 1.74's uses std::exchange without including it
+
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <array>
@@ -72,8 +75,13 @@ class PodResourcesModule final : public Module {
  private:
   // Listing.
   void RequestList(std::string_view why);
+  // Moves the next List to `delay` from now at the latest.
   void ArmListTimer(std::chrono::milliseconds delay);
-  void DoList();
+  // One run per Start (a ticket of lifetime_, which Stop renews): waits until the list timer is
+  // due, lists, and waits again; one List in flight at most.
+  boost::asio::awaitable<void> ListLoop(Gate::Ticket ticket);
+  boost::asio::awaitable<void> ListDue(Gate::Ticket ticket);
+  boost::asio::awaitable<void> ListOnce(Gate::Ticket ticket);
   void OnList(CallOutcome<v1::ListPodResourcesResponse> outcome);
   void OnListFailed(const std::string& error);
   void OnAllocatable(CallOutcome<v1::AllocatableResourcesResponse> outcome);

@@ -186,5 +186,68 @@ TEST_F(DriverManagedScaleTest, NodesRegisteringAtOnceAllAppearWithoutConflicts) 
   }
 }
 
+// The API calls are coroutines holding a ticket of the owner's gate. An owner destroyed while
+// they wait on the API (its entry's apply and its label's patch, held up by the simulator) is
+// not touched when their answers arrive: under ASan a resumed run would read freed memory, and
+// the registration's answer would have rendered the IMEX files.
+TEST(DriverManagedLifetime, DestroyedWhileItsWritesWaitOnTheApiNothingRunsOnTheirAnswers) {
+  gns::test::LoopHarness h;
+  gns::test::TempDir dir;
+  const std::filesystem::path root = dir.Path();
+  sim::ApiServerOptions options;
+  options.bookmark_interval = milliseconds(200);
+  gns::test::ApiSim api(root / "api", options);
+  api.SeedFile(Source("deploy/crd-computedomains.yaml"));
+  api.Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node-0"}}}});
+  api.Seed(json{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                {"kind", "ComputeDomain"},
+                {"metadata", {{"name", "train"}, {"namespace", kScaleNs}}},
+                {"spec", {{"numNodes", 1}, {"channel", {{"resourceClaimTemplate", {{"name", "t"}}}}}}},
+                {"_resource", kScaleDomains}});
+  const std::string uid = api.Call("GET", kScaleDomains + "/train").Json()["metadata"]["uid"].get<std::string>();
+
+  gns::test::SimNode node(h.loop, h.pool, h.clock, api, "node-0", "dra-compute-domain", Quiet());
+  DriverManagedSettings s;
+  s.node_name = "node-0";
+  s.state_dir = (root / "node-0").string();
+  s.node_address = "127.0.0.1";
+  s.ready_wait = milliseconds(0);
+  s.daemon.daemon_path = Source("tools/sim/imex/nvidia-imex");
+  s.daemon.ctl_path = Source("tools/sim/imex/nvidia-imex-ctl");
+  auto domains = std::make_unique<DriverManagedDomains>(*node.context, s, node.client, node.informers);
+  domains->Load(LoadDomainRecord(DriverManagedDomains::RecordFile(s.state_dir)));
+  domains->SetClique(kScaleClique);
+
+  api.SetResponseDelay(milliseconds(1000));
+  bool answered = false;
+  domains->Attach("claim-0", kScaleNs, "pod-0", ComputeDomainInfo{uid, kScaleNs, "train"},
+                  [&answered](DomainVerdict) { answered = true; });
+  // The label's patch and the entry's apply reach the API, and wait there.
+  ASSERT_TRUE(h.RunUntil([&] { return api.RequestCount("patch") >= 2; })) << api.RequestCount("patch");
+  EXPECT_EQ(domains->ApiRequests(), 4u);  // and its informer's list and watch: nothing else
+  EXPECT_TRUE(answered);  // readyWait 0: the prepare was answered once the claim was recorded
+  api.ResetRequestCounts();
+  domains.reset();
+
+  // The answers come (the list, the patch, the apply), and the loop turns on them.
+  const auto answers = [&api] {
+    std::uint64_t n = 0;
+    for (const auto& [code, count] : api.ResponseCounts()) n += count;
+    return n;
+  };
+  ASSERT_TRUE(h.RunUntil([&] { return answers() >= 2; }, std::chrono::seconds(10))) << answers();
+  h.RunUntil([] { return false; }, milliseconds(500));
+  // The entry is in the API (the apply was made), but nothing acted on its answer.
+  const json entries = api.Call("GET", kScaleDomains + "/train").Json().value(json::json_pointer("/status/nodes"),
+                                                                               json::array());
+  EXPECT_EQ(entries.size(), 1u) << entries.dump();
+  EXPECT_FALSE(std::filesystem::exists(root / "node-0" / "domains" / uid / "nodes_config.cfg"));
+  EXPECT_EQ(api.RequestCount("patch"), 0u) << "a write after the owner was gone";
+
+  node.Shutdown();
+  h.Drain();
+  api.Stop();
+}
+
 }  // namespace
 }  // namespace gns::dra

@@ -255,6 +255,32 @@ TEST_F(PodResourcesModuleTest, AnAllocationForARunningPodIsAnnotatedAndSteadySta
   EXPECT_EQ(api_->TotalRequests() - api_->RequestCount("watch"), 0u) << json(api_->RequestCounts()).dump();
 }
 
+// The List loop is a coroutine per Start, holding a ticket of the module's gate, which Stop
+// renews. The run of an instance stopped while it waited for its next List must end there: if it
+// went on beside the run of the instance's next Start, every trigger would List twice.
+TEST_F(PodResourcesModuleTest, AnInstanceStoppedAndStartedAgainListsOncePerTrigger) {
+  SeedPod("trainer");
+  StartKubelet();
+  sim_->InjectPodDevices(kNs, "trainer", "main", "nvidia.com/gpu", {"GPU-0"});
+  StartModule();
+  ASSERT_TRUE(WaitAnnotation("trainer", Devices({"GPU-0"})));
+  bool stopped = false;
+  module_->Stop([&stopped] { stopped = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return stopped; }));
+  const auto before_start = sim_->State().pod_resources_lists;
+  module_->Start();
+  ASSERT_TRUE(h_.RunUntil([&] { return sim_->State().pod_resources_lists > before_start; }));  // the start's List
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(300));  // whatever else the start asked for
+
+  const auto lists_before = sim_->State().pod_resources_lists;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    Allocated({"GPU-0"});  // already held: one List, no change
+    ASSERT_TRUE(h_.RunUntil([&] { return sim_->State().pod_resources_lists >= lists_before + i; }));
+    h_.RunUntil([] { return false; }, std::chrono::milliseconds(200));  // room for a second List (coalesce: 10 ms)
+    EXPECT_EQ(sim_->State().pod_resources_lists, lists_before + i);
+  }
+}
+
 TEST_F(PodResourcesModuleTest, APodThatNoLongerHoldsGpusLosesTheAnnotation) {
   SeedPod("job");
   StartKubelet();
