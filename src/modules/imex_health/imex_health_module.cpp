@@ -6,6 +6,7 @@
 #include "modules/kube/api/condition_writer.hpp"
 #include "modules/kube/api/events.hpp"
 #include "modules/kube/api/informer.hpp"
+#include "modules/kube/kube_module.hpp"  // KubeModule::kName (on kube's public surface)
 
 #include <unistd.h>
 
