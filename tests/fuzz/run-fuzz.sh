@@ -5,6 +5,9 @@
 #
 #   tests/fuzz/run-fuzz.sh <target> <work-dir> [seconds=20]
 #
+# GNS_FUZZ_SECONDS in the environment, when set, replaces the seconds argument: ctest passes the
+# short figure of `make test`, and `make fuzz` (Makefile) runs the same tests for longer.
+#
 # Targets: kernel_line_parser (gpu-health's kernel-line parser), json_reader (the kube module's
 # JSON decoding, checked against nlohmann's parser on every input), config_yaml (the site
 # config's YAML reader over libfyaml: a tree or a ConfigError, within its bounds).
@@ -22,7 +25,11 @@ if [[ $# -lt 2 ]]; then
 fi
 target=$1
 work_dir=$2
-seconds=${3:-20}
+seconds=${GNS_FUZZ_SECONDS:-${3:-20}}
+if ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
+  echo "run-fuzz.sh: seconds must be a positive whole number, not \"$seconds\"" >&2
+  exit 2
+fi
 cxx=${GNS_FUZZ_CXX:-clang++-14}
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
