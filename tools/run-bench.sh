@@ -22,6 +22,11 @@ echo "== process start and idle memory (bench/macro/startup_bench)"
 "$build_dir/bench/macro/startup_bench" --binary "$build_dir/src/gpu-node-supervisor"
 
 echo
+echo "== one NVML health pass, every group, 8 fake GPUs (bench/macro/nvml_health_bench)"
+"$build_dir/bench/macro/nvml_health_bench" --fake-nvml "$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1" \
+  --gpus tools/sim/fake_nvml/gpus-8.json --passes 500
+
+echo
 echo "== device plugin on 8 fake GPUs (bench/macro/device_plugin_bench)"
 "$build_dir/bench/macro/device_plugin_bench" --fake-nvml "$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1" \
   --gpus tools/sim/fake_nvml/gpus-8.json

@@ -679,6 +679,22 @@ std::vector<Json> AskClients(const std::string& primary, const Json& command) {
   return replies;
 }
 
+// A process-wide object that is never destroyed: a caller's thread may still be inside an NVML
+// call (a detached event waiter in nvmlEventSetWait_v2, a hung call) while the process exits, so
+// the state must outlive static destruction; and LSan is told it is kept on purpose, also after
+// dlclose unmaps the pointer to it.
+template <typename T>
+T& Immortal() {
+  static T* object = [] {
+    auto* created = new T;
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_ignore_object(created);
+#endif
+    return created;
+  }();
+  return *object;
+}
+
 // ---- Hung calls ------------------------------------------------------------------------------
 
 // NVML calls that block, as DCGM-style stalls do: a named function (or every one, "*") blocks
@@ -733,17 +749,7 @@ class HangState {
   unsigned int hung_ = 0;  // calls blocked right now
 };
 
-HangState& Hangs() {
-  // Never destroyed, like the library state: a hung call may outlive static destruction.
-  static HangState* hangs = [] {
-    auto* created = new HangState;
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_ignore_object(created);  // kept on purpose, also after dlclose unmaps the pointer to it
-#endif
-    return created;
-  }();
-  return *hangs;
-}
+HangState& Hangs() { return Immortal<HangState>(); }
 
 // ---- The fake library state ---------------------------------------------------------------------
 
@@ -1200,18 +1206,9 @@ class FakeNvml {
   std::unique_ptr<ControlServer> control_;
 };
 
-FakeNvml& Fake() {
-  // Never destroyed: a caller's detached event waiter may still be inside nvmlEventSetWait_v2
-  // (and then free its set) while the process exits; the state must outlive static destruction.
-  static FakeNvml* fake = [] {
-    auto* created = new FakeNvml;
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_ignore_object(created);  // kept on purpose, also after dlclose unmaps the pointer to it
-#endif
-    return created;
-  }();
-  return *fake;
-}
+// Never destroyed: a caller's detached event waiter may still be inside nvmlEventSetWait_v2
+// (and then free its set) while the process exits.
+FakeNvml& Fake() { return Immortal<FakeNvml>(); }
 
 // Stops the control thread at exit or dlclose, before the code it runs goes away.
 struct ControlStopper {
