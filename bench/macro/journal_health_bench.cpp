@@ -240,6 +240,9 @@ PassResult ClassifyPass(sd_journal* j, gns::gpu_health::XidPolicy& policy,
       case LineKind::kMalformed:
         ++r.malformed;
         break;
+      case LineKind::kSxid:  // the NVSwitch's: counted by the judge, no XID policy decision
+        ++r.unrelated;
+        break;
     }
   }
   r.seconds = Secs(Clock::now() - start);
