@@ -1,6 +1,7 @@
 // The dra-compute-domain module.
 #include "modules/dra_compute_domain/dra_module.hpp"
 #include "loop/awaitables.hpp"
+#include "loop/exception_text.hpp"
 #include "loop/json_fields.hpp"
 #include "loop/state_file.hpp"
 #include "loop/state_load.hpp"
@@ -638,13 +639,7 @@ void DraComputeDomainModule::Enqueue(Job job) {
     if (!error) return;
     // A bug, not an expected error (those are values): restart the module, which recovers from
     // what is on disk; the calls it was serving are answered by the DRA server's shutdown.
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+    const std::string what = DescribeException(error);
     context_.Log().error("the prepare/unprepare runner failed: {}", what);
     context_.ReportFailure("prepare/unprepare runner: " + what);
   };

@@ -1,6 +1,7 @@
 // The gkm-agent module: watches, the pull queue, extraction on the pool, per-node status.
 #include "modules/gkm_agent/gkm_agent_module.hpp"
 
+#include "loop/exception_text.hpp"
 #include "loop/state_file.hpp"
 
 #include "modules/gkm_agent/extract.hpp"
@@ -214,13 +215,7 @@ void GkmAgentModule::Sweep() {
       },
       lifetime_.Guard([this](LayoutReport report, std::exception_ptr error) {
         swept_ = true;
-        if (error) {
-          try {
-            std::rethrow_exception(error);
-          } catch (const std::exception& e) {
-            context_.Log().warn("migrating and sweeping {}: {}", config_.cache_root, e.what());
-          }
-        }
+        if (error) context_.Log().warn("migrating and sweeping {}: {}", config_.cache_root, DescribeException(error));
         for (const auto& move : report.moved) context_.Log().info("cache moved to the new layout: {}", move);
         for (const auto& key : report.removed) context_.Log().info("removed stale cache {}", key);
         PumpQueue();

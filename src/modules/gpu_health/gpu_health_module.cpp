@@ -4,6 +4,7 @@
 #include "loop/atomic_file.hpp"
 #include "loop/awaitables.hpp"
 #include "loop/config_checks.hpp"
+#include "loop/exception_text.hpp"
 #include "loop/state_file.hpp"
 #include "loop/state_load.hpp"
 #include "modules/gpu_health/checks_config.hpp"
@@ -534,13 +535,7 @@ void GpuHealthModule::StartChecks() {
   auto ended = [this](std::exception_ptr error) {
     checks_running_ = false;
     if (!error) return;
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+    const std::string what = DescribeException(error);
     context_.Log().error("the polled checks failed: {}", what);
     context_.ReportFailure("polled checks: " + what);
   };

@@ -4,6 +4,7 @@
 #include "modules/gpu_inventory/nvml_maintenance.hpp"
 
 #include "loop/awaitables.hpp"
+#include "loop/exception_text.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -38,16 +39,6 @@ bool SameGpus(const std::map<std::string, std::string>& a, const std::map<std::s
 std::string FormatDuration(milliseconds d) {
   if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000) + "s";
   return std::to_string(d.count()) + "ms";
-}
-
-std::string Describe(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
 }
 
 }  // namespace
@@ -224,7 +215,7 @@ void GpuInventoryModule::StartOpen() {
 
 void GpuInventoryModule::OnOpened(uint64_t generation, NvmlSession::Opened opened, std::exception_ptr error) {
   task_in_flight_ = false;
-  if (error) opened.read.error = "opening NVML threw: " + Describe(error);
+  if (error) opened.read.error = "opening NVML threw: " + DescribeException(error);
   CountErrors(opened.read.failed_functions);
   LogWarnings(opened.read.warnings);
   if (opened.session) {
@@ -367,7 +358,7 @@ void GpuInventoryModule::StartClose() {
         closing->closed.warnings.insert(closing->closed.warnings.end(), closed.warnings.begin(), closed.warnings.end());
         closing->closed.failed_functions.insert(closing->closed.failed_functions.end(), closed.failed_functions.begin(),
                                                 closed.failed_functions.end());
-        if (error) closing->closed.warnings.push_back("closing NVML threw: " + Describe(error));
+        if (error) closing->closed.warnings.push_back("closing NVML threw: " + DescribeException(error));
         part_done();
       });
 }
@@ -435,7 +426,7 @@ void GpuInventoryModule::OnRefreshed(uint64_t generation, ReadResult read, std::
   task_in_flight_ = false;
   if (error) {
     read.ok = false;
-    read.error = "reading NVML threw: " + Describe(error);
+    read.error = "reading NVML threw: " + DescribeException(error);
   }
   inventory_reads_->Inc();
   CountErrors(read.failed_functions);
@@ -779,7 +770,7 @@ void GpuInventoryModule::OnHealthPassDone(uint64_t seq, uint32_t groups, bool ti
     }
   } else if (failure || !sample) {
     health_pass_running_ = false;
-    answer = FailedSample(groups, "NVML health read threw: " + (failure ? Describe(failure) : std::string("no result")));
+    answer = FailedSample(groups, "NVML health read threw: " + (failure ? DescribeException(failure) : std::string("no result")));
   } else {
     health_pass_running_ = false;
     answer = std::move(*sample);

@@ -5,6 +5,7 @@
 #include "loop/atomic_file.hpp"
 #include "loop/awaitables.hpp"
 #include "loop/config_checks.hpp"
+#include "loop/exception_text.hpp"
 #include "loop/state_file.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/api/maintenance.hpp"
@@ -356,12 +357,9 @@ void GpuResetModule::Kick() {
   asio::co_spawn(context_.GetLoop().Io(), RunJobs(), lifetime_.Guard([this](std::exception_ptr error) {
     running_ = false;
     if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        context_.Log().error("the reset runner failed: {}", e.what());
-        context_.ReportFailure(std::string("reset runner: ") + e.what());
-      }
+      const std::string what = DescribeException(error);
+      context_.Log().error("the reset runner failed: {}", what);
+      context_.ReportFailure("reset runner: " + what);
     }
     if (stop_done_) {
       maintenance_.reset();
