@@ -127,6 +127,8 @@ int main(int argc, char** argv) {
   scan->add_option("--nvml-library", scan_options.nvml_library, "NVML to dlopen (soname or path)");
   scan->add_option("--host-root", scan_options.host_root, "Where the host's /sys is (the PCI bus count)");
   scan->add_option("--output", scan_options.output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  scan->add_option("--bus-address", scan_options.bus_address,
+                   "System bus for the host services (default: $DBUS_SYSTEM_BUS_ADDRESS, else the well-known socket)");
   scan->add_option("--window", scan_window,
                    "Read twice, this long apart, to judge counter growth too (e.g. 10s; default: one pass)");
 

@@ -2,6 +2,7 @@
 
 #include "modules/gpu_health/api/scan.hpp"
 #include "modules/gpu_inventory/api/nvml_session.hpp"
+#include "preflight/unit_watcher.hpp"
 
 #include <iostream>
 #include <thread>
@@ -26,7 +27,11 @@ int RunScan(const ScanOptions& options) {
   }
   const gpu_inventory::HealthSample sample = opened.session->ReadHealth(gpu_inventory::kHealthAll, known);
   (void)opened.session->Close();
-  const gpu_health::ScanReport report = gpu_health::Scan(sample, known.size(), first ? &*first : nullptr);
+  gpu_health::ScanReport report = gpu_health::Scan(sample, known.size(), first ? &*first : nullptr);
+  const std::string bus = imex_health::SystemBusAddress(options.bus_address);
+  gpu_health::ScanHostServices(report, [&](const std::string& unit) {
+    return imex_health::ReadUnitOnce(bus, unit, std::chrono::seconds(2));
+  });
   if (options.output == "json") {
     std::cout << gpu_health::ToJson(report).dump(2) << "\n";
   } else {

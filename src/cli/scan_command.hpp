@@ -13,6 +13,7 @@ struct ScanOptions {
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string host_root = "/";
   std::string output = "table";  // table | json
+  std::string bus_address;       // the system bus for the host services ("": $DBUS_SYSTEM_BUS_ADDRESS, else the well-known socket)
   // A second pass this long after the first: counter checks are judged on the growth between
   // the two (0: one pass, states only).
   std::chrono::milliseconds window{0};

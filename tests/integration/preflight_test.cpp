@@ -188,5 +188,43 @@ TEST_F(PreflightTest, NoBusIsAFailureAndABadFlagIsAUsageError) {
   EXPECT_EQ(code, 2) << output;
 }
 
+// `scan` judges the host services as gpu-health does, over the same private bus: the fabric
+// manager failed → exit 1 with FabricManagerNotRunning; a unit the node lacks (persistenced
+// here) is judged clear; running again → exit 0.
+TEST_F(PreflightTest, ScanJudgesTheHostServicesOverTheBus) {
+  bus_->StopSystemd();
+  bus_->StartSystemd({"nvidia-imex.service", "nvidia-fabricmanager.service"});
+  auto scan = [&] {
+    return test::RunToCompletion({Env("GNS_SUPERVISOR_BIN"), "scan", "--output", "json", "--host-root", root_.string(),
+                                  "--bus-address", bus_->Address(), "--nvml-library",
+                                  Env("GNS_BINARY_DIR") + "/tools/sim/fake_nvml/libnvidia-ml.so.1"},
+                                 {{"FAKE_NVML_CONFIG", Env("GNS_SOURCE_DIR") + "/tools/sim/fake_nvml/gpus-8.json"}});
+  };
+  auto service = [](const std::string& output, const std::string& check) {
+    const auto doc = nlohmann::json::parse(output.substr(output.find('{')));
+    for (const auto& f : doc.at("services")) {
+      if (f.at("check") == check) return f;
+    }
+    return nlohmann::json();
+  };
+  auto [code, output] = scan();
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_EQ(service(output, "FabricManagerNotRunning").value("holds", true), false) << output;
+  EXPECT_EQ(service(output, "PersistencedNotRunning").value("holds", true), false) << output;
+  EXPECT_EQ(service(output, "PersistencedNotRunning").value("judged", true), true) << output;
+
+  ASSERT_EQ(bus_->Crash("nvidia-fabricmanager.service", 1, false), "");
+  std::tie(code, output) = scan();
+  EXPECT_EQ(code, 1) << output;
+  const auto failed = service(output, "FabricManagerNotRunning");
+  EXPECT_EQ(failed.value("holds", false), true) << output;
+  EXPECT_EQ(failed.value("recommendedAction", ""), "RESTART_BM") << output;
+  EXPECT_NE(failed.value("message", "").find("nvidia-fabricmanager.service is failed"), std::string::npos) << output;
+
+  ASSERT_EQ(bus_->ManagerCall("StartUnit", "nvidia-fabricmanager.service"), "");
+  std::tie(code, output) = scan();
+  EXPECT_EQ(code, 0) << output;
+}
+
 }  // namespace
 }  // namespace gns

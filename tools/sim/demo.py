@@ -243,11 +243,30 @@ def gpu_reset_demo(api):
 BUS = "unix:path=" + os.path.join(SANDBOX, "dbus", "bus.sock")
 
 
-def systemctl(verb):
+def systemctl(verb, unit="nvidia-imex.service"):
     """StopUnit/StartUnit of the fake systemd, over the private system bus (busctl)."""
     subprocess.run(["busctl", f"--address={BUS}", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
-                    "org.freedesktop.systemd1.Manager", verb, "ss", "nvidia-imex.service", "replace"],
+                    "org.freedesktop.systemd1.Manager", verb, "ss", unit, "replace"],
                    check=True, capture_output=True)
+
+
+def host_service_demo():
+    """Issue 26, host services: nvidia-fabricmanager (a unit of the fake systemd) fails -> a node
+    condition of gpu-health, no GPU Unhealthy; started again -> cleared after the clean passes."""
+    unit = "nvidia-fabricmanager.service"
+
+    def held():
+        checks = json.loads(http_get("/debug/state")[1]).get("gpu-health.checks", {})
+        return [c for c in checks.get("conditions", []) if c.get("check") == "FabricManagerNotRunning"]
+
+    subprocess.run(["busctl", f"--address={BUS}", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                    "org.gnssim.FakeSystemd", "Crash", "sib", unit, "1", "false"], check=True, capture_output=True)
+    wait_for("FabricManagerNotRunning held", lambda: held(), timeout=30)
+    say("gpu health checks", f"{unit} crashed (fake systemd) -> node condition FabricManagerNotRunning "
+        f"({held()[0].get('severity')}, {held()[0].get('recommendedAction')}): {held()[0].get('message')}")
+    systemctl("StartUnit", unit)
+    wait_for("FabricManagerNotRunning cleared", lambda: not held(), timeout=60)
+    say("gpu health checks", f"{unit} started again -> FabricManagerNotRunning cleared after the clean passes")
 
 
 def imex_condition(api):
@@ -413,6 +432,7 @@ def main():
     say("gpu health", f"Xid 13 from the kernel log and from NVML -> occurrences +{metric(xid13) - before[0]:.0f}, "
         f"folded duplicates +{metric(folded) - before[1]:.0f}; {GPU_UUID} still {device_health(GPU_UUID)}")
     health_checks_demo()
+    host_service_demo()
 
     api = Api()
     domains = f"/apis/resource.nvidia.com/v1beta1/namespaces/{NS}/computedomains"

@@ -96,7 +96,7 @@ dbus-daemon --config-file="$GNS_SANDBOX/dbus/bus.conf" --nofork --nopidfile > >(
 pids+=($!)
 for _ in $(seq 100); do [[ -S "$GNS_SANDBOX/dbus/bus.sock" ]] && break; sleep 0.05; done
 "$build_dir/tools/sim/systemd/gns-fake-systemd" --address "unix:path=$GNS_SANDBOX/dbus/bus.sock" \
-  --unit nvidia-imex.service > >(sed -u 's/^/[fake-systemd] /') 2>&1 &
+  --unit nvidia-imex.service --unit nvidia-persistenced.service --unit nvidia-fabricmanager.service > >(sed -u 's/^/[fake-systemd] /') 2>&1 &
 pids+=($!)
 
 # The API-server simulator (HTTPS, its own CA; writes kubeconfig, ca.crt and token).

@@ -112,6 +112,19 @@ ChecksConfig ParseChecksConfig(ConfigMap& section) {
     ConfigMap g = checks.Section("host");
     config.intervals[5] = Group(g, config.intervals[5]);
     config.host.persistence_mode_off = Switch(g, "persistenceModeOff", config.host.persistence_mode_off);
+    // The host services follow the group's switch: `host: {enabled: false}` turns off every host check.
+    auto& services = config.host_services;
+    auto unit = [&](std::string_view key, bool& on, std::string& name) {
+      ConfigMap c = g.Section(key);
+      on = c.Bool("enabled", on) && config.intervals[5].count() != 0;
+      const std::string fallback = name;
+      name = c.String("unit", fallback);
+      if (name.empty()) c.Fail("unit", "must name a systemd unit, e.g. " + fallback);
+      c.Finish();
+    };
+    unit("persistencedService", services.persistenced, services.persistenced_unit);
+    unit("fabricManagerService", services.fabric_manager, services.fabric_manager_unit);
+    services.bus_address = g.String("busAddress", services.bus_address);
     g.Finish();
   }
   {

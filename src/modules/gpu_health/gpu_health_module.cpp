@@ -266,6 +266,7 @@ void GpuHealthModule::Serve() {
   }
   Report();
   StartChecks();
+  StartHostServices();
   context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds{}", config_.catalog_source,
                       config_.overrides.ignore.size(), config_.overrides.critical.size(),
                       config_.overrides.thresholds.size(), admin_path_.empty() ? "" : ", admin socket " + admin_path_);
@@ -281,6 +282,7 @@ void GpuHealthModule::Stop(std::function<void()> done) {
   nvml_sub_.Reset();
   position_timer_.cancel();
   check_timer_.cancel();
+  for (auto& followed : host_services_) followed.watcher->Stop();
   // journald stops reading for us; our next instance asks again from what is written now.
   if (!reader_.empty()) {
     journald::HealthStreamRequest request;
@@ -609,7 +611,48 @@ void GpuHealthModule::OnSample(const gpu_inventory::HealthSample& sample) {
     changes.insert(changes.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
   ConditionsChanged(changes);
+  JudgeHostServices();
   PublishChecks();
+}
+
+// --- the host services ---------------------------------------------------------------------
+
+void GpuHealthModule::StartHostServices() {
+  if (!config_.checks.enabled || !host_services_.empty() || stopping_) return;
+  for (auto& service : HostServices(config_.checks.host_services)) {
+    host_services_.push_back(FollowedService{std::move(service), {}, nullptr});
+  }
+  for (std::size_t i = 0; i < host_services_.size(); ++i) {
+    imex_health::SystemdUnitWatcher::Options options;
+    options.bus_address = config_.checks.host_services.bus_address;
+    options.unit = host_services_[i].service.unit;
+    // Index, not pointer: host_services_ is not resized after this loop.
+    host_services_[i].watcher = std::make_unique<imex_health::SystemdUnitWatcher>(
+        context_.GetLoop().Io(), options,
+        [this, i](const imex_health::UnitState& unit) {
+          host_services_[i].unit = unit;
+          JudgeHostServices();
+          PublishChecks();
+        },
+        context_.Logger());
+    host_services_[i].watcher->Start();
+    context_.Log().info("following {} over D-Bus ({}) for {}", options.unit,
+                        imex_health::SystemBusAddress(options.bus_address), host_services_[i].service.check);
+  }
+}
+
+void GpuHealthModule::JudgeHostServices() {
+  if (host_services_.empty() || stopping_) return;
+  Findings findings;
+  for (const auto& followed : host_services_) {
+    if (!followed.unit.known && !followed.unit.error.empty()) {
+      warn_.Warn(context_.Log(), "host_service_unknown:" + followed.service.unit,
+                 followed.service.check + " not judged: " + followed.service.unit + ": " + followed.unit.error);
+    }
+    if (auto finding = JudgeHostService(followed.service, followed.unit)) findings.push_back(std::move(*finding));
+  }
+  if (findings.empty()) return;
+  ConditionsChanged(check_book_.Apply(std::string(kNodeKey), "", findings, NowMs()));
 }
 
 void GpuHealthModule::ConditionsChanged(const std::vector<CheckBook::Change>& changes) {

@@ -43,6 +43,7 @@
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/journald/messages.hpp"
 #include "modules/pod_resources/messages.hpp"
+#include "preflight/unit_watcher.hpp"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -151,6 +152,10 @@ class GpuHealthModule final : public Module {
   // The module's health for /readyz: not persisted (unhealthy), no admin socket (degraded).
   void UpdateModuleHealth();
   void FinishStop();
+  // The host services (host_services.hpp): one unit watcher each, judged on every change of
+  // its unit and in every pass of the polled checks (the hysteresis counts passes).
+  void StartHostServices();
+  void JudgeHostServices();
   int64_t NowMs() const;
   std::size_t KnownGpus() const;
 
@@ -226,6 +231,12 @@ class GpuHealthModule final : public Module {
   MetricsRegistry::Series* check_passes_;
   MetricsRegistry::Series* check_passes_failed_;
   MetricsRegistry::Series* check_pass_seconds_;
+  struct FollowedService {
+    HostService service;
+    imex_health::UnitState unit;  // as the watcher last reported it
+    std::unique_ptr<imex_health::SystemdUnitWatcher> watcher;
+  };
+  std::vector<FollowedService> host_services_;
   Subscription inventory_sub_;
   Subscription kernel_sub_;
   Subscription unit_sub_;

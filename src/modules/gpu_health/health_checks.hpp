@@ -14,6 +14,7 @@
 #include "modules/gpu_health/fabric_checks.hpp"
 #include "modules/gpu_health/health_check.hpp"
 #include "modules/gpu_health/host_checks.hpp"
+#include "modules/gpu_health/host_services.hpp"
 #include "modules/gpu_health/memory_checks.hpp"
 #include "modules/gpu_health/nvlink_checks.hpp"
 #include "modules/gpu_health/pcie_checks.hpp"
@@ -47,6 +48,7 @@ struct ChecksConfig {
   PcieChecks::Settings pcie;
   ThermalChecks::Settings thermal;
   HostSettings host;
+  HostServicesSettings host_services;  // followed over D-Bus, not polled (host_services.hpp)
   PresenceSettings presence;
 };
 

@@ -2,6 +2,7 @@
 #include "modules/gpu_health/api/scan.hpp"
 
 #include "modules/gpu_health/health_checks.hpp"
+#include "modules/gpu_health/host_services.hpp"
 
 #include <algorithm>
 #include <iomanip>
@@ -27,6 +28,10 @@ bool MakesUnhealthy(const ScanFinding& f) { return f.holds && f.severity != Seve
 
 nlohmann::json FindingJson(const ScanFinding& f) {
   nlohmann::json j = {{"check", f.check}, {"holds", f.holds}};
+  if (!f.judged) {
+    j["judged"] = false;
+    j["message"] = f.message;
+  }
   if (f.holds) {
     j["severity"] = f.severity;
     j["component"] = f.component;
@@ -74,6 +79,24 @@ ScanReport Scan(const gpu_inventory::HealthSample& sample, std::size_t known_gpu
   return report;
 }
 
+void ScanHostServices(ScanReport& report, const std::function<imex_health::UnitState(const std::string& unit)>& read) {
+  for (const HostService& service : HostServices(HostServicesSettings{})) {
+    const imex_health::UnitState unit = read(service.unit);
+    const std::optional<Finding> finding = JudgeHostService(service, unit);
+    if (!finding) {
+      ScanFinding skipped;
+      skipped.check = service.check;
+      skipped.judged = false;
+      skipped.message = service.unit + " " +
+                        (unit.known ? "is " + unit.active_state + " (" + unit.sub_state + ")" : "not read: " + unit.error);
+      report.services.push_back(std::move(skipped));
+      continue;
+    }
+    report.services.push_back(FromFinding(*finding));
+    if (MakesUnhealthy(report.services.back())) report.healthy = false;
+  }
+}
+
 nlohmann::json ToJson(const ScanReport& report) {
   nlohmann::json j = {{"ok", report.ok}, {"healthy", report.healthy}, {"passMicros", report.pass_micros}};
   if (!report.ok) j["error"] = report.error;
@@ -89,6 +112,9 @@ nlohmann::json ToJson(const ScanReport& report) {
   }
   j["gpus"] = std::move(gpus);
   if (report.node) j["node"] = FindingJson(*report.node);
+  nlohmann::json services = nlohmann::json::array();
+  for (const auto& f : report.services) services.push_back(FindingJson(f));
+  j["services"] = std::move(services);
   return j;
 }
 
@@ -100,6 +126,10 @@ std::string ToTable(const ScanReport& report) {
   }
   auto row = [&](const std::string& who, const ScanFinding& f) {
     out << std::left << std::setw(58) << who << std::setw(26) << f.check;
+    if (!f.judged) {
+      out << "not judged: " << f.message << "\n";
+      return;
+    }
     if (!f.holds) {
       out << "ok\n";
       return;
@@ -117,6 +147,7 @@ std::string ToTable(const ScanReport& report) {
     }
   }
   if (report.node) row("node", *report.node);
+  for (const auto& f : report.services) row("node", f);
   out << report.gpus.size() << " GPU(s)";
   if (report.pci_gpu_count) out << ", " << *report.pci_gpu_count << " NVIDIA GPU(s) on the PCI bus";
   out << "; one pass in " << report.pass_micros << " us: " << (report.healthy ? "healthy" : "UNHEALTHY") << "\n";

@@ -10,6 +10,7 @@
 #include "modules/gpu_inventory/api/health_sample.hpp"
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
+#include "support/private_bus.hpp"
 
 #include <gtest/gtest.h>
 
@@ -74,6 +75,9 @@ class GpuHealthChecksTest : public ::testing::Test {
     config_.watch_annotation = false;
     config_.checks.clear_after = 2;
     for (auto& interval : config_.checks.intervals) interval = milliseconds(100);
+    // The host services need a system bus: only the tests that start a private one follow them.
+    config_.checks.host_services.persistenced = false;
+    config_.checks.host_services.fabric_manager = false;
     sampler_ = std::make_shared<FakeSampler>(h_.loop);
     sampler_->next.ok = true;
     sampler_->next.gpus = {Reading(kUuid, 0, "00000000:03:00.0"), Reading(kOther, 1, "00000000:3B:00.0")};
@@ -334,6 +338,43 @@ TEST_F(GpuHealthChecksTest, AnXidAndAConditionRankTogether) {
   EXPECT_EQ(Health(kUuid)->recommended_action, "COMPONENT_RESET");
 }
 
+// The host services over the real D-Bus wire (dbus-daemon + the fake systemd): the fabric
+// manager failing is a node condition with a HealthEvent and no GPU verdict; started again, it
+// clears after the hysteresis. A unit the node does not have (persistenced here) says nothing.
+TEST_F(GpuHealthChecksTest, TheFabricManagerFailingIsANodeConditionThatClearsWhenItRunsAgain) {
+  if (!test::PrivateBus::Available()) GTEST_SKIP() << "dbus-daemon or gns-fake-systemd missing";
+  test::PrivateBus bus(dir_);
+  bus.StartBus();
+  bus.StartSystemd({"nvidia-fabricmanager.service"});
+  config_.checks.host_services.fabric_manager = true;
+  config_.checks.host_services.persistenced = true;  // not on this bus: LoadState not-found
+  config_.checks.host_services.bus_address = bus.Address();
+  Start();
+  Passes(3);
+  EXPECT_EQ(EventOf("FabricManagerNotRunning", false), nullptr);
+
+  ASSERT_EQ(bus.Crash("nvidia-fabricmanager.service", 1, false), "");
+  ASSERT_TRUE(h_.RunUntil([&] { return EventOf("FabricManagerNotRunning", false) != nullptr; }));
+  const HealthEvent* failed = EventOf("FabricManagerNotRunning", false);
+  EXPECT_FALSE(failed->is_fatal);
+  EXPECT_EQ(failed->recommended_action_name, "RESTART_BM");
+  EXPECT_TRUE(failed->entities_impacted.empty()) << "a condition of the node, not of a GPU";
+  EXPECT_NE(failed->message.find("nvidia-fabricmanager.service is failed"), std::string::npos) << failed->message;
+  const auto* state = h_.bus.Latest<GpuHealthChecks>();
+  ASSERT_NE(state, nullptr);
+  bool held = false;
+  for (const auto& c : state->conditions) held = held || (c.gpu == "node" && c.check == "FabricManagerNotRunning");
+  EXPECT_TRUE(held);
+  EXPECT_FALSE(IsUnhealthy(kUuid)) << "no GPU's verdict changes for a node condition";
+  EXPECT_FALSE(IsUnhealthy(kOther));
+  EXPECT_EQ(EventOf("PersistencedNotRunning", false), nullptr);
+
+  ASSERT_EQ(bus.ManagerCall("StartUnit", "nvidia-fabricmanager.service"), "");
+  ASSERT_TRUE(h_.RunUntil([&] { return EventOf("FabricManagerNotRunning", true) != nullptr; }));
+  EXPECT_NE(EventOf("FabricManagerNotRunning", true)->message.find("cleared after"), std::string::npos);
+  EXPECT_EQ(EventOf("PersistencedNotRunning", false), nullptr);
+}
+
 }  // namespace
 }  // namespace gns::gpu_health::checks_module_test
 
@@ -373,6 +414,8 @@ checks:
   nvlink: {enabled: false}
   thermal: {clockEventRate: {perMinute: 1.5, window: 20m}, thermalMargin: {marginC: 8}}
   presence: {gpuMissingFromNvml: {enabled: false}}
+  host: {fabricManagerService: {enabled: false}, persistencedService: {unit: persistenced-site.service},
+         busAddress: "unix:path=/run/site-bus"}
 )",
                                       "site.yaml");
   ConfigMap section(value, "modules.gpu-health");
@@ -386,6 +429,18 @@ checks:
   EXPECT_DOUBLE_EQ(config.thermal.clock_event_rate.per_minute, 1.5);
   EXPECT_EQ(config.thermal.margin_c, 8u);
   EXPECT_FALSE(config.presence.missing_from_nvml);
+  EXPECT_FALSE(config.host_services.fabric_manager);
+  EXPECT_TRUE(config.host_services.persistenced);
+  EXPECT_EQ(config.host_services.persistenced_unit, "persistenced-site.service");
+  EXPECT_EQ(config.host_services.bus_address, "unix:path=/run/site-bus");
+}
+
+TEST(ChecksConfigTest, TheHostGroupSwitchedOffFollowsNoService) {
+  const ConfigValue value = ParseYaml("checks: {host: {enabled: false}}", "site.yaml");
+  ConfigMap section(value, "modules.gpu-health");
+  const ChecksConfig config = ParseChecksConfig(section);
+  EXPECT_FALSE(config.host_services.persistenced);
+  EXPECT_FALSE(config.host_services.fabric_manager);
 }
 
 TEST(ChecksConfigTest, ErrorsNameTheKey) {
@@ -396,6 +451,9 @@ TEST(ChecksConfigTest, ErrorsNameTheKey) {
             std::string::npos)
       << ErrorOf("checks: {thermal: {clockEventRate: {perMinute: -1}}}");
   EXPECT_NE(ErrorOf("checks: {clearAfterPasses: 0}").find("checks.clearAfterPasses"), std::string::npos);
+  EXPECT_NE(ErrorOf("checks: {host: {fabricManagerService: {unit: \"\"}}}").find("checks.host.fabricManagerService.unit"),
+            std::string::npos)
+      << ErrorOf("checks: {host: {fabricManagerService: {unit: \"\"}}}");
   EXPECT_NE(ErrorOf("checks: {pcie: {pcieLinkDegraded: {enabled: maybe}}}").find("checks.pcie.pcieLinkDegraded.enabled"),
             std::string::npos);
 }
