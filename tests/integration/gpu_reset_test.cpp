@@ -396,6 +396,14 @@ TEST_F(GpuResetTest, AReadOnlyStateDirDoesNotSilenceHealth) {
 TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStatus) {
   gns::test::ApiSim server(dir_ / "api");
   server.Seed(json::parse(R"({"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}})"));
+  // NVSentinel's janitor executes this one (it writes the status): never two executors.
+  json janitors = json::parse(R"({"apiVersion": "janitor.dgxc.nvidia.com/v1alpha1", "kind": "GPUReset",
+    "metadata": {"name": "reset-janitors",
+                 "managedFields": [{"manager": "janitor", "operation": "Update", "subresource": "status"}]},
+    "spec": {"nodeName": "n1", "selector": {}},
+    "status": {"phase": "InProgress", "conditions": [{"type": "ServicesTornDown", "status": "True"}]}})");
+  janitors["spec"]["selector"]["uuids"] = {uuids_[4]};
+  server.Seed(janitors);
   const std::string kube = "  kube:\n    enabled: true\n    kubeconfig: " + (dir_ / "api/kubeconfig").string() + "\n";
   StartSupervisor(WriteConfig("", kube));
   const std::string path = "/apis/janitor.dgxc.nvidia.com/v1alpha1/gpuresets";
@@ -461,6 +469,13 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   EXPECT_NE(unknown["message"].get<std::string>().find("not on node n1"), std::string::npos) << unknown.dump();
   EXPECT_FALSE(server.Call("GET", path + "/reset-other-node").Json().contains("status"))
       << "another node's object is not ours to touch";
+  const auto left = server.Call("GET", path + "/reset-janitors").Json();
+  EXPECT_EQ(left["status"]["phase"], "InProgress") << "another executor's status is not ours to write: " << left.dump();
+  EXPECT_EQ(left["status"]["conditions"].size(), 1u) << left.dump();
+  EXPECT_NE(supervisor_->Output().find("GPUReset reset-janitors left alone: its status"),
+            std::string::npos)
+      << supervisor_->Output();
+  EXPECT_EQ(GpuState(uuids_[4])["resets"], 0) << "the janitor's GPU is not reset by us";
   EXPECT_EQ(GpuState(uuids_[5])["resets"], 1);
   for (std::size_t i = 0; i < uuids_.size(); ++i) {
     if (i != 5) {

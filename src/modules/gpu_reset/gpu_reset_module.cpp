@@ -122,6 +122,9 @@ GpuResetModule::GpuResetModule(ModuleContext& context, const Config& config)
   resets_ok_ = &m.Counter(kResets, kResetsHelp, {{"outcome", "succeeded"}});
   resets_failed_ = &m.Counter(kResets, kResetsHelp, {{"outcome", "failed"}});
   resets_refused_ = &m.Counter(kResets, kResetsHelp, {{"outcome", "refused"}});
+  objects_other_executor_ = &m.Counter(
+      "gpu_node_supervisor_gpu_reset_objects_other_executor_total",
+      "GPUReset objects of this node left alone because another controller (NVSentinel's janitor) writes their status");
   queue_gauge_ = &m.Gauge("gpu_node_supervisor_gpu_reset_queue", "GPU reset jobs queued or running on this node");
   last_overhead_ms_ = &m.Gauge("gpu_node_supervisor_gpu_reset_last_overhead_ms",
                                "The last successful reset's time outside the reset command, hold to Healthy");
@@ -257,13 +260,20 @@ void GpuResetModule::Stop(std::function<void()> done) {
 // ---------------------------------------------------------------------------------- requests
 
 void GpuResetModule::OnObjectEvent(const kube::ResourceEvent& event) {
-  if (event.type == kube::ResourceEvent::Type::kDeleted) return;  // a running reset finishes anyway
+  if (event.type == kube::ResourceEvent::Type::kDeleted) {  // a running reset finishes anyway
+    if (const auto meta = kube::ObjectMeta::From(*event.object)) other_executor_.erase("GPUReset/" + meta->name + "/" + meta->uid);
+    return;
+  }
   OnObject(*event.object);
 }
 
 void GpuResetModule::OnObject(const nlohmann::json& object) {
   const auto* inventory = context_.GetBus().Latest<gpu_inventory::GpuInventory>();
-  ObjectIntake intake = ReadGpuResetObject(object, node_name_, inventory, NowMs());
+  ObjectIntake intake = ReadGpuResetObject(object, node_name_, inventory, NowMs(), kName);
+  if (!intake.other_executor.empty()) {
+    LeaveToOtherExecutor(intake, object.value(nlohmann::json::json_pointer("/metadata/name"), std::string()));
+    return;
+  }
   if (!intake.ours) return;
   if (ResetJob* known = book_.Find(intake.job.id)) {
     if (known->Finished() && !known->final_status_written) WriteStatus(*known);
@@ -282,6 +292,25 @@ void GpuResetModule::OnObject(const nlohmann::json& object) {
   }
   const std::string joined = Enqueue(std::move(intake.job));
   context_.Log().info("GPUReset {} for {}: job {}", name, fmt::join(intake.uuids, ","), joined);
+}
+
+void GpuResetModule::LeaveToOtherExecutor(const ObjectIntake& intake, const std::string& name) {
+  if (!other_executor_.insert(intake.id).second) return;  // said once per object
+  objects_other_executor_->Inc();
+  ResetJob* known = book_.Find(intake.id);
+  if (known == nullptr || known->Finished()) {
+    context_.Log().warn("GPUReset {} left alone: {}. One controller resets a node's GPUs: set gpu-reset's "
+                        "watchObjects: false on nodes where NVSentinel's janitor resets GPUs, or turn janitor's "
+                        "GPU reset off (gpu_reset README)",
+                        name, intake.other_executor);
+    return;
+  }
+  // We took it first and another controller acts on it too: ours finishes (a reset stopped
+  // halfway is worse than one done twice), and writes no status over theirs.
+  context_.Log().error("GPUReset {}: {} while our job {} is {}: two executors; ours finishes without writing "
+                       "the object's status. Set watchObjects: false here or turn janitor's GPU reset off",
+                       name, intake.other_executor, known->id, known->phase);
+  status_.erase(name);
 }
 
 void GpuResetModule::OnCliLine(std::string_view line, std::shared_ptr<AdminSocket::Reply> reply) {
@@ -639,6 +668,14 @@ void GpuResetModule::AnnounceReleases() {
 
 void GpuResetModule::WriteStatus(ResetJob& job) {
   if (job.source != "GPUReset" || !kube_) return;
+  if (other_executor_.count(job.id) != 0) {
+    // Another controller writes this object's status: ours would overwrite it.
+    if (job.Finished() && !job.final_status_written) {
+      job.final_status_written = true;
+      SaveBook();
+    }
+    return;
+  }
   const GpuReset* running = current_job_ == &job ? runner_->Current() : nullptr;
   nlohmann::json status = ObjectStatus(job, running);
   StatusSlot& slot = status_[job.object_name];

@@ -20,6 +20,7 @@
 #include "loop/run_command.hpp"
 #include "loop/state_file.hpp"
 #include "loop/module.hpp"
+#include "modules/gpu_reset/intake.hpp"
 #include "modules/gpu_reset/messages.hpp"
 #include "modules/gpu_reset/reset_book.hpp"
 #include "modules/gpu_reset/reset_runner.hpp"
@@ -103,6 +104,9 @@ class GpuResetModule final : public Module, private NodeMaintenance {
   // Requests.
   void OnObjectEvent(const kube::ResourceEvent& event);
   void OnObject(const nlohmann::json& object);
+  // A GPUReset whose status another controller writes (intake.hpp, OtherStatusWriter): left
+  // alone, said once in the log and the metrics; a job of ours for it writes no status.
+  void LeaveToOtherExecutor(const ObjectIntake& intake, const std::string& name);
   void OnCliLine(std::string_view line, std::shared_ptr<AdminSocket::Reply> reply);
   void OnVerdictForAutoReset(const std::string& uuid);
   // Adds a job (or joins the one holding its GPU); returns the id of the job that will do it.
@@ -212,6 +216,8 @@ class GpuResetModule final : public Module, private NodeMaintenance {
     int failures = 0;
   };
   std::map<std::string, StatusSlot> status_;
+  // Job ids ("GPUReset/<name>/<uid>") of objects another controller executes, while they exist.
+  std::set<std::string, std::less<>> other_executor_;
   boost::asio::steady_timer status_retry_;
   boost::asio::steady_timer saved_wake_;  // SavedAtLeast waits on it; a finished save wakes it
 
@@ -220,6 +226,7 @@ class GpuResetModule final : public Module, private NodeMaintenance {
   MetricsRegistry::Series* resets_ok_;
   MetricsRegistry::Series* resets_failed_;
   MetricsRegistry::Series* resets_refused_;
+  MetricsRegistry::Series* objects_other_executor_;
   MetricsRegistry::Series* queue_gauge_;
   MetricsRegistry::Series* last_overhead_ms_;
   MetricsRegistry::Series* last_command_ms_;

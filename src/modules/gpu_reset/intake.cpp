@@ -27,20 +27,47 @@ bool Complete(const nlohmann::json& object) {
 
 }  // namespace
 
+std::string OtherStatusWriter(const nlohmann::json& object, std::string_view field_manager) {
+  const auto meta = object.find("metadata");
+  if (meta != object.end() && meta->is_object()) {
+    const auto managed = meta->find("managedFields");
+    if (managed != meta->end() && managed->is_array()) {
+      for (const auto& entry : *managed) {
+        if (!entry.is_object() || entry.value("subresource", "") != "status") continue;
+        const std::string manager = entry.value("manager", "");
+        if (manager != field_manager) return "its status is written by field manager \"" + manager + "\"";
+      }
+    }
+  }
+  const auto status = object.find("status");
+  if (status == object.end() || !status->is_object()) return "";
+  const auto conditions = status->find("conditions");
+  if (conditions == status->end() || !conditions->is_array()) return "";
+  for (const auto& c : *conditions) {
+    const std::string type = c.is_object() ? c.value("type", "") : "";
+    if (!type.empty() && type != "Complete") return "its status has condition " + type + ", which gpu-reset never writes";
+  }
+  return "";
+}
+
 ObjectIntake ReadGpuResetObject(const nlohmann::json& object, std::string_view node_name,
-                                const gpu_inventory::GpuInventory* inventory, int64_t now_ms) {
+                                const gpu_inventory::GpuInventory* inventory, int64_t now_ms,
+                                std::string_view field_manager) {
   ObjectIntake intake;
   const auto meta = kube::ObjectMeta::From(object);
   if (!meta) return intake;
+  intake.id = "GPUReset/" + meta->name + "/" + meta->uid;
   const auto spec = object.find("spec");
   if (spec == object.end() || !spec->is_object()) return intake;
   const auto node = spec->find("nodeName");
   if (node == spec->end() || !node->is_string() || node->get<std::string>() != node_name) return intake;  // another node's
   if (Complete(object)) return intake;
+  intake.other_executor = OtherStatusWriter(object, field_manager);
+  if (!intake.other_executor.empty()) return intake;
   intake.ours = true;
   const std::string node_text(node_name);
   ResetJob& job = intake.job;
-  job.id = "GPUReset/" + meta->name + "/" + meta->uid;
+  job.id = intake.id;
   job.source = "GPUReset";
   job.object_name = meta->name;
   job.object_uid = meta->uid;

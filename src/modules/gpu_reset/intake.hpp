@@ -26,9 +26,22 @@ struct ObjectIntake {
   ResetJob job;
   std::string problem;
   std::vector<std::string> uuids;  // the GPUs it selects, sorted, once each
+  // Non-empty: another controller (NVSentinel's janitor) writes this object's status — what
+  // shows it. The object is not ours (`ours` false): never two executors of one reset.
+  std::string other_executor;
+  std::string id;  // "GPUReset/<name>/<uid>" whenever the metadata is readable
 };
+// `field_manager`: the one our status writes carry; a status written under another name is
+// another executor's.
 ObjectIntake ReadGpuResetObject(const nlohmann::json& object, std::string_view node_name,
-                                const gpu_inventory::GpuInventory* inventory, int64_t now_ms);
+                                const gpu_inventory::GpuInventory* inventory, int64_t now_ms,
+                                std::string_view field_manager = "gpu-reset");
+
+// What shows that a controller other than `field_manager` writes the object's status: a
+// managedFields entry of the status subresource under another manager, or a status condition
+// we never write (ours: Complete only; janitor's: Ready, ServicesTornDown, ResetJobCreated, …).
+// "" when nothing does.
+std::string OtherStatusWriter(const nlohmann::json& object, std::string_view field_manager);
 
 struct CliIntake {
   std::string error;  // non-empty: the reply ("error: …"), nothing queued

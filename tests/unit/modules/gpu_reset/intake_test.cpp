@@ -78,6 +78,40 @@ TEST(GpuResetIntake, AnotherNodesOrAFinishedOrAMalformedObjectIsLeftAlone) {
   EXPECT_FALSE(ReadGpuResetObject(no_meta, "n1", &inventory, kNow).ours);
 }
 
+// NVSentinel's janitor executes GPUReset objects too: one whose status another controller
+// writes is not ours, whatever it selects (never two executors of one reset).
+TEST(GpuResetIntake, AnObjectWhoseStatusAnotherControllerWritesIsLeftToIt) {
+  const auto inventory = Inventory();
+  auto janitors = Object({{"all", true}});
+  janitors["metadata"]["managedFields"] = {
+      {{"manager", "kubectl-create"}, {"operation", "Update"}},
+      {{"manager", "janitor"}, {"operation", "Update"}, {"subresource", "status"}}};
+  auto intake = ReadGpuResetObject(janitors, "n1", &inventory, kNow);
+  EXPECT_FALSE(intake.ours);
+  EXPECT_EQ(intake.id, "GPUReset/r1/u-1");
+  EXPECT_NE(intake.other_executor.find("field manager \"janitor\""), std::string::npos) << intake.other_executor;
+
+  auto conditions = Object({{"all", true}});
+  conditions["status"] = {{"phase", "InProgress"},
+                          {"conditions", {{{"type", "Ready"}, {"status", "True"}}, {{"type", "ServicesTornDown"}, {"status", "True"}}}}};
+  intake = ReadGpuResetObject(conditions, "n1", &inventory, kNow);
+  EXPECT_FALSE(intake.ours);
+  EXPECT_NE(intake.other_executor.find("condition Ready"), std::string::npos) << intake.other_executor;
+
+  // Our own status writes (field manager gpu-reset, condition Complete) keep it ours.
+  auto mine = Object({{"all", true}});
+  mine["metadata"]["managedFields"] = {{{"manager", "gpu-reset"}, {"operation", "Update"}, {"subresource", "status"}}};
+  mine["status"] = {{"phase", "InProgress"}, {"conditions", {{{"type", "Complete"}, {"status", "Unknown"}}}}};
+  intake = ReadGpuResetObject(mine, "n1", &inventory, kNow);
+  EXPECT_TRUE(intake.ours);
+  EXPECT_EQ(intake.other_executor, "");
+  EXPECT_EQ(OtherStatusWriter(mine, "gpu-reset"), "");
+  EXPECT_NE(OtherStatusWriter(mine, "another-name"), "");
+
+  // Another node's object is not looked at at all.
+  EXPECT_EQ(ReadGpuResetObject(janitors, "n2", &inventory, kNow).other_executor, "");
+}
+
 TEST(GpuResetIntake, AGpuNotOnTheNodeRefusesTheWholeObjectNamingTheField) {
   const auto inventory = Inventory();
   const auto intake =
