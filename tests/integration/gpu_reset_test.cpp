@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <regex>
 #include <thread>
@@ -494,6 +495,60 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   supervisor_->Signal(SIGTERM);
   EXPECT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
   server.Stop();
+}
+
+// autoReset through the real binary: an XID 48 (COMPONENT_RESET) from NVML on a GPU no pod holds
+// (no pod-resources module here: the holders step checks NVML's processes) is reset without any
+// request, once, and the GPU serves again.
+TEST_F(GpuResetTest, AutoResetResetsAComponentResetGpuOnceWithoutARequest) {
+  StartSupervisor(WriteConfig("    autoReset: true\n"));
+  const std::string& gpu = uuids_[6];
+  FakeNvml({{"injectXid", {{"uuid", gpu}, {"xid", 48}}}});
+  ASSERT_TRUE(Eventually([&] { return GpuState(gpu)["resets"] == 1; }, std::chrono::seconds(30)))
+      << GpuState(gpu).dump() << supervisor_->Output();
+  ASSERT_TRUE(Eventually([&] {
+    const auto jobs = DebugState()["gpu-reset.state"]["jobs"];
+    return jobs.size() == 1 && jobs[0]["phase"] == "Succeeded";
+  })) << DebugState()["gpu-reset.state"].dump() << supervisor_->Output();
+  EXPECT_TRUE(Eventually([&] { return Healthy(gpu); })) << Verdict(gpu).dump();
+  const auto jobs = DebugState()["gpu-reset.state"]["jobs"];
+  ASSERT_EQ(jobs.size(), 1u) << jobs.dump();
+  EXPECT_EQ(jobs[0]["id"].get<std::string>().rfind("auto/" + gpu + "/", 0), 0u) << jobs.dump();
+  EXPECT_EQ(jobs[0]["phase"], "Succeeded") << jobs.dump();
+  // The Healthy verdict after the reset asks for nothing more: still one reset.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(GpuState(gpu)["resets"], 1);
+  for (std::size_t i = 0; i < uuids_.size(); ++i) {
+    if (i != 6) {
+      EXPECT_EQ(GpuState(uuids_[i])["resets"], 0) << uuids_[i];
+    }
+  }
+}
+
+// One maintenance at a time, in the order asked: a second reset-gpu while the first runs is
+// queued behind it and starts only after the first's "GPU reset occurred".
+TEST_F(GpuResetTest, QueuedResetsRunOneAtATimeInTheOrderAsked) {
+  StartSupervisor(WriteConfig());
+  auto first = std::async(std::launch::async, [&] { return ResetGpu(uuids_[1]); });
+  ASSERT_TRUE(Eventually([&] { return Journal().find("GPU reset started: " + uuids_[1]) != std::string::npos; }))
+      << supervisor_->Output();
+  auto second = std::async(std::launch::async, [&] { return ResetGpu(uuids_[2]); });
+  const auto [code1, out1] = first.get();
+  const auto [code2, out2] = second.get();
+  ASSERT_EQ(code1, 0) << out1;
+  ASSERT_EQ(code2, 0) << out2;
+  EXPECT_NE(out2.find("queued behind"), std::string::npos) << out2;
+  const std::string journal = Journal();
+  const auto started1 = journal.find("GPU reset started: " + uuids_[1]);
+  const auto occurred1 = journal.find("GPU reset occurred: " + uuids_[1]);
+  const auto started2 = journal.find("GPU reset started: " + uuids_[2]);
+  const auto occurred2 = journal.find("GPU reset occurred: " + uuids_[2]);
+  ASSERT_NE(occurred2, std::string::npos) << journal;
+  EXPECT_LT(started1, occurred1) << journal;
+  EXPECT_LT(occurred1, started2) << "the second starts after the first is done:\n" << journal;
+  EXPECT_LT(started2, occurred2) << journal;
+  EXPECT_EQ(GpuState(uuids_[1])["resets"], 1);
+  EXPECT_EQ(GpuState(uuids_[2])["resets"], 1);
 }
 
 }  // namespace

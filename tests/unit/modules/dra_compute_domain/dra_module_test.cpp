@@ -396,6 +396,19 @@ TEST_F(DraModuleTest, PrepareWritesTheCdiSpecAndCheckpointAndReturnsTheCdiId) {
   EXPECT_EQ(h_.metrics.Gauge("gpu_node_supervisor_dra_checkpoint_entries", "", {{"driver", kDriver}}).Value(), 1);
 }
 
+// §14.1 "channel prepare skips AssertComputeDomainReady": under the gate a ComputeDomain that
+// exists is enough, NotReady and without nodes as it is before its first workload runs.
+TEST_F(DraModuleTest, AComputeDomainThatIsNotReadyStillPrepares) {
+  StartAndRegister();
+  json domain = Get(kModuleDomains + "/train-a");
+  domain["status"] = {{"status", "NotReady"}, {"nodes", json::array()}};
+  ASSERT_EQ(api_->Call("PUT", kModuleDomains + "/train-a/status", domain.dump()).status, 200);
+  ASSERT_EQ(Get(kModuleDomains + "/train-a")["status"]["status"], "NotReady");
+  const auto claim = SeedChannelClaim("not-ready-domain");
+  EXPECT_EQ(PrepareError(claim), "");
+  EXPECT_TRUE(fs::exists(SpecPath(claim.uid)));
+}
+
 TEST_F(DraModuleTest, PrepareIsIdempotentAndAnswersFromTheCheckpoint) {
   StartAndRegister();
   const auto claim = SeedChannelClaim("idem");
@@ -446,6 +459,14 @@ TEST_F(DraModuleTest, UnprepareRemovesSpecAndEntryAndIsIdempotent) {
   const auto claim = SeedChannelClaim("unprep");
   ASSERT_EQ(PrepareError(claim), "");
   ASSERT_TRUE(fs::exists(SpecPath(claim.uid)));
+  // §14.1: under the gate unprepare removes no node label either. The domain label is set here
+  // (as a driver-managed prepare, or an operator, would have set it) so removing it would show.
+  const json label_patch = {{"metadata", {{"labels", {{"resource.nvidia.com/computeDomain", domain_uid_}}}}}};
+  ASSERT_EQ(api_->Call("PATCH", "/api/v1/nodes/" + std::string(kModuleNode), label_patch.dump(),
+                       "application/merge-patch+json")
+                .status,
+            200);
+  ASSERT_EQ(DomainLabel(), domain_uid_);
 
   auto result = Unprepare({claim});
   ASSERT_TRUE(result.ok()) << result.status.ToString();
@@ -463,6 +484,7 @@ TEST_F(DraModuleTest, UnprepareRemovesSpecAndEntryAndIsIdempotent) {
 
   // Channel 0 is free again: another claim prepares.
   EXPECT_EQ(PrepareError(SeedChannelClaim("next", nullptr)), "");  // allocationMode absent is Single
+  EXPECT_EQ(DomainLabel(), domain_uid_) << "unprepare under the gate touches no node label";
 }
 
 // ------------------------------------------------------------------------------ §13 / §14.1

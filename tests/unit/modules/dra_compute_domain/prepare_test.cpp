@@ -123,9 +123,9 @@ const Case kCases[] = {
     {.name = "SingleIsPrepared"},
     {.name = "EmptyAllocationModeIsPrepared", .edit_claim = [](json& c) { ClaimParams(c)["allocationMode"] = ""; }},
     {.name = "AbsentAllocationModeIsPrepared", .edit_claim = [](json& c) { ClaimParams(c).erase("allocationMode"); }},
-    // §14.1 "channel prepare skips AddNodeLabel and AssertComputeDomainReady": the lookup result
-    // carries no readiness and no label step exists; a ComputeDomain that merely exists is enough.
-    {.name = "ComputeDomainNeedNotBeReady"},
+    // §14.1 "channel prepare skips AssertComputeDomainReady": the lookup result carries no
+    // readiness, so no row here could fail; DraModuleTest.AComputeDomainThatIsNotReadyStillPrepares
+    // shows it with a NotReady domain in the API.
     // §13 "Nonzero numNodes: silently ignored": nothing the kubelet side reads depends on it, and
     // unknown opaque fields do not fail the decode.
     {.name = "ExtraOpaqueFieldsAreIgnored", .edit_claim = [](json& c) { ClaimParams(c)["numNodes"] = 4; }},
