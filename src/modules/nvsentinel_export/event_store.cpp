@@ -151,6 +151,9 @@ EventStore::Loaded EventStore::Load(int64_t now_unix_seconds) const {
 }
 
 FileWriteResult EventStore::Append(const std::vector<StoredEvent>& events) const {
+  if (events.empty()) return {};
+  // The directory may have gone since Load (an operator cleaning up): made again.
+  if (std::string error; !EnsureDirectory(dir_, 0700, error)) return FileWriteResult{false, error};
   for (const auto& event : events) {
     FileWriteResult written = WriteFileAtomically(dir_ + "/" + StoredEventFileName(event.seq), EncodeStoredEvent(event));
     if (!written) return written;

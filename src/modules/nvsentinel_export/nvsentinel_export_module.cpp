@@ -158,11 +158,17 @@ void NvsentinelExportModule::Start() {
   };
   context_.Pool().Run(std::move(load), lifetime_.Guard([this](LoadResult result, std::exception_ptr failure) {
     if (failure) {
+      std::string why = "reading the queue failed";
       try {
         std::rethrow_exception(failure);
       } catch (const std::exception& e) {
-        context_.ReportFailure(std::string("reading the queue: ") + e.what());
+        why = std::string("reading the queue: ") + e.what();
       }
+      if (stop_done_) {
+        std::exchange(stop_done_, nullptr)();
+        return;
+      }
+      context_.ReportFailure(why);
       return;
     }
     Loaded(std::move(result.events), std::move(result.book), std::move(result.problems));
@@ -227,7 +233,6 @@ void NvsentinelExportModule::Reconcile() {
 template <typename Event>
 void NvsentinelExportModule::Enqueue(std::vector<Event> events) {
   for (auto& event : events) {
-    if (stopping_) return;
     if (queued_ids_.count(event.id()) != 0) continue;  // already queued (a re-diff)
     StoredEvent stored;
     stored.id = event.id();
@@ -267,7 +272,11 @@ void NvsentinelExportModule::ScheduleFlush() {
 void NvsentinelExportModule::Flush() {
   if (!loaded_ || write_in_flight_) return;
   if (pending_.empty() && to_remove_.empty() && !book_dirty_) {
-    if (stopping_ && stop_done_) std::exchange(stop_done_, nullptr)();
+    // Stopping: all written, and no call in flight whose answer would remove files.
+    if (stopping_ && stop_done_ && !call_in_flight_) {
+      client_.reset();
+      std::exchange(stop_done_, nullptr)();
+    }
     return;
   }
   WriteJob job;
@@ -351,6 +360,10 @@ void NvsentinelExportModule::Deliver() {
 
 void NvsentinelExportModule::Delivered(std::vector<uint64_t> seqs, bool ok, const std::string& error) {
   call_in_flight_ = false;
+  if (!ok && stopping_) {
+    Flush();  // no retry: the events stay queued for the next start
+    return;
+  }
   if (!ok) {
     failed_calls_total_->Inc();
     ++state_.failed_calls;
@@ -390,6 +403,10 @@ void NvsentinelExportModule::Delivered(std::vector<uint64_t> seqs, bool ok, cons
   state_.last_error.clear();
   context_.SetHealth(ModuleHealth::kOk);
   UpdateState();
+  if (stopping_) {
+    Flush();  // the files of what was delivered, then done
+    return;
+  }
   ScheduleFlush();  // the files of what was delivered
   Deliver();
 }
@@ -409,17 +426,14 @@ void NvsentinelExportModule::Stop(std::function<void()> done) {
   checks_sub_.Reset();
   imex_sub_.Reset();
   resets_sub_.Reset();
-  // The call in flight is cancelled; its events stay queued for the next start.
-  client_.reset();
-  call_in_flight_ = false;
-  // What was taken but not written yet is written before we go; a write in flight is waited
-  // for (a next instance must not read the directory while we still write into it).
-  if (!loaded_) {
-    done();
-    return;
-  }
+  // A call in flight is waited for (its deadline bounds it): cancelling it after the
+  // connector took the events would send them again at the next start.
+  // What was taken but not written yet is written before we go; a write in flight (or the
+  // read of the queue) is waited for: a next instance must not read the directory while we
+  // still write into it.
+  // Before the queue is read, the events taken so far wait for it (Loaded flushes them).
   stop_done_ = std::move(done);
-  Flush();
+  if (loaded_) Flush();
 }
 
 }  // namespace gns::nvsentinel_export
