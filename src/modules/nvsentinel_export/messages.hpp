@@ -14,7 +14,8 @@ struct NvsentinelExportState {
   static constexpr std::string_view kTopic = "nvsentinel-export.state";
   static constexpr bool kRetained = true;
   std::string target;          // the connector's socket
-  uint64_t queued = 0;         // events on disk (and being written), not yet delivered
+  uint64_t queued = 0;         // events on disk, not yet delivered
+  uint64_t writing = 0;        // events taken, being written to disk
   uint64_t delivered = 0;      // events the connector took (this run)
   uint64_t failed_calls = 0;   // calls that failed (this run)
   uint64_t dropped = 0;        // events dropped because the queue was full (this run)
@@ -23,7 +24,7 @@ struct NvsentinelExportState {
 };
 
 inline void to_json(nlohmann::json& j, const NvsentinelExportState& s) {
-  j = nlohmann::json{{"target", s.target},       {"queued", s.queued},
+  j = nlohmann::json{{"target", s.target},       {"queued", s.queued}, {"writing", s.writing},
                      {"delivered", s.delivered}, {"failedCalls", s.failed_calls},
                      {"dropped", s.dropped},     {"lastSuccessUnixMs", s.last_success_unix_ms}};
   if (!s.last_error.empty()) j["lastError"] = s.last_error;

@@ -65,7 +65,8 @@ NvsentinelExportModule::NvsentinelExportModule(ModuleContext& context, const Con
       store_(std::make_unique<EventStore>(dir_ + "/queue")),
       book_(std::make_unique<ExportBook>()),
       backoff_(config.retry),
-      retry_timer_(context.GetLoop().Io()) {
+      retry_timer_(context.GetLoop().Io()),
+      write_retry_timer_(context.GetLoop().Io()) {
   auto& m = context.Metrics();
   queued_ = &m.Gauge("gpu_node_supervisor_nvsentinel_export_queued", "Health events queued on disk, not yet delivered");
   delivered_total_ = &m.Counter("gpu_node_supervisor_nvsentinel_export_delivered_total",
@@ -246,6 +247,8 @@ void NvsentinelExportModule::Enqueue(std::vector<Event> events) {
         queue_.pop_front();
       } else {
         queued_ids_.erase(pending_.front().id);
+        // Its file may be under way in a write job: removed after it.
+        if (pending_.front().seq != 0) to_remove_.push_back(pending_.front().seq);
         pending_.erase(pending_.begin());
       }
       dropped_total_->Inc();
@@ -291,7 +294,8 @@ void NvsentinelExportModule::Flush() {
     book_dirty_ = false;
   }
   write_in_flight_ = true;
-  const std::size_t written_count = job.events.size();
+  std::set<uint64_t> written;
+  for (const auto& event : job.events) written.insert(event.seq);
   auto write = [store = *store_, book_path = dir_ + "/" + kBookFile, job]() -> std::string {
     // Events first, then the book: a crash between leaves events whose facts the book does not
     // have yet; the next start's diff makes the same events again (same ids) and they are
@@ -303,7 +307,7 @@ void NvsentinelExportModule::Flush() {
     if (auto r = store.Remove(job.removals); !r) return r.error;
     return {};
   };
-  context_.Pool().Run(std::move(write), lifetime_.Guard([this, written_count, removals = job.removals,
+  context_.Pool().Run(std::move(write), lifetime_.Guard([this, written = std::move(written), removals = job.removals,
                                                          had_book = job.book.has_value()](
                                                             std::string error, std::exception_ptr failure) {
     write_in_flight_ = false;
@@ -315,17 +319,24 @@ void NvsentinelExportModule::Flush() {
       state_.last_error = error;
       to_remove_.insert(to_remove_.end(), removals.begin(), removals.end());
       if (had_book) book_dirty_ = true;
-      retry_timer_.expires_after(backoff_.Next());
-      retry_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+      // Its own timer: the delivery's retry may be waiting on retry_timer_.
+      write_retry_timer_.expires_after(config_.retry.max);
+      write_retry_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
         if (!ec) Flush();
       }));
       UpdateState();
       return;
     }
-    for (std::size_t i = 0; i < written_count; ++i) {
-      queue_.push_back(std::move(pending_.front()));
-      pending_.erase(pending_.begin());
+    // On disk now, in order (those dropped meanwhile, full, are not in pending_ any more).
+    std::vector<StoredEvent> still_pending;
+    for (auto& event : pending_) {
+      if (written.count(event.seq) != 0) {
+        queue_.push_back(std::move(event));
+      } else {
+        still_pending.push_back(std::move(event));
+      }
     }
+    pending_ = std::move(still_pending);
     UpdateState();
     Deliver();
     Flush();  // what came meanwhile (or the Stop that waits)
@@ -412,9 +423,11 @@ void NvsentinelExportModule::Delivered(std::vector<uint64_t> seqs, bool ok, cons
 }
 
 void NvsentinelExportModule::UpdateState() {
-  const uint64_t queued = queue_.size() + pending_.size();
-  queued_->Set(static_cast<double>(queued));
-  state_.queued = queued;
+  // On disk only: an event being written is not queued yet (a test that kills the process
+  // once everything is queued relies on that).
+  queued_->Set(static_cast<double>(queue_.size()));
+  state_.queued = queue_.size();
+  state_.writing = pending_.size();
   context_.GetBus().Publish(state_);
 }
 

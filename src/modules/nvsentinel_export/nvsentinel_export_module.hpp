@@ -106,7 +106,8 @@ class NvsentinelExportModule final : public Module {
   std::optional<gpu_reset::GpuResetState> resets_;
   NvsentinelExportState state_;
   Backoff backoff_;
-  boost::asio::steady_timer retry_timer_;
+  boost::asio::steady_timer retry_timer_;        // the next delivery attempt
+  boost::asio::steady_timer write_retry_timer_;  // the next write after a failed one
   Gate lifetime_;
   MetricsRegistry::Series* queued_;
   MetricsRegistry::Series* delivered_total_;
