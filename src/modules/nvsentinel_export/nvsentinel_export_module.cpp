@@ -93,9 +93,26 @@ void NvsentinelExportModule::Start() {
   if (context_.Site().node_name.empty()) throw std::runtime_error("nvsentinel-export needs the node name (site nodeName)");
   client_ = std::make_unique<ConnectorClient>(context_.GetLoop(), config_.socket);
   auto& bus = context_.GetBus();
-  // The verdicts gpu-health holds as we start: those changed since our last run (or whose event
-  // a kill -9 took before it reached the queue) are diffed against the book once it is read.
-  for (const auto& [key, d] : bus.LatestByKey<gpu_health::DeviceHealth>()) start_verdicts_.push_back(d);
+  // The verdicts gpu-health holds once it serves (its first state: after it restored its
+  // checkpoint, which it reads on the pool, so usually after we start): those changed since our
+  // last run, or whose event a kill -9 took before it reached the queue, are diffed against the
+  // book, once. Until then the book's verdicts are left as they are.
+  // One source for the verdicts (the diff at start and the book): gpu-health's state, which it
+  // publishes with every verdict change.
+  state_sub_ = bus.Subscribe<gpu_health::GpuHealthState>([this](const gpu_health::GpuHealthState& s) {
+    verdicts_ = s.devices;
+    for (const auto& d : s.devices) {
+      if (!d.pci.empty()) pci_of_[d.uuid] = d.pci;
+    }
+    for (const auto& [pci, uuid] : s.pci_to_uuid) pci_of_.try_emplace(uuid, pci);
+    if (!start_verdicts_) {
+      start_verdicts_ = s.devices;
+      if (loaded_) DiffStartVerdicts();
+    } else if (verdicts_diffed_) {
+      book_dirty_ = true;
+      ScheduleFlush();
+    }
+  });
   if (Exports("xid")) {
     events_sub_ = bus.Subscribe<gpu_health::HealthEvent>([this](const gpu_health::HealthEvent& e) {
       ExportSettings settings{context_.Site().node_name,
@@ -104,14 +121,6 @@ void NvsentinelExportModule::Start() {
       Enqueue(std::vector<datamodels::HealthEvent>{FromGpuHealthEvent(e, settings)});
     });
   }
-  verdicts_sub_ = bus.Subscribe<gpu_health::DeviceHealth>([this](const gpu_health::DeviceHealth& d) {
-    verdicts_[d.RetainKey()] = d;
-    if (!d.pci.empty()) pci_of_[d.uuid] = d.pci;
-    if (loaded_) {
-      book_dirty_ = true;
-      ScheduleFlush();
-    }
-  });
   if (Exports("checks")) {
     checks_sub_ = bus.Subscribe<gpu_health::GpuHealthChecks>([this](const gpu_health::GpuHealthChecks& c) {
       checks_ = c;
@@ -200,20 +209,25 @@ void NvsentinelExportModule::Loaded(std::vector<StoredEvent> events, std::option
   if (!queue_.empty()) context_.Log().info("{} health events queued from an earlier run", queue_.size());
   // Events taken while the queue was read get their places now, after the older ones.
   for (auto& event : pending_) event.seq = next_seq_++;
-  if (Exports("verdicts")) {
-    ExportSettings settings{context_.Site().node_name, config_.processing_strategy == "STORE_ONLY"
-                                                           ? datamodels::STORE_ONLY
-                                                           : datamodels::EXECUTE_REMEDIATION};
-    Enqueue(DiffVerdicts(*book_, start_verdicts_, settings, NowMs()));
-  }
-  start_verdicts_.clear();
-  std::vector<gpu_health::DeviceHealth> current;
-  for (const auto& [key, d] : verdicts_) current.push_back(d);
-  RecordVerdicts(*book_, current);
-  book_dirty_ = true;
+  if (start_verdicts_) DiffStartVerdicts();
   Reconcile();
   ScheduleFlush();
   Deliver();
+}
+
+void NvsentinelExportModule::DiffStartVerdicts() {
+  if (verdicts_diffed_) return;
+  verdicts_diffed_ = true;
+  ExportSettings settings{context_.Site().node_name, config_.processing_strategy == "STORE_ONLY"
+                                                         ? datamodels::STORE_ONLY
+                                                         : datamodels::EXECUTE_REMEDIATION};
+  if (Exports("verdicts")) {
+    Enqueue(DiffVerdicts(*book_, *start_verdicts_, settings, NowMs()));
+  } else {
+    RecordVerdicts(*book_, *start_verdicts_);
+  }
+  book_dirty_ = true;
+  ScheduleFlush();
 }
 
 void NvsentinelExportModule::Reconcile() {
@@ -287,9 +301,9 @@ void NvsentinelExportModule::Flush() {
   job.removals = std::move(to_remove_);
   to_remove_.clear();
   if (book_dirty_) {
-    std::vector<gpu_health::DeviceHealth> current;
-    for (const auto& [key, d] : verdicts_) current.push_back(d);
-    RecordVerdicts(*book_, current);
+    // The verdicts as they stand, once the start diff is done (the events of their changes were
+    // taken with them: a verdict and its event are published in one turn, this runs later).
+    if (verdicts_diffed_) RecordVerdicts(*book_, verdicts_);
     job.book = BookToJson(*book_).dump();
     book_dirty_ = false;
   }
@@ -435,7 +449,7 @@ void NvsentinelExportModule::Stop(std::function<void()> done) {
   stopping_ = true;
   retry_timer_.cancel();
   events_sub_.Reset();
-  verdicts_sub_.Reset();
+  state_sub_.Reset();
   checks_sub_.Reset();
   imex_sub_.Reset();
   resets_sub_.Reset();

@@ -68,6 +68,7 @@ class NvsentinelExportModule final : public Module {
  private:
   void Loaded(std::vector<StoredEvent> events, std::optional<ExportBook> book, std::vector<std::string> problems);
   void Reconcile();
+  void DiffStartVerdicts();
   template <typename Event>
   void Enqueue(std::vector<Event> events);
   void ScheduleFlush();
@@ -98,9 +99,10 @@ class NvsentinelExportModule final : public Module {
   bool call_in_flight_ = false;
   bool waiting_retry_ = false;
   // Latest retained facts (diffed once loaded).
-  std::map<std::string, gpu_health::DeviceHealth> verdicts_;
-  std::vector<gpu_health::DeviceHealth> start_verdicts_;
-  std::map<std::string, std::string> pci_of_;  // GPU UUID → PCI, from the verdicts
+  std::vector<gpu_health::DeviceHealth> verdicts_;  // gpu-health's latest state
+  std::optional<std::vector<gpu_health::DeviceHealth>> start_verdicts_;  // gpu-health's first state
+  bool verdicts_diffed_ = false;
+  std::map<std::string, std::string> pci_of_;  // GPU UUID → PCI, from gpu-health's state
   std::optional<gpu_health::GpuHealthChecks> checks_;
   std::optional<imex_health::ImexHealth> imex_;
   std::optional<gpu_reset::GpuResetState> resets_;
@@ -116,7 +118,7 @@ class NvsentinelExportModule final : public Module {
   MetricsRegistry::Series* damaged_total_;
   MetricsRegistry::Series* last_success_;
   Subscription events_sub_;
-  Subscription verdicts_sub_;
+  Subscription state_sub_;
   Subscription checks_sub_;
   Subscription imex_sub_;
   Subscription resets_sub_;

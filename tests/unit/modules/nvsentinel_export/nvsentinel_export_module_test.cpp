@@ -228,5 +228,43 @@ TEST_F(NvsentinelExportModuleTest, CheckConditionsAreExportedOnceAcrossRestarts)
   EXPECT_EQ(sim_->Events().size(), 2u);
 }
 
+TEST_F(NvsentinelExportModuleTest, VerdictsThatChangedWhileAwayAreExportedOnceAtStart) {
+  StartSim();
+  gpu_health::DeviceHealth sick;
+  sick.uuid = "GPU-1";
+  sick.healthy = false;
+  sick.xid = 79;
+  sick.recommended_action = "RESTART_BM";
+  sick.since_unix_ms = 5000;
+  gpu_health::GpuHealthState state;
+  state.devices = {sick};
+  h_.bus.Publish(state);
+  {
+    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+    m.Start(config_);
+    ASSERT_TRUE(Received(1));  // a fresh book: the unhealthy GPU is news
+    EXPECT_NE(sim_->Events()[0].json.find("verdict-at-start"), std::string::npos) << sim_->Events()[0].json;
+    EXPECT_FALSE(sim_->Events()[0].is_healthy);
+  }
+  {
+    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+    m.Start(config_);
+    h_.RunUntil([] { return false; }, milliseconds(300));
+    EXPECT_EQ(sim_->Events().size(), 1u);  // the same verdict: nothing
+  }
+  // Recovered while the exporter was not running: one healthy event at the next start.
+  gpu_health::DeviceHealth fine = sick;
+  fine.healthy = true;
+  fine.since_unix_ms = 9000;
+  state.devices = {fine};
+  h_.bus.Publish(state);
+  test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+  m.Start(config_);
+  ASSERT_TRUE(Received(2));
+  EXPECT_TRUE(sim_->Events()[1].is_healthy);
+  h_.RunUntil([] { return false; }, milliseconds(200));
+  EXPECT_EQ(sim_->Events().size(), 2u);
+}
+
 }  // namespace
 }  // namespace gns::nvsentinel_export
