@@ -73,6 +73,8 @@ NvsentinelExportModule::NvsentinelExportModule(ModuleContext& context, const Con
                                 "Health events the platform connector took");
   failed_calls_total_ = &m.Counter("gpu_node_supervisor_nvsentinel_export_failed_calls_total",
                                    "HealthEventOccurredV1 calls that failed (connector down, refusing, deadline)");
+  queued_total_ = &m.Counter("gpu_node_supervisor_nvsentinel_export_queued_total",
+                             "Health events written to the on-disk queue (taken)");
   dropped_total_ = &m.Counter("gpu_node_supervisor_nvsentinel_export_dropped_total",
                               "Health events dropped, oldest first, because the queue was full");
   damaged_total_ = &m.Counter("gpu_node_supervisor_nvsentinel_export_damaged_total",
@@ -346,6 +348,7 @@ void NvsentinelExportModule::Flush() {
     for (auto& event : pending_) {
       if (written.count(event.seq) != 0) {
         queue_.push_back(std::move(event));
+        queued_total_->Inc();
       } else {
         still_pending.push_back(std::move(event));
       }

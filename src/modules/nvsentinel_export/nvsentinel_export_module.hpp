@@ -114,6 +114,7 @@ class NvsentinelExportModule final : public Module {
   MetricsRegistry::Series* queued_;
   MetricsRegistry::Series* delivered_total_;
   MetricsRegistry::Series* failed_calls_total_;
+  MetricsRegistry::Series* queued_total_;
   MetricsRegistry::Series* dropped_total_;
   MetricsRegistry::Series* damaged_total_;
   MetricsRegistry::Series* last_success_;
