@@ -14,6 +14,7 @@
 #include "modules/metrics/metrics_module.hpp"
 #include "modules/gpu_reset/gpu_reset_module.hpp"
 #include "modules/node_labels/node_labels_module.hpp"
+#include "modules/nvsentinel_export/nvsentinel_export_module.hpp"
 #include "modules/pod_resources/pod_resources_module.hpp"
 
 namespace gns {
@@ -34,6 +35,8 @@ const std::vector<ModuleDescriptor>& ModuleManifest() {
       DescribeModule<imex_peers::ImexPeersModule>(),
       DescribeModule<gkm::GkmAgentModule>(),
       DescribeModule<node_labels::NodeLabelsModule>(),
+      // After every source it exports (gpu-health, imex-health, gpu-reset).
+      DescribeModule<nvsentinel_export::NvsentinelExportModule>(),
   };
   return manifest;
 }

@@ -386,6 +386,30 @@ def health_checks_demo():
         "(HealthEvent SysLogsSXIDError, CONTACT_SUPPORT, Node Event NvSwitchSxidFatal)")
 
 
+def nvsentinel_export_demo():
+    """Issue 27 §1: the demo's XID 48 reached NVSentinel's platform connector (the simulator
+    run-local.sh starts records every HealthEvent it takes)."""
+    record = os.path.join(SANDBOX, "nvsentinel", "received.jsonl")
+
+    def events():
+        try:
+            with open(record) as f:
+                return [json.loads(line)["event"] for line in f if line.strip()]
+        except (OSError, ValueError, KeyError):
+            return []
+
+    def xid48():
+        return [e for e in events() if e.get("checkName") == "SysLogsXIDError" and "48" in e.get("errorCode", [])
+                and any(x.get("entityValue") == GPU_PCI for x in e.get("entitiesImpacted", []))]
+
+    found = wait_for("the Xid 48 HealthEvent at the platform-connector simulator", xid48, timeout=60)[0]
+    all_events = events()
+    say("nvsentinel export", f"Xid 48 -> HealthEventOccurredV1: {found.get('recommendedAction')}, "
+        f"isFatal={found.get('isFatal', False)}, id {found.get('id')}; the simulator took {len(all_events)} events "
+        f"({len({e.get('id') for e in all_events})} distinct ids), queued now "
+        f"{metric('gpu_node_supervisor_nvsentinel_export_queued'):.0f}")
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -496,6 +520,7 @@ def main():
     say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
     imex_demo(api)
     gkm_demo(api)
+    nvsentinel_export_demo()
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 
 

@@ -138,6 +138,13 @@ echo "127.0.0.1:$reg_port/caches/triton-demo:v1" > "$reg/image"
   --control-socket "$GNS_SANDBOX/kubelet-control.sock" > >(sed -u 's/^/[kubelet-sim] /') 2>&1 &
 pids+=($!)
 
+# NVSentinel's platform connector (tools/sim/nvsentinel): records every HealthEvent the
+# nvsentinel-export module sends, one JSON line each, in nvsentinel/received.jsonl.
+mkdir -p "$GNS_SANDBOX/nvsentinel" "$GNS_SANDBOX/var/run"
+"$build_dir/tools/sim/nvsentinel/gns-sim-nvsentinel" --socket "$GNS_SANDBOX/var/run/nvsentinel.sock" \
+  --record "$GNS_SANDBOX/nvsentinel/received.jsonl" > >(sed -u 's/^/[nvsentinel-sim] /') 2>&1 &
+pids+=($!)
+
 # journald's native socket under hostRoot: the gpu-reset module writes "GPU reset started /
 # occurred" lines there; they land in a real journal file beside the others, for gpu-health.
 export GNS_REPO=$repo
@@ -158,6 +165,7 @@ echo "  inject an XID:  tools/sim/fake_nvml/fakenvmlctl.py --socket $FAKE_NVML_C
 echo "  kubelet:        tools/sim/kubelet/kubeletctl.py --socket $GNS_SANDBOX/kubelet-control.sock state"
 echo "  reset a GPU:     $build_dir/src/gpu-node-supervisor reset-gpu --state-dir $GNS_SANDBOX/var/lib/gpu-node-supervisor --gpu GPU-…"
 echo "  host IMEX:       busctl --address=unix:path=$GNS_SANDBOX/dbus/bus.sock call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StopUnit ss nvidia-imex.service replace"
+echo "  NVSentinel:      $GNS_SANDBOX/nvsentinel/received.jsonl (HealthEvents the platform-connector sim took)"
 echo "Ctrl-C stops everything."
 
 "$build_dir/src/gpu-node-supervisor" run --config "${GNS_CONFIG:-config/local.yaml}" &
