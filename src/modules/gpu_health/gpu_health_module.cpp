@@ -268,9 +268,10 @@ void GpuHealthModule::Serve() {
   }
   Report();
   StartChecks();
-  context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds{}", config_.catalog_source,
-                      config_.overrides.ignore.size(), config_.overrides.critical.size(),
-                      config_.overrides.thresholds.size(), admin_path_.empty() ? "" : ", admin socket " + admin_path_);
+  context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds, {} per-XID site entries{}",
+                      config_.catalog_source, config_.overrides.ignore.size(), config_.overrides.critical.size(),
+                      config_.overrides.thresholds.size(), config_.overrides.xids.size(),
+                      admin_path_.empty() ? "" : ", admin socket " + admin_path_);
 }
 
 void GpuHealthModule::Stop(std::function<void()> done) {

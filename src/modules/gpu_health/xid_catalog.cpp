@@ -211,11 +211,11 @@ class Reader {
   XidEscalation Escalation(const YAML::Node& node, std::string_view path) const {
     XidEscalation e;
     if (node.IsScalar() && node.Tag() != "!") {
-      if (!Bool(node, path)) {
+      const std::string& s = node.Scalar();
+      if (s == "false" || s == "False" || s == "FALSE") {
         e.enabled = false;
         return e;
       }
-      Fail(node, path, "expected {boots: N, window: D} or false, got " + Describe(node));
     }
     if (!node.IsMap()) Fail(node, path, "expected {boots: N, window: D} or false, got " + Describe(node));
     const auto f = Fields(node, path, {"boots", "window"});

@@ -2,6 +2,7 @@
 // history, through a checkpoint and a kill -9), cancellation (`clears`: 163 clears 162), the
 // lookback window, and the site's per-XID keys in the catalog's format. Times are passed in.
 #include "modules/gpu_health/health_checkpoint.hpp"
+#include "modules/gpu_health/verdict_book.hpp"
 #include "modules/gpu_health/xid_boot_history.hpp"
 #include "modules/gpu_health/xid_judge.hpp"
 
@@ -231,6 +232,41 @@ TEST(XidBootHistory, IsBounded) {
   EXPECT_EQ(h.Record(kA, 79, "", kT0, std::chrono::hours(1)), 0u);  // no boot: nothing recorded
 }
 
+TEST(XidBootHistory, TheCheckpointKeysAreOptionalAndValidated) {
+  const std::string head =
+      "{\"version\":2,\"bootId\":\"\",\"journal\":{\"bootId\":\"\",\"cursor\":\"\",\"monotonicUsec\":0,"
+      "\"realtimeUsec\":0},\"xidCounts\":[],";
+  const std::string device =
+      "{\"uuid\":\"GPU-1\",\"healthy\":false,\"reason\":\"r\",\"xid\":162,\"recommendedAction\":"
+      "\"CONTACT_SUPPORT\",\"sinceUnixMs\":1,\"pci\":\"\"";
+  std::string error;
+  // Files written before these keys read as before: no holders (the verdict's XID), no history.
+  const auto old = HealthCheckpoint::Parse(head + "\"devices\":[" + device + "}]}", error);
+  ASSERT_TRUE(old) << error;
+  EXPECT_TRUE(old->held_by.empty());
+  EXPECT_TRUE(old->xid_boots.empty());
+  VerdictBook book;
+  ASSERT_TRUE(book.Restore(old->devices.at(0), nullptr));
+  EXPECT_EQ(book.HeldBy("GPU-1"), std::vector<uint32_t>{162});
+  const auto good = HealthCheckpoint::Parse(head + "\"devices\":[" + device + ",\"heldBy\":[48,162]}],"
+                                            "\"xidBoots\":[{\"gpu\":\"GPU-1\",\"xid\":79,\"boots\":[{\"bootId\":"
+                                            "\"ab\",\"lastUnixMs\":5}]}]}", error);
+  ASSERT_TRUE(good) << error;
+  EXPECT_EQ(good->held_by.at("GPU-1"), (std::vector<uint32_t>{48, 162}));
+  ASSERT_EQ(good->xid_boots.size(), 1u);
+  EXPECT_EQ(good->xid_boots[0].boots.at(0), (XidBootHistory::Boot{"ab", 5}));
+  for (const std::string& bad : {
+           head + "\"devices\":[" + device + ",\"heldBy\":[\"x\"]}]}",
+           head + "\"devices\":[" + device + ",\"heldBy\":7}]}",
+           head + "\"devices\":[],\"xidBoots\":{}}",
+           head + "\"devices\":[],\"xidBoots\":[{\"gpu\":\"g\",\"xid\":79}]}",
+           head + "\"devices\":[],\"xidBoots\":[{\"gpu\":\"g\",\"xid\":79,\"boots\":[{\"bootId\":\"\","
+                  "\"lastUnixMs\":1}]}]}",
+       }) {
+    EXPECT_FALSE(HealthCheckpoint::Parse(bad, error)) << bad;
+  }
+}
+
 // --- cancellation: clears -------------------------------------------------------------------
 
 TEST_F(Rules, Xid163ClearsThe162VerdictOnTheSameGpu) {
@@ -399,7 +435,7 @@ TEST(SiteXids, EveryBadKeyIsReportedWhereItIs) {
             "site.yaml:2:46: xids[0].escalation.window: expected a duration like 30s, 10m, 1h30m or 7d (more than 0, "
             "at most 7 days), got '8d'");
   EXPECT_EQ(Error("xids:\n  - {xid: 79, escalation: yes}\n"),
-            "site.yaml:2:27: xids[0].escalation: expected true or false, got 'yes'");
+            "site.yaml:2:27: xids[0].escalation: expected {boots: N, window: D} or false, got 'yes'");
   EXPECT_EQ(Error("xids:\n  - {xid: 79, escalation: true}\n"),
             "site.yaml:2:27: xids[0].escalation: expected {boots: N, window: D} or false, got 'true'");
   EXPECT_EQ(Error("xids:\n  - {xid: 163, clears: [163]}\n"),
