@@ -10,6 +10,7 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
   2. an NVRM Xid line in the journal turns a GPU Unhealthy at the kubelet, a reset ack heals it;
      an Xid written before the supervisor started is acted on too; XID 154 names the recovery
      action the driver wants; an Xid that NVML and the kernel log both report counts once;
+     an Xid 162 turns a GPU Unhealthy and the Xid 163 that resolves it Healthy again;
   3. a ComputeDomain becomes Ready with its workload ResourceClaimTemplate (controller), and
      that template, deleted by hand, comes back;
   4. a channel claim is prepared (CDI spec for channel 0) and unprepared by the kubelet (DRA);
@@ -455,6 +456,12 @@ def main():
     wait_for("both Xid 13 reports handled", lambda: metric(folded) > before[1] and metric(xid13) > before[0])
     say("gpu health", f"Xid 13 from the kernel log and from NVML -> occurrences +{metric(xid13) - before[0]:.0f}, "
         f"folded duplicates +{metric(folded) - before[1]:.0f}; {GPU_UUID} still {device_health(GPU_UUID)}")
+    # XID policy (issue 26): 163 is the resolution of 162 (the catalog's `clears`).
+    subprocess.run(JOURNAL_SIM + ["xid", GPU_PCI, "162", "demo"], check=True)
+    wait_for(f"{GPU_UUID} Unhealthy after Xid 162", lambda: device_health(GPU_UUID) == "Unhealthy")
+    subprocess.run(JOURNAL_SIM + ["xid", GPU_PCI, "163", "demo"], check=True)
+    wait_for(f"{GPU_UUID} Healthy after Xid 163", lambda: device_health(GPU_UUID) == "Healthy")
+    say("gpu health", f"Xid 162 -> {GPU_UUID} Unhealthy at the kubelet; Xid 163 clears it -> Healthy")
     health_checks_demo()
     host_service_demo()
 

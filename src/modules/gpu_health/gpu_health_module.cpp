@@ -122,7 +122,8 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                  [this] { duplicates_total_->Inc(); },
                  [this] { suppressed_total_->Inc(); },
                  [this] { recoveries_total_->Inc(); },
-                 [this](uint32_t sxid, bool fatal) { OnSxid(sxid, fatal); }}),
+                 [this](uint32_t sxid, bool fatal) { OnSxid(sxid, fatal); },
+                 [this](uint32_t) { beyond_lookback_total_->Inc(); }}),
       checks_(config_.checks),
       check_book_(config_.checks.clear_after),
       schedule_(config_.checks.intervals),
@@ -160,6 +161,8 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                                     "Failed writes of gpu-health/devices.json");
   state_corrupt_ = &m.Counter("gpu_node_supervisor_gpu_health_state_file_corrupt_total",
                               "gpu-health/devices.json files found corrupt or of an unknown version and moved aside");
+  beyond_lookback_total_ = &m.Counter("gpu_node_supervisor_gpu_health_xid_beyond_lookback_total",
+                                     "XID occurrences older than their lookback when read: counted, not acted on");
   restored_total_ = &m.Counter("gpu_node_supervisor_gpu_health_restored_total",
                                "Unhealthy verdicts of the same boot restored from gpu-health/devices.json");
   check_passes_ = &m.Counter("gpu_node_supervisor_gpu_health_check_passes_total",
@@ -267,9 +270,10 @@ void GpuHealthModule::Serve() {
   Report();
   StartChecks();
   StartHostServices();
-  context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds{}", config_.catalog_source,
-                      config_.overrides.ignore.size(), config_.overrides.critical.size(),
-                      config_.overrides.thresholds.size(), admin_path_.empty() ? "" : ", admin socket " + admin_path_);
+  context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds, {} per-XID site entries{}",
+                      config_.catalog_source, config_.overrides.ignore.size(), config_.overrides.critical.size(),
+                      config_.overrides.thresholds.size(), config_.overrides.xids.size(),
+                      admin_path_.empty() ? "" : ", admin socket " + admin_path_);
 }
 
 void GpuHealthModule::Stop(std::function<void()> done) {
@@ -351,6 +355,7 @@ void GpuHealthModule::OnBoot(const std::string& boot_id) {
   if (boot_id == boot_id_) return;
   const bool first = boot_id_.empty();
   boot_id_ = boot_id;
+  judge_.SetBoot(boot_id);  // the boot history's boot, the first one included
   if (first) {
     ResolveBoot(boot_id);
     Report();
@@ -782,6 +787,8 @@ void GpuHealthModule::LoadCheckpoint(StartFiles files) {
   // The position is journald's to judge (it knows the current boot): whatever the boot, the
   // stream resumes after it, or at the head of a newer boot.
   consumed_ = saved->journal;
+  // The boot history is no boot's: it is what escalation across boots remembers.
+  judge_.RestoreBootHistory(std::move(saved->xid_boots));
   if (!boot_from_host_) {
     awaiting_boot_ = std::move(*saved);
     return;
@@ -818,7 +825,8 @@ void GpuHealthModule::Restore(const HealthCheckpoint& saved) {
   std::size_t restored = 0;
   std::vector<std::string> gpus;
   for (const auto& h : saved.devices) {
-    if (!judge_.Restore(h)) continue;
+    const auto held = saved.held_by.find(h.RetainKey());
+    if (!judge_.Restore(h, held != saved.held_by.end() ? &held->second : nullptr)) continue;
     ++restored;
     context_.Log().warn("{} stays Unhealthy (restored, boot {}): {}, recommended action {}", h.uuid, saved.boot_id,
                         h.reason, h.recommended_action);
@@ -863,6 +871,10 @@ CheckpointWriter::Snapshot GpuHealthModule::TakeSnapshot() {
   HealthCheckpoint checkpoint;
   checkpoint.boot_id = persist_boot_;
   checkpoint.devices = judge_.Verdicts().All();
+  for (const auto& d : checkpoint.devices) {
+    if (const auto& held = judge_.Verdicts().HeldBy(d.RetainKey()); !held.empty()) checkpoint.held_by[d.RetainKey()] = held;
+  }
+  checkpoint.xid_boots = judge_.BootHistory().All();
   checkpoint.journal = consumed_;
   checkpoint.xid_counts = judge_.Counts().All();
   checkpoint.conditions = check_book_.Fatal();

@@ -228,6 +228,7 @@ class GpuHealthModule final : public Module {
   MetricsRegistry::Series* state_writes_failed_;
   MetricsRegistry::Series* state_corrupt_;
   MetricsRegistry::Series* restored_total_;
+  MetricsRegistry::Series* beyond_lookback_total_;
   MetricsRegistry::Series* check_passes_;
   MetricsRegistry::Series* check_passes_failed_;
   MetricsRegistry::Series* check_pass_seconds_;

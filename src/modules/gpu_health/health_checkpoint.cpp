@@ -64,6 +64,9 @@ std::string HealthCheckpoint::Serialize() const {
                              {"pci", d.pci}};
     // Only on a GPU instance's verdict: files without it read as before.
     if (d.gpu_instance != kWholeGpu) device["gpuInstance"] = d.gpu_instance;
+    if (const auto held = held_by.find(d.RetainKey()); held != held_by.end() && !held->second.empty()) {
+      device["heldBy"] = held->second;
+    }
     out_devices.push_back(std::move(device));
   }
   nlohmann::json counts = nlohmann::json::array();
@@ -90,6 +93,15 @@ std::string HealthCheckpoint::Serialize() const {
                         {"xidCounts", counts}};
   // Only when there are some: a file without fatal check conditions reads as before.
   if (!held.empty()) out["checkConditions"] = std::move(held);
+  if (!xid_boots.empty()) {
+    nlohmann::json boots = nlohmann::json::array();
+    for (const auto& e : xid_boots) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& b : e.boots) list.push_back({{"bootId", b.boot_id}, {"lastUnixMs", b.last_unix_ms}});
+      boots.push_back({{"gpu", e.gpu}, {"xid", e.xid}, {"boots", std::move(list)}});
+    }
+    out["xidBoots"] = std::move(boots);
+  }
   return out.dump(2) + "\n";
 }
 
@@ -165,6 +177,21 @@ std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, s
       }
       h.gpu_instance = static_cast<uint32_t>(instance);
     }
+    if (const auto held = d.find("heldBy"); held != d.end()) {
+      std::vector<uint32_t> xids;
+      if (!held->is_array() || held->size() > 64) {
+        error = where + " (" + h.uuid + "): heldBy is not an array of at most 64 XIDs";
+        return std::nullopt;
+      }
+      for (const auto& x : *held) {
+        if (!x.is_number_unsigned() || x.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+          error = where + " (" + h.uuid + "): heldBy holds something that is no XID";
+          return std::nullopt;
+        }
+        xids.push_back(static_cast<uint32_t>(x.get<uint64_t>()));
+      }
+      out.held_by[h.RetainKey()] = std::move(xids);
+    }
     if (std::any_of(out.devices.begin(), out.devices.end(),
                     [&](const auto& o) { return o.RetainKey() == h.RetainKey(); })) {
       error = where + ": " + h.RetainKey() + " appears twice";
@@ -199,6 +226,39 @@ std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, s
     }
     count.xid = static_cast<uint32_t>(xid);
     out.xid_counts.push_back(std::move(count));
+  }
+  if (const auto boots = doc.find("xidBoots"); boots != doc.end()) {
+    if (!boots->is_array() || boots->size() > XidBootHistory::kMaxKeys) {
+      error = "xidBoots is not an array of at most " + std::to_string(XidBootHistory::kMaxKeys) + " entries";
+      return std::nullopt;
+    }
+    for (std::size_t i = 0; i < boots->size(); ++i) {
+      const auto& b = (*boots)[i];
+      const std::string where = "xidBoots[" + std::to_string(i) + "]";
+      XidBootHistory::Entry entry;
+      uint64_t xid = 0;
+      const auto list = b.is_object() ? b.find("boots") : b.end();
+      if (!b.is_object() || !TextField(b, "gpu", entry.gpu) || !UnsignedField(b, "xid", xid) ||
+          xid > std::numeric_limits<uint32_t>::max() || list == b.end() || !list->is_array() ||
+          list->size() > XidBootHistory::kMaxBoots) {
+        error = where + ": gpu, xid or boots (at most " + std::to_string(XidBootHistory::kMaxBoots) +
+                ") missing or of the wrong type";
+        return std::nullopt;
+      }
+      entry.xid = static_cast<uint32_t>(xid);
+      for (const auto& one : *list) {
+        XidBootHistory::Boot boot;
+        const auto last = one.is_object() ? one.find("lastUnixMs") : one.end();
+        if (!one.is_object() || !TextField(one, "bootId", boot.boot_id) || boot.boot_id.empty() ||
+            boot.boot_id.size() > XidBootHistory::kMaxBootIdBytes || last == one.end() || !last->is_number_integer()) {
+          error = where + ".boots: bootId or lastUnixMs missing or of the wrong type";
+          return std::nullopt;
+        }
+        boot.last_unix_ms = last->get<int64_t>();
+        entry.boots.push_back(std::move(boot));
+      }
+      out.xid_boots.push_back(std::move(entry));
+    }
   }
   const auto held = doc.find("checkConditions");
   if (held == doc.end()) return out;

@@ -15,11 +15,13 @@
 #include "loop/gate.hpp"
 #include "modules/gpu_health/check_book.hpp"
 #include "modules/gpu_health/messages.hpp"
+#include "modules/gpu_health/xid_boot_history.hpp"
 #include "modules/gpu_health/xid_counts.hpp"
 #include "modules/journald/messages.hpp"
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +44,12 @@ struct HealthCheckpoint {
   // the file ("checkConditions"): files written before the checks read as none, and a build
   // without the checks ignores the key, so the version stays 2.
   std::vector<std::pair<std::string, HeldCondition>> conditions;
+  // What holds each Unhealthy verdict (VerdictBook::HeldBy), by DeviceHealth::RetainKey; in
+  // the file as the device's optional "heldBy" (absent: the verdict's XID alone).
+  std::map<std::string, std::vector<uint32_t>> held_by;
+  // The boot history of escalating XIDs (optional "xidBoots"). Unlike everything above it is
+  // not this boot's: the module keeps it whatever boot the file belongs to.
+  std::vector<XidBootHistory::Entry> xid_boots;
 
   [[nodiscard]] std::string Serialize() const;
   // nullopt (with `error`: what and where) for anything malformed, too large or of an unknown

@@ -11,6 +11,14 @@ const DeviceHealth* VerdictBook::MarkUnhealthy(const std::string& uuid, const st
   const std::string action_name(ActionName(action));
   auto [it, fresh] = devices_.try_emplace(DeviceHealth::KeyOf(uuid, gpu_instance));
   DeviceHealth& h = it->second;
+  // Held by this XID too, whether or not it changes the verdict: a later clearing XID must not
+  // heal a GPU that another fault still holds.
+  auto& holders = held_by_[it->first];
+  if (fresh || h.healthy) holders.clear();
+  if (auto at = std::lower_bound(holders.begin(), holders.end(), xid);
+      (at == holders.end() || *at != xid) && holders.size() < kMaxHolders) {
+    holders.insert(at, xid);
+  }
   if (!fresh && !h.healthy) {
     // Unhealthy already: the recommended action only escalates until the device is recovered. A
     // milder report changes nothing: the verdict keeps the XID and reason its action is for.
@@ -36,6 +44,7 @@ std::vector<DeviceHealth> VerdictBook::MarkHealthy(const std::string& uuid, cons
   for (auto it = devices_.lower_bound(uuid); it != devices_.end() && it->first.starts_with(uuid); ++it) {
     DeviceHealth& h = it->second;
     if (h.uuid != uuid || h.healthy) continue;
+    held_by_.erase(it->first);
     h.healthy = true;
     h.reason = reason;
     h.xid = 0;
@@ -51,10 +60,53 @@ RecommendedAction VerdictBook::ActionOf(const DeviceHealth& health) {
   return ParseActionName(health.recommended_action).value_or(RecommendedAction::kUnknown);
 }
 
-bool VerdictBook::Restore(const DeviceHealth& saved) {
+bool VerdictBook::Restore(const DeviceHealth& saved, const std::vector<uint32_t>* held_by) {
   if (saved.healthy) return false;  // Healthy is where every device starts
   const auto [it, fresh] = devices_.try_emplace(saved.RetainKey(), saved);
-  return fresh;
+  if (!fresh) return false;
+  std::vector<uint32_t> holders;
+  if (held_by != nullptr && !held_by->empty()) {
+    holders = *held_by;
+    std::sort(holders.begin(), holders.end());
+    holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+    if (holders.size() > kMaxHolders) holders.resize(kMaxHolders);
+  } else {
+    holders.push_back(static_cast<uint32_t>(saved.xid));
+  }
+  held_by_[it->first] = std::move(holders);
+  return true;
+}
+
+std::vector<DeviceHealth> VerdictBook::Clear(const std::string& uuid, uint32_t gpu_instance, uint32_t xid,
+                                             const std::string& reason, int64_t now_unix_ms) {
+  std::vector<DeviceHealth> changed;
+  if (xid == 0) return changed;  // 0 stands for holds that are no XID: nothing clears them
+  for (auto it = devices_.lower_bound(uuid); it != devices_.end() && it->first.starts_with(uuid); ++it) {
+    DeviceHealth& h = it->second;
+    if (h.uuid != uuid || h.healthy) continue;
+    if (gpu_instance != kWholeGpu && h.gpu_instance != gpu_instance) continue;
+    const auto held = held_by_.find(it->first);
+    if (held == held_by_.end()) continue;
+    auto& holders = held->second;
+    const auto at = std::lower_bound(holders.begin(), holders.end(), xid);
+    if (at == holders.end() || *at != xid) continue;
+    holders.erase(at);
+    if (!holders.empty()) continue;  // another fault still holds it
+    held_by_.erase(held);
+    h.healthy = true;
+    h.reason = reason;
+    h.xid = 0;
+    h.recommended_action.clear();
+    h.since_unix_ms = now_unix_ms;
+    changed.push_back(h);
+  }
+  return changed;
+}
+
+const std::vector<uint32_t>& VerdictBook::HeldBy(std::string_view retain_key) const {
+  static const std::vector<uint32_t> kNone;
+  const auto it = held_by_.find(retain_key);
+  return it == held_by_.end() ? kNone : it->second;
 }
 
 const DeviceHealth* VerdictBook::Find(std::string_view uuid, uint32_t gpu_instance) const {

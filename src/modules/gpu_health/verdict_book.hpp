@@ -38,7 +38,17 @@ class VerdictBook {
   std::vector<DeviceHealth> MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
   // An Unhealthy verdict restored from the state file of this boot. False (nothing changed)
   // when this run already decided about the GPU (or GPU instance): its verdict is newer.
-  bool Restore(const DeviceHealth& saved);
+  // `held_by`: what holds it (HeldBy as saved); absent in older files: the verdict's XID.
+  bool Restore(const DeviceHealth& saved, const std::vector<uint32_t>* held_by = nullptr);
+  // A clearing XID (the catalog's `clears`) saw `xid` resolved on the GPU (every GPU instance
+  // too when `gpu_instance` is kWholeGpu, else that GPU instance): `xid` no longer holds those
+  // verdicts, and each that nothing else holds turns Healthy. The verdicts that did (GPU first).
+  std::vector<DeviceHealth> Clear(const std::string& uuid, uint32_t gpu_instance, uint32_t xid,
+                                  const std::string& reason, int64_t now_unix_ms);
+  // What holds an Unhealthy verdict: every XID that made it (or would have made it) Unhealthy
+  // since it was last Healthy, 0 for a hold that is no XID (a reset in progress or failed).
+  // Sorted; empty for a Healthy or unknown key.
+  [[nodiscard]] const std::vector<uint32_t>& HeldBy(std::string_view retain_key) const;
 
   [[nodiscard]] const DeviceHealth* Find(std::string_view uuid, uint32_t gpu_instance = kWholeGpu) const;
   [[nodiscard]] bool IsUnhealthy(std::string_view uuid, uint32_t gpu_instance = kWholeGpu) const;
@@ -54,6 +64,10 @@ class VerdictBook {
 
  private:
   std::map<std::string, DeviceHealth, std::less<>> devices_;  // by DeviceHealth::RetainKey
+  // What holds each Unhealthy verdict (HeldBy), by the same key; at most kMaxHolders each
+  // (distinct XIDs: a few per GPU).
+  static constexpr std::size_t kMaxHolders = 64;
+  std::map<std::string, std::vector<uint32_t>, std::less<>> held_by_;
 };
 
 }  // namespace gns::gpu_health

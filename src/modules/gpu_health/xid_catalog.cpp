@@ -194,8 +194,82 @@ class Reader {
       if (auto d = ParseDuration(node.Scalar())) return *d;
     }
     Fail(node, path,
-         "expected a duration like 30s, 10m or 1h30m (more than 0, at most 7 days), got " +
+         "expected a duration like 30s, 10m, 1h30m or 7d (more than 0, at most 7 days), got " +
              Describe(node));
+  }
+
+  // {count: 3, window: 10m}
+  XidThreshold Threshold(const YAML::Node& node, std::string_view path) const {
+    const auto f = Fields(node, path, {"count", "window"});
+    XidThreshold t;
+    t.count = Uint(Require(f, node, path, "count").value, Join(path, "count"), 1, kMaxThresholdCount, "count");
+    t.window = Duration(Require(f, node, path, "window").value, Join(path, "window"));
+    return t;
+  }
+
+  // {boots: 2, window: 7d}, or false (never escalate).
+  XidEscalation Escalation(const YAML::Node& node, std::string_view path) const {
+    XidEscalation e;
+    if (node.IsScalar() && node.Tag() != "!") {
+      const std::string& s = node.Scalar();
+      if (s == "false" || s == "False" || s == "FALSE") {
+        e.enabled = false;
+        return e;
+      }
+    }
+    if (!node.IsMap()) Fail(node, path, "expected {boots: N, window: D} or false, got " + Describe(node));
+    const auto f = Fields(node, path, {"boots", "window"});
+    e.boots = Uint(Require(f, node, path, "boots").value, Join(path, "boots"), 1, kMaxEscalationBoots, "boots");
+    e.window = Duration(Require(f, node, path, "window").value, Join(path, "window"));
+    return e;
+  }
+
+  // [162, 170]: distinct XIDs, not `self`.
+  std::vector<uint32_t> Clears(const YAML::Node& node, std::string_view path, uint32_t self) const {
+    RequireSequence(node, path);
+    if (node.size() > kMaxClears) {
+      Fail(node, path, "at most " + std::to_string(kMaxClears) + " XIDs, got " + std::to_string(node.size()));
+    }
+    std::vector<uint32_t> out;
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const std::string item_path = Index(path, i);
+      const uint32_t xid = Xid(node[i], item_path);
+      if (xid == self) Fail(node[i], item_path, "an XID cannot clear itself");
+      for (const uint32_t seen : out) {
+        if (seen == xid) Fail(node[i], item_path, "XID " + std::to_string(xid) + " is listed twice");
+      }
+      out.push_back(xid);
+    }
+    return out;
+  }
+
+  // The `defaults` mapping of a catalog or of the site overrides.
+  XidDefaults Defaults(const YAML::Node& node, std::string_view path) const {
+    const auto f = Fields(node, path, {"escalation", "lookback"});
+    XidDefaults d;
+    if (auto it = f.find("escalation"); it != f.end()) {
+      d.escalation = Escalation(it->second.value, Join(path, "escalation"));
+    }
+    if (auto it = f.find("lookback"); it != f.end()) d.lookback = Duration(it->second.value, Join(path, "lookback"));
+    return d;
+  }
+
+  // The optional per-XID policy keys shared by catalog entries and site `xids` entries.
+  template <class FieldMap>
+  void PolicyKeys(const FieldMap& f, std::string_view path, uint32_t xid, std::optional<XidThreshold>& threshold,
+                  std::optional<XidEscalation>& escalation, std::vector<uint32_t>* clears,
+                  std::optional<std::vector<uint32_t>>* clears_patch,
+                  std::optional<std::chrono::milliseconds>& lookback) const {
+    if (auto it = f.find("threshold"); it != f.end()) threshold = Threshold(it->second.value, Join(path, "threshold"));
+    if (auto it = f.find("escalation"); it != f.end()) {
+      escalation = Escalation(it->second.value, Join(path, "escalation"));
+    }
+    if (auto it = f.find("clears"); it != f.end()) {
+      auto list = Clears(it->second.value, Join(path, "clears"), xid);
+      if (clears != nullptr) *clears = std::move(list);
+      if (clears_patch != nullptr) *clears_patch = std::move(list);
+    }
+    if (auto it = f.find("lookback"); it != f.end()) lookback = Duration(it->second.value, Join(path, "lookback"));
   }
 
  private:
@@ -292,7 +366,7 @@ XidCatalog XidCatalog::LoadString(std::string_view yaml, std::string_view source
   const YAML::Node root = ParseDocument(yaml, source);
   if (!root.IsMap()) r.Fail(root, "", "expected a mapping with version and xids, got " + Describe(root));
 
-  const auto fields = r.Fields(root, "", {"version", "source", "xids"});
+  const auto fields = r.Fields(root, "", {"version", "source", "defaults", "xids"});
   const auto& version = r.Require(fields, root, "", "version");
   if (r.Uint(version.value, "version", 0, std::numeric_limits<uint32_t>::max(), "version") != 1) {
     r.Fail(version.value, "version", "unsupported version (expected 1)");
@@ -301,6 +375,9 @@ XidCatalog XidCatalog::LoadString(std::string_view yaml, std::string_view source
   XidCatalog catalog;
   if (auto it = fields.find("source"); it != fields.end()) {
     catalog.source_ = r.String(it->second.value, "source");
+  }
+  if (auto it = fields.find("defaults"); it != fields.end()) {
+    catalog.defaults_ = r.Defaults(it->second.value, "defaults");
   }
 
   const auto& xids = r.Require(fields, root, "", "xids");
@@ -312,7 +389,8 @@ XidCatalog XidCatalog::LoadString(std::string_view yaml, std::string_view source
     const YAML::Node item = xids.value[i];
     const std::string path = Index("xids", i);
     const auto f = r.Fields(item, path,
-                            {"xid", "mnemonic", "description", "fatal", "action", "nvidia_bucket"});
+                            {"xid", "mnemonic", "description", "fatal", "action", "nvidia_bucket", "threshold",
+                             "escalation", "clears", "lookback"});
     XidInfo info;
     const auto& xid = r.Require(f, item, path, "xid");
     info.xid = r.Xid(xid.value, Join(path, "xid"));
@@ -336,6 +414,7 @@ XidCatalog XidCatalog::LoadString(std::string_view yaml, std::string_view source
     if (auto it = f.find("nvidia_bucket"); it != f.end()) {
       info.nvidia_bucket = r.String(it->second.value, Join(path, "nvidia_bucket"));
     }
+    r.PolicyKeys(f, path, info.xid, info.threshold, info.escalation, &info.clears, nullptr, info.lookback);
     if (catalog.slots_.empty()) catalog.slots_.assign(kMaxXid + 1, 0);
     catalog.entries_.push_back(std::move(info));
     catalog.slots_[catalog.entries_.back().xid] = static_cast<uint16_t>(catalog.entries_.size());
@@ -374,6 +453,8 @@ const XidCatalog& XidCatalog::Builtin() {
 
 XidCatalog XidCatalog::LaidOver(const XidCatalog& site) const {
   XidCatalog out = *this;
+  if (site.defaults_.escalation) out.defaults_.escalation = site.defaults_.escalation;
+  if (site.defaults_.lookback) out.defaults_.lookback = site.defaults_.lookback;
   if (out.slots_.empty()) out.slots_.assign(kMaxXid + 1, 0);
   for (const auto& info : site.entries_) {
     if (const uint16_t slot = out.slots_[info.xid]; slot != 0) {
@@ -386,6 +467,60 @@ XidCatalog XidCatalog::LaidOver(const XidCatalog& site) const {
   return out;
 }
 
+XidCatalog XidCatalog::Patched(const XidDefaults& defaults, const std::map<uint32_t, XidPatch>& patches) const {
+  XidCatalog out = *this;
+  if (defaults.escalation) out.defaults_.escalation = defaults.escalation;
+  if (defaults.lookback) out.defaults_.lookback = defaults.lookback;
+  if (patches.empty()) return out;
+  if (out.slots_.empty()) out.slots_.assign(kMaxXid + 1, 0);
+  for (const auto& [xid, p] : patches) {
+    if (out.slots_[xid] == 0) {
+      // Not in the catalog: starts as Lookup answers for an unknown XID, under a name of its own.
+      XidInfo fresh;
+      fresh.xid = xid;
+      fresh.mnemonic = "XID_" + std::to_string(xid);
+      fresh.description = "not in the catalog; entry from the site overrides";
+      fresh.fatal = true;
+      fresh.action = RecommendedAction::kContactSupport;
+      out.entries_.push_back(std::move(fresh));
+      out.slots_[xid] = static_cast<uint16_t>(out.entries_.size());
+    }
+    XidInfo& info = out.entries_[out.slots_[xid] - 1];
+    if (p.mnemonic) info.mnemonic = *p.mnemonic;
+    if (p.description) info.description = *p.description;
+    if (p.nvidia_bucket) info.nvidia_bucket = *p.nvidia_bucket;
+    if (p.action) {
+      info.action = *p.action;
+      // An action that leaves the GPU usable cannot hold a verdict (the parser refused it
+      // beside `fatal: true`).
+      if (!ActsOnDevice(info.action)) info.fatal = false;
+    }
+    if (p.fatal) {
+      info.fatal = *p.fatal;
+      // Made fatal without an action: the catalog's if it acts on the device, else a reset (as
+      // `critical`).
+      if (info.fatal && !ActsOnDevice(info.action)) info.action = RecommendedAction::kComponentReset;
+    }
+    if (p.threshold) info.threshold = p.threshold;
+    if (p.escalation) info.escalation = p.escalation;
+    if (p.clears) info.clears = *p.clears;
+    if (p.lookback) info.lookback = p.lookback;
+  }
+  return out;
+}
+
+std::optional<XidEscalation> XidCatalog::EscalationFor(uint32_t xid) const noexcept {
+  const XidInfo* info = Find(xid);
+  std::optional<XidEscalation> e = info != nullptr && info->escalation ? info->escalation : defaults_.escalation;
+  if (e && !e->enabled) return std::nullopt;
+  return e;
+}
+
+std::optional<std::chrono::milliseconds> XidCatalog::LookbackFor(uint32_t xid) const noexcept {
+  const XidInfo* info = Find(xid);
+  return info != nullptr && info->lookback ? info->lookback : defaults_.lookback;
+}
+
 const XidInfo* XidCatalog::Find(uint32_t xid) const noexcept {
   if (xid >= slots_.size() || slots_[xid] == 0) return nullptr;
   return &entries_[slots_[xid] - 1];
@@ -396,7 +531,8 @@ SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source
   SiteOverrides out;
   if (!node.IsDefined() || node.IsNull()) return out;
   const Reader r{std::string(source_name)};
-  const auto fields = r.Fields(node, key_prefix, {"ignore", "critical", "thresholds", "dedup_window", "cross_source_window"});
+  const auto fields = r.Fields(node, key_prefix, {"ignore", "critical", "thresholds", "dedup_window",
+                                                  "cross_source_window", "defaults", "xids"});
 
   // Where each XID was first listed, to reject one XID in two lists.
   struct Listed {
@@ -412,7 +548,7 @@ SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source
       r.Fail(at, path,
              "XID " + std::to_string(xid) + " is " + where + " (line " +
                  std::to_string(it->second.line) +
-                 "); an XID may appear once, in one of ignore, critical and thresholds");
+                 "); an XID may appear once, in one of ignore, critical, thresholds and xids");
     }
     listed.emplace(xid, Listed{list, at.Mark().line + 1});
   };
@@ -481,6 +617,45 @@ SiteOverrides ParseSiteOverrides(const YAML::Node& node, std::string_view source
     }
   }
 
+  if (auto it = fields.find("xids"); it != fields.end()) {
+    const std::string path = Join(key_prefix, "xids");
+    const YAML::Node seq = it->second.value;
+    r.RequireSequence(seq, path);
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      const YAML::Node item = seq[i];
+      const std::string item_path = Index(path, i);
+      const auto f = r.Fields(item, item_path,
+                              {"xid", "mnemonic", "description", "fatal", "action", "nvidia_bucket", "threshold",
+                               "escalation", "clears", "lookback"});
+      const YAML::Node xid_node = r.Require(f, item, item_path, "xid").value;
+      XidPatch p;
+      p.xid = r.Xid(xid_node, Join(item_path, "xid"));
+      claim(p.xid, xid_node, Join(item_path, "xid"), "xids");
+      if (auto k = f.find("mnemonic"); k != f.end()) p.mnemonic = r.String(k->second.value, Join(item_path, "mnemonic"));
+      if (auto k = f.find("description"); k != f.end()) {
+        p.description = r.String(k->second.value, Join(item_path, "description"));
+      }
+      if (auto k = f.find("nvidia_bucket"); k != f.end()) {
+        p.nvidia_bucket = r.String(k->second.value, Join(item_path, "nvidia_bucket"));
+      }
+      if (auto k = f.find("fatal"); k != f.end()) p.fatal = r.Bool(k->second.value, Join(item_path, "fatal"));
+      if (auto k = f.find("action"); k != f.end()) {
+        p.action = r.Action(k->second.value, Join(item_path, "action"));
+        if (p.fatal.value_or(false) && !ActsOnDevice(*p.action)) {
+          r.Fail(k->second.value, Join(item_path, "action"),
+                 "a fatal XID needs an action that acts on the device, not " + std::string(ActionName(*p.action)));
+        }
+      }
+      if (f.size() == 1) r.Fail(item, item_path, "sets nothing (give at least one key besides xid)");
+      r.PolicyKeys(f, item_path, p.xid, p.threshold, p.escalation, nullptr, &p.clears, p.lookback);
+      out.xids.emplace(p.xid, std::move(p));
+    }
+  }
+
+  if (auto it = fields.find("defaults"); it != fields.end()) {
+    out.defaults = r.Defaults(it->second.value, Join(key_prefix, "defaults"));
+  }
+
   if (auto it = fields.find("dedup_window"); it != fields.end()) {
     out.dedup_window = r.Duration(it->second.value, Join(key_prefix, "dedup_window"));
   }
@@ -520,6 +695,9 @@ std::optional<std::chrono::milliseconds> ParseDuration(std::string_view text) no
       ++i;
     } else if (i < text.size() && text[i] == 'h') {
       unit_ms = 60 * 60 * 1000;
+      ++i;
+    } else if (i < text.size() && text[i] == 'd') {
+      unit_ms = 24 * 60 * 60 * 1000;
       ++i;
     } else {
       return std::nullopt;

@@ -14,6 +14,20 @@
 //       fatal: true                      # true: the device must be marked Unhealthy
 //       action: COMPONENT_RESET          # RecommendedAction name (NVSentinel's vocabulary)
 //       nvidia_bucket: WORKFLOW_XID_48   # optional: NVIDIA's own resolution bucket
+//       threshold: {count: 3, window: 10m}  # optional: fatal only once `count` occurrences on
+//                                        #   one GPU fall within `window`; below, only counted
+//       escalation: {boots: 2, window: 7d}  # optional: see `defaults`; `false`: never escalate
+//       clears: [162]                    # optional: an occurrence of this XID on a GPU clears a
+//                                        #   verdict held by these XIDs on that GPU
+//       lookback: 24h                    # optional: see `defaults`
+//   defaults:                            # optional: what an entry without its own key gets
+//     escalation: {boots: 2, window: 7d} # a fatal XID whose action is a reset or reboot (an
+//                                        #   action below CONTACT_SUPPORT) seen on one GPU in
+//                                        #   more than `boots` distinct boots within `window`:
+//                                        #   CONTACT_SUPPORT (hardware inspection). Absent: never
+//     lookback: 24h                      # an occurrence older than this when it is read is
+//                                        #   counted (and kept in the boot history) but not acted
+//                                        #   on. Absent: every occurrence read is acted on
 //
 // Site overrides shape (a YAML mapping; every key optional; unknown keys are errors):
 //
@@ -27,9 +41,17 @@
 //                                        # once per window (default 5m)
 //   cross_source_window: 2s              # an XID NVML and the kernel log both report within
 //                                        # this of each other is one occurrence (default 2s)
+//   defaults: {escalation: {boots: 3, window: 7d}, lookback: 24h}  # laid over the catalog's
+//   xids:                                # per-XID keys in the catalog's format, laid over its
+//     - {xid: 79, escalation: {boots: 1, window: 3d}}  # entry: any of mnemonic, description,
+//     - {xid: 13, threshold: {count: 3, window: 10m}}  # fatal, action, nvidia_bucket,
+//     - {xid: 163, clears: [162], lookback: 1h}        # threshold, escalation, clears, lookback
 //
-// An XID may appear in at most one of ignore, critical and thresholds. Durations are
-// <integer><unit> groups with units ms, s, m, h ("90s", "1h30m"), > 0 and at most 7 days.
+// An XID may appear in at most one of ignore, critical, thresholds and xids. In an `xids` entry,
+// `fatal: true` without `action` keeps the catalog's action if it acts on the device, else
+// COMPONENT_RESET (as `critical`); an `action` that does not act on the device without `fatal`
+// makes the XID non-fatal. Durations are <integer><unit> groups with units ms, s, m, h, d
+// ("90s", "1h30m", "7d"), > 0 and at most 7 days.
 #pragma once
 
 #include <chrono>
@@ -56,6 +78,10 @@ inline constexpr uint32_t kMaxThresholdCount = 100;
 inline constexpr std::chrono::milliseconds kMaxWindow = std::chrono::hours(24 * 7);
 inline constexpr std::chrono::milliseconds kDefaultDedupWindow = std::chrono::minutes(5);
 inline constexpr std::chrono::milliseconds kDefaultCrossSourceWindow = std::chrono::seconds(2);
+// Largest `boots` of an escalation: the boot history keeps that many boots per (GPU, XID).
+inline constexpr uint32_t kMaxEscalationBoots = 15;
+// Largest `clears` list of one entry.
+inline constexpr std::size_t kMaxClears = 16;
 
 // NVSentinel's HealthEvent RecommendedAction (data-models/protobufs/health_event.proto);
 // the numbers are the proto enum values so they can be sent as they are.
@@ -106,6 +132,26 @@ class ConfigError : public std::runtime_error {
   std::string message_;
 };
 
+struct XidThreshold {
+  uint32_t count = 1;
+  std::chrono::milliseconds window{0};
+};
+
+// The same XID asking for a reset or reboot again on one GPU in more than `boots` distinct
+// boots within `window` is a hardware problem: CONTACT_SUPPORT (gpud's reboot threshold).
+struct XidEscalation {
+  bool enabled = true;  // false: `escalation: false`, never escalate this XID
+  uint32_t boots = 2;
+  std::chrono::milliseconds window = std::chrono::hours(24 * 7);
+  bool operator==(const XidEscalation&) const = default;
+};
+
+// The catalog's `defaults` (and the site's): what an entry without its own key gets.
+struct XidDefaults {
+  std::optional<XidEscalation> escalation;            // nullopt: no escalation
+  std::optional<std::chrono::milliseconds> lookback;  // nullopt: every occurrence is acted on
+};
+
 struct XidInfo {
   uint32_t xid = 0;
   std::string mnemonic;
@@ -113,6 +159,24 @@ struct XidInfo {
   bool fatal = false;
   RecommendedAction action = RecommendedAction::kNone;
   std::string nvidia_bucket;  // empty when the file does not say
+  std::optional<XidThreshold> threshold;
+  std::optional<XidEscalation> escalation;            // nullopt: the defaults'
+  std::vector<uint32_t> clears;                       // XIDs whose verdicts this one clears
+  std::optional<std::chrono::milliseconds> lookback;  // nullopt: the defaults'
+};
+
+// One `xids` entry of the site overrides: the keys it sets, laid over the catalog's entry.
+struct XidPatch {
+  uint32_t xid = 0;
+  std::optional<std::string> mnemonic;
+  std::optional<std::string> description;
+  std::optional<bool> fatal;
+  std::optional<RecommendedAction> action;
+  std::optional<std::string> nvidia_bucket;
+  std::optional<XidThreshold> threshold;
+  std::optional<XidEscalation> escalation;
+  std::optional<std::vector<uint32_t>> clears;
+  std::optional<std::chrono::milliseconds> lookback;
 };
 
 // The answer to "what is XID n?". Views point into the catalog that produced it.
@@ -137,7 +201,10 @@ class XidCatalog {
   static const XidCatalog& Builtin();
   // This catalog with `site`'s entries laid over it: an XID in both takes site's entry, one
   // only in site is added. The source stays this catalog's.
+  // Site defaults set there replace this catalog's.
   [[nodiscard]] XidCatalog LaidOver(const XidCatalog& site) const;
+  // This catalog with the site overrides' `defaults` and `xids` entries laid over it.
+  [[nodiscard]] XidCatalog Patched(const XidDefaults& defaults, const std::map<uint32_t, XidPatch>& patches) const;
 
   // Unknown XIDs come back known=false, action CONTACT_SUPPORT, fatal: a driver that reports
   // an XID we have no entry for is newer than our catalog, and a human should look.
@@ -145,19 +212,20 @@ class XidCatalog {
   [[nodiscard]] const XidInfo* Find(uint32_t xid) const noexcept;
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
   [[nodiscard]] const std::string& source() const noexcept { return source_; }
+  [[nodiscard]] const XidDefaults& defaults() const noexcept { return defaults_; }
+  // The entry's key, else the defaults' (unknown XIDs get the defaults). Escalation: nullopt
+  // when the XID never escalates.
+  [[nodiscard]] std::optional<XidEscalation> EscalationFor(uint32_t xid) const noexcept;
+  [[nodiscard]] std::optional<std::chrono::milliseconds> LookbackFor(uint32_t xid) const noexcept;
 
  private:
   std::vector<XidInfo> entries_;  // in file order
+  XidDefaults defaults_;
   // entries_ index + 1 by XID (0: not in the catalog), so that Lookup, which runs for every Xid
   // line, is one array read instead of a walk over scattered map nodes. Indices, not
   // pointers: the catalog is copied (into the config, into each XidPolicy).
   std::vector<uint16_t> slots_;
   std::string source_;
-};
-
-struct XidThreshold {
-  uint32_t count = 1;
-  std::chrono::milliseconds window{0};
 };
 
 struct SiteOverrides {
@@ -167,6 +235,8 @@ struct SiteOverrides {
   std::map<uint32_t, XidThreshold> thresholds;
   std::chrono::milliseconds dedup_window = kDefaultDedupWindow;
   std::chrono::milliseconds cross_source_window = kDefaultCrossSourceWindow;
+  XidDefaults defaults;                  // set keys replace the catalog's defaults
+  std::map<uint32_t, XidPatch> xids;     // per-XID keys laid over the catalog's entries
 };
 
 // `node` is the overrides mapping inside a larger document (a null node means "no
@@ -181,7 +251,7 @@ struct SiteOverrides {
 // The YAML text of the built-in catalog (generated at build time).
 [[nodiscard]] std::string_view BuiltinXidCatalogYaml() noexcept;
 
-// "90s", "10m", "1h30m", "250ms" → milliseconds; nullopt when malformed, zero or above
+// "90s", "10m", "1h30m", "250ms", "7d" → milliseconds; nullopt when malformed, zero or above
 // kMaxWindow.
 [[nodiscard]] std::optional<std::chrono::milliseconds> ParseDuration(std::string_view text) noexcept;
 

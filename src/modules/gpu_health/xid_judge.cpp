@@ -4,11 +4,25 @@
 #include "modules/gpu_health/recovery_action.hpp"
 
 #include <cstdio>
+#include <utility>
 
 namespace gns::gpu_health {
 namespace {
 
 constexpr std::size_t kMaxPending = 64;
+
+// "7d", "36h", "90m", "45s", "250ms": the largest unit that says the window exactly.
+std::string WindowText(std::chrono::milliseconds window) {
+  const int64_t ms = window.count();
+  constexpr std::pair<int64_t, const char*> kUnits[] = {
+      {24 * 3600 * 1000, "d"}, {3600 * 1000, "h"}, {60 * 1000, "m"}, {1000, "s"}};
+  for (const auto& [unit, name] : kUnits) {
+    if (ms % unit == 0) return std::to_string(ms / unit) + name;
+  }
+  return std::to_string(ms) + "ms";
+}
+
+int64_t UnixMs(Timestamp at) { return at.count() / 1000; }
 
 // Metric label values for malformed lines, by what the line started like.
 std::string_view MalformedKind(LineKind attempted) {
@@ -119,6 +133,7 @@ void XidJudge::OnNvmlXid(const gpu_inventory::XidObservation& xid, int64_t now_u
 
 void XidJudge::OnNewBoot(const std::string& boot_id, int64_t now_unix_ms) {
   log_.info("new boot {}: every device is Healthy again", boot_id);
+  boot_id_ = boot_id;
   policy_ = XidPolicy(catalog_, overrides_);
   pending_.clear();
   counts_.Restore({});
@@ -161,11 +176,14 @@ std::string XidJudge::SetHealthy(std::string_view target, std::string_view who, 
   return "ok: " + std::to_string(changed) + " device(s) set healthy";
 }
 
-bool XidJudge::Restore(const DeviceHealth& saved) { return verdicts_.Restore(saved); }
+bool XidJudge::Restore(const DeviceHealth& saved, const std::vector<uint32_t>* held_by) {
+  return verdicts_.Restore(saved, held_by);
+}
 
 // --- decisions ----------------------------------------------------------------------------
 
 void XidJudge::HandleRecoveryAction(const XidSubject& who, const XidLine& line, Timestamp at, int64_t now_unix_ms) {
+  if (BeyondLookback(who, kRecoveryActionXid, at, now_unix_ms)) return;
   const auto change = ParseRecoveryActionChange(line.raw_detail);
   if (!change) {
     out_.bad("xid154_without_action",
@@ -183,7 +201,7 @@ void XidJudge::HandleRecoveryAction(const XidSubject& who, const XidLine& line, 
   char code[16] = "?";
   if (change->code) std::snprintf(code, sizeof code, "0x%x", *change->code);
   const std::string note = "recovery action " + std::string(code) + " (" + change->name + ")";
-  Decided(who, kRecoveryActionXid, decision, "kernel", line.raw_detail, note, now_unix_ms);
+  Decided(who, kRecoveryActionXid, decision, at, "kernel", line.raw_detail, note, now_unix_ms);
 }
 
 void XidJudge::HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, XidSource source, std::string_view detail,
@@ -192,6 +210,7 @@ void XidJudge::HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, XidS
   // (or a GPU instance is named). A GPU instance is a device of its own to the policy too: the
   // two sources' reports fold only when they name the same one (two GPU instances failing at
   // once are two occurrences), and thresholds and the rate limit count per GPU instance.
+  if (BeyondLookback(who, xid, at, now_unix_ms)) return;
   std::string instance_id;
   std::string_view policy_id = who.policy_id();
   if (gpu_instance != kWholeGpu) {
@@ -199,12 +218,13 @@ void XidJudge::HandleXid(const XidSubject& who, uint32_t xid, Timestamp at, XidS
     policy_id = instance_id;
   }
   const XidDecision decision = policy_.Decide(policy_id, xid, at, source);
-  Decided(who, xid, decision, source == XidSource::kNvml ? "nvml" : "kernel", detail, {}, now_unix_ms, gpu_instance);
+  Decided(who, xid, decision, at, source == XidSource::kNvml ? "nvml" : "kernel", detail, {}, now_unix_ms,
+          gpu_instance);
 }
 
-void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& decision, std::string_view source,
-                       std::string_view detail, std::string_view action_note, int64_t now_unix_ms,
-                       uint32_t gpu_instance) {
+void XidJudge::Decided(const XidSubject& who, uint32_t xid, XidDecision decision, Timestamp at,
+                       std::string_view source, std::string_view detail, std::string_view action_note,
+                       int64_t now_unix_ms, uint32_t gpu_instance) {
   const std::string_view uuid = who.uuid();
   const std::optional<PciAddress>& pci = who.address();
   if (decision.verdict == Verdict::kDuplicate) {
@@ -220,6 +240,18 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
     out_.bad("unknown_pci", "XID " + std::to_string(xid) + " on PCI " + who.pci() + ", which is none of our GPUs");
   }
   if (!decision.emit) out_.suppressed();
+  // The same XID asking for a reset or reboot in more boots than its escalation allows: the
+  // hardware needs inspecting (gpud's reboot threshold), whatever the catalog recommends.
+  std::string escalated;
+  if (decision.verdict == Verdict::kFatal) {
+    std::optional<XidEscalation> escalation;
+    if (const uint32_t boots = RecordBoot(who, xid, decision.action, at, escalation); boots != 0) {
+      escalated = "XID " + std::to_string(xid) + " in " + std::to_string(boots) + " boots within " +
+                  WindowText(escalation->window) + ": hardware inspection instead of " +
+                  std::string(ActionName(decision.action));
+      decision.action = RecommendedAction::kContactSupport;
+    }
+  }
   auto name = [&] {
     return decision.mnemonic.empty() ? "XID " + std::to_string(xid) : std::string(decision.mnemonic);
   };
@@ -230,6 +262,7 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
     std::string reason = "XID " + std::to_string(xid) + " (" + name() + ")";
     if (gpu_instance != kWholeGpu) reason += " on GPU instance " + std::to_string(gpu_instance);
     if (!action_note.empty()) reason += ", " + std::string(action_note);
+    if (!escalated.empty()) reason += ", " + escalated;
     if (!uuid.empty()) {
       MarkUnhealthy(std::string(uuid), who.pci(), reason, xid, decision.action, now_unix_ms, gpu_instance);
       for (const uint32_t key : {gpu_instance, kWholeGpu}) {
@@ -247,7 +280,10 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
       }
     }
   }
-  if (!decision.emit) return;
+  if (!decision.emit) {
+    ApplyClears(who, xid, gpu_instance, source, now_unix_ms);
+    return;
+  }
   auto event = NewEvent(source, now_unix_ms);
   event.is_fatal = decision.verdict == Verdict::kFatal;
   event.is_healthy = false;
@@ -259,6 +295,7 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
     event.message += " (" + std::to_string(decision.count_in_window) + " of " + std::to_string(decision.threshold) +
                      " within the window)";
   }
+  if (!escalated.empty()) event.message += " (" + escalated + ")";
   event.recommended_action = static_cast<int>(action);
   event.recommended_action_name = std::string(ActionName(action));
   event.error_code = {std::to_string(xid)};
@@ -268,6 +305,74 @@ void XidJudge::Decided(const XidSubject& who, uint32_t xid, const XidDecision& d
   const bool reportable = decision.verdict == Verdict::kFatal || decision.verdict == Verdict::kNonFatal;
   out_.event(std::move(event),
              KubeEvent{reportable, "Warning", decision.verdict == Verdict::kFatal ? "GpuXidFatal" : "GpuXid"});
+  ApplyClears(who, xid, gpu_instance, source, now_unix_ms);
+}
+
+bool XidJudge::BeyondLookback(const XidSubject& who, uint32_t xid, Timestamp at, int64_t now_unix_ms) {
+  const auto lookback = policy_.catalog().LookbackFor(xid);
+  if (!lookback || now_unix_ms - UnixMs(at) <= lookback->count()) return false;
+  // Read too late to act on (a restart after a long downtime, a journal read again from an old
+  // position): history only. The count and the boot history keep it; no verdict, no event.
+  const std::string_view uuid = who.uuid();
+  const XidCounts::Counted counted = uuid.empty() ? counts_.Add(who.pci(), xid) : counts_.Add(uuid, xid);
+  out_.counted(counted.gpu, counted.xid, counted.count);
+  if (const XidPolicy::Standing standing = policy_.StandingOf(xid); standing.fatal) {
+    std::optional<XidEscalation> escalation;
+    (void)RecordBoot(who, xid, standing.action, at, escalation);
+  }
+  if (out_.beyond_lookback) out_.beyond_lookback(xid);
+  return true;
+}
+
+uint32_t XidJudge::RecordBoot(const XidSubject& who, uint32_t xid, RecommendedAction action, Timestamp at,
+                              std::optional<XidEscalation>& escalation) {
+  // A reset or a reboot (anything that acts on the device short of a human): CONTACT_SUPPORT
+  // itself has nowhere to escalate to.
+  if (!ActsOnDevice(action) || ActionRank(action) >= ActionRank(RecommendedAction::kContactSupport)) return 0;
+  escalation = policy_.catalog().EscalationFor(xid);
+  if (!escalation) return 0;
+  // The whole GPU's history, whichever GPU instance the report named: hardware is per GPU.
+  const std::string_view gpu = who.uuid().empty() ? who.policy_id() : who.uuid();
+  const uint32_t boots = boots_.Record(gpu, xid, boot_id_, UnixMs(at), escalation->window);
+  return boots > escalation->boots ? boots : 0;
+}
+
+void XidJudge::ApplyClears(const XidSubject& who, uint32_t xid, uint32_t gpu_instance, std::string_view source,
+                           int64_t now_unix_ms) {
+  const XidInfo* info = policy_.catalog().Find(xid);
+  if (info == nullptr || info->clears.empty()) return;
+  const std::string uuid(who.uuid());
+  const std::string pci = uuid.empty() ? who.pci() : directory_.PciForUuid(uuid);
+  const std::string name = "XID " + std::to_string(xid) + " (" + info->mnemonic + ")";
+  for (const uint32_t cleared : info->clears) {
+    // Its threshold counts and rate limit start again, under either name of the GPU.
+    policy_.ForgetXid(who.policy_id(), cleared);
+    if (!uuid.empty() && !pci.empty()) policy_.ForgetXid(PciPolicyId(pci), cleared);
+    if (const auto& address = who.address(); address) {
+      if (const auto p = pending_.find(address->DeviceKey()); p != pending_.end() && p->second.xid == cleared) {
+        pending_.erase(p);
+      }
+    }
+    if (uuid.empty()) continue;
+    const std::string reason = name + " clears XID " + std::to_string(cleared);
+    const std::vector<DeviceHealth> changed = verdicts_.Clear(uuid, gpu_instance, cleared, reason, now_unix_ms);
+    if (changed.empty()) continue;
+    for (const DeviceHealth& h : changed) {
+      log_.info("{} is Healthy again: {}", h.RetainKey(), reason);
+      out_.recovered();
+      out_.verdict(h);
+    }
+    auto event = NewEvent(source, now_unix_ms);
+    event.is_fatal = true;
+    event.is_healthy = true;
+    event.message = reason;
+    event.error_code = {std::to_string(xid)};
+    event.recommended_action = static_cast<int>(RecommendedAction::kNone);
+    event.recommended_action_name = std::string(ActionName(RecommendedAction::kNone));
+    if (!pci.empty()) event.entities_impacted.push_back({"PCI", pci});
+    event.entities_impacted.push_back({"GPU_UUID", uuid});
+    out_.event(std::move(event), KubeEvent{true, "Normal", "GpuXidCleared"});
+  }
 }
 
 void XidJudge::HandleResetAck(const ResetAckLine& ack, int64_t now_unix_ms) {

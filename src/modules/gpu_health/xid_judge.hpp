@@ -9,6 +9,7 @@
 // reports). Loop thread only.
 #pragma once
 
+#include "modules/gpu_health/xid_boot_history.hpp"
 #include "modules/gpu_health/xid_counts.hpp"
 #include "modules/gpu_health/gpu_directory.hpp"
 #include "modules/gpu_health/kernel_line_parser.hpp"
@@ -48,6 +49,8 @@ class XidJudge {
     std::function<void()> recovered;   // a device made Healthy again
     // An NVSwitch SXid report (may be empty): the metric of SXids by number and severity.
     std::function<void(uint32_t sxid, bool fatal)> sxid;
+    // An occurrence older than its XID's lookback when read: counted, not acted on (may be empty).
+    std::function<void(uint32_t xid)> beyond_lookback;
   };
   struct Settings {
     std::string agent = "gpu-node-supervisor";
@@ -64,8 +67,12 @@ class XidJudge {
   // is trusted for reset acknowledgements only. `at_usec`: its __REALTIME_TIMESTAMP.
   void OnKernelLine(std::string_view message, uint64_t at_usec, bool acknowledgement, int64_t now_unix_ms);
   void OnNvmlXid(const gpu_inventory::XidObservation& xid, int64_t now_unix_ms);
-  // A reboot resets every GPU: every verdict turns Healthy and the counts start again.
+  // A reboot resets every GPU: every verdict turns Healthy and the counts start again (the
+  // boot history stays: it is what escalation across boots remembers).
   void OnNewBoot(const std::string& boot_id, int64_t now_unix_ms);
+  // The boot the next reports belong to (the health stream's line boot, the first one
+  // included), for the boot history. Without one, nothing escalates across boots.
+  void SetBoot(std::string boot_id) { boot_id_ = std::move(boot_id); }
   // set-healthy <uuid>|all: returns the answer ("ok: …" or "error: …").
   std::string SetHealthy(std::string_view target, std::string_view who, int64_t now_unix_ms);
 
@@ -75,8 +82,14 @@ class XidJudge {
   void OnResetHealed(std::function<void(const std::string& uuid)> healed) { reset_healed_ = std::move(healed); }
 
   // Restores an Unhealthy verdict of the same boot (the state file); true when it took.
-  bool Restore(const DeviceHealth& saved);
+  // `held_by`: what held it (VerdictBook::HeldBy as saved), when the file says.
+  bool Restore(const DeviceHealth& saved, const std::vector<uint32_t>* held_by = nullptr);
   void RestoreCounts(const std::vector<XidCount>& counts) { counts_.Restore(counts); }
+  // The boot history of any boot's checkpoint (it outlives boots).
+  void RestoreBootHistory(std::vector<XidBootHistory::Entry> entries) { boots_.Restore(std::move(entries)); }
+  const XidBootHistory& BootHistory() const { return boots_; }
+  // The catalog the policy decides with (the site's `defaults` and `xids` laid over).
+  const XidCatalog& Catalog() const { return policy_.catalog(); }
 
   const VerdictBook& Verdicts() const { return verdicts_; }
   const GpuDirectory& Directory() const { return directory_; }
@@ -96,9 +109,19 @@ class XidJudge {
                      RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance = kWholeGpu);
   // True when the GPU or one of its GPU instances was Unhealthy.
   bool MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
-  void Decided(const XidSubject& who, uint32_t xid, const XidDecision& decision, std::string_view source,
+  void Decided(const XidSubject& who, uint32_t xid, XidDecision decision, Timestamp at, std::string_view source,
                std::string_view detail, std::string_view action_note, int64_t now_unix_ms,
                uint32_t gpu_instance = kWholeGpu);
+  // True (after counting it, and keeping a fatal one in the boot history) when the occurrence
+  // is older than its XID's lookback: nothing else happens to it.
+  bool BeyondLookback(const XidSubject& who, uint32_t xid, Timestamp at, int64_t now_unix_ms);
+  // The boot history of a fatal decision whose action is a reset or a reboot: the number of
+  // boots within the XID's escalation window when that is more than its `boots`, else 0.
+  uint32_t RecordBoot(const XidSubject& who, uint32_t xid, RecommendedAction action, Timestamp at,
+                      std::optional<XidEscalation>& escalation);
+  // The catalog's `clears` of `xid`: the verdicts those XIDs held on the GPU are released.
+  void ApplyClears(const XidSubject& who, uint32_t xid, uint32_t gpu_instance, std::string_view source,
+                   int64_t now_unix_ms);
   HealthEvent NewEvent(std::string_view source, int64_t now_unix_ms) const;
   void Forget(const std::string& uuid);
 
@@ -112,6 +135,8 @@ class XidJudge {
   GpuDirectory directory_;  // PCI → UUID: the inventory, then what the kernel log taught
   VerdictBook verdicts_;
   XidCounts counts_;
+  XidBootHistory boots_;
+  std::string boot_id_;
   std::size_t gpus_ = 0;
   struct Pending {
     PciAddress address;

@@ -40,8 +40,24 @@ std::string_view VerdictName(Verdict verdict) noexcept {
   return "unknown";
 }
 
-XidPolicy::XidPolicy(XidCatalog catalog, SiteOverrides overrides)
-    : catalog_(std::move(catalog)), overrides_(std::move(overrides)) {}
+XidPolicy::XidPolicy(const XidCatalog& catalog, SiteOverrides overrides)
+    : catalog_(catalog.Patched(overrides.defaults, overrides.xids)), overrides_(std::move(overrides)) {}
+
+const XidThreshold* XidPolicy::ThresholdOf(uint32_t xid) const noexcept {
+  if (auto t = overrides_.thresholds.find(xid); t != overrides_.thresholds.end()) return &t->second;
+  const XidInfo* info = catalog_.Find(xid);
+  return info != nullptr && info->threshold ? &*info->threshold : nullptr;
+}
+
+XidPolicy::Standing XidPolicy::StandingOf(uint32_t xid) const noexcept {
+  if (overrides_.ignore.contains(xid)) return {};
+  const XidLookup info = catalog_.Lookup(xid);
+  if (auto c = overrides_.critical.find(xid); c != overrides_.critical.end()) {
+    return {true, c->second.value_or(DeviceAction(info.action))};
+  }
+  if (ThresholdOf(xid) != nullptr) return {};
+  return {info.fatal, info.action};
+}
 
 std::size_t XidPolicy::TrackedTimestamps() const noexcept {
   std::size_t n = 0;
@@ -63,9 +79,7 @@ XidPolicy::State& XidPolicy::StateFor(std::string_view gpu_id, uint32_t xid, Tim
   }
   State fresh;
   fresh.latest = at;
-  if (auto t = overrides_.thresholds.find(xid); t != overrides_.thresholds.end()) {
-    fresh.ring.assign(t->second.count, Timestamp{});
-  }
+  if (const XidThreshold* t = ThresholdOf(xid)) fresh.ring.assign(t->count, Timestamp{});
   auto it = states_.emplace(Key{std::string(gpu_id), xid}, std::move(fresh)).first;
   it->second.lru = lru_.insert(lru_.end(), &it->first);
   return it->second;
@@ -137,9 +151,9 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
   if (auto c = overrides_.critical.find(xid); c != overrides_.critical.end()) {
     d.verdict = Verdict::kFatal;
     d.action = c->second.value_or(DeviceAction(info.action));
-  } else if (auto t = overrides_.thresholds.find(xid); t != overrides_.thresholds.end()) {
-    d.threshold = t->second.count;
-    d.count_in_window = CountWithin(s, at, t->second.window);
+  } else if (const XidThreshold* t = ThresholdOf(xid)) {
+    d.threshold = t->count;
+    d.count_in_window = CountWithin(s, at, t->window);
     if (d.count_in_window >= d.threshold) {
       d.verdict = Verdict::kFatal;
       d.action = DeviceAction(info.action);
@@ -179,12 +193,17 @@ XidDecision XidPolicy::Decide(std::string_view gpu_id, uint32_t xid, Timestamp a
   return d;
 }
 
-void XidPolicy::ForgetGpu(std::string_view gpu_id) {
-  // Rare (a reset, an operator): a walk over at most kMaxTrackedKeys states.
+void XidPolicy::ForgetGpu(std::string_view gpu_id) { Forget(gpu_id, std::nullopt); }
+
+void XidPolicy::ForgetXid(std::string_view gpu_id, uint32_t xid) { Forget(gpu_id, xid); }
+
+void XidPolicy::Forget(std::string_view gpu_id, std::optional<uint32_t> xid) {
+  // Rare (a reset, an operator, a clearing XID): a walk over at most kMaxTrackedKeys states.
   for (auto it = states_.begin(); it != states_.end();) {
     // The GPU and its GPU instances ("<id>/gi<N>", as the judge keys them).
     const std::string_view key = it->first.gpu;
-    if (key == gpu_id || (key.starts_with(gpu_id) && key.substr(gpu_id.size()).starts_with("/gi"))) {
+    const bool gpu = key == gpu_id || (key.starts_with(gpu_id) && key.substr(gpu_id.size()).starts_with("/gi"));
+    if (gpu && (!xid || it->first.xid == *xid)) {
       lru_.erase(it->second.lru);
       it = states_.erase(it);
     } else {

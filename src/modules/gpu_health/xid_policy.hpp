@@ -66,7 +66,8 @@ class XidPolicy {
   static constexpr std::size_t kMaxTrackedKeys = 1024;
   static constexpr std::size_t kMaxUnmatched = 4;
 
-  XidPolicy(XidCatalog catalog, SiteOverrides overrides);
+  // The catalog is used with the overrides' `defaults` and `xids` laid over it.
+  XidPolicy(const XidCatalog& catalog, SiteOverrides overrides);
   // lru_ points into states_: a copy would point into the original.
   XidPolicy(const XidPolicy&) = delete;
   XidPolicy& operator=(const XidPolicy&) = delete;
@@ -84,6 +85,20 @@ class XidPolicy {
   // Drops every state of one GPU and of its GPU instances ("<gpu_id>/gi<N>"), after a
   // successful reset: counts start again.
   void ForgetGpu(std::string_view gpu_id);
+  // Drops the state of one XID on one GPU and its GPU instances (its threshold counts, its
+  // rate limit): an XID that clears it was seen (the catalog's `clears`).
+  void ForgetXid(std::string_view gpu_id, uint32_t xid);
+
+  // What an occurrence of `xid` would be without counting: fatal with its action when the site
+  // makes it critical or the catalog fatal (after the site's `xids`), else not fatal (ignored,
+  // thresholded or non-fatal). For occurrences read too late to act on (the lookback).
+  struct Standing {
+    bool fatal = false;
+    RecommendedAction action = RecommendedAction::kNone;
+  };
+  [[nodiscard]] Standing StandingOf(uint32_t xid) const noexcept;
+
+  // The catalog after the site's `defaults` and `xids` (what the policy decides with).
 
   [[nodiscard]] const XidCatalog& catalog() const noexcept { return catalog_; }
   [[nodiscard]] const SiteOverrides& overrides() const noexcept { return overrides_; }
@@ -138,6 +153,9 @@ class XidPolicy {
   };
 
   State& StateFor(std::string_view gpu_id, uint32_t xid, Timestamp at);
+  // The site's `thresholds` entry, else the catalog entry's `threshold`; nullptr when none.
+  const XidThreshold* ThresholdOf(uint32_t xid) const noexcept;
+  void Forget(std::string_view gpu_id, std::optional<uint32_t> xid);
   // True when `at` from `source` matches (and consumes) an unmatched report of the other
   // source; otherwise records it as unmatched.
   bool MatchOtherSource(State& s, XidSource source, Timestamp at) const;

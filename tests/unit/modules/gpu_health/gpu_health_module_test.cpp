@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/null_sink.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -822,6 +823,67 @@ TEST_F(GpuHealthPersistTest, AnotherBootRestoresNothing) {
   SetHostBoot(kBootA);  // even the old boot's ID (it cannot come back) finds nothing to restore now
   StartModule();
   EXPECT_TRUE(health_.empty());
+}
+
+// Issue 26, XID policy: XID 163 clears the verdict XID 162 holds (also one restored from the
+// checkpoint), through the real module, at the device-health topic and in the HealthEvents.
+TEST_F(GpuHealthPersistTest, Xid163ClearsXid162AtTheDeviceHealthTopicAlsoAfterARestart) {
+  SetHostBoot(kBootA);
+  h_.bus.Publish(TwoGpus());
+  StartModule();
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 162), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }));
+  EXPECT_EQ(Health(kUuid)->xid, 162u);
+  EXPECT_EQ(Health(kUuid)->recommended_action, "CONTACT_SUPPORT");
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:3b:00", 163), kBootAHex));  // another GPU: nothing
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 163), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+  EXPECT_EQ(Health(kUuid)->reason, "XID 163 (XID_163) clears XID 162");
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return std::any_of(events_.begin(), events_.end(), [](const HealthEvent& e) { return e.is_healthy; });
+  }));
+  const auto cleared = std::find_if(events_.begin(), events_.end(), [](const HealthEvent& e) { return e.is_healthy; });
+  EXPECT_EQ(cleared->error_code, std::vector<std::string>{"163"});
+  EXPECT_EQ(cleared->entities_impacted, (std::vector<ImpactedEntity>{{"PCI", "0000:03:00"}, {"GPU_UUID", kUuid}}));
+  EXPECT_FALSE(IsUnhealthy(kOther));
+
+  // Held again, saved, and cleared by a 163 read after a restart.
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 162), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == false; }));
+  Restart();
+  ASSERT_NE(PublishedSinceRestart(kUuid), nullptr);
+  EXPECT_FALSE(PublishedSinceRestart(kUuid)->healthy);
+  h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 163), kBootAHex));
+  ASSERT_TRUE(h_.RunUntil([&] { return IsHealthy(kUuid); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return SavedHealthy(kUuid) == true; }));
+}
+
+// Issue 26, XID policy: XID 79 (RESTART_BM) in a third boot within 7 days is a hardware problem:
+// the HealthEvent recommends CONTACT_SUPPORT. The boot history lives in the checkpoint, across
+// restarts in new boots.
+TEST_F(GpuHealthPersistTest, AnXidAskingForARebootInAThirdBootEscalatesToContactSupport) {
+  const std::string boots[] = {kBootAHex, kBootBHex, std::string(32, 'c')};
+  for (int i = 0; i < 3; ++i) {
+    SetHostBoot(boots[i]);
+    h_.bus.Publish(TwoGpus());
+    StartModule();
+    h_.bus.Publish(Kernel(sim::XidMessage("0000:03:00", 79), boots[i]));
+    ASSERT_TRUE(h_.RunUntil([&] { return !events_.empty() && IsUnhealthy(kUuid); })) << "boot " << i;
+    const HealthEvent& e = events_.back();
+    EXPECT_EQ(e.error_code, std::vector<std::string>{"79"});
+    if (i < 2) {
+      EXPECT_EQ(e.recommended_action_name, "RESTART_BM") << "boot " << i;
+      EXPECT_EQ(Health(kUuid)->recommended_action, "RESTART_BM");
+    } else {
+      EXPECT_EQ(e.recommended_action_name, "CONTACT_SUPPORT");
+      EXPECT_EQ(e.recommended_action, 5);
+      EXPECT_NE(e.message.find("XID 79 in 3 boots within 7d"), std::string::npos) << e.message;
+      EXPECT_EQ(Health(kUuid)->recommended_action, "CONTACT_SUPPORT");
+    }
+    ASSERT_TRUE(h_.RunUntil([&] { return Saved() && Saved()->xid_boots.size() == 1 &&
+                                         Saved()->xid_boots[0].boots.size() == static_cast<std::size_t>(i + 1); }));
+    StopAndForget();
+  }
 }
 
 TEST_F(GpuHealthPersistTest, SetHealthyResetAckAndNewBootArePersisted) {

@@ -204,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"UnknownKey",
                    std::string(kGoodEntry) + "    severity: high\n",
                    ":8:5: xids[0].severity: unknown key (allowed: xid, mnemonic, description, "
-                   "fatal, action, nvidia_bucket)"},
+                   "fatal, action, nvidia_bucket, threshold, escalation, clears, lookback)"},
         BrokenCase{"BadActionName",
                    "version: 1\n"
                    "xids:\n"
@@ -259,7 +259,7 @@ INSTANTIATE_TEST_SUITE_P(
                    "  - [13, X]\n",
                    ":3:5: xids[0]: expected a mapping, got a sequence"},
         BrokenCase{"UnknownTopLevelKey", std::string(kGoodEntry) + "extra: 1\n",
-                   ":8:1: extra: unknown key (allowed: version, source, xids)"},
+                   ":8:1: extra: unknown key (allowed: version, source, defaults, xids)"},
         BrokenCase{"DuplicateTopLevelKey", std::string(kGoodEntry) + "version: 1\n",
                    ":8:1: version: duplicate key (first at line 1)"},
         BrokenCase{"WrongVersion",
@@ -363,10 +363,10 @@ TEST(SiteOverrides, EmptyMeansDefaults) {
 
 TEST(SiteOverrides, ErrorsPointAtTheProblem) {
   EXPECT_EQ(OverridesError("thresholds:\n  - {xid: 13, count: 3, window: 10}\n"),
-            "site.yaml:2:33: thresholds[0].window: expected a duration like 30s, 10m or 1h30m "
+            "site.yaml:2:33: thresholds[0].window: expected a duration like 30s, 10m, 1h30m or 7d "
             "(more than 0, at most 7 days), got '10'");
   EXPECT_EQ(OverridesError("thresholds:\n  - {xid: 13, count: 3, window: 0s}\n"),
-            "site.yaml:2:33: thresholds[0].window: expected a duration like 30s, 10m or 1h30m "
+            "site.yaml:2:33: thresholds[0].window: expected a duration like 30s, 10m, 1h30m or 7d "
             "(more than 0, at most 7 days), got '0s'");
   EXPECT_EQ(OverridesError("thresholds:\n  - {xid: 13, count: 0, window: 1m}\n"),
             "site.yaml:2:22: thresholds[0].count: count 0 is out of range (1-100)");
@@ -376,19 +376,19 @@ TEST(SiteOverrides, ErrorsPointAtTheProblem) {
             "site.yaml:2:5: thresholds[0].count: missing required key");
   EXPECT_EQ(OverridesError("ignore: [13]\nthreshold: []\n"),
             "site.yaml:2:1: threshold: unknown key (allowed: ignore, critical, thresholds, "
-            "dedup_window, cross_source_window)");
+            "dedup_window, cross_source_window, defaults, xids)");
   EXPECT_EQ(OverridesError("ignore: [13, abc]\n"),
             "site.yaml:1:14: ignore[1]: expected an integer, got 'abc'");
   EXPECT_EQ(OverridesError("ignore: 13\n"), "site.yaml:1:9: ignore: expected a sequence, got '13'");
   EXPECT_EQ(OverridesError("ignore: [13, 13]\n"),
             "site.yaml:1:14: ignore[1]: XID 13 is already listed (line 1); an XID may appear "
-            "once, in one of ignore, critical and thresholds");
+            "once, in one of ignore, critical, thresholds and xids");
   EXPECT_EQ(OverridesError("ignore: [13]\ncritical: [31, 13]\n"),
             "site.yaml:2:16: critical[1]: XID 13 is also listed in ignore (line 1); an XID may "
-            "appear once, in one of ignore, critical and thresholds");
+            "appear once, in one of ignore, critical, thresholds and xids");
   EXPECT_EQ(OverridesError("critical: [31]\nthresholds:\n  - {xid: 31, count: 2, window: 1m}\n"),
             "site.yaml:3:11: thresholds[0].xid: XID 31 is also listed in critical (line 1); an "
-            "XID may appear once, in one of ignore, critical and thresholds");
+            "XID may appear once, in one of ignore, critical, thresholds and xids");
   EXPECT_EQ(OverridesError("critical:\n  - {xid: 13, action: NONE}\n"),
             "site.yaml:2:23: critical[0].action: a critical XID needs an action that acts on the "
             "device, not NONE");
@@ -397,7 +397,7 @@ TEST(SiteOverrides, ErrorsPointAtTheProblem) {
   EXPECT_EQ(OverridesError("critical: [2000]\n"),
             "site.yaml:1:12: critical[0]: XID 2000 is out of range (1-1023)");
   EXPECT_EQ(OverridesError("dedup_window: forever\n"),
-            "site.yaml:1:15: dedup_window: expected a duration like 30s, 10m or 1h30m (more than "
+            "site.yaml:1:15: dedup_window: expected a duration like 30s, 10m, 1h30m or 7d (more than "
             "0, at most 7 days), got 'forever'");
   EXPECT_EQ(OverridesError("- 13\n"), "site.yaml:1:1: (root): expected a mapping, got a sequence");
 }
@@ -426,7 +426,9 @@ TEST(ParseDuration, AcceptsGoStyleUnits) {
   EXPECT_EQ(ParseDuration("10m"), milliseconds(600000));
   EXPECT_EQ(ParseDuration("1h30m"), milliseconds(5400000));
   EXPECT_EQ(ParseDuration("168h"), kMaxWindow);
-  for (std::string_view bad : {"", "10", "m", "1d", "-5m", "1.5h", "0s", "169h", "1h 30m",
+  EXPECT_EQ(ParseDuration("7d"), kMaxWindow);
+  EXPECT_EQ(ParseDuration("1d12h"), milliseconds(36 * 3600 * 1000));
+  for (std::string_view bad : {"", "10", "m", "8d", "-5m", "1.5h", "0s", "169h", "1h 30m",
                                "9999999999h", "5M"}) {
     EXPECT_FALSE(ParseDuration(bad).has_value()) << bad;
   }

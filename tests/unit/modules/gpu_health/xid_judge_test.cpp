@@ -43,7 +43,7 @@ class XidJudgeTest : public ::testing::Test {
                           [this](HealthEvent e, XidJudge::KubeEvent) { events_.push_back(std::move(e)); },
                           [this](std::string_view, uint32_t, uint64_t) { ++counted_; },
                           [this](std::string_view kind, std::string_view) { bad_.emplace_back(kind); },
-                          [this] { ++duplicates_; }, [] {}, [] {}, nullptr});
+                          [this] { ++duplicates_; }, [] {}, [] {}, nullptr, nullptr});
     judge_->OnInventory({Gpu(kA, "00000000:03:00.0"), Gpu(kB, "00000000:3B:00.0"), Gpu(kC, "00000008:01:00.0"),
                          Gpu(kD, "00000000:CB:00.0")},
                         kNow);
@@ -515,7 +515,7 @@ TEST_F(XidJudgeTest, AFatalSxidIsReportedForTheSwitchAndEverySxidIsCountedButNoG
                         },
                         [this](std::string_view, uint32_t, uint64_t) { ++counted_; },
                         [this](std::string_view kind, std::string_view) { bad_.emplace_back(kind); }, [] {}, [] {},
-                        [] {}, [&](uint32_t sxid, bool fatal) { sxids.emplace_back(sxid, fatal); }});
+                        [] {}, [&](uint32_t sxid, bool fatal) { sxids.emplace_back(sxid, fatal); }, nullptr});
   judge_->OnInventory({Gpu(kA, "00000000:03:00.0")}, kNow);
 
   Line("[   38.178720] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt");
