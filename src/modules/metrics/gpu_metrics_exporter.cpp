@@ -32,6 +32,8 @@ void GpuMetricsExporter::Start() {
   inventory_sub_ = bus.Subscribe<inv::GpuInventory>([this](const inv::GpuInventory& inventory) {
     inventory_ = inventory;
     Rebuild();
+    // NVML came (back): read now rather than an interval after the pass that found it missing.
+    if (inventory.available && !sample_) RequestPass();
   });
   pods_sub_ = bus.Subscribe<pr::GpuPodMap>([this](const pr::GpuPodMap& pods) {
     pods_ = pods;

@@ -153,7 +153,8 @@ void MetricsModule::Start() {
   }
 
   const std::string address = FormatEndpoint(bound);
-  context_.GetBus().Publish(MetricsEndpoint{address, debug_address_});
+  context_.GetBus().Publish(
+      MetricsEndpoint{address, debug_address_, gpu_metrics_ ? gpu_metrics_->ListenAddress() : std::string()});
   context_.Log().info("serving /metrics /healthz /readyz on http://{}; /debug/state {}", address,
                       debug_address_.empty() ? std::string("nowhere") : "on http://" + debug_address_);
 }

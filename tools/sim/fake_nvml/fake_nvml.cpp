@@ -398,9 +398,7 @@ void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime
   u32("smClockMhz", health.sm_clock_mhz);
   u32("memClockMhz", health.mem_clock_mhz);
   if (h.contains("memoryUsedBytes")) {
-    const auto used = h.at("memoryUsedBytes").get<unsigned long long>();
-    if (used > gpu.memory_total) throw ConfigError(nvml::kErrorUnknown, where + ": memoryUsedBytes is above the GPU's memory");
-    health.memory_used = used;
+    health.memory_used = h.at("memoryUsedBytes").get<unsigned long long>();  // capped at the total when read
   }
   if (h.contains("migMemoryUsedMiB")) {
     const Json& m = h.at("migMemoryUsedMiB");
@@ -1498,7 +1496,7 @@ nvml::Memory_v2 MemoryOf(const fake::Gpu& g, const fake::MigDevice* mig) {
   if (mig == nullptr) {
     m.total = g.memory_total;
     m.reserved = g.memory_reserved;
-    m.used = g.health.memory_used.value_or(g.memory_used);
+    m.used = std::min(g.health.memory_used.value_or(g.memory_used), g.memory_total);
   } else {
     constexpr unsigned long long kMiB = 1024ULL * 1024ULL;
     m.total = mig->attributes.memorySizeMB * kMiB;
