@@ -22,8 +22,8 @@ GpuMetricsExporter::GpuMetricsExporter(ModuleContext& context, GpuMetricsSetting
           "Usage passes that gave nothing (NVML unavailable or hung, no gpu-inventory): the DCGM_FI_* series are dropped")),
       series_(&context.Metrics().Gauge("gpu_node_supervisor_gpu_metrics_series",
                                        "DCGM_FI_* series served now (one per device, value and holding container)")),
-      pass_micros_(&context.Metrics().Gauge("gpu_node_supervisor_gpu_metrics_pass_microseconds",
-                                            "Wall time of the last usage pass on the blocking pool")) {}
+      pass_seconds_(&context.Metrics().Gauge("gpu_node_supervisor_gpu_metrics_pass_seconds",
+                                             "Wall time of the last usage pass on the blocking pool")) {}
 
 GpuMetricsExporter::~GpuMetricsExporter() { lifetime_.Close(); }
 
@@ -112,14 +112,16 @@ void GpuMetricsExporter::ScheduleNext() {
 void GpuMetricsExporter::OnPass(inv::HealthSample sample) {
   if (sample.ok) {
     passes_->Inc();
-    pass_micros_->Set(static_cast<double>(sample.pass_micros));
+    pass_seconds_->Set(static_cast<double>(sample.pass_micros) / 1e6);
     last_failure_.clear();
+    served_ = true;
     sample_ = std::move(sample);
   } else {
     failed_passes_->Inc();
     if (sample.error != last_failure_) {
-      context_.Log().warn("gpuMetrics: no GPU usage this pass ({}): the DCGM_FI_* series are dropped until one works",
-                          sample.error);
+      // Before the first good pass this is the start order (gpu-inventory opens NVML after us).
+      context_.Log().log(served_ ? spdlog::level::warn : spdlog::level::info,
+                         "gpuMetrics: no GPU usage this pass ({}): no DCGM_FI_* series until one works", sample.error);
       last_failure_ = sample.error;
     }
     sample_.reset();  // fail safe: no stale values under live labels

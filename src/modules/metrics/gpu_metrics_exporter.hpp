@@ -81,12 +81,13 @@ class GpuMetricsExporter {
   std::map<std::string, uint64_t> last_xid_;
   std::string text_;
   std::string last_failure_;  // logged once per distinct reason
+  bool served_ = false;       // a pass worked since Start
   std::string listen_address_;
   std::unique_ptr<HttpServer> server_;
   MetricsRegistry::Series* passes_;
   MetricsRegistry::Series* failed_passes_;
   MetricsRegistry::Series* series_;
-  MetricsRegistry::Series* pass_micros_;
+  MetricsRegistry::Series* pass_seconds_;
   MetricsRegistry::CollectorHandle families_;
   Subscription inventory_sub_;
   Subscription pods_sub_;
