@@ -27,6 +27,11 @@ echo "== one NVML health pass, every group, 8 fake GPUs (bench/macro/nvml_health
   --gpus tools/sim/fake_nvml/gpus-8.json --passes 500
 
 echo
+echo "== gpuMetrics, 8 fake GPUs x 7 MIG devices with pods (bench/macro/gpu_metrics_bench)"
+"$build_dir/bench/macro/gpu_metrics_bench" --fake-nvml "$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1" \
+  --gpus tools/sim/fake_nvml/gpus-8.json --passes 500 --scrapes 5000
+
+echo
 echo "== device plugin on 8 fake GPUs (bench/macro/device_plugin_bench)"
 "$build_dir/bench/macro/device_plugin_bench" --fake-nvml "$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1" \
   --gpus tools/sim/fake_nvml/gpus-8.json

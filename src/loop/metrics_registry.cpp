@@ -122,7 +122,10 @@ void MetricsRegistry::RemoveMatching(std::string_view name, const std::pair<std:
 }
 
 void MetricsRegistry::CollectorHandle::Reset() {
-  if (registry_ != nullptr) registry_->collectors_.erase(id_);
+  if (registry_ != nullptr) {
+    registry_->collectors_.erase(id_);
+    registry_->foreign_.erase(id_);
+  }
   registry_ = nullptr;
 }
 
@@ -130,6 +133,49 @@ MetricsRegistry::CollectorHandle MetricsRegistry::AddCollector(std::function<voi
   const uint64_t id = next_collector_++;
   collectors_.emplace(id, std::move(collect));
   return CollectorHandle(this, id);
+}
+
+MetricsRegistry::CollectorHandle MetricsRegistry::AddForeignFamilies(std::string_view name_prefix,
+                                                                     std::function<void(std::string&)> append) {
+  auto name_char = [](char c, bool first) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' || (!first && c >= '0' && c <= '9');
+  };
+  bool valid = !name_prefix.empty();
+  for (std::size_t i = 0; valid && i < name_prefix.size(); ++i) valid = name_char(name_prefix[i], i == 0);
+  if (!valid || name_prefix.starts_with(kPrefix) || kPrefix.starts_with(name_prefix)) {
+    throw std::logic_error("foreign metric families need a name prefix of their own, not \"" + std::string(name_prefix) +
+                           "\"");
+  }
+  const uint64_t id = next_collector_++;
+  foreign_.emplace(id, Foreign{std::string(name_prefix), std::move(append)});
+  return CollectorHandle(this, id);
+}
+
+void MetricsRegistry::AppendForeign(std::string& out, const Foreign& foreign) const {
+  [[maybe_unused]] const std::size_t start = out.size();
+  foreign.append(out);
+#ifndef NDEBUG
+  // Every sample and comment line names a family under the prefix (a bug otherwise).
+  std::string_view text = std::string_view(out).substr(start);
+  while (!text.empty()) {
+    const std::size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    if (line.starts_with("# HELP ") || line.starts_with("# TYPE ")) line.remove_prefix(7);
+    if (!line.empty() && !line.starts_with(foreign.name_prefix)) {
+      throw std::logic_error("foreign metric line outside " + foreign.name_prefix + ": " + std::string(line));
+    }
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+#endif
+}
+
+std::string MetricsRegistry::RenderForeign(std::string_view name_prefix) const {
+  std::string out;
+  for (const auto& [id, foreign] : foreign_) {
+    if (foreign.name_prefix == name_prefix) AppendForeign(out, foreign);
+  }
+  return out;
 }
 
 std::string MetricsRegistry::Render() const {
@@ -166,6 +212,7 @@ std::string MetricsRegistry::Render() const {
     emit_header(name, group.type, group.help);
     for (const auto& [labels, value] : group.samples) emit_sample(name, labels, value);
   }
+  for (const auto& [id, foreign] : foreign_) AppendForeign(out, foreign);
   return out;
 }
 

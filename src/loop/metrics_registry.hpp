@@ -2,6 +2,12 @@
 // The process-wide metrics registry (loop thread only). Modules own counters and gauges by
 // name + labels, or add a collector that writes samples at scrape time (for values that are
 // cheaper to read than to track). Rendered in the Prometheus text exposition format 0.0.4.
+//
+// Every name we own starts with kPrefix. The one deliberate exception is a *foreign family*:
+// exposition text under another exporter's names that dashboards already query (dcgm-exporter's
+// DCGM_FI_* for the per-pod GPU series, issue 27). It is added with AddForeignFamilies under a
+// prefix of its own (never kPrefix, never empty), as pre-rendered text: the owner renders it
+// when its data changes, so a scrape only copies it.
 
 #include <functional>
 #include <map>
@@ -70,8 +76,16 @@ class MetricsRegistry {
   };
   CollectorHandle AddCollector(std::function<void(MetricsWriter&)> collect);
 
+  // Appends complete families (# HELP, # TYPE, samples) whose names all start with
+  // `name_prefix` to every Render, after ours. `name_prefix` must be a valid metric name start,
+  // and must not start with kPrefix (throws std::logic_error otherwise); a debug build checks
+  // at render time that every line of the text keeps to it.
+  CollectorHandle AddForeignFamilies(std::string_view name_prefix, std::function<void(std::string& out)> append);
+
   // The whole exposition text.
   std::string Render() const;
+  // Only the foreign families added under `name_prefix` (a listener of their own).
+  std::string RenderForeign(std::string_view name_prefix) const;
 
  private:
   struct Family {
@@ -82,7 +96,14 @@ class MetricsRegistry {
   Series& GetSeries(std::string_view name, MetricType type, std::string_view help, MetricLabels labels);
 
   std::map<std::string, Family, std::less<>> families_;
+  struct Foreign {
+    std::string name_prefix;
+    std::function<void(std::string&)> append;
+  };
+  void AppendForeign(std::string& out, const Foreign& foreign) const;
+
   std::map<uint64_t, std::function<void(MetricsWriter&)>> collectors_;
+  std::map<uint64_t, Foreign> foreign_;
   uint64_t next_collector_ = 1;
 };
 

@@ -411,6 +411,32 @@ def nvsentinel_export_demo():
         f"{metric('gpu_node_supervisor_nvsentinel_export_queued'):.0f}")
 
 
+def gpu_metrics_demo(device):
+    """Issue 27: per-pod GPU series under dcgm-exporter's names on /metrics (metrics.gpuMetrics;
+    config/local.yaml reads every 2 s). A pod admitted with the GPU gets DCGM_FI_DEV_GPU_UTIL with
+    its pod labels; when its containers end, its series go at the pod-map change."""
+    gpu = device.split("::")[0]
+    subprocess.run(NVML_CTL + ["set-health", gpu, json.dumps({"gpuUtil": 87, "powerMilliwatts": 312456})],
+                   check=True, capture_output=True)
+
+    def series():
+        return [line for line in http_get("/metrics")[1].splitlines()
+                if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and f'UUID="{gpu}"' in line]
+
+    api = Api()
+    pod_on(api, "ml", "dash-0", device)
+    line = wait_for("DCGM_FI_DEV_GPU_UTIL with the pod's labels", lambda: next(
+        (s for s in series() if 'pod="dash-0"' in s and s.endswith(" 87")), None), timeout=60)
+    say("gpu metrics", f"pod ml/dash-0 on {gpu[:12]}… -> /metrics {line}")
+    kubelet("forget-pod", "ml/dash-0")
+    api.call("PATCH", "/api/v1/namespaces/ml/pods/dash-0/status", {"status": {"phase": "Succeeded"}},
+             "application/merge-patch+json")
+    line = wait_for("the pod's GPU series gone", lambda: (lambda s: s[0] if s and not any(
+        'pod="dash-0"' in x for x in s) else None)(series()), timeout=60)
+    say("gpu metrics", f"its containers ended -> its series gone; the GPU's own: {line}")
+    subprocess.run(NVML_CTL + ["clear-health"], check=True, capture_output=True)
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -464,6 +490,8 @@ def main():
     say("gpu health", f"Xid 162 -> {GPU_UUID} Unhealthy at the kubelet; Xid 163 clears it -> Healthy")
     health_checks_demo()
     host_service_demo()
+    gpu_metrics_demo(sorted(d for d in plugin.get("devices", {})
+                            if d.startswith("GPU-") and d not in (GPU_UUID, EARLY_UUID))[1])
 
     api = Api()
     domains = f"/apis/resource.nvidia.com/v1beta1/namespaces/{NS}/computedomains"

@@ -98,6 +98,7 @@ class HealthReader {
     if (!gpu.lost && (groups_ & kHealthPcie) != 0) ReadPcie(device, gpu);
     if (!gpu.lost && (groups_ & kHealthThermal) != 0) ReadThermal(device, gpu);
     if (!gpu.lost && (groups_ & kHealthHost) != 0) ReadHost(device, gpu);
+    if (!gpu.lost && (groups_ & kHealthUsage) != 0) ReadUsage(device, gpu);
     return true;
   }
 
@@ -289,6 +290,107 @@ class HealthReader {
         if (field.value.dVal >= 0) return static_cast<uint32_t>(field.value.dVal);
         return std::nullopt;
       default: return std::nullopt;
+    }
+  }
+
+  // Frame buffer of a GPU or MIG device: v2 where the driver has it (its `used` is what
+  // nvidia-smi shows), else v1.
+  bool ReadFrameBuffer(nvml::Device device, GpuHealthReading& gpu, std::optional<uint64_t>& used,
+                       std::optional<uint64_t>& free) {
+    if (api_.nvmlDeviceGetMemoryInfo_v2 != nullptr) {
+      nvml::Memory_v2 memory{};
+      memory.version = nvml::kMemoryV2Version;
+      const nvml::Return rc = api_.nvmlDeviceGetMemoryInfo_v2(device, &memory);
+      if (rc == nvml::kSuccess) {
+        used = memory.used;
+        free = memory.free;
+        return true;
+      }
+      // An old driver that exports the name but not this version: v1 below.
+      if (rc != nvml::kErrorArgumentVersionMismatch && rc != nvml::kErrorFunctionNotFound) {
+        return Ok(gpu, "nvmlDeviceGetMemoryInfo_v2", rc);
+      }
+    }
+    nvml::Memory memory{};
+    if (!Ok(gpu, "nvmlDeviceGetMemoryInfo", api_.nvmlDeviceGetMemoryInfo(device, &memory))) return false;
+    used = memory.used;
+    free = memory.free;
+    return true;
+  }
+
+  void ReadUsage(nvml::Device device, GpuHealthReading& gpu) {
+    UsageReading& u = gpu.usage;
+    if (api_.nvmlDeviceGetUtilizationRates != nullptr) {
+      nvml::Utilization rates{};
+      if (Ok(gpu, "nvmlDeviceGetUtilizationRates", api_.nvmlDeviceGetUtilizationRates(device, &rates))) {
+        u.gpu_util_percent = rates.gpu;
+        u.memory_util_percent = rates.memory;
+      }
+    }
+    auto codec = [&](nvml::DeviceGetCodecUtilizationFn fn, const char* name, std::optional<uint32_t>& out) {
+      if (fn == nullptr || gpu.lost) return;
+      unsigned int value = 0, period_us = 0;
+      if (Ok(gpu, name, fn(device, &value, &period_us))) out = value;
+    };
+    codec(api_.nvmlDeviceGetEncoderUtilization, "nvmlDeviceGetEncoderUtilization", u.encoder_util_percent);
+    codec(api_.nvmlDeviceGetDecoderUtilization, "nvmlDeviceGetDecoderUtilization", u.decoder_util_percent);
+    if (!gpu.lost) ReadFrameBuffer(device, gpu, u.fb_used_bytes, u.fb_free_bytes);
+    if (api_.nvmlDeviceGetPowerUsage != nullptr && !gpu.lost) {
+      unsigned int mw = 0;
+      if (Ok(gpu, "nvmlDeviceGetPowerUsage", api_.nvmlDeviceGetPowerUsage(device, &mw))) u.power_mw = mw;
+    }
+    if (api_.nvmlDeviceGetTotalEnergyConsumption != nullptr && !gpu.lost) {
+      unsigned long long mj = 0;
+      if (Ok(gpu, "nvmlDeviceGetTotalEnergyConsumption", api_.nvmlDeviceGetTotalEnergyConsumption(device, &mj))) {
+        u.energy_mj = mj;
+      }
+    }
+    if (api_.nvmlDeviceGetClockInfo != nullptr) {
+      auto clock = [&](nvml::ClockType type, std::optional<uint32_t>& out) {
+        if (gpu.lost) return;
+        unsigned int mhz = 0;
+        if (Ok(gpu, "nvmlDeviceGetClockInfo", api_.nvmlDeviceGetClockInfo(device, type, &mhz))) out = mhz;
+      };
+      clock(nvml::kClockSm, u.sm_clock_mhz);
+      clock(nvml::kClockMem, u.mem_clock_mhz);
+    }
+    if (!gpu.lost) ReadMigUsage(device, gpu);
+  }
+
+  // Every MIG device of a MIG-enabled GPU: its ids and frame buffer. Slots are sparse
+  // (NOT_FOUND for an empty one).
+  void ReadMigUsage(nvml::Device device, GpuHealthReading& gpu) {
+    if (api_.nvmlDeviceGetMigMode == nullptr || api_.nvmlDeviceGetMaxMigDeviceCount == nullptr ||
+        api_.nvmlDeviceGetMigDeviceHandleByIndex == nullptr) {
+      return;
+    }
+    unsigned int current = nvml::kDeviceMigDisable, pending = nvml::kDeviceMigDisable;
+    if (!Ok(gpu, "nvmlDeviceGetMigMode", api_.nvmlDeviceGetMigMode(device, &current, &pending)) ||
+        current != nvml::kDeviceMigEnable) {
+      return;
+    }
+    unsigned int slots = 0;
+    if (!Ok(gpu, "nvmlDeviceGetMaxMigDeviceCount", api_.nvmlDeviceGetMaxMigDeviceCount(device, &slots))) return;
+    for (unsigned int slot = 0; slot < slots && !gpu.lost; ++slot) {
+      nvml::Device mig = nullptr;
+      const nvml::Return rc = api_.nvmlDeviceGetMigDeviceHandleByIndex(device, slot, &mig);
+      if (rc == nvml::kErrorNotFound) continue;
+      if (!Ok(gpu, "nvmlDeviceGetMigDeviceHandleByIndex", rc)) continue;
+      MigUsageReading reading;
+      char uuid[nvml::kDeviceUuidV2BufferSize] = {};
+      if (!Ok(gpu, "nvmlDeviceGetUUID", api_.nvmlDeviceGetUUID(mig, uuid, sizeof(uuid)))) continue;
+      reading.uuid = uuid;
+      unsigned int id = 0;
+      if (api_.nvmlDeviceGetGpuInstanceId != nullptr &&
+          Ok(gpu, "nvmlDeviceGetGpuInstanceId", api_.nvmlDeviceGetGpuInstanceId(mig, &id))) {
+        reading.gpu_instance = id;
+      }
+      if (api_.nvmlDeviceGetComputeInstanceId != nullptr &&
+          Ok(gpu, "nvmlDeviceGetComputeInstanceId", api_.nvmlDeviceGetComputeInstanceId(mig, &id))) {
+        reading.compute_instance = id;
+      }
+      if (!gpu.lost) ReadFrameBuffer(mig, gpu, reading.fb_used_bytes, reading.fb_free_bytes);
+      gpu.mig_devices.push_back(std::move(reading));
     }
   }
 

@@ -6,6 +6,8 @@
 #include "modules/metrics/messages.hpp"
 #include "modules/metrics/process_stats.hpp"
 
+#include <unistd.h>
+
 #include <charconv>
 
 namespace gns::metrics {
@@ -26,6 +28,7 @@ std::optional<tcp::endpoint> ParseListenAddress(const std::string& text) {
   const auto colon = text.rfind(':');
   if (colon == std::string::npos || colon + 1 >= text.size()) return std::nullopt;
   std::string host = text.substr(0, colon);
+  if (host.empty()) host = "0.0.0.0";
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   unsigned port = 0;
   const char* first = text.data() + colon + 1;
@@ -38,7 +41,7 @@ std::optional<tcp::endpoint> ParseListenAddress(const std::string& text) {
   return tcp::endpoint(address, static_cast<unsigned short>(port));
 }
 
-MetricsModule::Config MetricsModule::ParseConfig(ConfigMap& section, const SiteConfig&) {
+MetricsModule::Config MetricsModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
   using std::chrono::milliseconds;
   Config config;  // its members hold the defaults
   // `address` is the newer name of `listen`; one of them, not both.
@@ -62,6 +65,28 @@ MetricsModule::Config MetricsModule::ParseConfig(ConfigMap& section, const SiteC
       section.Int("maxConnections", 1, 4096, static_cast<int64_t>(config.max_connections)));
   config.max_heartbeat_age =
       section.Duration("maxHeartbeatAge", milliseconds(1000), milliseconds(600000), config.max_heartbeat_age);
+  {
+    ConfigMap gpu = section.Section("gpuMetrics");
+    GpuMetricsSettings& g = config.gpu_metrics;
+    g.enabled = gpu.Bool("enabled", g.enabled);
+    g.interval = gpu.Duration("interval", milliseconds(1000), milliseconds(3600000), g.interval);
+    const std::string gpu_listen = gpu.String("listen", "");
+    if (!gpu_listen.empty()) {
+      g.listen = ParseListenAddress(gpu_listen);
+      if (!g.listen) {
+        gpu.Fail("listen", "expected [IP]:PORT (e.g. \":9400\", dcgm-exporter's port) or \"\" for none, got \"" +
+                               gpu_listen + "\"");
+      }
+    }
+    gpu.Finish();
+    // dcgm-exporter labels with the node's name (NODE_NAME in its DaemonSet), else the hostname.
+    g.hostname = site.node_name;
+    if (g.hostname.empty()) {
+      char name[256] = {};
+      if (gethostname(name, sizeof name - 1) == 0) g.hostname = name;
+    }
+    g.read_timeout = config.read_timeout;
+  }
   return config;
 }
 
@@ -122,8 +147,14 @@ void MetricsModule::Start() {
     }
   });
 
+  if (config_.gpu_metrics.enabled) {
+    gpu_metrics_ = std::make_unique<GpuMetricsExporter>(context_, config_.gpu_metrics);
+    gpu_metrics_->Start();
+  }
+
   const std::string address = FormatEndpoint(bound);
-  context_.GetBus().Publish(MetricsEndpoint{address, debug_address_});
+  context_.GetBus().Publish(
+      MetricsEndpoint{address, debug_address_, gpu_metrics_ ? gpu_metrics_->ListenAddress() : std::string()});
   context_.Log().info("serving /metrics /healthz /readyz on http://{}; /debug/state {}", address,
                       debug_address_.empty() ? std::string("nowhere") : "on http://" + debug_address_);
 }
@@ -133,21 +164,19 @@ bool MetricsModule::DebugOnMain() const { return config_.listen.address().is_loo
 void MetricsModule::Stop(std::function<void()> done) {
   process_collector_.Reset();
   module_states_sub_.Reset();
-  if (!server_) {
+  // Every listener closed and its connections gone, then `done`.
+  const int parts = (server_ ? 1 : 0) + (debug_server_ ? 1 : 0) + (gpu_metrics_ ? 1 : 0);
+  if (parts == 0) {
     done();
     return;
   }
-  if (!debug_server_) {
-    server_->Stop(std::move(done));
-    return;
-  }
-  // Both listeners closed and their connections gone, then `done`.
-  auto left = std::make_shared<int>(2);
+  auto left = std::make_shared<int>(parts);
   auto one_stopped = [left, done = std::make_shared<std::function<void()>>(std::move(done))] {
     if (--*left == 0) (*done)();
   };
-  debug_server_->Stop(one_stopped);
-  server_->Stop(one_stopped);
+  if (gpu_metrics_) gpu_metrics_->Stop(one_stopped);
+  if (debug_server_) debug_server_->Stop(one_stopped);
+  if (server_) server_->Stop(one_stopped);
 }
 
 HttpResponse MetricsModule::Handle(const HttpRequest& request, bool main) {

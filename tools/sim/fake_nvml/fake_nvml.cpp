@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +115,13 @@ struct Health {
   unsigned int memory_temperature = 45, memory_max = 95;
   unsigned long long power_violation_ns = 0, thermal_violation_ns = 0;
   bool lost = false;  // every call that names the GPU answers GPU_IS_LOST
+  // Usage (issue 27, the dcgm-exporter compatible series): an idle GPU unless set.
+  unsigned int gpu_util = 0, memory_util = 0, encoder_util = 0, decoder_util = 0;  // percent
+  unsigned int power_mw = 70000;
+  unsigned long long energy_mj = 1000000;
+  unsigned int sm_clock_mhz = 1980, mem_clock_mhz = 2619;
+  std::map<unsigned int, unsigned long long> mig_memory_used_mib;  // MIG slot → MiB used
+  std::optional<unsigned long long> memory_used;  // over the GPU's configured memoryUsedBytes
 };
 
 // One MIG device of a MIG-enabled GPU (a compute instance in a GPU instance).
@@ -309,7 +317,9 @@ void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime
       "retiredPagesSbe", "retiredPagesDbe", "nvlinkDown", "nvlinkErrors", "fabricState", "fabricStatus",
       "fabricHealthMask", "pcieGeneration", "pcieWidth", "pcieMaxGeneration", "pcieMaxWidth", "pcieReplayCounter",
       "clocksEventReasons", "temperature", "temperatureSlowdown", "temperatureShutdown", "memoryTemperature",
-      "memoryTemperatureMax", "powerViolationNs", "thermalViolationNs", "lost"};
+      "memoryTemperatureMax", "powerViolationNs", "thermalViolationNs", "lost", "gpuUtil", "memoryUtil",
+      "encoderUtil", "decoderUtil", "powerMilliwatts", "energyMillijoules", "smClockMhz", "memClockMhz",
+      "memoryUsedBytes", "migMemoryUsedMiB"};
   static const std::set<std::string, std::less<>> kRuntimeKeys = {"uuid", "remapPending", "remapFailure",
                                                                    "retiredPagesPending", "persistence"};
   if (!h.is_object()) throw ConfigError(nvml::kErrorUnknown, where + " must be a JSON object");
@@ -379,6 +389,30 @@ void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime
   u64("powerViolationNs", health.power_violation_ns);
   u64("thermalViolationNs", health.thermal_violation_ns);
   if (h.contains("lost")) health.lost = h.at("lost").get<bool>();
+  u32("gpuUtil", health.gpu_util);
+  u32("memoryUtil", health.memory_util);
+  u32("encoderUtil", health.encoder_util);
+  u32("decoderUtil", health.decoder_util);
+  u32("powerMilliwatts", health.power_mw);
+  u64("energyMillijoules", health.energy_mj);
+  u32("smClockMhz", health.sm_clock_mhz);
+  u32("memClockMhz", health.mem_clock_mhz);
+  if (h.contains("memoryUsedBytes")) {
+    health.memory_used = h.at("memoryUsedBytes").get<unsigned long long>();  // capped at the total when read
+  }
+  if (h.contains("migMemoryUsedMiB")) {
+    const Json& m = h.at("migMemoryUsedMiB");
+    if (!m.is_object()) throw ConfigError(nvml::kErrorUnknown, where + ".migMemoryUsedMiB must be an object of slot: MiB");
+    health.mig_memory_used_mib.clear();
+    for (const auto& [slot, mib] : m.items()) {
+      unsigned int n = 0;
+      const auto [end, ec] = std::from_chars(slot.data(), slot.data() + slot.size(), n);
+      if (ec != std::errc() || end != slot.data() + slot.size() || n >= kMaxMigSlots) {
+        throw ConfigError(nvml::kErrorUnknown, where + ".migMemoryUsedMiB: \"" + slot + "\" is no MIG slot");
+      }
+      health.mig_memory_used_mib[n] = mib.get<unsigned long long>();
+    }
+  }
 }
 
 Gpu ParseGpu(const Json& j, std::size_t index) {
@@ -852,6 +886,7 @@ class FakeNvml {
   // Runs `body(config)` for an initialized library after failure injection.
   template <typename Body>
   Return WithInit(std::string_view function, Body&& body) {
+    calls_.fetch_add(1, std::memory_order_relaxed);
     Hangs().Wait(function);  // outside the lock: a hung call blocks only its caller
     std::lock_guard lock(mu_);
     if (const auto failure = Failure(function)) return *failure;
@@ -906,6 +941,8 @@ class FakeNvml {
       return body(gpu, index, &*gpu.mig_slots[mig - 1]);
     });
   }
+
+  unsigned long long Calls() const { return calls_.load(std::memory_order_relaxed); }
 
   Return EventSetCreate(std::string_view function, nvml::EventSet* set) {
     return WithInit(function, [&](const Config&) {
@@ -1193,6 +1230,7 @@ class FakeNvml {
   static std::string HandleCommand(std::string_view text);
 
   mutable std::mutex mu_;
+  std::atomic<unsigned long long> calls_{0};  // NVML calls through WithInit (fakeNvmlCallCount)
   unsigned int last_wait_timeout_ms_ = 0;  // of the latest nvmlEventSetWait_v2 call (0: none yet)
   int init_count_ = 0;
   std::uintptr_t generation_ = 0;
@@ -1450,22 +1488,46 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetCudaComputeCapability(nvml::Device device, 
   });
 }
 
+namespace {
+// The memory a GPU or one of its MIG devices (its memorySizeMB; used: the GPU's
+// migMemoryUsedMiB for that slot, else 0) reports.
+nvml::Memory_v2 MemoryOf(const fake::Gpu& g, const fake::MigDevice* mig) {
+  nvml::Memory_v2 m{};
+  if (mig == nullptr) {
+    m.total = g.memory_total;
+    m.reserved = g.memory_reserved;
+    m.used = std::min(g.health.memory_used.value_or(g.memory_used), g.memory_total);
+  } else {
+    constexpr unsigned long long kMiB = 1024ULL * 1024ULL;
+    m.total = mig->attributes.memorySizeMB * kMiB;
+    for (std::size_t slot = 0; slot < g.mig_slots.size(); ++slot) {
+      if (!g.mig_slots[slot] || &*g.mig_slots[slot] != mig) continue;
+      const auto it = g.health.mig_memory_used_mib.find(static_cast<unsigned int>(slot));
+      if (it != g.health.mig_memory_used_mib.end()) m.used = std::min(it->second * kMiB, m.total);
+    }
+  }
+  m.free = m.total - m.used;
+  return m;
+}
+}  // namespace
+
+// Whole GPUs and MIG devices (a MIG device's own slice of the frame buffer).
 FAKE_NVML_EXPORT Return nvmlDeviceGetMemoryInfo(nvml::Device device, nvml::Memory* memory) {
-  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+  return fake::Fake().WithDevice(__func__, device, [&](const fake::Gpu& g, std::size_t, const fake::MigDevice* mig) {
     if (memory == nullptr) return nvml::kErrorInvalidArgument;
-    *memory = nvml::Memory{g.memory_total, g.memory_total - g.memory_used, g.memory_used};
+    const nvml::Memory_v2 m = MemoryOf(g, mig);
+    *memory = nvml::Memory{m.total, m.free, m.used};
     return nvml::kSuccess;
   });
 }
 
 FAKE_NVML_EXPORT Return nvmlDeviceGetMemoryInfo_v2(nvml::Device device, nvml::Memory_v2* memory) {
-  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+  return fake::Fake().WithDevice(__func__, device, [&](const fake::Gpu& g, std::size_t, const fake::MigDevice* mig) {
     if (memory == nullptr) return nvml::kErrorInvalidArgument;
     if (memory->version != nvml::kMemoryV2Version) return nvml::kErrorArgumentVersionMismatch;
-    memory->total = g.memory_total;
-    memory->reserved = g.memory_reserved;
-    memory->free = g.memory_total - g.memory_used;
-    memory->used = g.memory_used;
+    nvml::Memory_v2 m = MemoryOf(g, mig);
+    m.version = memory->version;
+    *memory = m;
     return nvml::kSuccess;
   });
 }
@@ -1701,6 +1763,66 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetRemappedRows(nvml::Device device, unsigned 
       *failure_occurred = m.remap_failure ? 1 : 0;
       return nvml::kSuccess;
     });
+  });
+}
+
+// ---- Usage readings (issue 27): what Health's usage keys say of the GPU ---------------------------
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetUtilizationRates(nvml::Device device, nvml::Utilization* utilization) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (utilization == nullptr) return nvml::kErrorInvalidArgument;
+    *utilization = nvml::Utilization{g.health.gpu_util, g.health.memory_util};
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetEncoderUtilization(nvml::Device device, unsigned int* utilization,
+                                                        unsigned int* sampling_period_us) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (utilization == nullptr || sampling_period_us == nullptr) return nvml::kErrorInvalidArgument;
+    *utilization = g.health.encoder_util;
+    *sampling_period_us = 167000;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetDecoderUtilization(nvml::Device device, unsigned int* utilization,
+                                                        unsigned int* sampling_period_us) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (utilization == nullptr || sampling_period_us == nullptr) return nvml::kErrorInvalidArgument;
+    *utilization = g.health.decoder_util;
+    *sampling_period_us = 167000;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetPowerUsage(nvml::Device device, unsigned int* power_mw) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (power_mw == nullptr) return nvml::kErrorInvalidArgument;
+    *power_mw = g.health.power_mw;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetTotalEnergyConsumption(nvml::Device device, unsigned long long* energy_mj) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (energy_mj == nullptr) return nvml::kErrorInvalidArgument;
+    *energy_mj = g.health.energy_mj;
+    return nvml::kSuccess;
+  });
+}
+
+// SM and memory clocks as set; graphics = SM, video a fixed 1755 MHz.
+FAKE_NVML_EXPORT Return nvmlDeviceGetClockInfo(nvml::Device device, nvml::ClockType type, unsigned int* clock_mhz) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (clock_mhz == nullptr) return nvml::kErrorInvalidArgument;
+    switch (type) {
+      case nvml::kClockGraphics:
+      case nvml::kClockSm: *clock_mhz = g.health.sm_clock_mhz; return nvml::kSuccess;
+      case nvml::kClockMem: *clock_mhz = g.health.mem_clock_mhz; return nvml::kSuccess;
+      case nvml::kClockVideo: *clock_mhz = 1755; return nvml::kSuccess;
+      default: return nvml::kErrorInvalidArgument;
+    }
   });
 }
 
@@ -1943,6 +2065,12 @@ FAKE_NVML_EXPORT int fakeNvmlHungCalls(unsigned int* calls) {
   return nvml::kSuccess;
 }
 
+FAKE_NVML_EXPORT int fakeNvmlCallCount(unsigned long long* calls) {
+  if (calls == nullptr) return nvml::kErrorInvalidArgument;
+  *calls = fake::Fake().Calls();
+  return nvml::kSuccess;
+}
+
 FAKE_NVML_EXPORT int fakeNvmlLastWaitTimeout(unsigned int* timeout_ms) {
   return fake::Fake().LastWaitTimeout(timeout_ms);
 }
@@ -1973,3 +2101,4 @@ static_assert(std::is_same_v<decltype(&::fakeNvmlClearHealth), fakeNvmlClearHeal
 static_assert(std::is_same_v<decltype(&::fakeNvmlHang), fakeNvmlHang_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlReleaseHangs), fakeNvmlReleaseHangs_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlHungCalls), fakeNvmlHungCalls_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlCallCount), fakeNvmlCallCount_t>);

@@ -63,6 +63,11 @@ FAKE_NVML_CONTROL_API int fakeNvmlReleaseHangs(void);
 // How many NVML calls of this process are blocked in a hang right now.
 FAKE_NVML_CONTROL_API int fakeNvmlHungCalls(unsigned int* calls);
 
+// How many NVML calls this process made since the library was loaded (every entry point that
+// checks for nvmlInit; not nvmlEventSetWait_v2), so a test can see that something did not call
+// NVML at all.
+FAKE_NVML_CONTROL_API int fakeNvmlCallCount(unsigned long long* calls);
+
 typedef int (*fakeNvmlInjectXid_t)(const char*, unsigned long long);
 typedef int (*fakeNvmlSetFailure_t)(const char*, int);
 typedef int (*fakeNvmlClearFailures_t)(void);
@@ -73,6 +78,7 @@ typedef int (*fakeNvmlClearHealth_t)(void);
 typedef int (*fakeNvmlHang_t)(const char*, unsigned int);
 typedef int (*fakeNvmlReleaseHangs_t)(void);
 typedef int (*fakeNvmlHungCalls_t)(unsigned int*);
+typedef int (*fakeNvmlCallCount_t)(unsigned long long*);
 
 #ifdef __cplusplus
 }  // extern "C"

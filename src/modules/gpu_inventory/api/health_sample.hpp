@@ -29,7 +29,11 @@ enum HealthGroup : uint32_t {
   kHealthPcie = 1u << 3,     // link generation/width, replay counter
   kHealthThermal = 1u << 4,  // clock event reasons, temperatures, thresholds, violations
   kHealthHost = 1u << 5,     // persistence mode
-  kHealthAll = (1u << 6) - 1,
+  // Not health but usage, read by the same pass for the dcgm-exporter compatible series (the
+  // metrics module's gpuMetrics): utilization, frame buffer, power, energy, clocks, and the
+  // frame buffer of each MIG device.
+  kHealthUsage = 1u << 6,
+  kHealthAll = (1u << 7) - 1,
 };
 
 struct EccCounts {
@@ -98,6 +102,30 @@ struct ThermalReading {
   std::optional<uint64_t> thermal_violation_ns;  // nvmlDeviceGetViolationStatus(THERMAL), cumulative
 };
 
+// kHealthUsage: what dcgm-exporter's default counters show of a GPU's use.
+struct UsageReading {
+  std::optional<uint32_t> gpu_util_percent;     // nvmlDeviceGetUtilizationRates .gpu
+  std::optional<uint32_t> memory_util_percent;  // .memory (DCGM_FI_DEV_MEM_COPY_UTIL)
+  std::optional<uint32_t> encoder_util_percent;
+  std::optional<uint32_t> decoder_util_percent;
+  std::optional<uint64_t> fb_used_bytes;  // nvmlDeviceGetMemoryInfo_v2 where present, else v1
+  std::optional<uint64_t> fb_free_bytes;
+  std::optional<uint32_t> power_mw;
+  std::optional<uint64_t> energy_mj;  // since the driver loaded
+  std::optional<uint32_t> sm_clock_mhz;
+  std::optional<uint32_t> mem_clock_mhz;
+};
+
+// One MIG device of a MIG-enabled GPU (kHealthUsage): NVML answers the frame buffer for a MIG
+// handle; utilization, power and clocks are the parent GPU's.
+struct MigUsageReading {
+  std::string uuid;  // "MIG-…"
+  uint32_t gpu_instance = 0;
+  uint32_t compute_instance = 0;
+  std::optional<uint64_t> fb_used_bytes;
+  std::optional<uint64_t> fb_free_bytes;
+};
+
 struct GpuHealthReading {
   std::string uuid;
   std::string pci_bus_id;  // as the inventory spells it
@@ -115,6 +143,8 @@ struct GpuHealthReading {
   PcieReading pcie;
   ThermalReading thermal;
   std::optional<bool> persistence_mode;
+  UsageReading usage;
+  std::vector<MigUsageReading> mig_devices;  // kHealthUsage on a MIG-enabled GPU
   std::vector<std::string> failed_functions;  // NVML calls that failed other than NOT_SUPPORTED
 };
 

@@ -17,6 +17,9 @@
 //     nvmlDeviceGetCurrentClocksEventReasons is the new name of
 //     nvmlDeviceGetCurrentClocksThrottleReasons), temperature sensors and thresholds,
 //     nvmlFieldValue_t / NVML_FI_DEV_MEMORY_TEMP (82), nvmlViolationTime_t and nvmlPerfPolicyType_t.
+//   - The usage readings (issue 27) from the same header: nvmlUtilization_t,
+//     nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoder/DecoderUtilization, nvmlDeviceGetPowerUsage
+//     (mW), nvmlDeviceGetTotalEnergyConsumption (mJ), nvmlClockType_t and nvmlDeviceGetClockInfo.
 // The static_asserts at the bottom pin every size and offset the C ABI depends on (x86-64/arm64
 // LP64).
 //
@@ -157,6 +160,13 @@ inline constexpr TemperatureThreshold kTemperatureThresholdShutdown = 0;
 inline constexpr TemperatureThreshold kTemperatureThresholdSlowdown = 1;
 inline constexpr TemperatureThreshold kTemperatureThresholdMemMax = 2;
 inline constexpr TemperatureThreshold kTemperatureThresholdGpuMax = 3;
+
+// nvmlClockType_t (C enum) for nvmlDeviceGetClockInfo (current clocks, MHz).
+using ClockType = int;
+inline constexpr ClockType kClockGraphics = 0;
+inline constexpr ClockType kClockSm = 1;
+inline constexpr ClockType kClockMem = 2;
+inline constexpr ClockType kClockVideo = 3;
 
 // nvmlPerfPolicyType_t (C enum) for nvmlDeviceGetViolationStatus.
 using PerfPolicyType = int;
@@ -303,6 +313,13 @@ struct FieldValue {
   Value value;
 };
 
+// nvmlUtilization_t: percent of the last sample period (1/6 s to 1 s, by product) in which a
+// kernel ran (gpu) and in which device memory was read or written (memory).
+struct Utilization {
+  unsigned int gpu;
+  unsigned int memory;
+};
+
 // nvmlViolationTime_t (nanoseconds).
 struct ViolationTime {
   unsigned long long referenceTime;
@@ -341,6 +358,7 @@ static_assert(sizeof(Value) == 8);
 static_assert(sizeof(FieldValue) == 40 && offsetof(FieldValue, timestamp) == 8);
 static_assert(offsetof(FieldValue, latencyUsec) == 16 && offsetof(FieldValue, valueType) == 24);
 static_assert(offsetof(FieldValue, nvmlReturn) == 28 && offsetof(FieldValue, value) == 32);
+static_assert(sizeof(Utilization) == 8 && offsetof(Utilization, memory) == 4);
 static_assert(sizeof(ViolationTime) == 16 && offsetof(ViolationTime, violationTime) == 8);
 // The tags NVIDIA's headers print: the strongest check that the layouts above are right.
 static_assert(kGpuFabricInfoV2Version == 0x02000024u);
@@ -403,6 +421,13 @@ using DeviceGetTemperatureFn = Return (*)(Device device, TemperatureSensor senso
 using DeviceGetTemperatureThresholdFn = Return (*)(Device device, TemperatureThreshold threshold, unsigned int* temp);
 using DeviceGetFieldValuesFn = Return (*)(Device device, int values_count, FieldValue* values);
 using DeviceGetViolationStatusFn = Return (*)(Device device, PerfPolicyType policy, ViolationTime* time);
+// Usage readings (issue 27, dcgm-exporter's default counters).
+using DeviceGetUtilizationRatesFn = Return (*)(Device device, Utilization* utilization);
+// Encoder / decoder: percent, and the sampling period it covers in microseconds.
+using DeviceGetCodecUtilizationFn = Return (*)(Device device, unsigned int* utilization, unsigned int* sampling_period_us);
+using DeviceGetPowerUsageFn = Return (*)(Device device, unsigned int* power_mw);                   // milliwatts
+using DeviceGetTotalEnergyConsumptionFn = Return (*)(Device device, unsigned long long* energy_mj);  // since driver load
+using DeviceGetClockInfoFn = Return (*)(Device device, ClockType type, unsigned int* clock_mhz);
 using EventSetCreateFn = Return (*)(EventSet* set);
 using DeviceGetSupportedEventTypesFn = Return (*)(Device device, unsigned long long* event_types);
 using DeviceRegisterEventsFn = Return (*)(Device device, unsigned long long event_types, EventSet set);
@@ -465,6 +490,12 @@ namespace gns::nvml {
   X(nvmlDeviceGetTemperatureThreshold, DeviceGetTemperatureThresholdFn, false)  \
   X(nvmlDeviceGetFieldValues, DeviceGetFieldValuesFn, false)                    \
   X(nvmlDeviceGetViolationStatus, DeviceGetViolationStatusFn, false)            \
+  X(nvmlDeviceGetUtilizationRates, DeviceGetUtilizationRatesFn, false)          \
+  X(nvmlDeviceGetEncoderUtilization, DeviceGetCodecUtilizationFn, false)        \
+  X(nvmlDeviceGetDecoderUtilization, DeviceGetCodecUtilizationFn, false)        \
+  X(nvmlDeviceGetPowerUsage, DeviceGetPowerUsageFn, false)                      \
+  X(nvmlDeviceGetTotalEnergyConsumption, DeviceGetTotalEnergyConsumptionFn, false) \
+  X(nvmlDeviceGetClockInfo, DeviceGetClockInfoFn, false)                        \
   X(nvmlEventSetCreate, EventSetCreateFn, true)                                 \
   X(nvmlDeviceGetSupportedEventTypes, DeviceGetSupportedEventTypesFn, true)     \
   X(nvmlDeviceRegisterEvents, DeviceRegisterEventsFn, true)                     \

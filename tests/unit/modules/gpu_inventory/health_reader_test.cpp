@@ -259,5 +259,62 @@ TEST_F(ReadHealthTest, ThePassCountsGpusOnThePciBusUnderTheHostRoot) {
   EXPECT_EQ(sample.pci_gpu_count, 1u);
 }
 
+// kHealthUsage (issue 27): what the DCGM_FI_* series show, for every GPU and MIG device.
+TEST_F(ReadHealthTest, UsageOfEveryGpuAndEveryMigDevice) {
+  ASSERT_EQ(library_->Api().nvmlShutdown(), nvml::kSuccess);
+  setenv("FAKE_NVML_CONFIG", GNS_FAKE_NVML_GPUS_MIG, 1);
+  ASSERT_EQ(library_->Api().nvmlInit_v2(), nvml::kSuccess);
+  const std::string gpu0 = UuidOf(0);
+  ASSERT_EQ(set_health_(gpu0.c_str(), R"({"gpuUtil":87,"memoryUtil":41,"encoderUtil":5,"decoderUtil":6,
+      "powerMilliwatts":312456,"energyMillijoules":9876543210,"smClockMhz":1755,"memClockMhz":2619,
+      "memoryUsedBytes":1048576000,"migMemoryUsedMiB":{"0":2048}})"),
+            nvml::kSuccess);
+  const HealthSample sample = ReadHealth(*library_, kHealthUsage, "");
+  ASSERT_TRUE(sample.ok) << sample.error;
+  ASSERT_EQ(sample.gpus.size(), 4u);
+  const GpuHealthReading& g = sample.gpus[0];
+  EXPECT_THAT(g.failed_functions, IsEmpty());
+  EXPECT_EQ(g.usage.gpu_util_percent, 87u);
+  EXPECT_EQ(g.usage.memory_util_percent, 41u);
+  EXPECT_EQ(g.usage.encoder_util_percent, 5u);
+  EXPECT_EQ(g.usage.decoder_util_percent, 6u);
+  EXPECT_EQ(g.usage.power_mw, 312456u);
+  EXPECT_EQ(g.usage.energy_mj, 9876543210ULL);
+  EXPECT_EQ(g.usage.sm_clock_mhz, 1755u);
+  EXPECT_EQ(g.usage.mem_clock_mhz, 2619u);
+  EXPECT_EQ(g.usage.fb_used_bytes, 1048576000ULL);
+  EXPECT_EQ(g.usage.fb_free_bytes, 85520809984ULL - 1048576000ULL);
+  ASSERT_EQ(g.mig_devices.size(), 4u);
+  EXPECT_EQ(g.mig_devices[0].uuid, "MIG-5eed0000-0000-5000-8000-000000000001");
+  EXPECT_EQ(g.mig_devices[0].gpu_instance, 1u);
+  EXPECT_EQ(g.mig_devices[0].fb_used_bytes, 2048ULL * 1024 * 1024);
+  EXPECT_EQ(g.mig_devices[0].fb_free_bytes, (40192ULL - 2048) * 1024 * 1024);
+  EXPECT_EQ(g.mig_devices[3].gpu_instance, 8u);
+  EXPECT_EQ(g.mig_devices[3].fb_used_bytes, 0u);
+  EXPECT_EQ(sample.gpus[1].mig_devices.size(), 7u);
+  EXPECT_THAT(sample.gpus[3].mig_devices, IsEmpty());  // MIG off
+  // Health groups not asked for are not read.
+  EXPECT_FALSE(g.thermal.gpu_temperature_c.has_value());
+}
+
+TEST_F(ReadHealthTest, AUsageFunctionTheDriverLacksLeavesItsReadingEmptyAndIsNoFailure) {
+  constexpr int kFunctionNotFound = 13;
+  constexpr int kUnknown = 999;
+  ASSERT_EQ(set_failure_("nvmlDeviceGetPowerUsage", kFunctionNotFound), nvml::kSuccess);
+  ASSERT_EQ(set_failure_("nvmlDeviceGetTotalEnergyConsumption", nvml::kErrorNotSupported), nvml::kSuccess);
+  ASSERT_EQ(set_failure_("nvmlDeviceGetClockInfo", kUnknown), nvml::kSuccess);
+  // An old driver's v2 memory entry point that refuses the version: v1 answers instead.
+  ASSERT_EQ(set_failure_("nvmlDeviceGetMemoryInfo_v2", nvml::kErrorArgumentVersionMismatch), nvml::kSuccess);
+  const HealthSample sample = ReadHealth(*library_, kHealthUsage, "");
+  ASSERT_TRUE(sample.ok) << sample.error;
+  const GpuHealthReading& g = sample.gpus[0];
+  EXPECT_FALSE(g.usage.power_mw.has_value());
+  EXPECT_FALSE(g.usage.energy_mj.has_value());
+  EXPECT_FALSE(g.usage.sm_clock_mhz.has_value());
+  EXPECT_TRUE(g.usage.gpu_util_percent.has_value());
+  EXPECT_TRUE(g.usage.fb_free_bytes.has_value());
+  EXPECT_THAT(g.failed_functions, ElementsAre("nvmlDeviceGetClockInfo", "nvmlDeviceGetClockInfo"));
+}
+
 }  // namespace
 }  // namespace gns::gpu_inventory::read_health_test
