@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 # NVML return codes by name (nvml.h nvmlReturn_t), for `fail`.
 RETURN_CODES = {
@@ -85,7 +86,18 @@ def send(path, command, timeout, wait):
             # An abstract address (leading NUL): nothing to clean up on the file system.
             sock.bind("\0fakenvmlctl-%d-%s" % (os.getpid(), os.urandom(4).hex()))
         sock.settimeout(timeout)
-        sock.sendto(json.dumps(command).encode(), path)
+        # The socket lives from the process's first nvmlInit to its last nvmlShutdown. When
+        # gpu-inventory reopens its session (a GPU released for its reset, or taken back), the
+        # path is gone for a moment between the two: wait for it, within the timeout.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                sock.sendto(json.dumps(command).encode(), path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
         if not wait:
             return None
         return json.loads(sock.recv(65536).decode())
