@@ -3,6 +3,8 @@
 
 #include "modules/device_plugin/mps.hpp"
 
+#include "loop/grpc_status_text.hpp"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -125,9 +127,10 @@ void ResourceEndpoint::Register() {
           return;
         }
         const auto delay = register_backoff_.Next();
-        context_.Log().warn("registration of {} failed ({}: {}); retrying in {} ms", settings_.resource,
-                            static_cast<int>(status.error_code()), status.error_message(), delay.count());
-        SetProblem("registration of " + settings_.resource + " failed: " + status.error_message());
+        const std::string why = DescribeGrpcStatus(status);
+        context_.Log().warn("registration of {} failed ({}); retrying in {} ms", settings_.resource, why,
+                            delay.count());
+        SetProblem("registration of " + settings_.resource + " failed: " + why);
         register_timer_.expires_after(delay);
         register_timer_.async_wait([this, alive](const boost::system::error_code& ec) {
           if (ec || !alive) return;

@@ -7,7 +7,6 @@
 // wake-ups, and a new channel finds a restarted connector at once. Destroying the client
 // cancels the call in flight; its outcome is then dropped.
 
-#include "loop/grpc_queue.hpp"
 #include "loop/loop.hpp"
 #include "nvsentinel/v1/api.pb.h"
 
@@ -15,6 +14,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+
+namespace datamodels {
+class PlatformConnector;
+}  // namespace datamodels
+
+namespace gns {
+template <typename Service>
+class IdleChannelClient;
+}  // namespace gns
 
 namespace gns::nvsentinel_export {
 
@@ -33,12 +41,9 @@ class ConnectorClient {
 
   const std::string& Target() const { return target_; }
 
-  struct Shared;
-
  private:
   std::string target_;
-  std::shared_ptr<Shared> shared_;
-  std::unique_ptr<GrpcQueue> queue_;
+  std::unique_ptr<IdleChannelClient<datamodels::PlatformConnector>> client_;
 };
 
 // "unix:///var/run/x.sock" → "/var/run/x.sock"; a plain path stays; "" for anything else.

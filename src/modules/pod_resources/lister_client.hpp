@@ -2,12 +2,10 @@
 // A client of the kubelet's PodResourcesLister v1 on its unix socket (WIRE-FACTS §5). Calls use
 // gRPC's completion-queue API on the client's own queue (loop/grpc_queue.hpp: one thread blocks
 // on it), so they never block the loop; each has a deadline; the outcome is posted to the loop.
-// A channel is held only while calls are in flight (none at rest: an idle gRPC channel costs
-// timer wake-ups), so a restarted kubelet is found by the next call. Destroying the client cancels the calls in flight
-// and waits (briefly: cancellation is local) until gRPC has let go of them; their outcomes are
-// then dropped.
+// A channel is held only while calls are in flight, so a restarted kubelet is found by the next
+// call; destroying the client cancels the calls in flight and drops their outcomes
+// (loop/grpc_idle_channel_client.hpp).
 
-#include "loop/grpc_queue.hpp"
 #include "loop/loop.hpp"
 #include "podresources/v1/api.pb.h"
 
@@ -15,6 +13,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+
+namespace v1 {
+class PodResourcesLister;
+}  // namespace v1
+
+namespace gns {
+template <typename Service>
+class IdleChannelClient;
+}  // namespace gns
 
 namespace gns::pod_resources {
 
@@ -38,14 +45,10 @@ class ListerClient {
 
   const std::string& SocketPath() const { return socket_path_; }
 
-  struct Shared;
-
  private:
-  Loop& loop_;
   std::string socket_path_;
   std::chrono::milliseconds timeout_;
-  std::shared_ptr<Shared> shared_;
-  std::unique_ptr<GrpcQueue> queue_;
+  std::unique_ptr<IdleChannelClient<v1::PodResourcesLister>> client_;
 };
 
 }  // namespace gns::pod_resources
