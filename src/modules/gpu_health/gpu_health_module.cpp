@@ -102,6 +102,8 @@ GpuHealthModule::Config GpuHealthModule::ParseConfig(ConfigMap& section, const S
   }
   config.watch_annotation = section.Bool("watchAnnotation", config.watch_annotation);
   config.recent_events = static_cast<std::size_t>(section.Int("recentEvents", 0, 1000, 32));
+  config.event_log = static_cast<std::size_t>(
+      section.Int("eventLog", 0, static_cast<int64_t>(HealthCheckpoint::kMaxEventLog), static_cast<int64_t>(config.event_log)));
   config.checkpoint_interval = section.Duration("checkpointInterval", std::chrono::milliseconds(10),
                                                 std::chrono::minutes(10), config.checkpoint_interval);
   config.checks = ParseChecksConfig(section);
@@ -214,6 +216,7 @@ void GpuHealthModule::Start() {
         loading_ = false;
         try {
           LoadCheckpoint(std::move(files));
+          PublishEventLog();  // what the last run let out, for a consumer a kill -9 kept it from
           Serve();
         } catch (const std::exception& e) {
           context_.ReportFailure(std::string("start failed: ") + e.what());
@@ -447,6 +450,7 @@ void GpuHealthModule::OnEvent(HealthEvent event, XidJudge::KubeEvent k8s) {
       }
     }
   }
+  KeepInEventLog(event);
   outbox_.push_back(Outgoing{++change_, std::move(event), k8s});
   if (CanPersist() && writer_) {
     writer_->Dirty();
@@ -789,6 +793,8 @@ void GpuHealthModule::LoadCheckpoint(StartFiles files) {
   consumed_ = saved->journal;
   // The boot history is no boot's: it is what escalation across boots remembers.
   judge_.RestoreBootHistory(std::move(saved->xid_boots));
+  // So is the event log: its events left (or were about to leave) whatever boot it was.
+  for (const auto& event : saved->event_log) KeepInEventLog(event);
   if (!boot_from_host_) {
     awaiting_boot_ = std::move(*saved);
     return;
@@ -875,6 +881,7 @@ CheckpointWriter::Snapshot GpuHealthModule::TakeSnapshot() {
     if (const auto& held = judge_.Verdicts().HeldBy(d.RetainKey()); !held.empty()) checkpoint.held_by[d.RetainKey()] = held;
   }
   checkpoint.xid_boots = judge_.BootHistory().All();
+  checkpoint.event_log.assign(event_log_.begin(), event_log_.end());
   checkpoint.journal = consumed_;
   checkpoint.xid_counts = judge_.Counts().All();
   checkpoint.conditions = check_book_.Fatal();
@@ -912,14 +919,33 @@ void GpuHealthModule::UpdateModuleHealth() {
 }
 
 void GpuHealthModule::Release(uint64_t covers) {
+  bool released = false;
   while (!outbox_.empty() && outbox_.front().seq <= covers) {
     Outgoing out = std::move(outbox_.front());
     outbox_.pop_front();
     events_total_->Inc();
     report_.Event(out.event, out.k8s.record, out.k8s.type, out.k8s.reason);
     context_.GetBus().Publish(std::move(out.event));
+    released = true;
   }
+  // After the events themselves: a consumer has taken them from the topic before it sees them
+  // in the log, so the log gives it only what it missed.
+  if (released) PublishEventLog();
   if (!stopping_) Report();
+}
+
+void GpuHealthModule::KeepInEventLog(const HealthEvent& event) {
+  if (config_.event_log == 0) return;
+  event_log_.push_back(event);
+  while (event_log_.size() > config_.event_log) event_log_.pop_front();
+}
+
+void GpuHealthModule::PublishEventLog() {
+  // The events still in the outbox have not left: they are the newest of the log.
+  const std::size_t waiting = std::min(outbox_.size(), event_log_.size());
+  HealthEventLog log;
+  log.events.assign(event_log_.begin(), event_log_.end() - static_cast<std::ptrdiff_t>(waiting));
+  context_.GetBus().Publish(std::move(log));
 }
 
 }  // namespace gns::gpu_health

@@ -81,6 +81,8 @@ class GpuHealthModule final : public Module {
     bool admin_socket = true;          // <stateDir>/admin.sock
     bool watch_annotation = true;      // the set-healthy Node annotation, when kube is there
     std::size_t recent_events = 32;    // kept for /debug/state
+    // Kept in the checkpoint for consumers that take every event once (HealthEventLog).
+    std::size_t event_log = 64;
     // How long the position of lines that changed nothing may wait before it is written (the
     // most that is read again after kill -9; lines that change something are written at once).
     std::chrono::milliseconds checkpoint_interval{5000};
@@ -202,6 +204,11 @@ class GpuHealthModule final : public Module {
     XidJudge::KubeEvent k8s;
   };
   std::deque<Outgoing> outbox_;
+  // The last events made, newest last, at most config_.event_log: the newest outbox_.size() of
+  // them are still in the outbox. Persisted with the checkpoint; published as HealthEventLog.
+  std::deque<HealthEvent> event_log_;
+  void KeepInEventLog(const HealthEvent& event);
+  void PublishEventLog();
   pod_resources::GpuPodMap pods_;  // who holds which GPU (pod-resources), when that module runs
   uint64_t change_ = 0;  // bumped by every change the checkpoint must cover
   bool stopping_ = false;

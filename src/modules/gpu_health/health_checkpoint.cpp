@@ -33,6 +33,81 @@ bool UnsignedField(const nlohmann::json& d, const char* key, uint64_t& into) {
   return true;
 }
 
+constexpr std::size_t kMaxEventText = 8192;  // an event's message (a kernel line and more)
+constexpr std::size_t kMaxEventList = 256;   // error codes, entities, pods of one event
+
+bool StringList(const nlohmann::json& d, const char* key, std::vector<std::string>& into, bool required) {
+  const auto it = d.find(key);
+  if (it == d.end()) return !required;
+  if (!it->is_array() || it->size() > kMaxEventList) return false;
+  for (const auto& one : *it) {
+    if (!one.is_string() || one.get_ref<const std::string&>().size() > kMaxText) return false;
+    into.push_back(one.get<std::string>());
+  }
+  return true;
+}
+
+// One entry of "eventLog", as messages.hpp's to_json writes a HealthEvent.
+bool ParseEvent(const nlohmann::json& e, HealthEvent& out, std::string& error) {
+  if (!e.is_object()) {
+    error = "not an object";
+    return false;
+  }
+  const auto message = e.find("message");
+  const auto fatal = e.find("isFatal");
+  const auto healthy = e.find("isHealthy");
+  const auto action = e.find("recommendedAction");
+  if (!TextField(e, "agent", out.agent) || !TextField(e, "componentClass", out.component_class) ||
+      !TextField(e, "checkName", out.check_name) || message == e.end() || !message->is_string() ||
+      message->get_ref<const std::string&>().size() > kMaxEventText || fatal == e.end() || !fatal->is_boolean() ||
+      healthy == e.end() || !healthy->is_boolean() || action == e.end() || !action->is_number_integer() ||
+      !TextField(e, "recommendedActionName", out.recommended_action_name) || !TextField(e, "nodeName", out.node_name) ||
+      !TextField(e, "source", out.source)) {
+    error = "agent, componentClass, checkName, message, isFatal, isHealthy, recommendedAction, recommendedActionName, "
+            "nodeName or source missing, too long or of the wrong type";
+    return false;
+  }
+  out.message = message->get<std::string>();
+  out.is_fatal = fatal->get<bool>();
+  out.is_healthy = healthy->get<bool>();
+  out.recommended_action = action->get<int>();
+  if (!StringList(e, "errorCode", out.error_code, true) || !StringList(e, "pods", out.pods, false)) {
+    error = "errorCode or pods is not a list of at most " + std::to_string(kMaxEventList) + " short texts";
+    return false;
+  }
+  const auto entities = e.find("entitiesImpacted");
+  if (entities == e.end() || !entities->is_array() || entities->size() > kMaxEventList) {
+    error = "entitiesImpacted missing or not a list of at most " + std::to_string(kMaxEventList) + " entries";
+    return false;
+  }
+  for (const auto& entity : *entities) {
+    ImpactedEntity one;
+    if (!entity.is_object() || !TextField(entity, "entityType", one.type) || !TextField(entity, "entityValue", one.value)) {
+      error = "an entitiesImpacted entry lacks entityType or entityValue";
+      return false;
+    }
+    out.entities_impacted.push_back(std::move(one));
+  }
+  const auto generated = e.find("generatedTimestamp");
+  const bool timestamp_ok = generated != e.end() && generated->is_object() && generated->contains("seconds") &&
+                            generated->at("seconds").is_number_integer() && generated->contains("nanos") &&
+                            generated->at("nanos").is_number_integer();
+  if (!timestamp_ok) {
+    error = "generatedTimestamp.seconds or .nanos missing or not an integer";
+    return false;
+  }
+  out.generated_seconds = generated->at("seconds").get<int64_t>();
+  out.generated_nanos = generated->at("nanos").get<int32_t>();
+  if (const auto suppressed = e.find("suppressedBefore"); suppressed != e.end()) {
+    if (!suppressed->is_number_unsigned()) {
+      error = "suppressedBefore is not a count";
+      return false;
+    }
+    out.suppressed_before = suppressed->get<uint64_t>();
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string NormalizeBootId(std::string_view text) {
@@ -102,6 +177,7 @@ std::string HealthCheckpoint::Serialize() const {
     }
     out["xidBoots"] = std::move(boots);
   }
+  if (!event_log.empty()) out["eventLog"] = event_log;
   return out.dump(2) + "\n";
 }
 
@@ -258,6 +334,20 @@ std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, s
         entry.boots.push_back(std::move(boot));
       }
       out.xid_boots.push_back(std::move(entry));
+    }
+  }
+  if (const auto log = doc.find("eventLog"); log != doc.end()) {
+    if (!log->is_array() || log->size() > kMaxEventLog) {
+      error = "eventLog is not an array of at most " + std::to_string(kMaxEventLog) + " entries";
+      return std::nullopt;
+    }
+    for (std::size_t i = 0; i < log->size(); ++i) {
+      HealthEvent event;
+      if (!ParseEvent((*log)[i], event, error)) {
+        error = "eventLog[" + std::to_string(i) + "]: " + error;
+        return std::nullopt;
+      }
+      out.event_log.push_back(std::move(event));
     }
   }
   const auto held = doc.find("checkConditions");

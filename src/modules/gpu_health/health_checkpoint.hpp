@@ -50,6 +50,10 @@ struct HealthCheckpoint {
   // The boot history of escalating XIDs (optional "xidBoots"). Unlike everything above it is
   // not this boot's: the module keeps it whatever boot the file belongs to.
   std::vector<XidBootHistory::Entry> xid_boots;
+  // The last events that left (or are about to leave: the outbox this write covers), newest
+  // last (optional "eventLog"; HealthEventLog). Kept whatever boot the file belongs to.
+  std::vector<HealthEvent> event_log;
+  static constexpr std::size_t kMaxEventLog = 1024;
 
   [[nodiscard]] std::string Serialize() const;
   // nullopt (with `error`: what and where) for anything malformed, too large or of an unknown

@@ -105,6 +105,20 @@ inline void to_json(nlohmann::json& j, const HealthEvent& e) {
   if (!e.pods.empty()) j["pods"] = e.pods;
 }
 
+// Retained: the last HealthEvents gpu-health let out (newest last, at most `eventLog`), kept in
+// its checkpoint. A consumer that must take every event once (nvsentinel-export) finds here, at
+// its start, what a kill -9 kept from it: between gpu-health's checkpoint landing and the event
+// reaching the bus, or between the bus and the consumer's own disk. Republished after each batch
+// of events has gone out on the event topic, so it never holds an event the topic has not
+// carried first in this run.
+struct HealthEventLog {
+  static constexpr std::string_view kTopic = "gpu-health.event-log";
+  static constexpr bool kRetained = true;
+  std::vector<HealthEvent> events;
+};
+
+inline void to_json(nlohmann::json& j, const HealthEventLog& log) { j = nlohmann::json{{"events", log.events}}; }
+
 // Retained: the gpu-health module's view for /debug/state.
 struct GpuHealthState {
   static constexpr std::string_view kTopic = "gpu-health.state";

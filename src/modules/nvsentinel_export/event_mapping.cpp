@@ -132,6 +132,7 @@ nlohmann::json BookToJson(const ExportBook& book) {
     j["imex"] = {{"status", book.imex->status}, {"reason", book.imex->reason}, {"generation", book.imex->generation}};
   }
   if (book.resets) j["resets"] = *book.resets;
+  if (book.taken_events) j["takenEvents"] = *book.taken_events;
   return j;
 }
 
@@ -158,6 +159,12 @@ ExportBook BookFromJson(const nlohmann::json& j) {
                                    i.at("generation").get<uint64_t>()};
     }
     if (j.contains("resets")) book.resets = j.at("resets").get<std::set<std::string>>();
+    if (j.contains("takenEvents")) {
+      book.taken_events = j.at("takenEvents").get<std::vector<std::string>>();
+      if (book.taken_events->size() > ExportBook::kMaxTakenEvents) {
+        throw std::runtime_error("takenEvents holds more than " + std::to_string(ExportBook::kMaxTakenEvents) + " ids");
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(std::string("a field is missing or of the wrong type: ") + e.what());
   }

@@ -72,6 +72,10 @@ struct ExportBook {
   };
   std::optional<Imex> imex;
   std::optional<std::set<std::string>> resets;  // "<job id>/<phase>" of finished jobs, exported or seen
+  // Ids of gpu-health events taken into the queue, oldest first, at most kMaxTakenEvents.
+  // Absent: never recorded (a fresh node, or a book written before this field).
+  std::optional<std::vector<std::string>> taken_events;
+  static constexpr std::size_t kMaxTakenEvents = 2048;
   bool operator==(const ExportBook&) const = default;
 };
 nlohmann::json BookToJson(const ExportBook& book);

@@ -8,6 +8,7 @@
 #include "modules/nvsentinel_export/event_store.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace gns::nvsentinel_export {
 
@@ -42,6 +43,8 @@ NvsentinelExportModule::Config NvsentinelExportModule::ParseConfig(ConfigMap& se
   config.max_queued = section.Int("maxQueuedEvents", 1, 1000000, config.max_queued);
   config.max_batch = section.Int("maxBatch", 1, 1000, config.max_batch);
   config.call_deadline = section.Duration("callDeadline", milliseconds(100), milliseconds(300000), config.call_deadline);
+  config.replay_window =
+      section.Duration("replayWindow", milliseconds(0), milliseconds(24LL * 3600 * 1000), config.replay_window);
   auto retry = section.Section("retry");
   config.retry.initial = retry.Duration("initial", milliseconds(10), milliseconds(60000), config.retry.initial);
   config.retry.max = retry.Duration("max", config.retry.initial, milliseconds(3600000), config.retry.max);
@@ -79,6 +82,8 @@ NvsentinelExportModule::NvsentinelExportModule(ModuleContext& context, const Con
                               "Health events dropped, oldest first, because the queue was full");
   damaged_total_ = &m.Counter("gpu_node_supervisor_nvsentinel_export_damaged_total",
                               "Damaged queue files moved aside (or events that did not parse)");
+  replayed_total_ = &m.Counter("gpu_node_supervisor_nvsentinel_export_replayed_total",
+                               "gpu-health events found at start in its event log that a kill -9 had kept from the queue");
   last_success_ = &m.Gauge("gpu_node_supervisor_nvsentinel_export_last_success_timestamp_seconds",
                            "Unix time of the last call the platform connector answered OK");
   state_.target = config_.socket;
@@ -120,7 +125,16 @@ void NvsentinelExportModule::Start() {
       ExportSettings settings{context_.Site().node_name,
                               config_.processing_strategy == "STORE_ONLY" ? datamodels::STORE_ONLY
                                                                           : datamodels::EXECUTE_REMEDIATION};
-      Enqueue(std::vector<datamodels::HealthEvent>{FromGpuHealthEvent(e, settings)});
+      auto event = FromGpuHealthEvent(e, settings);
+      const std::string id = event.id();
+      Enqueue(std::vector<datamodels::HealthEvent>{std::move(event)});
+      NoteTaken(id);
+    });
+    // Published by gpu-health after the events it carries went out on the event topic (above):
+    // it gives us only what we missed, at our start or after a kill -9.
+    log_sub_ = bus.Subscribe<gpu_health::HealthEventLog>([this](const gpu_health::HealthEventLog& log) {
+      event_log_ = log;
+      if (loaded_) ReplayEventLog();
     });
   }
   if (Exports("checks")) {
@@ -198,6 +212,8 @@ void NvsentinelExportModule::Loaded(std::vector<StoredEvent> events, std::option
   // stable: a receiver that has them dedupes).
   *book_ = book ? std::move(*book) : ExportBook{};
   if (!book) book_dirty_ = true;
+  replay_allowed_ = book_->taken_events.has_value();
+  if (book_->taken_events) taken_.insert(book_->taken_events->begin(), book_->taken_events->end());
   for (auto& event : events) {
     next_seq_ = std::max(next_seq_, event.seq + 1);
     // Two files of one id (a re-diff written before its book, then again): keep the first.
@@ -208,13 +224,71 @@ void NvsentinelExportModule::Loaded(std::vector<StoredEvent> events, std::option
     queue_.push_back(std::move(event));
   }
   loaded_ = true;
+  for (const auto& id : std::exchange(taken_early_, {})) NoteTaken(id);
   if (!queue_.empty()) context_.Log().info("{} health events queued from an earlier run", queue_.size());
   // Events taken while the queue was read get their places now, after the older ones.
   for (auto& event : pending_) event.seq = next_seq_++;
+  if (event_log_) ReplayEventLog();
   if (start_verdicts_) DiffStartVerdicts();
   Reconcile();
   ScheduleFlush();
   Deliver();
+}
+
+void NvsentinelExportModule::NoteTaken(const std::string& id) {
+  if (!loaded_) {
+    taken_early_.push_back(id);
+    return;
+  }
+  if (!taken_.insert(id).second) return;
+  auto& ids = book_->taken_events ? *book_->taken_events : book_->taken_events.emplace();
+  ids.push_back(id);
+  while (ids.size() > ExportBook::kMaxTakenEvents) {
+    taken_.erase(ids.front());
+    ids.erase(ids.begin());
+  }
+  // Written with (after) the event files of this turn: a crash before it finds the event again
+  // in gpu-health's log, and its id already queued.
+  book_dirty_ = true;
+  ScheduleFlush();
+}
+
+void NvsentinelExportModule::ReplayEventLog() {
+  ExportSettings settings{context_.Site().node_name, config_.processing_strategy == "STORE_ONLY"
+                                                         ? datamodels::STORE_ONLY
+                                                         : datamodels::EXECUTE_REMEDIATION};
+  const int64_t now = NowMs();
+  std::vector<datamodels::HealthEvent> missed;
+  std::size_t history = 0;
+  std::size_t too_old = 0;
+  for (const auto& e : event_log_->events) {
+    auto event = FromGpuHealthEvent(e, settings);
+    const std::string id = event.id();
+    if (Taken(id)) continue;
+    NoteTaken(id);
+    if (!replay_allowed_) {
+      ++history;
+    } else if (queued_ids_.count(id) != 0) {
+      continue;  // on disk already (its book write was what the crash took)
+    } else if (now - e.generated_seconds * 1000 > config_.replay_window.count()) {
+      ++too_old;
+    } else {
+      missed.push_back(std::move(event));
+    }
+  }
+  if (history > 0) {
+    context_.Log().info("{} earlier gpu-health events recorded as taken, not sent (no record of what was taken before)",
+                        history);
+  }
+  if (too_old > 0) {
+    context_.Log().warn("{} gpu-health events we never took are older than replayWindow ({} s): not sent", too_old,
+                        config_.replay_window.count() / 1000);
+  }
+  replay_allowed_ = true;  // from the next log on, what we did not take is news
+  if (missed.empty()) return;
+  context_.Log().warn("{} gpu-health events a stop or kill -9 kept from the queue: queued now", missed.size());
+  replayed_total_->Inc(static_cast<double>(missed.size()));
+  Enqueue(std::move(missed));
 }
 
 void NvsentinelExportModule::DiffStartVerdicts() {
@@ -456,6 +530,7 @@ void NvsentinelExportModule::Stop(std::function<void()> done) {
   checks_sub_.Reset();
   imex_sub_.Reset();
   resets_sub_.Reset();
+  log_sub_.Reset();
   // A call in flight is waited for (its deadline bounds it): cancelling it after the
   // connector took the events would send them again at the next start.
   // What was taken but not written yet is written before we go; a write in flight (or the

@@ -5,7 +5,9 @@
 //
 // Nothing lost, nothing doubled (README.md says how each source is covered):
 //  - non-retained events (gpu-health's XID events and recoveries) are written to the on-disk
-//    queue (event_store.hpp) before they count as taken;
+//    queue (event_store.hpp) before they count as taken; their ids are kept in the book, and
+//    gpu-health's event log (its checkpoint's last events) gives at start those a kill -9 kept
+//    from the queue;
 //  - retained facts (check conditions, IMEX health, reset outcomes, GPU verdicts at start) are
 //    diffed against the persisted book of what was last exported (event_mapping.hpp), so what
 //    changed while we were down, or between a change and its enqueue, is found at the next start;
@@ -57,6 +59,10 @@ class NvsentinelExportModule final : public Module {
     // polled checks' conditions), imex, resets, verdicts (GPU verdicts that changed while we
     // were not running).
     std::set<std::string> sources{"xid", "checks", "imex", "resets", "verdicts"};
+    // An event of gpu-health's log we never took is sent at start only when it is younger than
+    // this: a crash-looping process comes back within minutes; an event older than that was
+    // made while this module was off, and acting on it now would act on history.
+    std::chrono::milliseconds replay_window{std::chrono::minutes(15)};
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
 
@@ -69,6 +75,9 @@ class NvsentinelExportModule final : public Module {
   void Loaded(std::vector<StoredEvent> events, std::optional<ExportBook> book, std::vector<std::string> problems);
   void Reconcile();
   void DiffStartVerdicts();
+  void ReplayEventLog();
+  bool Taken(const std::string& id) const { return taken_.count(id) != 0; }
+  void NoteTaken(const std::string& id);
   template <typename Event>
   void Enqueue(std::vector<Event> events);
   void ScheduleFlush();
@@ -106,6 +115,13 @@ class NvsentinelExportModule final : public Module {
   std::optional<gpu_health::GpuHealthChecks> checks_;
   std::optional<imex_health::ImexHealth> imex_;
   std::optional<gpu_reset::GpuResetState> resets_;
+  // gpu-health's event log, latest; what it holds that we never took is queued once loaded.
+  std::optional<gpu_health::HealthEventLog> event_log_;
+  std::set<std::string> taken_;             // the book's taken event ids, for lookup
+  std::vector<std::string> taken_early_;    // taken before the book was read
+  // Whether the log's untaken events are news: not for the first log after a book that never
+  // recorded taken ids (a fresh node, or an upgrade from a build without them).
+  bool replay_allowed_ = false;
   NvsentinelExportState state_;
   Backoff backoff_;
   boost::asio::steady_timer retry_timer_;        // the next delivery attempt
@@ -118,11 +134,13 @@ class NvsentinelExportModule final : public Module {
   MetricsRegistry::Series* dropped_total_;
   MetricsRegistry::Series* damaged_total_;
   MetricsRegistry::Series* last_success_;
+  MetricsRegistry::Series* replayed_total_;
   Subscription events_sub_;
   Subscription state_sub_;
   Subscription checks_sub_;
   Subscription imex_sub_;
   Subscription resets_sub_;
+  Subscription log_sub_;
 };
 
 }  // namespace gns::nvsentinel_export

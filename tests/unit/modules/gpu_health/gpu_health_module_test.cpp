@@ -1072,6 +1072,63 @@ TEST_F(GpuHealthPersistTest, WithoutTheHostBootIdTheJournalsBootDecides) {
   EXPECT_TRUE(Saved()->devices.empty());
 }
 
+// The last events, in the checkpoint, for a consumer a kill -9 kept them from (nvsentinel-export):
+// kept whatever boot, and published again at start from the file alone.
+TEST_F(GpuHealthPersistTest, TheEventLogIsInTheCheckpointAndPublishedAgainAtStart) {
+  SaveAnUnhealthyVerdictAndStop();
+  const auto saved = Saved();
+  ASSERT_TRUE(saved);
+  ASSERT_EQ(saved->event_log.size(), 1u);
+  EXPECT_EQ(saved->event_log[0].error_code, std::vector<std::string>{"48"});
+  h_.bus.Publish(HealthEventLog{});  // as in a new process: nothing retained on the bus
+  SetHostBoot(kBootB);               // and another boot: the log is kept all the same
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const auto* log = h_.bus.Latest<HealthEventLog>();
+    return log != nullptr && log->events.size() == 1;
+  }));
+  EXPECT_EQ(nlohmann::json(h_.bus.Latest<HealthEventLog>()->events[0]), nlohmann::json(saved->event_log[0]));
+}
+
+TEST(GpuHealthStateFile, TheEventLogRoundTripsAndABadEntryIsNamed) {
+  HealthCheckpoint saved;
+  HealthEvent e;
+  e.is_fatal = true;
+  e.message = "Xid 48, an uncorrectable double bit error";
+  e.recommended_action = 2;
+  e.recommended_action_name = "COMPONENT_RESET";
+  e.error_code = {"48"};
+  e.entities_impacted = {{"PCI", "0000:03:00"}, {"GPU_UUID", kUuid}};
+  e.node_name = "node-1";
+  e.generated_seconds = 1'700'000'000;
+  e.generated_nanos = 123;
+  e.source = "kernel";
+  e.suppressed_before = 4;
+  e.pods = {"team/train-0"};
+  HealthEvent healthy;
+  healthy.is_healthy = true;
+  healthy.source = "boot";
+  saved.event_log = {e, healthy};
+  std::string error;
+  const auto back = HealthCheckpoint::Parse(saved.Serialize(), error);
+  ASSERT_TRUE(back) << error;
+  ASSERT_EQ(back->event_log.size(), 2u);
+  EXPECT_EQ(nlohmann::json(back->event_log[0]), nlohmann::json(e));
+  EXPECT_EQ(nlohmann::json(back->event_log[1]), nlohmann::json(healthy));
+  // A damaged entry rejects the file (it is moved aside), saying which entry and why.
+  auto doc = nlohmann::json::parse(saved.Serialize());
+  doc["eventLog"][1].erase("isHealthy");
+  EXPECT_FALSE(HealthCheckpoint::Parse(doc.dump(), error));
+  EXPECT_NE(error.find("eventLog[1]"), std::string::npos) << error;
+  doc = nlohmann::json::parse(saved.Serialize());
+  doc["eventLog"][0]["generatedTimestamp"] = "yesterday";
+  EXPECT_FALSE(HealthCheckpoint::Parse(doc.dump(), error));
+  EXPECT_NE(error.find("generatedTimestamp"), std::string::npos) << error;
+  doc["eventLog"] = nlohmann::json::object();
+  EXPECT_FALSE(HealthCheckpoint::Parse(doc.dump(), error));
+  EXPECT_NE(error.find("eventLog is not an array"), std::string::npos) << error;
+}
+
 TEST(GpuHealthStateFile, RoundTripAndValidation) {
   HealthCheckpoint saved;
   saved.boot_id = kBootAHex;

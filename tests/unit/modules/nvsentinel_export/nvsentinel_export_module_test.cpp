@@ -48,6 +48,20 @@ class NvsentinelExportModuleTest : public ::testing::Test {
     e.generated_seconds = 1700000000 + n;
     h_.bus.Publish(e);
   }
+  // An XID event as gpu-health makes it, `age` before now.
+  static gpu_health::HealthEvent XidEvent(int n, std::chrono::seconds age = std::chrono::seconds(0)) {
+    gpu_health::HealthEvent e;
+    e.message = "Xid 48 number " + std::to_string(n);
+    e.error_code = {"48"};
+    e.recommended_action_name = "COMPONENT_RESET";
+    e.entities_impacted = {{"GPU_UUID", "GPU-1"}};
+    e.generated_seconds =
+        std::chrono::duration_cast<std::chrono::seconds>((std::chrono::system_clock::now() - age).time_since_epoch())
+            .count();
+    return e;
+  }
+  // gpu-health's event log as it republishes it after its events went out (or at its start).
+  void Log(std::vector<gpu_health::HealthEvent> events) { h_.bus.Publish(gpu_health::HealthEventLog{std::move(events)}); }
   const NvsentinelExportState* State() { return h_.bus.Latest<NvsentinelExportState>(); }
   std::vector<std::string> Messages() {
     std::vector<std::string> out;
@@ -264,6 +278,78 @@ TEST_F(NvsentinelExportModuleTest, VerdictsThatChangedWhileAwayAreExportedOnceAt
   EXPECT_TRUE(sim_->Events()[1].is_healthy);
   h_.RunUntil([] { return false; }, milliseconds(200));
   EXPECT_EQ(sim_->Events().size(), 2u);
+}
+
+// The kill -9 window between gpu-health letting an event out and our queue file being fsynced:
+// the event is in gpu-health's log (its checkpoint) at the next start, not among the ids we
+// took, and is sent then, once.
+TEST_F(NvsentinelExportModuleTest, AnEventTheLogHoldsThatWeNeverTookIsSentOnceAtStart) {
+  StartSim();
+  const auto first = XidEvent(1);
+  const auto missed = XidEvent(2);
+  {
+    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+    m.Start(config_);
+    h_.bus.Publish(first);
+    Log({first});
+    ASSERT_TRUE(Received(1));
+    // The book records the taken id once its write lands.
+    ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->queued == 0; }));
+  }
+  // Made and logged by gpu-health, then the process died before we took it.
+  Log({first, missed});
+  test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+  m.Start(config_);
+  ASSERT_TRUE(Received(2));
+  h_.RunUntil([] { return false; }, milliseconds(300));
+  EXPECT_EQ(Messages(), (std::vector<std::string>{"Xid 48 number 1", "Xid 48 number 2"}));
+  // Republished logs (after later events) bring nothing again, and neither does a restart.
+  Log({first, missed});
+  m.Stop();
+  m.Start(config_);
+  h_.RunUntil([] { return false; }, milliseconds(300));
+  EXPECT_EQ(sim_->Events().size(), 2u);
+}
+
+// A book that never recorded taken ids (a fresh node, or a build before them): the log is
+// history then, not news — nothing from it is sent; what comes after is.
+TEST_F(NvsentinelExportModuleTest, TheFirstLogWithoutARecordOfTakenIdsIsHistory) {
+  StartSim();
+  const auto first = XidEvent(1);
+  const auto second = XidEvent(2);
+  Log({first, second});
+  test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+  m.Start(config_);
+  h_.RunUntil([] { return false; }, milliseconds(500));
+  EXPECT_TRUE(sim_->Events().empty());
+  const auto third = XidEvent(3);
+  h_.bus.Publish(third);
+  Log({first, second, third});
+  ASSERT_TRUE(Received(1));
+  h_.RunUntil([] { return false; }, milliseconds(300));
+  EXPECT_EQ(Messages(), (std::vector<std::string>{"Xid 48 number 3"}));
+}
+
+// An event we never took that is older than replayWindow was made while the exporter was off:
+// acting on it now would act on history.
+TEST_F(NvsentinelExportModuleTest, AnUntakenEventOlderThanTheReplayWindowIsNotSent) {
+  StartSim();
+  config_.replay_window = std::chrono::minutes(15);
+  const auto first = XidEvent(1);
+  {
+    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+    m.Start(config_);
+    h_.bus.Publish(first);
+    Log({first});
+    ASSERT_TRUE(Received(1));
+    ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->queued == 0; }));
+  }
+  Log({first, XidEvent(2, std::chrono::hours(2)), XidEvent(3, std::chrono::minutes(1))});
+  test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+  m.Start(config_);
+  ASSERT_TRUE(Received(2));
+  h_.RunUntil([] { return false; }, milliseconds(300));
+  EXPECT_EQ(Messages(), (std::vector<std::string>{"Xid 48 number 1", "Xid 48 number 3"}));
 }
 
 }  // namespace
