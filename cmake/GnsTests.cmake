@@ -18,7 +18,8 @@
 #   COST: about how many seconds the test runs. ctest starts the costly tests first, but learns
 #   their times only from an earlier run in the same build tree, which a cold `make test` (CI)
 #   does not have: without it a minute-long test may start last and run alone at the end.
-#   Tests find the repository and the build tree through GNS_SOURCE_DIR / GNS_BINARY_DIR.
+#   Tests find the repository and the build tree through GNS_SOURCE_DIR / GNS_BINARY_DIR, and
+#   promtool through GNS_PROMTOOL (tests/CMakeLists.txt; support/prometheus.hpp).
 
 function(gns_test name)
   cmake_parse_arguments(T "" "GROUP;TIMEOUT;COST" "SOURCES;LIBS;LABELS" ${ARGN})
@@ -78,7 +79,7 @@ function(gns_test name)
   set_tests_properties(${name} PROPERTIES
     TIMEOUT ${T_TIMEOUT}
     LABELS "${T_LABELS}"
-    ENVIRONMENT "GNS_SOURCE_DIR=${PROJECT_SOURCE_DIR};GNS_BINARY_DIR=${PROJECT_BINARY_DIR};GNS_SUPERVISOR_BIN=${PROJECT_BINARY_DIR}/src/gpu-node-supervisor")
+    ENVIRONMENT "GNS_SOURCE_DIR=${PROJECT_SOURCE_DIR};GNS_BINARY_DIR=${PROJECT_BINARY_DIR};GNS_SUPERVISOR_BIN=${PROJECT_BINARY_DIR}/src/gpu-node-supervisor;GNS_PROMTOOL=${GNS_PROMTOOL_PATH}")
   if(T_COST)
     set_tests_properties(${name} PROPERTIES COST ${T_COST})
   endif()

@@ -1,6 +1,7 @@
 // Metrics registry and Prometheus text rendering.
 #include "loop/metrics_registry.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -9,7 +10,14 @@ namespace gns {
 
 namespace {
 
-std::string_view TypeName(MetricType type) { return type == MetricType::kCounter ? "counter" : "gauge"; }
+std::string_view TypeName(MetricType type) {
+  switch (type) {
+    case MetricType::kCounter: return "counter";
+    case MetricType::kGauge: return "gauge";
+    case MetricType::kHistogram: return "histogram";
+  }
+  return "untyped";
+}
 
 void AppendValue(std::string& out, double value) {
   if (std::isnan(value)) {
@@ -58,6 +66,13 @@ class GroupingWriter final : public MetricsWriter {
   };
   void Sample(std::string_view family, MetricType type, std::string_view help, const MetricLabels& labels,
               double value) override {
+#ifndef NDEBUG
+    // A collector's names are checked where they are rendered (a bug: debug builds and tests).
+    if (type == MetricType::kHistogram) throw std::logic_error("collectors write counters and gauges only");
+    if (auto problem = MetricNameProblem(family, type); !problem.empty()) {
+      throw std::logic_error("metric " + std::string(family) + ": " + problem);
+    }
+#endif
     auto& group = groups[std::string(family)];
     if (group.samples.empty()) {
       group.type = type;
@@ -69,6 +84,70 @@ class GroupingWriter final : public MetricsWriter {
 };
 
 }  // namespace
+
+std::string MetricNameProblem(std::string_view name, MetricType type) {
+  if (name.empty()) return "an empty name";
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || c == '_' || (i > 0 && c >= '0' && c <= '9'))) {
+      return "names are snake_case: [a-z_][a-z0-9_]*";
+    }
+  }
+  if (type == MetricType::kCounter && !name.ends_with("_total")) return "counter names end in _total";
+  if (type != MetricType::kCounter && name.ends_with("_total")) return "only counter names end in _total";
+  for (std::string_view suffix : {"_sum", "_count", "_bucket"}) {
+    if (name.ends_with(suffix)) {
+      return "a name ending in " + std::string(suffix) + " is a histogram's sample, not a family (use Histogram)";
+    }
+  }
+  // Name tokens that promlint rejects: an abbreviated unit, a prefixed or non-base unit, the type.
+  static constexpr std::string_view kAbbreviations[] = {"s",  "ms", "us", "ns", "sec", "b", "kb",
+                                                        "mb", "gb", "tb", "pb", "m",   "h", "d"};
+  static constexpr std::string_view kBaseUnits[] = {"amperes", "bytes",  "celsius", "grams",   "joules",
+                                                    "kelvin",  "meters", "metres",  "seconds", "volts"};
+  static constexpr std::string_view kPrefixes[] = {"pico", "nano", "micro", "milli", "centi", "deci",
+                                                   "deca", "hecto", "kilo", "kila", "mega",  "giga",
+                                                   "tera", "peta", "exa",  "zetta", "yotta"};
+  static constexpr std::pair<std::string_view, std::string_view> kNonBaseUnits[] = {
+      {"minutes", "seconds"}, {"hours", "seconds"},  {"days", "seconds"},       {"weeks", "seconds"},
+      {"bits", "bytes"},      {"kelvins", "kelvin"}, {"fahrenheit", "celsius"}, {"calories", "joules"}};
+  std::string_view rest = name;
+  while (true) {
+    const std::size_t end = rest.find('_');
+    const std::string_view token = rest.substr(0, end);
+    if (std::find(std::begin(kAbbreviations), std::end(kAbbreviations), token) != std::end(kAbbreviations)) {
+      return "the abbreviated unit \"" + std::string(token) + "\" (use base units: seconds, bytes)";
+    }
+    for (auto unit : kBaseUnits) {
+      for (auto prefix : kPrefixes) {
+        if (token.size() == prefix.size() + unit.size() && token.starts_with(prefix) && token.ends_with(unit)) {
+          return "the unit " + std::string(token) + " (use the base unit " + std::string(unit) + ")";
+        }
+      }
+    }
+    for (const auto& [unit, base] : kNonBaseUnits) {
+      if (token == unit) return "the unit " + std::string(token) + " (use the base unit " + std::string(base) + ")";
+    }
+    if (token == TypeName(type)) return "the name includes its type, " + std::string(token);
+    if (end == std::string_view::npos) break;
+    rest.remove_prefix(end + 1);
+  }
+  return {};
+}
+
+void MetricsRegistry::HistogramSeries::Observe(double value) {
+  if (std::isnan(value)) return;  // not an observation; it would turn the sum into NaN for good
+  const auto bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  ++buckets_[static_cast<std::size_t>(bucket)];
+  sum_ += value;
+  ++count_;
+}
+
+uint64_t MetricsRegistry::HistogramSeries::CumulativeCount(std::size_t i) const {
+  uint64_t total = 0;
+  for (std::size_t b = 0; b <= i && b < buckets_.size(); ++b) total += buckets_[b];
+  return total;
+}
 
 std::string EscapeLabelValue(std::string_view value) {
   std::string out;
@@ -82,19 +161,48 @@ std::string EscapeLabelValue(std::string_view value) {
   return out;
 }
 
-MetricsRegistry::Series& MetricsRegistry::GetSeries(std::string_view name, MetricType type,
-                                                    std::string_view help, MetricLabels labels) {
+MetricsRegistry::Family& MetricsRegistry::GetFamily(std::string_view name, MetricType type, std::string_view help) {
+  auto it = families_.find(name);
+  if (it != families_.end()) {
+    if (it->second.type != type) throw std::logic_error("metric " + std::string(name) + " registered with two types");
+    // A test may look a series up with an empty help before its module registers it.
+    if (it->second.help.empty()) it->second.help = std::string(help);
+    return it->second;
+  }
   if (!name.starts_with(kPrefix)) {
     throw std::logic_error("metric name must start with gpu_node_supervisor_: " + std::string(name));
   }
-  auto it = families_.find(name);
-  if (it == families_.end()) {
-    it = families_.emplace(std::string(name), Family{type, std::string(help), {}}).first;
-  } else if (it->second.type != type) {
-    throw std::logic_error("metric " + std::string(name) + " registered with two types");
+  if (auto problem = MetricNameProblem(name, type); !problem.empty()) {
+    throw std::logic_error("metric " + std::string(name) + ": " + problem);
   }
-  auto& slot = it->second.series[std::move(labels)];
+  return families_.emplace(std::string(name), Family{type, std::string(help), {}, {}, {}}).first->second;
+}
+
+MetricsRegistry::Series& MetricsRegistry::GetSeries(std::string_view name, MetricType type,
+                                                    std::string_view help, MetricLabels labels) {
+  auto& slot = GetFamily(name, type, help).series[std::move(labels)];
   if (!slot) slot = std::make_unique<Series>();
+  return *slot;
+}
+
+MetricsRegistry::HistogramSeries& MetricsRegistry::Histogram(std::string_view name, std::string_view help,
+                                                             std::span<const double> bounds, MetricLabels labels) {
+  const bool ascending = std::adjacent_find(bounds.begin(), bounds.end(), std::greater_equal<>()) == bounds.end();
+  const bool finite = std::all_of(bounds.begin(), bounds.end(), [](double b) { return std::isfinite(b); });
+  if (bounds.empty() || !ascending || !finite) {
+    throw std::logic_error("histogram " + std::string(name) + ": bounds must be finite, ascending and not empty");
+  }
+  for (const auto& [label, value] : labels) {
+    if (label == "le") throw std::logic_error("histogram " + std::string(name) + ": the label le is its buckets'");
+  }
+  auto& family = GetFamily(name, MetricType::kHistogram, help);
+  if (family.bounds.empty()) {
+    family.bounds.assign(bounds.begin(), bounds.end());
+  } else if (!std::equal(family.bounds.begin(), family.bounds.end(), bounds.begin(), bounds.end())) {
+    throw std::logic_error("histogram " + std::string(name) + " registered with two sets of bounds");
+  }
+  auto& slot = family.histograms[std::move(labels)];
+  if (!slot) slot = std::make_unique<HistogramSeries>(family.bounds);
   return *slot;
 }
 
@@ -108,17 +216,21 @@ MetricsRegistry::Series& MetricsRegistry::Gauge(std::string_view name, std::stri
 
 void MetricsRegistry::Remove(std::string_view name, const MetricLabels& labels) {
   const auto it = families_.find(name);
-  if (it != families_.end()) it->second.series.erase(labels);
+  if (it == families_.end()) return;
+  it->second.series.erase(labels);
+  it->second.histograms.erase(labels);
 }
 
 void MetricsRegistry::RemoveMatching(std::string_view name, const std::pair<std::string, std::string>& match) {
   const auto it = families_.find(name);
   if (it == families_.end()) return;
-  std::erase_if(it->second.series, [&](const auto& entry) {
+  auto matches = [&](const auto& entry) {
     for (const auto& label : entry.first)
       if (label == match) return true;
     return false;
-  });
+  };
+  std::erase_if(it->second.series, matches);
+  std::erase_if(it->second.histograms, matches);
 }
 
 void MetricsRegistry::CollectorHandle::Reset() {
@@ -202,10 +314,28 @@ std::string MetricsRegistry::Render() const {
     AppendValue(out, value);
     out += '\n';
   };
+  std::string sample_name;
   for (const auto& [name, family] : families_) {
-    if (family.series.empty()) continue;
+    if (family.series.empty() && family.histograms.empty()) continue;
     emit_header(name, family.type, family.help);
     for (const auto& [labels, series] : family.series) emit_sample(name, labels, series->Value());
+    for (const auto& [labels, histogram] : family.histograms) {
+      sample_name.assign(name).append("_bucket");
+      MetricLabels with_le = labels;
+      with_le.emplace_back("le", "");
+      for (std::size_t i = 0; i <= family.bounds.size(); ++i) {
+        std::string& le = with_le.back().second;
+        le.clear();
+        if (i < family.bounds.size()) {
+          AppendValue(le, family.bounds[i]);
+        } else {
+          le = "+Inf";
+        }
+        emit_sample(sample_name, with_le, static_cast<double>(histogram->CumulativeCount(i)));
+      }
+      emit_sample(sample_name.assign(name).append("_sum"), labels, histogram->Sum());
+      emit_sample(sample_name.assign(name).append("_count"), labels, static_cast<double>(histogram->Count()));
+    }
   }
   for (const auto& [name, group] : writer.groups) {
     if (families_.count(name) != 0) continue;  // a family is owned by one side only

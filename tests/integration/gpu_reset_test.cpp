@@ -10,6 +10,7 @@
 #include "support/api_sim.hpp"
 #include "support/eventually.hpp"
 #include "support/http_client.hpp"
+#include "support/prometheus.hpp"
 #include "support/subprocess.hpp"
 #include "integration/process_paths.hpp"
 
@@ -208,10 +209,19 @@ TEST_F(GpuResetTest, ResetValidatesRestoresPersistenceAndLeavesTheOtherGpusAlone
   const auto state = DebugState()["gpu-reset.state"];
   ASSERT_EQ(state["jobs"].size(), 1u) << state.dump();
   EXPECT_EQ(state["jobs"][0]["phase"], "Succeeded") << state.dump();
+  const auto scrape = test::ParsePrometheus(test::HttpRequest("127.0.0.1", port_, "GET", "/metrics").body);
   supervisor_->Signal(SIGTERM);
   EXPECT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
   const auto book = json::parse(std::ifstream(dir_ / "state/gpu-reset.json"));
   EXPECT_EQ(book["jobs"][0]["phase"], "Succeeded");
+  // The last reset's times in seconds (issue 29: they were _ms gauges in milliseconds).
+  const auto& times = book["jobs"][0]["gpus"][0];
+  EXPECT_EQ(scrape.Value("gpu_node_supervisor_gpu_resets_total{outcome=\"succeeded\"}"), 1);
+  EXPECT_DOUBLE_EQ(scrape.Value("gpu_node_supervisor_gpu_reset_last_command_seconds"),
+                   times.value("commandMs", 0) / 1000.0) << times.dump();
+  EXPECT_DOUBLE_EQ(scrape.Value("gpu_node_supervisor_gpu_reset_last_overhead_seconds"),
+                   (times.value("totalMs", 0) - times.value("commandMs", 0)) / 1000.0) << times.dump();
+  EXPECT_GT(scrape.Value("gpu_node_supervisor_gpu_reset_last_command_seconds"), 0);
   EXPECT_EQ((fs::status(dir_ / "state/gpu-reset.json").permissions() & fs::perms::all), fs::perms::owner_read | fs::perms::owner_write);
 }
 

@@ -1,10 +1,16 @@
 // Prometheus text parser for tests.
 #include "support/prometheus.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 namespace gns::test {
 
@@ -44,12 +50,48 @@ PrometheusScrape ParsePrometheus(const std::string& text) {
     if (line[0] == '#') fail("unexpected comment");
     if (!std::regex_match(line, m, kSample)) fail("malformed sample");
     const std::string name = m[1];
-    if (name != current) fail("sample outside its family's block (TYPE " + current + ")");
+    // A histogram's samples are <family>_bucket, _sum and _count; a summary's _sum and _count.
+    const std::string& type = current.empty() ? current : out.types[current];
+    const bool histogram_part = (type == "histogram" && name == current + "_bucket") ||
+                                ((type == "histogram" || type == "summary") &&
+                                 (name == current + "_sum" || name == current + "_count"));
+    if (name != current && !histogram_part) fail("sample outside its family's block (TYPE " + current + ")");
     const std::string series = name + std::string(m[2]);
     if (out.samples.count(series)) fail("duplicate series");
     out.samples[series] = std::strtod(std::string(m[7]).c_str(), nullptr);
   }
   return out;
+}
+
+std::string PromtoolPath() {
+  const char* path = std::getenv("GNS_PROMTOOL");
+  if (path == nullptr || *path == '\0' || access(path, X_OK) != 0) return {};
+  return path;
+}
+
+bool PromtoolOptedOut() {
+  const char* opt_out = std::getenv("GNS_ALLOW_NO_PROMTOOL");
+  return opt_out != nullptr && std::string_view(opt_out) == "1";
+}
+
+PromtoolResult PromtoolCheckMetrics(const std::string& promtool, const std::string& text) {
+  char file[] = "/tmp/gns-promtool-XXXXXX";
+  const int fd = mkstemp(file);
+  if (fd < 0) throw std::runtime_error("mkstemp failed");
+  close(fd);
+  std::ofstream(file) << text;
+  const std::string command = promtool + " check metrics < " + file + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  PromtoolResult result;
+  if (pipe != nullptr) {
+    char buf[512];
+    while (fgets(buf, sizeof buf, pipe) != nullptr) result.output += buf;
+    const int status = pclose(pipe);
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::remove(file);
+  if (pipe == nullptr) throw std::runtime_error("popen failed: " + command);
+  return result;
 }
 
 }  // namespace gns::test

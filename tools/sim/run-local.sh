@@ -7,6 +7,7 @@ set -euo pipefail
 build_dir=${1:-build/release}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
+[[ $build_dir == /* ]] || build_dir=$repo/$build_dir   # relative to the checkout, or absolute
 
 export GNS_SANDBOX=${GNS_SANDBOX:-$repo/.run/sim}
 export NODE_NAME=${NODE_NAME:-sim-node-0}
@@ -28,7 +29,7 @@ trap cleanup EXIT
 # shows a mixed-MIG GPU and a time-sliced MIG resource.
 export FAKE_NVML_CONFIG=${FAKE_NVML_CONFIG:-$repo/tools/sim/fake_nvml/gpus-local.json}
 export FAKE_NVML_CONTROL=$GNS_SANDBOX/fake-nvml.sock
-export GNS_NVML_LIBRARY=$repo/$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1
+export GNS_NVML_LIBRARY=$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1
 
 # The host as the supervisor sees it through hostRoot: the IMEX channel major is registered.
 cat > "$GNS_SANDBOX/host/proc/devices" <<DEVICES

@@ -77,10 +77,8 @@ void ComputeDomainControllerModule::Start() {
                                        });
 
   auto& m = context_.Metrics();
-  latency_sum_ = &m.Counter("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_sum",
-                            "Time spent in ComputeDomain reconciles (finished ones)");
-  latency_count_ = &m.Counter("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_count",
-                              "ComputeDomain reconciles finished");
+  latency_ = &m.Histogram("gpu_node_supervisor_compute_domain_reconcile_duration_seconds",
+                          "Time spent in ComputeDomain reconciles (finished ones)", kLatencyBuckets);
   collector_ = m.AddCollector([this](MetricsWriter& w) {
     std::map<std::string, int> by_status{{"Ready", 0}, {"NotReady", 0}};
     for (const auto& [key, status] : domain_state_) ++by_status[status];
@@ -305,8 +303,7 @@ void ComputeDomainControllerModule::Work(const std::string& key, std::function<v
 }
 
 void ComputeDomainControllerModule::Record(const std::string& key, const Outcome& outcome, double seconds) {
-  latency_sum_->Inc(seconds);
-  latency_count_->Inc();
+  latency_->Observe(seconds);
   if (!outcome.ok) {
     context_.Metrics()
         .Counter(std::string(kErrorsFamily), "ComputeDomain reconciles that failed and will be retried",

@@ -103,8 +103,9 @@ class ComputeDomainControllerModule final : public Module {
   std::string cliques_key_;
   std::unique_ptr<boost::asio::steady_timer> resync_timer_;
   std::map<std::string, std::string, std::less<>> domain_state_;  // key -> Ready/NotReady/Deleting
-  MetricsRegistry::Series* latency_sum_ = nullptr;
-  MetricsRegistry::Series* latency_count_ = nullptr;
+  // A reconcile is a few API calls: milliseconds, seconds when the API server is slow.
+  static constexpr double kLatencyBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  MetricsRegistry::HistogramSeries* latency_ = nullptr;
   MetricsRegistry::CollectorHandle collector_;
   Gate lifetime_;
   Subscription events_sub_;

@@ -93,10 +93,10 @@ GkmAgentModule::GkmAgentModule(ModuleContext& context, const Config& config)
       node_(context.Site().node_name),
       bytes_pulled_(&context.Metrics().Counter("gpu_node_supervisor_gkm_bytes_pulled_total",
                                                "Bytes received from OCI registries for kernel caches")),
-      extract_seconds_sum_(&context.Metrics().Counter("gpu_node_supervisor_gkm_extract_seconds_sum",
-                                                      "Time from a pull's start to its cache extracted (while it streams), checked and installed")),
-      extract_seconds_count_(&context.Metrics().Counter("gpu_node_supervisor_gkm_extract_seconds_count",
-                                                        "Kernel caches extracted")) {}
+      extract_seconds_(&context.Metrics().Histogram(
+          "gpu_node_supervisor_gkm_extract_seconds",
+          "Time from a pull's start to its cache extracted (while it streams), checked and installed",
+          kExtractBuckets)) {}
 
 GkmAgentModule::~GkmAgentModule() { lifetime_.Close(); }
 
@@ -419,8 +419,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
             },
             [this, key, image, digest, alive](Installed out, std::exception_ptr) {
               if (!alive) return;
-              extract_seconds_sum_->Inc(out.seconds);
-              extract_seconds_count_->Inc();
+              extract_seconds_->Observe(out.seconds);
               auto it = caches_.find(key);
               if (it == caches_.end()) {
                 pulling_ = false;

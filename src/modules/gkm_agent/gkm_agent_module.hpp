@@ -140,8 +140,9 @@ class GkmAgentModule final : public Module {
   bool swept_ = false;  // no pull before the start's sweep is done
   Gate lifetime_;
   MetricsRegistry::Series* bytes_pulled_;
-  MetricsRegistry::Series* extract_seconds_sum_;
-  MetricsRegistry::Series* extract_seconds_count_;
+  // A cache image is pulled and unpacked in seconds to many minutes (multi-GB images).
+  static constexpr double kExtractBuckets[] = {0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
+  MetricsRegistry::HistogramSeries* extract_seconds_;
   Subscription events_sub_;
   Subscription synced_sub_;
   Subscription inventory_sub_;

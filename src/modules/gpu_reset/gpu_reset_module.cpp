@@ -126,10 +126,10 @@ GpuResetModule::GpuResetModule(ModuleContext& context, const Config& config)
       "gpu_node_supervisor_gpu_reset_objects_other_executor_total",
       "GPUReset objects of this node left alone because another controller (NVSentinel's janitor) writes their status");
   queue_gauge_ = &m.Gauge("gpu_node_supervisor_gpu_reset_queue", "GPU reset jobs queued or running on this node");
-  last_overhead_ms_ = &m.Gauge("gpu_node_supervisor_gpu_reset_last_overhead_ms",
-                               "The last successful reset's time outside the reset command, hold to Healthy");
-  last_command_ms_ = &m.Gauge("gpu_node_supervisor_gpu_reset_last_command_ms",
-                              "The last reset command's own run time");
+  last_overhead_seconds_ = &m.Gauge("gpu_node_supervisor_gpu_reset_last_overhead_seconds",
+                                    "The last successful reset's time outside the reset command, hold to Healthy");
+  last_command_seconds_ = &m.Gauge("gpu_node_supervisor_gpu_reset_last_command_seconds",
+                                   "The last reset command's own run time");
 }
 
 GpuResetModule::~GpuResetModule() { lifetime_.Close(); }
@@ -833,8 +833,8 @@ void GpuResetModule::StepChanged(ResetJob& job) {
 void GpuResetModule::GpuEnded(const GpuReset& gpu) {
   if (gpu.outcome == "succeeded") {
     resets_ok_->Inc();
-    last_command_ms_->Set(static_cast<double>(gpu.command_ms));
-    last_overhead_ms_->Set(static_cast<double>(gpu.total_ms - gpu.command_ms));
+    last_command_seconds_->Set(static_cast<double>(gpu.command_ms) / 1000.0);
+    last_overhead_seconds_->Set(static_cast<double>(gpu.total_ms - gpu.command_ms) / 1000.0);
   } else if (gpu.outcome == "refused") {
     resets_refused_->Inc();
   } else {

@@ -228,8 +228,8 @@ class GpuResetModule final : public Module, private NodeMaintenance {
   MetricsRegistry::Series* resets_refused_;
   MetricsRegistry::Series* objects_other_executor_;
   MetricsRegistry::Series* queue_gauge_;
-  MetricsRegistry::Series* last_overhead_ms_;
-  MetricsRegistry::Series* last_command_ms_;
+  MetricsRegistry::Series* last_overhead_seconds_;
+  MetricsRegistry::Series* last_command_seconds_;
   std::vector<Subscription> subs_;
 };
 

@@ -294,12 +294,12 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
                  {{"verb", verb}, {"code", std::to_string(status)}})
         .Inc();
     const double seconds = std::chrono::duration<double>(deps_.clock.Now() - start).count();
+    // Requests (not watches, which stay open): milliseconds, up to the request timeout.
+    static constexpr double kBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
     deps_.metrics
-        .Counter("gpu_node_supervisor_kube_request_duration_seconds_sum", "Total API request latency", {{"verb", verb}})
-        .Inc(seconds);
-    deps_.metrics
-        .Counter("gpu_node_supervisor_kube_request_duration_seconds_count", "API requests timed", {{"verb", verb}})
-        .Inc();
+        .Histogram("gpu_node_supervisor_kube_request_duration_seconds", "API request latency by verb", kBuckets,
+                   {{"verb", verb}})
+        .Observe(seconds);
   }
 
   void CountDecodeError(std::string_view what) {

@@ -189,6 +189,9 @@ TEST_F(ControllerTest, AddPathCreatesOnlyTheWorkloadTemplateAndSetsReadyWithTheF
   EXPECT_EQ(s.Stats().templates_created, 1u);
   EXPECT_TRUE(h_.RunUntil([&] { return s.Metric("gpu_node_supervisor_compute_domains{status=\"Ready\"}") == 1; }));
   EXPECT_GE(s.Metric("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_count"), 1);
+  // One histogram family (issue 29): every reconcile is in the +Inf bucket.
+  EXPECT_EQ(s.Metric("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_bucket{le=\"+Inf\"}"),
+            s.Metric("gpu_node_supervisor_compute_domain_reconcile_duration_seconds_count"));
 
   // Idempotent under a restart (a new leader): it reads, finds everything in place, writes nothing.
   StopSupervisor(s);
