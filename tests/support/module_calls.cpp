@@ -21,7 +21,12 @@ YAML::Node MergeConfig(const YAML::Node& base, const YAML::Node& overlay) {
   return out;
 }
 
-YAML::Node SiteView::Module(const std::string& name) const { return config["modules"][name]; }
+// (yaml-cpp: indexing a missing key of a const node gives an invalid node, and indexing that
+// throws: every level is checked.)
+YAML::Node SiteView::Module(const std::string& name) const {
+  const auto modules = config["modules"];
+  return modules && modules.IsMap() ? modules[name] : YAML::Node();
+}
 
 bool SiteView::Enabled(const std::string& name) const {
   const auto m = Module(name);
@@ -30,8 +35,9 @@ bool SiteView::Enabled(const std::string& name) const {
 
 bool SiteView::Gate(const std::string& name, bool fallback) const {
   if (auto it = gates.find(name); it != gates.end()) return it->second;
-  const auto file = config["featureGates"][name];
-  return file ? file.as<bool>() : fallback;
+  const auto file_gates = config["featureGates"];
+  if (!file_gates || !file_gates.IsMap() || !file_gates[name]) return fallback;
+  return file_gates[name].as<bool>();
 }
 
 std::string SiteView::Expand(const std::string& value) const {  // ${POD_NAMESPACE:-default}
