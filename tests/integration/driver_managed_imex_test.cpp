@@ -6,8 +6,10 @@
 // restarted; kill -9 of a supervisor is survived; unprepare stops the daemon and deregisters.
 // Run twice: with ComputeDomainCliques off (each node's entry in the domain's status.nodes) and
 // on (each node's entry in its clique's ComputeDomainClique object, status.nodes the
-// controller's mirror of them, the objects deleted with the domain).
+// controller's mirror of them, the objects deleted with the domain). Every API call the three
+// made must be among those deploy/'s RBAC is checked against (tests/support/module_calls.cpp).
 #include "support/api_sim.hpp"
+#include "support/module_calls.hpp"
 #include "support/eventually.hpp"
 #include "support/held_port.hpp"
 #include "channel_claim.h"
@@ -87,6 +89,18 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
       if (n.proc) {
         n.proc->Signal(SIGTERM);
         EXPECT_EQ(n.proc->Wait(seconds(30)), 0) << n.name << ": " << n.proc->Output();
+      }
+    }
+    // Every API call the three supervisors made is one deploy/'s RBAC is checked to grant
+    // (tests/support/module_calls.hpp): a call the table lacks would be refused in a cluster.
+    if (!nodes_.empty()) {
+      test::SiteView site;
+      site.config = YAML::LoadFile(nodes_.front().config);
+      site.pod_namespace = "kube-system";
+      const auto recorded = api_->Call("GET", "/_sim/stats").Json().at("calls");
+      EXPECT_FALSE(recorded.empty());
+      for (const auto& call : test::RecordedCallsNotIn(recorded, test::ModuleCalls(site))) {
+        ADD_FAILURE() << "made against the simulator, not in tests/support/module_calls.cpp: " << call;
       }
     }
     nodes_.clear();

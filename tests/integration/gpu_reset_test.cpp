@@ -8,6 +8,7 @@
 // node, for another node, naming an unknown GPU and with malformed selectors; a read-only state
 // directory (health still judged, /readyz says it is not persisted).
 #include "support/api_sim.hpp"
+#include "support/module_calls.hpp"
 #include "support/eventually.hpp"
 #include "support/http_client.hpp"
 #include "support/prometheus.hpp"
@@ -504,6 +505,13 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   EXPECT_EQ(supervisor_->Output().find("step hold"), std::string::npos) << supervisor_->Output();
   supervisor_->Signal(SIGTERM);
   EXPECT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
+  // Every API call made is one deploy/'s RBAC is checked to grant (tests/support/module_calls.hpp).
+  test::SiteView site;
+  site.config = YAML::LoadFile(WriteConfig("", kube));
+  for (const auto& call : test::RecordedCallsNotIn(server.Call("GET", "/_sim/stats").Json().at("calls"),
+                                                   test::ModuleCalls(site))) {
+    ADD_FAILURE() << "made against the simulator, not in tests/support/module_calls.cpp: " << call;
+  }
   server.Stop();
 }
 

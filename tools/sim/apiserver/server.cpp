@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
+#include <tuple>
 #include <utility>  // before Asio: awaitable.hpp uses std::exchange without it
 
 #include <boost/asio/co_spawn.hpp>
@@ -477,8 +478,12 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     Json counts = Json::object();
     Json codes = Json::object();
     std::size_t connections = 0;
+    Json calls = Json::array();
     {
       std::lock_guard lock(mu_);
+      for (const auto& [verb, group, resource, subresource] : calls_) {
+        calls.push_back(Json{{"verb", verb}, {"group", group}, {"resource", resource}, {"subresource", subresource}});
+      }
       for (const auto& [verb, count] : counts_) {
         counts[verb] = count;
         total += count;
@@ -491,6 +496,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
                 {"responses", codes},
                 {"openWatches", watches},
                 {"connections", connections},
+                {"calls", calls},
                 {"resourceVersion", std::to_string(store_.CurrentResourceVersion())},
                 {"compactedResourceVersion", std::to_string(store_.CompactedResourceVersion())}};
   }
@@ -750,6 +756,10 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
       CountCode(401);
       co_return co_await WriteOutcome(*conn, version, keep_alive, api::Fail(401, "Unauthorized", "Unauthorized"), what);
     }
+    if (route.kind == api::Route::Kind::kResource && !route.error) {
+      std::lock_guard lock(mu_);
+      calls_.emplace(route.verb, route.path.key.group, route.path.key.resource, route.path.subresource);
+    }
     if (auto failure = TakeFailure(target->path)) {
       CountCode(failure->code);
       co_return co_await WriteOutcome(*conn, version, keep_alive, *failure, what);
@@ -760,6 +770,11 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     api::Outcome outcome = Dispatch(method, std::string_view(request.target().data(), request.target().size()),
                                     body, content_type);
     CountCode(outcome.code);
+    if (route.kind == api::Route::Kind::kResource && route.verb == "patch" && outcome.code == 201) {
+      // A server-side apply that created the object: kube-apiserver authorizes `create` too.
+      std::lock_guard lock(mu_);
+      calls_.emplace("create", route.path.key.group, route.path.key.resource, route.path.subresource);
+    }
     co_return co_await WriteOutcome(*conn, version, keep_alive, outcome, what);
   }
 
@@ -958,6 +973,9 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
   bool malformed_next_ = false;
   std::map<std::string, std::uint64_t> counts_;
   std::map<int, std::uint64_t> codes_;  // response codes of API requests (not watches)
+  // Every distinct (verb, group, resource, subresource) an authenticated client asked for, as
+  // an authorizer sees the request: what RBAC must grant (GET /_sim/stats "calls").
+  std::set<std::tuple<std::string, std::string, std::string, std::string>> calls_;
   std::mt19937_64 rng_;
 };
 
