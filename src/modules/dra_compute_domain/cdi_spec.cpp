@@ -1,7 +1,7 @@
 // Per-claim CDI specs for the IMEX channel.
 #include "modules/dra_compute_domain/cdi_spec.hpp"
 
-#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "dra_plugin/driver_paths.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

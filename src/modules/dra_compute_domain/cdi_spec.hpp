@@ -7,7 +7,7 @@
 // creates the node from type/major/minor, so the host's channel0 file need not exist (§13).
 
 #include "loop/atomic_file.hpp"
-#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "dra_plugin/driver_paths.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -14,10 +14,10 @@
 #endif
 
 #include "modules/dra_compute_domain/cdi_spec.hpp"
-#include "modules/dra_compute_domain/claim_log.hpp"
+#include "dra_plugin/claim_log.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/dra_compute_domain/proc_devices.hpp"
-#include "modules/dra_compute_domain/registration_server.hpp"
+#include "dra_plugin/registration_server.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/imex_health/messages.hpp"
 #include "modules/kube/api/client.hpp"

@@ -1,7 +1,7 @@
 // The node's compute-domain ResourceSlice.
 #include "modules/dra_compute_domain/resource_slice.hpp"
 
-#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "dra_plugin/driver_paths.hpp"
 
 #include <map>
 

@@ -1,7 +1,7 @@
 // The checkpoint: round trip through the file, modes, and every kind of file we must not trust
 // (truncated, bad checksum, unknown version, wrong shapes) read as "corrupt: move aside".
-#include "modules/dra_compute_domain/checkpoint.hpp"
-#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "dra_plugin/checkpoint.hpp"
+#include "dra_plugin/driver_paths.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Names and host paths of the compute-domain DRA driver.
-#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "dra_plugin/driver_paths.hpp"
 
 #include <sys/stat.h>
 

@@ -3,9 +3,9 @@
 // both v1 and v1beta1 into one fake handler, answered now or later; socket and directory modes;
 // shutdown failing calls the handler never answered. The loop is driven by LoopHarness; clients
 // block on other threads (OffLoop). No sleeps.
-#include "modules/dra_compute_domain/dra_server.hpp"
-#include "modules/dra_compute_domain/driver_paths.hpp"
-#include "modules/dra_compute_domain/registration_server.hpp"
+#include "dra_plugin/dra_server.hpp"
+#include "dra_plugin/driver_paths.hpp"
+#include "dra_plugin/registration_server.hpp"
 #include "support/loop_harness.hpp"
 #include "support/temp_dir.hpp"
 
