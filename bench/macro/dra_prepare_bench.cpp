@@ -27,7 +27,7 @@
 #include "dra_plugin/checkpoint.hpp"
 #include "dra_plugin/claim_log.hpp"
 #include "modules/dra_compute_domain/dra_module.hpp"
-#include "dra_plugin/driver_paths.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/api/client.hpp"

@@ -7,7 +7,6 @@
 // survives a parse/dump round trip.
 #include "dra_plugin/checkpoint.hpp"
 
-#include "dra_plugin/driver_paths.hpp"
 
 #include <sys/stat.h>
 

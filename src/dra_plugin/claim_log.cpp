@@ -2,7 +2,6 @@
 #include "dra_plugin/claim_log.hpp"
 
 #include "loop/state_file.hpp"
-#include "dra_plugin/driver_paths.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

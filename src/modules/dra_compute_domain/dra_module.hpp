@@ -19,7 +19,7 @@
 #include "dra_plugin/claim_log.hpp"
 #include "dra_plugin/dra_server.hpp"
 #include "modules/dra_compute_domain/driver_managed.hpp"
-#include "dra_plugin/driver_paths.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
 #include "modules/dra_compute_domain/resource_slice.hpp"
 #include "modules/gpu_inventory/messages.hpp"

@@ -5,7 +5,7 @@
 #include "loop/json_fields.hpp"
 #include "loop/state_file.hpp"
 
-#include "dra_plugin/driver_paths.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/informer.hpp"
 #include "modules/kube/messages.hpp"

@@ -1,7 +1,7 @@
 // Opaque device configuration of compute-domain claims.
 #include "modules/dra_compute_domain/opaque_config.hpp"
 
-#include "dra_plugin/driver_paths.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
 
 namespace gns::dra {
 

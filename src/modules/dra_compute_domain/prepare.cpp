@@ -1,7 +1,7 @@
 // The HostManagedIMEX prepare/unprepare decisions.
 #include "modules/dra_compute_domain/prepare.hpp"
 
-#include "dra_plugin/driver_paths.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/opaque_config.hpp"
 
 namespace gns::dra {

@@ -13,7 +13,7 @@
 #include "modules/dra_compute_domain/domain_record.hpp"
 #include "modules/dra_compute_domain/dra_module.hpp"
 #include "modules/imex_health/messages.hpp"
-#include "dra_plugin/driver_paths.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
 #include "modules/gpu_inventory/messages.hpp"

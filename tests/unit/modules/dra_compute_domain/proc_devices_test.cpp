@@ -1,6 +1,6 @@
 // /proc/devices: the IMEX channel major from a real-looking file, and clear errors for a missing
 // file, a missing line and garbage (seed 000 §11: the module then fails to start).
-#include "dra_plugin/driver_paths.hpp"
+#include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/proc_devices.hpp"
 #include "support/temp_dir.hpp"
 

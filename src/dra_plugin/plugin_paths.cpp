@@ -1,10 +1,5 @@
-// Names and host paths of the compute-domain DRA driver.
-#include "dra_plugin/driver_paths.hpp"
-
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
+// Host paths of a DRA kubelet plugin.
+#include "dra_plugin/plugin_paths.hpp"
 
 namespace gns::dra {
 
@@ -17,18 +12,17 @@ std::string JoinPath(std::string_view dir, std::string_view name) {
   return out;
 }
 
-DriverPaths MakeDriverPaths(const SitePaths& site) {
-  DriverPaths paths;
-  const std::string driver(kDriverName);
+PluginPaths MakePluginPaths(const SitePaths& site, std::string_view driver_name, std::string_view state_folder) {
+  PluginPaths paths;
+  const std::string driver(driver_name);
   paths.plugins_registry_dir = JoinPath(site.kubelet_dir, "plugins_registry");
   paths.registration_socket = JoinPath(paths.plugins_registry_dir, driver + "-reg.sock");
   paths.plugin_dir = JoinPath(JoinPath(site.kubelet_dir, "plugins"), driver);
   paths.dra_socket = JoinPath(paths.plugin_dir, "dra.sock");
-  paths.state_dir = JoinPath(site.state_dir, "dra-compute-domain");
+  paths.state_dir = JoinPath(site.state_dir, state_folder);
   paths.checkpoint_file = JoinPath(paths.state_dir, "checkpoint.json");
   paths.claim_log_file = JoinPath(paths.state_dir, "claims.log");
   paths.cdi_dir = site.cdi_dir;
-  paths.proc_devices = JoinPath(site.host_root.empty() ? "/" : site.host_root, "proc/devices");
   return paths;
 }
 
