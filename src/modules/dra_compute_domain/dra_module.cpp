@@ -15,6 +15,7 @@
 
 #include "modules/dra_compute_domain/cdi_spec.hpp"
 #include "dra_plugin/claim_log.hpp"
+#include "dra_plugin/claim_commit.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/dra_compute_domain/proc_devices.hpp"
 #include "dra_plugin/registration_server.hpp"
@@ -99,91 +100,41 @@ DomainLookup FindDomain(const kube::Result& domains, const std::string& domain_u
   return DomainLookup::NotFound();
 }
 
-// What the pool reports back from a commit: the records that reached the disk.
-struct CommitOutcome {
-  std::vector<std::string> committed;           // claim UIDs whose record is durable
-  std::map<std::string, std::string> failed;    // claim UID → why (its own file step failed)
-  std::string log_error;                        // the append failed: nothing is durable
-  uint64_t last_seq = 0;
-  std::size_t log_used = 0;
-};
+// This driver's per-claim specs as the core's commits write them (dra_plugin/claim_commit.hpp):
+// the channel spec a record implies, for the channel major read at start.
+ClaimSpecIo ChannelSpecIo(const std::string& cdi_dir, uint32_t major) {
+  ClaimSpecIo io;
+  io.write = [cdi_dir, major](const PreparedClaim& entry, SpecDurability durability) {
+    return WriteChannelCdiSpec(cdi_dir, entry.uid, major, entry.channels, durability);
+  };
+  io.remove = [cdi_dir](std::string_view uid) { return DeleteCdiSpec(cdi_dir, uid); };
+  return io;
+}
 
-// The pool side of the commits (no module state travels to the pool). One prepare commit:
-// each claim's CDI spec (visible at once, no fsync: it is re-made from the record at start),
-// then every record in one append + fdatasync.
+// The pool side of the commits (no module state travels to the pool), as named callables: they
+// are awaited through OnPool as named locals (the g++ 12 pitfall, loop/awaitables.hpp).
 struct WritePrepares {
   std::shared_ptr<ClaimLog> log;
-  std::string cdi_dir;
-  uint32_t major = 0;
+  ClaimSpecIo specs;
   std::vector<PreparedClaim> entries;
   uint64_t seq = 0;
-
-  CommitOutcome operator()() {
-    CommitOutcome out;
-    std::string records;
-    for (const auto& entry : entries) {
-      if (auto r = WriteChannelCdiSpec(cdi_dir, entry.uid, major, entry.channels, SpecDurability::kVisibleOnly); !r) {
-        out.failed[entry.uid] = "cannot write the CDI spec: " + r.error;
-        continue;
-      }
-      records += EncodeClaimLogRecord({seq++, ClaimLogRecord::Op::kPrepared, entry});
-      out.committed.push_back(entry.uid);
-    }
-    out.last_seq = seq - 1;
-    if (!records.empty()) {
-      if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
-    }
-    out.log_used = log->Used();
-    return out;
-  }
+  CommitOutcome operator()() const { return AppendPrepares(*log, specs, entries, seq); }
 };
 
-// One unprepare commit: the spec of every claim in `work` deleted, then one "unprepared" record
-// per known claim, all in one append.
 struct WriteUnprepares {
   std::shared_ptr<ClaimLog> log;
-  std::string cdi_dir;
-  std::vector<ClaimRef> work;
+  ClaimSpecIo specs;
+  std::vector<std::string> uids;
   std::vector<bool> known;
   uint64_t seq = 0;
-
-  CommitOutcome operator()() {
-    CommitOutcome out;
-    std::string records;
-    for (std::size_t i = 0; i < work.size(); ++i) {
-      const std::string& uid = work[i].uid;
-      if (auto r = DeleteCdiSpec(cdi_dir, uid); !r) {
-        out.failed[uid] = "cannot delete the CDI spec: " + r.error;
-        continue;
-      }
-      if (!known[i]) continue;
-      ClaimLogRecord record;
-      record.seq = seq++;
-      record.op = ClaimLogRecord::Op::kUnprepared;
-      record.claim.uid = uid;
-      records += EncodeClaimLogRecord(record);
-      out.committed.push_back(uid);
-    }
-    out.last_seq = seq - 1;
-    if (!records.empty()) {
-      if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
-    }
-    out.log_used = log->Used();
-    return out;
-  }
+  CommitOutcome operator()() const { return AppendUnprepares(*log, specs, uids, known, seq); }
 };
 
-// The checkpoint takes in the log, then the log starts over; the error, or empty.
 struct CompactLog {
   std::shared_ptr<ClaimLog> log;
   std::string checkpoint_file;
   Checkpoint snapshot;
-
-  std::string operator()() const {
-    if (auto r = SaveCheckpoint(checkpoint_file, snapshot); !r) return r.error;
-    log->Rewind();
-    return std::string{};
-  }
+  std::string operator()() const { return CompactClaimLog(*log, checkpoint_file, snapshot); }
 };
 
 // The callback APIs (kube client, pool, driver-managed domains, timers) are awaited through
@@ -847,7 +798,7 @@ asio::awaitable<PrepareResults> DraComputeDomainModule::CommitPrepares(std::vect
                                                                        PrepareResults results) {
   std::vector<PreparedClaim> entries = std::move(pending_prepares_);
   pending_prepares_.clear();
-  WritePrepares write{log_, paths_.cdi_dir, channel_major_, entries, next_seq_};
+  WritePrepares write{log_, ChannelSpecIo(paths_.cdi_dir, channel_major_), entries, next_seq_};
   JobResult<CommitOutcome> written = co_await OnPool(context_.Pool(), std::move(write), lifetime_.Watch());
   CommitOutcome& out = written.value;
   // No stopping_ check from here: what reached the disk is taken in even after Stop.
@@ -988,7 +939,9 @@ asio::awaitable<void> DraComputeDomainModule::UnprepareCall(UnprepareJob job) {
   }
   std::vector<ClaimRef> detach;
   if (!work.empty()) {
-    WriteUnprepares write{log_, paths_.cdi_dir, work, known, next_seq_};
+    std::vector<std::string> uids;
+    for (const auto& claim : work) uids.push_back(claim.uid);
+    WriteUnprepares write{log_, ChannelSpecIo(paths_.cdi_dir, channel_major_), std::move(uids), known, next_seq_};
     JobResult<CommitOutcome> written = co_await OnPool(context_.Pool(), std::move(write), lifetime_.Watch());
     CommitOutcome& out = written.value;
     // No stopping_ check from here: what reached the disk is taken in even after Stop.
