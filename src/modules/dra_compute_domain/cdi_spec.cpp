@@ -1,53 +1,23 @@
 // Per-claim CDI specs for the IMEX channel.
 #include "modules/dra_compute_domain/cdi_spec.hpp"
 
-#include "modules/dra_compute_domain/driver_paths.hpp"
-
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <memory>
-#include <random>
 
 namespace gns::dra {
 
-namespace {
-
-constexpr std::string_view kFileSuffix = ".json";
-
-std::string FilePrefix() { return std::string(kCdiVendor) + "-" + std::string(kCdiClass) + "_"; }
-
-bool IsAlnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
-bool IsLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-
-}  // namespace
-
-bool IsValidClaimUid(std::string_view uid) {
-  if (uid.empty() || uid.size() > 64) return false;
-  if (!IsAlnum(uid.front()) || !IsAlnum(uid.back())) return false;
-  return std::all_of(uid.begin(), uid.end(), [](char c) { return IsAlnum(c) || c == '-'; });
+const ClaimSpecNames& ChannelSpecNames() {
+  static const ClaimSpecNames kNames{std::string(kCdiVendor), std::string(kCdiClass)};
+  return kNames;
 }
 
-std::string CdiSpecFileName(std::string_view claim_uid) {
-  return FilePrefix() + std::string(claim_uid) + std::string(kFileSuffix);
-}
+std::string CdiSpecFileName(std::string_view claim_uid) { return ChannelSpecNames().FileName(claim_uid); }
 
 std::string CdiDeviceName(std::string_view claim_uid) {
   return std::string(claim_uid) + "-" + std::string(kChannelDeviceName);
 }
 
 std::string CdiQualifiedDeviceId(std::string_view claim_uid) {
-  return std::string(kCdiKind) + "=" + CdiDeviceName(claim_uid);
-}
-
-std::string_view MinimumCdiVersion(std::string_view device_name) {
-  if (!device_name.empty() && IsLetter(device_name.front())) return "0.3.0";
-  return "0.5.0";
+  return ChannelSpecNames().QualifiedDeviceId(CdiDeviceName(claim_uid));
 }
 
 nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count) {
@@ -67,36 +37,6 @@ nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_
                         {"devices", nlohmann::json::array({std::move(device)})}};
 }
 
-namespace {
-
-// Temp file (named as WriteFileAtomically names it, so the start's sweep knows it), rename; no
-// fsync (see SpecDurability::kVisibleOnly).
-FileWriteResult ReplaceVisibly(const std::string& path, const std::string& content) {
-  // Random like WriteFileAtomically's: in a container we may be pid 1 on every start.
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  const std::string tmp = AtomicWriteTempName(path, static_cast<long>(::getpid()), rng() % 1000000);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kCdiSpecFileMode);
-  if (fd < 0) return FileWriteResult{false, "create temp file: " + tmp + ": " + std::strerror(errno)};
-  std::string error;
-  if (::fchmod(fd, kCdiSpecFileMode) != 0) error = "chmod: " + tmp + ": " + std::strerror(errno);
-  for (std::size_t done = 0; error.empty() && done < content.size();) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0 && errno != EINTR) error = "write: " + tmp + ": " + std::strerror(errno);
-    if (n > 0) done += static_cast<std::size_t>(n);
-  }
-  if (::close(fd) != 0 && error.empty()) error = "close: " + tmp + ": " + std::strerror(errno);
-  if (error.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    error = "rename: " + path + ": " + std::strerror(errno);
-  }
-  if (!error.empty()) {
-    ::unlink(tmp.c_str());
-    return FileWriteResult{false, error};
-  }
-  return {};
-}
-
-}  // namespace
-
 std::string ChannelCdiSpecContent(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count) {
   return BuildChannelCdiSpec(claim_uid, channel_major, channel_count).dump(2) + "\n";
 }
@@ -104,10 +44,8 @@ std::string ChannelCdiSpecContent(std::string_view claim_uid, uint32_t channel_m
 bool CdiSpecIsCurrent(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major,
                       uint32_t channel_count) {
   if (!IsValidClaimUid(claim_uid)) return false;
-  std::string text;
-  std::string error;
-  if (!ReadWholeFile(JoinPath(cdi_dir, CdiSpecFileName(claim_uid)), text, error)) return false;
-  return text == ChannelCdiSpecContent(claim_uid, channel_major, channel_count);
+  return ClaimSpecIsCurrent(cdi_dir, ChannelSpecNames(), claim_uid,
+                            ChannelCdiSpecContent(claim_uid, channel_major, channel_count));
 }
 
 FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view claim_uid, uint32_t channel_major,
@@ -115,56 +53,22 @@ FileWriteResult WriteChannelCdiSpec(const std::string& cdi_dir, std::string_view
   if (!IsValidClaimUid(claim_uid)) {
     return FileWriteResult{false, "invalid claim UID for a CDI spec name: \"" + std::string(claim_uid) + "\""};
   }
-  std::string error;
-  // /var/run/cdi is a tmpfs path: it may not exist yet after a reboot. 0755 as the runtimes make it.
-  if (!EnsureDirectory(cdi_dir, 0755, error)) return FileWriteResult{false, error};
-  const std::string content = ChannelCdiSpecContent(claim_uid, channel_major, channel_count);
-  const std::string path = JoinPath(cdi_dir, CdiSpecFileName(claim_uid));
-  if (durability == SpecDurability::kDurable) return WriteFileAtomically(path, content, kCdiSpecFileMode);
-  return ReplaceVisibly(path, content);
+  return WriteClaimSpec(cdi_dir, ChannelSpecNames(), claim_uid,
+                        ChannelCdiSpecContent(claim_uid, channel_major, channel_count), durability);
 }
 
 FileWriteResult DeleteCdiSpec(const std::string& cdi_dir, std::string_view claim_uid) {
-  if (!IsValidClaimUid(claim_uid)) {
-    return FileWriteResult{false, "invalid claim UID for a CDI spec name: \"" + std::string(claim_uid) + "\""};
-  }
-  const std::string path = JoinPath(cdi_dir, CdiSpecFileName(claim_uid));
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return FileWriteResult{false, "unlink: " + path + ": " + std::strerror(errno)};
-  }
-  return {};
+  return DeleteClaimSpec(cdi_dir, ChannelSpecNames(), claim_uid);
 }
 
 std::optional<std::string_view> ClaimUidOfCdiSpecFile(std::string_view name) {
-  const std::string prefix = FilePrefix();
-  if (name.size() <= prefix.size() + kFileSuffix.size()) return std::nullopt;
-  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
-  if (name.substr(name.size() - kFileSuffix.size()) != kFileSuffix) return std::nullopt;
-  const std::string_view uid = name.substr(prefix.size(), name.size() - prefix.size() - kFileSuffix.size());
-  if (!IsValidClaimUid(uid)) return std::nullopt;
-  return uid;
+  return ChannelSpecNames().ClaimUidOf(name);
 }
 
 TempSweep RemoveInterruptedCdiSpecWrites(const std::string& cdi_dir) {
-  return RemoveInterruptedWrites(cdi_dir, false,
-                                 [](std::string_view target) { return ClaimUidOfCdiSpecFile(target).has_value(); });
+  return RemoveInterruptedClaimSpecWrites(cdi_dir, ChannelSpecNames());
 }
 
-CdiListing ListCdiSpecClaimUids(const std::string& cdi_dir) {
-  CdiListing listing;
-  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(cdi_dir.c_str()), &::closedir);
-  if (!dir) {
-    if (errno == ENOENT) return listing;
-    listing.ok = false;
-    listing.error = "opendir: " + cdi_dir + ": " + std::strerror(errno);
-    return listing;
-  }
-  while (const dirent* entry = ::readdir(dir.get())) {
-    // Temp files of an interrupted write end in ".tmp.<pid>.<n>", never ".json": not ours here.
-    if (const auto uid = ClaimUidOfCdiSpecFile(entry->d_name)) listing.claim_uids.emplace_back(*uid);
-  }
-  std::sort(listing.claim_uids.begin(), listing.claim_uids.end());
-  return listing;
-}
+CdiListing ListCdiSpecClaimUids(const std::string& cdi_dir) { return ListClaimSpecs(cdi_dir, ChannelSpecNames()); }
 
 }  // namespace gns::dra

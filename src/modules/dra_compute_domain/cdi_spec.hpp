@@ -5,7 +5,10 @@
 // "k8s.compute-domain.nvidia.com", class "claim", device "<claimUID>-channel-0", file
 // "k8s.compute-domain.nvidia.com-claim_<claimUID>.json" in paths.cdiDir. The container runtime
 // creates the node from type/major/minor, so the host's channel0 file need not exist (§13).
+// The file names and I/O are the DRA plugin core's (dra_plugin/claim_specs.hpp); this is what
+// the spec holds, and this driver's names for the core's functions.
 
+#include "dra_plugin/claim_specs.hpp"
 #include "loop/atomic_file.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
 
@@ -27,31 +30,17 @@ inline constexpr std::string_view kChannelPath = "/dev/nvidia-caps-imex-channels
 inline constexpr uint32_t kChannelMinor = 0;
 // The mode the upstream plugin gives the channel node (S_IFCHR | 0666): any container user.
 inline constexpr uint32_t kChannelFileMode = 0666;
-// Spec files are read by the container runtime (root) and by operators' tools: no secrets.
-inline constexpr mode_t kCdiSpecFileMode = 0644;
 
-// Kubernetes UIDs are UUIDs. We accept [A-Za-z0-9-], 1..64 characters, starting and ending with
-// a letter or digit: safe in a file name and a valid CDI device name.
-bool IsValidClaimUid(std::string_view uid);
+// Vendor kCdiVendor, class kCdiClass: the core's names of this driver's spec files.
+const ClaimSpecNames& ChannelSpecNames();
 
 std::string CdiSpecFileName(std::string_view claim_uid);   // "k8s.compute-domain.nvidia.com-claim_<uid>.json"
 std::string CdiDeviceName(std::string_view claim_uid);     // "<uid>-channel-0"
 std::string CdiQualifiedDeviceId(std::string_view claim_uid);  // "<kind>=<uid>-channel-0"
 
-// The lowest cdiVersion that can carry a spec with this device name: a name that does not start
-// with a letter needs 0.5.0, otherwise 0.3.0 (WIRE-FACTS §6; declaring less makes it invalid).
-std::string_view MinimumCdiVersion(std::string_view device_name);
-
 // The spec for one claim. `claim_uid` must satisfy IsValidClaimUid. `channel_count` > 1 (the
 // driver-managed allocationMode "All") puts channel0..channel<count-1> into the one device.
 nlohmann::json BuildChannelCdiSpec(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count = 1);
-
-// kDurable: WriteFileAtomically (temp fsync'd, renamed, directory fsync'd). kVisibleOnly: the same
-// all-or-nothing replacement for readers and for kill -9 (temp, rename), without the fsyncs:
-// after a power loss the old content, the new or an empty file may be found. For the prepare hot
-// path only, where the spec is derived from a durable claim-log record and the start re-makes
-// it when it is not exactly right (CdiSpecIsCurrent).
-enum class SpecDurability { kDurable, kVisibleOnly };
 
 // The spec file's exact bytes (what WriteChannelCdiSpec writes and CdiSpecIsCurrent expects).
 std::string ChannelCdiSpecContent(std::string_view claim_uid, uint32_t channel_major, uint32_t channel_count = 1);
@@ -79,11 +68,6 @@ std::optional<std::string_view> ClaimUidOfCdiSpecFile(std::string_view file_name
 // with other producers: nothing else there is touched, their temp files included. Blocking.
 TempSweep RemoveInterruptedCdiSpecWrites(const std::string& cdi_dir);
 
-struct CdiListing {
-  bool ok = true;
-  std::string error;
-  std::vector<std::string> claim_uids;  // sorted; only files named by CdiSpecFileName
-};
 // Our spec files in cdi_dir, for the startup reconcile against the checkpoint. A missing
 // directory lists as empty. Blocking.
 CdiListing ListCdiSpecClaimUids(const std::string& cdi_dir);

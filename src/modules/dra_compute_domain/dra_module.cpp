@@ -14,10 +14,11 @@
 #endif
 
 #include "modules/dra_compute_domain/cdi_spec.hpp"
-#include "modules/dra_compute_domain/claim_log.hpp"
+#include "dra_plugin/claim_log.hpp"
+#include "dra_plugin/claim_commit.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
 #include "modules/dra_compute_domain/proc_devices.hpp"
-#include "modules/dra_compute_domain/registration_server.hpp"
+#include "dra_plugin/registration_server.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/imex_health/messages.hpp"
 #include "modules/kube/api/client.hpp"
@@ -49,8 +50,6 @@ namespace {
 
 constexpr milliseconds kFirstRetryDelay{200};
 constexpr milliseconds kMaxRetryDelay{2000};
-constexpr milliseconds kSliceRetryInitial{500};
-constexpr milliseconds kSliceRetryMax{30000};
 
 std::string_view VersionOnly(ResourceApiVersion version) {
   switch (version) {
@@ -99,91 +98,41 @@ DomainLookup FindDomain(const kube::Result& domains, const std::string& domain_u
   return DomainLookup::NotFound();
 }
 
-// What the pool reports back from a commit: the records that reached the disk.
-struct CommitOutcome {
-  std::vector<std::string> committed;           // claim UIDs whose record is durable
-  std::map<std::string, std::string> failed;    // claim UID → why (its own file step failed)
-  std::string log_error;                        // the append failed: nothing is durable
-  uint64_t last_seq = 0;
-  std::size_t log_used = 0;
-};
+// This driver's per-claim specs as the core's commits write them (dra_plugin/claim_commit.hpp):
+// the channel spec a record implies, for the channel major read at start.
+ClaimSpecIo ChannelSpecIo(const std::string& cdi_dir, uint32_t major) {
+  ClaimSpecIo io;
+  io.write = [cdi_dir, major](const PreparedClaim& entry, SpecDurability durability) {
+    return WriteChannelCdiSpec(cdi_dir, entry.uid, major, entry.channels, durability);
+  };
+  io.remove = [cdi_dir](std::string_view uid) { return DeleteCdiSpec(cdi_dir, uid); };
+  return io;
+}
 
-// The pool side of the commits (no module state travels to the pool). One prepare commit:
-// each claim's CDI spec (visible at once, no fsync: it is re-made from the record at start),
-// then every record in one append + fdatasync.
+// The pool side of the commits (no module state travels to the pool), as named callables: they
+// are awaited through OnPool as named locals (the g++ 12 pitfall, loop/awaitables.hpp).
 struct WritePrepares {
   std::shared_ptr<ClaimLog> log;
-  std::string cdi_dir;
-  uint32_t major = 0;
+  ClaimSpecIo specs;
   std::vector<PreparedClaim> entries;
   uint64_t seq = 0;
-
-  CommitOutcome operator()() {
-    CommitOutcome out;
-    std::string records;
-    for (const auto& entry : entries) {
-      if (auto r = WriteChannelCdiSpec(cdi_dir, entry.uid, major, entry.channels, SpecDurability::kVisibleOnly); !r) {
-        out.failed[entry.uid] = "cannot write the CDI spec: " + r.error;
-        continue;
-      }
-      records += EncodeClaimLogRecord({seq++, ClaimLogRecord::Op::kPrepared, entry});
-      out.committed.push_back(entry.uid);
-    }
-    out.last_seq = seq - 1;
-    if (!records.empty()) {
-      if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
-    }
-    out.log_used = log->Used();
-    return out;
-  }
+  CommitOutcome operator()() const { return AppendPrepares(*log, specs, entries, seq); }
 };
 
-// One unprepare commit: the spec of every claim in `work` deleted, then one "unprepared" record
-// per known claim, all in one append.
 struct WriteUnprepares {
   std::shared_ptr<ClaimLog> log;
-  std::string cdi_dir;
-  std::vector<ClaimRef> work;
+  ClaimSpecIo specs;
+  std::vector<std::string> uids;
   std::vector<bool> known;
   uint64_t seq = 0;
-
-  CommitOutcome operator()() {
-    CommitOutcome out;
-    std::string records;
-    for (std::size_t i = 0; i < work.size(); ++i) {
-      const std::string& uid = work[i].uid;
-      if (auto r = DeleteCdiSpec(cdi_dir, uid); !r) {
-        out.failed[uid] = "cannot delete the CDI spec: " + r.error;
-        continue;
-      }
-      if (!known[i]) continue;
-      ClaimLogRecord record;
-      record.seq = seq++;
-      record.op = ClaimLogRecord::Op::kUnprepared;
-      record.claim.uid = uid;
-      records += EncodeClaimLogRecord(record);
-      out.committed.push_back(uid);
-    }
-    out.last_seq = seq - 1;
-    if (!records.empty()) {
-      if (auto r = log->Append(records); !r) out.log_error = "cannot append to the claim log: " + r.error;
-    }
-    out.log_used = log->Used();
-    return out;
-  }
+  CommitOutcome operator()() const { return AppendUnprepares(*log, specs, uids, known, seq); }
 };
 
-// The checkpoint takes in the log, then the log starts over; the error, or empty.
 struct CompactLog {
   std::shared_ptr<ClaimLog> log;
   std::string checkpoint_file;
   Checkpoint snapshot;
-
-  std::string operator()() const {
-    if (auto r = SaveCheckpoint(checkpoint_file, snapshot); !r) return r.error;
-    log->Rewind();
-    return std::string{};
-  }
+  std::string operator()() const { return CompactClaimLog(*log, checkpoint_file, snapshot); }
 };
 
 // The callback APIs (kube client, pool, driver-managed domains, timers) are awaited through
@@ -224,9 +173,7 @@ DraComputeDomainModule::DraComputeDomainModule(ModuleContext& context, const Con
       config_(config),
       paths_(MakeDriverPaths(context.Site().paths)),
       node_name_(context.Site().node_name),
-      clique_timer_(context.GetLoop().Io()),
-      slice_retry_timer_(context.GetLoop().Io()),
-      resync_timer_(context.GetLoop().Io()) {
+      clique_timer_(context.GetLoop().Io()) {
   auto& m = context_.Metrics();
   const auto prepares = [&m](const char* result) -> MetricsRegistry::Series& {
     return m.Counter("gpu_node_supervisor_dra_prepares_total", "Claims answered in NodePrepareResources, by result",
@@ -261,6 +208,15 @@ DraComputeDomainModule::DraComputeDomainModule(ModuleContext& context, const Con
   reconcile_respecs_ = &reconciled("rewrite_missing_spec");
   corrupt_checkpoints_ = &m.Counter("gpu_node_supervisor_dra_corrupt_checkpoints_total",
                                     "Corrupt checkpoints moved aside at start");
+  SlicePublisher::Hooks hooks;
+  hooks.devices = [this] { return SliceDevices(); };
+  hooks.note = [this] { return "clique " + (clique_id_.empty() ? std::string("(none)") : clique_id_); };
+  hooks.on_error = [this](const std::string& error) { SetError(error); };
+  hooks.on_attempt = [this] { PublishState(); };
+  slices_ = std::make_unique<SlicePublisher>(
+      context_,
+      SlicePublisher::Options{std::string(kDriverName), node_name_, config_.api_version, config_.slice_resync},
+      SlicePublisher::Counters{slice_created_, slice_updated_, slice_errors_}, std::move(hooks));
 }
 
 DraComputeDomainModule::~DraComputeDomainModule() { lifetime_.Close(); }
@@ -390,25 +346,9 @@ void DraComputeDomainModule::Serve(StartFiles files) {
   context_.Log().info("serving DRA v1/v1beta1 on {}, registration on {}", paths_.dra_socket,
                       paths_.registration_socket);
 
-  // Keep the ResourceSlice true: the kubelet deletes a node's slices when it starts.
-  const kube::InformerSpec spec{SliceCollection(), "",
-                                "spec.nodeName=" + node_name_ + ",spec.driver=" + std::string(kDriverName)};
-  slice_informer_key_ = spec.Key();
-  slice_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& event) {
-    if (event.informer_key != slice_informer_key_ || !event.object) return;
-    if (JsonStringAt(*event.object, "/metadata/name") != ResourceSliceName(node_name_)) return;
-    if (event.type == kube::ResourceEvent::Type::kDeleted) {
-      context_.Log().warn("ResourceSlice {} was deleted (a kubelet start wipes the node's slices): recreating it",
-                          ResourceSliceName(node_name_));
-      PublishSlice();
-    } else if (!node_uid_.empty() && SliceNeedsUpdate(*event.object, DesiredSlice(0))) {
-      PublishSlice();
-    }
-  });
-  slice_informer_ = informers_->Acquire(spec);
   if (!corrupt_note_.empty()) RecordCorruptCheckpointEvent();
-  PublishSlice();
-  ScheduleResync();
+  // Keep the ResourceSlice true: the kubelet deletes a node's slices when it starts.
+  slices_->Start(client_, informers_);
   PublishState();
 }
 
@@ -543,7 +483,7 @@ void DraComputeDomainModule::RecordCorruptCheckpointEvent() {
   }
   kube::ObjectReference node;
   node.name = node_name_;
-  node.uid = node_uid_;
+  node.uid = slices_->NodeUid();
   events_->Record(node, "Warning", "CorruptCheckpoint", "LoadCheckpoint", corrupt_note_);
 }
 
@@ -561,7 +501,7 @@ void DraComputeDomainModule::OnClique(const gpu_inventory::NodeClique& clique) {
     clique_id_ = clique.clique_id;
     if (domains_) domains_->SetClique(clique_id_);
     PublishState();
-    PublishSlice();
+    slices_->Publish();
   }
   if (known_now && clique_waiting_) {
     context_.Log().info("the node's clique is known ({}): deciding {} waiting prepare(s) again",
@@ -577,13 +517,10 @@ void DraComputeDomainModule::OnClique(const gpu_inventory::NodeClique& clique) {
 
 void DraComputeDomainModule::Stop(std::function<void()> done) {
   stopping_ = true;
-  slice_retry_timer_.cancel();
-  resync_timer_.cancel();
+  slices_->Stop();
   clique_sub_.Reset();
   clique_waiting_ = false;  // the waiting prepare's call is failed by the DRA server's shutdown
   clique_timer_.cancel();
-  slice_sub_.Reset();
-  slice_informer_.reset();
   jobs_.clear();  // their calls are failed by the DRA server's shutdown
   pending_prepares_.clear();  // never committed, never answered
   auto finish = [this, alive = lifetime_.Watch(), done = std::move(done)] {
@@ -847,7 +784,7 @@ asio::awaitable<PrepareResults> DraComputeDomainModule::CommitPrepares(std::vect
                                                                        PrepareResults results) {
   std::vector<PreparedClaim> entries = std::move(pending_prepares_);
   pending_prepares_.clear();
-  WritePrepares write{log_, paths_.cdi_dir, channel_major_, entries, next_seq_};
+  WritePrepares write{log_, ChannelSpecIo(paths_.cdi_dir, channel_major_), entries, next_seq_};
   JobResult<CommitOutcome> written = co_await OnPool(context_.Pool(), std::move(write), lifetime_.Watch());
   CommitOutcome& out = written.value;
   // No stopping_ check from here: what reached the disk is taken in even after Stop.
@@ -988,7 +925,9 @@ asio::awaitable<void> DraComputeDomainModule::UnprepareCall(UnprepareJob job) {
   }
   std::vector<ClaimRef> detach;
   if (!work.empty()) {
-    WriteUnprepares write{log_, paths_.cdi_dir, work, known, next_seq_};
+    std::vector<std::string> uids;
+    for (const auto& claim : work) uids.push_back(claim.uid);
+    WriteUnprepares write{log_, ChannelSpecIo(paths_.cdi_dir, channel_major_), std::move(uids), known, next_seq_};
     JobResult<CommitOutcome> written = co_await OnPool(context_.Pool(), std::move(write), lifetime_.Watch());
     CommitOutcome& out = written.value;
     // No stopping_ check from here: what reached the disk is taken in even after Stop.
@@ -1031,133 +970,8 @@ asio::awaitable<void> DraComputeDomainModule::UnprepareCall(UnprepareJob job) {
 
 // ---------------------------------------------------------------------------------- slice
 
-std::string DraComputeDomainModule::SliceCollection() const {
-  return kube::ResourcePath::Grouped("resource.k8s.io", std::string(VersionOnly(config_.api_version)),
-                                     "resourceslices")
-      .Collection();
-}
-
-json DraComputeDomainModule::DesiredSlice(int64_t generation) const {
-  SliceInputs inputs;
-  inputs.node_name = node_name_;
-  inputs.node_uid = node_uid_;
-  inputs.clique_id = clique_id_;
-  inputs.host_managed = host_managed_;
-  inputs.generation = std::max<int64_t>(generation, 1);
-  inputs.api_version = config_.api_version;
-  return BuildResourceSlice(inputs);
-}
-
-void DraComputeDomainModule::PublishSlice() {
-  if (stopping_ || !client_) return;
-  if (slice_busy_) {
-    slice_again_ = true;
-    return;
-  }
-  slice_busy_ = true;
-  slice_retry_timer_.cancel();
-  if (!node_uid_.empty()) {
-    PublishSliceWithNode();
-    return;
-  }
-  // The slice is owned by the Node (garbage-collected with it): its UID first.
-  client_->Get(kube::ResourcePath::Core("nodes").Object(node_name_), lifetime_.Guard([this](kube::Result result) {
-    if (stopping_) return;
-    if (!result.Ok()) {
-      SliceDone(false, "cannot read Node " + node_name_ + ": " + result.error);
-      return;
-    }
-    node_uid_ = JsonStringAt(result.object, "/metadata/uid");
-    PublishSliceWithNode();
-  }));
-}
-
-void DraComputeDomainModule::PublishSliceWithNode() {
-  const std::string name = ResourceSliceName(node_name_);
-  const std::string path = SliceCollection() + "/" + name;
-  client_->Get(path, lifetime_.Guard([this, name, path](kube::Result current) {
-    if (stopping_) return;
-    if (current.http_status == 404) {
-      // A new slice starts a new pool generation, above any we wrote before.
-      const int64_t generation = slice_generation_ + 1;
-      client_->Create(SliceCollection(), DesiredSlice(generation),
-                      lifetime_.Guard([this, name, generation](kube::Result created) {
-                        if (stopping_) return;
-                        if (!created.Ok()) {
-                          SliceDone(false, "cannot create ResourceSlice " + name + ": " + created.error);
-                          return;
-                        }
-                        slice_generation_ = generation;
-                        slice_created_->Inc();
-                        context_.Log().info("created ResourceSlice {} (pool generation {}, clique {})", name,
-                                            generation, clique_id_.empty() ? "(none)" : clique_id_);
-                        SliceDone(true, {});
-                      }));
-      return;
-    }
-    if (!current.Ok()) {
-      SliceDone(false, "cannot read ResourceSlice " + name + ": " + current.error);
-      return;
-    }
-    const json gen_ptr = current.object.value(json::json_pointer("/spec/pool/generation"), json(0));
-    const int64_t current_generation = gen_ptr.is_number_integer() ? gen_ptr.get<int64_t>() : 0;
-    if (!SliceNeedsUpdate(current.object, DesiredSlice(current_generation))) {
-      slice_generation_ = current_generation;
-      SliceDone(true, {});
-      return;
-    }
-    const int64_t generation = std::max(current_generation, slice_generation_) + 1;
-    json desired = DesiredSlice(generation);
-    desired["metadata"]["resourceVersion"] = JsonStringAt(current.object, "/metadata/resourceVersion");
-    client_->Update(path, desired, lifetime_.Guard([this, name, generation](kube::Result updated) {
-      if (stopping_) return;
-      if (!updated.Ok()) {
-        SliceDone(false, "cannot update ResourceSlice " + name + ": " + updated.error);
-        return;
-      }
-      slice_generation_ = generation;
-      slice_updated_->Inc();
-      context_.Log().info("updated ResourceSlice {} (pool generation {}, clique {})", name, generation,
-                          clique_id_.empty() ? "(none)" : clique_id_);
-      SliceDone(true, {});
-    }));
-  }));
-}
-
-void DraComputeDomainModule::SliceDone(bool ok, const std::string& error) {
-  slice_busy_ = false;
-  if (ok) {
-    ++slice_publishes_;
-    slice_retry_delay_ = kSliceRetryInitial;
-  } else {
-    slice_errors_->Inc();
-    context_.Log().warn("{}; retrying in {} ms", error, slice_retry_delay_.count());
-    SetError(error);
-    if (!slice_again_) ScheduleSliceRetry();
-  }
-  if (slice_again_) {
-    slice_again_ = false;
-    PublishSlice();
-  }
-  PublishState();
-}
-
-void DraComputeDomainModule::ScheduleSliceRetry() {
-  slice_retry_timer_.expires_after(slice_retry_delay_);
-  slice_retry_delay_ = std::min(slice_retry_delay_ * 2, kSliceRetryMax);
-  slice_retry_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
-    if (ec) return;
-    PublishSlice();
-  }));
-}
-
-void DraComputeDomainModule::ScheduleResync() {
-  resync_timer_.expires_after(config_.slice_resync);
-  resync_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
-    if (ec || stopping_) return;
-    PublishSlice();
-    ScheduleResync();
-  }));
+json DraComputeDomainModule::SliceDevices() const {
+  return ChannelSliceDevices(clique_id_, host_managed_, config_.api_version);
 }
 
 // ---------------------------------------------------------------------------------- state
@@ -1181,8 +995,8 @@ void DraComputeDomainModule::PublishState() {
     state.prepared_claims.push_back(
         {uid, entry.namespace_name, entry.name, std::string(ToString(entry.state)), entry.domain_uid});
   }
-  state.slice_generation = slice_generation_;
-  state.slice_publishes = slice_publishes_;
+  state.slice_generation = slices_->Generation();
+  state.slice_publishes = slices_->Publishes();
   state.last_error = last_error_;
   context_.GetBus().Publish(std::move(state));
 }

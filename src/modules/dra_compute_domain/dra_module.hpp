@@ -15,13 +15,14 @@
 
 #include "loop/gate.hpp"
 #include "loop/module.hpp"
-#include "modules/dra_compute_domain/checkpoint.hpp"
-#include "modules/dra_compute_domain/claim_log.hpp"
-#include "modules/dra_compute_domain/dra_server.hpp"
+#include "dra_plugin/checkpoint.hpp"
+#include "dra_plugin/claim_log.hpp"
+#include "dra_plugin/dra_server.hpp"
 #include "modules/dra_compute_domain/driver_managed.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
 #include "modules/dra_compute_domain/resource_slice.hpp"
+#include "dra_plugin/slice_publisher.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
 #include <boost/asio/awaitable.hpp>
@@ -151,14 +152,8 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   boost::asio::awaitable<std::string> Detach(std::string uid);
   boost::asio::awaitable<boost::system::error_code> Expiry(boost::asio::steady_timer& timer);
 
-  // The ResourceSlice.
-  void PublishSlice();
-  void PublishSliceWithNode();
-  void SliceDone(bool ok, const std::string& error);
-  void ScheduleSliceRetry();
-  void ScheduleResync();
-  nlohmann::json DesiredSlice(int64_t generation) const;
-  std::string SliceCollection() const;
+  // The ResourceSlice's devices (the core's SlicePublisher keeps the slice true).
+  nlohmann::json SliceDevices() const;
 
   void RecordCorruptCheckpointEvent();
   void UpdateCheckpointGauge();
@@ -192,8 +187,6 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   std::shared_ptr<kube::KubeClient> client_;
   std::shared_ptr<kube::InformerRegistry> informers_;
   std::shared_ptr<kube::EventRecorder> events_;
-  std::shared_ptr<kube::Informer> slice_informer_;
-  std::string slice_informer_key_;
   std::unique_ptr<DraServer> dra_server_;
   std::unique_ptr<RegistrationServer> registration_server_;
   std::unique_ptr<DriverManagedDomains> domains_;  // gate off only
@@ -203,15 +196,8 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   bool stopping_ = false;
   bool loading_ = false;  // the claim state is being read on the pool: nothing is served yet
 
-  // Slice publishing: one write in flight; a request during it is remembered.
-  std::string node_uid_;
-  bool slice_busy_ = false;
-  bool slice_again_ = false;
-  int64_t slice_generation_ = 0;
-  uint64_t slice_publishes_ = 0;
-  std::chrono::milliseconds slice_retry_delay_{500};
-  boost::asio::steady_timer slice_retry_timer_;
-  boost::asio::steady_timer resync_timer_;
+  // Slice publishing (dra_plugin/slice_publisher.hpp): one write in flight, retries, resync.
+  std::unique_ptr<SlicePublisher> slices_;
 
   bool registered_ = false;
   std::string registration_error_;
@@ -234,7 +220,6 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   MetricsRegistry::Series* reconcile_respecs_;
   MetricsRegistry::Series* corrupt_checkpoints_;
   Subscription clique_sub_;
-  Subscription slice_sub_;
 };
 
 }  // namespace gns::dra

@@ -19,7 +19,7 @@
 //      right after start "no clique" is not known to be true).
 // Permanent errors are not retried by the module within the kubelet's call; retryable ones are.
 
-#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "dra_plugin/checkpoint.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -29,7 +29,7 @@
 // acknowledged.
 
 #include "loop/atomic_file.hpp"
-#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "dra_plugin/checkpoint.hpp"
 
 #include <cstddef>
 #include <cstdint>

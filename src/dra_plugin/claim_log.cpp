@@ -1,8 +1,7 @@
 // The claim log: record format, replay and the append-only file.
-#include "modules/dra_compute_domain/claim_log.hpp"
+#include "dra_plugin/claim_log.hpp"
 
 #include "loop/state_file.hpp"
-#include "modules/dra_compute_domain/driver_paths.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

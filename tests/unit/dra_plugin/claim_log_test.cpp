@@ -3,8 +3,8 @@
 // that names the bytes and the lost seqs while the records after it still apply; a log rewound
 // after a compaction ends at its older generation; the file is pre-zeroed, 0600, and what it
 // holds is read back over the checkpoint.
-#include "modules/dra_compute_domain/claim_log.hpp"
-#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "dra_plugin/claim_log.hpp"
+#include "dra_plugin/checkpoint.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>

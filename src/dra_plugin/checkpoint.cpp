@@ -5,9 +5,8 @@
 //    "data": {"preparedClaims": {"<uid>": {...}}}}
 // The checksum covers data's compact serialization, which nlohmann emits with sorted keys, so it
 // survives a parse/dump round trip.
-#include "modules/dra_compute_domain/checkpoint.hpp"
+#include "dra_plugin/checkpoint.hpp"
 
-#include "modules/dra_compute_domain/driver_paths.hpp"
 
 #include <sys/stat.h>
 

@@ -1,7 +1,7 @@
 // pluginregistration.Registration for the DRA driver.
-#include "modules/dra_compute_domain/registration_server.hpp"
+#include "dra_plugin/registration_server.hpp"
 
-#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "dra_plugin/plugin_paths.hpp"
 
 #include "pluginregistration/v1/api.grpc.pb.h"
 

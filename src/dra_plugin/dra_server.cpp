@@ -1,7 +1,7 @@
 // The DRA kubelet-plugin service (v1 and v1beta1) over one handler.
-#include "modules/dra_compute_domain/dra_server.hpp"
+#include "dra_plugin/dra_server.hpp"
 
-#include "modules/dra_compute_domain/registration_server.hpp"
+#include "dra_plugin/registration_server.hpp"
 
 #include "loop/grpc_unary.hpp"
 

@@ -1,7 +1,7 @@
 // The checkpoint: round trip through the file, modes, and every kind of file we must not trust
 // (truncated, bad checksum, unknown version, wrong shapes) read as "corrupt: move aside".
-#include "modules/dra_compute_domain/checkpoint.hpp"
-#include "modules/dra_compute_domain/driver_paths.hpp"
+#include "dra_plugin/checkpoint.hpp"
+#include "dra_plugin/plugin_paths.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -67,7 +67,8 @@ TEST(CheckpointTest, Crc32MatchesTheIeeeCheckValue) {
 
 TEST(CheckpointTest, RoundTripsThroughTheFileWithPrivateModes) {
   gns::test::TempDir dir;
-  const DriverPaths paths = MakeDriverPaths(SitePaths{"", "", dir / "state", "/"});
+  const PluginPaths paths =
+      MakePluginPaths(SitePaths{"", "", dir / "state", "/"}, "compute-domain.nvidia.com", "dra-compute-domain");
   const Checkpoint original = TwoClaims();
   const auto saved = SaveCheckpoint(paths.checkpoint_file, original);
   ASSERT_TRUE(saved) << saved.error;

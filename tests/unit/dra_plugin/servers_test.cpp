@@ -3,9 +3,9 @@
 // both v1 and v1beta1 into one fake handler, answered now or later; socket and directory modes;
 // shutdown failing calls the handler never answered. The loop is driven by LoopHarness; clients
 // block on other threads (OffLoop). No sleeps.
-#include "modules/dra_compute_domain/dra_server.hpp"
-#include "modules/dra_compute_domain/driver_paths.hpp"
-#include "modules/dra_compute_domain/registration_server.hpp"
+#include "dra_plugin/dra_server.hpp"
+#include "dra_plugin/plugin_paths.hpp"
+#include "dra_plugin/registration_server.hpp"
 #include "support/loop_harness.hpp"
 #include "support/temp_dir.hpp"
 
@@ -30,6 +30,9 @@ namespace {
 
 namespace v1 = k8s::io::kubelet::pkg::apis::dra::v1;
 namespace v1beta1 = k8s::io::kubelet::pkg::apis::dra::v1beta1;
+
+// The servers under test, named for the compute-domain driver as before the core was shared.
+constexpr std::string_view kDriverName = "compute-domain.nvidia.com";
 
 // Answers at once unless `hold` is set; records what it was asked, on the loop.
 class FakeHandler : public DraHandler {
@@ -119,7 +122,7 @@ class DraServersTest : public ::testing::Test {
  protected:
   void SetUp() override {
     h_.site.paths.kubelet_dir = dir_ / "kubelet";
-    paths_ = MakeDriverPaths(h_.site.paths);
+    paths_ = MakePluginPaths(h_.site.paths, kDriverName, "dra-compute-domain");
     registration_ = std::make_unique<RegistrationServer>(
         h_.loop, RegistrationServer::Info{std::string(kDriverName), paths_.dra_socket},
         [this](bool registered, const std::string& error) { statuses_.emplace_back(registered, error); });
@@ -158,7 +161,7 @@ class DraServersTest : public ::testing::Test {
 
   gns::test::TempDir dir_;
   gns::test::LoopHarness h_;
-  DriverPaths paths_;
+  PluginPaths paths_;
   FakeHandler handler_{h_.loop};
   std::vector<std::pair<bool, std::string>> statuses_;
   std::unique_ptr<RegistrationServer> registration_;
