@@ -227,6 +227,8 @@ void GpuHealthModule::Serve() {
   auto& bus = context_.GetBus();
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
     judge_.OnInventory(inv.gpus, NowMs());
+    inventory_pci_.clear();
+    for (const auto& gpu : inv.gpus) inventory_pci_.push_back(gpu.pci_bus_id);
     Report();
     StartChecks();  // gpu-inventory (and its sampler) may have come after us
   });
@@ -605,7 +607,7 @@ void GpuHealthModule::OnSample(const gpu_inventory::HealthSample& sample) {
   }
   checks_state_.last_error.clear();
   const int64_t now = NowMs();
-  const auto found = checks_.Judge(sample, KnownGpus());
+  const auto found = checks_.Judge(sample, KnownGpus(), inventory_pci_);
   std::vector<CheckBook::Change> changes;
   for (const auto& gpu : found.gpus) {
     auto more = check_book_.Apply(gpu.uuid, gpu.pci, gpu.findings, now);

@@ -202,6 +202,7 @@ class GpuHealthModule final : public Module {
     XidJudge::KubeEvent k8s;
   };
   std::deque<Outgoing> outbox_;
+  std::vector<std::string> inventory_pci_;  // the PCI addresses of the inventory's GPUs (GpuMissingFromNvml)
   pod_resources::GpuPodMap pods_;  // who holds which GPU (pod-resources), when that module runs
   uint64_t change_ = 0;  // bumped by every change the checkpoint must cover
   bool stopping_ = false;

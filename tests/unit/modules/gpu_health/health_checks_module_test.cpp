@@ -338,6 +338,22 @@ TEST_F(GpuHealthChecksTest, AnXidAndAConditionRankTogether) {
   EXPECT_EQ(Health(kUuid)->recommended_action, "COMPONENT_RESET");
 }
 
+// A GPU on the PCI bus that NVML does not list is named by its address; a GPU out for a reset
+// (in the inventory, not in the pass) is neither counted nor named as missing.
+TEST_F(GpuHealthChecksTest, AGpuMissingFromNvmlIsNamedByItsPciAddress) {
+  sampler_->next.pci_gpu_count = 3;
+  sampler_->next.pci_gpu_addresses = {"0000:03:00.0", "0000:3b:00.0", "0000:86:00.0"};
+  Start();
+  sampler_->next.gpus.pop_back();  // kOther (00000000:3B:00.0) is out for its reset
+  Passes(2);
+  const HealthEvent* missing = EventOf("GpuMissingFromNvml", false);
+  ASSERT_NE(missing, nullptr);
+  EXPECT_TRUE(missing->entities_impacted.empty()) << "a condition of the node, not of a GPU";
+  EXPECT_NE(missing->message.find("not in NVML: 0000:86:00.0)"), std::string::npos) << missing->message;
+  EXPECT_EQ(missing->message.find("3b:00.0"), std::string::npos) << "out for a reset, not missing: " << missing->message;
+  EXPECT_FALSE(IsUnhealthy(kUuid));
+}
+
 // The host services over the real D-Bus wire (dbus-daemon + the fake systemd): the fabric
 // manager failing is a node condition with a HealthEvent and no GPU verdict; started again, it
 // clears after the hysteresis. A unit the node does not have (persistenced here) says nothing.

@@ -409,6 +409,47 @@ TEST(PresenceChecks, AGpuMissingFromNvml) {
   EXPECT_NE(missing->holds->message.find("1 missing from NVML"), std::string::npos);
 }
 
+// The missing GPU by its PCI address: sysfs's form against NVML's, compared as addresses.
+TEST(PresenceChecks, AGpuMissingFromNvmlIsNamedByItsPciAddress) {
+  const std::vector<std::string> on_bus{"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0"};
+  const std::vector<std::string> nvml{"00000000:18:00.0", "00000000:3B:00.0"};
+  const auto missing = JudgeMissingFromNvml(3, 2, {}, on_bus, nvml);
+  ASSERT_TRUE(missing && missing->holds);
+  EXPECT_NE(missing->holds->message.find("1 missing from NVML (not in NVML: 0000:2a:00.0)"), std::string::npos)
+      << missing->holds->message;
+  EXPECT_EQ(missing->holds->message.find("3b:00.0"), std::string::npos) << "NVML lists it (upper case, 8-digit domain)";
+  // Two missing: both named, in the bus's order.
+  const auto two = JudgeMissingFromNvml(3, 1, {}, on_bus, {"00000000:3B:00.0"});
+  ASSERT_TRUE(two && two->holds);
+  EXPECT_NE(two->holds->message.find("(not in NVML: 0000:18:00.0, 0000:2a:00.0)"), std::string::npos)
+      << two->holds->message;
+  // As many on the bus as NVML knows: clear, whatever the addresses say.
+  const auto same = JudgeMissingFromNvml(2, 2, {}, {"0000:18:00.0", "0000:2a:00.0"}, nvml);
+  ASSERT_TRUE(same.has_value());
+  EXPECT_FALSE(same->holds.has_value());
+  // The bus's addresses not read: the counts alone.
+  const auto unnamed = JudgeMissingFromNvml(3, 2, {}, {}, nvml);
+  ASSERT_TRUE(unnamed && unnamed->holds);
+  EXPECT_EQ(unnamed->holds->message.find("not in NVML:"), std::string::npos) << "no addresses: the counts alone";
+}
+
+TEST(HealthChecks, TheMissingGpuIsNamedAgainstThePassAndTheInventory) {
+  HealthChecks checks(ChecksConfig{});
+  inv::HealthSample sample;
+  sample.ok = true;
+  sample.groups = inv::kHealthHost;
+  auto gpu = Gpu();
+  gpu.pci_bus_id = "00000000:18:00.0";
+  sample.gpus = {gpu};
+  sample.pci_gpu_count = 3;
+  sample.pci_gpu_addresses = {"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0"};
+  // 0000:3b:00.0 is out for a reset: in the inventory, not in the pass.
+  const auto found = checks.Judge(sample, 2, {"00000000:18:00.0", "00000000:3B:00.0"});
+  ASSERT_TRUE(found.node && found.node->holds);
+  EXPECT_NE(found.node->holds->message.find("(not in NVML: 0000:2a:00.0)"), std::string::npos)
+      << found.node->holds->message;
+}
+
 TEST(HostChecks, PersistenceModeOff) {
   auto gpu = Gpu();
   EXPECT_TRUE(JudgeHost(gpu, {}).empty());
