@@ -428,7 +428,8 @@ checks:
   clearAfterPasses: 5
   memory: {interval: 2m, rowRemapPending: {enabled: false}, retiredPagesLimit: {pages: 10}}
   nvlink: {enabled: false}
-  thermal: {clockEventRate: {perMinute: 1.5, window: 20m}, thermalMargin: {marginC: 8}}
+  thermal: {clockEventRate: {perMinute: 1.5, window: 20m}, thermalMargin: {marginC: 8},
+            powerViolation: {percent: 25, window: 30m}}
   presence: {gpuMissingFromNvml: {enabled: false}}
   host: {fabricManagerService: {enabled: false}, persistencedService: {unit: persistenced-site.service},
          busAddress: "unix:path=/run/site-bus"}
@@ -444,6 +445,9 @@ checks:
   EXPECT_EQ(config.intervals[1], std::chrono::milliseconds(0)) << "a group switched off";
   EXPECT_DOUBLE_EQ(config.thermal.clock_event_rate.per_minute, 1.5);
   EXPECT_EQ(config.thermal.margin_c, 8u);
+  EXPECT_DOUBLE_EQ(config.thermal.power_violation_percent, 25.0);
+  EXPECT_EQ(config.thermal.power_violation_window, std::chrono::minutes(30));
+  EXPECT_TRUE(config.thermal.power_violation);
   EXPECT_FALSE(config.presence.missing_from_nvml);
   EXPECT_FALSE(config.host_services.fabric_manager);
   EXPECT_TRUE(config.host_services.persistenced);

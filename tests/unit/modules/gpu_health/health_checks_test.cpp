@@ -387,6 +387,39 @@ TEST(ThermalChecks, Margin) {
   EXPECT_NE(FindCheck(f, "ThermalMargin")->holds->message.find("memory at 93"), std::string::npos);
 }
 
+// Power violation time (ns, cumulative) as a share of the window: capped 1 of 10 minutes holds
+// (10 %), half a minute does not; a counter that went down (driver reload) starts again.
+TEST(ThermalChecks, PowerViolationAsAShareOfTheWindow) {
+  ThermalChecks checks({});
+  auto gpu = Gpu();
+  constexpr uint64_t kSecondNs = 1'000'000'000;
+  gpu.thermal.power_violation_ns = 500 * kSecondNs;  // before we started: the baseline
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0), "PowerViolation"));
+  gpu.thermal.power_violation_ns = 530 * kSecondNs;
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0 + kMinute), "PowerViolation")) << "30 s of 10 min: 5 %";
+  gpu.thermal.power_violation_ns = 560 * kSecondNs;
+  const Findings f = checks.Judge(gpu, kT0 + 2 * kMinute);
+  ASSERT_TRUE(Holds(f, "PowerViolation")) << "60 s of 10 min: 10 %";
+  EXPECT_EQ(FindCheck(f, "PowerViolation")->holds->severity, Severity::kWarning);
+  EXPECT_EQ(FindCheck(f, "PowerViolation")->holds->action, RecommendedAction::kNone);
+  EXPECT_NE(FindCheck(f, "PowerViolation")->holds->message.find("power-capped 10.00 % of the last 10 min"),
+            std::string::npos)
+      << FindCheck(f, "PowerViolation")->holds->message;
+  // Eleven minutes on with no more violation time: the growth left the window.
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0 + 13 * kMinute), "PowerViolation"));
+  // The counter went down: a new baseline, not a negative growth.
+  gpu.thermal.power_violation_ns = 10 * kSecondNs;
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0 + 14 * kMinute), "PowerViolation"));
+  // Not read: no judgement; switched off: none either.
+  gpu.thermal.power_violation_ns.reset();
+  EXPECT_TRUE(NotJudged(checks.Judge(gpu, kT0 + 15 * kMinute), "PowerViolation"));
+  ThermalChecks::Settings off;
+  off.power_violation = false;
+  ThermalChecks quiet(off);
+  gpu.thermal.power_violation_ns = 0;
+  EXPECT_TRUE(NotJudged(quiet.Judge(gpu, kT0), "PowerViolation"));
+}
+
 // --- presence and host --------------------------------------------------------------------
 
 TEST(PresenceChecks, ALostGpu) {
