@@ -386,6 +386,15 @@ def health_checks_demo():
     say("gpu health", "kernel log 'nvidia-nvswitch0: SXid …: 20034, Fatal, Link 30' -> counted and reported "
         "(HealthEvent SysLogsSXIDError, CONTACT_SUPPORT, Node Event NvSwitchSxidFatal)")
 
+    def event_passes():
+        return metric("gpu_node_supervisor_gpu_health_check_event_passes_total")
+
+    before = event_passes()
+    subprocess.run(NVML_CTL + ["inject-event", gpu, "clock", "--data", "8"], check=True, capture_output=True)
+    wait_for("a pass for the NVML clock event", lambda: event_passes() > before, timeout=30)
+    say("gpu health checks", f"NVML clock event on {gpu} -> its thermal checks read and judged at once "
+        f"(event passes {before:.0f} -> {event_passes():.0f}), not at the next poll")
+
 
 def nvsentinel_export_demo():
     """Issue 27 §1: the demo's XID 48 reached NVSentinel's platform connector (the simulator

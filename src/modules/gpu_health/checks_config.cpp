@@ -106,6 +106,14 @@ ChecksConfig ParseChecksConfig(ConfigMap& section) {
       t.margin_c = static_cast<uint32_t>(c.Int("marginC", 0, 100, t.margin_c));
       c.Finish();
     }
+    {
+      ConfigMap c = g.Section("powerViolation");
+      t.power_violation = c.Bool("enabled", t.power_violation);
+      t.power_violation_percent = c.Double("percent", 0.01, 100.0, t.power_violation_percent);
+      t.power_violation_window =
+          c.Duration("window", std::chrono::minutes(1), std::chrono::hours(24), t.power_violation_window);
+      c.Finish();
+    }
     g.Finish();
   }
   {

@@ -169,6 +169,8 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                                "Unhealthy verdicts of the same boot restored from gpu-health/devices.json");
   check_passes_ = &m.Counter("gpu_node_supervisor_gpu_health_check_passes_total",
                              "Passes of the polled checks answered by gpu-inventory's sampler");
+  check_event_passes_ = &m.Counter("gpu_node_supervisor_gpu_health_check_event_passes_total",
+                                   "Passes of the polled checks an NVML ECC or clock event asked for");
   check_passes_failed_ = &m.Counter("gpu_node_supervisor_gpu_health_check_passes_failed_total",
                                     "Passes of the polled checks that judged nothing (NVML unavailable, a pass past its "
                                     "deadline, no answer within passTimeout)");
@@ -230,6 +232,8 @@ void GpuHealthModule::Serve() {
   auto& bus = context_.GetBus();
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
     judge_.OnInventory(inv.gpus, NowMs());
+    inventory_pci_.clear();
+    for (const auto& gpu : inv.gpus) inventory_pci_.push_back(gpu.pci_bus_id);
     Report();
     StartChecks();  // gpu-inventory (and its sampler) may have come after us
   });
@@ -242,6 +246,8 @@ void GpuHealthModule::Serve() {
       [this](const pod_resources::GpuPodMap& map) { pods_ = map; });
   nvml_sub_ = bus.Subscribe<gpu_inventory::XidObservation>(
       [this](const gpu_inventory::XidObservation& xid) { judge_.OnNvmlXid(xid, NowMs()); });
+  nvml_health_sub_ = bus.Subscribe<gpu_inventory::NvmlHealthEvent>(
+      [this](const gpu_inventory::NvmlHealthEvent& event) { OnNvmlEvent(event); });
   // Last: its retained state (journald running) makes us ask for the health stream at once.
   journal_state_sub_ = bus.Subscribe<journald::JournalState>(
       [this](const journald::JournalState& state) { OnJournalState(state); });
@@ -561,13 +567,25 @@ boost::asio::awaitable<void> GpuHealthModule::RunChecks(Gate::Ticket alive) {
     const auto next = schedule_.NextDue();
     if (!next) co_return;
     const auto now = context_.GetClock().Now();
-    if (*next > now) {
-      check_timer_.expires_after(*next - now);
+    // An NVML event's groups go at once, no sooner than kEventPassGap after the last pass an
+    // event asked for (a storm of SBE events is one pass a second, not one per event).
+    event_groups_ &= schedule_.Enabled();
+    const bool event_due = event_groups_ != 0 && (!last_event_pass_ || *last_event_pass_ + kEventPassGap <= now);
+    if (*next > now && !event_due) {
+      auto wake = *next;
+      if (event_groups_ != 0) wake = std::min(wake, *last_event_pass_ + kEventPassGap);
+      check_timer_.expires_after(wake - now);
       boost::system::error_code ec;
       co_await check_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      continue;  // the loop's condition says whether we still run
+      continue;  // the loop's condition says whether we still run (OnNvmlEvent cancels the wait)
     }
-    const uint32_t groups = schedule_.Due(now);
+    uint32_t groups = *next <= now ? schedule_.Due(now) : 0;
+    if (event_due) {
+      groups |= event_groups_;
+      event_groups_ = 0;
+      last_event_pass_ = now;
+      check_event_passes_->Inc();
+    }
     schedule_.Ran(groups, now);
     auto sampler = context_.GetServices().Find<gpu_inventory::GpuHealthSampler>();
     if (!sampler) {
@@ -587,6 +605,14 @@ boost::asio::awaitable<void> GpuHealthModule::RunChecks(Gate::Ticket alive) {
       OnSample(failed);
     }
   }
+}
+
+void GpuHealthModule::OnNvmlEvent(const gpu_inventory::NvmlHealthEvent& event) {
+  using Kind = gpu_inventory::NvmlHealthEvent::Kind;
+  const uint32_t group = event.kind == Kind::kClock ? gpu_inventory::kHealthThermal : gpu_inventory::kHealthMemory;
+  if (!checks_running_ || stopping_ || (schedule_.Enabled() & group) == 0) return;
+  event_groups_ |= group;
+  check_timer_.cancel();  // a wait for the next poll ends now; a pass under way picks it up next
 }
 
 void GpuHealthModule::OnSample(const gpu_inventory::HealthSample& sample) {
@@ -609,7 +635,7 @@ void GpuHealthModule::OnSample(const gpu_inventory::HealthSample& sample) {
   }
   checks_state_.last_error.clear();
   const int64_t now = NowMs();
-  const auto found = checks_.Judge(sample, KnownGpus());
+  const auto found = checks_.Judge(sample, KnownGpus(), inventory_pci_);
   std::vector<CheckBook::Change> changes;
   for (const auto& gpu : found.gpus) {
     auto more = check_book_.Apply(gpu.uuid, gpu.pci, gpu.findings, now);

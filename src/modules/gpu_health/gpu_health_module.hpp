@@ -39,6 +39,7 @@
 #include "modules/gpu_health/operator_channel.hpp"
 #include "modules/gpu_health/xid_catalog.hpp"
 #include "modules/gpu_health/xid_judge.hpp"
+#include "modules/gpu_inventory/api/health_events.hpp"
 #include "modules/gpu_inventory/api/health_sample.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/journald/messages.hpp"
@@ -126,6 +127,8 @@ class GpuHealthModule final : public Module {
   void StartChecks();
   boost::asio::awaitable<void> RunChecks(Gate::Ticket alive);
   void OnSample(const gpu_inventory::HealthSample& sample);
+  // NVML's ECC or clock event (gpu-inventory): that group is read and judged at once.
+  void OnNvmlEvent(const gpu_inventory::NvmlHealthEvent& event);
   // Conditions that appeared or cleared: HealthEvents, then the GPUs' verdicts again.
   void ConditionsChanged(const std::vector<CheckBook::Change>& changes);
   // Publishes the GPU's combined verdict when it differs from the one published.
@@ -172,6 +175,10 @@ class GpuHealthModule final : public Module {
   std::map<std::string, DeviceHealth, std::less<>> published_;
   boost::asio::steady_timer check_timer_;
   bool checks_running_ = false;
+  // Groups an NVML event asked for, not read yet; when the last such pass ran.
+  static constexpr std::chrono::seconds kEventPassGap{1};
+  uint32_t event_groups_ = 0;
+  std::optional<CheckSchedule::Time> last_event_pass_;
   GpuHealthChecks checks_state_;
   HealthReport report_;
   OperatorChannel operator_;
@@ -209,6 +216,7 @@ class GpuHealthModule final : public Module {
   std::deque<HealthEvent> event_log_;
   void KeepInEventLog(const HealthEvent& event);
   void PublishEventLog();
+  std::vector<std::string> inventory_pci_;  // the PCI addresses of the inventory's GPUs (GpuMissingFromNvml)
   pod_resources::GpuPodMap pods_;  // who holds which GPU (pod-resources), when that module runs
   uint64_t change_ = 0;  // bumped by every change the checkpoint must cover
   bool stopping_ = false;
@@ -238,6 +246,7 @@ class GpuHealthModule final : public Module {
   MetricsRegistry::Series* beyond_lookback_total_;
   MetricsRegistry::Series* check_passes_;
   MetricsRegistry::Series* check_passes_failed_;
+  MetricsRegistry::Series* check_event_passes_;
   MetricsRegistry::Series* check_pass_seconds_;
   struct FollowedService {
     HostService service;
@@ -250,6 +259,7 @@ class GpuHealthModule final : public Module {
   Subscription unit_sub_;
   Subscription journal_state_sub_;
   Subscription nvml_sub_;
+  Subscription nvml_health_sub_;
   Subscription pods_sub_;
 };
 

@@ -49,7 +49,8 @@ HealthChecks::HealthChecks(const ChecksConfig& config)
       pcie_(config.pcie),
       thermal_(config.thermal) {}
 
-HealthChecks::PassFindings HealthChecks::Judge(const gpu_inventory::HealthSample& sample, std::size_t known_gpus) {
+HealthChecks::PassFindings HealthChecks::Judge(const gpu_inventory::HealthSample& sample, std::size_t known_gpus,
+                                               const std::vector<std::string>& known_pci) {
   namespace inv = gpu_inventory;
   PassFindings out;
   const int64_t at = sample.taken_unix_ms;
@@ -70,7 +71,12 @@ HealthChecks::PassFindings HealthChecks::Judge(const gpu_inventory::HealthSample
     }
     out.gpus.push_back(std::move(g));
   }
-  out.node = JudgeMissingFromNvml(sample.pci_gpu_count, std::max(known_gpus, sample.gpus.size()), config_.presence);
+  std::vector<std::string> nvml_pci = known_pci;
+  for (const inv::GpuHealthReading& gpu : sample.gpus) {
+    if (!gpu.pci_bus_id.empty()) nvml_pci.push_back(gpu.pci_bus_id);
+  }
+  out.node = JudgeMissingFromNvml(sample.pci_gpu_count, std::max(known_gpus, sample.gpus.size()), config_.presence,
+                                  sample.pci_gpu_addresses, nvml_pci);
   return out;
 }
 

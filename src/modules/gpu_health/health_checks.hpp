@@ -89,8 +89,10 @@ class HealthChecks {
   explicit HealthChecks(const ChecksConfig& config);
 
   // One pass: the checks of the groups it read, for every GPU in it. `known_gpus`: the GPUs of
-  // the inventory (the sample leaves out those being reset), for GpuMissingFromNvml.
-  PassFindings Judge(const gpu_inventory::HealthSample& sample, std::size_t known_gpus);
+  // the inventory (the sample leaves out those being reset), for GpuMissingFromNvml;
+  // `known_pci`: their PCI addresses, which with the pass's name the GPUs missing from NVML.
+  PassFindings Judge(const gpu_inventory::HealthSample& sample, std::size_t known_gpus,
+                     const std::vector<std::string>& known_pci = {});
   // A reset or a new boot: the GPU's counters and windows start again.
   void Forget(const std::string& uuid);
   void ForgetAll();

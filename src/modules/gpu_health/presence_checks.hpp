@@ -8,8 +8,11 @@
 // | GpuMissingFromNvml  | more NVIDIA GPUs on the PCI bus than NVML sees (node-wide)  | non-fatal | RESTART_BM |
 //
 // GpuLost is XID 79's fault seen through NVML: the same action as the catalog gives XID 79
-// (a GPU off the bus comes back only with a reboot). GpuMissingFromNvml cannot name its GPU
-// (NVML does not see it; the PCI scan gives a count): it is a condition of the node, reported
+// (a GPU off the bus comes back only with a reboot). GpuMissingFromNvml holds on the count (more
+// on the bus than NVML knows, the GPUs out for a reset counted as known) and names the missing
+// GPUs: the PCI addresses on the bus that no GPU of NVML's (the pass's, the inventory's) has,
+// compared as addresses (NVML writes "00000000:3B:00.0", sysfs "0000:3b:00.0"). NVML does not
+// see that GPU, so there is no UUID to hang a verdict on: it is a condition of the node, reported
 // as a HealthEvent without a GPU entity, in /debug/state and the metrics; no GPU's verdict
 // changes for it. A GPU handed to a VM (vfio-pci) is on the bus and not in NVML: disable the
 // check on such nodes.
@@ -20,6 +23,8 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace gns::gpu_health {
 
@@ -32,8 +37,13 @@ struct PresenceSettings {
 Findings JudgeGpuLost(const gpu_inventory::GpuHealthReading& gpu, const PresenceSettings& settings);
 
 // GpuMissingFromNvml of the node: `pci_gpus` NVIDIA GPUs on the PCI bus (nullopt: not read,
-// no judgement), `nvml_gpus` the GPUs NVML knows.
+// no judgement), `nvml_gpus` the GPUs NVML knows. `pci_addresses`: those on the bus;
+// `nvml_addresses`: those NVML knows (any form ParsePciAddress reads; unreadable ones are
+// skipped). The message names every address on the bus not among NVML's; when none can be
+// named (addresses not read) it gives the counts alone.
 std::optional<Finding> JudgeMissingFromNvml(std::optional<uint32_t> pci_gpus, std::size_t nvml_gpus,
-                                            const PresenceSettings& settings);
+                                            const PresenceSettings& settings,
+                                            const std::vector<std::string>& pci_addresses = {},
+                                            const std::vector<std::string>& nvml_addresses = {});
 
 }  // namespace gns::gpu_health

@@ -63,6 +63,22 @@ Findings ThermalChecks::Judge(const gpu_inventory::GpuHealthReading& gpu, int64_
       out.push_back(std::move(f));
     }
   }
+  if (const auto violation = thermal.power_violation_ns; violation && settings_.power_violation) {
+    const auto window = settings_.power_violation_window;
+    const uint64_t grew_ns = state.power_violation.Add(*violation, at_ms, window);
+    const double window_ns = std::chrono::duration<double, std::nano>(window).count();
+    const double percent = window_ns > 0 ? 100.0 * static_cast<double>(grew_ns) / window_ns : 0.0;
+    Finding f{"PowerViolation", std::nullopt};
+    if (percent >= settings_.power_violation_percent) {
+      f.holds = Condition{"PowerViolation", Component::kThermal, Severity::kWarning, RecommendedAction::kNone,
+                          who + ": power-capped " + PerMinute(percent) + " % of the last " +
+                              std::to_string(window.count() / 60000) + " min (" +
+                              std::to_string(grew_ns / 1'000'000) + " ms; threshold " +
+                              PerMinute(settings_.power_violation_percent) + " %)",
+                          ""};
+    }
+    out.push_back(std::move(f));
+  }
   if (settings_.thermal_margin) {
     std::string what;
     bool judged = false;

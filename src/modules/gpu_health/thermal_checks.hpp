@@ -9,6 +9,7 @@
 // | ClockEventHwPowerBrake | HW_POWER_BRAKE_SLOWDOWN at ≥ 0.6/min over 10 min    | non-fatal | NONE   |
 // | ClockEventSwThermal    | SW_THERMAL_SLOWDOWN at ≥ 0.6/min over 10 min        | warning   | NONE   |
 // | ThermalMargin          | GPU (or memory) within `marginC` of its slowdown (max) temperature | warning | NONE |
+// | PowerViolation         | power-capped ≥ 10 % of the time over 10 min         | warning   | NONE   |
 //
 // The rate: NVML gives the reasons active now, not events; gpud samples them once a minute and
 // counts a sample with the reason as one event. Here a reading with the reason counts for the
@@ -18,6 +19,15 @@
 // not fit for work); no remedy of ours cools a room or fixes a PSU, so the action is NONE (the
 // GPU is taken out of scheduling, nothing is reset). A software thermal slowdown is the driver
 // keeping its target: reported only.
+//
+// PowerViolation: nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER) is the time (ns, cumulative
+// since the driver loaded) the GPU ran below its clocks to stay within its power limit. Its
+// growth within the window, as a share of the window, is the time power-capped (a window not yet
+// full of readings counts as the whole window: it can only understate). gpud's power component
+// reports this time as a warning and marks nothing Unhealthy: a GPU held at its power limit
+// works, slower, and the limit is the operator's choice. Here too: a warning (reported,
+// cleared after the hysteresis), no action. 10 % over 10 minutes is our threshold (gpud gives
+// none).
 // Pure; keeps per GPU a window per reason. Loop thread only.
 #pragma once
 
@@ -47,6 +57,9 @@ class ThermalChecks {
     RateSetting clock_event_rate{true, 0.6, std::chrono::minutes(10)};
     bool thermal_margin = true;
     uint32_t margin_c = 5;
+    bool power_violation = true;
+    double power_violation_percent = 10.0;  // of the window's time, power-capped
+    std::chrono::milliseconds power_violation_window{std::chrono::minutes(10)};
   };
 
   explicit ThermalChecks(Settings settings) : settings_(settings) {}
@@ -59,6 +72,7 @@ class ThermalChecks {
     std::optional<int64_t> last_at;
     std::array<uint64_t, 4> active_ms{};  // cumulative time each reason was active
     std::array<CounterWindow, 4> windows;
+    CounterWindow power_violation;  // ns
   };
   Settings settings_;
   std::map<std::string, State, std::less<>> gpus_;

@@ -30,6 +30,15 @@ namespace {
 // not document what a zero timeout means.
 constexpr unsigned int kProbeTimeoutMs = 1;
 constexpr std::string_view kSubcommand = "nvml-events";
+// The health events and their names in `health` lines (HealthEventKindName).
+constexpr std::array<std::pair<unsigned long long, std::string_view>, 3> kHealthEventNames{{
+    {nvml::kEventTypeSingleBitEccError, "singleBitEcc"},
+    {nvml::kEventTypeDoubleBitEccError, "doubleBitEcc"},
+    {nvml::kEventTypeClock, "clock"},
+}};
+constexpr unsigned long long kWaitedEventTypes = nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange |
+                                                 nvml::kEventTypeSingleBitEccError |
+                                                 nvml::kEventTypeDoubleBitEccError | nvml::kEventTypeClock;
 
 // One whole line to stdout; a parent that is gone (EPIPE) ends us.
 void Emit(std::string line) {
@@ -118,16 +127,16 @@ int RunEventWaiter(const EventWaiterOptions& options) {
     if (rc != nvml::kSuccess) return EmitError("nvmlDeviceGetUUID", "nvmlDeviceGetUUID failed" + which + ": " + library->Describe(rc));
     const std::string uuid = uuid_buffer;
     if (excluded_uuid(uuid)) continue;  // released, found at another index
-    // XIDs, and MIG reconfigurations where the GPU reports them (MIG-capable GPUs). SBE/DBE
-    // counters are not our business, and registering a type the GPU does not support fails
-    // the whole call.
+    // XIDs, MIG reconfigurations, SBE/DBE ECC errors and clock events, each where the GPU
+    // reports it: registering a type the GPU does not support fails the whole call, and a GPU
+    // without the ECC or clock events keeps the poll alone for those checks.
     unsigned long long supported = 0;
     rc = api.nvmlDeviceGetSupportedEventTypes(device, &supported);
     if (rc != nvml::kSuccess) {
       return EmitError("nvmlDeviceGetSupportedEventTypes",
                   "nvmlDeviceGetSupportedEventTypes failed for " + uuid + ": " + library->Describe(rc));
     }
-    const unsigned long long types = supported & (nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange);
+    const unsigned long long types = supported & kWaitedEventTypes;
     if ((types & nvml::kEventTypeXidCriticalError) == 0) Emit("warn " + uuid + " does not report XID events through NVML");
     if (types == 0) continue;
     rc = api.nvmlDeviceRegisterEvents(device, types, set);
@@ -138,6 +147,7 @@ int RunEventWaiter(const EventWaiterOptions& options) {
     if (rc != nvml::kSuccess) {
       return EmitError("nvmlDeviceRegisterEvents", "nvmlDeviceRegisterEvents failed for " + uuid + ": " + library->Describe(rc));
     }
+    Emit("registered " + uuid + " " + std::to_string(types));
     devices.emplace_back(device, uuid);
   }
   const auto uuid_of = [&](nvml::Device device) {
@@ -165,6 +175,11 @@ int RunEventWaiter(const EventWaiterOptions& options) {
            std::to_string(data.gpuInstanceId) + " " + std::to_string(data.computeInstanceId));
     }
     if ((data.eventType & nvml::kEventMigConfigChange) != 0) Emit("mig " + UuidField(uuid_of(data.device)));
+    for (const auto& [type, name] : kHealthEventNames) {
+      if ((data.eventType & type) != 0) {
+        Emit("health " + UuidField(uuid_of(data.device)) + " " + std::string(name) + " " + std::to_string(data.eventData));
+      }
+    }
   }
 }
 
@@ -302,6 +317,25 @@ void EventWaiterProcess::OnLine(const std::string& line) {
     if (ParseNumber(fields[2], event.xid) && ParseNumber(fields[3], event.gpu_instance) &&
         ParseNumber(fields[4], event.compute_instance)) {
       if (auto xid = callbacks_.xid) xid(std::move(event));
+    }
+  } else if (kind == "health" && fields.size() >= 4) {
+    HealthEventLine event;
+    event.uuid = uuid(fields[1]);
+    bool known = false;
+    for (const auto& [type, name] : kHealthEventNames) {
+      if (fields[2] != name) continue;
+      known = true;
+      event.kind = type == nvml::kEventTypeSingleBitEccError   ? NvmlHealthEvent::Kind::kSingleBitEcc
+                   : type == nvml::kEventTypeDoubleBitEccError ? NvmlHealthEvent::Kind::kDoubleBitEcc
+                                                               : NvmlHealthEvent::Kind::kClock;
+    }
+    if (known && ParseNumber(fields[3], event.data)) {
+      if (auto health = callbacks_.health) health(std::move(event));
+    }
+  } else if (kind == "registered" && fields.size() >= 3) {
+    unsigned long long types = 0;
+    if (ParseNumber(fields[2], types)) {
+      if (auto registered = callbacks_.registered) registered(uuid(fields[1]), types);
     }
   } else if (kind == "mig" && fields.size() >= 2) {
     if (auto mig_changed = callbacks_.mig_changed) mig_changed(uuid(fields[1]));

@@ -8,8 +8,9 @@
 // timeout, which is then free to be long (few wake-ups at rest).
 //
 // The child is this binary again (`gpu-node-supervisor nvml-events …`, RunEventWaiter): it opens
-// NVML itself, registers XIDs (and MIG reconfigurations where supported) on every GPU it is not
-// told to leave alone, and writes one line per event on its stdout, a pipe the loop reads (no
+// NVML itself, registers XIDs, MIG reconfigurations, SBE/DBE ECC errors and clock events (each
+// where nvmlDeviceGetSupportedEventTypes says the GPU reports it) on every GPU it is not told to
+// leave alone, and writes one line per event on its stdout, a pipe the loop reads (no
 // thread, no polling). It dies with us (PR_SET_PDEATHSIG), and its exit is awaited through a
 // pidfd on the loop.
 //
@@ -18,11 +19,16 @@
 //   armed                                  the event set answered its first wait
 //   xid <uuid> <xid> <gpu instance> <compute instance>
 //   mig <uuid>                             a MIG reconfiguration of that GPU
+//   health <uuid> <kind> <data>            an ECC or clock event (kind singleBitEcc,
+//                                          doubleBitEcc or clock; data: eventData)
+//   registered <uuid> <types>              the event types registered on that GPU (a mask of
+//                                          nvmlEventType*, decimal), once per GPU at start
 //   warn <text>                            a GPU whose events cannot be registered (not fatal)
 //   error <function> <text>                it failed (<function> "-" when no NVML call); it exits
 
 #include "modules/gpu_inventory/api/nvml_events_command.hpp"
 #include "modules/gpu_inventory/api/nvml_abi.hpp"
+#include "modules/gpu_inventory/api/health_events.hpp"
 
 #include <boost/asio/io_context.hpp>
 
@@ -35,6 +41,12 @@
 #include <vector>
 
 namespace gns::gpu_inventory {
+
+struct HealthEventLine {
+  std::string uuid;  // empty if NVML named a device the waiter did not register
+  NvmlHealthEvent::Kind kind = NvmlHealthEvent::Kind::kDoubleBitEcc;
+  uint64_t data = 0;
+};
 
 struct XidEvent {
   std::string uuid;  // empty if NVML named a device the waiter did not register
@@ -55,6 +67,8 @@ class EventWaiterProcess : public std::enable_shared_from_this<EventWaiterProces
     std::function<void()> armed;
     std::function<void(XidEvent)> xid;
     std::function<void(std::string uuid)> mig_changed;
+    std::function<void(HealthEventLine)> health;
+    std::function<void(std::string uuid, uint64_t types)> registered;
     std::function<void(std::string text)> warning;
     // It failed: an `error` line, or it ended without being asked to. `function` is the NVML
     // call that failed ("" when none). Called once; the process is gone or going.

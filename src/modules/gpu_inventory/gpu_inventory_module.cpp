@@ -16,6 +16,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 namespace gns::gpu_inventory {
@@ -182,6 +183,10 @@ EventWaiterProcess::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t gener
   callbacks.armed = [this, generation] { OnArmed(generation); };
   callbacks.xid = [this](XidEvent event) { OnXid(std::move(event)); };
   callbacks.mig_changed = [this](std::string uuid) { OnMigChanged(std::move(uuid)); };
+  callbacks.health = [this](HealthEventLine event) { OnHealthEvent(std::move(event)); };
+  callbacks.registered = [this](std::string uuid, uint64_t types) {
+    context_.Log().info("NVML events of {}: {}", uuid, DescribeEventTypes(types));
+  };
   callbacks.warning = [this](std::string text) { context_.Log().warn("NVML events: {}", text); };
   callbacks.failed = [this, generation](std::string function, std::string message) {
     OnWaiterFailed(generation, function, message);
@@ -282,6 +287,39 @@ void GpuInventoryModule::OnXid(XidEvent event) {
     ++suppressed;
   }
   context_.GetBus().Publish(std::move(observation));
+}
+
+// The event types the waiter registered, in words (its `registered` lines, for the log).
+std::string GpuInventoryModule::DescribeEventTypes(uint64_t types) {
+  static constexpr std::array<std::pair<uint64_t, std::string_view>, 5> kNames{{
+      {nvml::kEventTypeXidCriticalError, "xid"},
+      {nvml::kEventTypeSingleBitEccError, "singleBitEcc"},
+      {nvml::kEventTypeDoubleBitEccError, "doubleBitEcc"},
+      {nvml::kEventTypeClock, "clock"},
+      {nvml::kEventMigConfigChange, "migConfigChange"},
+  }};
+  std::string out;
+  for (const auto& [bit, name] : kNames) {
+    if ((types & bit) != 0) out += (out.empty() ? "" : ", ") + std::string(name);
+  }
+  return out.empty() ? "none" : out;
+}
+
+// An ECC or clock event: gpu-health reads and judges that group now. Counted, not logged (an SBE
+// storm would flood the log; the verdict and its HealthEvent say what matters).
+void GpuInventoryModule::OnHealthEvent(HealthEventLine event) {
+  if (stopping_) return;
+  NvmlHealthEvent out;
+  out.uuid = std::move(event.uuid);
+  out.kind = event.kind;
+  out.data = event.data;
+  out.observed_unix_ms =
+      std::chrono::duration_cast<milliseconds>(context_.GetClock().WallNow().time_since_epoch()).count();
+  context_.Metrics()
+      .Counter("gpu_node_supervisor_nvml_health_events_total", "ECC and clock events reported by NVML",
+               {{"gpu", out.uuid}, {"kind", std::string(HealthEventKindName(out.kind))}})
+      .Inc();
+  context_.GetBus().Publish(std::move(out));
 }
 
 void GpuInventoryModule::OnMigChanged(std::string uuid) {

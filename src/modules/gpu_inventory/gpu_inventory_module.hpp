@@ -1,7 +1,8 @@
 #pragma once
 // The `gpu-inventory` module: loads NVML with dlopen (never linked, so the daemon starts on
 // nodes without a driver), publishes the node's GPUs (GpuInventory) and NVLink clique
-// (NodeClique) as retained state, and NVML XID events (XidObservation); a MIG reconfiguration
+// (NodeClique) as retained state, NVML XID events (XidObservation) and NVML's ECC and clock
+// events (NvmlHealthEvent, where the GPU supports them); a MIG reconfiguration
 // NVML reports is read and republished at once. NVML trouble never
 // fails the module: the inventory becomes unavailable, the module unhealthy, and NVML is opened
 // again with jittered backoff. NvmlReleaseRequest lets go of NVML (or of one GPU) for a GPU
@@ -78,6 +79,8 @@ class GpuInventoryModule final : public Module {
   void OnOpened(uint64_t generation, NvmlSession::Opened opened, std::exception_ptr error);
   void OnArmed(uint64_t generation);
   void OnXid(XidEvent event);
+  void OnHealthEvent(HealthEventLine event);
+  static std::string DescribeEventTypes(uint64_t types);
   void OnMigChanged(std::string uuid);
   void OnWaiterFailed(uint64_t generation, const std::string& function, const std::string& message);
   void StartWaiter(uint64_t generation);

@@ -6,6 +6,7 @@
 #include "modules/gpu_inventory/clique.hpp"
 #include "modules/gpu_inventory/nvml_fabric.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -29,7 +30,10 @@ class HealthReader {
     sample.taken_unix_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count();
-    sample.pci_gpu_count = CountPciGpus(host_root);
+    if (auto on_bus = ListPciGpus(host_root)) {
+      sample.pci_gpu_count = static_cast<uint32_t>(on_bus->size());
+      sample.pci_gpu_addresses = std::move(*on_bus);
+    }
     unsigned int count = 0;
     const nvml::Return rc = api_.nvmlDeviceGetCount_v2(&count);
     if (rc != nvml::kSuccess) {
@@ -426,7 +430,7 @@ std::optional<unsigned long> ReadHexFile(const std::filesystem::path& path) {
 
 }  // namespace
 
-std::optional<uint32_t> CountPciGpus(const std::string& host_root) {
+std::optional<std::vector<std::string>> ListPciGpus(const std::string& host_root) {
   constexpr unsigned long kNvidiaVendor = 0x10de;
   constexpr unsigned long kClassDisplayVga = 0x0300;  // class >> 8: base class and subclass
   constexpr unsigned long kClassDisplay3d = 0x0302;
@@ -434,15 +438,25 @@ std::optional<uint32_t> CountPciGpus(const std::string& host_root) {
   std::error_code ec;
   std::filesystem::directory_iterator it(devices, ec);
   if (ec) return std::nullopt;
-  uint32_t count = 0;
+  std::vector<std::string> found;
   for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
     if (ec) return std::nullopt;
     const auto vendor = ReadHexFile(it->path() / "vendor");
     if (!vendor || *vendor != kNvidiaVendor) continue;
     const auto pci_class = ReadHexFile(it->path() / "class");
-    if (pci_class && ((*pci_class >> 8) == kClassDisplayVga || (*pci_class >> 8) == kClassDisplay3d)) ++count;
+    if (pci_class && ((*pci_class >> 8) == kClassDisplayVga || (*pci_class >> 8) == kClassDisplay3d)) {
+      found.push_back(it->path().filename().string());
+    }
   }
-  return count;
+  if (ec) return std::nullopt;
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::optional<uint32_t> CountPciGpus(const std::string& host_root) {
+  const auto found = ListPciGpus(host_root);
+  if (!found) return std::nullopt;
+  return static_cast<uint32_t>(found->size());
 }
 
 HealthSample ReadHealth(const NvmlLibrary& library, uint32_t groups, const std::string& host_root,

@@ -517,6 +517,64 @@ int RunCtl(const std::string& socket_path, const std::string& args) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// ECC and clock events: delivered to the sets registered for that type only; a GPU's
+// supportedEventTypes bound what can be registered; fakeNvmlRegisteredEvents says what was.
+TEST_F(FakeNvmlTest, EccAndClockEventsFollowTheRegisteredAndSupportedTypes) {
+  const auto inject = reinterpret_cast<fakeNvmlInjectEvent_t>(dlsym(library_, "fakeNvmlInjectEvent"));
+  const auto registered = reinterpret_cast<fakeNvmlRegisteredEvents_t>(dlsym(library_, "fakeNvmlRegisteredEvents"));
+  ASSERT_NE(inject, nullptr);
+  ASSERT_NE(registered, nullptr);
+  Session session(api_);
+  unsigned long long supported = 0;
+  ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(Handle(0), &supported), nvml::kSuccess);
+  ASSERT_EQ(supported & 0x13ULL, 0x13ULL) << "SBE, DBE and clock events by default";
+  nvml::EventSet set = nullptr;
+  ASSERT_EQ(api_.nvmlEventSetCreate(&set), nvml::kSuccess);
+  ASSERT_EQ(api_.nvmlDeviceRegisterEvents(Handle(0), nvml::kEventTypeDoubleBitEccError | nvml::kEventTypeClock, set),
+            nvml::kSuccess);
+  unsigned long long types = 0;
+  ASSERT_EQ(registered(Uuid(Handle(0)).c_str(), &types), nvml::kSuccess);
+  EXPECT_EQ(types, nvml::kEventTypeDoubleBitEccError | nvml::kEventTypeClock);
+  ASSERT_EQ(registered(Uuid(Handle(1)).c_str(), &types), nvml::kSuccess);
+  EXPECT_EQ(types, 0u);
+  EXPECT_EQ(registered("GPU-unknown", &types), nvml::kErrorNotFound);
+
+  nvml::EventData data{};
+  EXPECT_EQ(inject(Uuid(Handle(0)).c_str(), nvml::kEventTypeSingleBitEccError, 0), nvml::kSuccess);
+  EXPECT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kErrorTimeout) << "SBE not registered";
+  EXPECT_EQ(inject(Uuid(Handle(0)).c_str(), nvml::kEventTypeDoubleBitEccError, 0), nvml::kSuccess);
+  EXPECT_EQ(inject(Uuid(Handle(0)).c_str(), nvml::kEventTypeClock, 0x8), nvml::kSuccess);
+  ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kSuccess);
+  EXPECT_EQ(data.device, Handle(0));
+  EXPECT_EQ(data.eventType, nvml::kEventTypeDoubleBitEccError);
+  ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kSuccess);
+  EXPECT_EQ(data.eventType, nvml::kEventTypeClock);
+  EXPECT_EQ(data.eventData, 0x8u);
+  EXPECT_EQ(inject(Uuid(Handle(0)).c_str(), 0x3, 0), nvml::kErrorInvalidArgument) << "one type per event";
+  EXPECT_EQ(api_.nvmlEventSetFree(set), nvml::kSuccess);
+}
+
+// A GPU whose supportedEventTypes leave out the ECC events cannot register them.
+TEST_F(FakeNvmlTest, AGpuWithoutEccEventsCannotRegisterThem) {
+  const std::string path = temp_dir_ + "/xid-only.json";
+  {
+    std::ifstream in(kGpus8Path);
+    json config = json::parse(in);
+    config["gpus"][1]["supportedEventTypes"] = 0x8;
+    std::ofstream(path) << config.dump();
+  }
+  setenv("FAKE_NVML_CONFIG", path.c_str(), 1);
+  Session session(api_);
+  unsigned long long supported = 0;
+  ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(Handle(1), &supported), nvml::kSuccess);
+  EXPECT_EQ(supported, 0x8u);
+  nvml::EventSet set = nullptr;
+  ASSERT_EQ(api_.nvmlEventSetCreate(&set), nvml::kSuccess);
+  EXPECT_EQ(api_.nvmlDeviceRegisterEvents(Handle(1), nvml::kEventTypeDoubleBitEccError, set), nvml::kErrorNotSupported);
+  EXPECT_EQ(api_.nvmlDeviceRegisterEvents(Handle(1), nvml::kEventTypeXidCriticalError, set), nvml::kSuccess);
+  EXPECT_EQ(api_.nvmlEventSetFree(set), nvml::kSuccess);
+}
+
 TEST_F(FakeNvmlTest, ControlSocketDrivesTheFakeFromOutside) {
   const std::string socket_path = temp_dir_ + "/control.sock";
   setenv("FAKE_NVML_CONTROL", socket_path.c_str(), 1);
@@ -562,7 +620,16 @@ TEST_F(FakeNvmlTest, ControlSocketDrivesTheFakeFromOutside) {
   ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 5000), nvml::kSuccess);
   EXPECT_EQ(data.device, device);
   EXPECT_EQ(data.eventData, 48u);
+  // Any registered type through inject-event; the set holds XIDs only.
+  EXPECT_EQ(RunCtl(socket_path, "inject-event 00000000:3A:00.0 doubleBitEcc"), 0);
+  EXPECT_EQ(RunCtl(socket_path, "inject-event 00000000:3A:00.0 xid --data 31"), 0);
+  ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 5000), nvml::kSuccess);
+  EXPECT_EQ(data.eventType, nvml::kEventTypeXidCriticalError);
+  EXPECT_EQ(data.eventData, 31u) << "the DBE event was not registered: not delivered";
+  reply = SendCommand(socket_path, R"({"registeredEvents":{"uuid":")" + Uuid(device) + R"("}})");
+  EXPECT_EQ(reply["types"], nvml::kEventTypeXidCriticalError);
   ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCtl(socket_path, "inject-event 00000000:3A:00.0 bogus"), 1);
   EXPECT_EQ(RunCtl(socket_path, "inject-xid GPU-unknown 48"), 1);
   ::testing::internal::GetCapturedStderr();
 

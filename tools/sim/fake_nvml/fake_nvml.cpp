@@ -1009,9 +1009,48 @@ class FakeNvml {
   Return InjectXid(std::string_view gpu_name, unsigned long long xid, std::size_t* delivered,
                    unsigned int gpu_instance = nvml::kInstanceIdNone,
                    unsigned int compute_instance = nvml::kInstanceIdNone) {
+    return InjectEvent(gpu_name, nvml::kEventTypeXidCriticalError, xid, delivered, gpu_instance, compute_instance);
+  }
+
+  // Queues an event of `type` (one nvmlEventType* bit) with `data` as its eventData on every
+  // event set of this process registered for that type on the GPU. Returns the NVML code and,
+  // through `delivered`, how many event sets got it.
+  Return InjectEvent(std::string_view gpu_name, unsigned long long type, unsigned long long data,
+                     std::size_t* delivered, unsigned int gpu_instance = nvml::kInstanceIdNone,
+                     unsigned int compute_instance = nvml::kInstanceIdNone) {
     std::lock_guard lock(mu_);
     *delivered = 0;
     if (init_count_ == 0) return nvml::kErrorUninitialized;
+    const auto index = FindGpuLocked(gpu_name);
+    if (!index) return nvml::kErrorNotFound;
+    for (auto& [id, set] : event_sets_) {
+      const auto reg = set->registered.find(*index);
+      if (reg == set->registered.end() || (reg->second & type) == 0) continue;
+      // A MIG-attributed Xid names the GPU instance (and compute instance) on the parent's handle.
+      set->queue.push_back(nvml::EventData{HandleOf(*index), type, data, gpu_instance, compute_instance});
+      set->cv.notify_all();
+      ++*delivered;
+    }
+    return nvml::kSuccess;
+  }
+
+  // The event types this process's event sets registered on the GPU (OR of them); 0 when none,
+  // nullopt for an unknown GPU.
+  std::optional<unsigned long long> RegisteredEvents(std::string_view gpu_name) {
+    std::lock_guard lock(mu_);
+    if (init_count_ == 0) return 0;
+    const auto index = FindGpuLocked(gpu_name);
+    if (!index) return std::nullopt;
+    unsigned long long types = 0;
+    for (const auto& [id, set] : event_sets_) {
+      const auto reg = set->registered.find(*index);
+      if (reg != set->registered.end()) types |= reg->second;
+    }
+    return types;
+  }
+
+  // The GPU named by a UUID or a PCI bus id (any function). mu_ held.
+  std::optional<std::size_t> FindGpuLocked(std::string_view gpu_name) const {
     const auto address = ParsePciBusId(gpu_name);
     std::optional<std::size_t> index;
     for (std::size_t i = 0; i < config_.gpus.size(); ++i) {
@@ -1019,17 +1058,7 @@ class FakeNvml {
       const bool same_bus = address && a.domain == address->domain && a.bus == address->bus && a.device == address->device;
       if (config_.gpus[i].uuid == gpu_name || same_bus) index = i;
     }
-    if (!index) return nvml::kErrorNotFound;
-    for (auto& [id, set] : event_sets_) {
-      const auto reg = set->registered.find(*index);
-      if (reg == set->registered.end() || (reg->second & nvml::kEventTypeXidCriticalError) == 0) continue;
-      // A MIG-attributed Xid names the GPU instance (and compute instance) on the parent's handle.
-      set->queue.push_back(
-          nvml::EventData{HandleOf(*index), nvml::kEventTypeXidCriticalError, xid, gpu_instance, compute_instance});
-      set->cv.notify_all();
-      ++*delivered;
-    }
-    return nvml::kSuccess;
+    return index;
   }
 
   // Reads FAKE_NVML_CONFIG again, as a MIG reconfiguration changes what the driver reports
@@ -1253,7 +1282,30 @@ struct ControlStopper {
   ~ControlStopper() { Fake().StopControl(); }
 } control_stopper;
 
+// An event type by the name injectEvent takes: "xid", "singleBitEcc", "doubleBitEcc", "clock",
+// "pstate", or a number (the nvmlEventType* mask bit).
+unsigned long long EventTypeByName(const std::string& name) {
+  if (name == "xid") return nvml::kEventTypeXidCriticalError;
+  if (name == "singleBitEcc") return nvml::kEventTypeSingleBitEccError;
+  if (name == "doubleBitEcc") return nvml::kEventTypeDoubleBitEccError;
+  if (name == "clock") return nvml::kEventTypeClock;
+  if (name == "pstate") return nvml::kEventTypePState;
+  std::size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(name, &used, 0);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != name.size() || value == 0 || (value & (value - 1)) != 0) {
+    throw std::runtime_error("injectEvent: unknown event type \"" + name + "\"");
+  }
+  return value;
+}
+
 // One control-socket command: {"injectXid":{"uuid":"GPU-…","xid":79}},
+// {"injectEvent":{"uuid":"GPU-…","type":"doubleBitEcc","data":0}},
+// {"registeredEvents":{"uuid":"GPU-…"}} (reply "types": the mask every process registered),
 // {"fail":{"function":"*","return":999}}, {"clearFailures":true}, {"reloadConfig":true} or
 // {"ping":true}. Several keys
 // in one object run in order. The reply is {"ok":true} or {"ok":false,"error":"…"}.
@@ -1278,6 +1330,32 @@ std::string FakeNvml::HandleCommand(std::string_view text) {
           throw std::runtime_error("injectXid " + gpu + ": NVML error " + std::to_string(rc));
         }
         reply["delivered"] = delivered;
+      } else if (key == "injectEvent") {
+        std::size_t delivered = 0;
+        const auto gpu = value.at("uuid").get<std::string>();
+        const auto type = EventTypeByName(value.at("type").get<std::string>());
+        const Return rc = Fake().InjectEvent(gpu, type, value.value("data", 0ULL), &delivered);
+        for (const auto& answer : AskClients(Fake().PrimaryPath(), {{key, value}})) {
+          delivered += answer.value("delivered", std::size_t{0});
+        }
+        if (rc != nvml::kSuccess && (rc != nvml::kErrorUninitialized || delivered == 0)) {
+          throw std::runtime_error("injectEvent " + gpu + ": NVML error " + std::to_string(rc));
+        }
+        reply["delivered"] = delivered;
+      } else if (key == "registeredEvents") {
+        // What the event sets of every process of this driver registered on the GPU.
+        const auto gpu = value.at("uuid").get<std::string>();
+        const auto own = Fake().RegisteredEvents(gpu);
+        if (!own) throw std::runtime_error("registeredEvents: unknown GPU " + gpu);
+        unsigned long long types = *own;
+        if (!value.value("local", false)) {
+          Json ask = value;
+          ask["local"] = true;
+          for (const auto& answer : AskClients(Fake().PrimaryPath(), {{key, ask}})) {
+            types |= answer.value("types", 0ULL);
+          }
+        }
+        reply["types"] = types;
       } else if (key == "fail") {
         const auto function = value.at("function").get<std::string>();
         if (Fake().SetFailure(function, value.at("return").get<Return>()) != nvml::kSuccess) {
@@ -2008,6 +2086,27 @@ FAKE_NVML_EXPORT int fakeNvmlInjectXid(const char* uuid, unsigned long long xid)
   return rc;
 }
 
+FAKE_NVML_EXPORT int fakeNvmlInjectEvent(const char* uuid, unsigned long long event_type, unsigned long long data) {
+  if (uuid == nullptr || event_type == 0 || (event_type & (event_type - 1)) != 0) return nvml::kErrorInvalidArgument;
+  std::size_t delivered = 0;
+  const Return rc = fake::Fake().InjectEvent(uuid, event_type, data, &delivered);
+  fake::AskClients(fake::Fake().PrimaryPath(),
+                   {{"injectEvent", {{"uuid", uuid}, {"type", std::to_string(event_type)}, {"data", data}}}});
+  return rc;
+}
+
+FAKE_NVML_EXPORT int fakeNvmlRegisteredEvents(const char* uuid, unsigned long long* event_types) {
+  if (uuid == nullptr || event_types == nullptr) return nvml::kErrorInvalidArgument;
+  const auto own = fake::Fake().RegisteredEvents(uuid);
+  if (!own) return nvml::kErrorNotFound;
+  *event_types = *own;
+  for (const auto& answer : fake::AskClients(fake::Fake().PrimaryPath(),
+                                             {{"registeredEvents", {{"uuid", uuid}, {"local", true}}}})) {
+    *event_types |= answer.value("types", 0ULL);
+  }
+  return nvml::kSuccess;
+}
+
 FAKE_NVML_EXPORT int fakeNvmlSetFailure(const char* function_name, int nvml_return) {
   if (function_name == nullptr) return nvml::kErrorInvalidArgument;
   const Return rc = fake::Fake().SetFailure(function_name, nvml_return);
@@ -2092,6 +2191,8 @@ GNS_NVML_FUNCTIONS(GNS_FAKE_NVML_CHECK)
 #undef GNS_FAKE_NVML_CHECK
 
 static_assert(std::is_same_v<decltype(&::fakeNvmlInjectXid), fakeNvmlInjectXid_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlInjectEvent), fakeNvmlInjectEvent_t>);
+static_assert(std::is_same_v<decltype(&::fakeNvmlRegisteredEvents), fakeNvmlRegisteredEvents_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlSetFailure), fakeNvmlSetFailure_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlClearFailures), fakeNvmlClearFailures_t>);
 static_assert(std::is_same_v<decltype(&::fakeNvmlLastWaitTimeout), fakeNvmlLastWaitTimeout_t>);

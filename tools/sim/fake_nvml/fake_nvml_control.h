@@ -18,6 +18,17 @@ extern "C" {
 // waiters. Events for GPUs nobody registered are dropped, as on real hardware.
 // Returns NVML_ERROR_UNINITIALIZED before nvmlInit, NVML_ERROR_NOT_FOUND for an unknown GPU.
 FAKE_NVML_CONTROL_API int fakeNvmlInjectXid(const char* uuid, unsigned long long xid);
+// Queues an event of `event_type` (one nvmlEventType* bit: nvmlEventTypeSingleBitEccError 0x1,
+// DoubleBitEccError 0x2, Clock 0x10, …) with eventData `data` on every event set that
+// registered that type for the GPU `uuid` (a UUID or a PCI bus id), in this process and the
+// driver's other client processes. Only the event: the counters it announces change with
+// fakeNvmlSetHealth. NVML_ERROR_INVALID_ARGUMENT unless exactly one bit is set.
+FAKE_NVML_CONTROL_API int fakeNvmlInjectEvent(const char* uuid, unsigned long long event_type, unsigned long long data);
+// The event types registered on the GPU `uuid` by every event set of this process and the
+// driver's other client processes (OR of their masks; 0 when none). A GPU's
+// supportedEventTypes bound what can be registered (nvmlDeviceRegisterEvents answers
+// NOT_SUPPORTED for any other type). NVML_ERROR_NOT_FOUND for an unknown GPU.
+FAKE_NVML_CONTROL_API int fakeNvmlRegisteredEvents(const char* uuid, unsigned long long* event_types);
 
 // Makes the NVML function `function_name` (its exported name, e.g. "nvmlDeviceGetUUID" or
 // "nvmlEventSetWait_v2") return `nvml_return` until cleared; "*" makes every NVML function
@@ -69,6 +80,8 @@ FAKE_NVML_CONTROL_API int fakeNvmlHungCalls(unsigned int* calls);
 FAKE_NVML_CONTROL_API int fakeNvmlCallCount(unsigned long long* calls);
 
 typedef int (*fakeNvmlInjectXid_t)(const char*, unsigned long long);
+typedef int (*fakeNvmlInjectEvent_t)(const char*, unsigned long long, unsigned long long);
+typedef int (*fakeNvmlRegisteredEvents_t)(const char*, unsigned long long*);
 typedef int (*fakeNvmlSetFailure_t)(const char*, int);
 typedef int (*fakeNvmlClearFailures_t)(void);
 typedef int (*fakeNvmlLastWaitTimeout_t)(unsigned int*);

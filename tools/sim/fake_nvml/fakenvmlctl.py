@@ -7,6 +7,9 @@ reply, and exits 0 when the reply says ok, 1 when it reports an error, 2 on no r
 
 Examples:
   fakenvmlctl.py inject-xid GPU-3f8a1c52-7e00-4b9d-9c1e-5a7d2e8f6b10 79
+  fakenvmlctl.py inject-event GPU-3f8a… doubleBitEcc   # an ECC/clock event (types: README)
+  fakenvmlctl.py inject-event GPU-3f8a… doubleBitEcc --health '{"eccUncorrectedVolatile": 1}'
+  fakenvmlctl.py registered-events GPU-3f8a…            # what the event sets registered
   fakenvmlctl.py fail '*' UNKNOWN          # every NVML call returns 999
   fakenvmlctl.py fail nvmlEventSetWait_v2 GPU_IS_LOST
   fakenvmlctl.py clear-failures
@@ -58,6 +61,18 @@ def build_command(args):
         if args.compute_instance is not None:
             command["computeInstance"] = args.compute_instance
         return {"injectXid": command}
+    if args.command == "inject-event":
+        event = {"injectEvent": {"uuid": args.gpu, "type": args.type, "data": args.data}}
+        if args.health is None:
+            return event
+        keys = json.loads(args.health)
+        if not isinstance(keys, dict):
+            raise ValueError("--health must be a JSON object")
+        # Two datagrams, in this order: the reading changes, then the event announces it (the
+        # keys of one object run in the fake's key order, not the sender's).
+        return [{"setHealth": dict(keys, uuid=args.gpu)}, event]
+    if args.command == "registered-events":
+        return {"registeredEvents": {"uuid": args.gpu}}
     if args.command == "fail":
         return {"fail": {"function": args.function, "return": args.code}}
     if args.command == "clear-failures":
@@ -115,6 +130,13 @@ def main(argv=None):
     p.add_argument("xid", type=int)
     p.add_argument("--gpu-instance", type=int, help="MIG GPU instance id the Xid names")
     p.add_argument("--compute-instance", type=int, help="MIG compute instance id the Xid names")
+    p = sub.add_parser("inject-event", help="queue an NVML event (ECC, clock, …) for a GPU")
+    p.add_argument("gpu")
+    p.add_argument("type", help="singleBitEcc, doubleBitEcc, clock, pstate, xid, or the mask bit")
+    p.add_argument("--data", type=int, default=0, help="eventData (default 0)")
+    p.add_argument("--health", help="set-health keys applied first, in the same command")
+    p = sub.add_parser("registered-events", help="the event types registered on a GPU (all processes)")
+    p.add_argument("gpu")
     p = sub.add_parser("fail", help="make an NVML function ('*' = all) return an error")
     p.add_argument("function")
     p.add_argument("code", type=return_code, help="NVML return code: number or name (GPU_IS_LOST)")
@@ -140,15 +162,18 @@ def main(argv=None):
         command = build_command(args)
     except ValueError as e:
         parser.error(str(e))
-    try:
-        reply = send(args.socket, command, args.timeout, not args.no_wait)
-    except (OSError, ValueError) as e:
-        print(f"fakenvmlctl: {args.socket}: {e}", file=sys.stderr)
-        return 2
-    if reply is None:
-        return 0
-    print(json.dumps(reply))
-    return 0 if reply.get("ok") else 1
+    for one in command if isinstance(command, list) else [command]:
+        try:
+            reply = send(args.socket, one, args.timeout, not args.no_wait)
+        except (OSError, ValueError) as e:
+            print(f"fakenvmlctl: {args.socket}: {e}", file=sys.stderr)
+            return 2
+        if reply is None:
+            continue
+        print(json.dumps(reply))
+        if not reply.get("ok"):
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -158,6 +158,9 @@ struct HealthSample {
   // PCI functions of NVIDIA GPUs (vendor 0x10de, display / 3D controller class) under the
   // host's /sys/bus/pci/devices, read in the same pass: more than NVML sees is a missing GPU.
   std::optional<uint32_t> pci_gpu_count;
+  // Their PCI addresses as sysfs names them ("0000:3b:00.0"), sorted: what names a GPU NVML
+  // does not list. Empty when pci_gpu_count is nullopt or 0.
+  std::vector<std::string> pci_gpu_addresses;
 };
 
 // Provided by gpu-inventory while it runs (context.GetServices().Find<GpuHealthSampler>()).

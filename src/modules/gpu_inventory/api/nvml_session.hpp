@@ -57,7 +57,10 @@ HealthSample ReadHealth(const NvmlLibrary& library, uint32_t groups, const std::
                         const ExcludedGpus& excluded = {}, const std::vector<GpuInfo>& known = {});
 
 // NVIDIA GPUs (vendor 0x10de, class display VGA 0x0300xx or 3D controller 0x0302xx) under
-// <host_root>/sys/bus/pci/devices; nullopt when that folder cannot be read.
+// <host_root>/sys/bus/pci/devices: their PCI addresses as sysfs names them ("0000:3b:00.0"),
+// sorted; nullopt when that folder cannot be read.
+std::optional<std::vector<std::string>> ListPciGpus(const std::string& host_root);
+// How many ListPciGpus finds.
 std::optional<uint32_t> CountPciGpus(const std::string& host_root);
 
 class NvmlSession {

@@ -35,6 +35,7 @@ class FakeSampler final : public inv::GpuHealthSampler {
   explicit FakeSampler(Loop& loop) : loop_(loop) {}
   void Sample(uint32_t groups, std::function<void(inv::HealthSample)> done) override {
     ++passes;
+    last_groups = groups;
     inv::HealthSample sample = next;
     sample.groups = groups;
     sample.taken_unix_ms = (taken_ms += 100);
@@ -42,6 +43,7 @@ class FakeSampler final : public inv::GpuHealthSampler {
   }
   inv::HealthSample next;
   int passes = 0;
+  uint32_t last_groups = 0;
   int64_t taken_ms = 1'700'000'000'000;
 
  private:
@@ -338,6 +340,72 @@ TEST_F(GpuHealthChecksTest, AnXidAndAConditionRankTogether) {
   EXPECT_EQ(Health(kUuid)->recommended_action, "COMPONENT_RESET");
 }
 
+// A GPU on the PCI bus that NVML does not list is named by its address; a GPU out for a reset
+// (in the inventory, not in the pass) is neither counted nor named as missing.
+TEST_F(GpuHealthChecksTest, AGpuMissingFromNvmlIsNamedByItsPciAddress) {
+  sampler_->next.pci_gpu_count = 3;
+  sampler_->next.pci_gpu_addresses = {"0000:03:00.0", "0000:3b:00.0", "0000:86:00.0"};
+  Start();
+  sampler_->next.gpus.pop_back();  // kOther (00000000:3B:00.0) is out for its reset
+  Passes(2);
+  const HealthEvent* missing = EventOf("GpuMissingFromNvml", false);
+  ASSERT_NE(missing, nullptr);
+  EXPECT_TRUE(missing->entities_impacted.empty()) << "a condition of the node, not of a GPU";
+  EXPECT_NE(missing->message.find("not in NVML: 0000:86:00.0)"), std::string::npos) << missing->message;
+  EXPECT_EQ(missing->message.find("3b:00.0"), std::string::npos) << "out for a reset, not missing: " << missing->message;
+  EXPECT_FALSE(IsUnhealthy(kUuid));
+}
+
+// NVML's DBE event (gpu-inventory's NvmlHealthEvent): the memory group is read and judged at
+// once. The poll interval is an hour, so only the event can explain the second pass.
+TEST_F(GpuHealthChecksTest, ADoubleBitEccEventJudgesTheMemoryChecksWithoutWaitingForThePoll) {
+  for (auto& interval : config_.checks.intervals) interval = std::chrono::hours(1);
+  sampler_->next.gpus[0].ecc.uncorrected_volatile = 0;
+  Start();
+  // The first pass (every group, never run): the DBE counter's baseline.
+  ASSERT_TRUE(h_.RunUntil([&] { return sampler_->passes >= 1; }));
+  ASSERT_EQ(sampler_->passes, 1);
+  h_.RunUntil([] { return false; }, milliseconds(200));
+  EXPECT_EQ(sampler_->passes, 1) << "nothing due for an hour";
+
+  sampler_->next.gpus[0].ecc.uncorrected_volatile = 1;
+  inv::NvmlHealthEvent event;
+  event.uuid = kUuid;
+  event.kind = inv::NvmlHealthEvent::Kind::kDoubleBitEcc;
+  h_.bus.Publish(event);
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kUuid); }, milliseconds(5000)));
+  EXPECT_EQ(sampler_->passes, 2);
+  EXPECT_EQ(sampler_->last_groups, inv::kHealthMemory) << "the event's group only";
+  // HealthEvents leave once the checkpoint that covers them is on disk.
+  ASSERT_TRUE(h_.RunUntil([&] { return EventOf("EccUncorrectableVolatile", false) != nullptr; }));
+  const HealthEvent* dbe = EventOf("EccUncorrectableVolatile", false);
+  EXPECT_TRUE(dbe->is_fatal);
+  EXPECT_EQ(dbe->recommended_action_name, "COMPONENT_RESET");
+  EXPECT_EQ(Metric("gpu_node_supervisor_gpu_health_check_event_passes_total"), 1);
+
+  // A clock event reads the thermal group; a storm of events within a second is one pass.
+  event.kind = inv::NvmlHealthEvent::Kind::kClock;
+  for (int i = 0; i < 5; ++i) h_.bus.Publish(event);
+  ASSERT_TRUE(h_.RunUntil([&] { return sampler_->passes == 3; }, milliseconds(5000)));
+  EXPECT_EQ(sampler_->last_groups, inv::kHealthThermal);
+  h_.RunUntil([] { return false; }, milliseconds(1500));
+  EXPECT_EQ(sampler_->passes, 3) << "five events at once: one pass";
+}
+
+// A group switched off stays off: its events read nothing.
+TEST_F(GpuHealthChecksTest, AnEventOfAGroupSwitchedOffReadsNothing) {
+  for (auto& interval : config_.checks.intervals) interval = std::chrono::hours(1);
+  config_.checks.intervals[0] = milliseconds(0);  // memory off
+  Start();
+  ASSERT_TRUE(h_.RunUntil([&] { return sampler_->passes >= 1; }));
+  inv::NvmlHealthEvent event;
+  event.uuid = kUuid;
+  event.kind = inv::NvmlHealthEvent::Kind::kDoubleBitEcc;
+  h_.bus.Publish(event);
+  h_.RunUntil([] { return false; }, milliseconds(300));
+  EXPECT_EQ(sampler_->passes, 1);
+}
+
 // The host services over the real D-Bus wire (dbus-daemon + the fake systemd): the fabric
 // manager failing is a node condition with a HealthEvent and no GPU verdict; started again, it
 // clears after the hysteresis. A unit the node does not have (persistenced here) says nothing.
@@ -412,7 +480,8 @@ checks:
   clearAfterPasses: 5
   memory: {interval: 2m, rowRemapPending: {enabled: false}, retiredPagesLimit: {pages: 10}}
   nvlink: {enabled: false}
-  thermal: {clockEventRate: {perMinute: 1.5, window: 20m}, thermalMargin: {marginC: 8}}
+  thermal: {clockEventRate: {perMinute: 1.5, window: 20m}, thermalMargin: {marginC: 8},
+            powerViolation: {percent: 25, window: 30m}}
   presence: {gpuMissingFromNvml: {enabled: false}}
   host: {fabricManagerService: {enabled: false}, persistencedService: {unit: persistenced-site.service},
          busAddress: "unix:path=/run/site-bus"}
@@ -428,6 +497,9 @@ checks:
   EXPECT_EQ(config.intervals[1], std::chrono::milliseconds(0)) << "a group switched off";
   EXPECT_DOUBLE_EQ(config.thermal.clock_event_rate.per_minute, 1.5);
   EXPECT_EQ(config.thermal.margin_c, 8u);
+  EXPECT_DOUBLE_EQ(config.thermal.power_violation_percent, 25.0);
+  EXPECT_EQ(config.thermal.power_violation_window, std::chrono::minutes(30));
+  EXPECT_TRUE(config.thermal.power_violation);
   EXPECT_FALSE(config.presence.missing_from_nvml);
   EXPECT_FALSE(config.host_services.fabric_manager);
   EXPECT_TRUE(config.host_services.persistenced);

@@ -387,6 +387,39 @@ TEST(ThermalChecks, Margin) {
   EXPECT_NE(FindCheck(f, "ThermalMargin")->holds->message.find("memory at 93"), std::string::npos);
 }
 
+// Power violation time (ns, cumulative) as a share of the window: capped 1 of 10 minutes holds
+// (10 %), half a minute does not; a counter that went down (driver reload) starts again.
+TEST(ThermalChecks, PowerViolationAsAShareOfTheWindow) {
+  ThermalChecks checks({});
+  auto gpu = Gpu();
+  constexpr uint64_t kSecondNs = 1'000'000'000;
+  gpu.thermal.power_violation_ns = 500 * kSecondNs;  // before we started: the baseline
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0), "PowerViolation"));
+  gpu.thermal.power_violation_ns = 530 * kSecondNs;
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0 + kMinute), "PowerViolation")) << "30 s of 10 min: 5 %";
+  gpu.thermal.power_violation_ns = 560 * kSecondNs;
+  const Findings f = checks.Judge(gpu, kT0 + 2 * kMinute);
+  ASSERT_TRUE(Holds(f, "PowerViolation")) << "60 s of 10 min: 10 %";
+  EXPECT_EQ(FindCheck(f, "PowerViolation")->holds->severity, Severity::kWarning);
+  EXPECT_EQ(FindCheck(f, "PowerViolation")->holds->action, RecommendedAction::kNone);
+  EXPECT_NE(FindCheck(f, "PowerViolation")->holds->message.find("power-capped 10.00 % of the last 10 min"),
+            std::string::npos)
+      << FindCheck(f, "PowerViolation")->holds->message;
+  // Eleven minutes on with no more violation time: the growth left the window.
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0 + 13 * kMinute), "PowerViolation"));
+  // The counter went down: a new baseline, not a negative growth.
+  gpu.thermal.power_violation_ns = 10 * kSecondNs;
+  EXPECT_TRUE(Clear(checks.Judge(gpu, kT0 + 14 * kMinute), "PowerViolation"));
+  // Not read: no judgement; switched off: none either.
+  gpu.thermal.power_violation_ns.reset();
+  EXPECT_TRUE(NotJudged(checks.Judge(gpu, kT0 + 15 * kMinute), "PowerViolation"));
+  ThermalChecks::Settings off;
+  off.power_violation = false;
+  ThermalChecks quiet(off);
+  gpu.thermal.power_violation_ns = 0;
+  EXPECT_TRUE(NotJudged(quiet.Judge(gpu, kT0), "PowerViolation"));
+}
+
 // --- presence and host --------------------------------------------------------------------
 
 TEST(PresenceChecks, ALostGpu) {
@@ -407,6 +440,47 @@ TEST(PresenceChecks, AGpuMissingFromNvml) {
   const auto missing = JudgeMissingFromNvml(8, 7, {});
   ASSERT_TRUE(missing && missing->holds);
   EXPECT_NE(missing->holds->message.find("1 missing from NVML"), std::string::npos);
+}
+
+// The missing GPU by its PCI address: sysfs's form against NVML's, compared as addresses.
+TEST(PresenceChecks, AGpuMissingFromNvmlIsNamedByItsPciAddress) {
+  const std::vector<std::string> on_bus{"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0"};
+  const std::vector<std::string> nvml{"00000000:18:00.0", "00000000:3B:00.0"};
+  const auto missing = JudgeMissingFromNvml(3, 2, {}, on_bus, nvml);
+  ASSERT_TRUE(missing && missing->holds);
+  EXPECT_NE(missing->holds->message.find("1 missing from NVML (not in NVML: 0000:2a:00.0)"), std::string::npos)
+      << missing->holds->message;
+  EXPECT_EQ(missing->holds->message.find("3b:00.0"), std::string::npos) << "NVML lists it (upper case, 8-digit domain)";
+  // Two missing: both named, in the bus's order.
+  const auto two = JudgeMissingFromNvml(3, 1, {}, on_bus, {"00000000:3B:00.0"});
+  ASSERT_TRUE(two && two->holds);
+  EXPECT_NE(two->holds->message.find("(not in NVML: 0000:18:00.0, 0000:2a:00.0)"), std::string::npos)
+      << two->holds->message;
+  // As many on the bus as NVML knows: clear, whatever the addresses say.
+  const auto same = JudgeMissingFromNvml(2, 2, {}, {"0000:18:00.0", "0000:2a:00.0"}, nvml);
+  ASSERT_TRUE(same.has_value());
+  EXPECT_FALSE(same->holds.has_value());
+  // The bus's addresses not read: the counts alone.
+  const auto unnamed = JudgeMissingFromNvml(3, 2, {}, {}, nvml);
+  ASSERT_TRUE(unnamed && unnamed->holds);
+  EXPECT_EQ(unnamed->holds->message.find("not in NVML:"), std::string::npos) << "no addresses: the counts alone";
+}
+
+TEST(HealthChecks, TheMissingGpuIsNamedAgainstThePassAndTheInventory) {
+  HealthChecks checks(ChecksConfig{});
+  inv::HealthSample sample;
+  sample.ok = true;
+  sample.groups = inv::kHealthHost;
+  auto gpu = Gpu();
+  gpu.pci_bus_id = "00000000:18:00.0";
+  sample.gpus = {gpu};
+  sample.pci_gpu_count = 3;
+  sample.pci_gpu_addresses = {"0000:18:00.0", "0000:2a:00.0", "0000:3b:00.0"};
+  // 0000:3b:00.0 is out for a reset: in the inventory, not in the pass.
+  const auto found = checks.Judge(sample, 2, {"00000000:18:00.0", "00000000:3B:00.0"});
+  ASSERT_TRUE(found.node && found.node->holds);
+  EXPECT_NE(found.node->holds->message.find("(not in NVML: 0000:2a:00.0)"), std::string::npos)
+      << found.node->holds->message;
 }
 
 TEST(HostChecks, PersistenceModeOff) {

@@ -403,6 +403,44 @@ TEST_F(GpuInventoryModuleTest, NvmlXidEventsReachTheBus) {
   EXPECT_TRUE(Inventory()->available);
 }
 
+// NVML's ECC and clock events: registered where the GPU supports them (GPU 2 reports XIDs
+// only: nothing else is registered on it, and its ECC events never come), each reaching the
+// bus as an NvmlHealthEvent.
+TEST_F(GpuInventoryModuleTest, EccAndClockEventsReachTheBusWhereTheGpuSupportsThem) {
+  const auto inject = reinterpret_cast<fakeNvmlInjectEvent_t>(dlsym(library_, "fakeNvmlInjectEvent"));
+  const auto registered = reinterpret_cast<fakeNvmlRegisteredEvents_t>(dlsym(library_, "fakeNvmlRegisteredEvents"));
+  ASSERT_NE(inject, nullptr);
+  ASSERT_NE(registered, nullptr);
+  UseVariant([](nlohmann::json& config) { config["gpus"][2]["supportedEventTypes"] = 0x8; });
+  std::vector<NvmlHealthEvent> events;
+  auto sub = h_.bus.Subscribe<NvmlHealthEvent>([&](const NvmlHealthEvent& e) { events.push_back(e); });
+  StartModule();
+  ASSERT_TRUE(WaitAvailable());
+  unsigned long long types = 0;
+  ASSERT_EQ(registered(Uuid(0).c_str(), &types), 0);
+  EXPECT_EQ(types & 0x1bULL, 0x1bULL) << "XID, SBE, DBE and clock events on a GPU that has them: " << types;
+  ASSERT_EQ(registered(Uuid(2).c_str(), &types), 0);
+  EXPECT_EQ(types, 0x8ULL) << "XIDs only where only XIDs are supported";
+
+  ASSERT_EQ(inject(Uuid(2).c_str(), 0x2, 0), 0);  // not registered: dropped, as by the driver
+  ASSERT_EQ(inject(Uuid(1).c_str(), 0x2, 0), 0);
+  ASSERT_EQ(inject(Uuid(1).c_str(), 0x1, 0), 0);
+  ASSERT_EQ(inject(Uuid(4).c_str(), 0x10, 0x8), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return events.size() == 3; }));
+  EXPECT_EQ(events[0].uuid, Uuid(1));
+  EXPECT_EQ(events[0].kind, NvmlHealthEvent::Kind::kDoubleBitEcc);
+  EXPECT_EQ(events[1].kind, NvmlHealthEvent::Kind::kSingleBitEcc);
+  EXPECT_EQ(events[2].uuid, Uuid(4));
+  EXPECT_EQ(events[2].kind, NvmlHealthEvent::Kind::kClock);
+  EXPECT_EQ(events[2].data, 0x8u);
+  EXPECT_GT(events[2].observed_unix_ms, 1'600'000'000'000);
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(200));
+  EXPECT_EQ(events.size(), 3u) << "GPU 2's DBE event was never registered";
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_health_events_total", {{"gpu", Uuid(1)}, {"kind", "doubleBitEcc"}}), 1);
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_health_events_total", {{"gpu", Uuid(4)}, {"kind", "clock"}}), 1);
+  EXPECT_TRUE(xids_.empty()) << "not XIDs";
+}
+
 TEST_F(GpuInventoryModuleTest, EventWaitFailureMakesTheInventoryUnavailableThenRecovers) {
   StartModule();
   ASSERT_TRUE(WaitAvailable());

@@ -251,12 +251,15 @@ TEST(CountPciGpus, CountsNvidiaDisplayAnd3dControllersOnly) {
   AddPciDevice(root.Path(), "0000:5a:00.0", "", "0x030200");        // vendor unreadable
   AddPciDevice(root.Path(), "0000:6a:00.0", "0x10de", "garbage");
   EXPECT_EQ(CountPciGpus(root.Path().string()), 2u);
+  EXPECT_EQ(ListPciGpus(root.Path().string()), (std::vector<std::string>{"0000:18:00.0", "0000:2a:00.0"}))
+      << "the GPUs' addresses, sorted";
 }
 
 TEST_F(ReadHealthTest, ThePassCountsGpusOnThePciBusUnderTheHostRoot) {
   AddPciDevice(root_.Path(), "0000:18:00.0", "0x10de", "0x030200");
   const HealthSample sample = ReadHealth(*library_, kHealthHost, root_.Path().string());
   EXPECT_EQ(sample.pci_gpu_count, 1u);
+  EXPECT_EQ(sample.pci_gpu_addresses, std::vector<std::string>{"0000:18:00.0"});
 }
 
 // kHealthUsage (issue 27): what the DCGM_FI_* series show, for every GPU and MIG device.
