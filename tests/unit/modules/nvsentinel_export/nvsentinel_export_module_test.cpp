@@ -63,6 +63,16 @@ class NvsentinelExportModuleTest : public ::testing::Test {
   // gpu-health's event log as it republishes it after its events went out (or at its start).
   void Log(std::vector<gpu_health::HealthEvent> events) { h_.bus.Publish(gpu_health::HealthEventLog{std::move(events)}); }
   const NvsentinelExportState* State() { return h_.bus.Latest<NvsentinelExportState>(); }
+  // One instance takes `event` from the topic (and the log that follows it), delivers it and
+  // stops: the book then records its id as taken.
+  void TakeAndStop(const gpu_health::HealthEvent& event) {
+    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+    m.Start(config_);
+    h_.bus.Publish(event);
+    Log({event});
+    ASSERT_TRUE(h_.RunUntil([&] { return sim_->Events().size() >= 1 && State() && State()->queued == 0; },
+                            std::chrono::seconds(15)));
+  }
   std::vector<std::string> Messages() {
     std::vector<std::string> out;
     for (const auto& e : sim_->Events()) {
@@ -287,15 +297,7 @@ TEST_F(NvsentinelExportModuleTest, AnEventTheLogHoldsThatWeNeverTookIsSentOnceAt
   StartSim();
   const auto first = XidEvent(1);
   const auto missed = XidEvent(2);
-  {
-    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
-    m.Start(config_);
-    h_.bus.Publish(first);
-    Log({first});
-    ASSERT_TRUE(Received(1));
-    // The book records the taken id once its write lands.
-    ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->queued == 0; }));
-  }
+  ASSERT_NO_FATAL_FAILURE(TakeAndStop(first));
   // Made and logged by gpu-health, then the process died before we took it.
   Log({first, missed});
   test::ModuleUnderTest<NvsentinelExportModule> m(h_);
@@ -336,14 +338,7 @@ TEST_F(NvsentinelExportModuleTest, AnUntakenEventOlderThanTheReplayWindowIsNotSe
   StartSim();
   config_.replay_window = std::chrono::minutes(15);
   const auto first = XidEvent(1);
-  {
-    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
-    m.Start(config_);
-    h_.bus.Publish(first);
-    Log({first});
-    ASSERT_TRUE(Received(1));
-    ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->queued == 0; }));
-  }
+  ASSERT_NO_FATAL_FAILURE(TakeAndStop(first));
   Log({first, XidEvent(2, std::chrono::hours(2)), XidEvent(3, std::chrono::minutes(1))});
   test::ModuleUnderTest<NvsentinelExportModule> m(h_);
   m.Start(config_);
