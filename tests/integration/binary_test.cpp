@@ -307,6 +307,11 @@ TEST_F(BinaryTest, ScanJudgesEveryGpuOnceAndExitsOneWhenAGpuIsUnhealthy) {
                                               {{"FAKE_NVML_CONFIG", faulty}});
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("PcieLinkDegraded"), std::string::npos) << out;
+  // The table's columns stay apart with real-length UUIDs and PCI addresses: a check's name
+  // follows its GPU's PCI address after at least two spaces, never glued to it.
+  const auto pci = printed.at("gpus")[0].value("pci", std::string());
+  ASSERT_FALSE(pci.empty()) << printed.dump();
+  EXPECT_NE(out.find(pci + "  GpuLost"), std::string::npos) << out;
   EXPECT_NE(out.find("FAIL"), std::string::npos) << out;
   EXPECT_NE(out.find("UNHEALTHY"), std::string::npos) << out;
 

@@ -232,6 +232,7 @@ void GpuHealthModule::Serve() {
   auto& bus = context_.GetBus();
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inv) {
     judge_.OnInventory(inv.gpus, NowMs());
+    inventory_seen_ = true;
     inventory_pci_.clear();
     for (const auto& gpu : inv.gpus) inventory_pci_.push_back(gpu.pci_bus_id);
     Report();
@@ -545,6 +546,11 @@ void GpuHealthModule::StartChecks() {
       PublishChecks();
     }
     return;
+  }
+  if (!inventory_seen_) {
+    checks_state_.status = "waiting for gpu-inventory's first inventory";
+    PublishChecks();
+    return;  // its first message starts them
   }
   checks_running_ = true;
   checks_state_.status = "running";

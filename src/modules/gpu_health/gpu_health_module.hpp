@@ -175,6 +175,9 @@ class GpuHealthModule final : public Module {
   std::map<std::string, DeviceHealth, std::less<>> published_;
   boost::asio::steady_timer check_timer_;
   bool checks_running_ = false;
+  // gpu-inventory publishes its first inventory once NVML is open and its events armed (or
+  // with the reason it is not): a pass before that could only fail with "not open yet".
+  bool inventory_seen_ = false;
   // Groups an NVML event asked for, not read yet; when the last such pass ran.
   static constexpr std::chrono::seconds kEventPassGap{1};
   uint32_t event_groups_ = 0;

@@ -124,8 +124,13 @@ std::string ToTable(const ScanReport& report) {
     out << "NVML health read failed: " << report.error << "\n";
     return out.str();
   }
+  // The first column is as wide as its longest entry: "GPU <index> <uuid> <pci>" is 63
+  // characters for a real GPU, so a fixed width ran the PCI address into the check's name.
+  auto describe = [](const ScanGpu& gpu) { return "GPU " + std::to_string(gpu.index) + " " + gpu.uuid + " " + gpu.pci; };
+  std::size_t who_width = std::string_view("node").size();
+  for (const auto& gpu : report.gpus) who_width = std::max(who_width, describe(gpu).size());
   auto row = [&](const std::string& who, const ScanFinding& f) {
-    out << std::left << std::setw(58) << who << std::setw(26) << f.check;
+    out << std::left << std::setw(static_cast<int>(who_width + 2)) << who << std::setw(26) << f.check;
     if (!f.judged) {
       out << "not judged: " << f.message << "\n";
       return;
@@ -137,7 +142,7 @@ std::string ToTable(const ScanReport& report) {
     out << (MakesUnhealthy(f) ? "FAIL " : "WARN ") << f.severity << " " << f.action << ": " << f.message << "\n";
   };
   for (const auto& gpu : report.gpus) {
-    const std::string who = "GPU " + std::to_string(gpu.index) + " " + gpu.uuid + " " + gpu.pci;
+    const std::string who = describe(gpu);
     if (gpu.findings.empty()) out << who << "  (nothing NVML could give was judged)\n";
     for (const auto& f : gpu.findings) row(who, f);
     if (!gpu.failed_functions.empty()) {

@@ -297,6 +297,26 @@ TEST_F(GpuHealthChecksTest, WithoutASamplerNoPolledChecksAndDebugStateSaysSo) {
   EXPECT_EQ(h_.bus.Latest<GpuHealthChecks>()->status, "running");
 }
 
+// gpu-inventory provides its sampler before NVML is open; a pass then could only fail ("not
+// open yet") and warn at every start. The first pass waits for its first inventory.
+TEST_F(GpuHealthChecksTest, TheFirstPassWaitsForGpuInventorysFirstInventory) {
+  h_.services.Provide<inv::GpuHealthSampler>(sampler_);
+  module_.Start(config_);
+  ASSERT_TRUE(h_.RunUntil([&] { return !module_->Loading(); }));
+  const auto until = std::chrono::steady_clock::now() + milliseconds(300);  // three check intervals
+  h_.RunUntil([&] { return std::chrono::steady_clock::now() >= until; });
+  EXPECT_EQ(sampler_->passes, 0);
+  const auto* state = h_.bus.Latest<GpuHealthChecks>();
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->status, "waiting for gpu-inventory's first inventory");
+  EXPECT_LE(Metric("gpu_node_supervisor_gpu_health_check_passes_failed_total"), 0);  // -1: not yet registered
+  inv::GpuInventory inventory;
+  inventory.available = true;
+  h_.bus.Publish(inventory);
+  ASSERT_TRUE(h_.RunUntil([&] { return sampler_->passes > 0; }));
+  EXPECT_EQ(h_.bus.Latest<GpuHealthChecks>()->status, "running");
+}
+
 TEST_F(GpuHealthChecksTest, AFatalConditionSurvivesARestartInTheSameBoot) {
   Start();
   PendingRemap(true);
