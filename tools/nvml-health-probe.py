@@ -45,6 +45,12 @@ class FabricV3(C.Structure):
                 ("healthSummary", C.c_ubyte)]
 
 
+class PciInfo(C.Structure):  # nvmlPciInfo_t
+    _fields_ = [("busIdLegacy", C.c_char * 16), ("domain", C.c_uint), ("bus", C.c_uint),
+                ("device", C.c_uint), ("pciDeviceId", C.c_uint), ("pciSubSystemId", C.c_uint),
+                ("busId", C.c_char * 32)]
+
+
 class Memory(C.Structure):
     _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
 
@@ -138,6 +144,19 @@ def main():
             if rc != 0 and link > 0:
                 break
         g["nvlinks"] = links
+        # What is at the far end of link 0 (an NVSwitch's PCI address and port on NVLink
+        # systems; the SXid -> GPU map is built from these two answers).
+        remote = PciInfo()
+        if call(r, "nvmlDeviceGetNvLinkRemotePciInfo_v2", dev, 0, C.byref(remote)) == 0:
+            r["nvmlDeviceGetNvLinkRemotePciInfo_v2"]["value"] = remote.busId.decode(errors="replace")
+        fv_remote = (FieldValue * 1)()
+        fv_remote[0].fieldId = 146  # NVML_FI_DEV_NVLINK_REMOTE_NVLINK_ID
+        fv_remote[0].scopeId = 0
+        rec = r.setdefault("remote_nvlink_id_link0", {})
+        if call(rec, "nvmlDeviceGetFieldValues", dev, 1, fv_remote) == 0:
+            rec["nvmlDeviceGetFieldValues"]["field"] = {
+                "return": RETURN_NAMES.get(fv_remote[0].nvmlReturn, fv_remote[0].nvmlReturn),
+                "valueType": fv_remote[0].valueType, "value": fv_remote[0].value}
         fab = FabricV3()
         fab.version = C.sizeof(FabricV3) | (3 << 24)
         if call(r, "nvmlDeviceGetGpuFabricInfoV", dev, C.byref(fab)) == 0:

@@ -103,7 +103,7 @@ nodeName: real-gpu-check
 paths: {kubeletDir: $sandbox/kubelet, cdiDir: $sandbox/cdi, stateDir: $sandbox/state, hostRoot: /}
 logging: {format: text, level: info}
 modules:
-  metrics: {enabled: true, listen: 127.0.0.1:$port}
+  metrics: {enabled: true, listen: 127.0.0.1:$port, gpuMetrics: {enabled: true, interval: 2s}}
   gpu-inventory: {enabled: true, nvmlLibrary: $nvml, eventWaitTimeout: 1s}
   gpu-health:
     enabled: true
@@ -174,6 +174,12 @@ PY
 /usr/bin/env python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:"+__import__("sys").argv[1]+"/metrics", timeout=5).read().decode())' "$port" \
   > "$out/metrics.txt"
 grep -E '^gpu_node_supervisor_(gpu|nvml|device|health|check)' "$out/metrics.txt" | head -60
+section "the GPU series under dcgm-exporter's names (metrics.gpuMetrics)"
+grep -E '^DCGM_FI_' "$out/metrics.txt" | sed -E 's/\{.*\}/{...}/' | sort | uniq -c | head -40
+grep -E '^DCGM_FI_DEV_(GPU_TEMP|POWER_USAGE|FB_USED|SM_CLOCK)\{' "$out/metrics.txt" | head -4
+section "NVML events gpu-inventory registered (XID always; ECC and clock where the GPU supports them)"
+grep -E 'NVML events of|registered' "$out/supervisor.log" | head -10
+grep -E '^gpu_node_supervisor_(nvml_health_events|gpu_health_check_event_passes)' "$out/metrics.txt" | head
 section "stop"
 kill -TERM $spid; wait $spid; echo "supervisor exit $?"
 kill $kpid 2>/dev/null; wait $kpid 2>/dev/null
