@@ -14,6 +14,8 @@ settle_s=${2:-10}
 window_s=${3:-30}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
+# run-local.sh starts the binary by its absolute path: look for it by the same name.
+[[ $build_dir == /* ]] || build_dir=$repo/$build_dir
 
 sandbox=$(mktemp -d /tmp/gns-idle-bench-XXXXXX)
 port=$(/usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
@@ -21,6 +23,7 @@ port=$(/usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",
 # documented production values of config/example.yaml); and quiet logs.
 sed -e '/eventWaitTimeout:/d' -e '/retryBackoff:/d' -e '/^    resync:/d' -e '/retryMax:/d' \
     -e '/leaderElection: {namespace/d' -e '/retryInterval:/d' -e 's/^  level: info/  level: warn/' \
+    -e 's/^      interval: [0-9]*s .*/      enabled: true   # interval: its default/' -e '/^      [a-z]*: {interval: [0-9]*s}$/d' -e 's/{interval: [0-9]*s, /{/' \
     config/local.yaml > "$sandbox/site.yaml"
 modules_label="every module on (make run set)"
 loop_target=1
