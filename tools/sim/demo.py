@@ -378,13 +378,14 @@ def health_checks_demo():
         subprocess.run(NVML_CTL + ["clear-health"], check=True, capture_output=True)
         wait_for(f"{gpu} Healthy again", lambda: device_health(gpu) == "Healthy", timeout=60)
         say("gpu health checks", f"fault cleared -> {gpu} Healthy again after the clean passes")
-    before = metric('gpu_node_supervisor_sxid_errors_total{sxid="20034",severity="fatal"}')
+    before = metric('gpu_node_supervisor_sxid_errors_total{sxid="20034",severity="fatal",mapped="false"}')
     subprocess.run(JOURNAL_SIM + ["kernel", "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 30 "
                                   "LTSSM Fault Up"], check=True)
     wait_for("the fatal SXid counted", lambda: metric(
-        'gpu_node_supervisor_sxid_errors_total{sxid="20034",severity="fatal"}') > before)
-    say("gpu health", "kernel log 'nvidia-nvswitch0: SXid …: 20034, Fatal, Link 30' -> counted and reported "
-        "(HealthEvent SysLogsSXIDError, CONTACT_SUPPORT, Node Event NvSwitchSxidFatal)")
+        'gpu_node_supervisor_sxid_errors_total{sxid="20034",severity="fatal",mapped="false"}') > before)
+    say("gpu health", "kernel log 'nvidia-nvswitch0: SXid …: 20034, Fatal, Link 30' on a port wired to no GPU "
+        "of ours -> counted and reported node-level (HealthEvent SysLogsSXIDError, CONTACT_SUPPORT, Node Event "
+        "NvSwitchSxidFatal)")
 
     def event_passes():
         return metric("gpu_node_supervisor_gpu_health_check_event_passes_total")

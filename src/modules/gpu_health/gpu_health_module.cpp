@@ -83,6 +83,20 @@ GpuHealthModule::Config GpuHealthModule::ParseConfig(ConfigMap& section, const S
       section.Fail("catalog", e.what());
     }
   }
+  config.sxid_catalog_path = ReadAbsolutePath(section, "sxidCatalog", "", /*allow_empty=*/true);
+  const SxidCatalog& sxid_builtin = SxidCatalog::Builtin();
+  config.sxid_catalog = sxid_builtin;
+  config.sxid_catalog_source = "built-in (" + std::to_string(sxid_builtin.size()) + " entries)";
+  if (!config.sxid_catalog_path.empty() && section.ModuleEnabled()) {
+    try {
+      const SxidCatalog site = SxidCatalog::LoadFile(config.sxid_catalog_path);
+      config.sxid_catalog = sxid_builtin.LaidOver(site);
+      config.sxid_catalog_source +=
+          " + " + config.sxid_catalog_path + " (" + std::to_string(site.size()) + " entries)";
+    } catch (const gpu_health::ConfigError& e) {
+      section.Fail("sxidCatalog", e.what());
+    }
+  }
   if (const ConfigValue* overrides = section.Raw("overrides"); overrides != nullptr) {
     try {
       config.overrides = ParseSiteOverrides(ToYaml(*overrides), overrides->where.ToString(), section.Path() + ".overrides");
@@ -124,7 +138,7 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                  [this] { duplicates_total_->Inc(); },
                  [this] { suppressed_total_->Inc(); },
                  [this] { recoveries_total_->Inc(); },
-                 [this](uint32_t sxid, bool fatal) { OnSxid(sxid, fatal); },
+                 [this](uint32_t sxid, bool fatal, bool mapped) { OnSxid(sxid, fatal, mapped); },
                  [this](uint32_t) { beyond_lookback_total_->Inc(); }}),
       checks_(config_.checks),
       check_book_(config_.checks.clear_after),
@@ -176,6 +190,7 @@ GpuHealthModule::GpuHealthModule(ModuleContext& context, const Config& config)
                                     "deadline, no answer within passTimeout)");
   check_pass_seconds_ = &m.Gauge("gpu_node_supervisor_gpu_health_check_pass_seconds",
                                  "How long the last pass of the polled checks took on the pool");
+  judge_.SetSxidCatalog(config_.sxid_catalog);
   // A validated reset takes the checks' latched conditions with the XID verdict, and the
   // GPU's counters start again.
   judge_.OnResetHealed([this](const std::string& uuid) {
@@ -280,9 +295,9 @@ void GpuHealthModule::Serve() {
   Report();
   StartChecks();
   StartHostServices();
-  context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds, {} per-XID site entries{}",
+  context_.Log().info("XID catalog {}, {} ignored, {} critical, {} thresholds, {} per-XID site entries; SXid catalog {}{}",
                       config_.catalog_source, config_.overrides.ignore.size(), config_.overrides.critical.size(),
-                      config_.overrides.thresholds.size(), config_.overrides.xids.size(),
+                      config_.overrides.thresholds.size(), config_.overrides.xids.size(), config_.sxid_catalog_source,
                       admin_path_.empty() ? "" : ", admin socket " + admin_path_);
 }
 
@@ -479,12 +494,16 @@ void GpuHealthModule::OnCounted(std::string_view gpu, uint32_t xid, uint64_t tot
   it->second->Set(static_cast<double>(total));
 }
 
-void GpuHealthModule::OnSxid(uint32_t sxid, bool fatal) {
+void GpuHealthModule::OnSxid(uint32_t sxid, bool fatal, bool mapped) {
   // Not in the checkpoint (unlike XID counts): after kill -9 the lines read again since the last
   // checkpoint are counted again.
   context_.Metrics()
-      .Counter("gpu_node_supervisor_sxid_errors_total", "NVSwitch SXid reports in the kernel log, by SXid and severity",
-               {{"sxid", std::to_string(sxid)}, {"severity", fatal ? "fatal" : "non-fatal"}})
+      .Counter("gpu_node_supervisor_sxid_errors_total",
+               "NVSwitch SXid reports in the kernel log, by SXid, severity (the line's, or the SXid catalog's) and "
+               "whether a GPU of ours is wired to the port",
+               {{"sxid", std::to_string(sxid)},
+                {"severity", fatal ? "fatal" : "non-fatal"},
+                {"mapped", mapped ? "true" : "false"}})
       .Inc();
 }
 

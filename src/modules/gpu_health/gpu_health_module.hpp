@@ -37,6 +37,7 @@
 #include "modules/gpu_health/health_report.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_health/operator_channel.hpp"
+#include "modules/gpu_health/sxid_catalog.hpp"
 #include "modules/gpu_health/xid_catalog.hpp"
 #include "modules/gpu_health/xid_judge.hpp"
 #include "modules/gpu_inventory/api/health_events.hpp"
@@ -76,6 +77,9 @@ class GpuHealthModule final : public Module {
     XidCatalog catalog;        // the built-in catalog with catalog_path's entries laid over it
     std::string catalog_source;
     SiteOverrides overrides;
+    std::string sxid_catalog_path;  // a site SXid catalog laid over the built-in one; empty: built-in
+    SxidCatalog sxid_catalog;       // the built-in SXid catalog with sxid_catalog_path's entries laid over
+    std::string sxid_catalog_source;
     std::string check_name = "SysLogsXIDError";
     std::string condition_type = "GpuXidHealthy";
     std::string agent = "gpu-node-supervisor";
@@ -118,7 +122,7 @@ class GpuHealthModule final : public Module {
   void OnVerdict(const DeviceHealth& health);
   void OnEvent(HealthEvent event, XidJudge::KubeEvent k8s);
   void OnCounted(std::string_view gpu, uint32_t xid, uint64_t total);
-  void OnSxid(uint32_t sxid, bool fatal);
+  void OnSxid(uint32_t sxid, bool fatal, bool mapped);
   void Bad(std::string_view kind, std::string_view what);
   void Report();
   // The verdicts as published: the XID verdicts with the checks' conditions laid over them.

@@ -482,10 +482,12 @@ ParsedLine ParseFallenOffBus(std::string_view msg) {
   return Parsed(f);
 }
 
-// "nvidia-nvswitchN: SXid (PCI:dddd:bb:dd.f): NNNNN, Fatal|Non-fatal, Link L <text>". The
-// companion lines of one report ("…: NNNNN, Severity …", "…: NNNNN, Data {…}") and any form this
-// parser does not know after the number are unrelated: only a broken address or number is
-// malformed.
+// "nvidia-nvswitchN: SXid (PCI:dddd:bb:dd.f): NNNNN, <severity>, Link L <text>", or without the
+// link ("…: NNNNN, Fatal, Unexpected PRI error": an error of the switch itself). <severity> is the
+// driver's "Fatal", "Non-fatal" or "Correctable" (the last is non-fatal). The companion lines of
+// one report ("…: NNNNN, Severity …", "…: NNNNN, Data {…}"), reports without a severity word and
+// any form this parser does not know after the number are unrelated: only a broken address,
+// number or link is malformed.
 ParsedLine ParseSxid(std::string_view msg, std::size_t marker) {
   Cursor c(msg, marker + kSxidMarker.size());
   auto fail = [&](std::string_view expected) { return Malformed(LineKind::kSxid, c.pos(), expected); };
@@ -502,20 +504,22 @@ ParsedLine ParseSxid(std::string_view msg, std::size_t marker) {
   if (sxid.status == NumberStatus::kTooLarge) return fail("SXid number does not fit in 32 bits");
 
   SxidLine line;
-  if (c.Consume(", Fatal, Link ")) {
+  if (c.Consume(", Fatal, ")) {
     line.fatal = true;
-  } else if (!c.Consume(", Non-fatal, Link ")) {
+  } else if (!c.Consume(", Non-fatal, ") && !c.Consume(", Correctable, ")) {
     return Unrelated();
   }
-  const std::size_t link_start = c.pos();
-  Number link = c.Decimal(5, std::numeric_limits<uint16_t>::max());
-  if (link.status != NumberStatus::kOk) {
-    c.Reset(link_start);
-    return fail("expected the NVSwitch link number after 'Link '");
+  if (c.Consume("Link ")) {
+    const std::size_t link_start = c.pos();
+    Number link = c.Decimal(5, std::numeric_limits<uint16_t>::max());
+    if (link.status != NumberStatus::kOk) {
+      c.Reset(link_start);
+      return fail("expected the NVSwitch link number after 'Link '");
+    }
+    line.link = static_cast<uint32_t>(link.value);
   }
   line.pci = *pci;
   line.sxid = sxid.value;
-  line.link = link.value;
   c.SkipBlanks();
   std::string_view detail = c.RestOfLine();
   while (!detail.empty() && IsBlank(detail.back())) detail.remove_suffix(1);

@@ -40,7 +40,7 @@ enum class LineKind : uint8_t {
   kFallenOffBus,  // NVRM: GPU … has fallen off the bus / … fallen off the bus and is not responding
   kResetAck,      // GPU reset executed|occurred|started: GPU-<uuid>[, success: true|false]
   kMalformed,     // began like one of the above but did not parse
-  kSxid,          // nvidia-nvswitchN: SXid (PCI:…): N, Fatal|Non-fatal, Link L …
+  kSxid,          // nvidia-nvswitchN: SXid (PCI:…): N, Fatal|Non-fatal|Correctable[, Link L] …
 };
 
 [[nodiscard]] std::string_view LineKindName(LineKind kind) noexcept;
@@ -95,14 +95,15 @@ struct ResetAckLine {
 
 // An NVSwitch error report. The driver prints each SXid as a group of lines with the same
 // number: "…, Non-fatal, Link 44 <what>" (this one), "…, Severity 0 Engine instance 44 …" and
-// "…, Data {0x…, …}" (companions, kUnrelated: they add nothing the judge uses).
+// "…, Data {0x…, …}" (companions, kUnrelated: they add nothing the judge uses). An error of the
+// switch itself names no link: "…, Fatal, Unexpected PRI error".
 struct SxidLine {
   std::optional<uint32_t> nvswitch;  // N of "nvidia-nvswitchN:", when the prefix is there
   PciAddress pci;                    // the NVSwitch's PCI function
   uint32_t sxid = 0;
-  bool fatal = false;                // the driver's own "Fatal" / "Non-fatal"
-  uint32_t link = 0;                 // the NVSwitch port
-  // The text after "Link L", blanks trimmed: a view into the message, raw bytes.
+  bool fatal = false;                // the driver's own "Fatal" (false: "Non-fatal", "Correctable")
+  std::optional<uint32_t> link;      // the NVSwitch port ("Link L"), when the report names one
+  // The text after the severity and "Link L", blanks trimmed: a view into the message, raw bytes.
   std::string_view raw_detail;
 
   // The detail sanitised (SanitizedText), at most kMaxDetailBytes.

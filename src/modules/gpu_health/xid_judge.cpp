@@ -53,6 +53,7 @@ void XidJudge::OnInventory(const std::vector<gpu_inventory::GpuInfo>& gpus, int6
   if (!gpus.empty()) {
     gpus_ = gpus.size();
     directory_.SetInventory(gpus);
+    switch_ports_.Update(gpus);
   }
   // XIDs that arrived before we knew which GPU sits at their PCI address.
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -466,29 +467,58 @@ bool XidJudge::MarkHealthy(const std::string& uuid, const std::string& reason, i
   return !changed.empty();
 }
 
-// An SXid is the NVSwitch's, not a GPU's: which GPU sits behind the switch port needs the NVLink
-// topology (remote link ids), which the inventory does not read yet, so no GPU verdict follows
-// from it. Every SXid is counted; a fatal one (the driver says "Fatal") becomes a HealthEvent for
-// NVSentinel and a Node Event, as NVSentinel's syslog monitor reports it: CONTACT_SUPPORT, the
-// switch, its PCI function and the port as the impacted entities. Non-fatal ones (dozens at
-// every boot on some systems) are counted only.
+// An SXid is the NVSwitch's. Its severity is the line's ("Fatal" / "Non-fatal" / "Correctable")
+// unless the SXid catalog says otherwise. Every report is counted; a non-fatal one is only
+// counted. A fatal one on a port wired to a GPU of ours (the inventory's NVLink map) makes that
+// GPU Unhealthy with the catalog's action, and its HealthEvent names the GPU; a fatal one of the
+// switch itself (no link) or of a port with no GPU of ours is a node-level finding: a HealthEvent
+// for the switch (no GPU entity) with the catalog's node action, a Node Event and the log — never
+// some GPU picked at random. The check is NVSentinel's syslog monitor's (SysLogsSXIDError,
+// component NVSWITCH; entities NVSWITCH, PCI, NVLINK, and GPU_UUID when mapped).
 void XidJudge::HandleSxid(const SxidLine& line, int64_t now_unix_ms) {
-  if (out_.sxid) out_.sxid(line.sxid, line.fatal);
-  if (!line.fatal) return;
+  const SxidJudgement judged = sxid_catalog_->Judge(line.sxid, line.fatal);
+  const NvSwitchPortMap::Gpu* gpu = line.link ? switch_ports_.Find(line.pci, *line.link) : nullptr;
+  if (out_.sxid) out_.sxid(line.sxid, judged.fatal, gpu != nullptr);
+  const std::string link = line.link ? " port " + std::to_string(*line.link) : std::string();
+  const std::string where = "NVSwitch " + (line.nvswitch ? std::to_string(*line.nvswitch) + " " : std::string()) +
+                            "at " + line.pci.ToString() + link;
+  const std::string name = "SXid " + std::to_string(line.sxid) +
+                           (judged.mnemonic.empty() ? std::string() : " (" + std::string(judged.mnemonic) + ")");
+  if (!judged.fatal) {
+    if (judged.overridden) {
+      log_.info("{} on {}: Fatal on the line, not fatal by the SXid catalog: counted only", name, where);
+    }
+    return;
+  }
+  RecommendedAction action = gpu != nullptr ? judged.action : judged.node_action;
   HealthEvent event = NewEvent("kernel", now_unix_ms);
   event.check_name = "SysLogsSXIDError";
   event.component_class = "NVSWITCH";
   event.is_fatal = true;
   event.is_healthy = false;
-  event.recommended_action = static_cast<int>(RecommendedAction::kContactSupport);
-  event.recommended_action_name = std::string(ActionName(RecommendedAction::kContactSupport));
   event.error_code = {std::to_string(line.sxid)};
   if (line.nvswitch) event.entities_impacted.push_back({"NVSWITCH", std::to_string(*line.nvswitch)});
   event.entities_impacted.push_back({"PCI", line.pci.ToString()});
-  event.entities_impacted.push_back({"NVLINK", std::to_string(line.link)});
-  event.message = "NVSwitch " + (line.nvswitch ? std::to_string(*line.nvswitch) + " " : std::string()) + "at " +
-                  line.pci.ToString() + ": fatal SXid " + std::to_string(line.sxid) + " on link " +
-                  std::to_string(line.link) + ": " + line.detail();
+  if (line.link) event.entities_impacted.push_back({"NVLINK", std::to_string(*line.link)});
+  const std::string severity = judged.overridden ? " (fatal by the SXid catalog)" : std::string();
+  if (gpu != nullptr) {
+    const std::string reason = name + severity + " on " + where + ", wired to GPU " + std::to_string(gpu->index) +
+                               " link " + std::to_string(gpu->link);
+    // xid 0: no XID holds it, so no clearing XID releases it; a validated reset, a new boot or
+    // set-healthy does, as for a fatal XID.
+    MarkUnhealthy(gpu->uuid, "", reason, 0, action, now_unix_ms);
+    if (const DeviceHealth* h = verdicts_.Find(gpu->uuid); h != nullptr && !h->healthy) {
+      action = MoreSevere(action, VerdictBook::ActionOf(*h));
+    }
+    event.entities_impacted.push_back({"GPU_UUID", gpu->uuid});
+    event.message = reason + ": " + line.detail();
+  } else {
+    event.message = where + ": fatal " + name + severity +
+                    (line.link ? ", no GPU of ours on that port" : ", an error of the switch itself") + ": " +
+                    line.detail();
+  }
+  event.recommended_action = static_cast<int>(action);
+  event.recommended_action_name = std::string(ActionName(action));
   log_.warn("{}", event.message);
   out_.event(std::move(event), KubeEvent{true, "Warning", "NvSwitchSxidFatal"});
 }

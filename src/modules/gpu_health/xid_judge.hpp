@@ -14,6 +14,8 @@
 #include "modules/gpu_health/gpu_directory.hpp"
 #include "modules/gpu_health/kernel_line_parser.hpp"
 #include "modules/gpu_health/messages.hpp"
+#include "modules/gpu_health/nvswitch_map.hpp"
+#include "modules/gpu_health/sxid_catalog.hpp"
 #include "modules/gpu_health/verdict_book.hpp"
 #include "modules/gpu_health/xid_catalog.hpp"
 #include "modules/gpu_health/xid_policy.hpp"
@@ -47,8 +49,9 @@ class XidJudge {
     std::function<void()> duplicate;   // a report folded into one already counted
     std::function<void()> suppressed;  // an occurrence swallowed by the rate limit
     std::function<void()> recovered;   // a device made Healthy again
-    // An NVSwitch SXid report (may be empty): the metric of SXids by number and severity.
-    std::function<void(uint32_t sxid, bool fatal)> sxid;
+    // An NVSwitch SXid report (may be empty): the metric of SXids by number, severity as judged
+    // (the line's, or the SXid catalog's) and whether a GPU of ours is behind its port.
+    std::function<void(uint32_t sxid, bool fatal, bool mapped)> sxid;
     // An occurrence older than its XID's lookback when read: counted, not acted on (may be empty).
     std::function<void(uint32_t xid)> beyond_lookback;
   };
@@ -60,6 +63,9 @@ class XidJudge {
 
   XidJudge(const XidCatalog& catalog, const SiteOverrides& overrides, Settings settings, spdlog::logger& log,
            Outputs outputs);
+
+  // The SXid catalog (the built-in one until set); kept by reference: it must outlive the judge.
+  void SetSxidCatalog(const SxidCatalog& catalog) { sxid_catalog_ = &catalog; }
 
   // Inputs. `now_unix_ms` stamps verdicts and events (the injected clock's wall time).
   void OnInventory(const std::vector<gpu_inventory::GpuInfo>& gpus, int64_t now_unix_ms);
@@ -93,6 +99,7 @@ class XidJudge {
 
   const VerdictBook& Verdicts() const { return verdicts_; }
   const GpuDirectory& Directory() const { return directory_; }
+  const NvSwitchPortMap& SwitchPorts() const { return switch_ports_; }
   const XidCounts& Counts() const { return counts_; }
   std::size_t KnownGpus() const { return gpus_; }
 
@@ -133,6 +140,8 @@ class XidJudge {
   std::function<void(const std::string&)> reset_healed_;
   XidPolicy policy_;
   GpuDirectory directory_;  // PCI → UUID: the inventory, then what the kernel log taught
+  NvSwitchPortMap switch_ports_;  // (NVSwitch, port) → GPU: the inventory's NVLink wiring
+  const SxidCatalog* sxid_catalog_ = &SxidCatalog::Builtin();
   VerdictBook verdicts_;
   XidCounts counts_;
   XidBootHistory boots_;

@@ -261,7 +261,7 @@ class HealthReader {
       field.fieldId = nvml::kFieldDevMemoryTemp;
       if (Ok(gpu, "nvmlDeviceGetFieldValues", api_.nvmlDeviceGetFieldValues(device, 1, &field)) &&
           Ok(gpu, "nvmlDeviceGetFieldValues", field.nvmlReturn)) {
-        t.memory_temperature_c = FieldAsUnsigned(field);
+        t.memory_temperature_c = FieldValueAsUnsigned(field);
       }
     }
     if (api_.nvmlDeviceGetViolationStatus != nullptr) {
@@ -274,26 +274,6 @@ class HealthReader {
       };
       read(nvml::kPerfPolicyPower, t.power_violation_ns);
       read(nvml::kPerfPolicyThermal, t.thermal_violation_ns);
-    }
-  }
-
-  // A temperature as whatever value type the driver chose; nullopt for a negative or odd one.
-  static std::optional<uint32_t> FieldAsUnsigned(const nvml::FieldValue& field) {
-    switch (field.valueType) {
-      case nvml::kValueTypeUnsignedInt: return field.value.uiVal;
-      case nvml::kValueTypeUnsignedLong: return static_cast<uint32_t>(field.value.ulVal);
-      case nvml::kValueTypeUnsignedLongLong: return static_cast<uint32_t>(field.value.ullVal);
-      case nvml::kValueTypeUnsignedShort: return field.value.usVal;
-      case nvml::kValueTypeSignedInt:
-        if (field.value.siVal >= 0) return static_cast<uint32_t>(field.value.siVal);
-        return std::nullopt;
-      case nvml::kValueTypeSignedLongLong:
-        if (field.value.sllVal >= 0) return static_cast<uint32_t>(field.value.sllVal);
-        return std::nullopt;
-      case nvml::kValueTypeDouble:
-        if (field.value.dVal >= 0) return static_cast<uint32_t>(field.value.dVal);
-        return std::nullopt;
-      default: return std::nullopt;
     }
   }
 

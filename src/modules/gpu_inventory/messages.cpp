@@ -59,6 +59,10 @@ void to_json(nlohmann::json& j, const FabricInfo& f) {
                      {"attached", f.Attached()}};
 }
 
+void to_json(nlohmann::json& j, const NvSwitchLink& l) {
+  j = nlohmann::json{{"link", l.link}, {"nvswitch", l.nvswitch.ToString()}, {"port", l.port}};
+}
+
 void to_json(nlohmann::json& j, const GpuInfo& g) {
   j = nlohmann::json{{"index", g.index},
                      {"uuid", g.uuid},
@@ -70,6 +74,7 @@ void to_json(nlohmann::json& j, const GpuInfo& g) {
                      {"numaNode", g.numa_node},
                      {"nvlinkPeers", g.nvlink_peers}};
   if (g.fabric) j["fabric"] = *g.fabric;
+  if (!g.nvswitch_links.empty()) j["nvswitchLinks"] = g.nvswitch_links;
   if (g.released) j["released"] = g.release_reason.empty() ? "released" : g.release_reason;
   if (g.mig_enabled) j["migDevices"] = g.mig_devices;
   if (g.cc_major > 0) j["computeCapability"] = std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor);

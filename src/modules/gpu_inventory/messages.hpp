@@ -61,6 +61,17 @@ struct MigDeviceInfo {
 std::string MigProfileName(uint32_t gpu_instance_slices, uint32_t compute_instance_slices, uint64_t memory_size_mib,
                            uint64_t parent_memory_bytes);
 
+// One NVLink of a GPU into an NVSwitch port: the switch (its PCI address) and port an SXid report
+// names → the GPU. Read when the NVML session opens (nvmlDeviceGetNvLinkRemotePciInfo_v2, and
+// nvmlDeviceGetFieldValues with NVML_FI_DEV_NVLINK_REMOTE_NVLINK_ID for the port), not on every
+// refresh: the wiring of a baseboard does not change while the driver is loaded.
+struct NvSwitchLink {
+  uint32_t link = 0;    // the GPU's NVLink
+  PciAddress nvswitch;  // the NVSwitch at the far end (function 0)
+  uint32_t port = 0;    // the NVSwitch's link (port) number
+  bool operator==(const NvSwitchLink&) const = default;
+};
+
 struct GpuInfo {
   uint32_t index = 0;
   std::string uuid;        // "GPU-…"
@@ -71,6 +82,9 @@ struct GpuInfo {
   uint64_t memory_total_bytes = 0;
   int numa_node = -1;      // -1: unknown
   std::vector<std::string> nvlink_peers;  // UUIDs of local GPUs on the far end of an active NVLink
+  // The GPU's NVLinks into NVSwitch ports, by link; empty without NVSwitches (PCIe GPUs, NVLink
+  // bridges) or when NVML cannot name the remote port.
+  std::vector<NvSwitchLink> nvswitch_links = {};
   // Set when NVML reports fabric info (any state); nullopt when the GPU has no fabric support.
   // Only Attached() ones count for the clique.
   std::optional<FabricInfo> fabric;
@@ -164,6 +178,7 @@ struct NvmlReleaseAhead {
 
 void to_json(nlohmann::json& j, const MigDeviceInfo& m);
 void to_json(nlohmann::json& j, const FabricInfo& f);
+void to_json(nlohmann::json& j, const NvSwitchLink& l);
 void to_json(nlohmann::json& j, const GpuInfo& g);
 void to_json(nlohmann::json& j, const GpuInventory& inv);
 void to_json(nlohmann::json& j, const NodeClique& c);

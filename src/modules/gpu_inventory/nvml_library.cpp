@@ -33,4 +33,23 @@ std::string NvmlLibrary::Describe(nvml::Return code) const {
   return std::string(text != nullptr ? text : "NVML error") + " (" + std::to_string(code) + ")";
 }
 
+std::optional<uint32_t> FieldValueAsUnsigned(const nvml::FieldValue& field) {
+  switch (field.valueType) {
+    case nvml::kValueTypeUnsignedInt: return field.value.uiVal;
+    case nvml::kValueTypeUnsignedLong: return static_cast<uint32_t>(field.value.ulVal);
+    case nvml::kValueTypeUnsignedLongLong: return static_cast<uint32_t>(field.value.ullVal);
+    case nvml::kValueTypeUnsignedShort: return field.value.usVal;
+    case nvml::kValueTypeSignedInt:
+      if (field.value.siVal >= 0) return static_cast<uint32_t>(field.value.siVal);
+      return std::nullopt;
+    case nvml::kValueTypeSignedLongLong:
+      if (field.value.sllVal >= 0) return static_cast<uint32_t>(field.value.sllVal);
+      return std::nullopt;
+    case nvml::kValueTypeDouble:
+      if (field.value.dVal >= 0) return static_cast<uint32_t>(field.value.dVal);
+      return std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
 }  // namespace gns::gpu_inventory

@@ -5,7 +5,9 @@
 
 #include "modules/gpu_inventory/api/nvml_abi.hpp"
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace gns::gpu_inventory {
@@ -33,5 +35,9 @@ class NvmlLibrary {
   std::string path_;
   nvml::Api api_;
 };
+
+// An nvmlDeviceGetFieldValues answer as an unsigned number, whatever value type the driver chose;
+// nullopt for a negative value or an unknown type.
+std::optional<uint32_t> FieldValueAsUnsigned(const nvml::FieldValue& field);
 
 }  // namespace gns::gpu_inventory

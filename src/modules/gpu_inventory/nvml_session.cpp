@@ -19,6 +19,12 @@ namespace {
 // 16 words of 64 NUMA nodes each: more than any machine has.
 constexpr unsigned int kNodeSetWords = 16;
 
+// One active NVLink and the PCI address at its far end.
+struct RemoteLink {
+  uint32_t link = 0;
+  PciAddress pci;
+};
+
 // A read that also remembers the handles it used (worker side only).
 struct RawRead {
   ReadResult result;
@@ -27,8 +33,9 @@ struct RawRead {
 
 class Reader {
  public:
-  Reader(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded)
-      : library_(library), api_(library.Api()), host_root_(host_root), excluded_(excluded) {}
+  // `switch_ports`: also read which NVSwitch port each NVLink ends in (GpuInfo::nvswitch_links).
+  Reader(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded, bool switch_ports)
+      : library_(library), api_(library.Api()), host_root_(host_root), excluded_(excluded), switch_ports_(switch_ports) {}
 
   RawRead Run() {
     RawRead raw;
@@ -78,7 +85,7 @@ class Reader {
     if (rc != nvml::kSuccess) return Fatal("nvmlDeviceGetCount_v2", rc);
 
     // Far end of each active NVLink, per GPU, resolved to local UUIDs once all GPUs are known.
-    std::vector<std::vector<PciAddress>> remotes(count);
+    std::vector<std::vector<RemoteLink>> remotes(count);
     std::vector<std::string> fabric_errors;
     for (unsigned int i = 0; i < count; ++i) {
       // A GPU released for its reset is not touched: it may be resetting right now.
@@ -141,12 +148,15 @@ class Reader {
 
     for (std::size_t i = 0; i < inventory.gpus.size(); ++i) {
       auto& peers = inventory.gpus[i].nvlink_peers;
+      std::vector<RemoteLink> switch_links;
       for (const auto& remote : remotes[inventory.gpus[i].index]) {  // by NVML index: released GPUs are skipped
         // Remotes that are no local GPU (NVSwitches) are not peers.
-        const GpuInfo* peer = inventory.FindByPci(remote);
+        const GpuInfo* peer = inventory.FindByPci(remote.pci);
+        if (peer == nullptr) switch_links.push_back(remote);
         if (peer == nullptr || peer->index == inventory.gpus[i].index) continue;
         if (std::find(peers.begin(), peers.end(), peer->uuid) == peers.end()) peers.push_back(peer->uuid);
       }
+      if (switch_ports_ && !switch_links.empty()) SwitchPorts(raw.handles[i], switch_links, inventory.gpus[i]);
     }
     raw.result.clique = ComputeClique(inventory.gpus, fabric_errors);
     if (!fabric_error_.empty()) raw.result.clique.reason += " (first error: " + fabric_error_ + ")";
@@ -188,8 +198,8 @@ class Reader {
     return -1;
   }
 
-  std::vector<PciAddress> NvLinkRemotes(nvml::Device device, const std::string& uuid) {
-    std::vector<PciAddress> out;
+  std::vector<RemoteLink> NvLinkRemotes(nvml::Device device, const std::string& uuid) {
+    std::vector<RemoteLink> out;
     for (unsigned int link = 0; link < nvml::kNvLinkMaxLinks; ++link) {
       nvml::EnableState active = nvml::kFeatureDisabled;
       nvml::Return rc = api_.nvmlDeviceGetNvLinkState(device, link, &active);
@@ -207,9 +217,42 @@ class Reader {
         Warn("nvmlDeviceGetNvLinkRemotePciInfo_v2", rc, uuid);
         break;
       }
-      out.push_back(PciAddress{remote.domain, static_cast<uint8_t>(remote.bus), static_cast<uint8_t>(remote.device), 0, true});
+      out.push_back(RemoteLink{
+          link, PciAddress{remote.domain, static_cast<uint8_t>(remote.bus), static_cast<uint8_t>(remote.device), 0, true}});
     }
     return out;
+  }
+
+  // The port at the far end of each NVLink into a device that is no GPU of ours (an NVSwitch):
+  // NVML_FI_DEV_NVLINK_REMOTE_NVLINK_ID with the link as scopeId, all links in one call. A link
+  // whose port NVML cannot name is left out (its SXids stay node-level findings).
+  void SwitchPorts(nvml::Device device, const std::vector<RemoteLink>& links, GpuInfo& gpu) {
+    if (api_.nvmlDeviceGetFieldValues == nullptr) return;
+    std::vector<nvml::FieldValue> fields(links.size());
+    for (std::size_t k = 0; k < links.size(); ++k) {
+      fields[k].fieldId = nvml::kFieldDevNvLinkRemoteNvLinkId;
+      fields[k].scopeId = links[k].link;
+    }
+    const nvml::Return rc = api_.nvmlDeviceGetFieldValues(device, static_cast<int>(fields.size()), fields.data());
+    if (rc == nvml::kErrorNotSupported) return;
+    if (rc != nvml::kSuccess) {
+      Warn("nvmlDeviceGetFieldValues", rc, gpu.uuid + " (NVLink remote link ids)");
+      return;
+    }
+    nvml::Return field_error = nvml::kSuccess;
+    for (std::size_t k = 0; k < links.size(); ++k) {
+      const std::optional<uint32_t> port =
+          fields[k].nvmlReturn == nvml::kSuccess ? FieldValueAsUnsigned(fields[k]) : std::nullopt;
+      if (!port) {
+        if (fields[k].nvmlReturn != nvml::kErrorNotSupported && field_error == nvml::kSuccess) {
+          field_error = fields[k].nvmlReturn == nvml::kSuccess ? nvml::kErrorUnknown : fields[k].nvmlReturn;
+        }
+        continue;
+      }
+      gpu.nvswitch_links.push_back(NvSwitchLink{links[k].link, links[k].pci, *port});
+    }
+    // One warning per GPU, not one per link.
+    if (field_error != nvml::kSuccess) Warn("nvmlDeviceGetFieldValues", field_error, gpu.uuid + " (NVLink remote link ids)");
   }
 
   // QueryFabric (V API v3, v2, then v1). nullopt when the GPU has no fabric.
@@ -296,6 +339,7 @@ class Reader {
   const nvml::Api& api_;
   const std::string& host_root_;
   const ExcludedGpus& excluded_;
+  const bool switch_ports_;
   ReadResult* out_ = nullptr;
   std::string fabric_error_;  // the first fabric read error, for the clique's reason
 };
@@ -306,8 +350,19 @@ void Append(std::vector<std::string>& to, const std::vector<std::string>& from) 
 
 }  // namespace
 
-ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded) {
-  return Reader(library, host_root, excluded).Run().result;
+ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root, const ExcludedGpus& excluded,
+                         bool switch_ports) {
+  return Reader(library, host_root, excluded, switch_ports).Run().result;
+}
+
+ReadResult NvmlSession::Read() const {
+  ReadResult read = ReadInventory(*library_, options_.host_root, options_.excluded, /*switch_ports=*/false);
+  // The NVSwitch ports as read when the session opened: the wiring does not change with the
+  // driver loaded, and a link that went down since must keep naming its GPU.
+  for (GpuInfo& gpu : read.inventory.gpus) {
+    if (const auto it = switch_links_.find(gpu.uuid); it != switch_links_.end()) gpu.nvswitch_links = it->second;
+  }
+  return read;
 }
 
 NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
@@ -328,8 +383,11 @@ NvmlSession::Opened NvmlSession::Open(const SessionOptions& options) {
   std::shared_ptr<NvmlSession> session(new NvmlSession(library, options));
   session->initialized_ = true;
 
-  RawRead raw = Reader(*library, options.host_root, options.excluded).Run();
+  RawRead raw = Reader(*library, options.host_root, options.excluded, /*switch_ports=*/true).Run();
   out.read = std::move(raw.result);
+  for (const GpuInfo& gpu : out.read.inventory.gpus) {
+    if (!gpu.nvswitch_links.empty()) session->switch_links_[gpu.uuid] = gpu.nvswitch_links;
+  }
   if (!out.read.ok) {
     const auto closed = session->Close();
     Append(out.read.failed_functions, closed.failed_functions);

@@ -138,6 +138,12 @@ struct MigDevice {
   }
 };
 
+// The NVSwitch port at the far end of one of a GPU's NVLinks (issue 26: SXid → GPU).
+struct SwitchPort {
+  PciAddress nvswitch;
+  unsigned int port = 0;
+};
+
 struct Gpu {
   std::string uuid;
   std::string name;
@@ -153,6 +159,9 @@ struct Gpu {
   std::vector<std::string> nvlink_peer_names;  // as configured, resolved into nvlink_remote
   std::vector<nvml::PciInfo> nvlink_remote;    // one entry per active link, in link order
   unsigned int nvlink_count = 0;               // links the GPU has (default: one per peer)
+  // Links into NVSwitch ports (nvswitchLinks), by the GPU's link number; none by default (a
+  // PCIe-like GPU, or NVLink to peers only).
+  std::map<unsigned int, SwitchPort> nvswitch_links;
   Fabric fabric;
   unsigned long long supported_events = kDefaultSupportedEvents;
   bool mig_enabled = false;
@@ -308,6 +317,40 @@ void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
   }
 }
 
+// NVSwitch ports of an NVSwitch's device id (GH100 NVSwitch, 0x22A3, vendor 0x10DE).
+constexpr unsigned int kNvSwitchPciDeviceId = 0x22A310DEu;
+
+// "nvswitchLinks": [{"switch": "<PCI bus id>", "links": [0, 1], "ports": [10, 11]}, …]: the GPU's
+// link links[k] ends in port ports[k] of that switch. Replaces the GPU's switch links; a link
+// that has an nvlinkPeers entry cannot also go to a switch. The GPU has at least as many links as
+// the highest one named.
+void ApplySwitchLinks(const Json& list, Gpu& gpu, const std::string& where) {
+  if (!list.is_array()) throw ConfigError(nvml::kErrorUnknown, where + " must be a list");
+  std::map<unsigned int, SwitchPort> links;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const Json& entry = list[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    CheckKeys(entry, {"switch", "links", "ports"}, at);
+    const auto bus_id = entry.at("switch").get<std::string>();
+    const auto address = ParsePciBusId(bus_id);
+    if (!address) throw ConfigError(nvml::kErrorUnknown, at + ".switch \"" + bus_id + "\" is not a PCI address");
+    const auto local = entry.at("links").get<std::vector<unsigned int>>();
+    const auto ports = entry.at("ports").get<std::vector<unsigned int>>();
+    if (local.size() != ports.size()) throw ConfigError(nvml::kErrorUnknown, at + ": links and ports differ in length");
+    for (std::size_t k = 0; k < local.size(); ++k) {
+      if (local[k] >= nvml::kNvLinkMaxLinks || local[k] < gpu.nvlink_peer_names.size()) {
+        throw ConfigError(nvml::kErrorUnknown, at + ".links: link " + std::to_string(local[k]) +
+                                                   " is past 17 or already goes to an nvlinkPeers entry");
+      }
+      if (!links.emplace(local[k], SwitchPort{*address, ports[k]}).second) {
+        throw ConfigError(nvml::kErrorUnknown, at + ".links: link " + std::to_string(local[k]) + " is named twice");
+      }
+    }
+  }
+  gpu.nvswitch_links = std::move(links);
+  if (!gpu.nvswitch_links.empty()) gpu.nvlink_count = std::max(gpu.nvlink_count, gpu.nvswitch_links.rbegin()->first + 1);
+}
+
 // Applies health keys (README: "Health readings") to `gpu`. `runtime`: a setHealth command,
 // which may also name the maintenance state's keys (handled by the caller) and "uuid".
 void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime) {
@@ -319,7 +362,7 @@ void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime
       "clocksEventReasons", "temperature", "temperatureSlowdown", "temperatureShutdown", "memoryTemperature",
       "memoryTemperatureMax", "powerViolationNs", "thermalViolationNs", "lost", "gpuUtil", "memoryUtil",
       "encoderUtil", "decoderUtil", "powerMilliwatts", "energyMillijoules", "smClockMhz", "memClockMhz",
-      "memoryUsedBytes", "migMemoryUsedMiB"};
+      "memoryUsedBytes", "migMemoryUsedMiB", "nvswitchLinks"};
   static const std::set<std::string, std::less<>> kRuntimeKeys = {"uuid", "remapPending", "remapFailure",
                                                                    "retiredPagesPending", "persistence"};
   if (!h.is_object()) throw ConfigError(nvml::kErrorUnknown, where + " must be a JSON object");
@@ -350,6 +393,7 @@ void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime
   }
   u32("retiredPagesSbe", health.retired_sbe);
   u32("retiredPagesDbe", health.retired_dbe);
+  if (h.contains("nvswitchLinks")) ApplySwitchLinks(h.at("nvswitchLinks"), gpu, where + ".nvswitchLinks");
   if (h.contains("nvlinkDown")) {
     health.nvlinks_down.clear();
     for (const auto& link : h.at("nvlinkDown")) health.nvlinks_down.insert(link.get<unsigned int>());
@@ -421,7 +465,7 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
             {"uuid", "name", "pciBusId", "minor", "memoryTotalBytes", "memoryReservedBytes",
              "memoryUsedBytes", "numaNode", "nvlinkPeers", "fabric", "pciDeviceId",
              "pciSubSystemId", "supportedEventTypes", "computeCapability", "migEnabled", "migDevices",
-             "nvlinkCount", "health"},
+             "nvlinkCount", "nvswitchLinks", "health"},
             where);
   Gpu gpu;
   gpu.uuid = j.at("uuid").get<std::string>();
@@ -457,6 +501,13 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
   gpu.nvlink_count = j.value("nvlinkCount", static_cast<unsigned int>(gpu.nvlink_peer_names.size()));
   if (gpu.nvlink_count < gpu.nvlink_peer_names.size() || gpu.nvlink_count > nvml::kNvLinkMaxLinks) {
     throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkCount must be at least the number of nvlinkPeers and at most 18");
+  }
+  if (j.contains("nvswitchLinks")) {
+    const unsigned int configured = gpu.nvlink_count;
+    ApplySwitchLinks(j.at("nvswitchLinks"), gpu, where + ".nvswitchLinks");
+    if (j.contains("nvlinkCount") && gpu.nvlink_count != configured) {
+      throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkCount is below a link of nvswitchLinks");
+    }
   }
   ParseMig(j, gpu, where);
   // MIG-enabled GPUs also report MIG reconfigurations (nvmlEventMigConfigChange) by default.
@@ -1209,6 +1260,8 @@ class FakeNvml {
         for (std::size_t i = 0; i < config.gpus.size(); ++i) {
           config_.gpus[i].health = config.gpus[i].health;
           config_.gpus[i].fabric = config.gpus[i].fabric;
+          config_.gpus[i].nvswitch_links = config.gpus[i].nvswitch_links;
+          config_.gpus[i].nvlink_count = config.gpus[i].nvlink_count;
         }
       }
     } catch (const ConfigError& e) {
@@ -1638,14 +1691,15 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetNumaNodeId(nvml::Device device, unsigned in
 
 // A GPU configured without NVLink links (no nvlinkPeers, no nvlinkCount) answers NOT_SUPPORTED,
 // like a PCIe card; a link past the GPU's nvlinkCount INVALID_ARGUMENT, as NVML does for a link
-// number the GPU lacks. Links with a peer are active unless set down (health.nvlinkDown); links
-// beyond the peers are inactive.
+// number the GPU lacks. Links with a peer or an NVSwitch port are active unless set down
+// (health.nvlinkDown); the others are inactive.
 FAKE_NVML_EXPORT Return nvmlDeviceGetNvLinkState(nvml::Device device, unsigned int link, nvml::EnableState* is_active) {
   return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
     if (is_active == nullptr || link >= nvml::kNvLinkMaxLinks) return nvml::kErrorInvalidArgument;
     if (g.nvlink_count == 0) return nvml::kErrorNotSupported;
     if (link >= g.nvlink_count) return nvml::kErrorInvalidArgument;
-    const bool up = link < g.nvlink_remote.size() && g.health.nvlinks_down.count(link) == 0;
+    const bool wired = link < g.nvlink_remote.size() || g.nvswitch_links.count(link) != 0;
+    const bool up = wired && g.health.nvlinks_down.count(link) == 0;
     *is_active = up ? nvml::kFeatureEnabled : nvml::kFeatureDisabled;
     return nvml::kSuccess;
   });
@@ -1654,6 +1708,10 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetNvLinkState(nvml::Device device, unsigned i
 FAKE_NVML_EXPORT Return nvmlDeviceGetNvLinkRemotePciInfo_v2(nvml::Device device, unsigned int link, nvml::PciInfo* pci) {
   return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
     if (pci == nullptr || link >= nvml::kNvLinkMaxLinks) return nvml::kErrorInvalidArgument;
+    if (const auto it = g.nvswitch_links.find(link); it != g.nvswitch_links.end()) {
+      *pci = fake::MakePciInfo(it->second.nvswitch, fake::kNvSwitchPciDeviceId, 0);
+      return nvml::kSuccess;
+    }
     if (link >= g.nvlink_remote.size()) return nvml::kErrorNotSupported;
     *pci = g.nvlink_remote[link];
     return nvml::kSuccess;
@@ -2042,7 +2100,10 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetTemperatureThreshold(nvml::Device device, n
   });
 }
 
-// Knows NVML_FI_DEV_MEMORY_TEMP only; other fields answer NOT_SUPPORTED in their nvmlReturn.
+// Knows NVML_FI_DEV_MEMORY_TEMP and NVML_FI_DEV_NVLINK_REMOTE_NVLINK_ID (scopeId = the link: an
+// NVSwitch link's port, a peer link's own number, as a symmetric bridge has it; NOT_SUPPORTED on
+// a GPU without NVLink or a link with nothing at its end, INVALID_ARGUMENT past nvlinkCount);
+// other fields answer NOT_SUPPORTED in their nvmlReturn.
 FAKE_NVML_EXPORT Return nvmlDeviceGetFieldValues(nvml::Device device, int values_count, nvml::FieldValue* values) {
   return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
     if (values == nullptr || values_count <= 0) return nvml::kErrorInvalidArgument;
@@ -2055,6 +2116,21 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetFieldValues(nvml::Device device, int values
         v.valueType = nvml::kValueTypeUnsignedInt;
         v.value.uiVal = g.health.memory_temperature;
         v.nvmlReturn = nvml::kSuccess;
+      } else if (v.fieldId == nvml::kFieldDevNvLinkRemoteNvLinkId) {
+        const auto port = g.nvswitch_links.find(v.scopeId);
+        v.valueType = nvml::kValueTypeUnsignedInt;
+        v.nvmlReturn = nvml::kSuccess;
+        if (g.nvlink_count == 0) {
+          v.nvmlReturn = nvml::kErrorNotSupported;
+        } else if (v.scopeId >= g.nvlink_count) {
+          v.nvmlReturn = nvml::kErrorInvalidArgument;
+        } else if (port != g.nvswitch_links.end()) {
+          v.value.uiVal = port->second.port;
+        } else if (v.scopeId < g.nvlink_remote.size()) {
+          v.value.uiVal = v.scopeId;
+        } else {
+          v.nvmlReturn = nvml::kErrorNotSupported;
+        }
       } else {
         v.nvmlReturn = nvml::kErrorNotSupported;
       }

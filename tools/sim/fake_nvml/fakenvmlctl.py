@@ -17,6 +17,8 @@ Examples:
   fakenvmlctl.py set-health GPU-3f8a… '{"nvlinkDown": [1], "pcieWidth": 8}'
   fakenvmlctl.py set-health GPU-3f8a… '{"lost": true}'            # GPU_IS_LOST from every call
   fakenvmlctl.py clear-health
+  fakenvmlctl.py set-topology GPU-3f8a… '[{"switch": "0000:c3:00.0", "links": [0, 1], "ports": [10, 11]}]'
+                                           # NVLinks into NVSwitch ports (read at the next NVML open)
   fakenvmlctl.py hang nvmlDeviceGetTemperature 0   # blocks until release-hangs (N>0: N seconds)
   fakenvmlctl.py release-hangs
   fakenvmlctl.py raw '{"ping": true}'
@@ -86,6 +88,11 @@ def build_command(args):
         if not isinstance(keys, dict):
             raise ValueError("the health keys must be a JSON object")
         return {"setHealth": dict(keys, uuid=args.gpu)}
+    if args.command == "set-topology":
+        links = json.loads(args.links)
+        if not isinstance(links, list):
+            raise ValueError("the topology must be a JSON list of {switch, links, ports}")
+        return {"setHealth": {"uuid": args.gpu, "nvswitchLinks": links}}
     if args.command == "clear-health":
         return {"clearHealth": True}
     if args.command == "hang":
@@ -146,7 +153,11 @@ def main(argv=None):
     p = sub.add_parser("set-health", help="change a GPU's health readings (JSON object of README keys)")
     p.add_argument("gpu")
     p.add_argument("keys")
-    sub.add_parser("clear-health", help="forget every set-health change")
+    sub.add_parser("clear-health", help="forget every set-health change (and set-topology)")
+    p = sub.add_parser("set-topology",
+                       help="wire a GPU's NVLinks to NVSwitch ports: JSON list of {switch, links, ports}")
+    p.add_argument("gpu")
+    p.add_argument("links")
     p = sub.add_parser("hang", help="make an NVML function ('*' = all) block")
     p.add_argument("function")
     p.add_argument("seconds", type=int, nargs="?", default=0, help="0 (default): until release-hangs")

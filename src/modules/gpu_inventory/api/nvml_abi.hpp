@@ -186,6 +186,9 @@ inline constexpr unsigned long long kClocksEventReasonDisplayClockSetting = 0x00
 
 // nvmlDeviceGetFieldValues: field ids (NVML_FI_*) and nvmlValueType_t (C enum).
 inline constexpr unsigned int kFieldDevMemoryTemp = 82;  // NVML_FI_DEV_MEMORY_TEMP, degrees C
+// NVML_FI_DEV_NVLINK_REMOTE_NVLINK_ID: the link number at the far end of the NVLink named by
+// scopeId (an NVSwitch's port when the remote is a switch).
+inline constexpr unsigned int kFieldDevNvLinkRemoteNvLinkId = 146;
 using ValueType = int;
 inline constexpr ValueType kValueTypeDouble = 0;
 inline constexpr ValueType kValueTypeUnsignedInt = 1;

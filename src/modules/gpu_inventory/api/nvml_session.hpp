@@ -41,10 +41,11 @@ struct SessionOptions {
   ExcludedGpus excluded;
 };
 
-// Reads every GPU but the excluded ones through an initialised NVML. Blocking; thread-safe
-// (NVML is).
+// Reads every GPU but the excluded ones through an initialised NVML. `switch_ports`: also which
+// NVSwitch port each NVLink ends in (GpuInfo::nvswitch_links; one more NVML call per GPU with
+// NVSwitch links). Blocking; thread-safe (NVML is).
 ReadResult ReadInventory(const NvmlLibrary& library, const std::string& host_root,
-                         const ExcludedGpus& excluded = {});
+                         const ExcludedGpus& excluded = {}, bool switch_ports = true);
 
 // Reads `groups` (HealthGroup bits) of every GPU but the excluded ones through an initialised
 // NVML, all GPUs in one pass, and counts the NVIDIA GPUs on the host's PCI bus. A reading NVML
@@ -74,7 +75,7 @@ class NvmlSession {
     std::vector<std::string> failed_functions;
   };
 
-  // dlopen, nvmlInit_v2, read every GPU. Blocking.
+  // dlopen, nvmlInit_v2, read every GPU (with its NVSwitch ports). Blocking.
   static Opened Open(const SessionOptions& options);
 
   // Close() if Close was not called.
@@ -82,8 +83,8 @@ class NvmlSession {
   NvmlSession(const NvmlSession&) = delete;
   NvmlSession& operator=(const NvmlSession&) = delete;
 
-  // Re-reads every GPU (refresh). Blocking.
-  ReadResult Read() const { return ReadInventory(*library_, options_.host_root, options_.excluded); }
+  // Re-reads every GPU (refresh), but not the NVSwitch ports: those of the open. Blocking.
+  ReadResult Read() const;
   // One health pass (ReadHealth) over this session's GPUs. Blocking.
   HealthSample ReadHealth(uint32_t groups, const std::vector<GpuInfo>& known = {}) const {
     return gpu_inventory::ReadHealth(*library_, groups, options_.host_root, options_.excluded, known);
@@ -100,6 +101,8 @@ class NvmlSession {
   std::shared_ptr<const NvmlLibrary> library_;
   SessionOptions options_;
   bool initialized_ = false;
+  // GpuInfo::nvswitch_links as read at Open, by UUID (immutable after Open).
+  std::map<std::string, std::vector<NvSwitchLink>> switch_links_;
 };
 
 }  // namespace gns::gpu_inventory

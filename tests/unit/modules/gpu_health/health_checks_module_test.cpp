@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -99,6 +100,12 @@ class GpuHealthChecksTest : public ::testing::Test {
     if (with_sampler) h_.services.Provide<inv::GpuHealthSampler>(sampler_);
     module_.Start(config_);
     ASSERT_TRUE(h_.RunUntil([&] { return !module_->Loading(); }));
+    h_.bus.Publish(Inventory());
+    h_.Drain();
+  }
+
+  // gpu-inventory's message for the GPUs the sampler reads.
+  inv::GpuInventory Inventory() const {
     inv::GpuInventory inventory;
     inventory.available = true;
     for (const auto& r : sampler_->next.gpus) {
@@ -109,8 +116,7 @@ class GpuHealthChecksTest : public ::testing::Test {
       info.pci = *inv::PciAddress::Parse(r.pci_bus_id);
       inventory.gpus.push_back(info);
     }
-    h_.bus.Publish(inventory);
-    h_.Drain();
+    return inventory;
   }
 
   const DeviceHealth* Health(const std::string& uuid) {
@@ -358,6 +364,58 @@ TEST_F(GpuHealthChecksTest, AnXidAndAConditionRankTogether) {
   ASSERT_TRUE(h_.RunUntil([&] { return Health(kUuid)->xid == 48; }));
   EXPECT_FALSE(Health(kUuid)->healthy);
   EXPECT_EQ(Health(kUuid)->recommended_action, "COMPONENT_RESET");
+}
+
+// Issue 26's SXid → GPU, through the module: gpu-inventory's NVLink wiring (two GPUs behind one
+// NVSwitch, ports 10-13 → GPU 0, 14-17 → GPU 1) and a fatal SXid on port 15 → GPU 1 Unhealthy at
+// gpu-health.device with the reason, GPU 0 untouched; a fatal SXid on an unwired port → a
+// HealthEvent for the switch only. With a site SXid catalog through the config key: a Fatal line
+// downgraded to counted-only.
+TEST_F(GpuHealthChecksTest, AFatalSxidOnAGpusSwitchPortTurnsThatGpuUnhealthyAndNoOther) {
+  const std::string site = dir_ + "/sxid-site.yaml";
+  std::ofstream(site) << "version: 1\nsxids:\n  - {sxid: 12028, description: harmless here, fatal: false}\n";
+  const ConfigValue value = ParseYaml("sxidCatalog: " + site + "\nadminSocket: false\n", "site.yaml");
+  ConfigMap section(value, "modules.gpu-health");
+  const GpuHealthModule::Config parsed = GpuHealthModule::ParseConfig(section, h_.site);
+  config_.sxid_catalog = parsed.sxid_catalog;
+  config_.sxid_catalog_source = parsed.sxid_catalog_source;
+  Start();
+  inv::GpuInventory inventory = Inventory();
+  const auto nvswitch = *inv::PciAddress::Parse("0000:c3:00.0");
+  for (auto& gpu : inventory.gpus) {
+    for (uint32_t link = 0; link < 4; ++link) gpu.nvswitch_links.push_back({link, nvswitch, 10 + 4 * gpu.index + link});
+  }
+  h_.bus.Publish(inventory);
+  h_.Drain();
+  auto kernel = [&](const std::string& message) {
+    journald::KernelLine line;
+    line.message = message;
+    line.boot_id = kBoot;
+    line.realtime_usec = 1'700'000'000'000'000;
+    h_.bus.Publish(line);
+  };
+  kernel("[ 4102.118236] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 12028, Fatal, Link 11 egress non-posted PRIV error");
+  kernel("[ 4102.118240] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 15 LTSSM Fault Up");
+  ASSERT_TRUE(h_.RunUntil([&] { return IsUnhealthy(kOther); }));
+  EXPECT_EQ(Health(kOther)->recommended_action, "COMPONENT_RESET");
+  EXPECT_NE(Health(kOther)->reason.find("SXid 20034 (LTSSM_FAULT_UP) on NVSwitch 0 at 0000:c3:00.0 port 15, wired to "
+                                        "GPU 1 link 1"),
+            std::string::npos)
+      << Health(kOther)->reason;
+  EXPECT_FALSE(IsUnhealthy(kUuid)) << "port 11 is GPU 0's, but the site catalog made 12028 harmless";
+  kernel("[ 4102.120001] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 40 sourcetrack timeout error");
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return std::count_if(events_.begin(), events_.end(),
+                         [](const HealthEvent& e) { return e.check_name == "SysLogsSXIDError"; }) == 2;
+  }));
+  const auto unmapped = std::find_if(events_.begin(), events_.end(), [](const HealthEvent& e) {
+    return e.check_name == "SysLogsSXIDError" && e.error_code == std::vector<std::string>{"24007"};
+  });
+  ASSERT_NE(unmapped, events_.end());
+  EXPECT_EQ(unmapped->recommended_action_name, "CONTACT_SUPPORT");
+  for (const auto& entity : unmapped->entities_impacted) EXPECT_NE(entity.type, "GPU_UUID");
+  EXPECT_FALSE(IsUnhealthy(kUuid));
+  EXPECT_TRUE(IsUnhealthy(kOther));
 }
 
 // A GPU on the PCI bus that NVML does not list is named by its address; a GPU out for a reset

@@ -225,8 +225,10 @@ TEST(KernelLineParser, UnrelatedLines) {
 }
 
 // NVSwitch SXid reports as public reports show them: NVIDIA/nvtrust issue 124 (a boot's
-// Non-fatal DLREQ interrupts), leptonai/gpud's kmsg examples (20034 LTSSM Fault Up, 12028) and
-// NVIDIA/NVSentinel's syslog monitor tests (24007 sourcetrack timeout).
+// Non-fatal DLREQ interrupts), leptonai/gpud's kmsg examples (20034 LTSSM Fault Up, 12028, a
+// 20034 group after XID 79) and NVIDIA/NVSentinel's syslog monitor tests (24007 sourcetrack
+// timeout); the forms without a link and "Correctable" as the NVSwitch driver's print macros
+// write them ("Fatal, <text>", "Correctable, Link %02d <text>").
 TEST(KernelLineParser, SxidReports) {
   struct Case {
     std::string line;
@@ -234,7 +236,7 @@ TEST(KernelLineParser, SxidReports) {
     std::string pci;
     uint32_t sxid;
     bool fatal;
-    uint32_t link;
+    std::optional<uint32_t> link;
     std::string detail;
   };
   for (const Case& c : std::vector<Case>{
@@ -249,6 +251,30 @@ TEST(KernelLineParser, SxidReports) {
            // A forwarder that dropped the "nvidia-nvswitchN: " prefix: the switch number is unknown.
            {"kernel: SXid (PCI:0000:cd:00.0): 20034, Fatal, Link 24 LTSSM Fault Up", std::nullopt, "0000:cd:00.0", 20034,
             true, 24, "LTSSM Fault Up"},
+           // gpud's example: the switches of an HGX board after a GPU fell off the bus.
+           {"[6781753.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up", 1,
+            "0000:06:00.0", 20034, true, 48, "LTSSM Fault Up"},
+           {"[6781753.404587] nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 63 LTSSM Fault Up", 0,
+            "0000:05:00.0", 20034, true, 63, "LTSSM Fault Up"},
+           {"nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Fatal, Link 32 egress non-posted PRIV error (First)", 0,
+            "0000:05:00.0", 12028, true, 32, "egress non-posted PRIV error (First)"},
+           {"nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 11004, Non-fatal, Link 08 ingress invalid ACL (First)", 2,
+            "0000:07:00.0", 11004, false, 8, "ingress invalid ACL (First)"},
+           {"nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 19084, Non-fatal, Link 09 AN1 Heartbeat Timeout Error", 2,
+            "0000:07:00.0", 19084, false, 9, "AN1 Heartbeat Timeout Error"},
+           // "%05d" pads the number; the link is "%02d".
+           {"nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 01004, Non-fatal, Link 00 ingress ECC error", 1, "0000:06:00.0",
+            1004, false, 0, "ingress ECC error"},
+           {"nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 19049, Correctable, Link 11 single-bit ECC error", 1,
+            "0000:06:00.0", 19049, false, 11, "single-bit ECC error"},
+           // No link: an error of the switch itself.
+           {"nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 10001, Fatal, Unexpected PRI error", 0, "0000:05:00.0", 10001,
+            true, std::nullopt, "Unexpected PRI error"},
+           {"nvidia-nvswitch4: SXid (PCI:0000:08:00.0): 26006, Fatal, Failed to post command to SOE. Data {0x00000001, "
+            "0x00000010, 0x00000000, 0x00000002, 0x00000003, 0x00000000}",
+            4, "0000:08:00.0", 26006, true, std::nullopt,
+            "Failed to post command to SOE. Data {0x00000001, 0x00000010, 0x00000000, 0x00000002, 0x00000003, "
+            "0x00000000}"},
        }) {
     const ParsedLine p = ParseKernelLine(c.line);
     ASSERT_EQ(p.kind(), LineKind::kSxid) << c.line;
@@ -260,6 +286,15 @@ TEST(KernelLineParser, SxidReports) {
     EXPECT_EQ(s.fatal, c.fatal) << c.line;
     EXPECT_EQ(s.link, c.link) << c.line;
     EXPECT_EQ(s.detail(), c.detail) << c.line;
+  }
+  // The companions of a report and reports without a severity word are not reports of their own.
+  for (const std::string line : {
+           "[6781753.404848] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 Engine instance 60 Sub-engine instance 00",
+           "[6781753.406566] nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Data {0x10000000, 0x10000000, 0x00000000, "
+           "0x10000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000}",
+           "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 10012, IO failure",
+       }) {
+    EXPECT_EQ(ParseKernelLine(line).kind(), LineKind::kUnrelated) << line;
   }
   // An Xid in the same message still wins: it is the GPU's.
   EXPECT_EQ(ParseKernelLine("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 x\n"

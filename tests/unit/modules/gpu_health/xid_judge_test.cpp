@@ -502,7 +502,7 @@ TEST_F(XidJudgeTest, AGpuInstanceXidOnAnUnknownAddressWaitsWithItsInstance) {
   EXPECT_FALSE(judge_->Verdicts().IsUnhealthy(kE));
 }
 
-TEST_F(XidJudgeTest, AFatalSxidIsReportedForTheSwitchAndEverySxidIsCountedButNoGpuVerdictFollows) {
+TEST_F(XidJudgeTest, AFatalSxidOnAPortWithoutAGpuOfOursIsReportedForTheSwitchOnly) {
   std::vector<std::pair<uint32_t, bool>> sxids;
   overrides_ = {};
   judge_ = std::make_unique<XidJudge>(
@@ -515,8 +515,11 @@ TEST_F(XidJudgeTest, AFatalSxidIsReportedForTheSwitchAndEverySxidIsCountedButNoG
                         },
                         [this](std::string_view, uint32_t, uint64_t) { ++counted_; },
                         [this](std::string_view kind, std::string_view) { bad_.emplace_back(kind); }, [] {}, [] {},
-                        [] {}, [&](uint32_t sxid, bool fatal) { sxids.emplace_back(sxid, fatal); }, nullptr});
-  judge_->OnInventory({Gpu(kA, "00000000:03:00.0")}, kNow);
+                        [] {}, [&](uint32_t sxid, bool fatal, bool mapped) {
+                          EXPECT_FALSE(mapped);
+                          sxids.emplace_back(sxid, fatal);
+                        }, nullptr});
+  judge_->OnInventory({Gpu(kA, "00000000:03:00.0")}, kNow);  // no NVSwitch links: a PCIe-like GPU
 
   Line("[   38.178720] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt");
   Line("[   38.180708] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00");
@@ -539,6 +542,146 @@ TEST_F(XidJudgeTest, AFatalSxidIsReportedForTheSwitchAndEverySxidIsCountedButNoG
   EXPECT_FALSE(Unhealthy(kA));
   EXPECT_EQ(counted_, 0);
   EXPECT_TRUE(bad_.empty());
+}
+
+// --- SXid → GPU (issue 26) -------------------------------------------------------------------
+
+// Two GPUs behind one NVSwitch at 0000:c3:00.0: GPU A's links 0-3 end in ports 10-13, GPU B's in
+// ports 14-17 (an HGX baseboard spreads each GPU's links over the switches the same way).
+class SxidMappingTest : public XidJudgeTest {
+ protected:
+  void MakeMapped(const SxidCatalog* catalog = nullptr) {
+    judge_ = std::make_unique<XidJudge>(
+        XidCatalog::Builtin(), overrides_, XidJudge::Settings{"gpu-node-supervisor", "SysLogsXIDError", "node1"}, log_,
+        XidJudge::Outputs{[this](const DeviceHealth& h) { verdicts_.push_back(h); },
+                          [this](HealthEvent e, XidJudge::KubeEvent k) {
+                            if (e.check_name != "SysLogsSXIDError") return;  // the reset's, below
+                            EXPECT_EQ(k.reason, "NvSwitchSxidFatal");
+                            events_.push_back(std::move(e));
+                          },
+                          [this](std::string_view, uint32_t, uint64_t) { ++counted_; },
+                          [this](std::string_view kind, std::string_view) { bad_.emplace_back(kind); }, [] {}, [] {},
+                          [] {},
+                          [this](uint32_t sxid, bool fatal, bool mapped) { sxids_.push_back({sxid, fatal, mapped}); },
+                          nullptr});
+    if (catalog != nullptr) judge_->SetSxidCatalog(*catalog);
+    auto a = Gpu(kA, "00000000:03:00.0");
+    auto b = Gpu(kB, "00000000:3B:00.0");
+    b.index = 1;
+    const auto nvswitch = *PciAddress::Parse("0000:c3:00.0");
+    for (uint32_t link = 0; link < 4; ++link) {
+      a.nvswitch_links.push_back({link, nvswitch, 10 + link});
+      b.nvswitch_links.push_back({link, nvswitch, 14 + link});
+    }
+    judge_->OnInventory({a, b}, kNow);
+  }
+  struct Seen {
+    uint32_t sxid;
+    bool fatal;
+    bool mapped;
+    bool operator==(const Seen&) const = default;
+  };
+  std::vector<Seen> sxids_;
+};
+
+TEST_F(SxidMappingTest, AFatalSxidOnAGpusPortMakesThatGpuUnhealthyAndNoOther) {
+  MakeMapped();
+  ASSERT_EQ(judge_->SwitchPorts().size(), 8u);
+  Line("[131453.740743] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 15 LTSSM Fault Up");
+  // The report's companions change nothing.
+  Line("[131453.741001] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Severity 1 Engine instance 15 Sub-engine instance 00");
+  Line("[131453.741120] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Data {0x10000000, 0x10000000, 0x00000000}");
+
+  ASSERT_TRUE(Unhealthy(kB));
+  EXPECT_FALSE(Unhealthy(kA));
+  const DeviceHealth* v = Verdict(kB);
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->recommended_action, "COMPONENT_RESET");  // the built-in catalog's default
+  EXPECT_EQ(v->xid, 0u) << "no XID holds it";
+  EXPECT_NE(v->reason.find("SXid 20034 (LTSSM_FAULT_UP)"), std::string::npos) << v->reason;
+  EXPECT_NE(v->reason.find("0000:c3:00.0 port 15"), std::string::npos) << v->reason;
+  EXPECT_NE(v->reason.find("GPU 1 link 1"), std::string::npos) << v->reason;
+  ASSERT_EQ(verdicts_.size(), 1u);
+  EXPECT_EQ(verdicts_.front().uuid, kB);
+
+  ASSERT_EQ(events_.size(), 1u);
+  const HealthEvent& e = events_.front();
+  EXPECT_EQ(e.check_name, "SysLogsSXIDError");
+  EXPECT_EQ(e.recommended_action_name, "COMPONENT_RESET");
+  EXPECT_EQ(e.entities_impacted, (std::vector<ImpactedEntity>{{"NVSWITCH", "0"},
+                                                              {"PCI", "0000:c3:00.0"},
+                                                              {"NVLINK", "15"},
+                                                              {"GPU_UUID", kB}}));
+  EXPECT_EQ(sxids_, (std::vector<Seen>{{20034, true, true}}));
+  EXPECT_EQ(counted_, 0) << "an SXid is no XID occurrence";
+
+  // Recovery is a fatal XID's: a validated reset heals it.
+  judge_->OnKernelLine("GPU reset occurred: " + std::string(kB), 1'700'000'000'000'000, true, kNow);
+  EXPECT_FALSE(Unhealthy(kB));
+}
+
+TEST_F(SxidMappingTest, AFatalSxidOfTheSwitchItselfOrAnUnwiredPortIsANodeLevelFinding) {
+  MakeMapped();
+  // Port 40 is wired to no GPU of ours (a trunk port, or another tray's GPU).
+  Line("[ 1108.858286] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 40 sourcetrack timeout error (First)");
+  // No link: an error of the switch itself (the driver's "Fatal, Unexpected PRI error" form).
+  Line("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 10001, Fatal, Unexpected PRI error");
+  // Port 15 of another switch: the switch's address matters, not only the port.
+  Line("nvidia-nvswitch1: SXid (PCI:0000:c4:00.0): 20034, Fatal, Link 15 LTSSM Fault Up");
+
+  EXPECT_FALSE(Unhealthy(kA));
+  EXPECT_FALSE(Unhealthy(kB));
+  EXPECT_TRUE(verdicts_.empty());
+  ASSERT_EQ(events_.size(), 3u);
+  for (const HealthEvent& e : events_) {
+    EXPECT_EQ(e.recommended_action_name, "CONTACT_SUPPORT") << e.message;  // the node action
+    for (const auto& entity : e.entities_impacted) EXPECT_NE(entity.type, "GPU_UUID") << e.message;
+  }
+  EXPECT_NE(events_[0].message.find("no GPU of ours on that port"), std::string::npos) << events_[0].message;
+  EXPECT_NE(events_[1].message.find("an error of the switch itself"), std::string::npos) << events_[1].message;
+  EXPECT_EQ(events_[1].entities_impacted,
+            (std::vector<ImpactedEntity>{{"NVSWITCH", "0"}, {"PCI", "0000:c3:00.0"}}));
+  EXPECT_EQ(sxids_, (std::vector<Seen>{{24007, true, false}, {10001, true, false}, {20034, true, false}}));
+}
+
+TEST_F(SxidMappingTest, TheSiteCatalogDowngradesAFatalSxidAndUpgradesANonFatalOne) {
+  const SxidCatalog site = SxidCatalog::Builtin().LaidOver(SxidCatalog::LoadString(R"(
+version: 1
+sxids:
+  - {sxid: 20034, description: "link flaps on this cluster's cables; tracked elsewhere", fatal: false}
+  - {sxid: 12028, description: "stalls our fabric", fatal: true, action: RESTART_VM}
+)", "site-sxid.yaml"));
+  MakeMapped(&site);
+  Line("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 15 LTSSM Fault Up");
+  EXPECT_FALSE(Unhealthy(kB)) << "downgraded by the site catalog";
+  EXPECT_TRUE(events_.empty());
+  Line("nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 12028, Non-fatal, Link 11 egress non-posted PRIV error (First)");
+  ASSERT_TRUE(Unhealthy(kA)) << "made fatal by the site catalog";
+  EXPECT_EQ(Verdict(kA)->recommended_action, "RESTART_VM");
+  EXPECT_NE(Verdict(kA)->reason.find("fatal by the SXid catalog"), std::string::npos) << Verdict(kA)->reason;
+  EXPECT_FALSE(Unhealthy(kB));
+  EXPECT_EQ(sxids_, (std::vector<Seen>{{20034, false, true}, {12028, true, true}}));
+}
+
+TEST_F(SxidMappingTest, APortStaysMappedWhenALaterInventoryNoLongerNamesIt) {
+  MakeMapped();
+  // The link behind port 15 went down: the next read no longer names its far end.
+  auto b = Gpu(kB, "00000000:3B:00.0");
+  b.index = 1;
+  b.nvswitch_links.push_back({0, *PciAddress::Parse("0000:c3:00.0"), 14});
+  judge_->OnInventory({Gpu(kA, "00000000:03:00.0"), b}, kNow);
+  Line("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 15 LTSSM Fault Up");
+  EXPECT_TRUE(Unhealthy(kB));
+  EXPECT_FALSE(Unhealthy(kA));
+}
+
+TEST_F(SxidMappingTest, NonFatalSxidsAreCountedOnly) {
+  MakeMapped();
+  Line("[   38.178720] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 22013, Non-fatal, Link 14 Minion Link DLREQ interrupt");
+  Line("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 19049, Correctable, Link 12 single-bit ECC error");
+  EXPECT_TRUE(events_.empty());
+  EXPECT_TRUE(verdicts_.empty());
+  EXPECT_EQ(sxids_, (std::vector<Seen>{{22013, false, true}, {19049, false, true}}));
 }
 
 }  // namespace
