@@ -68,6 +68,17 @@ std::string Compact(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The members of a record the core reads and writes; the rest are the driver's (driver_data).
+bool IsCoreMember(std::string_view key) {
+  static constexpr std::array<std::string_view, 12> kCore = {
+      "uid",         "namespace",   "name",           "state",           "device",     "poolName",
+      "requestNames", "cdiSpecFile", "cdiDeviceID", "startedAtUnixMs", "completedAtUnixMs", "moreDevices"};
+  for (const auto core : kCore) {
+    if (key == core) return true;
+  }
+  return false;
+}
+
 PreparedClaim ParseEntry(const std::string& uid, const json& entry, const std::string& where) {
   if (!entry.is_object()) throw ShapeError(where + ": expected an object, got " + std::string(entry.type_name()));
   PreparedClaim claim;
@@ -78,7 +89,6 @@ PreparedClaim ParseEntry(const std::string& uid, const json& entry, const std::s
   const auto parsed_state = ParseClaimState(state);
   if (!parsed_state) throw ShapeError(where + ".state: unknown state \"" + state + "\"");
   claim.state = *parsed_state;
-  claim.domain_uid = StringField(entry, "domainUID", where, false);
   claim.device = StringField(entry, "device", where, true);
   claim.pool_name = StringField(entry, "poolName", where, false);
   const json& requests = Field(entry, "requestNames", where);
@@ -91,10 +101,27 @@ PreparedClaim ParseEntry(const std::string& uid, const json& entry, const std::s
   claim.cdi_device_id = StringField(entry, "cdiDeviceID", where, false);
   claim.started_unix_ms = IntField(entry, "startedAtUnixMs", where);
   claim.completed_unix_ms = IntField(entry, "completedAtUnixMs", where);
-  if (entry.contains("channels")) {
-    const int64_t channels = IntField(entry, "channels", where);
-    if (channels < 1 || channels > 65536) throw ShapeError(where + ".channels: out of range: " + std::to_string(channels));
-    claim.channels = static_cast<uint32_t>(channels);
+  if (const auto more = entry.find("moreDevices"); more != entry.end()) {
+    if (!more->is_array()) throw ShapeError(where + ".moreDevices: expected an array");
+    for (const json& device : *more) {
+      const std::string at = where + ".moreDevices[]";
+      if (!device.is_object()) throw ShapeError(at + ": expected an object");
+      PreparedClaimDevice d;
+      d.device = StringField(device, "device", at, true);
+      const json& names = Field(device, "requestNames", at);
+      if (!names.is_array()) throw ShapeError(at + ".requestNames: expected an array");
+      for (const json& n : names) {
+        if (!n.is_string()) throw ShapeError(at + ".requestNames[]: expected strings");
+        d.request_names.push_back(n.get<std::string>());
+      }
+      d.cdi_device_id = StringField(device, "cdiDeviceID", at, false);
+      claim.more_devices.push_back(std::move(d));
+    }
+  }
+  // The driver's own members: everything the core does not name.
+  for (const auto& [key, value] : entry.items()) {
+    if (IsCoreMember(key)) continue;
+    claim.driver_data[key] = value;
   }
   return claim;
 }
@@ -146,25 +173,46 @@ const PreparedClaim* Checkpoint::Find(std::string_view uid) const {
 const PreparedClaim* Checkpoint::CompletedHolderOf(std::string_view device, std::string_view except_uid) const {
   for (const auto& [uid, claim] : claims) {
     if (uid == except_uid) continue;
-    if (claim.state == ClaimState::kPrepareCompleted && claim.device == device) return &claim;
+    if (claim.state != ClaimState::kPrepareCompleted) continue;
+    if (claim.device == device) return &claim;
+    for (const auto& more : claim.more_devices) {
+      if (more.device == device) return &claim;
+    }
   }
   return nullptr;
 }
 
+std::vector<PreparedClaimDevice> PreparedClaim::Devices() const {
+  std::vector<PreparedClaimDevice> devices;
+  devices.push_back(PreparedClaimDevice{device, request_names, cdi_device_id});
+  devices.insert(devices.end(), more_devices.begin(), more_devices.end());
+  return devices;
+}
+
 void to_json(nlohmann::json& j, const PreparedClaim& claim) {
-  j = json{{"uid", claim.uid},
-           {"namespace", claim.namespace_name},
-           {"name", claim.name},
-           {"state", ToString(claim.state)},
-           {"domainUID", claim.domain_uid},
-           {"device", claim.device},
-           {"poolName", claim.pool_name},
-           {"requestNames", claim.request_names},
-           {"cdiSpecFile", claim.cdi_spec_file},
-           {"cdiDeviceID", claim.cdi_device_id},
-           {"startedAtUnixMs", claim.started_unix_ms},
-           {"completedAtUnixMs", claim.completed_unix_ms}};
-  if (claim.channels != 1) j["channels"] = claim.channels;
+  j = json::object();
+  // The driver's members first: a core member of the same name (a driver bug) is overwritten.
+  if (claim.driver_data.is_object()) {
+    for (const auto& [key, value] : claim.driver_data.items()) j[key] = value;
+  }
+  j["uid"] = claim.uid;
+  j["namespace"] = claim.namespace_name;
+  j["name"] = claim.name;
+  j["state"] = ToString(claim.state);
+  j["device"] = claim.device;
+  j["poolName"] = claim.pool_name;
+  j["requestNames"] = claim.request_names;
+  j["cdiSpecFile"] = claim.cdi_spec_file;
+  j["cdiDeviceID"] = claim.cdi_device_id;
+  j["startedAtUnixMs"] = claim.started_unix_ms;
+  j["completedAtUnixMs"] = claim.completed_unix_ms;
+  if (!claim.more_devices.empty()) {
+    json more = json::array();
+    for (const auto& d : claim.more_devices) {
+      more.push_back(json{{"device", d.device}, {"requestNames", d.request_names}, {"cdiDeviceID", d.cdi_device_id}});
+    }
+    j["moreDevices"] = std::move(more);
+  }
 }
 
 PreparedClaim ClaimFromJson(const std::string& uid, const nlohmann::json& entry, const std::string& where) {

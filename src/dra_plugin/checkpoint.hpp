@@ -27,23 +27,40 @@ enum class ClaimState { kPrepareStarted, kPrepareCompleted };
 std::string_view ToString(ClaimState state);
 std::optional<ClaimState> ParseClaimState(std::string_view text);
 
+// A device of a claim beyond its first (a claim that asks for several GPUs): what the kubelet is
+// answered for it. Written as "moreDevices" only when there are any.
+struct PreparedClaimDevice {
+  std::string device;
+  std::vector<std::string> request_names;
+  std::string cdi_device_id;
+  bool operator==(const PreparedClaimDevice&) const = default;
+};
+
+// One claim's record, driver-neutral: who the claim is, its state, the devices the kubelet was
+// answered with (the first in `device`…`cdi_device_id`, as every record has had since the first
+// release; any others in `more_devices`), and the driver's own members (`driver_data`).
 struct PreparedClaim {
   std::string uid;
   std::string namespace_name;
   std::string name;
   ClaimState state = ClaimState::kPrepareStarted;
-  std::string domain_uid;                  // the ComputeDomain's metadata.uid (opaque domainID)
-  std::string device;                      // "channel-0"
+  std::string device;                      // the first device ("channel-0", "gpu-0")
   std::string pool_name;                   // the node name
-  std::vector<std::string> request_names;  // the claim requests the device serves
+  std::vector<std::string> request_names;  // the claim requests the first device serves
   std::string cdi_spec_file;               // file name inside paths.cdiDir
   std::string cdi_device_id;               // fully qualified, as returned to the kubelet
   int64_t started_unix_ms = 0;
   int64_t completed_unix_ms = 0;           // 0 until PrepareCompleted
-  // IMEX channels in the CDI spec (driver-managed allocationMode "All": allChannels), so the
-  // spec can be re-made exactly from the record. Absent in older files: 1.
-  uint32_t channels = 1;
+  std::vector<PreparedClaimDevice> more_devices;  // "moreDevices", absent when empty
+  // The driver's own members of the record, written beside the ones above at the top level of
+  // the entry (compute-domain.nvidia.com: "domainUID", always, and "channels" when not 1). On
+  // read, every member not named above lands here, so a record keeps its bytes through a load
+  // and a save, and a driver's members never need the core to know them. Always an object.
+  nlohmann::json driver_data = nlohmann::json::object();
   bool operator==(const PreparedClaim&) const = default;
+
+  // Every device the kubelet was answered with, the first first.
+  std::vector<PreparedClaimDevice> Devices() const;
 };
 
 struct Checkpoint {

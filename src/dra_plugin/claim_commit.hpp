@@ -35,6 +35,9 @@ struct ClaimSpecIo {
   std::function<FileWriteResult(const PreparedClaim& entry, SpecDurability durability)> write;
   // The claim's spec removed; a missing file is success.
   std::function<FileWriteResult(std::string_view claim_uid)> remove;
+  // The claim's spec on disk is exactly what the record implies (the start-up reconcile re-makes
+  // it, durably, when not: missing, emptied by a power loss, or stale).
+  std::function<bool(const PreparedClaim& entry)> current;
 };
 
 // What the pool reports back from a commit: the records that reached the disk.

@@ -4,7 +4,9 @@
 // and the resolved feature gates.
 
 #include "loop/feature_gates.hpp"
+#include "loop/gpu_split.hpp"
 
+#include <memory>
 #include <string>
 
 namespace gns {
@@ -21,6 +23,9 @@ struct SiteConfig {
   SitePaths paths;
   FeatureGates gates;
   std::string config_file;  // for messages
+  // The GPUs DRA and the device plugin each serve (loop/gpu_split.hpp): written by their
+  // sections while the config is parsed, read by the device plugin when it plans.
+  std::shared_ptr<GpuSplit> gpu_split = std::make_shared<GpuSplit>();
 };
 
 }  // namespace gns

@@ -4,6 +4,7 @@
 #include "modules/compute_domain_controller/compute_domain_controller_module.hpp"
 #include "modules/device_plugin/device_plugin_module.hpp"
 #include "modules/dra_compute_domain/dra_module.hpp"
+#include "modules/dra_gpu/dra_gpu_module.hpp"
 #include "modules/gkm_agent/gkm_agent_module.hpp"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
@@ -30,6 +31,7 @@ const std::vector<ModuleDescriptor>& ModuleManifest() {
       DescribeModule<imex_health::ImexHealthModule>(),
       DescribeModule<device_plugin::DevicePluginModule>(),
       DescribeModule<dra::DraComputeDomainModule>(),
+      DescribeModule<dra_gpu::DraGpuModule>(),
       DescribeModule<pod_resources::PodResourcesModule>(),
       DescribeModule<gpu_reset::GpuResetModule>(),
       DescribeModule<imex_peers::ImexPeersModule>(),

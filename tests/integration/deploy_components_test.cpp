@@ -37,7 +37,8 @@ using test::Grant;
 using test::ModuleCalls;
 
 const std::vector<std::string> kComponents = {"gkm-agent",         "imex-peers",        "driver-managed-imex",
-                                              "gpu-reset-evict",   "nvsentinel-export", "resource-v1beta1"};
+                                              "gpu-reset-evict",   "nvsentinel-export", "resource-v1beta1",
+                                              "dra-gpu"};
 fs::path SourceDir() { return std::getenv("GNS_SOURCE_DIR"); }
 
 fs::path NpmPrefix() {
@@ -128,6 +129,8 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
     for (std::size_t i = 0; i < kComponents.size(); ++i) {
       if (mask & (std::size_t{1} << i)) chosen.insert(kComponents[i]);
     }
+    // dra-gpu is for resource.k8s.io/v1 clusters only (its kustomization says so).
+    if (chosen.contains("dra-gpu") && chosen.contains("resource-v1beta1")) continue;
     const std::string name = NameOf(chosen);
     SCOPED_TRACE(name);
     test::TempDir dir("gns-deploy-components");
@@ -208,7 +211,7 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
       if (site.Enabled(kv.first.as<std::string>())) merged.insert(kv.first.as<std::string>());
     }
     EXPECT_EQ(loaded, merged);
-    for (const auto& c : {"gkm-agent", "imex-peers", "nvsentinel-export"}) {
+    for (const auto& c : {"gkm-agent", "imex-peers", "nvsentinel-export", "dra-gpu"}) {
       EXPECT_EQ(loaded.contains(c), chosen.contains(c)) << c;
     }
 
@@ -304,9 +307,15 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
 
     // The DeviceClass in the resource.k8s.io version the DRA modules speak.
     const auto classes = bundle.OfKind("DeviceClass");
-    ASSERT_EQ(classes.size(), 1u);
+    ASSERT_EQ(classes.size(), chosen.contains("dra-gpu") ? 2u : 1u);
     const auto api = site.Module("dra-compute-domain")["resourceApiVersion"].as<std::string>();
-    EXPECT_EQ(classes[0]["apiVersion"].as<std::string>(), "resource.k8s.io/" + api);
+    for (const auto& c : classes) EXPECT_EQ(c["apiVersion"].as<std::string>(), "resource.k8s.io/" + api);
+    if (chosen.contains("dra-gpu")) {
+      EXPECT_EQ(site.Module("dra-gpu")["resourceApiVersion"].as<std::string>(), api);
+      std::set<std::string> names;
+      for (const auto& c : classes) names.insert(c["metadata"]["name"].as<std::string>());
+      EXPECT_TRUE(names.contains("gpu.nvidia.com"));
+    }
     EXPECT_EQ(site.Module("compute-domain-controller")["resourceApiVersion"].as<std::string>(), api);
     EXPECT_EQ(api, chosen.contains("resource-v1beta1") ? "v1beta1" : "v1");
 

@@ -1,5 +1,6 @@
-// kill -9 of the real binary (dra-compute-domain under HostManagedIMEX, the kube module against
-// the API simulator, gpu-inventory on the fake NVML) at random instants while the kubelet
+// kill -9 of the real binary (each DRA driver on the shared core in turn: dra-compute-domain under
+// HostManagedIMEX, dra-gpu for gpu.nvidia.com; the kube module against the API simulator,
+// gpu-inventory on the fake NVML) at random instants while the kubelet
 // simulator prepares and unprepares channel claims through real gRPC, over restarts (at least 5,
 // more while the time budget lasts; a start of the ASan binary costs seconds on a loaded machine,
 // so how many calls a run makes depends on it: the last line says). After every restart, before
@@ -48,18 +49,31 @@ using std::chrono::seconds;
 
 constexpr const char* kCrashNs = "team-a";
 constexpr const char* kNode = "node-crash";
-constexpr const char* kCrashDriver = "compute-domain.nvidia.com";
 constexpr const char* kCrashCluster = "5b0e9c3a-1d2f-4e6a-8b7c-9d0e1f2a3b4c";
 constexpr uint32_t kMajor = 509;
 const std::string kCrashDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
 const std::string kCrashClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
-const std::string kSpecPrefix = "k8s.compute-domain.nvidia.com-claim_";
+// One driver under test: the same body runs on both (the core's crash safety is the same; what a
+// claim is and what its spec holds are the driver's).
+struct Driver {
+  std::string name;         // the DRA driver name
+  std::string module;       // its module's config section
+  std::string vendor;       // CDI vendor: spec files "<vendor>-claim_<uid>.json"
+  std::string device;       // the device every claim is allocated
+  std::string device_node;  // the spec's first device node of that device
+  std::string ready_line;   // a log line after which prepares succeed ("" = registration is enough)
+  std::string SpecPrefix() const { return vendor + "-claim_"; }
+  std::string CdiId(const std::string& uid) const { return vendor + "/claim=" + uid + "-" + device; }
+};
 
-std::string CdiId(const std::string& uid) { return "k8s.compute-domain.nvidia.com/claim=" + uid + "-channel-0"; }
+const Driver kComputeDomain{"compute-domain.nvidia.com", "dra-compute-domain", "k8s.compute-domain.nvidia.com",
+                            "channel-0", "/dev/nvidia-caps-imex-channels/channel0", ""};
+const Driver kGpu{"gpu.nvidia.com", "dra-gpu", "k8s.gpu.nvidia.com", "gpu-0", "/dev/nvidia0",
+                  "serving 1 GPU(s) through DRA"};
 
-// The spec as the supervisor must have it (WIRE-FACTS §6; cdi_spec.cpp): parsed, not compared
-// byte for byte with our own serializer, so the test states the content it expects.
-bool SpecIsRight(const std::string& path, const std::string& uid, std::string& why) {
+// The spec as the supervisor must have it (WIRE-FACTS §6; cdi_spec.cpp, gpu_claims.cpp): parsed,
+// not compared byte for byte with our own serializer, so the test states the content it expects.
+bool SpecIsRight(const Driver& driver, const std::string& path, const std::string& uid, std::string& why) {
   std::ifstream in(path);
   if (!in) {
     why = "missing";
@@ -73,9 +87,10 @@ bool SpecIsRight(const std::string& path, const std::string& uid, std::string& w
     return false;
   }
   const json node = spec.value("/devices/0/containerEdits/deviceNodes/0"_json_pointer, json());
-  if (spec.value("kind", "") != "k8s.compute-domain.nvidia.com/claim" ||
-      spec.value("/devices/0/name"_json_pointer, std::string()) != uid + "-channel-0" || !node.is_object() ||
-      node.value("path", "") != "/dev/nvidia-caps-imex-channels/channel0" || node.value("major", 0u) != kMajor) {
+  const bool channel = driver.device == "channel-0";
+  if (spec.value("kind", "") != driver.vendor + "/claim" ||
+      spec.value("/devices/0/name"_json_pointer, std::string()) != uid + "-" + driver.device || !node.is_object() ||
+      node.value("path", "") != driver.device_node || (channel && node.value("major", 0u) != kMajor)) {
     why = "wrong content: " + spec.dump();
     return false;
   }
@@ -87,7 +102,7 @@ struct CdiDir {
   std::vector<std::string> temps;
 };
 
-CdiDir ListCdi(const fs::path& dir) {
+CdiDir ListCdi(const fs::path& dir, const std::string& kSpecPrefix) {
   CdiDir out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
@@ -112,8 +127,10 @@ struct Model {
   bool in_flight_prepare = false;
 };
 
-class DraCrashTest : public ::testing::Test {
+class DraCrashTest : public ::testing::TestWithParam<Driver> {
  protected:
+  const Driver& driver_ = GetParam();
+
   void SetUp() override {
     char pattern[] = "/tmp/gdc-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);
@@ -150,7 +167,7 @@ class DraCrashTest : public ::testing::Test {
                            << (dir_ / "api/kubeconfig").string()
                            << "\n  gpu-inventory:\n    enabled: true\n    nvmlLibrary: "
                            << Built("tools/sim/fake_nvml/libnvidia-ml.so.1")
-                           << "\n  dra-compute-domain:\n    enabled: true\n";
+                           << "\n  " << driver_.module << ":\n    enabled: true\n";
     sim::KubeletSimOptions kubelet_options;
     kubelet_options.kubelet_dir = dir_ / "kubelet";
     kubelet_options.registration_retry_initial = milliseconds(50);
@@ -179,16 +196,28 @@ class DraCrashTest : public ::testing::Test {
     // This process's own word that the kubelet registered it (a count of registrations could be
     // met by an earlier process's).
     ASSERT_TRUE(proc_->WaitForLine("registered with the kubelet as", seconds(60)).has_value()) << proc_->Output();
+    if (!driver_.ready_line.empty()) {
+      ASSERT_TRUE(proc_->WaitForLine(driver_.ready_line, seconds(60)).has_value()) << proc_->Output();
+    }
   }
 
   sim::DraClaim NewClaim() {
     const std::string name = "claim-" + std::to_string(claims_++);
-    api_->Seed(sim::AllocatedChannelClaim(kCrashNs, name, kNode,
-                                          json{{"apiVersion", "resource.nvidia.com/v1beta1"},
-                                               {"kind", "ComputeDomainChannelConfig"},
-                                               {"domainID", domain_uid_},
-                                               {"allocationMode", "Single"}},
-                                          kCrashDriver));
+    json claim = sim::AllocatedChannelClaim(kCrashNs, name, kNode,
+                                            json{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                                 {"kind", "ComputeDomainChannelConfig"},
+                                                 {"domainID", domain_uid_},
+                                                 {"allocationMode", "Single"}},
+                                            driver_.name);
+    if (driver_.name == kGpu.name) {
+      // The same shape for a GPU: its device, a GpuConfig (time-slicing at the default interval).
+      claim["status"]["allocation"]["devices"]["results"][0]["device"] = driver_.device;
+      claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"] =
+          json{{"apiVersion", "resource.nvidia.com/v1beta1"},
+               {"kind", "GpuConfig"},
+               {"sharing", {{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Default"}}}}}};
+    }
+    api_->Seed(claim);
     return sim::DraClaim{kCrashNs, api_->Call("GET", kCrashClaims + "/" + name).Json()["metadata"]["uid"].get<std::string>(),
                          name};
   }
@@ -197,7 +226,7 @@ class DraCrashTest : public ::testing::Test {
   // when the call failed (the process died under it: the kubelet retries it after the restart).
   bool Call(Model& model, const sim::DraClaim& claim, bool prepare, std::string* failure) {
     if (prepare) {
-      const auto result = kubelet_->NodePrepareResources(kCrashDriver, {claim});
+      const auto result = kubelet_->NodePrepareResources(driver_.name, {claim});
       if (!result.ok()) {
         last_rpc_error_ = result.status.ToString();
         return false;
@@ -210,7 +239,7 @@ class DraCrashTest : public ::testing::Test {
         return false;
       }
       const std::string id = it->second.devices[0].cdi_device_ids[0];
-      if (id != CdiId(claim.uid)) *failure = "prepare " + claim.name + " returned CDI id " + id;
+      if (id != driver_.CdiId(claim.uid)) *failure = "prepare " + claim.name + " returned CDI id " + id;
       const auto before = model.prepared.find(claim.uid);
       if (before != model.prepared.end() && before->second != id) {
         *failure = "a retried prepare of " + claim.name + " returned " + id + ", first " + before->second;
@@ -220,7 +249,7 @@ class DraCrashTest : public ::testing::Test {
       model.unprepared.erase(claim.uid);
       return true;
     }
-    const auto result = kubelet_->NodeUnprepareResources(kCrashDriver, {claim});
+    const auto result = kubelet_->NodeUnprepareResources(driver_.name, {claim});
     if (!result.ok()) {
       last_rpc_error_ = result.status.ToString();
       return false;
@@ -258,7 +287,8 @@ class DraCrashTest : public ::testing::Test {
   std::string last_rpc_error_;
 };
 
-TEST_F(DraCrashTest, KillNineAtRandomInstantsLosesNoPreparedClaimAndOrphansNoSpec) {
+TEST_P(DraCrashTest, KillNineAtRandomInstantsLosesNoPreparedClaimAndOrphansNoSpec) {
+  const std::string kSpecPrefix = driver_.SpecPrefix();
   const char* seed_env = std::getenv("GNS_DRA_CRASH_SEED");
   const uint64_t seed = seed_env ? std::strtoull(seed_env, nullptr, 10) : std::random_device{}();
   const char* seconds_env = std::getenv("GNS_DRA_CRASH_SECONDS");
@@ -282,12 +312,12 @@ TEST_F(DraCrashTest, KillNineAtRandomInstantsLosesNoPreparedClaimAndOrphansNoSpe
     const auto up = std::chrono::steady_clock::now();
 
     // Right after the start, before any retry: nothing acknowledged is lost or resurrected.
-    CdiDir listing = ListCdi(cdi);
+    CdiDir listing = ListCdi(cdi, kSpecPrefix);
     EXPECT_TRUE(listing.temps.empty()) << "after kill " << kills << ": " << listing.temps.front();
     for (const auto& [uid, id] : model.prepared) {
       if (model.in_flight && model.in_flight->uid == uid) continue;
       std::string why;
-      EXPECT_TRUE(SpecIsRight((cdi / (kSpecPrefix + uid + ".json")).string(), uid, why))
+      EXPECT_TRUE(SpecIsRight(driver_, (cdi / (kSpecPrefix + uid + ".json")).string(), uid, why))
           << "seed " << seed << ", after kill " << kills << ": prepared claim " << uid << " lost its spec: " << why;
     }
     for (const auto& uid : listing.uids) {
@@ -313,7 +343,7 @@ TEST_F(DraCrashTest, KillNineAtRandomInstantsLosesNoPreparedClaimAndOrphansNoSpe
       EXPECT_TRUE(Retry(model, model.refs.at(uid), true, &failure) && failure.empty())
           << "seed " << seed << ", after kill " << kills << ": " << failure;
     }
-    listing = ListCdi(cdi);
+    listing = ListCdi(cdi, kSpecPrefix);
     std::set<std::string> expected;
     for (const auto& [uid, id] : model.prepared) expected.insert(uid);
     EXPECT_EQ(listing.uids, expected) << "seed " << seed << ", after kill " << kills << " and the retries";
@@ -354,6 +384,11 @@ TEST_F(DraCrashTest, KillNineAtRandomInstantsLosesNoPreparedClaimAndOrphansNoSpe
               static_cast<unsigned long long>(seed));
   EXPECT_GE(kills, 5);
 }
+
+INSTANTIATE_TEST_SUITE_P(BothDrivers, DraCrashTest, ::testing::Values(kComputeDomain, kGpu),
+                         [](const ::testing::TestParamInfo<Driver>& info) {
+                           return info.param.device == "channel-0" ? std::string("ComputeDomain") : std::string("Gpu");
+                         });
 
 }  // namespace
 }  // namespace gns

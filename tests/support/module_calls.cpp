@@ -113,6 +113,13 @@ std::set<Grant> ModuleCalls(const SiteView& site) {
       }
     }
   }
+  if (site.Enabled("dra-gpu")) {
+    // dra_gpu_module.cpp on the core (dra_plugin/kubelet_plugin, slice_publisher): GET its Node,
+    // GET the claim to prepare; its ResourceSlice through an informer (list + watch), GET, POST, PUT.
+    add("", "nodes", {"get"});
+    add("resource.k8s.io", "resourceclaims", {"get"});
+    add("resource.k8s.io", "resourceslices", {"get", "list", "watch", "create", "update"});
+  }
   if (site.Enabled("gpu-health")) {
     // gpu_health_module.cpp through kube NodeConditions: GET the Node, merge-PATCH
     // nodes/<n>/status; operator_channel.cpp: its own Node through an informer (list + watch)

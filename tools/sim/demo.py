@@ -341,6 +341,48 @@ def imex_demo(api):
         say("imex health", f"peers READY again, IMEX restarted -> ImexHealthy=True: {up['message']}")
 
 
+def dra_gpu_demo(api):
+    """dra-gpu (gpu.nvidia.com): GPU 6 is DRA's (config/local.yaml), published in the driver's
+    ResourceSlice; a claim the "scheduler" allocated gpu-6 is prepared through the kubelet
+    simulator (its CDI spec written), then unprepared."""
+    driver = "gpu.nvidia.com"
+    slice_path = f"/apis/resource.k8s.io/v1/resourceslices/{NODE}-{driver}"
+    published = wait_for("the gpu.nvidia.com ResourceSlice", lambda: (
+        lambda r: r[1] if r[0] == 200 and r[1]["spec"].get("devices") else None)(api.call("GET", slice_path)))
+    device = published["spec"]["devices"][0]
+    say("dra-gpu", f"ResourceSlice {published['metadata']['name']}: {[d['name'] for d in published['spec']['devices']]}, "
+        f"{device['name']} uuid={device['attributes']['uuid']['string']} "
+        f"cc={device['attributes'].get('cudaComputeCapability', {}).get('version')} "
+        f"memory={device.get('capacity', {}).get('memory', {}).get('value')}")
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "trainer-gpu", "namespace": NS},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}}
+    code, created = api.call("POST", claims, claim)
+    if code != 201:
+        raise SystemExit(f"[demo] creating the GPU ResourceClaim failed: {code} {created}")
+    created["status"] = {"allocation": {"devices": {
+        "results": [{"request": "gpu", "driver": driver, "pool": NODE, "device": device["name"]}],
+        "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": driver, "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}}}}]}}}
+    code, allocated = api.call("PUT", claims + "/trainer-gpu/status", created)
+    if code != 200:
+        raise SystemExit(f"[demo] allocating the GPU ResourceClaim failed: {code} {allocated}")
+    ref = json.dumps({"namespace": NS, "uid": created["metadata"]["uid"], "name": "trainer-gpu"})
+    wait_for("gpu.nvidia.com registered with the kubelet",
+             lambda: kubelet("state").get("dra_drivers", {}).get(driver, {}).get("registered"))
+    prepared = kubelet("prepare", driver, ref)
+    say("dra-gpu", f"NodePrepareResources -> {json.dumps(prepared.get('claims'))[:300]}")
+    spec = os.path.join(SANDBOX, "var/run/cdi", f"k8s.gpu.nvidia.com-claim_{created['metadata']['uid']}.json")
+    with open(spec) as f:
+        nodes = [n["path"] for d in json.load(f)["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    say("dra-gpu", f"CDI spec {os.path.basename(spec)}: device nodes {nodes}")
+    unprepared = kubelet("unprepare", driver, ref)
+    say("dra-gpu", f"NodeUnprepareResources -> {json.dumps(unprepared.get('claims'))[:200]}; spec removed: "
+        f"{not os.path.exists(spec)}")
+
+
 def gkm_demo(api):
     """gkm-agent: a GKMCache whose image (on the loopback registry) holds Triton kernels for
     sm_80 and sm_90 becomes Ready and Compatible on the 8 simulated H200s (sm_90)."""
@@ -564,6 +606,7 @@ def main():
     wait_for("ComputeDomain gone", lambda: api.call("GET", domains + "/train-a")[0] == 404)
     say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
     imex_demo(api)
+    dra_gpu_demo(api)
     gkm_demo(api)
     nvsentinel_export_demo()
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")

@@ -1,5 +1,6 @@
 // The device-plugin module.
 #include "modules/device_plugin/device_plugin_module.hpp"
+#include "loop/gpu_split_config.hpp"
 
 #include "loop/supervisor_messages.hpp"
 #include "loop/atomic_file.hpp"
@@ -140,6 +141,11 @@ SharingSettings ParseSharing(ConfigMap& section, const std::string& gpu_resource
 DevicePluginModule::Config DevicePluginModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
   using std::chrono::milliseconds;
   Config config;
+  // Which GPUs this plugin serves (loop/gpu_split.hpp): absent, every GPU the dra-gpu module
+  // does not serve; `all` or a list, exactly those (an overlap with dra-gpu's is refused).
+  config.gpus_written = section.Has("gpus");
+  config.gpus = ParseGpuSelection(section, "gpus", GpuSelection{true, {}});
+  RecordGpuSelection(section, "gpus", site, /*dra=*/false, config.gpus, config.gpus_written);
   config.resource_name = section.String("resourceName", config.resource_name);
   if (const auto problem = ExtendedResourceNameProblem(config.resource_name); !problem.empty()) {
     section.Fail("resourceName", problem);
@@ -290,9 +296,29 @@ void DevicePluginModule::SayWhatHealthMeans() {
       kHealthModule);
 }
 
+// The inventory's GPUs this plugin serves: its `gpus:` selection, less every GPU the dra-gpu
+// module serves (a GPU goes to Kubernetes one way, never both; DRA wins a GPU that both name,
+// which only a UUID in one list and the same GPU's index in the other can reach).
+std::vector<gpu_inventory::GpuInfo> DevicePluginModule::ServedGpus() {
+  const auto& split = context_.Site().gpu_split;
+  std::vector<gpu_inventory::GpuInfo> out;
+  for (const auto& gpu : tracker_.Gpus()) {
+    if (!config_.gpus.Matches(gpu.uuid, gpu.index)) continue;
+    if (split && split->dra_set && split->dra.Matches(gpu.uuid, gpu.index)) {
+      if (config_.gpus_written && !config_.gpus.all && dra_warned_.insert(gpu.uuid).second) {
+        context_.Log().warn("GPU {} (index {}) is selected here and by {}: left to DRA", gpu.uuid, gpu.index,
+                            split->dra_where);
+      }
+      continue;
+    }
+    out.push_back(gpu);
+  }
+  return out;
+}
+
 void DevicePluginModule::Replan() {
   if (!started_ || stopping_ || awaiting_health_) return;
-  Plan next = MakePlan(tracker_.Gpus(), MakePlanSettings());
+  Plan next = MakePlan(ServedGpus(), MakePlanSettings());
   if (next.error != plan_.error && !next.error.empty()) context_.Log().error("{}", next.error);
   plan_ = std::move(next);
 

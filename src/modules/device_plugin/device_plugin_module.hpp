@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,9 @@ class DevicePluginModule final : public Module {
       "kubelet device plugin v1beta1 for nvidia.com/gpu, MIG devices, time-sliced and MPS replicas";
 
   struct Config {
+    // `gpus:` (loop/gpu_split.hpp); the dra-gpu module's GPUs are left out at run time.
+    GpuSelection gpus{true, {}};
+    bool gpus_written = false;
     std::string resource_name = "nvidia.com/gpu";
     std::string socket_name = "nvidia-gpu.sock";
     AllocationSettings allocation;
@@ -75,6 +79,7 @@ class DevicePluginModule final : public Module {
   // Recomputes the plan from the tracker; starts endpoints for new resources, stops those of
   // resources gone, and sends changed lists.
   void Replan();
+  std::vector<gpu_inventory::GpuInfo> ServedGpus();
   void StartEndpoint(const std::string& resource, const std::string& socket);
   void OnDirectoryChange(DirWatcher::Change change, const std::string& name);
   void OnEndpointStateChanged();
@@ -104,6 +109,7 @@ class DevicePluginModule final : public Module {
 
   ModuleContext& context_;
   Config config_;
+  std::set<std::string> dra_warned_;  // GPUs named in both selections, warned about once
   std::string plugin_dir_;
   std::string kubelet_socket_;
   DeviceHealthTracker tracker_;

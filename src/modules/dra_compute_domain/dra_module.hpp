@@ -4,20 +4,22 @@
 // CDI spec, prepare decision, ResourceSlice, the two gRPC servers) to the kube services, the
 // bus (NodeClique in, DraComputeDomainState out) and the supervisor.
 //
+// The kubelet's side (sockets, the FIFO of calls, claim state, reconcile, slice publishing) is
+// the DRA plugin core's KubeletPlugin (dra_plugin/kubelet_plugin.hpp); this module is its
+// DraDriver: the channel spec a record implies, the prepare decision (claim, ComputeDomain,
+// clique, driver-managed attach), the slice's channel devices, driver-managed IMEX.
+//
 // Start (throws → the supervisor retries with backoff): the IMEX channel major from
-// <hostRoot>/proc/devices, the checkpoint and the claim log replayed over it (damage → moved aside +
-// Node Event, serve what is valid),
-// the reconcile of checkpoint and CDI specs, the DRA server, then the registration server; the
-// ResourceSlice is published and kept true asynchronously. Prepare and Unprepare run one
-// kubelet call at a time per node (a FIFO of jobs), so the claim state never races; each call's
-// durable record is one claim-log append (claim_log.hpp) on the BlockingPool, and the loop's
-// state follows what reached the disk.
+// <hostRoot>/proc/devices, then the core's start (claim state read on the pool, reconcile,
+// servers, slice) with the driver-managed domains loaded before the servers.
 
 #include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "dra_plugin/checkpoint.hpp"
 #include "dra_plugin/claim_log.hpp"
 #include "dra_plugin/dra_server.hpp"
+#include "dra_plugin/driver.hpp"
+#include "dra_plugin/kubelet_plugin.hpp"
 #include "modules/dra_compute_domain/driver_managed.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/prepare.hpp"
@@ -52,7 +54,7 @@ namespace gns::dra {
 
 class RegistrationServer;
 
-class DraComputeDomainModule final : public Module, private DraHandler {
+class DraComputeDomainModule final : public Module, private DraDriver {
  public:
   static constexpr std::string_view kName = "dra-compute-domain";
   static constexpr std::string_view kSummary =
@@ -93,53 +95,29 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   bool Loading() const { return loading_; }
 
  private:
-  // DraHandler (loop thread).
-  void Prepare(std::vector<ClaimRef> claims, std::function<void(PrepareResults)> done) override;
-  void Unprepare(std::vector<ClaimRef> claims, std::function<void(UnprepareResults)> done) override;
+  // DraDriver (loop thread).
+  ClaimSpecIo SpecIo() const override;
+  boost::asio::awaitable<ClaimDecision> DecideClaim(ClaimRef claim) override;
+  boost::asio::awaitable<std::string> AfterUnprepare(ClaimRef claim) override;
+  nlohmann::json SliceDevices() const override;
+  std::string SliceNote() const override;
+  void StateChanged() override { PublishState(); }
+  void Prepared(const PreparedClaim& entry) override;
+  void StopBeforeServers(std::function<void()> done) override;
 
-  // Start steps (blocking, small files).
   // What Start reads on the pool (never on the loop): the claim state, domains.json.
   struct StartFiles {
     ClaimStateLoad claims;
     DomainRecordLoad domains;  // driver-managed only
   };
-  // Start, continued once they are back: reconcile, then serve (the kubelet reaches us only then).
+  // Start, continued once they are back: the domains, then the core reconciles and serves.
   void Serve(StartFiles files);
-  void LoadAndReconcile(ClaimStateLoad loaded);
   void LogGates();
 
-  // The per-node serialisation of kubelet calls and compactions: a FIFO drained in order, one job
-  // at a time, by one coroutine (RunJobs), so the claim state never races. It is co_spawned when a
-  // job arrives and none runs, and ends when the queue is empty or the module stops.
-  struct PrepareJob {
-    std::vector<ClaimRef> claims;
-    std::function<void(PrepareResults)> done;
-  };
-  struct UnprepareJob {
-    std::vector<ClaimRef> claims;
-    std::function<void(UnprepareResults)> done;
-  };
-  struct CompactJob {};
-  using Job = std::variant<PrepareJob, UnprepareJob, CompactJob>;
-  void Enqueue(Job job);
-  boost::asio::awaitable<void> RunJobs(Gate::Ticket alive);
-
-  // One NodePrepareResources call: each claim decided in turn, then one commit, then the answer.
-  // Coroutines take their parameters by value: their frames outlive the caller's arguments.
-  boost::asio::awaitable<void> PrepareCall(PrepareJob job);
-  // One claim's answer; nullopt when Stop cut it (the DRA server's shutdown answers the call).
-  boost::asio::awaitable<std::optional<PrepareResult>> PrepareClaim(ClaimRef claim);
   PrepareDecision Decide(const ClaimRef& claim, const nlohmann::json& object, const DomainLookupFn& lookup);
-  // The checkpoint the next decision reads: the loop's, plus this call's claims not yet committed.
-  const Checkpoint& DecideView();
   // Until OnClique says the clique is known (true), the wait runs out (false) or Stop.
   boost::asio::awaitable<bool> WaitForClique(std::chrono::milliseconds left);
   void OnClique(const gpu_inventory::NodeClique& clique);
-  // The call's decided claims made durable in one append; `results` comes back with the failures.
-  boost::asio::awaitable<PrepareResults> CommitPrepares(std::vector<ClaimRef> claims, PrepareResults results);
-  void CommitDone(const std::string& log_error, uint64_t last_seq, std::size_t log_used, std::size_t committed);
-  boost::asio::awaitable<void> Compact();
-  boost::asio::awaitable<void> UnprepareCall(UnprepareJob job);
 
   // A GET (or LIST) retried on transport errors, 429 and 5xx until `deadline`.
   boost::asio::awaitable<kube::Result> FetchWithRetry(Gate::Ticket alive, bool list, std::string path,
@@ -152,12 +130,6 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   boost::asio::awaitable<std::string> Detach(std::string uid);
   boost::asio::awaitable<boost::system::error_code> Expiry(boost::asio::steady_timer& timer);
 
-  // The ResourceSlice's devices (the core's SlicePublisher keeps the slice true).
-  nlohmann::json SliceDevices() const;
-
-  void RecordCorruptCheckpointEvent();
-  void UpdateCheckpointGauge();
-  void SetError(std::string error);
   void PublishState();
 
   ModuleContext& context_;
@@ -174,52 +146,12 @@ class DraComputeDomainModule final : public Module, private DraHandler {
   boost::asio::steady_timer clique_timer_;
   bool clique_waiting_ = false;
   bool clique_arrived_ = false;  // set by OnClique for the waiting prepare
-  // The durable claim state: the checkpoint with the claim log replayed over it (start), then
-  // every committed record. Only what reached the disk.
-  Checkpoint checkpoint_;
-  std::shared_ptr<ClaimLog> log_;  // used on the pool, by one job at a time
-  uint64_t next_seq_ = 1;
-  bool compaction_queued_ = false;
-  std::vector<PreparedClaim> pending_prepares_;  // decided in the running call, not yet committed
-  Checkpoint decide_view_;
-  std::string corrupt_note_;  // set when the checkpoint was moved aside; the Node Event's note
-
-  std::shared_ptr<kube::KubeClient> client_;
-  std::shared_ptr<kube::InformerRegistry> informers_;
-  std::shared_ptr<kube::EventRecorder> events_;
-  std::unique_ptr<DraServer> dra_server_;
-  std::unique_ptr<RegistrationServer> registration_server_;
-  std::unique_ptr<DriverManagedDomains> domains_;  // gate off only
-
-  std::deque<Job> jobs_;
-  bool jobs_running_ = false;  // RunJobs is spawned and has not ended
-  bool stopping_ = false;
   bool loading_ = false;  // the claim state is being read on the pool: nothing is served yet
 
-  // Slice publishing (dra_plugin/slice_publisher.hpp): one write in flight, retries, resync.
-  std::unique_ptr<SlicePublisher> slices_;
-
-  bool registered_ = false;
-  std::string registration_error_;
-  std::string last_error_;
-  Gate lifetime_;  // closed first thing in the destructor: late callbacks and resumptions are dropped
-
-  MetricsRegistry::Series* prepares_ok_;
-  MetricsRegistry::Series* prepares_already_;
-  MetricsRegistry::Series* prepares_permanent_;
-  MetricsRegistry::Series* prepares_retryable_;
-  MetricsRegistry::Series* unprepares_ok_;
-  MetricsRegistry::Series* unprepares_unknown_;
-  MetricsRegistry::Series* unprepares_error_;
-  MetricsRegistry::Series* checkpoint_entries_;
-  MetricsRegistry::Series* slice_created_;
-  MetricsRegistry::Series* slice_updated_;
-  MetricsRegistry::Series* slice_errors_;
-  MetricsRegistry::Series* reconcile_rollbacks_;
-  MetricsRegistry::Series* reconcile_orphans_;
-  MetricsRegistry::Series* reconcile_respecs_;
-  MetricsRegistry::Series* corrupt_checkpoints_;
+  std::unique_ptr<DriverManagedDomains> domains_;  // gate off only
   Subscription clique_sub_;
+  std::unique_ptr<KubeletPlugin> plugin_;  // the kubelet's side, driven with this driver
+  Gate lifetime_;  // closed first thing in the destructor: late callbacks and resumptions are dropped
 };
 
 }  // namespace gns::dra

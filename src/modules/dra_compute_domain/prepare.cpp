@@ -161,6 +161,28 @@ std::string_view ToString(PrepareOutcome outcome) {
   return "unknown";
 }
 
+void SetChannelClaimFields(PreparedClaim& entry, const std::string& domain_uid, uint32_t channels) {
+  entry.driver_data["domainUID"] = domain_uid;
+  if (channels != 1) {
+    entry.driver_data["channels"] = channels;
+  } else {
+    entry.driver_data.erase("channels");
+  }
+}
+
+std::string DomainUidOf(const PreparedClaim& entry) {
+  const auto it = entry.driver_data.find("domainUID");
+  return it != entry.driver_data.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+uint32_t ChannelsOf(const PreparedClaim& entry) {
+  const auto it = entry.driver_data.find("channels");
+  if (it == entry.driver_data.end()) return 1;
+  if (!it->is_number_integer()) return 0;
+  const auto channels = it->get<int64_t>();
+  return channels >= 1 && channels <= 65536 ? static_cast<uint32_t>(channels) : 0;
+}
+
 std::optional<PreparedClaim> CompletedPrepare(const Checkpoint& checkpoint, std::string_view claim_uid) {
   const PreparedClaim* existing = checkpoint.Find(claim_uid);
   if (existing == nullptr || existing->state != ClaimState::kPrepareCompleted) return std::nullopt;
@@ -206,7 +228,7 @@ PrepareDecision DecidePrepare(const json& claim, std::string_view expected_uid, 
     if (uid == expected_uid || entry.state != ClaimState::kPrepareCompleted || entry.device != decision.device_name) {
       continue;
     }
-    if (!context.host_managed && entry.domain_uid == decision.domain_uid) continue;
+    if (!context.host_managed && DomainUidOf(entry) == decision.domain_uid) continue;
     holder = &entry;
     break;
   }

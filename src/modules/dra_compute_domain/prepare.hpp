@@ -95,6 +95,14 @@ struct PrepareDecision {
   bool ok() const { return outcome == PrepareOutcome::kPrepare || outcome == PrepareOutcome::kAlreadyPrepared; }
 };
 
+// This driver's members of a claim record (PreparedClaim::driver_data): "domainUID" (always
+// written, as every release has) and "channels" (IMEX channels in the spec; written only when
+// not 1, absent in older files).
+void SetChannelClaimFields(PreparedClaim& entry, const std::string& domain_uid, uint32_t channels);
+std::string DomainUidOf(const PreparedClaim& entry);
+// 1 when absent; 0 when present but not an integer in 1..65536 (a spec cannot be made from it).
+uint32_t ChannelsOf(const PreparedClaim& entry);
+
 // The checkpoint short-cut alone (step 0), so the module can answer a repeated Prepare without
 // fetching the claim: set when `claim_uid` is PrepareCompleted.
 std::optional<PreparedClaim> CompletedPrepare(const Checkpoint& checkpoint, std::string_view claim_uid);

@@ -22,7 +22,7 @@ PreparedClaim Completed(const std::string& uid) {
   claim.namespace_name = "default";
   claim.name = "train-a-imex-channel-x7k2p";
   claim.state = ClaimState::kPrepareCompleted;
-  claim.domain_uid = "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60";
+  claim.driver_data["domainUID"] = "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60";
   claim.device = "channel-0";
   claim.pool_name = "node-a";
   claim.request_names = {"channel"};
@@ -275,6 +275,93 @@ TEST(CheckpointTest, SaveFailsCleanlyWhenTheDirectoryCannotBeMade) {
   const auto saved = SaveCheckpoint(dir / "file/sub/checkpoint.json", TwoClaims());
   EXPECT_FALSE(saved);
   EXPECT_NE(saved.error.find("not a directory"), std::string::npos) << saved.error;
+}
+
+// A checkpoint exactly as the first releases wrote it (compute-domain.nvidia.com, records with
+// "domainUID" and "channels" at the top level; checksum made by zlib's crc32, not ours): an
+// existing node upgrades in place. It loads, the driver's members are the driver's, and saving
+// it again writes the very same bytes.
+constexpr const char* kFirstReleaseCheckpoint = R"({
+  "checksum": 1975078375,
+  "data": {
+    "logSeq": 7,
+    "preparedClaims": {
+      "a1b2c3d4-0000-4000-8000-000000000001": {
+        "cdiDeviceID": "k8s.compute-domain.nvidia.com/claim=a1b2c3d4-0000-4000-8000-000000000001-channel-0",
+        "cdiSpecFile": "k8s.compute-domain.nvidia.com-claim_a1b2c3d4-0000-4000-8000-000000000001.json",
+        "channels": 2048,
+        "completedAtUnixMs": 1767225600123,
+        "device": "channel-0",
+        "domainUID": "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60",
+        "name": "train-a-imex-channel-x7k2p",
+        "namespace": "default",
+        "poolName": "node-a",
+        "requestNames": [
+          "channel"
+        ],
+        "startedAtUnixMs": 1767225600000,
+        "state": "PrepareCompleted"
+      },
+      "a1b2c3d4-0000-4000-8000-000000000002": {
+        "cdiDeviceID": "",
+        "cdiSpecFile": "",
+        "completedAtUnixMs": 0,
+        "device": "channel-0",
+        "domainUID": "",
+        "name": "b",
+        "namespace": "default",
+        "poolName": "node-a",
+        "requestNames": [],
+        "startedAtUnixMs": 1767225600000,
+        "state": "PrepareStarted"
+      }
+    }
+  },
+  "kind": "gns-dra-compute-domain-checkpoint",
+  "version": 1
+}
+)";
+
+TEST(CheckpointTest, AFirstReleaseFileLoadsAndSavesByteForByte) {
+  const auto loaded = ParseCheckpoint(kFirstReleaseCheckpoint);
+  ASSERT_EQ(loaded.status, CheckpointStatus::kLoaded) << loaded.error;
+  ASSERT_EQ(loaded.checkpoint.claims.size(), 2u);
+  EXPECT_EQ(loaded.checkpoint.log_seq, 7u);
+  const PreparedClaim* all = loaded.checkpoint.Find("a1b2c3d4-0000-4000-8000-000000000001");
+  ASSERT_NE(all, nullptr);
+  EXPECT_EQ(all->state, ClaimState::kPrepareCompleted);
+  EXPECT_EQ(all->device, "channel-0");
+  EXPECT_EQ(all->request_names, std::vector<std::string>{"channel"});
+  EXPECT_TRUE(all->more_devices.empty());
+  EXPECT_EQ(all->driver_data, (json{{"channels", 2048}, {"domainUID", "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60"}}));
+  EXPECT_EQ(loaded.checkpoint.Find("a1b2c3d4-0000-4000-8000-000000000002")->driver_data, (json{{"domainUID", ""}}));
+  EXPECT_EQ(SerializeCheckpoint(loaded.checkpoint), kFirstReleaseCheckpoint);
+}
+
+TEST(CheckpointTest, AClaimOfSeveralDevicesAndItsDriversMembersRoundTrip) {
+  Checkpoint checkpoint;
+  PreparedClaim claim = Completed("a1b2c3d4-0000-4000-8000-000000000009");
+  claim.driver_data = json{{"gpus", json::array({"GPU-1", "GPU-2"})}, {"sharing", "TimeSlicing"}};
+  claim.device = "gpu-0";
+  claim.more_devices = {{"gpu-1", {"gpus"}, "k8s.gpu.nvidia.com/claim=x-gpu-1"}};
+  checkpoint.claims[claim.uid] = claim;
+  const auto text = SerializeCheckpoint(checkpoint);
+  const auto loaded = ParseCheckpoint(text);
+  ASSERT_EQ(loaded.status, CheckpointStatus::kLoaded) << loaded.error;
+  EXPECT_EQ(loaded.checkpoint, checkpoint);
+  const auto devices = loaded.checkpoint.Find(claim.uid)->Devices();
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_EQ(devices[0].device, "gpu-0");
+  EXPECT_EQ(devices[1].device, "gpu-1");
+  EXPECT_EQ(loaded.checkpoint.CompletedHolderOf("gpu-1", "someone-else"), loaded.checkpoint.Find(claim.uid));
+}
+
+TEST(CheckpointTest, AMalformedExtraDeviceIsCorrupt) {
+  json file = json::parse(kFirstReleaseCheckpoint);
+  file["data"]["preparedClaims"]["a1b2c3d4-0000-4000-8000-000000000001"]["moreDevices"] = json::array({"gpu-1"});
+  const auto loaded = ParseCheckpoint(Resealed(file));
+  EXPECT_EQ(loaded.status, CheckpointStatus::kCorrupt);
+  EXPECT_NE(loaded.error.find("moreDevices"), std::string::npos) << loaded.error;
 }
 
 }  // namespace

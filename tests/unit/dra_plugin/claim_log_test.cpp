@@ -23,7 +23,7 @@ PreparedClaim Entry(const std::string& uid) {
   claim.namespace_name = "team-a";
   claim.name = "claim-" + uid.substr(0, 4);
   claim.state = ClaimState::kPrepareCompleted;
-  claim.domain_uid = "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60";
+  claim.driver_data["domainUID"] = "5f0e7f6a-0c8e-4d1c-9a3e-1b2c3d4e5f60";
   claim.device = "channel-0";
   claim.pool_name = "node-a";
   claim.request_names = {"channel"};
@@ -61,7 +61,7 @@ std::vector<uint64_t> Seqs(const ClaimLogReplay& replay) {
 
 TEST(ClaimLogTest, RecordsRoundTripAndApplyInOrder) {
   PreparedClaim all = Entry("a1b2c3d4-0000-4000-8000-000000000003");
-  all.channels = 2048;
+  all.driver_data["channels"] = 2048;
   const std::vector<ClaimLogRecord> records = {Prepared(1, "a1b2c3d4-0000-4000-8000-000000000001"),
                                                Prepared(2, "a1b2c3d4-0000-4000-8000-000000000002"),
                                                Unprepared(3, "a1b2c3d4-0000-4000-8000-000000000001"),
@@ -76,7 +76,7 @@ TEST(ClaimLogTest, RecordsRoundTripAndApplyInOrder) {
   EXPECT_EQ(state.claims.size(), 2u);
   EXPECT_EQ(state.Find("a1b2c3d4-0000-4000-8000-000000000001"), nullptr);
   ASSERT_NE(state.Find(all.uid), nullptr);
-  EXPECT_EQ(state.Find(all.uid)->channels, 2048u);
+  EXPECT_EQ(state.Find(all.uid)->driver_data.at("channels"), 2048u);
   EXPECT_EQ(state.log_seq, 4u);
 }
 

@@ -380,7 +380,7 @@ TEST_F(DraModuleTest, PrepareWritesTheCdiSpecAndCheckpointAndReturnsTheCdiId) {
   const auto* entry = loaded.state.Find(claim.uid);
   ASSERT_NE(entry, nullptr);
   EXPECT_EQ(entry->state, ClaimState::kPrepareCompleted);
-  EXPECT_EQ(entry->domain_uid, domain_uid_);
+  EXPECT_EQ(DomainUidOf(*entry), domain_uid_);
   EXPECT_EQ(entry->namespace_name, kModuleNs);
 
   // §14.1: no node labels under the gate.
@@ -727,7 +727,7 @@ TEST_F(DraModuleTest, WithoutTheGateAnAllClaimGetsEveryChannelAndLeavesTheDomain
     EXPECT_EQ(nodes[n]["fileMode"], 0666);
   }
   ASSERT_EQ(Claims().claims.count(all.uid), 1u);
-  EXPECT_EQ(Claims().claims.at(all.uid).channels, 4u);
+  EXPECT_EQ(ChannelsOf(Claims().claims.at(all.uid)), 4u);
 
   // A Single claim of the same domain beside it: channel 0 only, the same registration.
   const auto single = SeedChannelClaim("mode-single");
@@ -773,7 +773,7 @@ TEST_F(DraModuleTest, ACrashBetweenPrepareStartedAndCompletedIsRolledBackOnStart
   entry.namespace_name = kModuleNs;
   entry.name = "crashed";
   entry.state = ClaimState::kPrepareStarted;
-  entry.domain_uid = domain_uid_;
+  SetChannelClaimFields(entry, domain_uid_, 1);
   entry.device = "channel-0";
   entry.pool_name = kModuleNode;
   entry.request_names = {"channel"};

@@ -55,7 +55,7 @@ PreparedClaim CompletedEntry(const std::string& uid, const std::string& name) {
   entry.namespace_name = "team-b";
   entry.name = name;
   entry.state = ClaimState::kPrepareCompleted;
-  entry.domain_uid = "other-domain";
+  SetChannelClaimFields(entry, "other-domain", 1);
   entry.device = "channel-0";
   entry.pool_name = kNode;
   entry.request_names = {"channel"};
@@ -175,7 +175,7 @@ const Case kCases[] = {
          [](PrepareContext& ctx, Checkpoint& cp) {
            ctx.host_managed = false;
            cp.claims[kOtherUid] = CompletedEntry(kOtherUid, "job-b");
-           cp.claims[kOtherUid].domain_uid = kDomainUid;
+           SetChannelClaimFields(cp.claims[kOtherUid], kDomainUid, 1);
          }},
     {.name = "GateOffAnotherDomainsClaimHoldingTheChannelsIsRetryable",
      .edit_context =

@@ -1,0 +1,254 @@
+// The dra-gpu module (gpu.nvidia.com).
+#include "modules/dra_gpu/dra_gpu_module.hpp"
+#include "loop/awaitables.hpp"
+#include "loop/gpu_split_config.hpp"
+#include "loop/state_load.hpp"
+
+// GCC 12 at -O2 (GCC bug 109224): Asio's coroutine frame allocation and its sized delete,
+// both inlined, are reported as mismatched. They are Asio's matched pair.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+#include "modules/dra_gpu/messages.hpp"
+#include "modules/kube/api/client.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace gns::dra_gpu {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr milliseconds kFirstRetryDelay{200};
+constexpr milliseconds kMaxRetryDelay{2000};
+
+std::string Ref(const dra::ClaimRef& claim) { return "ResourceClaim " + claim.namespace_name + "/" + claim.name; }
+
+}  // namespace
+
+DraGpuModule::Config DraGpuModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
+  Config config;
+  const bool written = section.Has("gpus");
+  config.gpus = ParseGpuSelection(section, "gpus", GpuSelection{true, {}});
+  if (config.gpus.Empty()) section.Fail("gpus", "selects no GPU (disable the module instead)");
+  RecordGpuSelection(section, "gpus", site, /*dra=*/true, config.gpus, written);
+  const auto version = section.Enum("resourceApiVersion", {"v1", "v1beta2", "v1beta1"}, "v1");
+  config.api_version = version == "v1beta1"   ? dra::ResourceApiVersion::kV1beta1
+                       : version == "v1beta2" ? dra::ResourceApiVersion::kV1beta2
+                                              : dra::ResourceApiVersion::kV1;
+  // Below the kubelet's 45 s per-call deadline, so the kubelet always gets our answer.
+  config.prepare_timeout =
+      section.Duration("prepareTimeout", milliseconds(100), milliseconds(40000), milliseconds(20000));
+  config.slice_resync =
+      section.Duration("sliceResync", milliseconds(1000), milliseconds(86400000), milliseconds(600000));
+  config.node_events_on_corrupt_checkpoint = section.Bool("nodeEventsOnCorruptCheckpoint", true);
+  auto cdi = section.Section("cdi");
+  config.cdi.driver_root = cdi.String("driverRoot", "/");
+  if (config.cdi.driver_root.empty() || config.cdi.driver_root.front() != '/') {
+    cdi.Fail("driverRoot", "must be an absolute path");
+  }
+  config.cdi.hook_path = cdi.String("hookPath", "auto");
+  if (!config.cdi.hook_path.empty() && config.cdi.hook_path != "auto" && config.cdi.hook_path.front() != '/') {
+    cdi.Fail("hookPath", "must be \"auto\", an absolute path, or empty (no hooks)");
+  }
+  cdi.Finish();
+  return config;
+}
+
+DraGpuModule::DraGpuModule(ModuleContext& context, const Config& config)
+    : context_(context),
+      config_(config),
+      paths_(dra::MakePluginPaths(context.Site().paths, kDriverName, kStateFolder)),
+      node_name_(context.Site().node_name),
+      facts_(std::make_shared<const device_plugin::CdiHostFacts>()) {
+  dra::KubeletPlugin::Options options;
+  options.driver_name = std::string(kDriverName);
+  options.paths = paths_;
+  options.spec_names = GpuSpecNames();
+  options.node_name = node_name_;
+  options.api_version = config_.api_version;
+  options.slice_resync = config_.slice_resync;
+  options.node_events_on_corrupt_checkpoint = config_.node_events_on_corrupt_checkpoint;
+  options.claim_log_compact_at = config_.claim_log_compact_at;
+  plugin_ = std::make_unique<dra::KubeletPlugin>(context_, std::move(options), static_cast<dra::DraDriver&>(*this));
+}
+
+DraGpuModule::~DraGpuModule() { lifetime_.Close(); }
+
+void DraGpuModule::Start() {
+  if (node_name_.empty()) throw std::runtime_error("the node name is not set; it names the ResourceSlice pool");
+  plugin_->FindServices();
+  context_.Log().info("serving {} GPUs through DRA as {} (MIG devices are not served yet)", config_.gpus.Describe(),
+                      kDriverName);
+  loading_ = true;
+  LoadStateOffLoop(
+      context_, lifetime_.Watch(), paths_.checkpoint_file + ", " + paths_.claim_log_file + " and the CDI host facts",
+      [paths = paths_, host_root = context_.Site().paths.host_root, cdi = config_.cdi] {
+        StartFiles files;
+        files.claims = dra::KubeletPlugin::ReadClaimState(paths);
+        files.facts = device_plugin::DiscoverCdiHostFacts(host_root, cdi);
+        return files;
+      },
+      [this](StartFiles files) {
+        if (plugin_->Stopping()) return;
+        loading_ = false;
+        try {
+          Serve(std::move(files));
+        } catch (const std::exception& e) {
+          context_.ReportFailure(std::string("start failed: ") + e.what());
+        }
+      });
+}
+
+void DraGpuModule::Serve(StartFiles files) {
+  for (const auto& warning : files.facts.warnings) context_.Log().warn("CDI: {}", warning);
+  facts_ = std::make_shared<const device_plugin::CdiHostFacts>(std::move(files.facts));
+  // The inventory first: the slice the core publishes at Serve holds the GPUs already known.
+  auto& bus = context_.GetBus();
+  if (const auto* inventory = bus.Latest<gpu_inventory::GpuInventory>()) OnInventory(*inventory);
+  plugin_->Serve(std::move(files.claims));
+  inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>(
+      [this](const gpu_inventory::GpuInventory& inventory) { OnInventory(inventory); });
+}
+
+void DraGpuModule::OnInventory(const gpu_inventory::GpuInventory& inventory) {
+  // While NVML is unavailable the inventory keeps the last GPUs: the slice stays as it is (a
+  // GPU taken out for a reset is refused at prepare, see PlanGpuClaim).
+  if (!inventory.available && inventory_seen_) return;
+  inventory_seen_ = inventory_seen_ || inventory.available;
+  auto served = ServedGpus(inventory, config_.gpus);
+  const bool devices_changed = GpuSliceDevices(inventory, served, config_.api_version) !=
+                               GpuSliceDevices(inventory_, served_, config_.api_version);
+  inventory_ = inventory;
+  served_ = std::move(served);
+  if (devices_changed) {
+    context_.Log().info("serving {} GPU(s) through DRA", served_.size());
+    plugin_->Slices().Publish();
+    PublishState();
+  }
+}
+
+void DraGpuModule::Stop(std::function<void()> done) {
+  inventory_sub_.Reset();
+  plugin_->Stop([this, alive = lifetime_.Watch(), done = std::move(done)] {
+    if (alive) PublishState();
+    done();
+  });
+}
+
+// ---------------------------------------------------------------------------------- driver
+
+dra::ClaimSpecIo DraGpuModule::SpecIo() const {
+  dra::ClaimSpecIo io;
+  io.write = [dir = paths_.cdi_dir, cdi = config_.cdi, facts = facts_](const dra::PreparedClaim& entry,
+                                                                      dra::SpecDurability durability) {
+    const auto gpus = GpusOf(entry);
+    if (gpus.empty()) return FileWriteResult{false, "claim " + entry.uid + ": its record names no GPU"};
+    return dra::WriteClaimSpec(dir, GpuSpecNames(), entry.uid, GpuClaimSpecContent(entry.uid, gpus, cdi, *facts),
+                               durability);
+  };
+  io.remove = [dir = paths_.cdi_dir](std::string_view uid) { return dra::DeleteClaimSpec(dir, GpuSpecNames(), uid); };
+  io.current = [dir = paths_.cdi_dir, cdi = config_.cdi, facts = facts_](const dra::PreparedClaim& entry) {
+    const auto gpus = GpusOf(entry);
+    return !gpus.empty() &&
+           dra::ClaimSpecIsCurrent(dir, GpuSpecNames(), entry.uid, GpuClaimSpecContent(entry.uid, gpus, cdi, *facts));
+  };
+  return io;
+}
+
+asio::awaitable<dra::ClaimDecision> DraGpuModule::DecideClaim(dra::ClaimRef claim) {
+  if (!inventory_seen_) {
+    co_return dra::ClaimDecision::Retryable(Ref(claim) + ": gpu-inventory has not read this node's GPUs yet; the "
+                                            "kubelet retries");
+  }
+  const Clock::SteadyTime deadline = context_.GetClock().Now() + config_.prepare_timeout;
+  const std::string path = kube::ResourcePath::Grouped("resource.k8s.io",
+                                                       std::string(dra::ApiVersionOnly(config_.api_version)),
+                                                       "resourceclaims", claim.namespace_name)
+                               .Object(claim.name);
+  const kube::Result fetched = co_await FetchClaim(path, deadline);
+  if (plugin_->Stopping()) co_return dra::ClaimDecision::Stopped();
+  if (fetched.http_status == 404) {
+    plugin_->SetError(Ref(claim) + ": not found");
+    co_return dra::ClaimDecision::Permanent(Ref(claim) + ": not found (deleted?)");
+  }
+  if (!fetched.Ok()) {
+    plugin_->SetError(Ref(claim) + ": cannot fetch: " + fetched.error);
+    co_return dra::ClaimDecision::Retryable(Ref(claim) + ": cannot fetch the claim: " + fetched.error);
+  }
+  const GpuClaimPlan plan = PlanGpuClaim(fetched.object, claim.uid, node_name_, served_, plugin_->DecideView());
+  if (!plan.error.empty()) {
+    context_.Log().warn("prepare {} (uid {}) failed ({}): {}", claim.namespace_name + "/" + claim.name, claim.uid,
+                        plan.permanent ? "permanent" : "retryable", plan.error);
+    plugin_->SetError(plan.error);
+    co_return plan.permanent ? dra::ClaimDecision::Permanent(plan.error) : dra::ClaimDecision::Retryable(plan.error);
+  }
+  co_return dra::ClaimDecision::Prepare(RecordFor(claim.uid, node_name_, plan));
+}
+
+void DraGpuModule::Prepared(const dra::PreparedClaim& entry) {
+  std::string devices;
+  for (const auto& d : entry.Devices()) devices += (devices.empty() ? "" : ", ") + d.device;
+  context_.Log().info("prepared {} (uid {}): {}", entry.namespace_name + "/" + entry.name, entry.uid, devices);
+}
+
+json DraGpuModule::SliceDevices() const { return GpuSliceDevices(inventory_, served_, config_.api_version); }
+
+std::string DraGpuModule::SliceNote() const { return std::to_string(served_.size()) + " GPU(s)"; }
+
+// ---------------------------------------------------------------------------------- API
+
+asio::awaitable<kube::Result> DraGpuModule::FetchClaim(std::string path, Clock::SteadyTime deadline) {
+  for (milliseconds delay = kFirstRetryDelay;; delay = std::min(delay * 2, kMaxRetryDelay)) {
+    kube::Result result = co_await Fetch(path);
+    if (!kube::IsTransient(result) || plugin_->Stopping() || context_.GetClock().Now() + delay >= deadline) {
+      co_return result;
+    }
+    context_.Log().debug("get {}: {} (HTTP {}); retrying in {} ms", path, result.error, result.http_status,
+                         delay.count());
+    co_await Sleep(delay);
+  }
+}
+
+// Not coroutines: the awaited calls are built outside any coroutine frame (the g++ 12 pitfall,
+// loop/awaitables.hpp).
+asio::awaitable<kube::Result> DraGpuModule::Fetch(std::string path) {
+  return plugin_->Client()->Get(path, kube::Deadline{}, lifetime_.Watch());
+}
+
+asio::awaitable<boost::system::error_code> DraGpuModule::Expiry(asio::steady_timer& timer) {
+  auto start = [timer = &timer](auto resume) { timer->async_wait(std::move(resume)); };
+  return AwaitCallback<boost::system::error_code>(std::move(start), lifetime_.Watch());
+}
+
+asio::awaitable<void> DraGpuModule::Sleep(milliseconds delay) {
+  asio::steady_timer timer(context_.GetLoop().Io(), delay);
+  co_await Expiry(timer);
+}
+
+// ---------------------------------------------------------------------------------- state
+
+void DraGpuModule::PublishState() {
+  DraGpuState state;
+  state.registered = plugin_->Registered();
+  state.registration_error = plugin_->RegistrationError();
+  for (const auto& gpu : served_) state.served.push_back(GpuDeviceName(gpu.minor));
+  for (const auto& [uid, entry] : plugin_->Claims().claims) {
+    DraGpuState::Claim c{uid, entry.namespace_name, entry.name, {}};
+    for (const auto& d : entry.Devices()) c.devices.push_back(d.device);
+    state.prepared_claims.push_back(std::move(c));
+  }
+  state.slice_generation = plugin_->Slices().Generation();
+  state.slice_publishes = plugin_->Slices().Publishes();
+  state.last_error = plugin_->LastError();
+  context_.GetBus().Publish(std::move(state));
+}
+
+}  // namespace gns::dra_gpu

@@ -1,0 +1,97 @@
+#pragma once
+// The `dra-gpu` module: the DRA kubelet plugin for gpu.nvidia.com (issue #28 part 2), whole GPUs
+// through Dynamic Resource Allocation, on the DRA plugin core (dra_plugin/kubelet_plugin.hpp).
+// This module is the core's DraDriver: the ResourceSlice of the GPUs it serves (gpu-inventory's
+// retained devices, the `gpus:` selection), the decision for a claim (the API's claim object,
+// its GpuConfig), the per-claim CDI spec (the device plugin's builder, api/cdi.hpp).
+//
+// Start (throws → the supervisor retries): the kube client; on the pool, the claim state and the
+// host facts of the CDI spec (control nodes, driver files, hooks); then the core's reconcile and
+// servers. A GPU is served here or by the device plugin, never both (loop/gpu_split.hpp).
+
+#include "dra_plugin/driver.hpp"
+#include "dra_plugin/kubelet_plugin.hpp"
+#include "loop/gate.hpp"
+#include "loop/module.hpp"
+#include "modules/dra_gpu/gpu_claims.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace gns::kube {
+struct Result;
+}
+
+namespace gns::dra_gpu {
+
+class DraGpuModule final : public Module, private dra::DraDriver {
+ public:
+  static constexpr std::string_view kName = "dra-gpu";
+  static constexpr std::string_view kSummary = "DRA kubelet plugin for gpu.nvidia.com (whole GPUs)";
+  static constexpr std::array<std::string_view, 1> kUses = {"kube"};
+
+  struct Config {
+    dra::ResourceApiVersion api_version = dra::ResourceApiVersion::kV1;
+    GpuSelection gpus{true, {}};  // `gpus:` all, or a list of UUIDs / indices
+    std::chrono::milliseconds prepare_timeout{20000};
+    std::chrono::milliseconds slice_resync{600000};
+    bool node_events_on_corrupt_checkpoint = true;
+    device_plugin::CdiSettings cdi;  // driverRoot, hookPath (kind: k8s.gpu.nvidia.com/claim)
+    std::size_t claim_log_compact_at = dra::kClaimLogCompactAt;  // not a YAML key
+  };
+  static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
+
+  DraGpuModule(ModuleContext& context, const Config& config);
+  ~DraGpuModule() override;
+
+  void Start() override;
+  void Stop(std::function<void()> done) override;
+  bool Loading() const { return loading_; }
+  // Tests and benches: the jobs FIFO is empty.
+  bool Idle() const { return plugin_->Idle(); }
+
+ private:
+  // DraDriver.
+  dra::ClaimSpecIo SpecIo() const override;
+  boost::asio::awaitable<dra::ClaimDecision> DecideClaim(dra::ClaimRef claim) override;
+  nlohmann::json SliceDevices() const override;
+  std::string SliceNote() const override;
+  void StateChanged() override { PublishState(); }
+  void Prepared(const dra::PreparedClaim& entry) override;
+
+  struct StartFiles {
+    dra::ClaimStateLoad claims;
+    device_plugin::CdiHostFacts facts;
+  };
+  void Serve(StartFiles files);
+  void OnInventory(const gpu_inventory::GpuInventory& inventory);
+  // The claim, GET with retries on transport errors, 429 and 5xx until `deadline`.
+  boost::asio::awaitable<kube::Result> FetchClaim(std::string path, Clock::SteadyTime deadline);
+  boost::asio::awaitable<kube::Result> Fetch(std::string path);
+  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay);
+  boost::asio::awaitable<boost::system::error_code> Expiry(boost::asio::steady_timer& timer);
+  void PublishState();
+
+  ModuleContext& context_;
+  Config config_;
+  dra::PluginPaths paths_;
+  std::string node_name_;
+  std::shared_ptr<const device_plugin::CdiHostFacts> facts_;  // read at start, on the pool
+  gpu_inventory::GpuInventory inventory_;
+  bool inventory_seen_ = false;
+  std::vector<gpu_inventory::GpuInfo> served_;
+  bool loading_ = false;
+  Subscription inventory_sub_;
+  std::unique_ptr<dra::KubeletPlugin> plugin_;
+  Gate lifetime_;
+};
+
+}  // namespace gns::dra_gpu

@@ -1,0 +1,437 @@
+// The gpu.nvidia.com driver's pure parts (gpu_claims.hpp).
+#include "modules/dra_gpu/gpu_claims.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <set>
+
+namespace gns::dra_gpu {
+
+namespace {
+
+using nlohmann::json;
+
+std::string StringAt(const json& object, std::initializer_list<const char*> path) {
+  const json* node = &object;
+  for (const char* key : path) {
+    if (!node->is_object()) return {};
+    const auto it = node->find(key);
+    if (it == node->end()) return {};
+    node = &*it;
+  }
+  return node->is_string() ? node->get<std::string>() : std::string{};
+}
+
+// "550.54" → "550.54.0"; "550.54.15" stays; anything else (empty, letters): nullopt.
+std::optional<std::string> SemVer(const std::string& text) {
+  std::vector<std::string> parts;
+  std::string part;
+  for (const char c : text) {
+    if (c == '.') {
+      parts.push_back(part);
+      part.clear();
+    } else if (c >= '0' && c <= '9') {
+      part += c;
+    } else {
+      return std::nullopt;
+    }
+  }
+  parts.push_back(part);
+  if (parts.empty() || parts.size() > 3) return std::nullopt;
+  std::string out;
+  for (std::size_t i = 0; i < 3; ++i) {
+    std::string p = i < parts.size() ? parts[i] : "0";
+    if (p.empty()) return std::nullopt;
+    // SemVer forbids leading zeros: "00" → "0".
+    const auto first = p.find_first_not_of('0');
+    p = first == std::string::npos ? "0" : p.substr(first);
+    out += (i ? "." : "") + p;
+  }
+  return out;
+}
+
+// NVML's architecture names for a compute capability (nvmlDeviceGetArchitecture's, as upstream
+// prints them); empty when unknown.
+std::string Architecture(int major, int minor) {
+  switch (major) {
+    case 7: return minor >= 5 ? "Turing" : "Volta";
+    case 8: return minor == 9 ? "Ada Lovelace" : "Ampere";
+    case 9: return "Hopper";
+    case 10:
+    case 12: return "Blackwell";
+    default: return {};
+  }
+}
+
+// "00000000:3B:00.0" → "0000:3b:00.0" (the form of resource.kubernetes.io/pciBusID).
+std::string KubernetesPciBusId(const std::string& nvml) {
+  std::string id = nvml.size() > 12 ? nvml.substr(nvml.size() - 12) : nvml;
+  std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return id;
+}
+
+GpuClaimPlan Refuse(GpuClaimPlan plan, std::string why, bool permanent = true) {
+  plan.error = "ResourceClaim " + plan.namespace_name + "/" + plan.name + ": " + std::move(why);
+  plan.permanent = permanent;
+  plan.gpus.clear();
+  return plan;
+}
+
+struct OurConfig {
+  std::vector<std::string> requests;  // empty: every request
+  GpuSharing sharing;
+  bool AppliesTo(const std::string& request) const {
+    if (requests.empty()) return true;
+    // "main/sub" results (prioritized lists) match a config for "main".
+    const std::string main = request.substr(0, request.find('/'));
+    return std::any_of(requests.begin(), requests.end(), [&](const std::string& r) { return r == request || r == main; });
+  }
+};
+
+}  // namespace
+
+const dra::ClaimSpecNames& GpuSpecNames() {
+  static const dra::ClaimSpecNames names{std::string(kCdiVendor), "claim"};
+  return names;
+}
+
+std::string GpuDeviceName(uint32_t minor) { return "gpu-" + std::to_string(minor); }
+
+std::optional<uint32_t> MinorOfDeviceName(std::string_view device) {
+  constexpr std::string_view kPrefix = "gpu-";
+  if (device.substr(0, kPrefix.size()) != kPrefix || device.size() == kPrefix.size()) return std::nullopt;
+  uint32_t minor = 0;
+  const char* begin = device.data() + kPrefix.size();
+  const char* end = device.data() + device.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, minor);
+  if (ec != std::errc() || ptr != end || (*begin == '0' && end - begin > 1)) return std::nullopt;
+  return minor;
+}
+
+std::vector<gpu_inventory::GpuInfo> ServedGpus(const gpu_inventory::GpuInventory& inventory,
+                                               const GpuSelection& selection) {
+  std::vector<gpu_inventory::GpuInfo> out;
+  for (const auto& gpu : inventory.gpus) {
+    if (gpu.mig_enabled) continue;  // MIG devices are not served by this build
+    if (selection.Matches(gpu.uuid, gpu.index)) out.push_back(gpu);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.minor < b.minor; });
+  return out;
+}
+
+std::string BinaryQuantity(uint64_t bytes) {
+  static constexpr std::pair<const char*, int> kSuffixes[] = {{"Ei", 60}, {"Pi", 50}, {"Ti", 40},
+                                                              {"Gi", 30}, {"Mi", 20}, {"Ki", 10}};
+  if (bytes == 0) return "0";
+  for (const auto& [suffix, shift] : kSuffixes) {
+    const uint64_t unit = uint64_t{1} << shift;
+    if (bytes % unit == 0) return std::to_string(bytes / unit) + suffix;
+  }
+  return std::to_string(bytes);
+}
+
+json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::vector<gpu_inventory::GpuInfo>& gpus,
+                     dra::ResourceApiVersion version) {
+  json devices = json::array();
+  const auto driver = SemVer(inventory.driver_version);
+  std::optional<std::string> cuda;
+  if (inventory.cuda_driver_version > 0) {
+    cuda = std::to_string(inventory.cuda_driver_version / 1000) + "." +
+           std::to_string((inventory.cuda_driver_version % 1000) / 10) + ".0";
+  }
+  for (const auto& gpu : gpus) {
+    json attributes{{"type", {{"string", "gpu"}}},
+                    {"uuid", {{"string", gpu.uuid}}},
+                    {"productName", {{"string", gpu.name}}},
+                    {"index", {{"int", gpu.index}}},
+                    {"minor", {{"int", gpu.minor}}}};
+    if (const auto arch = Architecture(gpu.cc_major, gpu.cc_minor); !arch.empty()) {
+      attributes["architecture"] = {{"string", arch}};
+    }
+    if (gpu.cc_major > 0) {
+      attributes["cudaComputeCapability"] = {
+          {"version", std::to_string(gpu.cc_major) + "." + std::to_string(gpu.cc_minor) + ".0"}};
+    }
+    if (driver) attributes["driverVersion"] = {{"version", *driver}};
+    if (cuda) attributes["cudaDriverVersion"] = {{"version", *cuda}};
+    if (!gpu.pci_bus_id.empty()) {
+      attributes["pcieBusID"] = {{"string", gpu.pci_bus_id}};
+      attributes["resource.kubernetes.io/pciBusID"] = {{"string", KubernetesPciBusId(gpu.pci_bus_id)}};
+    }
+    json capacity = json::object();
+    if (gpu.memory_total_bytes > 0) capacity["memory"] = {{"value", BinaryQuantity(gpu.memory_total_bytes)}};
+    devices.push_back(dra::SliceDevice(GpuDeviceName(gpu.minor), std::move(attributes), std::move(capacity), version));
+  }
+  return devices;
+}
+
+GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) {
+  GpuConfigParse out;
+  const auto fail = [&out](std::string why) {
+    out.error = std::move(why);
+    return out;
+  };
+  if (!parameters.is_object()) return fail(where + ": expected an object, got " + std::string(parameters.type_name()));
+  for (const auto& [key, value] : parameters.items()) {
+    if (key != "apiVersion" && key != "kind" && key != "sharing") {
+      return fail(where + "." + key + ": unknown field (GpuConfig has apiVersion, kind, sharing)");
+    }
+  }
+  if (StringAt(parameters, {"apiVersion"}) != kConfigApiVersion) {
+    return fail(where + ".apiVersion: expected \"" + std::string(kConfigApiVersion) + "\"");
+  }
+  if (StringAt(parameters, {"kind"}) != kGpuConfigKind) return fail(where + ".kind: expected \"GpuConfig\"");
+  GpuSharing sharing;
+  const auto it = parameters.find("sharing");
+  if (it != parameters.end() && !it->is_null()) {
+    const std::string at = where + ".sharing";
+    if (!it->is_object()) return fail(at + ": expected an object, got " + std::string(it->type_name()));
+    for (const auto& [key, value] : it->items()) {
+      if (key != "strategy" && key != "timeSlicingConfig" && key != "mpsConfig") {
+        return fail(at + "." + key + ": unknown field (sharing has strategy, timeSlicingConfig, mpsConfig)");
+      }
+    }
+    const auto strategy = it->find("strategy");
+    if (strategy == it->end() || !strategy->is_string()) return fail(at + ".strategy: required, TimeSlicing or MPS");
+    sharing.strategy = strategy->get<std::string>();
+    if (sharing.strategy != "TimeSlicing" && sharing.strategy != "MPS") {
+      return fail(at + ".strategy: \"" + sharing.strategy + "\" is not TimeSlicing or MPS");
+    }
+    const auto ts = it->find("timeSlicingConfig");
+    const bool has_ts = ts != it->end() && !ts->is_null();
+    const auto mps = it->find("mpsConfig");
+    const bool has_mps = mps != it->end() && !mps->is_null();
+    if (sharing.strategy == "TimeSlicing" && has_mps) {
+      return fail(at + ".mpsConfig: set, but the strategy is TimeSlicing");
+    }
+    if (sharing.strategy == "MPS" && has_ts) return fail(at + ".timeSlicingConfig: set, but the strategy is MPS");
+    if (has_ts) {
+      if (!ts->is_object()) return fail(at + ".timeSlicingConfig: expected an object");
+      for (const auto& [key, value] : ts->items()) {
+        if (key != "interval") return fail(at + ".timeSlicingConfig." + key + ": unknown field (it has interval)");
+      }
+      if (const auto interval = ts->find("interval"); interval != ts->end() && !interval->is_null()) {
+        if (!interval->is_string()) return fail(at + ".timeSlicingConfig.interval: expected a string");
+        sharing.interval = interval->get<std::string>();
+        static const std::set<std::string> kIntervals = {"Default", "Short", "Medium", "Long"};
+        if (!kIntervals.count(sharing.interval)) {
+          return fail(at + ".timeSlicingConfig.interval: \"" + sharing.interval +
+                      "\" is not Default, Short, Medium or Long");
+        }
+      }
+    }
+    if (has_mps && !mps->is_object()) return fail(at + ".mpsConfig: expected an object");
+  }
+  out.sharing = sharing;
+  return out;
+}
+
+GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, const std::string& node_name,
+                          const std::vector<gpu_inventory::GpuInfo>& served, const dra::Checkpoint& state) {
+  GpuClaimPlan plan;
+  plan.namespace_name = StringAt(claim, {"metadata", "namespace"});
+  plan.name = StringAt(claim, {"metadata", "name"});
+  const std::string uid = StringAt(claim, {"metadata", "uid"});
+  if (uid != expected_uid) {
+    return Refuse(std::move(plan), "the API's claim has uid \"" + uid + "\", the kubelet asked for \"" +
+                                       std::string(expected_uid) + "\" (deleted and re-created?)");
+  }
+  const json* allocation = nullptr;
+  if (const auto status = claim.find("status"); status != claim.end() && status->is_object()) {
+    if (const auto it = status->find("allocation"); it != status->end() && it->is_object()) allocation = &*it;
+  }
+  if (allocation == nullptr) return Refuse(std::move(plan), "status.allocation is not set (the claim is not allocated)");
+  const json empty = json::array();
+  const json* results = &empty;
+  const json* configs = &empty;
+  if (const auto devices = allocation->find("devices"); devices != allocation->end() && devices->is_object()) {
+    if (const auto it = devices->find("results"); it != devices->end() && !it->is_null()) results = &*it;
+    if (const auto it = devices->find("config"); it != devices->end() && !it->is_null()) configs = &*it;
+  }
+  if (!results->is_array()) return Refuse(std::move(plan), "status.allocation.devices.results: expected an array");
+  if (!configs->is_array()) return Refuse(std::move(plan), "status.allocation.devices.config: expected an array");
+
+  // Our configs: class configs first, then claim configs, each in API order; the last that
+  // applies to a request wins (claim over class, as upstream).
+  std::vector<OurConfig> ours;
+  for (const char* source : {"FromClass", "FromClaim"}) {
+    for (std::size_t i = 0; i < configs->size(); ++i) {
+      const json& entry = (*configs)[i];
+      const std::string where = "status.allocation.devices.config[" + std::to_string(i) + "]";
+      if (!entry.is_object()) return Refuse(std::move(plan), where + ": expected an object");
+      if (StringAt(entry, {"opaque", "driver"}) != kDriverName) continue;
+      if (StringAt(entry, {"source"}) != source) {
+        const std::string s = StringAt(entry, {"source"});
+        if (s != "FromClass" && s != "FromClaim") {
+          return Refuse(std::move(plan), where + ".source: \"" + s + "\" is not FromClass or FromClaim");
+        }
+        continue;
+      }
+      const json& parameters = entry["opaque"].value("parameters", json());
+      const std::string at = where + ".opaque.parameters";
+      const std::string kind = parameters.is_object() ? StringAt(parameters, {"kind"}) : std::string();
+      if (kind == kMigDeviceConfigKind) {
+        return Refuse(std::move(plan), at + ": MigDeviceConfig: MIG devices are not served by this driver yet");
+      }
+      if (kind != kGpuConfigKind) {
+        return Refuse(std::move(plan), at + ".kind: \"" + kind + "\" is not a config of " + std::string(kDriverName) +
+                                           " (GpuConfig)");
+      }
+      const GpuConfigParse parsed = ParseGpuConfig(parameters, at);
+      if (!parsed.sharing) return Refuse(std::move(plan), "invalid opaque config: " + parsed.error);
+      OurConfig config;
+      config.sharing = *parsed.sharing;
+      if (const auto requests = entry.find("requests"); requests != entry.end() && requests->is_array()) {
+        for (const auto& r : *requests) {
+          if (r.is_string()) config.requests.push_back(r.get<std::string>());
+        }
+      }
+      ours.push_back(std::move(config));
+    }
+  }
+
+  std::set<std::string> seen;
+  std::optional<GpuSharing> sharing;
+  for (std::size_t i = 0; i < results->size(); ++i) {
+    const json& entry = (*results)[i];
+    const std::string where = "status.allocation.devices.results[" + std::to_string(i) + "]";
+    if (!entry.is_object()) return Refuse(std::move(plan), where + ": expected an object");
+    if (StringAt(entry, {"driver"}) != kDriverName) continue;
+    ClaimGpu gpu;
+    gpu.request = StringAt(entry, {"request"});
+    gpu.device = StringAt(entry, {"device"});
+    const std::string pool = StringAt(entry, {"pool"});
+    if (gpu.request.empty() || gpu.device.empty()) {
+      return Refuse(std::move(plan), where + ": request and device must be non-empty strings");
+    }
+    if (pool != node_name) {
+      return Refuse(std::move(plan), where + ".pool: \"" + pool + "\" is not this node's pool (" + node_name + ")");
+    }
+    if (!seen.insert(gpu.device).second) return Refuse(std::move(plan), where + ".device: " + gpu.device + " twice");
+    const auto minor = MinorOfDeviceName(gpu.device);
+    const auto found = std::find_if(served.begin(), served.end(), [&](const auto& g) { return minor && g.minor == *minor; });
+    if (found == served.end()) {
+      // Not (or no longer) ours: the slice changed after the allocation; the scheduler's next
+      // allocation reads the new slice.
+      return Refuse(std::move(plan), where + ".device: " + gpu.device + " is not a GPU this node serves through " +
+                                         std::string(kDriverName));
+    }
+    if (found->released) {
+      return Refuse(std::move(plan),
+                    gpu.device + " (" + found->uuid + ") is taken out for a reset (" + found->release_reason +
+                        "); the kubelet retries",
+                    false);
+    }
+    if (const dra::PreparedClaim* holder = state.CompletedHolderOf(gpu.device, expected_uid)) {
+      return Refuse(std::move(plan),
+                    gpu.device + " is held by prepared claim " + holder->namespace_name + "/" + holder->name +
+                        " (uid " + holder->uid + "); the kubelet retries once it is unprepared",
+                    false);
+    }
+    gpu.uuid = found->uuid;
+    gpu.minor = found->minor;
+    GpuSharing applied;
+    for (const auto& config : ours) {
+      if (config.AppliesTo(gpu.request)) applied = config.sharing;
+    }
+    // What this build applies: no sharing, or time-slicing at the GPU's default interval (what
+    // every CUDA context on a GPU gets anyway). The others need the GPU's scheduler set or an
+    // MPS control daemon: refused, by name, rather than handing out a GPU set up differently
+    // from what the claim asked.
+    if (applied.strategy == "MPS") {
+      return Refuse(std::move(plan), gpu.device + ": sharing.strategy MPS is not supported by this driver yet "
+                                                  "(use the device plugin's MPS sharing for this GPU)");
+    }
+    if (applied.strategy == "TimeSlicing" && !applied.interval.empty() && applied.interval != "Default") {
+      return Refuse(std::move(plan), gpu.device + ": sharing.timeSlicingConfig.interval " + applied.interval +
+                                         " is not supported by this driver yet (only Default)");
+    }
+    if (sharing && *sharing != applied) {
+      return Refuse(std::move(plan), "the claim's GPUs have different sharing configs; one claim, one sharing");
+    }
+    sharing = applied;
+    plan.gpus.push_back(std::move(gpu));
+  }
+  if (plan.gpus.empty()) {
+    return Refuse(std::move(plan), "no allocation result for driver " + std::string(kDriverName));
+  }
+  if (sharing) plan.sharing = *sharing;
+  return plan;
+}
+
+std::string QualifiedGpuDeviceId(std::string_view claim_uid, std::string_view device) {
+  return GpuSpecNames().QualifiedDeviceId(std::string(claim_uid) + "-" + std::string(device));
+}
+
+dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node_name, const GpuClaimPlan& plan) {
+  dra::PreparedClaim entry;
+  entry.uid = std::string(claim_uid);
+  entry.namespace_name = plan.namespace_name;
+  entry.name = plan.name;
+  entry.pool_name = node_name;
+  entry.cdi_spec_file = GpuSpecNames().FileName(claim_uid);
+  json gpus = json::array();
+  for (std::size_t i = 0; i < plan.gpus.size(); ++i) {
+    const ClaimGpu& gpu = plan.gpus[i];
+    const std::string id = QualifiedGpuDeviceId(claim_uid, gpu.device);
+    if (i == 0) {
+      entry.device = gpu.device;
+      entry.request_names = {gpu.request};
+      entry.cdi_device_id = id;
+    } else {
+      entry.more_devices.push_back(dra::PreparedClaimDevice{gpu.device, {gpu.request}, id});
+    }
+    gpus.push_back(json{{"device", gpu.device}, {"request", gpu.request}, {"uuid", gpu.uuid}, {"minor", gpu.minor}});
+  }
+  entry.driver_data["gpus"] = std::move(gpus);
+  if (!plan.sharing.strategy.empty()) {
+    entry.driver_data["sharing"] = json{{"strategy", plan.sharing.strategy}, {"interval", plan.sharing.interval}};
+  }
+  return entry;
+}
+
+std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry) {
+  std::vector<ClaimGpu> out;
+  const auto it = entry.driver_data.find("gpus");
+  if (it == entry.driver_data.end() || !it->is_array()) return {};
+  for (const auto& g : *it) {
+    if (!g.is_object() || !g.contains("minor") || !g["minor"].is_number_unsigned()) return {};
+    ClaimGpu gpu;
+    gpu.device = StringAt(g, {"device"});
+    gpu.request = StringAt(g, {"request"});
+    gpu.uuid = StringAt(g, {"uuid"});
+    gpu.minor = g["minor"].get<uint32_t>();
+    if (gpu.device != GpuDeviceName(gpu.minor)) return {};
+    out.push_back(std::move(gpu));
+  }
+  return out;
+}
+
+json BuildGpuClaimSpec(std::string_view claim_uid, const std::vector<ClaimGpu>& gpus,
+                       const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts) {
+  device_plugin::CdiSettings claim_settings = settings;
+  claim_settings.kind = GpuSpecNames().Kind();
+  std::vector<device_plugin::PhysicalDevice> devices;
+  for (const auto& gpu : gpus) {
+    device_plugin::PhysicalDevice d;
+    d.uuid = gpu.uuid;
+    d.parent_uuid = gpu.uuid;
+    d.id = std::string(claim_uid) + "-" + gpu.device;
+    d.minor = gpu.minor;
+    devices.push_back(std::move(d));
+  }
+  json spec = device_plugin::BuildCdiSpec(claim_settings, devices, facts);
+  // The device plugin's spec adds "all" (its resource's every device); a claim has only its own.
+  auto& list = spec["devices"];
+  list.erase(std::remove_if(list.begin(), list.end(), [](const json& d) { return d.value("name", "") == "all"; }),
+             list.end());
+  return spec;
+}
+
+std::string GpuClaimSpecContent(std::string_view claim_uid, const std::vector<ClaimGpu>& gpus,
+                                const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts) {
+  return BuildGpuClaimSpec(claim_uid, gpus, settings, facts).dump(2) + "\n";
+}
+
+}  // namespace gns::dra_gpu

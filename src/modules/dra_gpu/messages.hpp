@@ -1,0 +1,41 @@
+#pragma once
+// Bus messages of the `dra-gpu` module (gpu.nvidia.com): its state (retained), shown in
+// /debug/state.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gns::dra_gpu {
+
+struct DraGpuState {
+  static constexpr std::string_view kTopic = "dra-gpu.state";
+  static constexpr bool kRetained = true;
+  struct Claim {
+    std::string uid;
+    std::string namespace_name;
+    std::string name;
+    std::vector<std::string> devices;  // gpu-<minor>, in allocation order
+  };
+  bool registered = false;
+  std::string registration_error;
+  std::vector<std::string> served;     // the slice's devices (gpu-<minor>)
+  std::vector<Claim> prepared_claims;  // by claim UID
+  int64_t slice_generation = 0;
+  uint64_t slice_publishes = 0;
+  std::string last_error;
+};
+
+inline void to_json(nlohmann::json& j, const DraGpuState& s) {
+  nlohmann::json claims = nlohmann::json::object();
+  for (const auto& c : s.prepared_claims) claims[c.uid] = {{"claim", c.namespace_name + "/" + c.name}, {"devices", c.devices}};
+  j = {{"registered", s.registered},       {"registrationError", s.registration_error},
+       {"served", s.served},               {"preparedClaims", std::move(claims)},
+       {"sliceGeneration", s.slice_generation}, {"slicePublishes", s.slice_publishes},
+       {"lastError", s.last_error}};
+}
+
+}  // namespace gns::dra_gpu

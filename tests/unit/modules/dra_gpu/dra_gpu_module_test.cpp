@@ -1,0 +1,369 @@
+// The dra-gpu module (gpu.nvidia.com) end to end: the kubelet simulator's plugin watcher and DRA
+// calls through real gRPC on unix sockets, the API simulator serving the Node, the claims and the
+// ResourceSlice, gpu-inventory's devices on the bus (two fake GPUs), and the files on disk
+// (claim state under <stateDir>/dra-gpu, per-claim CDI specs). Also the site config's GPU split:
+// validate-config refuses a GPU given to both DRA and the device plugin.
+#include "support/api_sim.hpp"
+#include "kubelet_sim.h"
+#include "dra_plugin/claim_log.hpp"
+#include "dra_plugin/plugin_paths.hpp"
+#include "loop/config.hpp"
+#include "loop/site_loader.hpp"
+#include "modules/device_plugin/device_plugin_module.hpp"
+#include "modules/dra_gpu/dra_gpu_module.hpp"
+#include "modules/dra_gpu/gpu_claims.hpp"
+#include "modules/dra_gpu/messages.hpp"
+#include "modules/gpu_inventory/messages.hpp"
+#include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
+#include "modules/kube/api/informer.hpp"
+#include "modules/kube/kube_module.hpp"
+#include "support/loop_harness.hpp"
+#include "support/module_under_test.hpp"
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace gns::dra_gpu::module_test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using std::chrono::seconds;
+
+constexpr const char* kNode = "h200-node-01";
+constexpr const char* kNs = "team-a";
+const std::string kDriver(kDriverName);
+const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
+const std::string kSlices = "/apis/resource.k8s.io/v1/resourceslices";
+
+std::shared_ptr<spdlog::logger> TestLogger() {
+  static auto logger = [] {
+    if (std::getenv("GNS_TEST_LOG")) {
+      auto l = spdlog::default_logger()->clone("dra-gpu-test");
+      l->set_level(spdlog::level::debug);
+      return l;
+    }
+    return std::make_shared<spdlog::logger>("dra-gpu-test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  }();
+  return logger;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+gpu_inventory::GpuInventory TwoGpus() {
+  gpu_inventory::GpuInventory inventory;
+  inventory.available = true;
+  inventory.driver_version = "550.54.15";
+  inventory.cuda_driver_version = 12040;
+  for (uint32_t i = 0; i < 2; ++i) {
+    gpu_inventory::GpuInfo gpu;
+    gpu.index = i;
+    gpu.minor = i;
+    gpu.uuid = "GPU-1111111" + std::to_string(i) + "-2222-3333-4444-555555555555";
+    gpu.name = "NVIDIA H200";
+    gpu.pci_bus_id = "00000000:" + std::string(i == 0 ? "1B" : "9C") + ":00.0";
+    gpu.memory_total_bytes = uint64_t{141} << 30;
+    gpu.cc_major = 9;
+    inventory.gpus.push_back(gpu);
+  }
+  return inventory;
+}
+
+// A claim the scheduler allocated `devices` of this node's gpu.nvidia.com pool, with `config`
+// (GpuConfig parameters, or null for none).
+json GpuClaim(const std::string& name, const std::vector<std::string>& devices, const json& parameters = json()) {
+  json results = json::array();
+  for (const auto& d : devices) {
+    results.push_back({{"request", "gpu"}, {"driver", kDriver}, {"pool", kNode}, {"device", d}});
+  }
+  json configs = json::array();
+  if (!parameters.is_null()) {
+    configs.push_back({{"source", "FromClaim"}, {"requests", {"gpu"}}, {"opaque", {{"driver", kDriver}, {"parameters", parameters}}}});
+  }
+  return json{{"apiVersion", "resource.k8s.io/v1"},
+              {"kind", "ResourceClaim"},
+              {"metadata", {{"name", name}, {"namespace", kNs}}},
+              {"spec", {{"devices", {{"requests", json::array({{{"name", "gpu"}, {"exactly", {{"deviceClassName", "gpu.nvidia.com"}}}}})}}}}},
+              {"status", {{"allocation", {{"devices", {{"results", results}, {"config", configs}}}}}}}};
+}
+
+class DraGpuModuleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    h_.site.node_name = kNode;
+    h_.site.paths.kubelet_dir = dir_ / "k";
+    h_.site.paths.cdi_dir = dir_ / "cdi";
+    h_.site.paths.state_dir = dir_ / "s";
+    h_.site.paths.host_root = dir_ / "h";
+    h_.site.gates.Resolve();
+    paths_ = dra::MakePluginPaths(h_.site.paths, kDriverName, kStateFolder);
+    // A control node on the "host": the claim's spec carries it, as the device plugin's does.
+    fs::create_directories(dir_ / "h" / "dev");
+    std::ofstream(dir_ / "h" / "dev" / "nvidiactl") << "";
+
+    sim::ApiServerOptions api_options;
+    api_options.bookmark_interval = std::chrono::milliseconds(200);
+    api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api", api_options);
+    kube::ClientConfig config = api_->ClientConfig();
+    config.request_timeout = std::chrono::milliseconds(5000);
+    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
+                                                 config);
+    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, TestLogger());
+    events_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, TestLogger(),
+                                                    kube::EventRecorderConfig{});
+    h_.services.Provide<kube::KubeClient>(client_);
+    h_.services.Provide<kube::InformerRegistry>(informers_);
+    h_.services.Provide<kube::EventRecorder>(events_);
+    api_->Seed(json{{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", kNode}}}});
+    h_.bus.Publish(TwoGpus());
+
+    sim::KubeletSimOptions sim_options;
+    sim_options.kubelet_dir = h_.site.paths.kubelet_dir;
+    sim_options.registration_retry_initial = std::chrono::milliseconds(50);
+    sim_ = std::make_unique<sim::KubeletSim>(sim_options);
+  }
+
+  void TearDown() override {
+    module_.Stop();
+    sim_.reset();
+    informers_->StopAll();
+    client_->Shutdown();
+    h_.Drain();
+    api_->Stop();
+  }
+
+  json Get(const std::string& path) {
+    const auto response = api_->Call("GET", path);
+    EXPECT_EQ(response.status, 200) << path << ": " << response.body;
+    return response.Json();
+  }
+
+  sim::DraClaim Seed(const json& claim) {
+    api_->Seed(claim);
+    const std::string name = claim["metadata"]["name"];
+    return sim::DraClaim{kNs, Get(kClaims + "/" + name)["metadata"]["uid"].get<std::string>(), name};
+  }
+
+  void StartModule(DraGpuModule::Config config = {}) {
+    module_.Start(config);
+    EXPECT_TRUE(h_.RunUntil([&] { return !module_->Loading(); })) << "the claim state never loaded";
+    h_.Drain();
+  }
+
+  void StartAndRegister(DraGpuModule::Config config = {}) {
+    sim_->Start();
+    StartModule(config);
+    ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+    ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered; }));
+  }
+
+  const DraGpuState* State() { return h_.bus.Latest<DraGpuState>(); }
+
+  sim::DraPrepareResult Prepare(const std::vector<sim::DraClaim>& claims) {
+    return h_.OffLoop([&] { return sim_->NodePrepareResources(kDriver, claims); });
+  }
+  sim::DraUnprepareResult Unprepare(const std::vector<sim::DraClaim>& claims) {
+    return h_.OffLoop([&] { return sim_->NodeUnprepareResources(kDriver, claims); });
+  }
+  std::string PrepareError(const sim::DraClaim& claim) {
+    const auto result = Prepare({claim});
+    EXPECT_TRUE(result.ok()) << result.status.ToString();
+    const auto it = result.claims.find(claim.uid);
+    return it == result.claims.end() ? "<no entry>" : it->second.error;
+  }
+
+  dra::Checkpoint Claims() const { return dra::LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file).state; }
+  std::string SpecPath(const std::string& uid) const {
+    return dra::JoinPath(paths_.cdi_dir, GpuSpecNames().FileName(uid));
+  }
+  double Prepares(const char* result) {
+    return h_.metrics.Counter("gpu_node_supervisor_dra_prepares_total", "", {{"driver", kDriver}, {"result", result}})
+        .Value();
+  }
+
+  gns::test::TempDir tmp_;
+  fs::path dir_{tmp_.Path()};
+  gns::test::LoopHarness h_;
+  dra::PluginPaths paths_;
+  std::unique_ptr<gns::test::ApiSim> api_;
+  std::shared_ptr<kube::KubeClient> client_;
+  std::shared_ptr<kube::InformerRegistry> informers_;
+  std::shared_ptr<kube::EventRecorder> events_;
+  std::unique_ptr<sim::KubeletSim> sim_;
+  gns::test::ModuleUnderTest<DraGpuModule> module_{h_};
+};
+
+TEST_F(DraGpuModuleTest, PublishesTheNodesTwoGpusWithTheirAttributes) {
+  StartAndRegister();
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->slice_publishes >= 1 && State()->slice_generation >= 1; }));
+  const json slice = Get(kSlices + "/" + dra::SliceName(kNode, kDriver));
+  EXPECT_EQ(slice["spec"]["driver"], "gpu.nvidia.com");
+  EXPECT_EQ(slice["spec"]["pool"]["name"], kNode);
+  const json& devices = slice["spec"]["devices"];
+  ASSERT_EQ(devices.size(), 2u) << slice.dump();
+  EXPECT_EQ(devices[0]["name"], "gpu-0");
+  EXPECT_EQ(devices[1]["name"], "gpu-1");
+  EXPECT_EQ(devices[1]["attributes"]["uuid"]["string"], TwoGpus().gpus[1].uuid);
+  EXPECT_EQ(devices[1]["attributes"]["productName"]["string"], "NVIDIA H200");
+  EXPECT_EQ(devices[1]["attributes"]["cudaComputeCapability"]["version"], "9.0.0");
+  EXPECT_EQ(devices[1]["attributes"]["driverVersion"]["version"], "550.54.15");
+  EXPECT_EQ(devices[1]["attributes"]["pcieBusID"]["string"], "00000000:9C:00.0");
+  EXPECT_EQ(devices[1]["capacity"]["memory"]["value"], "141Gi");
+
+  // A GPU that turns MIG on leaves the slice (MIG devices are not served yet).
+  auto inventory = TwoGpus();
+  inventory.gpus[1].mig_enabled = true;
+  h_.bus.Publish(inventory);
+  ASSERT_TRUE(h_.RunUntil([&] { return Get(kSlices + "/" + dra::SliceName(kNode, kDriver))["spec"]["devices"].size() == 1; }));
+}
+
+TEST_F(DraGpuModuleTest, PrepareWritesTheClaimsSpecAndUnprepareRemovesIt) {
+  StartAndRegister();
+  const auto claim = Seed(GpuClaim("train", {"gpu-0", "gpu-1"},
+                                   {{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                    {"kind", "GpuConfig"},
+                                    {"sharing", {{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Default"}}}}}}));
+  const auto result = Prepare({claim});
+  ASSERT_TRUE(result.ok()) << result.status.ToString();
+  const auto& answer = result.claims.at(claim.uid);
+  ASSERT_EQ(answer.error, "");
+  ASSERT_EQ(answer.devices.size(), 2u);
+  EXPECT_EQ(answer.devices[0].device_name, "gpu-0");
+  EXPECT_EQ(answer.devices[1].device_name, "gpu-1");
+  EXPECT_EQ(answer.devices[1].pool_name, kNode);
+  EXPECT_EQ(answer.devices[1].cdi_device_ids,
+            std::vector<std::string>{"k8s.gpu.nvidia.com/claim=" + claim.uid + "-gpu-1"});
+
+  const json spec = json::parse(ReadFile(SpecPath(claim.uid)));
+  EXPECT_EQ(spec["kind"], "k8s.gpu.nvidia.com/claim");
+  ASSERT_EQ(spec["devices"].size(), 2u);
+  EXPECT_EQ(spec["devices"][1]["containerEdits"]["deviceNodes"][0]["path"], "/dev/nvidia1");
+  EXPECT_EQ(spec["containerEdits"]["deviceNodes"][0]["path"], "/dev/nvidiactl");
+  EXPECT_EQ(device_plugin::ValidateCdiSpec(spec), "");
+
+  const dra::Checkpoint state = Claims();
+  const auto* entry = state.Find(claim.uid);
+  ASSERT_NE(entry, nullptr);
+  EXPECT_EQ(entry->state, dra::ClaimState::kPrepareCompleted);
+  EXPECT_EQ(GpusOf(*entry).size(), 2u);
+  EXPECT_EQ(Prepares("ok"), 1);
+
+  // The kubelet lost the answer: the same devices from the claim state, nothing written again.
+  const auto again = Prepare({claim});
+  EXPECT_EQ(again.claims.at(claim.uid).devices.size(), 2u);
+  EXPECT_EQ(Prepares("already_prepared"), 1);
+  // A second claim for a GPU the first holds waits for it (retryable).
+  const auto other = Seed(GpuClaim("other", {"gpu-1"}));
+  EXPECT_NE(PrepareError(other).find("gpu-1 is held by prepared claim team-a/train"), std::string::npos);
+  EXPECT_EQ(Prepares("retryable_error"), 1);
+
+  const auto unprepared = Unprepare({claim});
+  ASSERT_TRUE(unprepared.ok());
+  EXPECT_EQ(unprepared.claims.at(claim.uid), "");
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  EXPECT_EQ(Claims().claims.size(), 0u);
+  EXPECT_EQ(PrepareError(other), "");
+}
+
+TEST_F(DraGpuModuleTest, ARefusedConfigIsThatClaimsErrorAndLeavesNothingBehind) {
+  StartAndRegister();
+  const auto mps = Seed(GpuClaim("mps", {"gpu-0"},
+                                 {{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "GpuConfig"}, {"sharing", {{"strategy", "MPS"}}}}));
+  const auto fine = Seed(GpuClaim("fine", {"gpu-1"}));
+  const auto result = Prepare({mps, fine});
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result.claims.at(mps.uid).error,
+            "ResourceClaim team-a/mps: gpu-0: sharing.strategy MPS is not supported by this driver yet (use the device "
+            "plugin's MPS sharing for this GPU)");
+  EXPECT_EQ(result.claims.at(fine.uid).error, "");
+  EXPECT_FALSE(fs::exists(SpecPath(mps.uid)));
+  EXPECT_TRUE(fs::exists(SpecPath(fine.uid)));
+  EXPECT_EQ(Prepares("permanent_error"), 1);
+}
+
+TEST_F(DraGpuModuleTest, ARestartKeepsPreparedClaimsRemakesTheirSpecsAndDropsOrphans) {
+  StartAndRegister();
+  const auto claim = Seed(GpuClaim("kept", {"gpu-0"}));
+  ASSERT_EQ(PrepareError(claim), "");
+  const std::string spec = ReadFile(SpecPath(claim.uid));
+  module_.Stop();
+  // A cleaned CDI dir loses the spec; a crash before a record leaves an orphan spec.
+  fs::remove(SpecPath(claim.uid));
+  const std::string orphan = "0dd0dd00-0000-4000-8000-000000000001";
+  std::ofstream(SpecPath(orphan)) << "{}";
+
+  StartModule();
+  EXPECT_TRUE(module_.failures.empty());
+  EXPECT_EQ(ReadFile(SpecPath(claim.uid)), spec);
+  EXPECT_FALSE(fs::exists(SpecPath(orphan)));
+  EXPECT_EQ(h_.metrics.Counter("gpu_node_supervisor_dra_reconciled_total", "",
+                               {{"action", "rewrite_missing_spec"}, {"driver", kDriver}}).Value(), 1);
+  EXPECT_EQ(h_.metrics.Counter("gpu_node_supervisor_dra_reconciled_total", "",
+                               {{"action", "delete_orphan_spec"}, {"driver", kDriver}}).Value(), 1);
+  EXPECT_NE(Claims().Find(claim.uid), nullptr);
+}
+
+// ------------------------------------------------------------------------------ the GPU split
+
+class GpuSplitConfigTest : public ::testing::Test {
+ protected:
+  std::string ErrorOf(const std::string& modules) {
+    const std::string path = (dir_ / "site.yaml").string();
+    std::ofstream(path) << "version: v1\nnodeName: node-a\npaths:\n  kubeletDir: /var/lib/kubelet\n"
+                           "  cdiDir: /var/run/cdi\n  stateDir: /var/lib/gns\n  hostRoot: /host\nmodules:\n"
+                        << modules;
+    static const std::vector<ModuleDescriptor> manifest = {DescribeModule<kube::KubeModule>(),
+                                                           DescribeModule<device_plugin::DevicePluginModule>(),
+                                                           DescribeModule<DraGpuModule>()};
+    try {
+      loaded_ = LoadSiteConfig({path}, {}, manifest);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  }
+  gns::test::TempDir tmp_;
+  fs::path dir_{tmp_.Path()};
+  LoadedConfig loaded_;
+};
+
+TEST_F(GpuSplitConfigTest, AGpuGivenToBothIsRefusedWhicheverSectionComesFirst) {
+  EXPECT_EQ(ErrorOf("  dra-gpu:\n    enabled: true\n    gpus: [\"1\"]\n"
+                    "  device-plugin:\n    enabled: true\n    gpus: [\"0\"]\n"),
+            "");
+  EXPECT_EQ(loaded_.site.gpu_split->dra.ids, std::vector<std::string>{"1"});
+  // The device plugin without `gpus:` takes what DRA leaves.
+  EXPECT_EQ(ErrorOf("  dra-gpu:\n    enabled: true\n  device-plugin:\n    enabled: true\n"), "");
+  const std::string both = ErrorOf("  dra-gpu:\n    enabled: true\n    gpus: [\"0\", \"GPU-abc\"]\n"
+                                   "  device-plugin:\n    enabled: true\n    gpus: [\"GPU-abc\"]\n");
+  EXPECT_NE(both.find("modules.device-plugin.gpus: a GPU is served by the device plugin or by DRA, never both: "
+                      "modules.dra-gpu.gpus ([0, GPU-abc]) and modules.device-plugin.gpus ([GPU-abc]) both select "
+                      "GPU-abc"),
+            std::string::npos)
+      << both;
+  const std::string reversed = ErrorOf("  device-plugin:\n    enabled: true\n    gpus: all\n"
+                                       "  dra-gpu:\n    enabled: true\n    gpus: [\"1\"]\n");
+  EXPECT_NE(reversed.find("modules.dra-gpu.gpus: a GPU is served by the device plugin or by DRA, never both"),
+            std::string::npos)
+      << reversed;
+  // A disabled module's selection is checked for its shape, not against the other's.
+  EXPECT_EQ(ErrorOf("  dra-gpu:\n    enabled: false\n  device-plugin:\n    enabled: true\n    gpus: all\n"), "");
+  EXPECT_NE(ErrorOf("  dra-gpu:\n    enabled: true\n    gpus: [\"nvidia0\"]\n").find("is neither a GPU UUID"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gns::dra_gpu::module_test
