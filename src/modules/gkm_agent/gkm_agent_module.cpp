@@ -4,6 +4,7 @@
 #include "loop/exception_text.hpp"
 #include "loop/state_file.hpp"
 
+#include "modules/gkm_agent/api/usage.hpp"
 #include "modules/gkm_agent/extract.hpp"
 
 #include <sys/stat.h>
@@ -143,9 +144,16 @@ void GkmAgentModule::Stop(std::function<void()> done) {
     if (cache.status_retry) cache.status_retry->cancel();
     if (cache.usage_watch) cache.usage_watch->Stop();
   }
+  for (auto& [key, d] : draining_) {
+    if (d.watch) d.watch->Stop();
+  }
+  draining_.clear();
   caches_.clear();
   queue_.clear();
   pulling_ = false;
+  // The CSI side stops mounting what a stopped agent no longer vouches for.
+  swept_ = false;
+  PublishStates();
   namespaced_.reset();
   clustered_.reset();
   done();
@@ -180,6 +188,12 @@ void GkmAgentModule::OnEvent(const kube::ResourceEvent& e) {
   }
   const std::string image = Text(*e.object, {"spec", "image"});
   const std::string resolved = Text(*e.object, {"status", "resolvedDigest"});
+  if (auto d = draining_.find(key); d != draining_.end()) {
+    // Created again while its old directory was still in use: the directory is the cache's
+    // again (a pull replaces it only as any pull does).
+    if (d->second.watch) d->second.watch->Stop();
+    draining_.erase(d);
+  }
   auto [it, added] = caches_.try_emplace(key);
   Cache& c = it->second;
   if (!added && c.image == image && c.resolved_digest == resolved) return;
@@ -190,6 +204,7 @@ void GkmAgentModule::OnEvent(const kube::ResourceEvent& e) {
   c.resolved_digest = resolved;
   context_.Log().info("cache {}: image {}{}", key, image, resolved.empty() ? "" : " @ " + resolved);
   Enqueue(key);
+  PublishStates();
 }
 
 void GkmAgentModule::OnSynced() {
@@ -215,6 +230,7 @@ void GkmAgentModule::Sweep() {
       },
       lifetime_.Guard([this](LayoutReport report, std::exception_ptr error) {
         swept_ = true;
+        PublishStates();  // listed: a cache not named now does not exist
         if (error) context_.Log().warn("migrating and sweeping {}: {}", config_.cache_root, DescribeException(error));
         for (const auto& move : report.moved) context_.Log().info("cache moved to the new layout: {}", move);
         for (const auto& key : report.removed) context_.Log().info("removed stale cache {}", key);
@@ -487,20 +503,78 @@ void GkmAgentModule::Forget(const std::string& key, const json& last) {
   if (c.status_retry) c.status_retry->cancel();
   if (c.usage_watch) c.usage_watch->Stop();
   const std::string dir = CacheDir(c);
-  context_.Log().info("cache {} deleted: removing {}", key, dir);
-  context_.Pool().Execute([dir] {
-    try {
-      RemoveTree(dir);
-    } catch (const std::exception&) {
-      // The next start's sweep removes it.
-    }
-  });
+  context_.Log().info("cache {} deleted: removing {} once no pod uses it", key, dir);
+  RemoveWhenUnused(key, dir, config_.usage_root + "/" + key);
   if (const std::string name = ObjectName(c); !name.empty()) {
     client_->Delete(NodePath(c).Object(name), {}, lifetime_.Guard([this, key](kube::Result r) {
       if (!r.Ok() && r.http_status != 404) context_.Log().warn("delete status of {}: {}", key, r.error);
     }));
   }
   UpdateGauges();
+}
+
+void GkmAgentModule::RemoveWhenUnused(const std::string& key, const std::string& dir, const std::string& usage_dir) {
+  Draining& d = draining_[key];
+  d.dir = dir;
+  d.usage_dir = usage_dir;
+  if (d.removing) {
+    d.again = true;
+    return;
+  }
+  d.removing = true;
+  // Under the cache-use lock (api/usage.hpp): the CSI side cannot record and mount a volume of
+  // this cache between the check and the removal.
+  context_.Pool().Run(
+      [dir, usage_dir]() -> std::size_t {
+        CacheUseLock lock(usage_dir);
+        const auto usage = ReadUsageFile(usage_dir);
+        if (!usage.ok) throw std::runtime_error(usage.error);  // unreadable: keep the files
+        if (!usage.records.empty()) return usage.records.size();
+        RemoveTree(dir);
+        return 0;
+      },
+      lifetime_.Guard([this, key](std::size_t pods, std::exception_ptr error) {
+        auto it = draining_.find(key);
+        if (it == draining_.end()) return;  // created again meanwhile
+        Draining& d = it->second;
+        d.removing = false;
+        if (error) {
+          // The next start's sweep tries again (with the same check).
+          context_.Log().warn("cache {}: cannot remove {}: {}", key, d.dir, DescribeException(error));
+        } else if (pods == 0) {
+          context_.Log().info("cache {}: removed {}", key, d.dir);
+          if (d.watch) d.watch->Stop();
+          draining_.erase(it);
+          return;
+        } else {
+          context_.Log().info("cache {}: {} kept while {} volume(s) use it", key, d.dir, pods);
+        }
+        if (d.again) {
+          d.again = false;
+          RemoveWhenUnused(key, d.dir, d.usage_dir);
+          return;
+        }
+        if (!d.watch && !error) {
+          d.watch = std::make_unique<DirWatcher>(context_.GetLoop().Io(), d.usage_dir,
+                                                 [this, key](DirWatcher::Change, const std::string& name) {
+                                                   if (name.empty() || name == "usage.json") OnUsageChanged(key);
+                                                 });
+          try {
+            d.watch->Start();
+          } catch (const std::exception& e) {
+            context_.Log().warn("cannot watch {}: {} (removed at the next start)", d.usage_dir, e.what());
+            d.watch.reset();
+          }
+        }
+      }));
+}
+
+void GkmAgentModule::OnUsageChanged(const std::string& key) {
+  if (caches_.count(key)) {
+    RefreshUsage(key);
+  } else if (auto d = draining_.find(key); d != draining_.end()) {
+    RemoveWhenUnused(key, d->second.dir, d->second.usage_dir);
+  }
 }
 
 std::string GkmAgentModule::UsagePath(const Cache& cache) const {
@@ -568,7 +642,7 @@ void GkmAgentModule::WatchUsage(const std::string& key) {
   }
   c.usage_watch = std::make_unique<DirWatcher>(context_.GetLoop().Io(), dir,
                                                [this, key](DirWatcher::Change, const std::string& name) {
-                                                 if (name.empty() || name == "usage.json") RefreshUsage(key);
+                                                 if (name.empty() || name == "usage.json") OnUsageChanged(key);
                                                });
   try {
     c.usage_watch->Start();
@@ -681,7 +755,35 @@ void GkmAgentModule::RetryStatus(const std::string& key, std::chrono::millisecon
   }));
 }
 
+void GkmAgentModule::PublishStates() {
+  CacheStates states;
+  states.cache_root = config_.cache_root;
+  states.usage_root = config_.usage_root;
+  states.listed = swept_;
+  for (const auto& [key, c] : caches_) {
+    CacheView v;
+    v.cluster = c.cluster;
+    v.ns = c.ns;
+    v.name = c.name;
+    v.state = c.state;
+    v.reason = c.reason;
+    v.message = c.message;
+    v.digest = c.digest;
+    v.size_bytes = c.size_bytes;
+    v.directory = CacheDir(c);
+    v.usage_dir = config_.usage_root + "/" + key;
+    for (const auto& verdict : c.verdicts) {
+      if (verdict.compatible) v.compatible_gpus.push_back(verdict.index);
+    }
+    states.caches.emplace(key, std::move(v));
+  }
+  if (published_ && *published_ == states) return;
+  published_ = states;
+  context_.GetBus().Publish(std::move(states));
+}
+
 void GkmAgentModule::UpdateGauges() {
+  PublishStates();
   std::map<std::string, int> by_state{{"Pending", 0}, {"Pulling", 0}, {"Ready", 0}, {"Incompatible", 0}, {"Failed", 0}};
   for (const auto& [key, c] : caches_) ++by_state[c.state];
   for (const auto& [state, n] : by_state) {
