@@ -3,8 +3,10 @@
 // from the CSI driver's file shows up; deleting the cache removes files and status; caches no
 // GPU can use are not kept; tampered images fail with a precise reason; a start sweeps caches
 // no object refers to and migrates an old layout; namespaced and cluster caches never share a
-// directory; two nodes' status objects never share a name.
+// directory; two nodes' status objects never share a name; a deleted cache a pod still uses
+// (usage.json) stays until the last pod lets go; the verdicts reach the CSI side (CacheStates).
 #include "modules/gkm_agent/gkm_agent_module.hpp"
+#include "modules/gkm_agent/messages.hpp"
 #include "registry_fixture.hpp"
 #include "support/held_pool.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
@@ -229,9 +231,40 @@ TEST_F(GkmAgentTest, ACacheBecomesReadyPerGpuThenGoesAwayWithItsObject) {
   }
   ASSERT_TRUE(h_.RunUntil([&] { return pods() == json::parse(R"([{"podName":"pod-bar","podNamespace":"ml","volumeId":"csi-2"}])"); }));
 
+  // The CSI side follows the agent's verdict: the cache is Ready in CacheStates, with its paths.
+  std::optional<CacheStates> states;
+  auto states_sub = h_.bus.Subscribe<CacheStates>([&](const CacheStates& s) { states = s; });
+  ASSERT_TRUE(h_.RunUntil([&] { return states && states->caches.count("namespaced/ml/llama"); }));
+  EXPECT_TRUE(states->listed);
+  EXPECT_EQ(states->caches.at("namespaced/ml/llama").state, "Ready");
+  EXPECT_EQ(states->caches.at("namespaced/ml/llama").directory, dir.string());
+  EXPECT_EQ(states->caches.at("namespaced/ml/llama").compatible_gpus, (std::vector<uint32_t>{0, 1}));
+
+  // Deleted while a pod still mounts it (pod-bar's record): the status object goes, the cache
+  // leaves CacheStates (no new mounts), but its files stay under the pod.
   ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/llama").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).status == 404 &&
+           !states->caches.count("namespaced/ml/llama");
+  }));
+  h_.RunUntil([] { return false; }, milliseconds(300));  // the removal's pool job had its chance
+  EXPECT_EQ(Kernels(dir), 2u) << "a cache in use was removed under its pod";
+  // The last pod lets go (the CSI side rewrites usage.json): the directory goes.
+  std::ofstream(usage / "usage.json.tmp") << "{}";
+  fs::rename(usage / "usage.json.tmp", usage / "usage.json");
+  EXPECT_TRUE(h_.RunUntil([&] { return !fs::exists(dir); }));
+}
+
+TEST_F(GkmAgentTest, ADeletedCacheNobodyUsesGoesAtOnce) {
+  registry_->Push("caches/idle", "v1", {"--triton", "90"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("idle", registry_->Host() + "/caches/idle:v1").dump()).status, 201);
+  WaitForState(kNodes, "idle", "Ready");
+  const fs::path dir = root_ / "caches/namespaced/ml/idle";
+  ASSERT_TRUE(fs::exists(dir));
+  ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/idle").status, 200);
   EXPECT_TRUE(h_.RunUntil([&] {
-    return !fs::exists(dir) && server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).status == 404;
+    return !fs::exists(dir) && server_->Call("GET", std::string(kNodes) + "/" + StatusName("idle")).status == 404;
   }));
 }
 
