@@ -91,6 +91,9 @@ class GkmAgentModule final : public Module {
     bool usage_reading = false;
     bool usage_changed = false;
     bool queued = false;
+    // A newer image waits: the installed copy is in use by pods and is not replaced under them;
+    // pulled again once usage.json names no pod.
+    bool update_deferred = false;
   };
   const std::map<std::string, Cache>& Caches() const { return caches_; }
 
@@ -104,7 +107,10 @@ class GkmAgentModule final : public Module {
   void SweepStatusObjects();
   void Enqueue(const std::string& key);
   void PumpQueue();
+  // At a (re)start, a cache whose installed copy already has the digest the object names is
+  // checked again on disk instead of pulled (a pull would replace the directory under its pods).
   void Pull(const std::string& key);
+  void PullFromRegistry(const std::string& key);
   void PullWithCredentials(const std::string& key, std::optional<Credentials> credentials);
   void Finish(const std::string& key, const std::string& image, const std::string& digest, std::string state,
               std::string reason, std::string message);

@@ -96,6 +96,27 @@ void WriteUsageFile(const std::string& usage_dir, const std::vector<UsageRecord>
   if (!written) throw std::runtime_error(written.error);
 }
 
+std::vector<std::string> CacheKeysInUse(const std::string& usage_root) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> keys;
+  auto check = [&](const std::string& key, const fs::path& dir) {
+    const auto usage = ReadUsageFile(dir.string());
+    if (!usage.ok || !usage.records.empty()) keys.push_back(key);
+  };
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(usage_root) / "cluster", ec), end; !ec && it != end; it.increment(ec)) {
+    check("cluster/" + it->path().filename().string(), it->path());
+  }
+  ec.clear();
+  for (fs::directory_iterator ns(fs::path(usage_root) / "namespaced", ec), end; !ec && ns != end; ns.increment(ec)) {
+    std::error_code inner;
+    for (fs::directory_iterator it(ns->path(), inner), e2; !inner && it != e2; it.increment(inner)) {
+      check("namespaced/" + ns->path().filename().string() + "/" + it->path().filename().string(), it->path());
+    }
+  }
+  return keys;
+}
+
 CacheUseLock::CacheUseLock(const std::string& usage_dir) {
   std::error_code ec;
   std::filesystem::create_directories(usage_dir, ec);

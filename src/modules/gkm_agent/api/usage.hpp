@@ -46,6 +46,10 @@ UsageRead ReadUsageFile(const std::string& usage_dir);
 // Replaces <usage_dir>/usage.json atomically; throws std::runtime_error on failure.
 void WriteUsageFile(const std::string& usage_dir, const std::vector<UsageRecord>& records);
 
+// The cache keys ("cluster/<name>", "namespaced/<ns>/<name>") under `usage_root` whose
+// usage.json names a volume, or cannot be read (then assumed in use: fail safe).
+std::vector<std::string> CacheKeysInUse(const std::string& usage_root);
+
 // An exclusive flock on `usage_dir` (created, with its parents, when missing) for the object's
 // life. Throws std::system_error.
 class CacheUseLock {
