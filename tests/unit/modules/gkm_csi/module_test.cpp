@@ -11,6 +11,10 @@
 #include "support/subprocess.hpp"
 #include "support/temp_dir.hpp"
 
+#include "pluginregistration/v1/api.grpc.pb.h"
+
+#include <grpcpp/grpcpp.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -180,6 +184,28 @@ TEST_F(GkmCsiTest, IdentityAndNodeAnswerTheSpecsClient) {
   EXPECT_EQ(Call("NodeGetVolumeStats", {{"volume_id", "v"}, {"volume_path", "/x"}})["codeName"], "UNIMPLEMENTED");
   // The socket is the kubelet's alone.
   EXPECT_EQ(fs::status(module_->SocketPath()).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+}
+
+TEST_F(GkmCsiTest, RegistersWithThePluginWatcherAsACsiPlugin) {
+  config_.register_plugin = true;
+  StartModule();
+  const std::string socket = config_.registration_dir + "/csi.gkm.io-reg.sock";
+  ASSERT_TRUE(fs::exists(socket));
+  auto [status, info] = h_.OffLoop([&] {
+    auto stub = pluginregistration::Registration::NewStub(
+        grpc::CreateChannel("unix://" + socket, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pluginregistration::PluginInfo out;
+    const auto s = stub->GetInfo(&context, pluginregistration::InfoRequest(), &out);
+    return std::pair{s.ok(), out};
+  });
+  ASSERT_TRUE(status);
+  EXPECT_EQ(info.type(), "CSIPlugin");
+  EXPECT_EQ(info.name(), "csi.gkm.io");
+  EXPECT_EQ(info.endpoint(), module_->SocketPath());
+  ASSERT_EQ(info.supported_versions_size(), 1);
+  EXPECT_EQ(info.supported_versions(0), "1.0.0");
 }
 
 TEST_F(GkmCsiTest, PublishesAReadyCacheReadOnlyAndRecordsThePod) {
