@@ -47,7 +47,7 @@ void RegistrationServer::Start(const std::string& socket_path) {
         service.RequestGetInfo(context, request, responder, cq, cq, tag);
       },
       [shared](const auto& call) {
-        call->response.set_type("DRAPlugin");
+        call->response.set_type(shared->info.type);
         call->response.set_name(shared->info.driver_name);
         call->response.set_endpoint(shared->info.endpoint);
         for (const auto& version : shared->info.supported_versions) call->response.add_supported_versions(version);
@@ -61,7 +61,7 @@ void RegistrationServer::Start(const std::string& socket_path) {
                      void* tag) { service.RequestNotifyRegistrationStatus(context, request, responder, cq, cq, tag); },
       [shared](const auto& call) {
         if (!shared->alive) {
-          call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "DRA plugin is stopping"));
+          call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, shared->info.type + " is stopping"));
           return;
         }
         if (shared->on_status) shared->on_status(call->request.plugin_registered(), call->request.error());

@@ -34,6 +34,7 @@ class RegistrationServer {
     std::string driver_name;   // PluginInfo.name (= ResourceSlice.spec.driver)
     std::string endpoint;      // absolute path of the DRA socket
     std::vector<std::string> supported_versions = DefaultSupportedVersions();
+    std::string type = "DRAPlugin";  // PluginInfo.type: also "CSIPlugin" (gkm-csi); last, so Info{name, endpoint} stays
   };
   // Loop thread: what the kubelet told us about the registration.
   using StatusSink = std::function<void(bool registered, const std::string& error)>;

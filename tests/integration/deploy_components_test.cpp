@@ -298,6 +298,35 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
         }
       }
     }
+    if (site.Enabled("gkm-csi")) {
+      // The CSI node plugin writes the usage records, serves and registers its sockets, and
+      // bind-mounts at the kubelet's pod paths: the same path as on the host, Bidirectional.
+      EXPECT_TRUE(site.Enabled("gkm-agent")) << "gkm-csi follows gkm-agent's verdicts";
+      const auto usage = site.Module("gkm-agent")["usageRoot"].as<std::string>();
+      EXPECT_FALSE(host_of(usage).second) << "gkm-csi writes usage.json";
+      const auto kubelet = site.config["paths"]["kubeletDir"].as<std::string>();
+      for (const auto& dir : {kubelet + "/pods", kubelet + "/plugins/csi.gkm.io", kubelet + "/plugins_registry"}) {
+        EXPECT_EQ(host_of(dir).first, dir);
+        EXPECT_FALSE(host_of(dir).second) << dir;
+      }
+      bool pods_bidirectional = false;
+      for (const auto& mnt : container["volumeMounts"]) {
+        if (mnt["mountPath"].as<std::string>() == kubelet + "/pods") {
+          pods_bidirectional = mnt["mountPropagation"] && mnt["mountPropagation"].as<std::string>() == "Bidirectional";
+        }
+      }
+      EXPECT_TRUE(pods_bidirectional) << "the pods' volume mounts must propagate to the host";
+      EXPECT_TRUE(container["securityContext"]["privileged"].as<bool>()) << "mount(2) and Bidirectional need it";
+      const auto drivers = bundle.OfKind("CSIDriver");
+      ASSERT_EQ(drivers.size(), 1u);
+      EXPECT_EQ(drivers[0]["metadata"]["name"].as<std::string>(), "csi.gkm.io");
+      EXPECT_FALSE(drivers[0]["spec"]["attachRequired"].as<bool>());
+      EXPECT_TRUE(drivers[0]["spec"]["podInfoOnMount"].as<bool>()) << "the usage records name the pod";
+      EXPECT_EQ(drivers[0]["spec"]["volumeLifecycleModes"].as<std::vector<std::string>>(),
+                std::vector<std::string>{"Ephemeral"});
+    } else {
+      EXPECT_TRUE(bundle.OfKind("CSIDriver").empty()) << "a CSIDriver with no plugin behind it";
+    }
     if (site.Enabled("imex-peers")) {
       const auto map = site.Module("imex-peers")["nodesConfig"].as<std::string>();
       const auto [host, read_only] = host_of(host_root + fs::path(map).parent_path().string());

@@ -20,7 +20,9 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
   7. the node map (imex-peers): while the channel claim of step 4 is prepared, a Node joins the
      clique -> nodes_config.cfg rewritten, the IMEX restart waits (ImexRestartPending) until the
      claim is unprepared.
-  8. gkm-agent: a GKMCache image on the loopback registry becomes Ready and Compatible.
+  8. gkm-agent: a GKMCache image on the loopback registry becomes Ready and Compatible;
+     gkm-csi: a pod's inline volume of that cache is published the way the kubelet calls it
+     (bind-mounted read-only, usage.json and the GKMCacheNode name the pod), then unpublished.
   (after 2) gpu-reset: an Xid 48 on a GPU a pod holds -> a GPUReset object -> the pod evicted ->
      the GPU reset by the fake nvidia-smi, validated -> Healthy, Complete=True; the others stay
      Healthy throughout.
@@ -406,6 +408,79 @@ def gkm_demo(api):
         f"{entry.get('volumeSize', 0)} bytes under var/lib/gkm/caches/namespaced/ml-apps/triton-demo")
 
 
+def gkm_csi_demo(api):
+    """gkm-csi: the kubelet's NodePublishVolume for a pod whose inline volume names the Ready
+    cache of gkm_demo (driver csi.gkm.io, volumeAttributes cacheName/cacheNamespace), made with
+    gns-csi-client (stubs from the CSI spec's own csi.proto). The supervisor runs in a mount
+    namespace of its own (run-local.sh), so the mount is looked at through /proc/<pid>/root."""
+    client = os.path.join(os.environ.get("GNS_BUILD_DIR", "build/release"), "tools/sim/csi_client/gns-csi-client")
+    socket = os.path.join(SANDBOX, "var/lib/kubelet/plugins/csi.gkm.io/csi.sock")
+
+    def call(method, request):
+        out = subprocess.run([client, "--socket", socket, method, json.dumps(request)],
+                             capture_output=True, text=True, timeout=60)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if not lines:
+            raise SystemExit(f"[demo] gns-csi-client {method}: {out.stdout}{out.stderr}")
+        return json.loads(lines[-1])
+
+    wait_for("the CSI socket", lambda: os.path.exists(socket))
+    info = call("GetPluginInfo", {})
+    uid = "5f1d7c1e-0c6e-4d4e-9d7a-6b0c1a2b3c4d"
+    target = os.path.join(SANDBOX, f"var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~csi/kernel-cache/mount")
+    os.makedirs(os.path.dirname(target), exist_ok=True)  # the kubelet's part; the plugin makes `mount`
+    volume = "csi-" + uid.replace("-", "")
+    published = call("NodePublishVolume", {
+        "volume_id": volume, "target_path": target,
+        "volume_capability": {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}},
+        "volume_context": {"cacheName": "triton-demo", "cacheNamespace": "ml-apps",
+                           "csi.storage.k8s.io/pod.name": "example-pod",
+                           "csi.storage.k8s.io/pod.namespace": "ml-apps",
+                           "csi.storage.k8s.io/pod.uid": uid,
+                           "csi.storage.k8s.io/ephemeral": "true"}})
+    if published["codeName"] != "OK":
+        why = published["message"]
+        if "Operation not permitted" in why:
+            why += " (mount(2) needs root: run `make run` as root to see the mount)"
+        say("gkm-csi", f"{info['response'].get('name')}: NodePublishVolume ml-apps/triton-demo -> "
+            f"{published['codeName']}: {why}")
+        return
+    pid = os.environ.get("GNS_SUPERVISOR_PID", "")
+    view = f"/proc/{pid}/root{target}" if pid else target
+    files = sum(len(f) for _, _, f in os.walk(view))
+    try:
+        with open(os.path.join(view, "written-by-pod"), "w") as f:
+            f.write("x")
+        write = "a write went through (NOT read-only)"
+    except OSError as e:
+        write = f"a write fails: {os.strerror(e.errno)}"
+    options = ""
+    with open(f"/proc/{pid}/mountinfo" if pid else "/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 5 and fields[4] == target:
+                options = fields[5]
+    usage_file = os.path.join(SANDBOX, "run/gkm/usage/namespaced/ml-apps/triton-demo/usage.json")
+    with open(usage_file) as f:
+        usage = json.load(f)
+    status_name = f"{len('triton-demo')}.triton-demo.{NODE}"
+    node_path = f"/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcachenodes/{status_name}"
+
+    def pods():
+        code, obj = api.call("GET", node_path)
+        listed = obj.get("status", {}).get("caches", {}).get("triton-demo", {}).get("pods", []) if code == 200 else []
+        return listed or None
+    listed = wait_for("the GKMCacheNode listing the pod", pods, timeout=30)
+    say("gkm-csi", f"{info['response'].get('name')}: NodePublishVolume ml-apps/triton-demo -> OK: bind-mounted "
+        f"at pods/{uid[:8]}…/mount ({options}), {files} cache files visible, {write}; usage.json: "
+        f"{sorted(usage)}; GKMCacheNode pods: {[p.get('podName') for p in listed]}")
+    unpublished = call("NodeUnpublishVolume", {"volume_id": volume, "target_path": target})
+    with open(usage_file) as f:
+        left = json.load(f)
+    say("gkm-csi", f"NodeUnpublishVolume -> {unpublished['codeName']}: target gone: {not os.path.exists(view)}, "
+        f"usage.json now {left}")
+
+
 def health_checks_demo():
     """Issue 26: the polled checks (config/local.yaml: a pass every 5 s, clear after 2 clean
     passes). Two faults injected into the fake NVML turn a GPU Unhealthy at the kubelet, and the
@@ -608,6 +683,7 @@ def main():
     imex_demo(api)
     dra_gpu_demo(api)
     gkm_demo(api)
+    gkm_csi_demo(api)
     nvsentinel_export_demo()
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 

@@ -169,14 +169,22 @@ echo "  host IMEX:       busctl --address=unix:path=$GNS_SANDBOX/dbus/bus.sock c
 echo "  NVSentinel:      $GNS_SANDBOX/nvsentinel/received.jsonl (HealthEvents the platform-connector sim took)"
 echo "Ctrl-C stops everything."
 
-"$build_dir/src/gpu-node-supervisor" run --config "${GNS_CONFIG:-config/local.yaml}" &
+# gkm-csi bind-mounts kernel caches at pod paths in the sandbox: the supervisor runs in a mount
+# namespace of its own (private), so nothing it mounts reaches this machine's mounts, and all of it
+# goes with the process. Not root: no namespace, and the demo's CSI step says why it cannot mount.
+launch=()
+if [[ $(id -u) == 0 ]] && unshare --mount --propagation private true 2>/dev/null; then
+  launch=(unshare --mount --propagation private)
+fi
+mkdir -p "$GNS_SANDBOX/var/lib/kubelet/pods"
+"${launch[@]}" "$build_dir/src/gpu-node-supervisor" run --config "${GNS_CONFIG:-config/local.yaml}" &
 supervisor=$!
 pids+=("$supervisor")
 # The walk-through of every module (prints [demo] lines); the supervisor keeps running after it.
 # Then driver-managed IMEX (HostManagedIMEX off) on a second simulated cluster of three nodes,
 # each its own supervisor running the domain's nvidia-imex (tools/sim/driver_managed_demo.py).
 [[ ${GNS_DEMO:-1} == 1 ]] && {
-  { /usr/bin/python3 tools/sim/demo.py && GNS_BUILD_DIR=$build_dir /usr/bin/python3 tools/sim/driver_managed_demo.py; } &
+  { GNS_BUILD_DIR=$build_dir GNS_SUPERVISOR_PID=$supervisor /usr/bin/python3 tools/sim/demo.py && GNS_BUILD_DIR=$build_dir /usr/bin/python3 tools/sim/driver_managed_demo.py; } &
   pids+=($!)
 }
 # Ctrl-C reaches every process of the foreground group, the supervisor included: the script

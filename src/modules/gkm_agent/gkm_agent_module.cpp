@@ -4,9 +4,11 @@
 #include "loop/exception_text.hpp"
 #include "loop/state_file.hpp"
 
+#include "modules/gkm_agent/api/usage.hpp"
 #include "modules/gkm_agent/extract.hpp"
 
 #include <sys/stat.h>
+#include <sys/xattr.h>
 
 #include <ctime>
 #include <filesystem>
@@ -60,7 +62,36 @@ struct Installed {
   std::vector<GpuVerdict> verdicts;
   uint64_t bytes = 0;
   double seconds = 0;
+  // The installed copy was kept because pods use it: how many volumes, and its digest.
+  std::size_t kept_for = 0;
+  std::string kept_digest;
 };
+
+// The digest an installed cache directory was pulled as: an extended attribute on the directory
+// (no file inside it, where a pod would see it). Empty when unknown (not set, or a file system
+// without user xattrs: such a cache is pulled again at each start, as before).
+constexpr const char* kDigestXattr = "user.gkm.digest";
+
+std::string InstalledDigest(const std::string& dir) {
+  char buf[160];
+  const ssize_t n = ::getxattr(dir.c_str(), kDigestXattr, buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
+void MarkInstalledDigest(const std::string& dir, const std::string& digest) {
+  // Best effort: without it the next start pulls again (the old behaviour), nothing worse.
+  (void)::setxattr(dir.c_str(), kDigestXattr, digest.data(), digest.size(), 0);
+}
+
+uint64_t TreeBytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
+  }
+  return total;
+}
 
 }  // namespace
 
@@ -143,9 +174,16 @@ void GkmAgentModule::Stop(std::function<void()> done) {
     if (cache.status_retry) cache.status_retry->cancel();
     if (cache.usage_watch) cache.usage_watch->Stop();
   }
+  for (auto& [key, d] : draining_) {
+    if (d.watch) d.watch->Stop();
+  }
+  draining_.clear();
   caches_.clear();
   queue_.clear();
   pulling_ = false;
+  // The CSI side stops mounting what a stopped agent no longer vouches for.
+  swept_ = false;
+  PublishStates();
   namespaced_.reset();
   clustered_.reset();
   done();
@@ -180,6 +218,12 @@ void GkmAgentModule::OnEvent(const kube::ResourceEvent& e) {
   }
   const std::string image = Text(*e.object, {"spec", "image"});
   const std::string resolved = Text(*e.object, {"status", "resolvedDigest"});
+  if (auto d = draining_.find(key); d != draining_.end()) {
+    // Created again while its old directory was still in use: the directory is the cache's
+    // again (a pull replaces it only as any pull does).
+    if (d->second.watch) d->second.watch->Stop();
+    draining_.erase(d);
+  }
   auto [it, added] = caches_.try_emplace(key);
   Cache& c = it->second;
   if (!added && c.image == image && c.resolved_digest == resolved) return;
@@ -190,6 +234,7 @@ void GkmAgentModule::OnEvent(const kube::ResourceEvent& e) {
   c.resolved_digest = resolved;
   context_.Log().info("cache {}: image {}{}", key, image, resolved.empty() ? "" : " @ " + resolved);
   Enqueue(key);
+  PublishStates();
 }
 
 void GkmAgentModule::OnSynced() {
@@ -207,14 +252,30 @@ void GkmAgentModule::Sweep() {
   for (const auto& [key, object] : namespaced_->Items()) wanted.namespaced.insert(key);
   for (const auto& [key, object] : clustered_->Items()) wanted.cluster.insert(key);
   const std::string root = config_.cache_root;
+  const std::string usage_root = config_.usage_root;
+  // Caches whose objects went while we were down but that pods still mount stay (as a deletion
+  // while running would leave them): they go when their last pod lets go.
+  auto in_use = std::make_shared<std::vector<std::string>>();
   context_.Pool().Run(
-      [root, wanted] {
+      [root, usage_root, wanted, in_use]() mutable {
+        for (const auto& key : CacheKeysInUse(usage_root)) {
+          const bool cluster = key.rfind("cluster/", 0) == 0;
+          const std::string rest = key.substr(key.find('/') + 1);
+          auto& set = cluster ? wanted.cluster : wanted.namespaced;
+          if (set.insert(rest).second) in_use->push_back(key);
+        }
         auto report = MigrateLayout(root, wanted);
         for (auto& key : SweepLayout(root, wanted)) report.removed.push_back(std::move(key));
         return report;
       },
-      lifetime_.Guard([this](LayoutReport report, std::exception_ptr error) {
+      lifetime_.Guard([this, in_use](LayoutReport report, std::exception_ptr error) {
         swept_ = true;
+        for (const auto& key : *in_use) {
+          if (caches_.count(key)) continue;  // created again meanwhile
+          context_.Log().info("cache {}: its object is gone but pods still use it: removed when the last lets go", key);
+          RemoveWhenUnused(key, config_.cache_root + "/" + key, config_.usage_root + "/" + key);
+        }
+        PublishStates();  // listed: a cache not named now does not exist
         if (error) context_.Log().warn("migrating and sweeping {}: {}", config_.cache_root, DescribeException(error));
         for (const auto& move : report.moved) context_.Log().info("cache moved to the new layout: {}", move);
         for (const auto& key : report.removed) context_.Log().info("removed stale cache {}", key);
@@ -288,6 +349,47 @@ void GkmAgentModule::Pull(const std::string& key) {
   c.reason.clear();
   c.message.clear();
   UpdateGauges();
+  if (c.resolved_digest.empty() || !c.digest.empty()) {
+    // A tag is resolved by the registry; a cache pulled by this run already is pulled again.
+    PullFromRegistry(key);
+    return;
+  }
+  const std::string dir = CacheDir(c);
+  const std::string want = c.resolved_digest;
+  const auto gpus = Gpus();
+  const int cuda = inventory_ ? inventory_->cuda_driver_version : 0;
+  auto check = [dir, want, gpus, cuda]() -> std::optional<Installed> {
+    if (InstalledDigest(dir) != want) return std::nullopt;
+    Installed out;
+    out.verdicts = CheckCompatibility(ScanTritonCache(dir), gpus, cuda);
+    out.bytes = TreeBytes(dir);
+    return out;
+  };
+  context_.Pool().Run(std::move(check), lifetime_.Guard([this, key, want, image = c.image](
+                                                            std::optional<Installed> found, std::exception_ptr error) {
+    auto it = caches_.find(key);
+    if (it == caches_.end() || it->second.image != image || it->second.resolved_digest != want) {
+      pulling_ = false;
+      PumpQueue();
+      return;
+    }
+    bool any = false;
+    if (found && !error) {
+      for (const auto& v : found->verdicts) any = any || v.compatible;
+    }
+    if (!any) {
+      PullFromRegistry(key);  // not there, another digest, or no GPU can use it now: a real pull decides
+      return;
+    }
+    context_.Log().info("cache {}: {} already installed, not pulled again", key, want);
+    it->second.verdicts = found->verdicts;
+    it->second.size_bytes = found->bytes;
+    Finish(key, image, want, "Ready", "", "");
+  }));
+}
+
+void GkmAgentModule::PullFromRegistry(const std::string& key) {
+  Cache& c = caches_.at(key);
   const std::string secret_ns = c.cluster ? config_.cluster_secret_namespace : c.ns;
   if (config_.pull_secrets.empty() || secret_ns.empty()) {
     PullWithCredentials(key, std::nullopt);
@@ -382,11 +484,12 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
           return;
         }
         const std::string final_dir = CacheDir(it->second);
+        const std::string usage_dir = config_.usage_root + "/" + key;
         const auto gpus = Gpus();
         const int cuda = inventory_ ? inventory_->cuda_driver_version : 0;
         const std::string digest = r.digest;
         context_.Pool().Run(
-            [bytes = r.extracted.bytes, work, final_dir, gpus, cuda, started] {
+            [bytes = r.extracted.bytes, work, final_dir, usage_dir, digest, gpus, cuda, started] {
               Installed out;
               out.bytes = bytes;
               try {
@@ -394,8 +497,22 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
                 out.verdicts = CheckCompatibility(kernels, gpus, cuda);
                 bool any = false;
                 for (const auto& v : out.verdicts) any = any || v.compatible;
-                if (any) {
+                // Under the cache-use lock (api/usage.hpp): the CSI side mounts the installed copy
+                // under it, so it is replaced or removed only while no pod has it.
+                CacheUseLock lock(usage_dir);
+                const auto usage = ReadUsageFile(usage_dir);
+                const std::size_t users = usage.ok ? usage.records.size() : 1;  // unreadable: assume used
+                std::error_code ec;
+                if (users > 0 && fs::is_directory(final_dir, ec)) {
+                  // Never replaced or removed under a pod: the installed copy stays as it is, and
+                  // its own kernels say which GPUs can use it (after a restart nothing else does).
+                  out.kept_for = users;
+                  out.kept_digest = InstalledDigest(final_dir);
+                  out.verdicts = CheckCompatibility(ScanTritonCache(final_dir), gpus, cuda);
+                  out.bytes = TreeBytes(final_dir);
+                } else if (any) {
                   InstallDirectory(work + "/cache", final_dir);
+                  MarkInstalledDigest(final_dir, digest);
                 } else {
                   // Nothing here can use it: it is not kept (seed 002), and an older copy goes too.
                   out.reason = gpus.empty() ? "NoGpus" : "Incompatible";
@@ -424,6 +541,26 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
               if (it == caches_.end()) {
                 pulling_ = false;
                 PumpQueue();
+                return;
+              }
+              if (out.kept_for > 0 && out.reason.empty()) {
+                Cache& c = it->second;
+                c.verdicts = out.verdicts;
+                c.size_bytes = out.bytes;
+                if (!out.kept_digest.empty() && out.kept_digest == digest) {
+                  // The same bytes: nothing to replace.
+                  Finish(key, image, digest, "Ready", "", "");
+                  return;
+                }
+                // Keep serving the installed copy (its verdicts); the new digest waits for
+                // the last pod to let go (RefreshUsage enqueues it then).
+                c.update_deferred = true;
+                context_.Log().info("cache {}: {} not installed: the installed copy ({}) is in use by {} volume(s)",
+                                    key, digest, out.kept_digest.empty() ? "digest unknown" : out.kept_digest,
+                                    out.kept_for);
+                Finish(key, image, out.kept_digest.empty() ? c.digest : out.kept_digest, "Ready", "UpdateDeferred",
+                       digest + " waits: the installed copy is in use by " + std::to_string(out.kept_for) +
+                           " volume(s)");
                 return;
               }
               it->second.verdicts = out.verdicts;
@@ -487,20 +624,78 @@ void GkmAgentModule::Forget(const std::string& key, const json& last) {
   if (c.status_retry) c.status_retry->cancel();
   if (c.usage_watch) c.usage_watch->Stop();
   const std::string dir = CacheDir(c);
-  context_.Log().info("cache {} deleted: removing {}", key, dir);
-  context_.Pool().Execute([dir] {
-    try {
-      RemoveTree(dir);
-    } catch (const std::exception&) {
-      // The next start's sweep removes it.
-    }
-  });
+  context_.Log().info("cache {} deleted: removing {} once no pod uses it", key, dir);
+  RemoveWhenUnused(key, dir, config_.usage_root + "/" + key);
   if (const std::string name = ObjectName(c); !name.empty()) {
     client_->Delete(NodePath(c).Object(name), {}, lifetime_.Guard([this, key](kube::Result r) {
       if (!r.Ok() && r.http_status != 404) context_.Log().warn("delete status of {}: {}", key, r.error);
     }));
   }
   UpdateGauges();
+}
+
+void GkmAgentModule::RemoveWhenUnused(const std::string& key, const std::string& dir, const std::string& usage_dir) {
+  Draining& d = draining_[key];
+  d.dir = dir;
+  d.usage_dir = usage_dir;
+  if (d.removing) {
+    d.again = true;
+    return;
+  }
+  d.removing = true;
+  // Under the cache-use lock (api/usage.hpp): the CSI side cannot record and mount a volume of
+  // this cache between the check and the removal.
+  context_.Pool().Run(
+      [dir, usage_dir]() -> std::size_t {
+        CacheUseLock lock(usage_dir);
+        const auto usage = ReadUsageFile(usage_dir);
+        if (!usage.ok) throw std::runtime_error(usage.error);  // unreadable: keep the files
+        if (!usage.records.empty()) return usage.records.size();
+        RemoveTree(dir);
+        return 0;
+      },
+      lifetime_.Guard([this, key](std::size_t pods, std::exception_ptr error) {
+        auto it = draining_.find(key);
+        if (it == draining_.end()) return;  // created again meanwhile
+        Draining& d = it->second;
+        d.removing = false;
+        if (error) {
+          // The next start's sweep tries again (with the same check).
+          context_.Log().warn("cache {}: cannot remove {}: {}", key, d.dir, DescribeException(error));
+        } else if (pods == 0) {
+          context_.Log().info("cache {}: removed {}", key, d.dir);
+          if (d.watch) d.watch->Stop();
+          draining_.erase(it);
+          return;
+        } else {
+          context_.Log().info("cache {}: {} kept while {} volume(s) use it", key, d.dir, pods);
+        }
+        if (d.again) {
+          d.again = false;
+          RemoveWhenUnused(key, d.dir, d.usage_dir);
+          return;
+        }
+        if (!d.watch && !error) {
+          d.watch = std::make_unique<DirWatcher>(context_.GetLoop().Io(), d.usage_dir,
+                                                 [this, key](DirWatcher::Change, const std::string& name) {
+                                                   if (name.empty() || name == "usage.json") OnUsageChanged(key);
+                                                 });
+          try {
+            d.watch->Start();
+          } catch (const std::exception& e) {
+            context_.Log().warn("cannot watch {}: {} (removed at the next start)", d.usage_dir, e.what());
+            d.watch.reset();
+          }
+        }
+      }));
+}
+
+void GkmAgentModule::OnUsageChanged(const std::string& key) {
+  if (caches_.count(key)) {
+    RefreshUsage(key);
+  } else if (auto d = draining_.find(key); d != draining_.end()) {
+    RemoveWhenUnused(key, d->second.dir, d->second.usage_dir);
+  }
 }
 
 std::string GkmAgentModule::UsagePath(const Cache& cache) const {
@@ -528,6 +723,10 @@ void GkmAgentModule::RefreshUsage(const std::string& key) {
                           c.usage_changed = false;
                           RefreshUsage(key);
                           return;
+                        }
+                        if (c.update_deferred && c.pods.empty()) {
+                          c.update_deferred = false;
+                          Enqueue(key);  // the newer image can go in now
                         }
                         WriteStatus(key);
                       }));
@@ -568,7 +767,7 @@ void GkmAgentModule::WatchUsage(const std::string& key) {
   }
   c.usage_watch = std::make_unique<DirWatcher>(context_.GetLoop().Io(), dir,
                                                [this, key](DirWatcher::Change, const std::string& name) {
-                                                 if (name.empty() || name == "usage.json") RefreshUsage(key);
+                                                 if (name.empty() || name == "usage.json") OnUsageChanged(key);
                                                });
   try {
     c.usage_watch->Start();
@@ -681,7 +880,35 @@ void GkmAgentModule::RetryStatus(const std::string& key, std::chrono::millisecon
   }));
 }
 
+void GkmAgentModule::PublishStates() {
+  CacheStates states;
+  states.cache_root = config_.cache_root;
+  states.usage_root = config_.usage_root;
+  states.listed = swept_;
+  for (const auto& [key, c] : caches_) {
+    CacheView v;
+    v.cluster = c.cluster;
+    v.ns = c.ns;
+    v.name = c.name;
+    v.state = c.state;
+    v.reason = c.reason;
+    v.message = c.message;
+    v.digest = c.digest;
+    v.size_bytes = c.size_bytes;
+    v.directory = CacheDir(c);
+    v.usage_dir = config_.usage_root + "/" + key;
+    for (const auto& verdict : c.verdicts) {
+      if (verdict.compatible) v.compatible_gpus.push_back(verdict.index);
+    }
+    states.caches.emplace(key, std::move(v));
+  }
+  if (published_ && *published_ == states) return;
+  published_ = states;
+  context_.GetBus().Publish(std::move(states));
+}
+
 void GkmAgentModule::UpdateGauges() {
+  PublishStates();
   std::map<std::string, int> by_state{{"Pending", 0}, {"Pulling", 0}, {"Ready", 0}, {"Incompatible", 0}, {"Failed", 0}};
   for (const auto& [key, c] : caches_) ++by_state[c.state];
   for (const auto& [state, n] : by_state) {

@@ -13,6 +13,7 @@
 #include "loop/module.hpp"
 #include "modules/gkm_agent/compat.hpp"
 #include "modules/gkm_agent/layout.hpp"
+#include "modules/gkm_agent/messages.hpp"
 #include "modules/gkm_agent/registry_client.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/api/client.hpp"
@@ -90,6 +91,9 @@ class GkmAgentModule final : public Module {
     bool usage_reading = false;
     bool usage_changed = false;
     bool queued = false;
+    // A newer image waits: the installed copy is in use by pods and is not replaced under them;
+    // pulled again once usage.json names no pod.
+    bool update_deferred = false;
   };
   const std::map<std::string, Cache>& Caches() const { return caches_; }
 
@@ -103,7 +107,10 @@ class GkmAgentModule final : public Module {
   void SweepStatusObjects();
   void Enqueue(const std::string& key);
   void PumpQueue();
+  // At a (re)start, a cache whose installed copy already has the digest the object names is
+  // checked again on disk instead of pulled (a pull would replace the directory under its pods).
   void Pull(const std::string& key);
+  void PullFromRegistry(const std::string& key);
   void PullWithCredentials(const std::string& key, std::optional<Credentials> credentials);
   void Finish(const std::string& key, const std::string& image, const std::string& digest, std::string state,
               std::string reason, std::string message);
@@ -122,7 +129,14 @@ class GkmAgentModule final : public Module {
   std::string ObjectName(const Cache& cache) const;
   kube::ResourcePath NodePath(const Cache& cache) const;
   void UpdateGauges();
+  // Publishes CacheStates (messages.hpp) when what the CSI side sees changed.
+  void PublishStates();
   std::vector<GpuFacts> Gpus() const;
+  // usage.json of `key` changed: the status of a cache, or the removal of a deleted one in use.
+  void OnUsageChanged(const std::string& key);
+  // A deleted cache's directory goes only when no pod uses it (api/usage.hpp: under the lock);
+  // while one does, it waits in draining_ and is tried again on each change of its usage.json.
+  void RemoveWhenUnused(const std::string& key, const std::string& dir, const std::string& usage_dir);
 
   ModuleContext& context_;
   Config config_;
@@ -135,6 +149,15 @@ class GkmAgentModule final : public Module {
   std::optional<gpu_inventory::GpuInventory> inventory_;
   std::map<std::string, Cache> caches_;
   std::deque<std::string> queue_;
+  struct Draining {
+    std::string dir;
+    std::string usage_dir;
+    std::unique_ptr<DirWatcher> watch;
+    bool removing = false;
+    bool again = false;  // usage changed during a try: try once more
+  };
+  std::map<std::string, Draining> draining_;  // deleted caches still mounted by pods
+  std::optional<CacheStates> published_;
   bool pulling_ = false;
   bool sweep_started_ = false;
   bool swept_ = false;  // no pull before the start's sweep is done

@@ -3,6 +3,7 @@
 
 #include "loop/atomic_file.hpp"
 #include "modules/gkm_agent/extract.hpp"
+#include "modules/gkm_agent/messages.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -50,7 +51,7 @@ void Rename(const fs::path& from, const fs::path& to) {
 }  // namespace
 
 std::string CacheRelPath(bool cluster, const std::string& ns, const std::string& name) {
-  return cluster ? std::string(kClusterDir) + "/" + name : std::string(kNamespacedDir) + "/" + ns + "/" + name;
+  return CacheKey(cluster, ns, name);  // messages.hpp: the same string for the CSI side
 }
 
 std::string StatusObjectName(const std::string& cache, const std::string& node) {

@@ -3,13 +3,17 @@
 // from the CSI driver's file shows up; deleting the cache removes files and status; caches no
 // GPU can use are not kept; tampered images fail with a precise reason; a start sweeps caches
 // no object refers to and migrates an old layout; namespaced and cluster caches never share a
-// directory; two nodes' status objects never share a name.
+// directory; two nodes' status objects never share a name; a deleted cache a pod still uses
+// (usage.json) stays until the last pod lets go; the verdicts reach the CSI side (CacheStates).
 #include "modules/gkm_agent/gkm_agent_module.hpp"
+#include "modules/gkm_agent/messages.hpp"
 #include "registry_fixture.hpp"
 #include "support/held_pool.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
 
 #include <boost/asio/steady_timer.hpp>
+
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
@@ -229,9 +233,94 @@ TEST_F(GkmAgentTest, ACacheBecomesReadyPerGpuThenGoesAwayWithItsObject) {
   }
   ASSERT_TRUE(h_.RunUntil([&] { return pods() == json::parse(R"([{"podName":"pod-bar","podNamespace":"ml","volumeId":"csi-2"}])"); }));
 
+  // The CSI side follows the agent's verdict: the cache is Ready in CacheStates, with its paths.
+  std::optional<CacheStates> states;
+  auto states_sub = h_.bus.Subscribe<CacheStates>([&](const CacheStates& s) { states = s; });
+  ASSERT_TRUE(h_.RunUntil([&] { return states && states->caches.count("namespaced/ml/llama"); }));
+  EXPECT_TRUE(states->listed);
+  EXPECT_EQ(states->caches.at("namespaced/ml/llama").state, "Ready");
+  EXPECT_EQ(states->caches.at("namespaced/ml/llama").directory, dir.string());
+  EXPECT_EQ(states->caches.at("namespaced/ml/llama").compatible_gpus, (std::vector<uint32_t>{0, 1}));
+
+  // Deleted while a pod still mounts it (pod-bar's record): the status object goes, the cache
+  // leaves CacheStates (no new mounts), but its files stay under the pod.
   ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/llama").status, 200);
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).status == 404 &&
+           !states->caches.count("namespaced/ml/llama");
+  }));
+  h_.RunUntil([] { return false; }, milliseconds(300));  // the removal's pool job had its chance
+  EXPECT_EQ(Kernels(dir), 2u) << "a cache in use was removed under its pod";
+  // The last pod lets go (the CSI side rewrites usage.json): the directory goes.
+  std::ofstream(usage / "usage.json.tmp") << "{}";
+  fs::rename(usage / "usage.json.tmp", usage / "usage.json");
+  EXPECT_TRUE(h_.RunUntil([&] { return !fs::exists(dir); }));
+}
+
+// Issue 30: the agent pulls every cache again at its start. A cache a pod mounts is never
+// replaced under it: the installed copy stays (same inode), Ready, and the newer image waits
+// until the last pod lets go.
+TEST_F(GkmAgentTest, ARestartNeverReplacesACacheUnderItsPods) {
+  const auto first = registry_->Push("caches/inuse", "v1", {"--triton", "80,90"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("inuse", registry_->Host() + "/caches/inuse:v1").dump()).status, 201);
+  auto entry = WaitForState(kNodes, "inuse", "Ready");
+  ASSERT_EQ(entry["digest"], first["manifest"]);
+  const fs::path dir = root_ / "caches/namespaced/ml/inuse";
+  auto inode = [&] {
+    struct stat st {};
+    return ::stat(dir.c_str(), &st) == 0 ? st.st_ino : 0;
+  };
+  const auto before = inode();
+  ASSERT_NE(before, 0u);
+  const fs::path usage = root_ / "usage/namespaced/ml/inuse";
+  ASSERT_TRUE(h_.RunUntil([&] { return fs::exists(usage); }));
+  std::ofstream(usage / "usage.json.tmp") << R"({"pod-foo":[{"podName":"pod-foo","podNamespace":"ml","volumeId":"csi-1"}]})";
+  fs::rename(usage / "usage.json.tmp", usage / "usage.json");
+
+  // A new image under the same tag, and the agent restarts: its pull gets the new digest.
+  const auto second = registry_->Push("caches/inuse", "v1", {"--triton", "90"});
+  ASSERT_NE(second["manifest"], first["manifest"]);
+  bool stopped = false;
+  module_->Stop([&] { stopped = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return stopped; }));
+  module_.reset();
+  second_context_ = std::make_unique<ModuleContext>(h_.Parts(), std::string(GkmAgentModule::kName),
+                                                    [](std::string) {}, [](ModuleHealth, std::string) {});
+  second_ = std::make_unique<GkmAgentModule>(*second_context_, config_);
+  second_->Start();
+  json cache;
+  ASSERT_TRUE(h_.RunUntil([&] {
+    cache = server_->Call("GET", std::string(kNodes) + "/" + StatusName("inuse")).Json()["status"]["caches"]["inuse"];
+    return cache.value("reason", "") == "UpdateDeferred";
+  }, std::chrono::seconds(60))) << cache.dump();
+  EXPECT_EQ(cache["state"], "Ready");
+  EXPECT_NE(cache["message"].get<std::string>().find(second["manifest"].get<std::string>() + " waits"), std::string::npos);
+  EXPECT_EQ(inode(), before) << "the cache was replaced under its pod";
+  EXPECT_EQ(Kernels(dir), 2u);  // the first image's kernels (sm_80 and sm_90)
+  EXPECT_EQ(cache["compatibleGPUs"], json::parse(R"([{"ids":[0]}])"));
+
+  // The pod lets go: the newer image goes in.
+  std::ofstream(usage / "usage.json.tmp") << "{}";
+  fs::rename(usage / "usage.json.tmp", usage / "usage.json");
+  ASSERT_TRUE(h_.RunUntil([&] {
+    cache = server_->Call("GET", std::string(kNodes) + "/" + StatusName("inuse")).Json()["status"]["caches"]["inuse"];
+    return cache["digest"] == second["manifest"] && cache["state"] == "Ready";
+  }, std::chrono::seconds(60))) << cache.dump();
+  EXPECT_FALSE(cache.contains("reason"));
+  EXPECT_EQ(Kernels(dir), 1u);
+}
+
+TEST_F(GkmAgentTest, ADeletedCacheNobodyUsesGoesAtOnce) {
+  registry_->Push("caches/idle", "v1", {"--triton", "90"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("idle", registry_->Host() + "/caches/idle:v1").dump()).status, 201);
+  WaitForState(kNodes, "idle", "Ready");
+  const fs::path dir = root_ / "caches/namespaced/ml/idle";
+  ASSERT_TRUE(fs::exists(dir));
+  ASSERT_EQ(server_->Call("DELETE", std::string(kCaches) + "/idle").status, 200);
   EXPECT_TRUE(h_.RunUntil([&] {
-    return !fs::exists(dir) && server_->Call("GET", std::string(kNodes) + "/" + StatusName("llama")).status == 404;
+    return !fs::exists(dir) && server_->Call("GET", std::string(kNodes) + "/" + StatusName("idle")).status == 404;
   }));
 }
 
@@ -300,6 +389,25 @@ TEST_F(GkmAgentTest, StartSweepsCachesNoObjectRefersTo) {
            !fs::exists(root_ / "caches/cluster/gone") && !fs::exists(root_ / "caches/namespaced/gone");
   }));
   EXPECT_EQ(Kernels(root_ / "caches/namespaced/ml/kept"), 1u);
+}
+
+// A cache whose object went while the agent was down, but that a pod still mounts (usage.json):
+// the start's sweep leaves it, and it goes when the last pod lets go.
+TEST_F(GkmAgentTest, StartSweepLeavesACacheAPodStillUses) {
+  fs::create_directories(root_ / "caches/cluster/mounted");
+  std::ofstream(root_ / "caches/.layout") << "2\n";  // the new layout: no migration
+  std::ofstream(root_ / "caches/cluster/mounted/add_kernel.json") << "{}";
+  fs::create_directories(root_ / "caches/cluster/unused");
+  const fs::path usage = root_ / "usage/cluster/mounted";
+  fs::create_directories(usage);
+  std::ofstream(usage / "usage.json") << R"({"pod-foo":[{"podName":"pod-foo","volumeId":"csi-1"}]})";
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_TRUE(h_.RunUntil([&] { return !fs::exists(root_ / "caches/cluster/unused"); }));
+  h_.RunUntil([] { return false; }, milliseconds(300));
+  EXPECT_TRUE(fs::exists(root_ / "caches/cluster/mounted/add_kernel.json"));
+  std::ofstream(usage / "usage.json.tmp") << "{}";
+  fs::rename(usage / "usage.json.tmp", usage / "usage.json");
+  EXPECT_TRUE(h_.RunUntil([&] { return !fs::exists(root_ / "caches/cluster/mounted"); }));
 }
 
 // The issue: a GKMCache in a namespace named "cluster-scoped" had the ClusterGKMCache's key and
