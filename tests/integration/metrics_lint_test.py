@@ -29,6 +29,24 @@ import yaml
 FOREIGN_PREFIXES = ("DCGM_FI_",)
 
 
+def supervisor_pid(build, session):
+    """The pid of `<build>/src/gpu-node-supervisor run` in run-local.sh's session, or None."""
+    binary = os.path.join(build, "src/gpu-node-supervisor")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if os.getsid(int(entry)) != session:
+                continue
+        except (OSError, ProcessLookupError):
+            continue
+        if len(argv) > 1 and argv[0].decode(errors="replace") == binary and argv[1] == b"run":
+            return int(entry)
+    return None
+
+
 def main():
     repo, build = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     promtool = sys.argv[3] if len(sys.argv) > 3 else ""
@@ -68,7 +86,12 @@ def main():
                 print("".join(log[-80:]), file=sys.stderr)
                 print("the supervisor did not say where it serves /metrics", file=sys.stderr)
                 return 1
-            demo_env = dict(env, GNS_METRICS_LISTEN=address[0], GNS_REPO=repo)
+            # What run-local.sh hands its own demo: the build's tools (gns-csi-client) and the
+            # supervisor's pid (gkm-csi's mount is seen through its mount namespace).
+            demo_env = dict(env, GNS_METRICS_LISTEN=address[0], GNS_REPO=repo, GNS_BUILD_DIR=build)
+            supervisor = supervisor_pid(build, node.pid)
+            if supervisor:
+                demo_env["GNS_SUPERVISOR_PID"] = str(supervisor)
             demo = subprocess.run([sys.executable, os.path.join(repo, "tools/sim/demo.py")], cwd=repo, env=demo_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
             print(demo.stdout)
