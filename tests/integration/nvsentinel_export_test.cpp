@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -95,6 +96,22 @@ class NvsentinelExportTest : public ::testing::Test {
     return out;
   }
 
+  // The lines no event names yet, for a failure message.
+  std::string MissingLines() const {
+    std::set<int> got;
+    for (const auto& [line, id] : Received()) got.insert(line);
+    std::string out;
+    for (int line = 1; line <= lines_; ++line) {
+      if (!got.contains(line)) out += " " + std::to_string(line);
+    }
+    return out.empty() ? "none missing" : "missing lines:" + out;
+  }
+
+  static unsigned TestSeed() {
+    const char* env = std::getenv("GNS_NVS_EXPORT_SEED");
+    return env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+  }
+
   bool BootEventReceived() const {
     std::ifstream in(Record());
     std::string line;
@@ -167,8 +184,8 @@ TEST_F(NvsentinelExportTest, XidLinesReachTheConnectorInOrderAcrossItsRestart) {
 }
 
 TEST_F(NvsentinelExportTest, KillNineMidDeliveryDeliversEveryEventOnceById) {
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const unsigned seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay: GNS_NVS_EXPORT_SEED=" + std::to_string(seed) + ")");
   std::mt19937 rng(seed);
   // A slow connector (each call takes 300 ms), refusing while the events queue up.
   auto sim = StartSim({"--delay-ms", "300", "--failing"});
@@ -205,7 +222,8 @@ TEST_F(NvsentinelExportTest, KillNineMidDeliveryDeliversEveryEventOnceById) {
     for (const auto& [line, id] : Received()) lines.insert(line);
     return static_cast<int>(lines.size()) == lines_;
   };
-  ASSERT_TRUE(test::Eventually(all_lines, std::chrono::seconds(60))) << proc.Output();
+  ASSERT_TRUE(test::Eventually(all_lines, std::chrono::seconds(60))) << MissingLines() << " of " << lines_ << "\n"
+                                                                      << proc.Output();
   std::this_thread::sleep_for(milliseconds(800));
   // Per line: exactly one id (a resend is the same event); per id: one line.
   std::map<int, std::set<std::string>> ids_of_line;
@@ -232,8 +250,8 @@ TEST_F(NvsentinelExportTest, KillNineMidDeliveryDeliversEveryEventOnceById) {
 // (gpu-health's event log gives the event back at the next start), or in delivery. Every line
 // arrives, each under one id.
 TEST_F(NvsentinelExportTest, KillNineAnywhereInTheIntakeLosesNoEvent) {
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const unsigned seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay: GNS_NVS_EXPORT_SEED=" + std::to_string(seed) + ")");
   std::mt19937 rng(seed);
   auto sim = StartSim();
   double replayed = 0;
@@ -258,7 +276,8 @@ TEST_F(NvsentinelExportTest, KillNineAnywhereInTheIntakeLosesNoEvent) {
     for (const auto& [line, id] : Received()) lines.insert(line);
     return static_cast<int>(lines.size()) == lines_;
   };
-  ASSERT_TRUE(test::Eventually(all_lines, std::chrono::seconds(60))) << proc.Output();
+  ASSERT_TRUE(test::Eventually(all_lines, std::chrono::seconds(60))) << MissingLines() << " of " << lines_ << "\n"
+                                                                      << proc.Output();
   std::this_thread::sleep_for(milliseconds(800));
   replayed += std::max(0.0, Metric(PortIn(*serving), "gpu_node_supervisor_nvsentinel_export_replayed_total"));
   std::map<int, std::set<std::string>> ids_of_line;

@@ -73,7 +73,8 @@ struct ExportBook {
   std::optional<Imex> imex;
   std::optional<std::set<std::string>> resets;  // "<job id>/<phase>" of finished jobs, exported or seen
   // Ids of gpu-health events taken into the queue, oldest first, at most kMaxTakenEvents.
-  // Absent: never recorded (a fresh node, or a book written before this field).
+  // Absent: a book written before this field (its build delivered what the log holds). A
+  // fresh node's book has it, empty.
   std::optional<std::vector<std::string>> taken_events;
   static constexpr std::size_t kMaxTakenEvents = 2048;
   bool operator==(const ExportBook&) const = default;

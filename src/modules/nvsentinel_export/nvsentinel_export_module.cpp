@@ -178,7 +178,10 @@ void NvsentinelExportModule::Start() {
     } else if (read.status == StateFileRead::Status::kUnreadable) {
       throw std::runtime_error(read.error);
     } else {
-      result.book = ExportBook{};  // a fresh node
+      // A fresh node: nothing was ever taken, so what gpu-health's log holds inside
+      // replayWindow is news (it may be what a kill -9 kept from our very first queue write).
+      result.book = ExportBook{};
+      result.book->taken_events.emplace();
     }
     return result;
   };
@@ -208,10 +211,15 @@ void NvsentinelExportModule::Loaded(std::vector<StoredEvent> events, std::option
     context_.Log().error("damaged queue state: {}", problem);
   }
   if (!problems.empty()) context_.SetHealth(ModuleHealth::kDegraded, "damaged queue state moved aside: " + problems.front());
-  // A damaged book reads as a fresh one: what is unhealthy now is exported again (ids are
-  // stable: a receiver that has them dedupes).
+  // A damaged book reads as a fresh one: what is unhealthy now, and the log's events inside
+  // replayWindow, are exported again (ids are stable: a receiver that has them dedupes).
   *book_ = book ? std::move(*book) : ExportBook{};
-  if (!book) book_dirty_ = true;
+  if (!book) {
+    book_->taken_events.emplace();
+    book_dirty_ = true;
+  }
+  // Only a book written before taken ids were recorded makes the first log history: that
+  // build delivered those events already.
   replay_allowed_ = book_->taken_events.has_value();
   if (book_->taken_events) taken_.insert(book_->taken_events->begin(), book_->taken_events->end());
   for (auto& event : events) {

@@ -313,10 +313,12 @@ TEST_F(NvsentinelExportModuleTest, AnEventTheLogHoldsThatWeNeverTookIsSentOnceAt
   EXPECT_EQ(sim_->Events().size(), 2u);
 }
 
-// A book that never recorded taken ids (a fresh node, or a build before them): the log is
-// history then, not news — nothing from it is sent; what comes after is.
-TEST_F(NvsentinelExportModuleTest, TheFirstLogWithoutARecordOfTakenIdsIsHistory) {
+// A book written by a build that did not record taken ids: that build delivered what the log
+// holds, so the first log is history, not news — nothing from it is sent; what comes after is.
+TEST_F(NvsentinelExportModuleTest, TheFirstLogUnderABookWithoutTakenIdsIsHistory) {
   StartSim();
+  fs::create_directories(dir_ / "state/nvsentinel-export");
+  std::ofstream(dir_ / "state/nvsentinel-export/export-book.json") << R"({"version":1,"verdicts":{}})";
   const auto first = XidEvent(1);
   const auto second = XidEvent(2);
   Log({first, second});
@@ -330,6 +332,28 @@ TEST_F(NvsentinelExportModuleTest, TheFirstLogWithoutARecordOfTakenIdsIsHistory)
   ASSERT_TRUE(Received(1));
   h_.RunUntil([] { return false; }, milliseconds(300));
   EXPECT_EQ(Messages(), (std::vector<std::string>{"Xid 48 number 3"}));
+}
+
+// A fresh node (no book yet) has taken nothing: the log's events inside replayWindow are sent
+// once, older ones are not. This is the kill -9 that lands before our very first queue write:
+// gpu-health's checkpoint holds the event, we hold nothing.
+TEST_F(NvsentinelExportModuleTest, AFreshNodeSendsTheLogsEventsInsideTheReplayWindowOnce) {
+  StartSim();
+  config_.replay_window = std::chrono::minutes(15);
+  Log({XidEvent(1, std::chrono::hours(2)), XidEvent(2, std::chrono::minutes(1)), XidEvent(3)});
+  {
+    test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+    m.Start(config_);
+    ASSERT_TRUE(Received(2));
+    h_.RunUntil([] { return false; }, milliseconds(300));
+    EXPECT_EQ(Messages(), (std::vector<std::string>{"Xid 48 number 2", "Xid 48 number 3"}));
+    ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->queued == 0; }));
+  }
+  // The book now records them: the next start sends nothing again.
+  test::ModuleUnderTest<NvsentinelExportModule> m(h_);
+  m.Start(config_);
+  h_.RunUntil([] { return false; }, milliseconds(300));
+  EXPECT_EQ(sim_->Events().size(), 2u);
 }
 
 // An event we never took that is older than replayWindow was made while the exporter was off:
