@@ -119,6 +119,8 @@ std::optional<DeviceHealth> CombinedVerdict(const std::string& uuid, const Devic
     out.healthy = false;
     out.reason = ConditionReason(worst->condition);
     out.xid = 0;
+    out.sxid = 0;
+    out.check = worst->condition.check;
     out.recommended_action = std::string(ActionName(worst->condition.action));
     out.pci = xid != nullptr && !xid->pci.empty() ? xid->pci : worst->pci;
   }

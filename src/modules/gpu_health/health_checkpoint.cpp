@@ -139,6 +139,7 @@ std::string HealthCheckpoint::Serialize() const {
                              {"pci", d.pci}};
     // Only on a GPU instance's verdict: files without it read as before.
     if (d.gpu_instance != kWholeGpu) device["gpuInstance"] = d.gpu_instance;
+    if (d.sxid != 0) device["sxid"] = d.sxid;  // likewise: only on an SXid's verdict
     if (const auto held = held_by.find(d.RetainKey()); held != held_by.end() && !held->second.empty()) {
       device["heldBy"] = held->second;
     }
@@ -252,6 +253,14 @@ std::optional<HealthCheckpoint> HealthCheckpoint::Parse(std::string_view text, s
         return std::nullopt;
       }
       h.gpu_instance = static_cast<uint32_t>(instance);
+    }
+    if (d.contains("sxid")) {
+      uint64_t sxid = 0;
+      if (!UnsignedField(d, "sxid", sxid) || sxid == 0 || sxid > std::numeric_limits<uint32_t>::max()) {
+        error = where + " (" + h.uuid + "): sxid is not an SXid number";
+        return std::nullopt;
+      }
+      h.sxid = sxid;
     }
     if (const auto held = d.find("heldBy"); held != d.end()) {
       std::vector<uint32_t> xids;

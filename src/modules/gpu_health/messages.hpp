@@ -25,6 +25,11 @@ struct DeviceHealth {
   bool healthy = true;
   std::string reason;  // why unhealthy, or what made it healthy again
   uint64_t xid = 0;    // the XID that made it unhealthy (0 if none)
+  // The cause when it is not an XID: the NVSwitch SXid on a port wired to this GPU, or the
+  // polled check whose condition is the worst (its stable name, the HealthEvent's checkName).
+  // At most one of xid, sxid and check is set on an Unhealthy verdict; none on a Healthy one.
+  uint64_t sxid = 0;
+  std::string check;
   std::string recommended_action;  // NVSentinel vocabulary, e.g. COMPONENT_RESET
   int64_t since_unix_ms = 0;
   std::string pci;  // "0000:3b:00" when known (added by gpu-health)
@@ -44,6 +49,8 @@ inline void to_json(nlohmann::json& j, const DeviceHealth& h) {
   j = nlohmann::json{{"healthy", h.healthy}, {"since_unix_ms", h.since_unix_ms}};
   if (!h.reason.empty()) j["reason"] = h.reason;
   if (h.xid != 0) j["xid"] = h.xid;
+  if (h.sxid != 0) j["sxid"] = h.sxid;
+  if (!h.check.empty()) j["check"] = h.check;
   if (!h.recommended_action.empty()) j["recommendedAction"] = h.recommended_action;
   if (!h.pci.empty()) j["pci"] = h.pci;
   if (h.gpu_instance != kWholeGpu) j["gpuInstance"] = h.gpu_instance;

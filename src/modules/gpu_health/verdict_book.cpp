@@ -7,7 +7,7 @@ namespace gns::gpu_health {
 
 const DeviceHealth* VerdictBook::MarkUnhealthy(const std::string& uuid, const std::string& pci,
                                                const std::string& reason, uint32_t xid, RecommendedAction action,
-                                               int64_t now_unix_ms, uint32_t gpu_instance) {
+                                               int64_t now_unix_ms, uint32_t gpu_instance, uint32_t sxid) {
   const std::string action_name(ActionName(action));
   auto [it, fresh] = devices_.try_emplace(DeviceHealth::KeyOf(uuid, gpu_instance));
   DeviceHealth& h = it->second;
@@ -23,7 +23,7 @@ const DeviceHealth* VerdictBook::MarkUnhealthy(const std::string& uuid, const st
     // Unhealthy already: the recommended action only escalates until the device is recovered. A
     // milder report changes nothing: the verdict keeps the XID and reason its action is for.
     if (ActionRank(action) < ActionRank(ActionOf(h))) return nullptr;
-    if (h.xid == xid && h.recommended_action == action_name) return nullptr;
+    if (h.xid == xid && h.sxid == sxid && h.recommended_action == action_name) return nullptr;
   }
   const bool was_healthy = fresh || h.healthy;
   h.uuid = uuid;
@@ -31,6 +31,7 @@ const DeviceHealth* VerdictBook::MarkUnhealthy(const std::string& uuid, const st
   h.healthy = false;
   h.reason = reason;
   h.xid = xid;
+  h.sxid = sxid;
   h.recommended_action = action_name;
   if (!pci.empty()) h.pci = pci;
   if (was_healthy) h.since_unix_ms = now_unix_ms;
@@ -48,6 +49,8 @@ std::vector<DeviceHealth> VerdictBook::MarkHealthy(const std::string& uuid, cons
     h.healthy = true;
     h.reason = reason;
     h.xid = 0;
+    h.sxid = 0;
+    h.check.clear();
     h.recommended_action.clear();
     h.since_unix_ms = now_unix_ms;
     changed.push_back(h);

@@ -29,10 +29,11 @@ class VerdictBook {
   // XID and action) or when the device is Unhealthy with an action that ranks above `action`
   // (ActionRank): the recommended action only escalates until MarkHealthy. The pointer stays
   // valid until the next call that changes the book.
-  // `gpu_instance`: kWholeGpu, or the GPU instance the report named.
+  // `gpu_instance`: kWholeGpu, or the GPU instance the report named. `sxid`: the NVSwitch SXid
+  // behind a verdict no XID holds (xid 0), kept on the verdict as its cause.
   const DeviceHealth* MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason,
                                     uint32_t xid, RecommendedAction action, int64_t now_unix_ms,
-                                    uint32_t gpu_instance = kWholeGpu);
+                                    uint32_t gpu_instance = kWholeGpu, uint32_t sxid = 0);
   // The GPU and every GPU instance of it that were Unhealthy, now Healthy (GPU first); empty
   // when none was.
   std::vector<DeviceHealth> MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);

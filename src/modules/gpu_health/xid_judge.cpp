@@ -449,9 +449,9 @@ void XidJudge::Forget(const std::string& uuid) {
 // --- verdicts -----------------------------------------------------------------------------
 
 void XidJudge::MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
-                             RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance) {
+                             RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance, uint32_t sxid) {
   const DeviceHealth* h = verdicts_.MarkUnhealthy(uuid, pci.empty() ? directory_.PciForUuid(uuid) : pci, reason, xid,
-                                                  action, now_unix_ms, gpu_instance);
+                                                  action, now_unix_ms, gpu_instance, sxid);
   if (h == nullptr) return;
   log_.warn("{} is Unhealthy: {}, recommended action {}", h->RetainKey(), reason, h->recommended_action);
   out_.verdict(*h);
@@ -506,7 +506,7 @@ void XidJudge::HandleSxid(const SxidLine& line, int64_t now_unix_ms) {
                                " link " + std::to_string(gpu->link);
     // xid 0: no XID holds it, so no clearing XID releases it; a validated reset, a new boot or
     // set-healthy does, as for a fatal XID.
-    MarkUnhealthy(gpu->uuid, "", reason, 0, action, now_unix_ms);
+    MarkUnhealthy(gpu->uuid, "", reason, 0, action, now_unix_ms, kWholeGpu, line.sxid);
     if (const DeviceHealth* h = verdicts_.Find(gpu->uuid); h != nullptr && !h->healthy) {
       action = MoreSevere(action, VerdictBook::ActionOf(*h));
     }

@@ -113,7 +113,8 @@ class XidJudge {
   void HandleSxid(const SxidLine& line, int64_t now_unix_ms);
   void Learn(const PciAddress& pci, const std::string& uuid, int64_t now_unix_ms);
   void MarkUnhealthy(const std::string& uuid, const std::string& pci, const std::string& reason, uint32_t xid,
-                     RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance = kWholeGpu);
+                     RecommendedAction action, int64_t now_unix_ms, uint32_t gpu_instance = kWholeGpu,
+                     uint32_t sxid = 0);
   // True when the GPU or one of its GPU instances was Unhealthy.
   bool MarkHealthy(const std::string& uuid, const std::string& reason, int64_t now_unix_ms);
   void Decided(const XidSubject& who, uint32_t xid, XidDecision decision, Timestamp at, std::string_view source,

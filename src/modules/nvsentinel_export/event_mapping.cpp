@@ -52,12 +52,17 @@ void AddGpu(datamodels::HealthEvent& e, const std::string& uuid, const std::map<
 constexpr std::string_view kResetCheck = "GpuReset";
 constexpr std::string_view kImexCheck = "ImexHealth";
 constexpr std::string_view kVerdictCheck = "SysLogsXIDError";
+constexpr std::string_view kSxidVerdictCheck = "SysLogsSXIDError";
 
 }  // namespace
 
 std::string StableId(std::initializer_list<std::string_view> parts) {
+  return StableId(std::vector<std::string>(parts.begin(), parts.end()));
+}
+
+std::string StableId(const std::vector<std::string>& parts) {
   std::string joined;
-  for (const auto part : parts) joined.append(std::to_string(part.size())).append(":").append(part).append(";");
+  for (const auto& part : parts) joined.append(std::to_string(part.size())).append(":").append(part).append(";");
   const uint64_t a = Fnv1a64(joined);
   const uint64_t b = Fnv1a64(joined, 0x84222325cbf29ce4ull ^ a);
   char buf[40];
@@ -316,13 +321,16 @@ std::vector<datamodels::HealthEvent> DiffVerdicts(ExportBook& book, const std::v
     if (was_healthy == d.healthy) continue;
     datamodels::HealthEvent e = Base(settings);
     e.set_componentclass("GPU");
-    e.set_checkname(std::string(kVerdictCheck));
+    // The check of the verdict's cause: an XID's (or none: a recovery), the NVSwitch SXid's, or
+    // the polled check whose condition made it.
+    e.set_checkname(d.sxid != 0 ? std::string(kSxidVerdictCheck) : !d.check.empty() ? d.check : std::string(kVerdictCheck));
     e.set_ishealthy(d.healthy);
     e.set_isfatal(!d.healthy && ActionFromName(d.recommended_action) != datamodels::NONE);
     e.set_message(d.reason.empty() ? std::string(d.healthy ? "healthy" : "unhealthy") : d.reason);
     if (!d.healthy) {
       SetAction(e, d.recommended_action);
       if (d.xid != 0) e.add_errorcode(std::to_string(d.xid));
+      if (d.sxid != 0) e.add_errorcode(std::to_string(d.sxid));
     }
     std::map<std::string, std::string> pci_of;
     if (!d.pci.empty()) pci_of[d.uuid] = d.pci;
@@ -332,8 +340,12 @@ std::vector<datamodels::HealthEvent> DiffVerdicts(ExportBook& book, const std::v
     }
     (*e.mutable_metadata())["source"] = "verdict-at-start";
     SetTimeMs(e, d.since_unix_ms != 0 ? d.since_unix_ms : now_unix_ms);
-    e.set_id(StableId({"verdict", settings.node_name, key, d.healthy ? "healthy" : "unhealthy",
-                       std::to_string(d.xid), std::to_string(d.since_unix_ms)}));
+    // An XID verdict's id is as it always was; another cause adds itself.
+    std::vector<std::string> id_parts{"verdict", settings.node_name, key, d.healthy ? "healthy" : "unhealthy",
+                                      std::to_string(d.xid), std::to_string(d.since_unix_ms)};
+    if (d.sxid != 0) id_parts.push_back("sxid " + std::to_string(d.sxid));
+    if (!d.check.empty()) id_parts.push_back("check " + d.check);
+    e.set_id(StableId(id_parts));
     out.push_back(std::move(e));
   }
   RecordVerdicts(book, now);

@@ -35,6 +35,7 @@ struct ExportSettings {
 
 // "8c3f…-…" (a UUID-shaped 128-bit hash of the parts, each length-prefixed).
 std::string StableId(std::initializer_list<std::string_view> parts);
+std::string StableId(const std::vector<std::string>& parts);
 
 // Our recommended-action name as the newest revision's enum. RESTART_APP (an older revision's
 // value 39, still in our catalog) has no number there: it goes as NONE with the name in

@@ -1145,16 +1145,24 @@ TEST(GpuHealthStateFile, RoundTripAndValidation) {
   instance.gpu_instance = 5;
   instance.reason = "XID 48 (ROBUST_CHANNEL_GPU_ECC_DBE) on GPU instance 5";
   saved.devices.push_back(instance);
+  DeviceHealth switched = d;  // a verdict an NVSwitch SXid made (no XID holds it)
+  switched.uuid = "GPU-5e1c4f1a-7a37-4bd6-9b0e-6e8a3c6a2a11";
+  switched.xid = 0;
+  switched.sxid = 20034;
+  switched.reason = "SXid 20034 (LTSSM_FAULT_UP) on NVSwitch 0 at 0000:c3:00.0 port 15, wired to GPU 1 link 1";
+  saved.devices.push_back(switched);
   saved.journal = {kBootAHex, "s=abc;i=12;b=" + std::string(kBootAHex) + ";m=1f;t=5;x=9", 31, 1'700'000'000'000'005};
   saved.xid_counts = {{kUuid, 48, 3}, {"0000:99:00", 13, 1}};
   std::string error;
   const auto back = HealthCheckpoint::Parse(saved.Serialize(), error);
   ASSERT_TRUE(back) << error;
   EXPECT_EQ(back->boot_id, kBootAHex);
-  ASSERT_EQ(back->devices.size(), 2u);
+  ASSERT_EQ(back->devices.size(), 3u);
   EXPECT_EQ(nlohmann::json(back->devices[0]), nlohmann::json(d));
   EXPECT_EQ(nlohmann::json(back->devices[1]), nlohmann::json(instance));
   EXPECT_EQ(back->devices[1].gpu_instance, 5u);
+  EXPECT_EQ(back->devices[2].sxid, 20034u) << "the SXid cause survives a restart";
+  EXPECT_EQ(nlohmann::json::parse(saved.Serialize())["devices"][0].count("sxid"), 0u) << "only on an SXid's verdict";
   EXPECT_EQ(back->journal, saved.journal);
   EXPECT_EQ(back->xid_counts, saved.xid_counts);
   // Version 1 files (verdicts only) are still read: no position, no counts.
@@ -1169,6 +1177,9 @@ TEST(GpuHealthStateFile, RoundTripAndValidation) {
                           "{\"version\":1,\"bootId\":\"\",\"devices\":[{\"uuid\":\"GPU-1\",\"healthy\":false,"
                           "\"reason\":\"\",\"xid\":1,\"recommendedAction\":\"\",\"sinceUnixMs\":1,\"pci\":\"\","
                           "\"gpuInstance\":4294967295}]}",
+                          "{\"version\":1,\"bootId\":\"\",\"devices\":[{\"uuid\":\"GPU-1\",\"healthy\":false,"
+                          "\"reason\":\"\",\"xid\":0,\"recommendedAction\":\"\",\"sinceUnixMs\":1,\"pci\":\"\","
+                          "\"sxid\":\"20034\"}]}",
                           "{\"version\":2,\"bootId\":\"\",\"devices\":[]}",
                           "{\"version\":2,\"bootId\":\"\",\"devices\":[],\"journal\":{\"bootId\":\"\",\"cursor\":\"\","
                           "\"monotonicUsec\":0,\"realtimeUsec\":0},\"xidCounts\":[{\"gpu\":1}]}"}) {

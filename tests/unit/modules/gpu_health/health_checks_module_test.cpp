@@ -402,6 +402,8 @@ TEST_F(GpuHealthChecksTest, AFatalSxidOnAGpusSwitchPortTurnsThatGpuUnhealthyAndN
                                         "GPU 1 link 1"),
             std::string::npos)
       << Health(kOther)->reason;
+  EXPECT_EQ(Health(kOther)->sxid, 20034u) << "the verdict names its cause";
+  EXPECT_EQ(Health(kOther)->xid, 0u);
   EXPECT_FALSE(IsUnhealthy(kUuid)) << "port 11 is GPU 0's, but the site catalog made 12028 harmless";
   kernel("[ 4102.120001] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 40 sourcetrack timeout error");
   ASSERT_TRUE(h_.RunUntil([&] {

@@ -637,6 +637,7 @@ TEST(CombinedVerdict, AConditionMakesTheGpuUnhealthyWithItsAction) {
   EXPECT_EQ(v->recommended_action, "COMPONENT_RESET");
   EXPECT_EQ(v->reason, "RowRemapPending: RowRemapPending holds");
   EXPECT_EQ(v->xid, 0u);
+  EXPECT_EQ(v->check, "RowRemapPending") << "the verdict names the check that made it";
   EXPECT_EQ(v->pci, "0000:3b:00");
   EXPECT_EQ(v->since_unix_ms, kT0 + 5);
 }
@@ -660,6 +661,7 @@ TEST(CombinedVerdict, TheHighestRankedActionWinsAndNamesTheReason) {
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->reason, "XID 48 (DBE)") << "an XID wins a tie";
   EXPECT_EQ(v->xid, 48u);
+  EXPECT_EQ(v->check, "") << "the XID is the cause, not the milder check";
   // Among conditions of one rank, a fatal one names the reason.
   CheckBook two;
   two.Apply(kUuid, "",

@@ -201,5 +201,40 @@ TEST(EventMappingTest, VerdictsThatFlippedWhileAwayAreExportedOnce) {
   EXPECT_TRUE(back[0].ishealthy());
 }
 
+// A verdict no XID made is exported under its own cause's check: the NVSwitch SXid's
+// (SysLogsSXIDError, the SXid as error code) or the polled check's name; not as an XID 0.
+TEST(EventMappingTest, AVerdictAtStartCarriesTheCheckOfItsCause) {
+  gpu_health::DeviceHealth sxid;
+  sxid.uuid = "GPU-1";
+  sxid.healthy = false;
+  sxid.sxid = 20034;
+  sxid.recommended_action = "COMPONENT_RESET";
+  sxid.since_unix_ms = 2000;
+  gpu_health::DeviceHealth check;
+  check.uuid = "GPU-2";
+  check.healthy = false;
+  check.check = "RowRemapPending";
+  check.recommended_action = "COMPONENT_RESET";
+  check.since_unix_ms = 2000;
+  gpu_health::DeviceHealth xid = sxid;
+  xid.uuid = "GPU-3";
+  xid.sxid = 0;
+  xid.xid = 79;
+  ExportBook book;
+  const auto events = DiffVerdicts(book, {sxid, check, xid}, Settings(), 9000);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].checkname(), "SysLogsSXIDError");
+  ASSERT_EQ(events[0].errorcode_size(), 1);
+  EXPECT_EQ(events[0].errorcode(0), "20034");
+  EXPECT_EQ(events[1].checkname(), "RowRemapPending");
+  EXPECT_EQ(events[1].errorcode_size(), 0);
+  EXPECT_EQ(events[2].checkname(), "SysLogsXIDError");
+  EXPECT_EQ(events[2].errorcode(0), "79");
+  // Three causes, three ids; and the same verdict twice is the same id.
+  EXPECT_NE(events[0].id(), events[2].id());
+  ExportBook again;
+  EXPECT_EQ(DiffVerdicts(again, {sxid}, Settings(), 9000)[0].id(), events[0].id());
+}
+
 }  // namespace
 }  // namespace gns::nvsentinel_export
