@@ -484,7 +484,9 @@ def gkm_csi_demo(api):
 def health_checks_demo():
     """Issue 26: the polled checks (config/local.yaml: a pass every 5 s, clear after 2 clean
     passes). Two faults injected into the fake NVML turn a GPU Unhealthy at the kubelet, and the
-    GPU comes back once they clear; an NVSwitch's fatal SXid in the kernel log is reported."""
+    GPU comes back once they clear; an NVSwitch's fatal SXid in the kernel log is reported node-level
+    on a port wired to no GPU of ours, and makes GPU 5 Unhealthy on the port its link 3 ends in
+    (until `set-healthy`)."""
     gpu = "GPU-3f8a1c52-7e04-4b9d-9c1e-5a7d2e8f6b14"
     for fault, check in (({"nvlinkDown": [0]}, "NvLinkDown"), ({"pcieWidth": 8}, "PcieLinkDegraded")):
         subprocess.run(NVML_CTL + ["set-health", gpu, json.dumps(fault)], check=True, capture_output=True)
@@ -503,6 +505,22 @@ def health_checks_demo():
     say("gpu health", "kernel log 'nvidia-nvswitch0: SXid …: 20034, Fatal, Link 30' on a port wired to no GPU "
         "of ours -> counted and reported node-level (HealthEvent SysLogsSXIDError, CONTACT_SUPPORT, Node Event "
         "NvSwitchSxidFatal)")
+    # GPU 5's links 2 and 3 end in ports 20 and 21 of that switch (gpus-local.json nvswitchLinks,
+    # read by gpu-inventory at its NVML open): an SXid on port 21 is that GPU's.
+    wired = "GPU-3f8a1c52-7e05-4b9d-9c1e-5a7d2e8f6b15"
+    subprocess.run(JOURNAL_SIM + ["kernel", "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 21 "
+                                  "LTSSM Fault Up"], check=True)
+    wait_for(f"{wired} Unhealthy for the SXid on its port", lambda: device_health(wired) == "Unhealthy", timeout=60)
+    verdict = json.loads(http_get("/debug/state")[1]).get("gpu-health.state", {}).get("devices", {}).get(wired, {})
+    say("gpu health", f"'SXid …: 20034, Fatal, Link 21' on the port GPU 5's link 3 ends in -> {wired[:12]}… "
+        f"Unhealthy at the kubelet ({verdict.get('reason')}; sxid {verdict.get('sxid')}, "
+        f"{verdict.get('recommendedAction')})")
+    binary = os.path.join(os.environ.get("GNS_BUILD_DIR", "build/release"), "src/gpu-node-supervisor")
+    answer = subprocess.run([binary, "set-healthy", "--gpu", wired, "--state-dir",
+                             os.path.join(SANDBOX, "var/lib/gpu-node-supervisor")], capture_output=True, text=True)
+    wait_for(f"{wired} Healthy after set-healthy", lambda: device_health(wired) == "Healthy", timeout=30)
+    say("gpu health", f"`gpu-node-supervisor set-healthy --gpu {wired[:12]}…` ({answer.stdout.strip()}) -> Healthy "
+        f"again: no clearing XID releases an SXid's verdict; a validated reset, a new boot or the operator does")
 
     def event_passes():
         return metric("gpu_node_supervisor_gpu_health_check_event_passes_total")
