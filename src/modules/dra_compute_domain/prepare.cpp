@@ -1,6 +1,7 @@
 // The HostManagedIMEX prepare/unprepare decisions.
 #include "modules/dra_compute_domain/prepare.hpp"
 
+#include "loop/json_fields.hpp"
 #include "modules/dra_compute_domain/driver_paths.hpp"
 #include "modules/dra_compute_domain/opaque_config.hpp"
 
@@ -9,17 +10,6 @@ namespace gns::dra {
 namespace {
 
 using nlohmann::json;
-
-std::string StringAt(const json& object, std::initializer_list<const char*> path) {
-  const json* node = &object;
-  for (const char* key : path) {
-    if (!node->is_object()) return {};
-    const auto it = node->find(key);
-    if (it == node->end()) return {};
-    node = &*it;
-  }
-  return node->is_string() ? node->get<std::string>() : std::string{};
-}
 
 struct OurResult {
   std::string request;
@@ -61,8 +51,8 @@ ResultsScan ScanResults(const json& claim) {
       scan.error = where + ": expected an object, got " + std::string(entry.type_name());
       return scan;
     }
-    if (StringAt(entry, {"driver"}) != kDriverName) continue;
-    OurResult result{StringAt(entry, {"request"}), StringAt(entry, {"pool"}), StringAt(entry, {"device"}), where};
+    if (JsonStringAt(entry, "/driver") != kDriverName) continue;
+    OurResult result{JsonStringAt(entry, "/request"), JsonStringAt(entry, "/pool"), JsonStringAt(entry, "/device"), where};
     if (result.request.empty() || result.device.empty()) {
       scan.ok = false;
       scan.error = where + ": request and device must be non-empty strings";
@@ -82,8 +72,8 @@ PrepareDecision Fail(PrepareOutcome outcome, const std::string& claim_ref, std::
 
 // Steps 1–4: everything that depends only on the claim object and the gate.
 PrepareDecision AnalyzeClaim(const json& claim, const PrepareContext& context, std::string& domain_uid) {
-  const std::string ns = StringAt(claim, {"metadata", "namespace"});
-  const std::string name = StringAt(claim, {"metadata", "name"});
+  const std::string ns = JsonStringAt(claim, "/metadata/namespace");
+  const std::string name = JsonStringAt(claim, "/metadata/name");
   const std::string ref = "ResourceClaim " + ns + "/" + name;
   const auto permanent = [&](std::string why) { return Fail(PrepareOutcome::kPermanentError, ref, std::move(why)); };
 
@@ -206,11 +196,11 @@ PrepareDecision DecidePrepare(const json& claim, std::string_view expected_uid, 
     return Fail(PrepareOutcome::kPermanentError, "ResourceClaim " + std::string(expected_uid),
                 std::string("expected a ResourceClaim object, got ") + claim.type_name());
   }
-  const std::string uid = StringAt(claim, {"metadata", "uid"});
+  const std::string uid = JsonStringAt(claim, "/metadata/uid");
   if (uid != expected_uid) {
     // The claim was deleted and recreated under the same name: not the one the kubelet means.
     return Fail(PrepareOutcome::kPermanentError,
-                "ResourceClaim " + StringAt(claim, {"metadata", "namespace"}) + "/" + StringAt(claim, {"metadata", "name"}),
+                "ResourceClaim " + JsonStringAt(claim, "/metadata/namespace") + "/" + JsonStringAt(claim, "/metadata/name"),
                 "metadata.uid is \"" + uid + "\", the kubelet asked for \"" + std::string(expected_uid) + "\"");
   }
 

@@ -1,6 +1,8 @@
 // The gpu.nvidia.com driver's pure parts (gpu_claims.hpp).
 #include "modules/dra_gpu/gpu_claims.hpp"
 
+#include "loop/json_fields.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <map>
@@ -11,17 +13,6 @@ namespace gns::dra_gpu {
 namespace {
 
 using nlohmann::json;
-
-std::string StringAt(const json& object, std::initializer_list<const char*> path) {
-  const json* node = &object;
-  for (const char* key : path) {
-    if (!node->is_object()) return {};
-    const auto it = node->find(key);
-    if (it == node->end()) return {};
-    node = &*it;
-  }
-  return node->is_string() ? node->get<std::string>() : std::string{};
-}
 
 // "550.54" → "550.54.0"; "550.54.15" stays; anything else (empty, letters): nullopt.
 std::optional<std::string> SemVer(const std::string& text) {
@@ -178,10 +169,10 @@ GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) 
       return fail(where + "." + key + ": unknown field (GpuConfig has apiVersion, kind, sharing)");
     }
   }
-  if (StringAt(parameters, {"apiVersion"}) != kConfigApiVersion) {
+  if (JsonStringAt(parameters, "/apiVersion") != kConfigApiVersion) {
     return fail(where + ".apiVersion: expected \"" + std::string(kConfigApiVersion) + "\"");
   }
-  if (StringAt(parameters, {"kind"}) != kGpuConfigKind) return fail(where + ".kind: expected \"GpuConfig\"");
+  if (JsonStringAt(parameters, "/kind") != kGpuConfigKind) return fail(where + ".kind: expected \"GpuConfig\"");
   GpuSharing sharing;
   const auto it = parameters.find("sharing");
   if (it != parameters.end() && !it->is_null()) {
@@ -230,9 +221,9 @@ GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) 
 GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, const std::string& node_name,
                           const std::vector<gpu_inventory::GpuInfo>& served, const dra::Checkpoint& state) {
   GpuClaimPlan plan;
-  plan.namespace_name = StringAt(claim, {"metadata", "namespace"});
-  plan.name = StringAt(claim, {"metadata", "name"});
-  const std::string uid = StringAt(claim, {"metadata", "uid"});
+  plan.namespace_name = JsonStringAt(claim, "/metadata/namespace");
+  plan.name = JsonStringAt(claim, "/metadata/name");
+  const std::string uid = JsonStringAt(claim, "/metadata/uid");
   if (uid != expected_uid) {
     return Refuse(std::move(plan), "the API's claim has uid \"" + uid + "\", the kubelet asked for \"" +
                                        std::string(expected_uid) + "\" (deleted and re-created?)");
@@ -260,9 +251,9 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
       const json& entry = (*configs)[i];
       const std::string where = "status.allocation.devices.config[" + std::to_string(i) + "]";
       if (!entry.is_object()) return Refuse(std::move(plan), where + ": expected an object");
-      if (StringAt(entry, {"opaque", "driver"}) != kDriverName) continue;
-      if (StringAt(entry, {"source"}) != source) {
-        const std::string s = StringAt(entry, {"source"});
+      if (JsonStringAt(entry, "/opaque/driver") != kDriverName) continue;
+      if (JsonStringAt(entry, "/source") != source) {
+        const std::string s = JsonStringAt(entry, "/source");
         if (s != "FromClass" && s != "FromClaim") {
           return Refuse(std::move(plan), where + ".source: \"" + s + "\" is not FromClass or FromClaim");
         }
@@ -270,7 +261,7 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
       }
       const json& parameters = entry["opaque"].value("parameters", json());
       const std::string at = where + ".opaque.parameters";
-      const std::string kind = parameters.is_object() ? StringAt(parameters, {"kind"}) : std::string();
+      const std::string kind = parameters.is_object() ? JsonStringAt(parameters, "/kind") : std::string();
       if (kind == kMigDeviceConfigKind) {
         return Refuse(std::move(plan), at + ": MigDeviceConfig: MIG devices are not served by this driver yet");
       }
@@ -297,11 +288,11 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
     const json& entry = (*results)[i];
     const std::string where = "status.allocation.devices.results[" + std::to_string(i) + "]";
     if (!entry.is_object()) return Refuse(std::move(plan), where + ": expected an object");
-    if (StringAt(entry, {"driver"}) != kDriverName) continue;
+    if (JsonStringAt(entry, "/driver") != kDriverName) continue;
     ClaimGpu gpu;
-    gpu.request = StringAt(entry, {"request"});
-    gpu.device = StringAt(entry, {"device"});
-    const std::string pool = StringAt(entry, {"pool"});
+    gpu.request = JsonStringAt(entry, "/request");
+    gpu.device = JsonStringAt(entry, "/device");
+    const std::string pool = JsonStringAt(entry, "/pool");
     if (gpu.request.empty() || gpu.device.empty()) {
       return Refuse(std::move(plan), where + ": request and device must be non-empty strings");
     }
@@ -398,9 +389,9 @@ std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry) {
   for (const auto& g : *it) {
     if (!g.is_object() || !g.contains("minor") || !g["minor"].is_number_unsigned()) return {};
     ClaimGpu gpu;
-    gpu.device = StringAt(g, {"device"});
-    gpu.request = StringAt(g, {"request"});
-    gpu.uuid = StringAt(g, {"uuid"});
+    gpu.device = JsonStringAt(g, "/device");
+    gpu.request = JsonStringAt(g, "/request");
+    gpu.uuid = JsonStringAt(g, "/uuid");
     gpu.minor = g["minor"].get<uint32_t>();
     if (gpu.device != GpuDeviceName(gpu.minor)) return {};
     out.push_back(std::move(gpu));
