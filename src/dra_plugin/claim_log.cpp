@@ -20,6 +20,7 @@ constexpr std::size_t kMaxClaimLogBytes = 64u << 20;
 using nlohmann::json;
 
 constexpr unsigned char kMagic[4] = {0xFF, 0x43, 0x4C, 0x01};
+constexpr std::string_view kMagicText{"\xFF\x43\x4C\x01", sizeof kMagic};
 
 void PutLe(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
@@ -141,8 +142,16 @@ ClaimLogReplay ParseClaimLog(std::string_view bytes, std::optional<uint64_t> bas
         bad_start = pos;
         bad_why = probe.why;
       }
-      // A checksummed but unusable record is skipped whole; anything else byte by byte.
-      pos += probe.size > 0 ? probe.size : 1;
+      // A checksummed but unusable record is skipped whole; anything else up to the next record
+      // header (a record can only start there). Probing every byte instead read the whole
+      // preallocated megabyte of a log with a torn last append, one allocation per byte: seconds
+      // at every start after a kill -9 caught an append.
+      if (probe.size > 0) {
+        pos += probe.size;
+      } else {
+        const std::size_t next = bytes.find(kMagicText, pos + 1);
+        pos = next == std::string_view::npos ? bytes.size() : next;
+      }
       continue;
     }
     const uint64_t seq = probe.record.seq;

@@ -9,6 +9,7 @@
 #include "modules/kube/api/informer.hpp"
 #include "modules/kube/api/leader_election.hpp"
 #include "support/prometheus.hpp"
+#include "support/quiet_logger.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -79,7 +80,7 @@ class ControllerTest : public kube::test::KubeTestBase {
     kube::InformerOptions options;
     options.backoff = BackoffPolicy{milliseconds(50), milliseconds(500), 2.0, 0.5};
     s->informers = std::make_shared<kube::InformerRegistry>(client, s->bus, h_.loop.Io(), s->metrics,
-                                                            kube::test::TestLogger(), options);
+                                                            gns::test::QuietLogger("controller-test"), options);
     kube::EventRecorderConfig events;
     events.qps = 100;
     events.burst = 100;
@@ -87,7 +88,7 @@ class ControllerTest : public kube::test::KubeTestBase {
     s->services.Provide<kube::KubeClient>(client);
     s->services.Provide<kube::InformerRegistry>(s->informers);
     s->services.Provide<kube::EventRecorder>(std::make_shared<kube::EventRecorder>(
-        client, h_.clock, s->metrics, kube::test::TestLogger(), events));
+        client, h_.clock, s->metrics, gns::test::QuietLogger("controller-test"), events));
     RuntimeParts parts{h_.loop, s->bus, h_.pool, h_.clock, s->site, s->metrics, s->services};
     s->context = std::make_unique<ModuleContext>(parts, std::string(ComputeDomainControllerModule::kName),
                                                  [](std::string) {}, [](ModuleHealth, std::string) {});

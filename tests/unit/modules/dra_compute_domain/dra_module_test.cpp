@@ -24,10 +24,10 @@
 #include "support/module_under_test.hpp"
 #include "support/temp_dir.hpp"
 #include "support/held_pool.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
@@ -52,19 +52,6 @@ const std::string kDriver(kDriverName);
 const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
 const std::string kModuleDomains = "/apis/resource.nvidia.com/v1beta1/namespaces/team-a/computedomains";
 const std::string kSlices = "/apis/resource.k8s.io/v1/resourceslices";
-
-std::shared_ptr<spdlog::logger> TestLogger() {
-  static auto logger = [] {
-    // GNS_TEST_LOG=1 shows the module's log lines when a test needs explaining.
-    if (std::getenv("GNS_TEST_LOG")) {
-      auto l = spdlog::default_logger()->clone("dra-test");
-      l->set_level(spdlog::level::debug);
-      return l;
-    }
-    return std::make_shared<spdlog::logger>("dra-test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  }();
-  return logger;
-}
 
 void WriteFile(const std::string& path, const std::string& text) {
   fs::create_directories(fs::path(path).parent_path());
@@ -115,10 +102,10 @@ class DraModuleTest : public ::testing::Test {
     api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api", api_options);
     kube::ClientConfig config = api_->ClientConfig();
     config.request_timeout = std::chrono::milliseconds(5000);
-    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
-                                                 config);
-    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, TestLogger());
-    events_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, TestLogger(),
+    const auto log = gns::test::QuietLogger("dra-test");
+    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
+    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, log);
+    events_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, log,
                                                     kube::EventRecorderConfig{});
     h_.services.Provide<kube::KubeClient>(client_);
     h_.services.Provide<kube::InformerRegistry>(informers_);

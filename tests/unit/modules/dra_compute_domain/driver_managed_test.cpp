@@ -10,10 +10,10 @@
 #include "support/held_port.hpp"
 #include "support/loop_harness.hpp"
 #include "support/temp_dir.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -35,11 +35,6 @@ constexpr const char* kScaleClique = "7d1c2b3a-0000-4000-8000-00000000abcd.3";
 const std::string kScaleDomains = std::string("/apis/resource.nvidia.com/v1beta1/namespaces/") + kScaleNs + "/computedomains";
 
 std::string Source(const std::string& rel) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/" + rel; }
-
-std::shared_ptr<spdlog::logger> Quiet() {
-  if (std::getenv("GNS_TEST_LOG")) return spdlog::default_logger()->clone("driver-managed-test");
-  return std::make_shared<spdlog::logger>("driver-managed-test", std::make_shared<spdlog::sinks::null_sink_mt>());
-}
 
 // One simulated node (its own bus, client and informers on the shared loop and pool) and the
 // module part under test.
@@ -70,7 +65,8 @@ class DriverManagedScaleTest : public ::testing::Test {
     // Loopback addresses of their own per test process, so parallel runs do not meet.
     const int base = 20 + static_cast<int>(::getpid() % 200);
     for (std::size_t i = 0; i < kNodes; ++i) {
-      auto n = std::make_unique<ScaleNode>(h_.loop, h_.pool, h_.clock, *api_, NodeName(i), "dra-compute-domain", Quiet());
+      auto n = std::make_unique<ScaleNode>(h_.loop, h_.pool, h_.clock, *api_, NodeName(i), "dra-compute-domain",
+                                           gns::test::QuietLogger("driver-managed-test"));
       DriverManagedSettings s;
       s.node_name = n->site.node_name;
       s.state_dir = (root_ / n->site.node_name).string();
@@ -206,7 +202,8 @@ TEST(DriverManagedLifetime, DestroyedWhileItsWritesWaitOnTheApiNothingRunsOnThei
                 {"_resource", kScaleDomains}});
   const std::string uid = api.Call("GET", kScaleDomains + "/train").Json()["metadata"]["uid"].get<std::string>();
 
-  gns::test::SimNode node(h.loop, h.pool, h.clock, api, "node-0", "dra-compute-domain", Quiet());
+  gns::test::SimNode node(h.loop, h.pool, h.clock, api, "node-0", "dra-compute-domain",
+                          gns::test::QuietLogger("driver-managed-test"));
   DriverManagedSettings s;
   s.node_name = "node-0";
   s.state_dir = (root / "node-0").string();

@@ -7,9 +7,9 @@
 #include "support/held_port.hpp"
 #include "support/loop_harness.hpp"
 #include "support/temp_dir.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <signal.h>
@@ -28,11 +28,6 @@ namespace {
 using std::chrono::milliseconds;
 
 std::string Sim(const char* name) { return std::string(std::getenv("GNS_SOURCE_DIR")) + "/tools/sim/imex/" + name; }
-
-std::shared_ptr<spdlog::logger> Logger() {
-  if (std::getenv("GNS_TEST_LOG")) return spdlog::default_logger()->clone("imex-test");
-  return std::make_shared<spdlog::logger>("imex-test", std::make_shared<spdlog::sinks::null_sink_mt>());
-}
 
 // True once `pid` is gone for good: reaped (no such process), or a zombie that is not ours
 // (a killed grandchild, reparented to a reaper of the machine's that may be slow).
@@ -97,9 +92,10 @@ class ImexDaemonTest : public ::testing::Test {
     s.probe_interval = milliseconds(50);
     s.health_interval = milliseconds(200);
     s.stop_grace = milliseconds(2000);
-    return std::make_unique<ImexDaemon>(h_.loop.Io(), Logger(), s, [changes](bool ready, const std::string&) {
-      if (changes) changes->push_back(ready);
-    });
+    return std::make_unique<ImexDaemon>(h_.loop.Io(), gns::test::QuietLogger("imex-test"), s,
+                                        [changes](bool ready, const std::string&) {
+                                          if (changes) changes->push_back(ready);
+                                        });
   }
   void StopAll(std::initializer_list<ImexDaemon*> daemons) {
     for (auto* d : daemons) {
@@ -195,7 +191,7 @@ TEST_F(ImexDaemonTest, AMissingBinaryIsReportedAndRetried) {
   s.ctl_path = Sim("nvidia-imex-ctl");
   s.config_file = a.config;
   s.restart = BackoffPolicy{milliseconds(20), milliseconds(40), 2.0, 0.0};
-  ImexDaemon d(h_.loop.Io(), Logger(), s, nullptr);
+  ImexDaemon d(h_.loop.Io(), gns::test::QuietLogger("imex-test"), s, nullptr);
   d.Start();
   ASSERT_TRUE(h_.RunUntil([&] { return d.Exits() >= 3; }));
   EXPECT_NE(d.LastExit().find("cannot execute " + s.daemon_path + ": No such file or directory"), std::string::npos)
@@ -322,7 +318,7 @@ TEST_F(ImexDaemonTest, EveryStopCompletesUnderLoadEvenForDaemonsThatIgnoreSigter
     // Short: under load the fake daemon's own exit on SIGTERM and the SIGKILL at the grace's
     // end race (both orders must end the Stop).
     s.stop_grace = milliseconds(300);
-    daemons.push_back(std::make_unique<ImexDaemon>(h_.loop.Io(), Logger(), s, nullptr));
+    daemons.push_back(std::make_unique<ImexDaemon>(h_.loop.Io(), gns::test::QuietLogger("imex-test"), s, nullptr));
     daemons.back()->Start();
   }
   ASSERT_TRUE(h_.RunUntil([&] {

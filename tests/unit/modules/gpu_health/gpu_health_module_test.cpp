@@ -15,9 +15,9 @@
 #include "support/loop_harness.hpp"
 #include "support/held_pool.hpp"
 #include "support/module_under_test.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/null_sink.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -402,7 +402,7 @@ class GpuHealthKubeTest : public GpuHealthModuleTest {
   // What the kube module does at Start and Stop, as far as its users can tell.
   void StartKube() {
     kube::ClientConfig config = server_->ClientConfig();
-    auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+    const auto log = gns::test::QuietLogger("gpu-health-test");
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     kube::EventRecorderConfig events;
     events.reporting_instance = "node1";

@@ -9,9 +9,9 @@
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
 #include "support/private_bus.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/null_sink.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -53,7 +53,7 @@ class ImexHealthModuleTest : public ::testing::Test {
                                  {"metadata", {{"name", "node1"}}},
                                  {"status", {{"addresses", {{{"type", "InternalIP"}, {"address", "10.0.0.1"}}}}}}});
     kube::ClientConfig config = server_->ClientConfig();
-    auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+    const auto log = gns::test::QuietLogger("imex-health-test");
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     kube::EventRecorderConfig events;
     events.reporting_instance = "node1";

@@ -10,9 +10,9 @@
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
 #include "support/private_bus.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/null_sink.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -54,7 +54,7 @@ class ImexPeersModuleTest : public ::testing::Test {
     server_->Seed(NodeObject("node2", "c1", "10.0.0.2"));
     server_->Seed(NodeObject("node9", "c2", "10.0.0.9"));
     kube::ClientConfig config = server_->ClientConfig();
-    auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+    const auto log = gns::test::QuietLogger("imex-peers-test");
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     kube::EventRecorderConfig events;
     events.reporting_instance = "node1";

@@ -265,8 +265,8 @@ class BadInputTest : public ::testing::Test {
   }
 
   std::shared_ptr<KubeClient> MakeClient(ClientConfig config) {
-    auto client = std::make_shared<KubeClient>(KubeClient::Deps{h_.loop, h_.clock, h_.metrics, test::TestLogger()},
-                                               std::move(config));
+    auto client = std::make_shared<KubeClient>(
+        KubeClient::Deps{h_.loop, h_.clock, h_.metrics, gns::test::QuietLogger("kube-test")}, std::move(config));
     clients_.push_back(client);
     return client;
   }
@@ -290,7 +290,7 @@ class BadInputTest : public ::testing::Test {
   std::shared_ptr<Informer> StartInformer(std::shared_ptr<KubeClient> client, InformerOptions options) {
     events_sub_ = h_.bus.Subscribe<ResourceEvent>([this](const ResourceEvent& e) { events_.push_back(e); });
     informer_ = std::make_shared<Informer>(InformerSpec{nodes_, "", ""}, std::move(client), h_.bus, h_.loop.Io(),
-                                           h_.metrics, test::TestLogger(), std::move(options));
+                                           h_.metrics, gns::test::QuietLogger("kube-test"), std::move(options));
     informer_->Start();
     return informer_;
   }

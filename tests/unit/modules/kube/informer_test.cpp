@@ -17,8 +17,8 @@ class InformerTest : public test::KubeTestBase {
     options.backoff = BackoffPolicy{std::chrono::milliseconds(20), std::chrono::milliseconds(200), 2.0, 0.5};
     options.idle_timeout = std::chrono::milliseconds(3000);
     options.page_size = 7;
-    registry_ = std::make_unique<InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, test::TestLogger(),
-                                                   options);
+    registry_ = std::make_unique<InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics,
+                                                   gns::test::QuietLogger("kube-test"), options);
     events_sub_ = h_.bus.Subscribe<ResourceEvent>([this](const ResourceEvent& e) { events_.push_back(e); });
     json seed = json::array();
     for (int i = 0; i < 10; ++i) seed.push_back(Node("node-" + std::to_string(i), {{"pool", i < 5 ? "a" : "b"}}));
@@ -232,8 +232,8 @@ std::unique_ptr<InformerRegistry> SlowBackoffRegistry(std::shared_ptr<KubeClient
   InformerOptions options;
   options.backoff = BackoffPolicy{std::chrono::seconds(60), std::chrono::seconds(120), 2.0, 0.0};
   options.idle_timeout = std::chrono::milliseconds(3000);
-  return std::make_unique<InformerRegistry>(std::move(client), h.bus, h.loop.Io(), h.metrics, test::TestLogger(),
-                                            options);
+  return std::make_unique<InformerRegistry>(std::move(client), h.bus, h.loop.Io(), h.metrics,
+                                            gns::test::QuietLogger("kube-test"), options);
 }
 
 TEST_F(InformerTest, AHealthyWatchThatIsCutReopensAtOnceEveryTime) {
@@ -308,7 +308,7 @@ TEST_F(InformerTest, ReadIdleTimeoutReconnects) {
   InformerOptions options;
   options.backoff = BackoffPolicy{std::chrono::milliseconds(20), std::chrono::milliseconds(200), 2.0, 0.5};
   options.idle_timeout = std::chrono::milliseconds(100);  // bookmarks come every 200 ms
-  InformerRegistry registry(client_, h_.bus, h_.loop.Io(), h_.metrics, test::TestLogger(), options);
+  InformerRegistry registry(client_, h_.bus, h_.loop.Io(), h_.metrics, gns::test::QuietLogger("kube-test"), options);
   auto informer = registry.Acquire(InformerSpec{nodes_.Collection(), "", ""});
   ASSERT_TRUE(h_.RunUntil([&] { return informer->GetStats().watch_restarts >= 2; }));
   EXPECT_EQ(informer->GetStats().relists, 0u);
@@ -341,7 +341,7 @@ TEST_F(InformerTest, AListPastItsDeadlineFailsAndIsRetried) {
   InformerOptions options;
   options.backoff = BackoffPolicy{std::chrono::milliseconds(20), std::chrono::milliseconds(200), 2.0, 0.5};
   options.list_deadline = std::chrono::milliseconds(300);
-  InformerRegistry registry(client_, h_.bus, h_.loop.Io(), h_.metrics, test::TestLogger(), options);
+  InformerRegistry registry(client_, h_.bus, h_.loop.Io(), h_.metrics, gns::test::QuietLogger("kube-test"), options);
   server_->SetResponseDelay(std::chrono::milliseconds(800));
   const auto start = std::chrono::steady_clock::now();
   informer_ = registry.Acquire(InformerSpec{nodes_.Collection(), "", ""});

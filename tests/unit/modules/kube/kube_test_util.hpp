@@ -6,31 +6,17 @@
 #include "support/api_sim.hpp"
 #include "support/loop_harness.hpp"
 #include "support/temp_dir.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <cstdlib>
 
 namespace gns::kube::test {
-
-inline std::shared_ptr<spdlog::logger> TestLogger() {
-  static auto logger = [] {
-    // GNS_TEST_LOG=1 shows the module's log lines when a test needs explaining.
-    if (std::getenv("GNS_TEST_LOG")) {
-      auto l = spdlog::default_logger()->clone("kube-test");
-      l->set_level(spdlog::level::debug);
-      return l;
-    }
-    return std::make_shared<spdlog::logger>("kube-test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  }();
-  return logger;
-}
 
 class KubeTestBase : public ::testing::Test {
  protected:
@@ -57,8 +43,8 @@ class KubeTestBase : public ::testing::Test {
   }
 
   std::shared_ptr<KubeClient> MakeClient(ClientConfig config) {
-    auto client = std::make_shared<KubeClient>(KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
-                                               std::move(config));
+    auto client = std::make_shared<KubeClient>(
+        KubeClient::Deps{h_.loop, h_.clock, h_.metrics, gns::test::QuietLogger("kube-test")}, std::move(config));
     clients_.push_back(client);
     return client;
   }

@@ -33,7 +33,7 @@ class LeaderElectionTest : public test::KubeTestBase {
     config.retry_period = milliseconds(100);
     auto* raw = c.get();
     c->elector = std::make_unique<LeaderElector>(
-        client_, h_.loop.Io(), h_.clock, &h_.bus, h_.metrics, test::TestLogger(), config,
+        client_, h_.loop.Io(), h_.clock, &h_.bus, h_.metrics, gns::test::QuietLogger("kube-test"), config,
         LeaderElector::Callbacks{[raw] { ++raw->started; }, [raw] { ++raw->stopped; }, {}});
     return c;
   }
@@ -156,7 +156,7 @@ TEST_F(LeaderElectionTest, EventsAreAggregatedIntoASeries) {
   config.qps = 100;
   config.burst = 100;
   config.reporting_instance = "node-1";
-  EventRecorder recorder(client_, h_.clock, h_.metrics, test::TestLogger(), config);
+  EventRecorder recorder(client_, h_.clock, h_.metrics, gns::test::QuietLogger("kube-test"), config);
   const ObjectReference node{"v1", "Node", "", "node-1", "uid-1"};
   recorder.Record(node, "Warning", "XidError", "Detected", "Xid 79 on GPU 0");
   ASSERT_TRUE(h_.RunUntil([&] { return recorder.GetStats().created == 1; }));
@@ -182,7 +182,7 @@ TEST_F(LeaderElectionTest, EventRateLimitDropsAndCounts) {
   EventRecorderConfig config;
   config.qps = 0.001;
   config.burst = 2;
-  EventRecorder recorder(client_, h_.clock, h_.metrics, test::TestLogger(), config);
+  EventRecorder recorder(client_, h_.clock, h_.metrics, gns::test::QuietLogger("kube-test"), config);
   for (int i = 0; i < 5; ++i) {
     recorder.Record(ObjectReference{"v1", "Node", "", "n", ""}, "Normal", "R" + std::to_string(i), "A", "note");
   }

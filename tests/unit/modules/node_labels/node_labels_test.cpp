@@ -9,11 +9,11 @@
 
 #if GNS_HAVE_APISERVER_SIM
 #include "support/api_sim.hpp"
+#include "support/quiet_logger.hpp"
 #include "modules/kube/api/client.hpp"
 #endif
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/null_sink.h>
 
 #include <filesystem>
 #include <set>
@@ -308,7 +308,7 @@ class NodeLabelsModuleTest : public ::testing::Test {
         "application/apply-patch+yaml");
     ASSERT_EQ(old.status, 200) << old.body;
     kube::ClientConfig config = server_->ClientConfig();
-    auto log = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+    const auto log = gns::test::QuietLogger("node-labels-test");
     client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, log}, config);
     h_.services.Provide<kube::KubeClient>(client_);
     h_.site.node_name = "node1";
