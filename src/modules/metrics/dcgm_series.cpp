@@ -127,6 +127,15 @@ const std::vector<Family>& Families() {
        [](const DeviceView& d) { return d.mig ? std::nullopt : NvLinkSum(*d.gpu, &inv::NvLinkReading::replay); }},
       {"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", true, "Total number of NVLink recovery errors.",
        [](const DeviceView& d) { return d.mig ? std::nullopt : NvLinkSum(*d.gpu, &inv::NvLinkReading::recovery); }},
+      // dcgm-exporter's default counter, filled from NVML's throughput fields: data sent plus
+      // received over all links, in KiB. Both or nothing, so the sum never jumps when one of them
+      // comes or goes. Whether DCGM's unit is the same is still to check (README).
+      {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", true, "Total number of NVLink bandwidth counters for all lanes.",
+       [](const DeviceView& d) -> Reading {
+         const auto& u = d.gpu->usage;
+         if (d.mig || !u.nvlink_data_tx_kib || !u.nvlink_data_rx_kib) return std::nullopt;
+         return static_cast<double>(*u.nvlink_data_tx_kib) + static_cast<double>(*u.nvlink_data_rx_kib);
+       }},
   };
   return kFamilies;
 }

@@ -146,6 +146,22 @@ TEST_F(DcgmSeriesTest, WholeGpuWithoutPodHasDcgmExporterNamesTypesUnitsAndLabels
   EXPECT_EQ(CountSeries(text_), 50u);
 }
 
+TEST_F(DcgmSeriesTest, NvLinkBandwidthIsDataSentPlusReceivedAndAbsentWithoutIt) {
+  sample_.gpus[0].usage.nvlink_data_tx_kib = 6'000'000'000ULL;
+  sample_.gpus[0].usage.nvlink_data_rx_kib = 1'044;
+  sample_.gpus[1].usage.nvlink_data_tx_kib = 7;  // half an answer is no answer: no series
+  auto scrape = Render();
+  EXPECT_EQ(scrape.Value("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{" + Base0() + "}"), 6'000'001'044.0);
+  EXPECT_EQ(scrape.types.at("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"), "counter");
+  EXPECT_EQ(scrape.samples.count("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{" + Base1() + "}"), 0u);
+  // A GPU without NVLink (PCIe): NVML gave nothing, so no family at all.
+  sample_.gpus[0].usage.nvlink_data_tx_kib.reset();
+  sample_.gpus[0].usage.nvlink_data_rx_kib.reset();
+  scrape = Render();
+  EXPECT_EQ(scrape.types.count("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"), 0u);
+  EXPECT_EQ(text_.find("NVLINK_BANDWIDTH"), std::string::npos);
+}
+
 TEST_F(DcgmSeriesTest, TheLastXidOfAGpuIsItsXidErrorsValue) {
   xids_[kGpu1] = 79;
   const auto scrape = Render();
