@@ -1,5 +1,6 @@
 // gpuMetrics (issue 27) at its budget's size: 8 GPUs × 7 MIG devices, each MIG device held by a
-// pod, against the fake NVML. Measures, as the exporter runs them:
+// pod, each GPU with 18 NVLinks (error counters per link, the all-links throughput), against the
+// fake NVML. Measures, as the exporter runs them:
 //   - one sampling pass (ReadHealth with the groups the exporter asks for, on a pool thread):
 //     CPU time per pass (budget: 2 ms);
 //   - the re-render on a change (sample, pod map): CPU time;
@@ -11,7 +12,7 @@
 // reports (OOM-killed at a 512 MiB limit on 8-GPU nodes), collecting every 30 s.
 //
 //   gpu_metrics_bench --fake-nvml <libnvidia-ml.so.1> --gpus tools/sim/fake_nvml/gpus-8.json
-//                     [--passes N] [--scrapes N]
+//                     [--passes N] [--scrapes N] [--nvlinks N (default 18, 0: none)]
 #include "bench_util.hpp"
 
 #include "loop/metrics_registry.hpp"
@@ -45,8 +46,9 @@ double ThreadCpuMs() {
 
 double RssMiB() { return static_cast<double>(gns::metrics::ReadProcessStats().vm_rss_bytes) / (1024.0 * 1024.0); }
 
-// `gpus` with MIG on every GPU and seven 1g devices each (slots 0-6).
-std::string WriteMigConfig(const std::string& gpus) {
+// `gpus` with MIG on every GPU and seven 1g devices each (slots 0-6), and `nvlinks` links per
+// GPU (the configured peers first, the rest inactive; 0 leaves the configured ones).
+std::string WriteMigConfig(const std::string& gpus, int nvlinks) {
   std::ifstream in(gpus);
   nlohmann::json config = nlohmann::json::parse(in);
   int g = 0;
@@ -61,6 +63,7 @@ std::string WriteMigConfig(const std::string& gpus) {
     }
     gpu["migDevices"] = devices;
     gpu.erase("health");
+    if (nvlinks > 0) gpu["nvlinkCount"] = nvlinks;
     ++g;
   }
   const auto path = std::filesystem::temp_directory_path() / ("gpu_metrics_bench_" + std::to_string(getpid()) + ".json");
@@ -75,17 +78,20 @@ int main(int argc, char** argv) {
   std::string gpus;
   int passes = 200;
   int scrapes = 2000;
+  int nvlinks = 18;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--fake-nvml") == 0) library_path = argv[i + 1];
     else if (std::strcmp(argv[i], "--gpus") == 0) gpus = argv[i + 1];
     else if (std::strcmp(argv[i], "--passes") == 0) passes = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--scrapes") == 0) scrapes = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--nvlinks") == 0) nvlinks = std::atoi(argv[i + 1]);
   }
-  if (library_path.empty() || gpus.empty() || passes <= 0 || scrapes <= 0) {
-    std::fprintf(stderr, "usage: %s --fake-nvml LIB --gpus JSON [--passes N] [--scrapes N]\n", argv[0]);
+  if (library_path.empty() || gpus.empty() || passes <= 0 || scrapes <= 0 || nvlinks < 0 || nvlinks > 18) {
+    std::fprintf(stderr, "usage: %s --fake-nvml LIB --gpus JSON [--passes N] [--scrapes N] [--nvlinks 0-18]\n",
+                 argv[0]);
     return 2;
   }
-  const std::string config_path = WriteMigConfig(gpus);
+  const std::string config_path = WriteMigConfig(gpus, nvlinks);
   setenv("FAKE_NVML_CONFIG", config_path.c_str(), 1);
   unsetenv("FAKE_NVML_CONTROL");
   std::string error;
@@ -115,6 +121,7 @@ int main(int argc, char** argv) {
   std::vector<double> cpu, wall;
   inv::HealthSample sample;
   std::size_t migs = 0;
+  std::size_t links = 0;
   for (int i = 0; i < passes; ++i) {
     const double cpu_before = ThreadCpuMs();
     const auto start = std::chrono::steady_clock::now();
@@ -125,8 +132,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pass failed: %s\n", sample.error.c_str());
       return 1;
     }
-    migs = 0;
-    for (const auto& gpu : sample.gpus) migs += gpu.mig_devices.size();
+    migs = links = 0;
+    for (const auto& gpu : sample.gpus) {
+      migs += gpu.mig_devices.size();
+      links += gpu.nvlinks.size();
+    }
   }
   // The re-render on each change, on the loop.
   std::string text;
@@ -157,8 +167,8 @@ int main(int argc, char** argv) {
   }
   const double rss_after = RssMiB();
 
-  std::printf("gpuMetrics: %zu GPUs, %zu MIG devices, %zu pods, %zu DCGM_FI_* series, %zu bytes a scrape\n",
-              sample.gpus.size(), migs, pods.gpus.size(), gns::metrics::CountSeries(text), bytes);
+  std::printf("gpuMetrics: %zu GPUs, %zu NVLinks, %zu MIG devices, %zu pods, %zu DCGM_FI_* series, %zu bytes a scrape\n",
+              sample.gpus.size(), links, migs, pods.gpus.size(), gns::metrics::CountSeries(text), bytes);
   const double cpu_p50 = gns::bench::Report("CPU per sampling pass", cpu);
   gns::bench::Report("wall per sampling pass", wall);
   gns::bench::Report("CPU per re-render (sample or pod-map change)", render_cpu);

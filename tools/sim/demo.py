@@ -582,6 +582,38 @@ def gpu_metrics_demo(device):
     subprocess.run(NVML_CTL + ["clear-health"], check=True, capture_output=True)
 
 
+def gpu_metrics_dra_demo(api):
+    """Issue 27: a GPU held through a DRA claim (gpu.nvidia.com, device gpu-<minor>) gets the pod's
+    labels and the claim's on its DCGM_FI_* series; unprepared, the series go."""
+    driver, pod = "gpu.nvidia.com", "dash-dra"
+    slice_path = f"/apis/resource.k8s.io/v1/resourceslices/{NODE}-{driver}"
+    device = api.call("GET", slice_path)[1]["spec"]["devices"][0]
+    gpu = device["attributes"]["uuid"]["string"]
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+    code, claim = api.call("POST", claims, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"{pod}-gpu", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}})
+    if code != 201:
+        raise SystemExit(f"[demo] creating the GPU ResourceClaim failed: {code} {claim}")
+    claim["status"] = {"allocation": {"devices": {
+        "results": [{"request": "gpu", "driver": driver, "pool": NODE, "device": device["name"]}]}}}
+    if api.call("PUT", f"{claims}/{pod}-gpu/status", claim)[0] != 200:
+        raise SystemExit("[demo] allocating the GPU ResourceClaim failed")
+    ref = json.dumps({"namespace": NS, "uid": claim["metadata"]["uid"], "name": f"{pod}-gpu"})
+    kubelet("prepare", f"--pod={NS}/{pod}", "--container=main", driver, ref)
+
+    def series():
+        return [line for line in http_get("/metrics")[1].splitlines()
+                if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and f'UUID="{gpu}"' in line]
+
+    line = wait_for("the DRA-claimed GPU's series with the pod's labels", lambda: next(
+        (s for s in series() if f'pod="{pod}"' in s and f'dra_device_name="{device["name"]}"' in s), None), timeout=60)
+    say("gpu metrics", f"claim {NS}/{pod}-gpu ({device['name']}) prepared for pod {pod} -> /metrics {line}")
+    kubelet("unprepare", driver, ref)
+    wait_for("the claim's series gone", lambda: series() and not any(f'pod="{pod}"' in s for s in series()), timeout=60)
+    say("gpu metrics", f"claim unprepared -> its series gone; the GPU's own: {series()[0]}")
+
+
 def main():
     wait_for("the supervisor's /readyz", lambda: http_get("/readyz")[0] == 200, timeout=60)
     status, body = http_get("/debug/state")
@@ -700,6 +732,7 @@ def main():
     say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
     imex_demo(api)
     dra_gpu_demo(api)
+    gpu_metrics_dra_demo(api)
     gkm_demo(api)
     gkm_csi_demo(api)
     nvsentinel_export_demo()

@@ -338,7 +338,29 @@ class HealthReader {
       clock(nvml::kClockSm, u.sm_clock_mhz);
       clock(nvml::kClockMem, u.mem_clock_mhz);
     }
+    if (!gpu.lost) ReadNvLinkThroughput(device, gpu);
     if (!gpu.lost) ReadMigUsage(device, gpu);
+  }
+
+  // Data sent and received over all of the GPU's NVLinks: one call, both counters, scope "all
+  // links". A GPU the NVLink group of this pass found without links is not asked at all; one
+  // that answers NOT_SUPPORTED simply has no value (no error, no series).
+  void ReadNvLinkThroughput(nvml::Device device, GpuHealthReading& gpu) {
+    if (api_.nvmlDeviceGetFieldValues == nullptr) return;
+    if ((groups_ & kHealthNvLink) != 0 && gpu.nvlinks.empty()) return;
+    nvml::FieldValue fields[2]{};
+    fields[0].fieldId = nvml::kFieldDevNvLinkThroughputDataTx;
+    fields[1].fieldId = nvml::kFieldDevNvLinkThroughputDataRx;
+    fields[0].scopeId = fields[1].scopeId = nvml::kFieldScopeAllLinks;
+    if (!Ok(gpu, "nvmlDeviceGetFieldValues", api_.nvmlDeviceGetFieldValues(device, 2, fields))) return;
+    // Per field, anything but a value (a driver without these fields, or one that refuses the
+    // all-links scope) is no value, not a failed function: a metric, not a health reading.
+    auto take = [&](const nvml::FieldValue& field, std::optional<uint64_t>& out) {
+      if (field.nvmlReturn == nvml::kErrorGpuIsLost) gpu.lost = true;
+      if (field.nvmlReturn == nvml::kSuccess) out = FieldValueAsCounter(field);
+    };
+    take(fields[0], gpu.usage.nvlink_data_tx_kib);
+    take(fields[1], gpu.usage.nvlink_data_rx_kib);
   }
 
   // Every MIG device of a MIG-enabled GPU: its ids and frame buffer. Slots are sparse

@@ -52,4 +52,20 @@ std::optional<uint32_t> FieldValueAsUnsigned(const nvml::FieldValue& field) {
   }
 }
 
+std::optional<uint64_t> FieldValueAsCounter(const nvml::FieldValue& field) {
+  switch (field.valueType) {
+    case nvml::kValueTypeUnsignedInt: return field.value.uiVal;
+    case nvml::kValueTypeUnsignedLong: return field.value.ulVal;
+    case nvml::kValueTypeUnsignedLongLong: return field.value.ullVal;
+    case nvml::kValueTypeUnsignedShort: return field.value.usVal;
+    case nvml::kValueTypeSignedInt:
+      if (field.value.siVal >= 0) return static_cast<uint64_t>(field.value.siVal);
+      return std::nullopt;
+    case nvml::kValueTypeSignedLongLong:
+      if (field.value.sllVal >= 0) return static_cast<uint64_t>(field.value.sllVal);
+      return std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
 }  // namespace gns::gpu_inventory

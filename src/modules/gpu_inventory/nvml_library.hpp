@@ -39,5 +39,8 @@ class NvmlLibrary {
 // An nvmlDeviceGetFieldValues answer as an unsigned number, whatever value type the driver chose;
 // nullopt for a negative value or an unknown type.
 std::optional<uint32_t> FieldValueAsUnsigned(const nvml::FieldValue& field);
+// A cumulative 64-bit counter (NVLink throughput in KiB): every width kept; negative or
+// non-integral types are no value.
+std::optional<uint64_t> FieldValueAsCounter(const nvml::FieldValue& field);
 
 }  // namespace gns::gpu_inventory

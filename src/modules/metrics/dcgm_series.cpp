@@ -127,6 +127,15 @@ const std::vector<Family>& Families() {
        [](const DeviceView& d) { return d.mig ? std::nullopt : NvLinkSum(*d.gpu, &inv::NvLinkReading::replay); }},
       {"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", true, "Total number of NVLink recovery errors.",
        [](const DeviceView& d) { return d.mig ? std::nullopt : NvLinkSum(*d.gpu, &inv::NvLinkReading::recovery); }},
+      // dcgm-exporter's default counter, filled from NVML's throughput fields: data sent plus
+      // received over all links, in KiB. Both or nothing, so the sum never jumps when one of them
+      // comes or goes. Whether DCGM's unit is the same is still to check (README).
+      {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", true, "Total number of NVLink bandwidth counters for all lanes.",
+       [](const DeviceView& d) -> Reading {
+         const auto& u = d.gpu->usage;
+         if (d.mig || !u.nvlink_data_tx_kib || !u.nvlink_data_rx_kib) return std::nullopt;
+         return static_cast<double>(*u.nvlink_data_tx_kib) + static_cast<double>(*u.nvlink_data_rx_kib);
+       }},
   };
   return kFamilies;
 }
@@ -182,7 +191,7 @@ std::vector<std::string> LabelSets(const std::string& base, const std::vector<Dc
 
 }  // namespace
 
-std::vector<DcgmHolder> HoldersOf(const pr::GpuPodMap& pods, std::string_view uuid, std::optional<uint32_t> gpu_index) {
+std::vector<DcgmHolder> HoldersOf(const pr::GpuPodMap& pods, std::string_view uuid, std::optional<uint32_t> gpu_minor) {
   std::vector<DcgmHolder> out;
   if (!pods.listed || uuid.empty()) return out;
   for (const auto& [id, refs] : pods.gpus) {
@@ -195,13 +204,13 @@ std::vector<DcgmHolder> HoldersOf(const pr::GpuPodMap& pods, std::string_view uu
       out.push_back(std::move(h));
     }
   }
-  const std::string by_index = gpu_index ? "gpu-" + std::to_string(*gpu_index) : std::string();
+  const std::string by_minor = gpu_minor ? "gpu-" + std::to_string(*gpu_minor) : std::string();
   for (const pr::PodClaimRef& claim : pods.claims) {
     for (const std::string& device : claim.devices) {
       const auto slash = device.find('/');
       const std::string pool = slash == std::string::npos ? std::string() : device.substr(0, slash);
       const std::string name = slash == std::string::npos ? device : device.substr(slash + 1);
-      const bool ours = name == uuid || (!by_index.empty() && claim.driver == kGpuDraDriver && name == by_index);
+      const bool ours = name == uuid || (!by_minor.empty() && claim.driver == kGpuDraDriver && name == by_minor);
       if (!ours) continue;
       DcgmHolder h;
       h.pod = claim.name;
@@ -257,7 +266,9 @@ std::string RenderDcgmFamilies(const DcgmInputs& in) {
       const auto it = in.last_xid->find(gpu.uuid);
       if (it != in.last_xid->end()) xid = it->second;
     }
-    devices.push_back(Device{DeviceView{&gpu, nullptr, xid}, LabelSets(base, HoldersOf(pods, gpu.uuid, gpu.index), in.hostname)});
+    // A DRA device "gpu-<minor>" names the GPU by its device node: known from the inventory.
+    const std::optional<uint32_t> minor = info != nullptr ? std::optional<uint32_t>(info->minor) : std::nullopt;
+    devices.push_back(Device{DeviceView{&gpu, nullptr, xid}, LabelSets(base, HoldersOf(pods, gpu.uuid, minor), in.hostname)});
     for (const inv::MigUsageReading& mig : gpu.mig_devices) {
       std::string profile;
       if (info != nullptr) {

@@ -48,15 +48,16 @@ struct DcgmHolder {
   bool operator==(const DcgmHolder&) const = default;
 };
 
-// The DRA driver whose devices "gpu-<index>" name whole GPUs (NVIDIA's k8s-dra-driver-gpu).
+// The DRA driver whose devices "gpu-<minor>" name whole GPUs (NVIDIA's k8s-dra-driver-gpu and
+// our dra-gpu: the GPU's /dev/nvidia<minor>, not its NVML index; WIRE-FACTS §4).
 inline constexpr std::string_view kGpuDraDriver = "gpu.nvidia.com";
 
 // Who holds the device `uuid` (a GPU's "GPU-…" or a MIG device's "MIG-…"): device-plugin IDs
 // equal to it or one of its time-slicing replicas ("<uuid>::<n>"), and DRA claim devices named
-// by it, or — for a whole GPU of index `gpu_index` — "gpu-<index>" of kGpuDraDriver. Sorted,
-// without duplicates; empty while the map was never listed.
+// by it, or — for a whole GPU whose device node is /dev/nvidia<gpu_minor> — "gpu-<minor>" of
+// kGpuDraDriver. Sorted, without duplicates; empty while the map was never listed.
 std::vector<DcgmHolder> HoldersOf(const pod_resources::GpuPodMap& pods, std::string_view uuid,
-                                  std::optional<uint32_t> gpu_index);
+                                  std::optional<uint32_t> gpu_minor);
 
 struct DcgmInputs {
   std::string hostname;

@@ -14,6 +14,21 @@ std::string Quoted(std::string_view text) { return json(std::string(text)).dump(
 
 }  // namespace
 
+std::string_view PhysicalDeviceId(std::string_view id) {
+  const auto cut = id.rfind(kReplicaSeparator);
+  if (cut == std::string_view::npos || cut == 0) return id;
+  const std::string_view n = id.substr(cut + kReplicaSeparator.size());
+  if (n.empty() || !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; })) return id;
+  return id.substr(0, cut);
+}
+
+bool IsOurResource(const std::set<std::string>& resources, std::string_view name) {
+  if (resources.contains(std::string(name))) return true;
+  return std::any_of(resources.begin(), resources.end(), [&](const std::string& r) {
+    return r.ends_with('*') && name.starts_with(std::string_view(r).substr(0, r.size() - 1));
+  });
+}
+
 ListView ReadList(const v1::ListPodResourcesResponse& response, const std::set<std::string>& resources,
                   const KnownDevice& known) {
   ListView view;
@@ -43,15 +58,19 @@ ListView ReadList(const v1::ListPodResourcesResponse& response, const std::set<s
         continue;
       }
       for (const v1::ContainerDevices& devices : container.devices()) {
-        if (!resources.contains(devices.resource_name())) continue;
-        for (const std::string& id : devices.device_ids()) {
-          if (id.empty()) {
+        if (!IsOurResource(resources, devices.resource_name())) continue;
+        for (const std::string& listed : devices.device_ids()) {
+          if (listed.empty()) {
             view.problems.push_back(where + ": an empty " + devices.resource_name() + " device ID: skipped");
             continue;
           }
+          // A time-slicing replica stands for its GPU (or MIG device): two pods sharing a GPU
+          // both hold that GPU, and the annotation names the GPU, not the replica.
+          const std::string id(PhysicalDeviceId(listed));
           if (known && !known(id)) {
-            view.problems.push_back(where + ": " + devices.resource_name() + " device " + Quoted(id) +
-                                    " is not a GPU of this node: left out of the map and the annotation");
+            view.problems.push_back(where + ": " + devices.resource_name() + " device " + Quoted(listed) +
+                                    " is not a GPU of this node (nor a MIG device or a time-slicing replica of one): left out of "
+                                    "the map and the annotation");
             continue;
           }
           const bool duplicate = std::any_of(out.devices.begin(), out.devices.end(), [&](const HeldDevice& d) {
@@ -61,17 +80,28 @@ ListView ReadList(const v1::ListPodResourcesResponse& response, const std::set<s
         }
       }
       for (const v1::DynamicResource& dynamic : container.dynamic_resources()) {
-        PodClaimRef claim{pod.namespace_(), pod.name(), container.name(),
-                          dynamic.claim_namespace() + "/" + dynamic.claim_name(), {}, {}};
-        for (const v1::ClaimResource& resource : dynamic.claim_resources()) {
-          if (claim.driver.empty()) claim.driver = resource.driver_name();
-          claim.devices.push_back(resource.pool_name() + "/" + resource.device_name());
-        }
         if (dynamic.claim_name().empty()) {
           view.problems.push_back(where + ": a dynamic resource without a claim name: skipped");
           continue;
         }
-        out.claims.push_back(std::move(claim));
+        // One entry per driver: a claim may hold devices of several drivers (a GPU and a
+        // compute-domain channel), and each device must keep its own driver's name.
+        std::vector<PodClaimRef> by_driver;
+        for (const v1::ClaimResource& resource : dynamic.claim_resources()) {
+          auto it = std::find_if(by_driver.begin(), by_driver.end(),
+                                 [&](const PodClaimRef& c) { return c.driver == resource.driver_name(); });
+          if (it == by_driver.end()) {
+            it = by_driver.insert(by_driver.end(), PodClaimRef{pod.namespace_(), pod.name(), container.name(),
+                                                               dynamic.claim_namespace() + "/" + dynamic.claim_name(),
+                                                               resource.driver_name(), {}});
+          }
+          it->devices.push_back(resource.pool_name() + "/" + resource.device_name());
+        }
+        if (by_driver.empty()) {  // a claim with no devices (yet): still the pod's claim
+          by_driver.push_back(PodClaimRef{pod.namespace_(), pod.name(), container.name(),
+                                          dynamic.claim_namespace() + "/" + dynamic.claim_name(), {}, {}});
+        }
+        for (auto& claim : by_driver) out.claims.push_back(std::move(claim));
       }
     }
   }
@@ -88,7 +118,7 @@ ListView ReadList(const v1::ListPodResourcesResponse& response, const std::set<s
 std::size_t CountAllocatable(const v1::AllocatableResourcesResponse& response, const std::set<std::string>& resources) {
   std::set<std::string> ids;
   for (const v1::ContainerDevices& devices : response.devices()) {
-    if (!resources.contains(devices.resource_name())) continue;
+    if (!IsOurResource(resources, devices.resource_name())) continue;
     for (const std::string& id : devices.device_ids()) ids.insert(devices.resource_name() + "\n" + id);
   }
   return ids.size();

@@ -42,8 +42,18 @@ struct ListView {
   std::vector<std::string> problems;
 };
 
+// Time-slicing replicas of one device are listed as "<device id>::<n>" (the device plugin's
+// IDs, ours and NVIDIA's). The device a listed ID stands for: the part before "::<digits>", or
+// the ID itself.
+inline constexpr std::string_view kReplicaSeparator = "::";
+std::string_view PhysicalDeviceId(std::string_view id);
+
 // Whether a device ID names a device of this node; empty: every non-empty ID is accepted.
 using KnownDevice = std::function<bool(std::string_view id)>;
+
+// Whether `name` is one of `resources`: equal to an entry, or starting with an entry's text
+// before its final '*' ("nvidia.com/mig-*": every MIG profile the device plugin advertises).
+bool IsOurResource(const std::set<std::string>& resources, std::string_view name);
 
 // `resources`: the resource names whose devices are GPUs (nvidia.com/gpu); others are ignored.
 ListView ReadList(const v1::ListPodResourcesResponse& response, const std::set<std::string>& resources,

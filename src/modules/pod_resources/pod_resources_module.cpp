@@ -5,6 +5,7 @@
 #include "loop/config_checks.hpp"
 #include "loop/json_fields.hpp"
 #include "modules/dra_compute_domain/messages.hpp"
+#include "modules/dra_gpu/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/informer.hpp"
@@ -63,7 +64,12 @@ PodResourcesModule::Config PodResourcesModule::ParseConfig(ConfigMap& section, c
   config.resource_names = section.StringList("resourceNames", config.resource_names);
   if (config.resource_names.empty()) section.Fail("resourceNames", "must name at least one resource");
   for (const auto& name : config.resource_names) {
-    if (const auto problem = ExtendedResourceNameProblem(name); !problem.empty()) section.Fail("resourceNames", problem);
+    // "prefix*" names every resource that starts with the prefix (nvidia.com/mig-*): the prefix
+    // must start a valid name.
+    const std::string checked = name.ends_with('*') ? name.substr(0, name.size() - 1) + "x" : name;
+    if (const auto problem = ExtendedResourceNameProblem(checked); !problem.empty()) {
+      section.Fail("resourceNames", name.ends_with('*') ? "\"" + name + "\": " + problem : problem);
+    }
   }
   config.call_timeout = section.Duration("callTimeout", milliseconds(100), milliseconds(60000), config.call_timeout);
   config.coalesce = section.Duration("coalesce", milliseconds(0), milliseconds(10000), config.coalesce);
@@ -120,18 +126,27 @@ void PodResourcesModule::Start() {
 
   auto& bus = context_.GetBus();
   allocated_sub_ = bus.Subscribe<DevicesAllocated>([this](const DevicesAllocated& a) {
-    if (!resources_.contains(a.resource_name)) return;
-    for (const auto& id : a.device_ids) expected_.emplace(id, 0);
+    if (!IsOurResource(resources_, a.resource_name)) return;
+    // The map holds what a replica stands for: wait for that.
+    for (const auto& id : a.device_ids) expected_.emplace(std::string(PhysicalDeviceId(id)), 0);
     RequestList("device-plugin Allocate");
   });
   dra_sub_ = bus.Subscribe<dra::DraComputeDomainState>([this](const dra::DraComputeDomainState& state) {
     std::set<std::string> claims;
     for (const auto& claim : state.prepared_claims) claims.insert(claim.uid + "/" + claim.state);
-    OnPreparedClaims(std::move(claims));
+    OnPreparedClaims(prepared_claims_, std::move(claims));
+  });
+  dra_gpu_sub_ = bus.Subscribe<dra_gpu::DraGpuState>([this](const dra_gpu::DraGpuState& state) {
+    std::set<std::string> claims;
+    for (const auto& claim : state.prepared_claims) claims.insert(claim.uid);
+    OnPreparedClaims(prepared_gpu_claims_, std::move(claims));
   });
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inventory) {
     std::set<std::string> known;
-    for (const auto& gpu : inventory.gpus) known.insert(gpu.uuid);
+    for (const auto& gpu : inventory.gpus) {
+      known.insert(gpu.uuid);
+      for (const auto& mig : gpu.mig_devices) known.insert(mig.uuid);  // MIG strategies hand these out
+    }
     if (known == known_gpus_) return;
     known_gpus_ = std::move(known);
     RebuildView();
@@ -165,6 +180,7 @@ void PodResourcesModule::Stop(std::function<void()> done) {
   lifetime_.Renew();
   allocated_sub_ = {};
   dra_sub_ = {};
+  dra_gpu_sub_ = {};
   inventory_sub_ = {};
   pod_sub_ = {};
   synced_sub_ = {};
@@ -397,9 +413,9 @@ void PodResourcesModule::CheckExpected() {
 
 // ---------------------------------------------------------------------------------- inputs
 
-void PodResourcesModule::OnPreparedClaims(std::set<std::string> claims) {
-  if (claims == prepared_claims_) return;
-  prepared_claims_ = std::move(claims);
+void PodResourcesModule::OnPreparedClaims(std::set<std::string>& held, std::set<std::string> claims) {
+  if (claims == held) return;
+  held = std::move(claims);
   RequestList("DRA prepared claims changed");
 }
 

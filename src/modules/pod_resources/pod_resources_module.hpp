@@ -92,7 +92,9 @@ class PodResourcesModule final : public Module {
 
   // Inputs.
   void OnPodEvent(const kube::ResourceEvent& event);
-  void OnPreparedClaims(std::set<std::string> claims);
+  // A DRA driver's prepared claims (`held`: the last set seen from that driver) changed: the
+  // kubelet's dynamic_resources have too.
+  void OnPreparedClaims(std::set<std::string>& held, std::set<std::string> claims);
 
   // Outputs.
   void PublishMap();
@@ -135,7 +137,8 @@ class PodResourcesModule final : public Module {
   // Pods deleted in the API that the last List still showed -> Lists tried since.
   std::map<std::string, int> departing_;
   std::set<std::string> known_gpus_;  // from the inventory; empty: every ID accepted
-  std::set<std::string> prepared_claims_;
+  std::set<std::string> prepared_claims_;      // compute-domain.nvidia.com
+  std::set<std::string> prepared_gpu_claims_;  // gpu.nvidia.com
   std::optional<GpuPodMap> published_;
 
   // Annotation writes.
@@ -163,6 +166,7 @@ class PodResourcesModule final : public Module {
 
   Subscription allocated_sub_;
   Subscription dra_sub_;
+  Subscription dra_gpu_sub_;
   Subscription inventory_sub_;
   Subscription pod_sub_;
   Subscription synced_sub_;

@@ -95,6 +95,11 @@ struct NvLinkCounters {
   unsigned long long replay = 0, recovery = 0, crc_flit = 0, crc_data = 0;
 };
 
+// NVLink data throughput of one link, KiB (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX).
+struct NvLinkThroughput {
+  unsigned long long data_tx_kib = 0, data_rx_kib = 0;
+};
+
 // What the health readings answer (issue 26): healthy unless configured ("health" of a GPU) or
 // set at run time (setHealth). Row-remap pending/failure, retired-pages pending and persistence
 // live in the maintenance state (maintenance_state.h), which a reset changes.
@@ -108,6 +113,7 @@ struct Health {
   unsigned int retired_dbe = 0;
   std::set<unsigned int> nvlinks_down;
   std::map<unsigned int, NvLinkCounters> nvlink_errors;
+  std::map<unsigned int, NvLinkThroughput> nvlink_throughput;
   unsigned int pcie_generation = 5, pcie_width = 16, pcie_max_generation = 5, pcie_max_width = 16;
   unsigned int pcie_replay = 0;
   unsigned long long clocks_event_reasons = 0;
@@ -362,7 +368,7 @@ void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime
       "clocksEventReasons", "temperature", "temperatureSlowdown", "temperatureShutdown", "memoryTemperature",
       "memoryTemperatureMax", "powerViolationNs", "thermalViolationNs", "lost", "gpuUtil", "memoryUtil",
       "encoderUtil", "decoderUtil", "powerMilliwatts", "energyMillijoules", "smClockMhz", "memClockMhz",
-      "memoryUsedBytes", "migMemoryUsedMiB", "nvswitchLinks"};
+      "memoryUsedBytes", "migMemoryUsedMiB", "nvswitchLinks", "nvlinkThroughput"};
   static const std::set<std::string, std::less<>> kRuntimeKeys = {"uuid", "remapPending", "remapFailure",
                                                                    "retiredPagesPending", "persistence"};
   if (!h.is_object()) throw ConfigError(nvml::kErrorUnknown, where + " must be a JSON object");
@@ -411,6 +417,20 @@ void ApplyHealth(const Json& h, Gpu& gpu, const std::string& where, bool runtime
       CheckKeys(counters, {"replay", "recovery", "crcFlit", "crcData"}, where + ".nvlinkErrors." + link);
       health.nvlink_errors[n] = {counters.value("replay", 0ULL), counters.value("recovery", 0ULL),
                                  counters.value("crcFlit", 0ULL), counters.value("crcData", 0ULL)};
+    }
+  }
+  if (h.contains("nvlinkThroughput")) {
+    const Json& e = h.at("nvlinkThroughput");
+    if (!e.is_object()) throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkThroughput must map link numbers to counters");
+    health.nvlink_throughput.clear();
+    for (const auto& [link, counters] : e.items()) {
+      unsigned int n = 0;
+      const auto [end, ec] = std::from_chars(link.data(), link.data() + link.size(), n);
+      if (ec != std::errc() || end != link.data() + link.size() || n >= nvml::kNvLinkMaxLinks) {
+        throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkThroughput: \"" + link + "\" is not a link number below 18");
+      }
+      CheckKeys(counters, {"dataTxKiB", "dataRxKiB"}, where + ".nvlinkThroughput." + link);
+      health.nvlink_throughput[n] = {counters.value("dataTxKiB", 0ULL), counters.value("dataRxKiB", 0ULL)};
     }
   }
   if (h.contains("fabricState") || h.contains("fabricStatus") || h.contains("fabricHealthMask")) {
@@ -2130,6 +2150,26 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetFieldValues(nvml::Device device, int values
           v.value.uiVal = v.scopeId;
         } else {
           v.nvmlReturn = nvml::kErrorNotSupported;
+        }
+      } else if (v.fieldId == nvml::kFieldDevNvLinkThroughputDataTx || v.fieldId == nvml::kFieldDevNvLinkThroughputDataRx) {
+        // scopeId = a link, or UINT_MAX for the sum over the GPU's links.
+        const bool tx = v.fieldId == nvml::kFieldDevNvLinkThroughputDataTx;
+        auto of = [&](unsigned int link) {
+          const auto it = g.health.nvlink_throughput.find(link);
+          if (it == g.health.nvlink_throughput.end()) return 0ULL;
+          return tx ? it->second.data_tx_kib : it->second.data_rx_kib;
+        };
+        v.valueType = nvml::kValueTypeUnsignedLongLong;
+        v.nvmlReturn = nvml::kSuccess;
+        if (g.nvlink_count == 0) {
+          v.nvmlReturn = nvml::kErrorNotSupported;
+        } else if (v.scopeId == nvml::kFieldScopeAllLinks) {
+          v.value.ullVal = 0;
+          for (unsigned int link = 0; link < g.nvlink_count; ++link) v.value.ullVal += of(link);
+        } else if (v.scopeId >= g.nvlink_count) {
+          v.nvmlReturn = nvml::kErrorInvalidArgument;
+        } else {
+          v.value.ullVal = of(v.scopeId);
         }
       } else {
         v.nvmlReturn = nvml::kErrorNotSupported;

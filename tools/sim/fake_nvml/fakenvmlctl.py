@@ -15,6 +15,7 @@ Examples:
   fakenvmlctl.py clear-failures
   fakenvmlctl.py set-health GPU-3f8a… '{"remapPending": true}'   # health readings (README)
   fakenvmlctl.py set-health GPU-3f8a… '{"nvlinkDown": [1], "pcieWidth": 8}'
+  fakenvmlctl.py set-health GPU-3f8a… '{"nvlinkErrors": {"0": {"replay": 3}}, "nvlinkThroughput": {"0": {"dataTxKiB": 4096, "dataRxKiB": 1024}}}'
   fakenvmlctl.py set-health GPU-3f8a… '{"lost": true}'            # GPU_IS_LOST from every call
   fakenvmlctl.py clear-health
   fakenvmlctl.py set-topology GPU-3f8a… '[{"switch": "0000:c3:00.0", "links": [0, 1], "ports": [10, 11]}]'

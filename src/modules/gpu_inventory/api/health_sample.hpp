@@ -114,6 +114,11 @@ struct UsageReading {
   std::optional<uint64_t> energy_mj;  // since the driver loaded
   std::optional<uint32_t> sm_clock_mhz;
   std::optional<uint32_t> mem_clock_mhz;
+  // NVLink data sent and received over all links, KiB since the driver loaded
+  // (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX, scope all links). Not read on a GPU whose
+  // NVLink group answered "no links" in the same pass; absent where NVML does not answer them.
+  std::optional<uint64_t> nvlink_data_tx_kib;
+  std::optional<uint64_t> nvlink_data_rx_kib;
 };
 
 // One MIG device of a MIG-enabled GPU (kHealthUsage): NVML answers the frame buffer for a MIG

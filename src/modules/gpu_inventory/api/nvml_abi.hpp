@@ -17,6 +17,8 @@
 //     nvmlDeviceGetCurrentClocksEventReasons is the new name of
 //     nvmlDeviceGetCurrentClocksThrottleReasons), temperature sensors and thresholds,
 //     nvmlFieldValue_t / NVML_FI_DEV_MEMORY_TEMP (82), nvmlViolationTime_t and nvmlPerfPolicyType_t.
+//   - NVLink throughput (issue 27): NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (138/139) and the
+//     UINT_MAX "all links" scope, from the same 12.2 header (not in WIRE-FACTS yet).
 //   - The usage readings (issue 27) from the same header: nvmlUtilization_t,
 //     nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoder/DecoderUtilization, nvmlDeviceGetPowerUsage
 //     (mW), nvmlDeviceGetTotalEnergyConsumption (mJ), nvmlClockType_t and nvmlDeviceGetClockInfo.
@@ -189,6 +191,13 @@ inline constexpr unsigned int kFieldDevMemoryTemp = 82;  // NVML_FI_DEV_MEMORY_T
 // NVML_FI_DEV_NVLINK_REMOTE_NVLINK_ID: the link number at the far end of the NVLink named by
 // scopeId (an NVSwitch's port when the remote is a switch).
 inline constexpr unsigned int kFieldDevNvLinkRemoteNvLinkId = 146;
+// NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: NVLink data (payload, without protocol overhead)
+// sent / received, in KiB, cumulative. scopeId = the link, or UINT_MAX for the sum over all links
+// (the same 12.2 header; the older per-lane NVML_FI_DEV_NVLINK_BANDWIDTH_C0/C1_* fields are
+// deprecated there in favour of these).
+inline constexpr unsigned int kFieldDevNvLinkThroughputDataTx = 138;
+inline constexpr unsigned int kFieldDevNvLinkThroughputDataRx = 139;
+inline constexpr unsigned int kFieldScopeAllLinks = 0xFFFFFFFFu;  // UINT_MAX
 using ValueType = int;
 inline constexpr ValueType kValueTypeDouble = 0;
 inline constexpr ValueType kValueTypeUnsignedInt = 1;

@@ -319,5 +319,33 @@ TEST_F(ReadHealthTest, AUsageFunctionTheDriverLacksLeavesItsReadingEmptyAndIsNoF
   EXPECT_THAT(g.failed_functions, ElementsAre("nvmlDeviceGetClockInfo", "nvmlDeviceGetClockInfo"));
 }
 
+// NVLink throughput (DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL): NVML's all-links sum of data sent and
+// received; a GPU without NVLink has no value, and that is no failure.
+TEST_F(ReadHealthTest, NvLinkDataThroughputIsTheSumOverTheLinksAndAbsentWithoutNvLink) {
+  ASSERT_EQ(set_health_(UuidOf(0).c_str(), R"({"nvlinkThroughput":{"0":{"dataTxKiB":6000000000,"dataRxKiB":1024},
+      "1":{"dataTxKiB":10,"dataRxKiB":20}}})"),
+            nvml::kSuccess);
+  HealthSample sample = ReadHealth(*library_, kHealthNvLink | kHealthUsage, "");
+  ASSERT_TRUE(sample.ok) << sample.error;
+  EXPECT_EQ(sample.gpus[0].usage.nvlink_data_tx_kib, 6000000010ULL);  // past 32 bits: kept whole
+  EXPECT_EQ(sample.gpus[0].usage.nvlink_data_rx_kib, 1044ULL);
+  EXPECT_EQ(sample.gpus[1].usage.nvlink_data_tx_kib, 0ULL);  // links, no traffic yet: a zero, not nothing
+  EXPECT_THAT(sample.gpus[0].failed_functions, IsEmpty());
+
+  ASSERT_EQ(library_->Api().nvmlShutdown(), nvml::kSuccess);
+  setenv("FAKE_NVML_CONFIG", GNS_FAKE_NVML_GPUS_MIG, 1);  // PCIe GPUs: no NVLink
+  ASSERT_EQ(library_->Api().nvmlInit_v2(), nvml::kSuccess);
+  for (const uint32_t groups : {kHealthNvLink | kHealthUsage, static_cast<uint32_t>(kHealthUsage)}) {
+    sample = ReadHealth(*library_, groups, "");
+    ASSERT_TRUE(sample.ok) << sample.error;
+    for (const auto& gpu : sample.gpus) {
+      EXPECT_TRUE(gpu.nvlinks.empty());
+      EXPECT_FALSE(gpu.usage.nvlink_data_tx_kib.has_value());
+      EXPECT_FALSE(gpu.usage.nvlink_data_rx_kib.has_value());
+      EXPECT_THAT(gpu.failed_functions, IsEmpty());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gns::gpu_inventory::read_health_test

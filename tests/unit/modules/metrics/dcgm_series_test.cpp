@@ -146,6 +146,22 @@ TEST_F(DcgmSeriesTest, WholeGpuWithoutPodHasDcgmExporterNamesTypesUnitsAndLabels
   EXPECT_EQ(CountSeries(text_), 50u);
 }
 
+TEST_F(DcgmSeriesTest, NvLinkBandwidthIsDataSentPlusReceivedAndAbsentWithoutIt) {
+  sample_.gpus[0].usage.nvlink_data_tx_kib = 6'000'000'000ULL;
+  sample_.gpus[0].usage.nvlink_data_rx_kib = 1'044;
+  sample_.gpus[1].usage.nvlink_data_tx_kib = 7;  // half an answer is no answer: no series
+  auto scrape = Render();
+  EXPECT_EQ(scrape.Value("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{" + Base0() + "}"), 6'000'001'044.0);
+  EXPECT_EQ(scrape.types.at("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"), "counter");
+  EXPECT_EQ(scrape.samples.count("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{" + Base1() + "}"), 0u);
+  // A GPU without NVLink (PCIe): NVML gave nothing, so no family at all.
+  sample_.gpus[0].usage.nvlink_data_tx_kib.reset();
+  sample_.gpus[0].usage.nvlink_data_rx_kib.reset();
+  scrape = Render();
+  EXPECT_EQ(scrape.types.count("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"), 0u);
+  EXPECT_EQ(text_.find("NVLINK_BANDWIDTH"), std::string::npos);
+}
+
 TEST_F(DcgmSeriesTest, TheLastXidOfAGpuIsItsXidErrorsValue) {
   xids_[kGpu1] = 79;
   const auto scrape = Render();
@@ -233,13 +249,14 @@ TEST_F(DcgmSeriesTest, MigDevicesHaveGpuInstanceLabelsTheirOwnFrameBufferAndThei
 }
 
 TEST_F(DcgmSeriesTest, ADraClaimAddsTheClaimLabels) {
+  // gpu.nvidia.com names a GPU by its device node: GPU 1 is /dev/nvidia3, so "gpu-3".
   pr::PodClaimRef claim;
   claim.namespace_name = "ml";
   claim.name = "trainer-5";
   claim.container = "worker";
   claim.claim = "ml/trainer-5-gpu-x7k2";
   claim.driver = "gpu.nvidia.com";
-  claim.devices = {"node-a/gpu-1"};
+  claim.devices = {"node-a/gpu-3"};
   pods_.claims = {claim};
   // A compute-domain channel of the same pod is no GPU.
   pr::PodClaimRef channel = claim;
@@ -251,10 +268,33 @@ TEST_F(DcgmSeriesTest, ADraClaimAddsTheClaimLabels) {
   const std::string labels = "{" + Base1() +
                              ",container=\"worker\",namespace=\"ml\",pod=\"trainer-5\",dra_claim_name=\"trainer-5-gpu-x7k2\","
                              "dra_claim_namespace=\"ml\",dra_driver_name=\"gpu.nvidia.com\",dra_pool_name=\"node-a\","
-                             "dra_device_name=\"gpu-1\"}";
+                             "dra_device_name=\"gpu-3\"}";
   EXPECT_EQ(scrape.Value("DCGM_FI_DEV_GPU_UTIL" + labels), 87);
   EXPECT_EQ(scrape.Value("DCGM_FI_DEV_GPU_UTIL{" + Base0() + "}"), 87);
   EXPECT_EQ(text_.find("channel"), std::string::npos);
+}
+
+TEST_F(DcgmSeriesTest, ADraGpuDeviceNamesTheGpuByItsMinorNotItsIndex) {
+  pr::PodClaimRef claim;
+  claim.namespace_name = "ml";
+  claim.name = "trainer-6";
+  claim.container = "worker";
+  claim.claim = "ml/trainer-6-gpu";
+  claim.driver = "gpu.nvidia.com";
+  claim.devices = {"node-a/gpu-1"};  // minor 1: no GPU of this node (GPU 1's minor is 3)
+  pods_.claims = {claim};
+  auto scrape = Render();
+  EXPECT_EQ(text_.find("trainer-6"), std::string::npos) << text_;
+  EXPECT_EQ(scrape.Value("DCGM_FI_DEV_GPU_UTIL{" + Base1() + "}"), 87);
+  pods_.claims[0].devices = {"node-a/gpu-0"};  // GPU 0: index 0, minor 0
+  scrape = Render();
+  EXPECT_EQ(scrape.samples.count("DCGM_FI_DEV_GPU_UTIL{" + Base0() + "}"), 0u);
+  EXPECT_NE(text_.find("pod=\"trainer-6\",dra_claim_name=\"trainer-6-gpu\""), std::string::npos) << text_;
+  // The pod ended: its claim left the map, and its series with it.
+  pods_.claims.clear();
+  scrape = Render();
+  EXPECT_EQ(text_.find("trainer-6"), std::string::npos);
+  EXPECT_EQ(scrape.Value("DCGM_FI_DEV_GPU_UTIL{" + Base0() + "}"), 87);
 }
 
 TEST_F(DcgmSeriesTest, AMapNeverListedGivesNoPodLabels) {

@@ -53,7 +53,9 @@ class GpuMetricsTest : public ::testing::Test {
     setenv("FAKE_NVML_CONFIG", kGpus8Path, 1);
     setenv("FAKE_NVML_CONTROL", (dir_.Path() / "nvml.sock").c_str(), 1);
     // Before nvmlInit: kept by UUID for the life of the process, over the config.
-    ASSERT_EQ(set_health_(kGpu0, R"({"gpuUtil":87,"powerMilliwatts":312456})"), 0);
+    ASSERT_EQ(set_health_(kGpu0, R"({"gpuUtil":87,"powerMilliwatts":312456,
+        "nvlinkThroughput":{"0":{"dataTxKiB":5000,"dataRxKiB":700},"1":{"dataTxKiB":300,"dataRxKiB":0}}})"),
+              0);
 
     inv::GpuInventoryModule::Config inventory;
     inventory.nvml_library = kLibraryPath;
@@ -143,6 +145,20 @@ TEST_F(GpuMetricsTest, APodsGpuSeriesAppearAndDisappearWithThePod) {
   ASSERT_TRUE(h_.RunUntil([&] { return Scrape().find("train-0") == std::string::npos; })) << Scrape();
   EXPECT_EQ(test::ParsePrometheus(Scrape()).Value(idle), 87);
   EXPECT_EQ(Passes(), passes) << "the pod's series went with the pod-map change, not with a new pass";
+}
+
+TEST_F(GpuMetricsTest, NvLinkBandwidthComesFromNvmlThroughputOverAllLinks) {
+  const std::string gpu0 = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{" + Gpu0Labels() + "}";
+  ASSERT_TRUE(h_.RunUntil([&] { return Scrape().find(gpu0) != std::string::npos; })) << Scrape();
+  const auto scrape = test::ParsePrometheus(Scrape());
+  EXPECT_EQ(scrape.Value(gpu0), 5000 + 700 + 300);  // KiB, both directions, both links
+  EXPECT_EQ(scrape.types.at("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"), "counter");
+  // gpus-8.json's other GPUs have links and no traffic: a zero each, not nothing.
+  std::size_t series = 0;
+  for (const auto& sample : scrape.samples) {
+    if (sample.first.starts_with("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{")) ++series;
+  }
+  EXPECT_EQ(series, 8u);
 }
 
 TEST_F(GpuMetricsTest, AScrapeNeverCallsNvml) {

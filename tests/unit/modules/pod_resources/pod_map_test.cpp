@@ -98,6 +98,82 @@ TEST(ReadList, DynamicResourcesBecomeClaims) {
   EXPECT_THAT(claims[0].devices, ElementsAre("node-1/channel-0"));
 }
 
+TEST(ReadList, AClaimWithDevicesOfTwoDriversKeepsEachDevicesDriver) {
+  v1::ListPodResourcesResponse response;
+  auto* pod = AddPod(response, "ml", "trainer");
+  auto* c = pod->add_containers();
+  c->set_name("main");
+  auto* dynamic = c->add_dynamic_resources();
+  dynamic->set_claim_name("both");
+  dynamic->set_claim_namespace("ml");
+  const auto add = [&](const char* driver, const char* device) {
+    auto* resource = dynamic->add_claim_resources();
+    resource->set_driver_name(driver);
+    resource->set_pool_name("node-1");
+    resource->set_device_name(device);
+  };
+  add("compute-domain.nvidia.com", "channel-0");
+  add("gpu.nvidia.com", "gpu-3");
+  add("gpu.nvidia.com", "gpu-5");
+  const auto claims = AllClaims(ReadList(response, kGpu, {}));
+  ASSERT_EQ(claims.size(), 2u);
+  EXPECT_EQ(claims[0].claim, "ml/both");
+  EXPECT_EQ(claims[0].driver, "compute-domain.nvidia.com");
+  EXPECT_THAT(claims[0].devices, ElementsAre("node-1/channel-0"));
+  EXPECT_EQ(claims[1].claim, "ml/both");
+  EXPECT_EQ(claims[1].driver, "gpu.nvidia.com");  // not the first resource's driver
+  EXPECT_THAT(claims[1].devices, ElementsAre("node-1/gpu-3", "node-1/gpu-5"));
+}
+
+TEST(ReadList, AResourceNameEndingInAStarTakesEveryResourceWithThatPrefix) {
+  v1::ListPodResourcesResponse response;
+  auto* pod = AddPod(response, "ml", "nb");
+  AddDevices(pod, "main", "nvidia.com/mig-1g.10gb", {"MIG-1"});
+  AddDevices(pod, "main", "nvidia.com/mig-3g.40gb", {"MIG-2"});
+  AddDevices(pod, "main", "nvidia.com/migrated", {"X-1"});  // not "mig-"
+  const std::set<std::string> resources{"nvidia.com/gpu", "nvidia.com/mig-*"};
+  const auto view = ReadList(response, resources, {});
+  ASSERT_EQ(view.pods.size(), 1u);
+  ASSERT_EQ(view.pods[0].devices.size(), 2u);
+  EXPECT_EQ(view.pods[0].devices[0].id, "MIG-1");
+  EXPECT_EQ(view.pods[0].devices[1].id, "MIG-2");
+  EXPECT_TRUE(IsOurResource(resources, "nvidia.com/gpu"));
+  EXPECT_FALSE(IsOurResource(resources, "nvidia.com/gpu.shared"));  // no star, no prefix
+  EXPECT_FALSE(IsOurResource(kGpu, "nvidia.com/mig-1g.10gb"));
+}
+
+TEST(ReplicaIds, StandForTheirDevice) {
+  EXPECT_EQ(PhysicalDeviceId("GPU-0::3"), "GPU-0");
+  EXPECT_EQ(PhysicalDeviceId("MIG-7::12"), "MIG-7");
+  EXPECT_EQ(PhysicalDeviceId("GPU-0"), "GPU-0");
+  EXPECT_EQ(PhysicalDeviceId("GPU-0::"), "GPU-0::");     // no replica number
+  EXPECT_EQ(PhysicalDeviceId("GPU-0::a1"), "GPU-0::a1");  // not a number
+  EXPECT_EQ(PhysicalDeviceId("::1"), "::1");
+}
+
+// Time-slicing: two pods on one GPU both hold that GPU (gpu-reset, gpu-health and the DCGM
+// series ask by GPU UUID), the annotation names the GPU, and a MIG device is a device of this
+// node like a GPU.
+TEST(ReadList, TimeSlicedReplicasAndMigDevicesMapToTheirDevice) {
+  v1::ListPodResourcesResponse response;
+  AddDevices(AddPod(response, "ml", "a"), "main", "nvidia.com/gpu", {"GPU-0::0"});
+  auto* b = AddPod(response, "ml", "b");
+  AddDevices(b, "main", "nvidia.com/gpu", {"GPU-0::1", "GPU-0::2"});  // two replicas of one GPU
+  AddDevices(AddPod(response, "ml", "c"), "nb", "nvidia.com/gpu", {"MIG-7", "GPU-0::x"});
+  const std::set<std::string> known{"GPU-0", "MIG-7"};
+  const auto view = ReadList(response, kGpu, [&](std::string_view id) { return known.contains(std::string(id)); });
+  ASSERT_EQ(view.problems.size(), 1u);
+  EXPECT_THAT(view.problems[0], HasSubstr("\"GPU-0::x\" is not a GPU of this node"));
+  const auto map = BuildGpuMap(view, {});
+  ASSERT_EQ(map.size(), 2u);
+  EXPECT_THAT(map.at("GPU-0"), ElementsAre(PodContainerRef{"ml", "a", "", "main", "nvidia.com/gpu"},
+                                           PodContainerRef{"ml", "b", "", "main", "nvidia.com/gpu"}));
+  EXPECT_THAT(map.at("MIG-7"), ElementsAre(PodContainerRef{"ml", "c", "", "nb", "nvidia.com/gpu"}));
+  const auto desired = DesiredAnnotations(view);
+  EXPECT_EQ(desired.at("ml/b"), R"({"devices":{"nvidia.com/gpu":["GPU-0"]}})");
+  EXPECT_EQ(desired.at("ml/c"), R"({"devices":{"nvidia.com/gpu":["MIG-7"]}})");
+}
+
 TEST(Annotation, HasNvSentinelsShape) {
   EXPECT_EQ(AnnotationValue({{"nvidia.com/gpu", {"GPU-b", "GPU-a"}}}),
             R"({"devices":{"nvidia.com/gpu":["GPU-a","GPU-b"]}})");

@@ -402,6 +402,46 @@ TEST_F(PodResourcesModuleTest, UnknownDeviceIdsAreLeftOutAndCounted) {
   EXPECT_EQ(module_.health, ModuleHealth::kOk);
 }
 
+// The device plugin's MIG strategies hand out MIG UUIDs, time-slicing hands out "<uuid>::<n>":
+// with the inventory known, both reach the map under the device they stand for (two pods on
+// one GPU: two holders of that GPU), and leave it with their pods.
+TEST_F(PodResourcesModuleTest, MigDevicesAndTimeSlicedReplicasMapToTheirDeviceAndLeaveWithTheirPods) {
+  gpu_inventory::GpuInventory inventory;
+  inventory.available = true;
+  auto& gpu0 = inventory.gpus.emplace_back();
+  gpu0.uuid = "GPU-0";
+  gpu0.mig_enabled = true;
+  gpu0.mig_devices.emplace_back().uuid = "MIG-0a";
+  inventory.gpus.emplace_back().uuid = "GPU-1";
+  h_.bus.Publish(inventory);
+  SeedPod("notebook");
+  SeedPod("share-a");
+  SeedPod("share-b");
+  StartKubelet();
+  sim_->InjectPodDevices(kNs, "notebook", "main", "nvidia.com/gpu", {"MIG-0a"});
+  sim_->InjectPodDevices(kNs, "share-a", "main", "nvidia.com/gpu", {"GPU-1::0"});
+  sim_->InjectPodDevices(kNs, "share-b", "main", "nvidia.com/gpu", {"GPU-1::1", "GPU-1::3"});
+  StartModule();
+
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() && Map()->Holders("GPU-1").size() == 2; }));
+  EXPECT_EQ(Map()->Holders("GPU-1")[0].name, "share-a");
+  EXPECT_EQ(Map()->Holders("GPU-1")[1].name, "share-b");  // once, though it holds two replicas
+  ASSERT_EQ(Map()->Holders("MIG-0a").size(), 1u);
+  EXPECT_EQ(Map()->Holders("MIG-0a")[0].name, "notebook");
+  EXPECT_EQ(Map()->gpus.size(), 2u);
+  EXPECT_EQ(Metric("gpu_node_supervisor_pod_resources_list_problems_total"), 0);
+  EXPECT_TRUE(WaitAnnotation("share-b", Devices({"GPU-1"})));
+  EXPECT_TRUE(WaitAnnotation("notebook", Devices({"MIG-0a"})));
+
+  for (const char* gone : {"share-a", "notebook"}) {
+    sim_->ForgetPod(kNs, gone);
+    ASSERT_EQ(api_->Call("DELETE", kPods + "/" + gone).status, 200);
+  }
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() && Map()->Holders("MIG-0a").empty() && Map()->Holders("GPU-1").size() == 1; }));
+  EXPECT_EQ(Map()->Holders("GPU-1")[0].name, "share-b");
+  EXPECT_EQ(Map()->gpus.size(), 1u);
+}
+
 TEST(PodResourcesConfig, DefaultsFollowTheKubeletDirAndBadValuesAreRefused) {
   SiteConfig site;
   site.paths.kubelet_dir = "/var/lib/kubelet";
@@ -414,7 +454,15 @@ TEST(PodResourcesConfig, DefaultsFollowTheKubeletDirAndBadValuesAreRefused) {
   EXPECT_EQ(config.resync, std::chrono::minutes(5));
   EXPECT_TRUE(config.annotate);
 
-  for (const char* bad : {"resourceNames: []\n", "resourceNames: [gpu]\n", "coalesce: 1h\n", "bogus: 1\n",
+  {
+    const auto value = ParseYaml("resourceNames: [nvidia.com/gpu, nvidia.com/mig-*]\n", "site.yaml");
+    ConfigMap prefixed(value, "modules.pod-resources");
+    const auto with_prefix = PodResourcesModule::ParseConfig(prefixed, site);
+    prefixed.Finish();
+    EXPECT_EQ(with_prefix.resource_names, (std::vector<std::string>{"nvidia.com/gpu", "nvidia.com/mig-*"}));
+  }
+  for (const char* bad : {"resourceNames: []\n", "resourceNames: [gpu]\n", "resourceNames: [\"mig-*\"]\n",
+                          "resourceNames: [\"nvidia.com/mig*-*\"]\n", "coalesce: 1h\n", "bogus: 1\n",
                           "socket: /a/very/long/path/that/goes/on/and/on/and/on/and/on/and/on/and/on/and/on/and/on/"
                           "and/on/and/on/and/on/and/on/kubelet.sock\n"}) {
     const auto value = ParseYaml(bad, "site.yaml");
