@@ -45,6 +45,10 @@ echo "== dra-compute-domain prepare/unprepare through the kubelet and API simula
 "$build_dir/bench/macro/dra_prepare_bench"
 
 echo
+echo "== dra-gpu device health: verdict -> slice taint and kubelet health stream (bench/macro/dra_health_bench)"
+"$build_dir/bench/macro/dra_health_bench"
+
+echo
 echo "== journal -> gpu-health -> device plugin: classify rate, append -> Unhealthy, 1M-line flood (bench/macro/journal_health_bench)"
 "$build_dir/bench/macro/journal_health_bench" --catalog config/xid-catalog.yaml --gpus tools/sim/fake_nvml/gpus-8.json
 

@@ -183,23 +183,30 @@ void ServeVersion(GrpcQueue& queue, grpc::ServerCompletionQueue* cq, typename Ap
 struct DraServer::Services {
   typename V1::Service v1;
   typename V1beta1::Service v1beta1;
+  std::shared_ptr<HealthService> health;  // kept until the server is down, as the others
 };
 
-DraServer::DraServer(Loop& loop, DraHandler& handler) : loop_(loop), shared_(std::make_shared<Shared>()) {
+DraServer::DraServer(Loop& loop, DraHandler& handler, std::shared_ptr<HealthService> health)
+    : loop_(loop), shared_(std::make_shared<Shared>()), health_(std::move(health)) {
   shared_->loop = &loop;
   shared_->handler = &handler;
 }
 
 DraServer::~DraServer() {
   shared_->alive = false;
+  if (health_) health_->Detach();
   shared_->pending.clear();  // the server's teardown cancels them
 }
 
 void DraServer::Start(const std::string& socket_path) {
   services_ = std::make_shared<Services>();
-  server_.Start(loop_, socket_path, {&services_->v1, &services_->v1beta1}, "the DRA plugin");
+  services_->health = health_;
+  std::vector<grpc::Service*> services{&services_->v1, &services_->v1beta1};
+  if (health_) services.push_back(health_->Service());
+  server_.Start(loop_, socket_path, services, "the DRA plugin");
   ServeVersion<V1>(server_.Queue(), server_.ServerCq(), services_->v1, shared_);
   ServeVersion<V1beta1>(server_.Queue(), server_.ServerCq(), services_->v1beta1, shared_);
+  if (health_) health_->Serve(server_.Queue(), server_.ServerCq());
 }
 
 std::size_t DraServer::PendingCalls() const { return shared_->pending.size(); }
@@ -209,6 +216,8 @@ void DraServer::Shutdown(BlockingPool& pool, std::function<void()> done) {
   shared_->alive = false;
   // Calls the handler has not answered would hold Server::Shutdown until its deadline: fail them now.
   shared_->FailPending();
+  // Open health streams would hold it too: they end now (after a write in flight).
+  if (health_) health_->Close();
   server_.Shutdown(pool, loop_, std::move(services_), std::move(done));
 }
 

@@ -1,7 +1,7 @@
 #pragma once
-// The DRA kubelet-plugin service on <kubeletDir>/plugins/compute-domain.nvidia.com/dra.sock:
+// The DRA kubelet-plugin service on <kubeletDir>/plugins/<driver>/dra.sock:
 // NodePrepareResources / NodeUnprepareResources in both k8s.io.kubelet.pkg.apis.dra.v1 and
-// …v1beta1 (WIRE-FACTS §3: byte-for-byte the same messages; 1.32/1.33 kubelets speak only
+// …v1beta1, and, for a driver that says its devices' health, v1alpha1.DRAResourceHealth (WIRE-FACTS §3: byte-for-byte the same messages; 1.32/1.33 kubelets speak only
 // v1beta1). Both versions convert to plain structs and call one DraHandler, so the module has one
 // code path.
 //
@@ -11,6 +11,7 @@
 // calls get UNAVAILABLE and calls still waiting on the handler are finished with UNAVAILABLE (a
 // late `done` is then dropped), so Server::Wait never waits on the module.
 
+#include "dra_plugin/health_service.hpp"
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
 #include "loop/unix_grpc_server.hpp"
@@ -65,8 +66,9 @@ class DraHandler {
 
 class DraServer {
  public:
-  // `handler` must outlive the server's Shutdown completion.
-  DraServer(Loop& loop, DraHandler& handler);
+  // `handler` must outlive the server's Shutdown completion. With `health`, the socket also
+  // serves v1alpha1.DRAResourceHealth (health_service.hpp); without, it does not.
+  DraServer(Loop& loop, DraHandler& handler, std::shared_ptr<HealthService> health = nullptr);
   ~DraServer();
   DraServer(const DraServer&) = delete;
   DraServer& operator=(const DraServer&) = delete;
@@ -79,6 +81,8 @@ class DraServer {
   void Shutdown(BlockingPool& pool, std::function<void()> done);
   // Calls handed to the handler and not answered yet. Loop thread.
   std::size_t PendingCalls() const;
+  // The health service, when served (nullptr otherwise).
+  HealthService* Health() const { return health_.get(); }
 
   struct Shared;
 
@@ -87,6 +91,7 @@ class DraServer {
   Loop& loop_;
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<Services> services_;
+  std::shared_ptr<HealthService> health_;
   UnixGrpcServer server_;
 };
 

@@ -9,7 +9,8 @@
 //   - how it decides a claim (its opaque config, the allocation it checks, what it waits for):
 //     DecideClaim, on the loop, answering a record to commit or an error;
 //   - what its slice holds: SliceDevices.
-// Optional hooks: AfterUnprepare (per claim, once its record is gone) and StopBeforeServers.
+// Optional hooks: AfterUnprepare (per claim, once its record is gone) and StopBeforeServers; and
+// the health of its devices (KEP-4680): ServesDeviceHealth + DeviceHealth.
 
 #include "dra_plugin/checkpoint.hpp"
 #include "dra_plugin/claim_commit.hpp"
@@ -72,6 +73,14 @@ class DraDriver {
   virtual void StateChanged() {}
   // A prepared claim just became durable (for the driver's own log line; the core counts it).
   virtual void Prepared(const PreparedClaim& entry) { (void)entry; }
+
+  // KEP-4680 (optional). A driver that says its devices' health serves v1alpha1.DRAResourceHealth
+  // on its DRA socket and advertises it at registration; one that does not (the default)
+  // neither serves nor advertises it. Asked once, at Serve.
+  virtual bool ServesDeviceHealth() const { return false; }
+  // Its complete device list with each device's health (loop thread): sent at each stream's
+  // start, and again after KubeletPlugin::DeviceHealthChanged when it differs.
+  virtual DeviceHealthList DeviceHealth() const { return {}; }
 
   // KubeletPlugin::Stop: what of the driver must end before the servers go (driver-managed IMEX
   // daemons); `done` on the loop.

@@ -153,10 +153,16 @@ void KubeletPlugin::Serve(ClaimStateLoad loaded, const std::function<void()>& be
 
   // The DRA service first: the kubelet dials it as soon as it has registered us.
   const auto& paths = options_.paths;
-  dra_server_ = std::make_unique<DraServer>(context_.GetLoop(), static_cast<DraHandler&>(*this));
+  std::shared_ptr<HealthService> health;
+  RegistrationServer::Info info{options_.driver_name, paths.dra_socket};
+  if (driver_.ServesDeviceHealth()) {
+    health = std::make_shared<HealthService>([this] { return driver_.DeviceHealth(); });
+    info.supported_versions.push_back(std::string(kHealthServiceV1alpha1));
+  }
+  dra_server_ = std::make_unique<DraServer>(context_.GetLoop(), static_cast<DraHandler&>(*this), std::move(health));
   dra_server_->Start(paths.dra_socket);
   registration_server_ = std::make_unique<RegistrationServer>(
-      context_.GetLoop(), RegistrationServer::Info{options_.driver_name, paths.dra_socket},
+      context_.GetLoop(), std::move(info),
       lifetime_.Guard([this](bool registered, const std::string& error) {
         registered_ = registered;
         registration_error_ = error;
@@ -171,7 +177,8 @@ void KubeletPlugin::Serve(ClaimStateLoad loaded, const std::function<void()>& be
       }));
   registration_server_->Start(paths.registration_socket);
   context_.SetHealth(ModuleHealth::kUnhealthy, "waiting for the kubelet's plugin watcher");
-  context_.Log().info("serving DRA v1/v1beta1 on {}, registration on {}", paths.dra_socket,
+  context_.Log().info("serving DRA v1/v1beta1{} on {}, registration on {}",
+                      dra_server_->Health() != nullptr ? " and device health (v1alpha1)" : "", paths.dra_socket,
                       paths.registration_socket);
 
   if (!corrupt_note_.empty()) RecordCorruptCheckpointEvent();
@@ -316,6 +323,14 @@ void KubeletPlugin::RecordCorruptCheckpointEvent() {
   node.name = options_.node_name;
   node.uid = slices_->NodeUid();
   events_->Record(node, "Warning", "CorruptCheckpoint", "LoadCheckpoint", corrupt_note_);
+}
+
+void KubeletPlugin::DeviceHealthChanged() {
+  if (dra_server_ && dra_server_->Health() != nullptr) dra_server_->Health()->Update();
+}
+
+std::size_t KubeletPlugin::HealthStreams() const {
+  return dra_server_ && dra_server_->Health() != nullptr ? dra_server_->Health()->OpenStreams() : 0;
 }
 
 // ---------------------------------------------------------------------------------- stop

@@ -98,6 +98,11 @@ class KubeletPlugin final : private DraHandler {
   const std::string& RegistrationError() const { return registration_error_; }
   const std::string& LastError() const { return last_error_; }
   void SetError(std::string error) { last_error_ = std::move(error); }
+  // The driver's device health changed (DraDriver::DeviceHealth): open health streams get the
+  // new list if it differs from the last one sent. Nothing without a health service.
+  void DeviceHealthChanged();
+  // Open NodeWatchResources streams (0 without a health service).
+  std::size_t HealthStreams() const;
   SlicePublisher& Slices() { return *slices_; }
   const SlicePublisher& Slices() const { return *slices_; }
   const std::shared_ptr<kube::KubeClient>& Client() const { return client_; }

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gns::dra {
@@ -27,6 +28,11 @@ inline const std::vector<std::string>& DefaultSupportedVersions() {
   static const std::vector<std::string> kVersions{"v1.DRAPlugin", "v1beta1.DRAPlugin"};
   return kVersions;
 }
+
+// KEP-4680's device-health service, advertised beside the DRA services by a driver that serves
+// it (the string is the full gRPC service name, WIRE-FACTS §3.1). The newest kubelets open the
+// health stream only for a plugin that lists it.
+inline constexpr std::string_view kHealthServiceV1alpha1 = "v1alpha1.DRAResourceHealth";
 
 class RegistrationServer {
  public:

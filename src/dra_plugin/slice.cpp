@@ -31,6 +31,7 @@ bool SameAt(const json& a, const json& b, std::initializer_list<const char*> pat
 struct DeviceView {
   json attributes = json::object();
   json capacity = json::object();
+  json taints = json::array();  // as written: the order is ours and stable
 };
 
 DeviceView ViewOf(const json& device) {
@@ -43,6 +44,7 @@ DeviceView ViewOf(const json& device) {
   if (const json* capacity = FindAt(*body, {"capacity"}); capacity != nullptr && !capacity->is_null()) {
     view.capacity = *capacity;
   }
+  if (const json* taints = FindAt(*body, {"taints"}); taints != nullptr && taints->is_array()) view.taints = *taints;
   return view;
 }
 
@@ -95,9 +97,10 @@ std::string SliceName(std::string_view node_name, std::string_view driver_name) 
   return std::string(node_name) + "-" + std::string(driver_name);
 }
 
-json SliceDevice(std::string_view name, json attributes, json capacity, ResourceApiVersion version) {
+json SliceDevice(std::string_view name, json attributes, json capacity, ResourceApiVersion version, json taints) {
   json body{{"attributes", std::move(attributes)}};
   if (capacity.is_object() && !capacity.empty()) body["capacity"] = std::move(capacity);
+  if (taints.is_array() && !taints.empty()) body["taints"] = std::move(taints);
   if (version == ResourceApiVersion::kV1beta1) return json{{"name", name}, {"basic", std::move(body)}};
   body["name"] = name;
   return body;
@@ -136,7 +139,10 @@ bool SliceNeedsUpdate(const json& current, const json& desired) {
   for (const auto& [name, view] : want) {
     const auto it = have.find(name);
     if (it == have.end()) return true;
-    if (it->second.attributes != view.attributes || it->second.capacity != view.capacity) return true;
+    if (it->second.attributes != view.attributes || it->second.capacity != view.capacity ||
+        it->second.taints != view.taints) {
+      return true;
+    }
   }
   return !OwnerMatches(current, desired);
 }

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -25,9 +26,15 @@ std::string SliceName(std::string_view node_name, std::string_view driver_name);
 
 // One entry of spec.devices. `attributes` and `capacity` are maps in the API's shape
 // ({"type": {"string": "channel"}}, {"memory": {"value": "80Gi"}}); an empty or null capacity is
-// left out.
+// left out. `taints` (KEP-5055, gate DRADeviceTaints): DeviceTaint objects
+// ({"key", "value", "effect", "timeAdded"}, at most kMaxTaintsPerDevice), left out when empty.
 nlohmann::json SliceDevice(std::string_view name, nlohmann::json attributes, nlohmann::json capacity,
-                           ResourceApiVersion version);
+                           ResourceApiVersion version, nlohmann::json taints = nlohmann::json::array());
+
+// The API's limits (WIRE-FACTS §4.2): a device holds at most 16 taints; a slice in which any
+// device has taints holds at most 64 devices (128 otherwise).
+inline constexpr std::size_t kMaxTaintsPerDevice = 16;
+inline constexpr std::size_t kMaxDevicesWithTaints = 64;
 
 struct SliceSpec {
   std::string driver_name;
@@ -43,7 +50,7 @@ nlohmann::json BuildSlice(const SliceSpec& spec);
 
 // True when `current` (as read from the API, possibly with server-side fields and defaults) does
 // not carry what `desired` says: driver, nodeName, pool name and slice count, the device list
-// (by name, with their attributes and capacity), or the owner reference. The pool generation is
+// (by name, with their attributes, capacity and taints), or the owner reference. The pool generation is
 // not compared: the publisher bumps it when it writes.
 bool SliceNeedsUpdate(const nlohmann::json& current, const nlohmann::json& desired);
 

@@ -26,6 +26,8 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
   (after 2) gpu-reset: an Xid 48 on a GPU a pod holds -> a GPUReset object -> the pod evicted ->
      the GPU reset by the fake nvidia-smi, validated -> Healthy, Complete=True; the others stay
      Healthy throughout.
+  (after dra-gpu) device health: an Xid on DRA's GPU -> a gpu.nvidia.com/xid taint on its slice
+     device and UNHEALTHY on the kubelet's health stream; the reset ack -> taint gone, HEALTHY.
 
 Standard library only. Waits are bounded; every step says what it waited for if it gives up.
 """
@@ -385,6 +387,38 @@ def dra_gpu_demo(api):
         f"{not os.path.exists(spec)}")
 
 
+def dra_health_demo(api):
+    """Issue 28 part 3: gpu-health's verdict on DRA's GPU becomes a DeviceTaint on its slice device
+    and UNHEALTHY on the kubelet's KEP-4680 health stream; the reset ack clears both."""
+    driver = "gpu.nvidia.com"
+    slice_path = f"/apis/resource.k8s.io/v1/resourceslices/{NODE}-{driver}"
+    device = api.call("GET", slice_path)[1]["spec"]["devices"][0]
+    name, uuid = device["name"], device["attributes"]["uuid"]["string"]
+    pci = device["attributes"]["resource.kubernetes.io/pciBusID"]["string"].rsplit(".", 1)[0]
+
+    def taints():
+        code, body = api.call("GET", slice_path)
+        found = [d for d in (body or {}).get("spec", {}).get("devices", []) if d["name"] == name] if code == 200 else []
+        return found[0].get("taints", []) if found else []
+
+    def stream_health():
+        health = kubelet("state").get("dra_drivers", {}).get(driver, {}).get("health", {})
+        return health.get("devices", {}).get(name, {}).get("health")
+
+    wait_for(f"{name} HEALTHY on the kubelet's health stream", lambda: stream_health() == "HEALTHY")
+    subprocess.run(JOURNAL_SIM + ["uuid", pci, uuid], check=True)
+    subprocess.run(JOURNAL_SIM + ["xid", pci, "48", "DBE (double bit error) ECC error"], check=True)
+    tainted = wait_for(f"a taint on {name} of the gpu.nvidia.com slice", taints)
+    wait_for(f"{name} UNHEALTHY on the kubelet's health stream", lambda: stream_health() == "UNHEALTHY")
+    say("dra health", f"Xid 48 on {uuid} -> slice device {name} taints {json.dumps(tainted)}; kubelet health "
+        f"stream: {name} {stream_health()}")
+    subprocess.run(JOURNAL_SIM + ["reset", uuid], check=True)
+    wait_for(f"the taint on {name} removed", lambda: not taints())
+    wait_for(f"{name} HEALTHY again on the kubelet's health stream", lambda: stream_health() == "HEALTHY")
+    say("dra health", f"'GPU reset occurred' -> taint removed from {name} (upstream keeps it until a restart); "
+        f"kubelet health stream: {name} {stream_health()}")
+
+
 def gkm_demo(api):
     """gkm-agent: a GKMCache whose image (on the loopback registry) holds Triton kernels for
     sm_80 and sm_90 becomes Ready and Compatible on the 8 simulated H200s (sm_90)."""
@@ -733,6 +767,7 @@ def main():
     imex_demo(api)
     dra_gpu_demo(api)
     gpu_metrics_dra_demo(api)
+    dra_health_demo(api)
     gkm_demo(api)
     gkm_csi_demo(api)
     nvsentinel_export_demo()

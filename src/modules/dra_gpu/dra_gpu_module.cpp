@@ -3,6 +3,7 @@
 #include "loop/awaitables.hpp"
 #include "loop/gpu_split_config.hpp"
 #include "loop/state_load.hpp"
+#include "loop/supervisor_messages.hpp"
 
 // GCC 12 at -O2 (GCC bug 109224): Asio's coroutine frame allocation and its sized delete,
 // both inlined, are reported as mismatched. They are Asio's matched pair.
@@ -28,6 +29,7 @@ namespace {
 
 constexpr milliseconds kFirstRetryDelay{200};
 constexpr milliseconds kMaxRetryDelay{2000};
+constexpr std::string_view kHealthModule = "gpu-health";
 
 std::string Ref(const dra::ClaimRef& claim) { return "ResourceClaim " + claim.namespace_name + "/" + claim.name; }
 
@@ -59,6 +61,9 @@ DraGpuModule::Config DraGpuModule::ParseConfig(ConfigMap& section, const SiteCon
     cdi.Fail("hookPath", "must be \"auto\", an absolute path, or empty (no hooks)");
   }
   cdi.Finish();
+  const auto effect = section.Enum("taintEffect", {"NoSchedule", "NoExecute"},
+                                   std::string(TaintEffectName(kDefaultTaintEffect)));
+  config.taint_effect = effect == "NoExecute" ? TaintEffect::kNoExecute : TaintEffect::kNoSchedule;
   return config;
 }
 
@@ -67,7 +72,8 @@ DraGpuModule::DraGpuModule(ModuleContext& context, const Config& config)
       config_(config),
       paths_(dra::MakePluginPaths(context.Site().paths, kDriverName, kStateFolder)),
       node_name_(context.Site().node_name),
-      facts_(std::make_shared<const device_plugin::CdiHostFacts>()) {
+      facts_(std::make_shared<const device_plugin::CdiHostFacts>()),
+      judge_timer_(context.GetLoop().Io()) {
   dra::KubeletPlugin::Options options;
   options.driver_name = std::string(kDriverName);
   options.paths = paths_;
@@ -80,7 +86,10 @@ DraGpuModule::DraGpuModule(ModuleContext& context, const Config& config)
   plugin_ = std::make_unique<dra::KubeletPlugin>(context_, std::move(options), static_cast<dra::DraDriver&>(*this));
 }
 
-DraGpuModule::~DraGpuModule() { lifetime_.Close(); }
+DraGpuModule::~DraGpuModule() {
+  lifetime_.Close();
+  judge_timer_.cancel();
+}
 
 void DraGpuModule::Start() {
   if (node_name_.empty()) throw std::runtime_error("the node name is not set; it names the ResourceSlice pool");
@@ -99,12 +108,47 @@ void DraGpuModule::Start() {
       [this](StartFiles files) {
         if (plugin_->Stopping()) return;
         loading_ = false;
-        try {
-          Serve(std::move(files));
-        } catch (const std::exception& e) {
-          context_.ReportFailure(std::string("start failed: ") + e.what());
-        }
+        ServeWhenJudged(std::move(files));
       });
+}
+
+void DraGpuModule::ServeWhenJudged(StartFiles files) {
+  auto& bus = context_.GetBus();
+  const auto* states = bus.Latest<ModuleStates>();
+  const bool health_enabled = states != nullptr && std::any_of(states->modules.begin(), states->modules.end(),
+                                                               [](const ModuleStatus& m) { return m.name == kHealthModule; });
+  if (health_enabled && bus.Latest<gpu_health::GpuHealthState>() == nullptr) {
+    awaiting_judge_ = true;
+    waiting_files_ = std::make_unique<StartFiles>(std::move(files));
+    judge_sub_ = bus.Subscribe<gpu_health::GpuHealthState>([this](const gpu_health::GpuHealthState&) { OnJudgeState(); });
+    judge_timer_.expires_after(kJudgeWait);
+    judge_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
+      if (ec || !awaiting_judge_) return;
+      context_.Log().warn("{} has not published its state after {} s: publishing the slice without its verdicts",
+                          kHealthModule, std::chrono::duration_cast<std::chrono::seconds>(kJudgeWait).count());
+      OnJudgeState();
+    }));
+    return;
+  }
+  try {
+    Serve(std::move(files));
+  } catch (const std::exception& e) {
+    context_.ReportFailure(std::string("start failed: ") + e.what());
+  }
+}
+
+void DraGpuModule::OnJudgeState() {
+  if (!awaiting_judge_) return;
+  awaiting_judge_ = false;
+  judge_timer_.cancel();
+  judge_sub_.Reset();
+  auto files = std::move(waiting_files_);
+  if (!files || plugin_->Stopping()) return;
+  try {
+    Serve(std::move(*files));
+  } catch (const std::exception& e) {
+    context_.ReportFailure(std::string("start failed: ") + e.what());
+  }
 }
 
 void DraGpuModule::Serve(StartFiles files) {
@@ -113,9 +157,59 @@ void DraGpuModule::Serve(StartFiles files) {
   // The inventory first: the slice the core publishes at Serve holds the GPUs already known.
   auto& bus = context_.GetBus();
   if (const auto* inventory = bus.Latest<gpu_inventory::GpuInventory>()) OnInventory(*inventory);
+  // And gpu-health's retained verdicts: the first slice already carries their taints, so a
+  // restart with an unhealthy GPU writes nothing (the slice in the API has them).
+  if (bus.Latest<gpu_health::GpuHealthState>() != nullptr) health_.JudgeSeen(NowUnixMs());
+  for (const auto& [key, verdict] : bus.LatestByKey<gpu_health::DeviceHealth>()) health_.OnVerdict(verdict);
   plugin_->Serve(std::move(files.claims));
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>(
       [this](const gpu_inventory::GpuInventory& inventory) { OnInventory(inventory); });
+  verdict_sub_ = bus.Subscribe<gpu_health::DeviceHealth>(
+      [this](const gpu_health::DeviceHealth& verdict) { OnVerdict(verdict); });
+  judge_sub_ = bus.Subscribe<gpu_health::GpuHealthState>([this](const gpu_health::GpuHealthState&) {
+    if (health_.JudgeSeen(NowUnixMs())) plugin_->DeviceHealthChanged();  // Unknown → Healthy; no taint changes
+  });
+}
+
+void DraGpuModule::OnVerdict(const gpu_health::DeviceHealth& verdict) {
+  const auto before = Taints(served_);
+  if (!health_.OnVerdict(verdict)) return;
+  plugin_->DeviceHealthChanged();
+  const GpuHealth now = health_.Of(verdict.uuid);
+  if (Taints(served_) == before) return;  // a GPU not served here, or the same taint
+  if (now.status == HealthStatus::kUnhealthy) {
+    context_.Log().warn("{}: tainting its device {}={}:{} ({})", verdict.uuid, now.taint_key, now.taint_value,
+                        TaintEffectName(config_.taint_effect), now.message);
+  } else {
+    context_.Log().info("{}: healthy again ({}): taint removed", verdict.uuid, now.message);
+  }
+  plugin_->Slices().Publish();
+  PublishState();
+}
+
+std::map<std::string, json> DraGpuModule::Taints(const std::vector<gpu_inventory::GpuInfo>& gpus) const {
+  std::map<std::string, json> taints;
+  for (const auto& gpu : gpus) {
+    json t = TaintsFor(health_.Of(gpu.uuid), config_.taint_effect);
+    if (!t.empty()) taints.emplace(gpu.uuid, std::move(t));
+  }
+  return taints;
+}
+
+dra::DeviceHealthList DraGpuModule::DeviceHealth() const {
+  dra::DeviceHealthList list;
+  for (const auto& gpu : served_) {
+    const GpuHealth health = health_.Of(gpu.uuid);
+    const auto status = health.status == HealthStatus::kHealthy     ? dra::DeviceHealthStatus::kHealthy
+                        : health.status == HealthStatus::kUnhealthy ? dra::DeviceHealthStatus::kUnhealthy
+                                                                    : dra::DeviceHealthStatus::kUnknown;
+    list.push_back(dra::DeviceHealthEntry{node_name_, GpuDeviceName(gpu.minor), status, health.since_unix_ms / 1000});
+  }
+  return list;
+}
+
+int64_t DraGpuModule::NowUnixMs() const {
+  return std::chrono::duration_cast<milliseconds>(context_.GetClock().WallNow().time_since_epoch()).count();
 }
 
 void DraGpuModule::OnInventory(const gpu_inventory::GpuInventory& inventory) {
@@ -124,19 +218,25 @@ void DraGpuModule::OnInventory(const gpu_inventory::GpuInventory& inventory) {
   if (!inventory.available && inventory_seen_) return;
   inventory_seen_ = inventory_seen_ || inventory.available;
   auto served = ServedGpus(inventory, config_.gpus);
-  const bool devices_changed = GpuSliceDevices(inventory, served, config_.api_version) !=
-                               GpuSliceDevices(inventory_, served_, config_.api_version);
+  const bool devices_changed = GpuSliceDevices(inventory, served, config_.api_version, Taints(served)) !=
+                               GpuSliceDevices(inventory_, served_, config_.api_version, Taints(served_));
   inventory_ = inventory;
   served_ = std::move(served);
   if (devices_changed) {
     context_.Log().info("serving {} GPU(s) through DRA", served_.size());
     plugin_->Slices().Publish();
+    plugin_->DeviceHealthChanged();
     PublishState();
   }
 }
 
 void DraGpuModule::Stop(std::function<void()> done) {
   inventory_sub_.Reset();
+  verdict_sub_.Reset();
+  judge_sub_.Reset();
+  awaiting_judge_ = false;
+  waiting_files_.reset();
+  judge_timer_.cancel();
   plugin_->Stop([this, alive = lifetime_.Watch(), done = std::move(done)] {
     if (alive) PublishState();
     done();
@@ -199,7 +299,9 @@ void DraGpuModule::Prepared(const dra::PreparedClaim& entry) {
   context_.Log().info("prepared {} (uid {}): {}", entry.namespace_name + "/" + entry.name, entry.uid, devices);
 }
 
-json DraGpuModule::SliceDevices() const { return GpuSliceDevices(inventory_, served_, config_.api_version); }
+json DraGpuModule::SliceDevices() const {
+  return GpuSliceDevices(inventory_, served_, config_.api_version, Taints(served_));
+}
 
 std::string DraGpuModule::SliceNote() const { return std::to_string(served_.size()) + " GPU(s)"; }
 
@@ -239,7 +341,14 @@ void DraGpuModule::PublishState() {
   DraGpuState state;
   state.registered = plugin_->Registered();
   state.registration_error = plugin_->RegistrationError();
-  for (const auto& gpu : served_) state.served.push_back(GpuDeviceName(gpu.minor));
+  for (const auto& gpu : served_) {
+    state.served.push_back(GpuDeviceName(gpu.minor));
+    const GpuHealth health = health_.Of(gpu.uuid);
+    if (health.status == HealthStatus::kUnhealthy) {
+      state.tainted.push_back(GpuDeviceName(gpu.minor) + ": " + health.taint_key + "=" + health.taint_value + ":" +
+                              std::string(TaintEffectName(config_.taint_effect)));
+    }
+  }
   for (const auto& [uid, entry] : plugin_->Claims().claims) {
     DraGpuState::Claim c{uid, entry.namespace_name, entry.name, {}};
     for (const auto& d : entry.Devices()) c.devices.push_back(d.device);

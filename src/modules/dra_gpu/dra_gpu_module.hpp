@@ -6,14 +6,22 @@
 // its GpuConfig), the per-claim CDI spec (the device plugin's builder, api/cdi.hpp).
 //
 // Start (throws → the supervisor retries): the kube client; on the pool, the claim state and the
-// host facts of the CDI spec (control nodes, driver files, hooks); then the core's reconcile and
-// servers. A GPU is served here or by the device plugin, never both (loop/gpu_split.hpp).
+// host facts of the CDI spec (control nodes, driver files, hooks); then, once gpu-health's
+// verdicts are known (bounded wait), the core's reconcile and servers. A GPU is served here or by
+// the device plugin, never both (loop/gpu_split.hpp).
+//
+// Health: gpu-health's verdicts (gpu_health_view.hpp) become a DeviceTaint on each unhealthy
+// GPU's slice device, removed when the verdict turns healthy; the slice is written only when a
+// taint set changes. The same view feeds the kubelet's health stream (KEP-4680), which this
+// driver serves and advertises.
 
 #include "dra_plugin/driver.hpp"
 #include "dra_plugin/kubelet_plugin.hpp"
 #include "loop/gate.hpp"
 #include "loop/module.hpp"
 #include "modules/dra_gpu/gpu_claims.hpp"
+#include "modules/dra_gpu/gpu_health_view.hpp"
+#include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
 #include <boost/asio/awaitable.hpp>
@@ -22,6 +30,7 @@
 
 #include <array>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,6 +54,7 @@ class DraGpuModule final : public Module, private dra::DraDriver {
     std::chrono::milliseconds slice_resync{600000};
     bool node_events_on_corrupt_checkpoint = true;
     device_plugin::CdiSettings cdi;  // driverRoot, hookPath (kind: k8s.gpu.nvidia.com/claim)
+    TaintEffect taint_effect = kDefaultTaintEffect;  // `taintEffect`: NoSchedule | NoExecute
     std::size_t claim_log_compact_at = dra::kClaimLogCompactAt;  // not a YAML key
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
@@ -57,6 +67,8 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   bool Loading() const { return loading_; }
   // Tests and benches: the jobs FIFO is empty.
   bool Idle() const { return plugin_->Idle(); }
+  // How long the first slice waits for gpu-health's restored verdicts (its state message).
+  static constexpr std::chrono::milliseconds kJudgeWait{10000};
 
  private:
   // DraDriver.
@@ -65,6 +77,8 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   nlohmann::json SliceDevices() const override;
   std::string SliceNote() const override;
   void StateChanged() override { PublishState(); }
+  bool ServesDeviceHealth() const override { return true; }
+  dra::DeviceHealthList DeviceHealth() const override;
   void Prepared(const dra::PreparedClaim& entry) override;
 
   struct StartFiles {
@@ -73,6 +87,14 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   };
   void Serve(StartFiles files);
   void OnInventory(const gpu_inventory::GpuInventory& inventory);
+  // Serve once gpu-health (when enabled) has published its state, or after kJudgeWait: a GPU it
+  // restores Unhealthy is never published untainted first (a write, then one more).
+  void ServeWhenJudged(StartFiles files);
+  void OnJudgeState();
+  void OnVerdict(const gpu_health::DeviceHealth& verdict);
+  // The taints of `gpus`, by UUID (none for a healthy GPU).
+  std::map<std::string, nlohmann::json> Taints(const std::vector<gpu_inventory::GpuInfo>& gpus) const;
+  int64_t NowUnixMs() const;
   // The claim, GET with retries on transport errors, 429 and 5xx until `deadline`.
   boost::asio::awaitable<kube::Result> FetchClaim(std::string path, Clock::SteadyTime deadline);
   boost::asio::awaitable<kube::Result> Fetch(std::string path);
@@ -88,8 +110,14 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   gpu_inventory::GpuInventory inventory_;
   bool inventory_seen_ = false;
   std::vector<gpu_inventory::GpuInfo> served_;
+  GpuHealthView health_;
   bool loading_ = false;
+  bool awaiting_judge_ = false;
+  std::unique_ptr<StartFiles> waiting_files_;
+  boost::asio::steady_timer judge_timer_;
   Subscription inventory_sub_;
+  Subscription verdict_sub_;
+  Subscription judge_sub_;
   std::unique_ptr<dra::KubeletPlugin> plugin_;
   Gate lifetime_;
 };

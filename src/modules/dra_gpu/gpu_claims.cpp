@@ -123,7 +123,7 @@ std::string BinaryQuantity(uint64_t bytes) {
 }
 
 json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::vector<gpu_inventory::GpuInfo>& gpus,
-                     dra::ResourceApiVersion version) {
+                     dra::ResourceApiVersion version, const std::map<std::string, nlohmann::json>& taints) {
   json devices = json::array();
   const auto driver = SemVer(inventory.driver_version);
   std::optional<std::string> cuda;
@@ -152,7 +152,9 @@ json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::ve
     }
     json capacity = json::object();
     if (gpu.memory_total_bytes > 0) capacity["memory"] = {{"value", BinaryQuantity(gpu.memory_total_bytes)}};
-    devices.push_back(dra::SliceDevice(GpuDeviceName(gpu.minor), std::move(attributes), std::move(capacity), version));
+    const auto tainted = taints.find(gpu.uuid);
+    devices.push_back(dra::SliceDevice(GpuDeviceName(gpu.minor), std::move(attributes), std::move(capacity), version,
+                                       tainted == taints.end() ? json::array() : tainted->second));
   }
   return devices;
 }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,9 +45,11 @@ std::optional<uint32_t> MinorOfDeviceName(std::string_view device);
 std::vector<gpu_inventory::GpuInfo> ServedGpus(const gpu_inventory::GpuInventory& inventory,
                                                const GpuSelection& selection);
 
-// The slice's devices for the served GPUs (attributes and capacity: README.md).
+// The slice's devices for the served GPUs (attributes and capacity: README.md), with the
+// DeviceTaints `taints` holds for a GPU's UUID (gpu_health_view.hpp, TaintsFor).
 nlohmann::json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::vector<gpu_inventory::GpuInfo>& gpus,
-                               dra::ResourceApiVersion version);
+                               dra::ResourceApiVersion version,
+                               const std::map<std::string, nlohmann::json>& taints = {});
 
 // "80Gi", "81559Mi", or plain bytes: a resource.Quantity in BinarySI as the API prints one.
 std::string BinaryQuantity(uint64_t bytes);

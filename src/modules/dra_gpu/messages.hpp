@@ -23,6 +23,7 @@ struct DraGpuState {
   bool registered = false;
   std::string registration_error;
   std::vector<std::string> served;     // the slice's devices (gpu-<minor>)
+  std::vector<std::string> tainted;    // "gpu-<minor>: <key>=<value>:<effect>", from gpu-health's verdicts
   std::vector<Claim> prepared_claims;  // by claim UID
   int64_t slice_generation = 0;
   uint64_t slice_publishes = 0;
@@ -33,7 +34,8 @@ inline void to_json(nlohmann::json& j, const DraGpuState& s) {
   nlohmann::json claims = nlohmann::json::object();
   for (const auto& c : s.prepared_claims) claims[c.uid] = {{"claim", c.namespace_name + "/" + c.name}, {"devices", c.devices}};
   j = {{"registered", s.registered},       {"registrationError", s.registration_error},
-       {"served", s.served},               {"preparedClaims", std::move(claims)},
+       {"served", s.served},               {"tainted", s.tainted},
+       {"preparedClaims", std::move(claims)},
        {"sliceGeneration", s.slice_generation}, {"slicePublishes", s.slice_publishes},
        {"lastError", s.last_error}};
 }

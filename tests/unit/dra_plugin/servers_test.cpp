@@ -11,6 +11,7 @@
 
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
+#include "dra_health/v1alpha1/api.grpc.pb.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
 
 #include <gtest/gtest.h>
@@ -24,6 +25,7 @@
 #include <fstream>
 
 #include <future>
+#include <mutex>
 
 namespace gns::dra {
 namespace {
@@ -357,6 +359,89 @@ TEST_F(DraServersTest, AStaleSocketIsReplacedButNotAnotherFile) {
   std::ofstream(dir_ / "x/dra.sock") << "not a socket";
   DraServer refused(h_.loop, handler);
   EXPECT_THROW(refused.Start(dir_ / "x/dra.sock"), std::runtime_error);
+}
+
+// ------------------------------------------------------------------------------ device health
+
+// A NodeWatchResources stream read on its own thread, as the kubelet reads it.
+class HealthWatch {
+ public:
+  explicit HealthWatch(const std::string& socket)
+      : stub_(::v1alpha1::DRAResourceHealth::NewStub(
+            grpc::CreateChannel("unix://" + socket, grpc::InsecureChannelCredentials()))) {
+    reader_ = std::async(std::launch::async, [this] {
+      auto stream = stub_->NodeWatchResources(&context_, ::v1alpha1::NodeWatchResourcesRequest{});
+      ::v1alpha1::NodeWatchResourcesResponse response;
+      while (stream->Read(&response)) {
+        std::lock_guard lock(mutex_);
+        messages_.push_back(response);
+      }
+      return stream->Finish();
+    });
+  }
+  ~HealthWatch() {
+    context_.TryCancel();
+    if (reader_.valid()) reader_.wait();
+  }
+  std::vector<::v1alpha1::NodeWatchResourcesResponse> Messages() {
+    std::lock_guard lock(mutex_);
+    return messages_;
+  }
+  bool Ended() { return reader_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+  grpc::Status End() { return reader_.get(); }
+
+ private:
+  std::unique_ptr<::v1alpha1::DRAResourceHealth::Stub> stub_;
+  grpc::ClientContext context_;
+  std::mutex mutex_;
+  std::vector<::v1alpha1::NodeWatchResourcesResponse> messages_;
+  std::future<grpc::Status> reader_;
+};
+
+TEST_F(DraServersTest, ADriverWithoutDeviceHealthDoesNotServeTheHealthService) {
+  HealthWatch watch(paths_.dra_socket);
+  ASSERT_TRUE(h_.RunUntil([&] { return watch.Ended(); }));
+  EXPECT_EQ(watch.End().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(dra_->Health(), nullptr);
+}
+
+TEST_F(DraServersTest, TheHealthStreamSendsTheWholeListAtStartAndAtEachChangeAndEndsAtShutdown) {
+  DeviceHealthList list{{"node-a", "gpu-0", DeviceHealthStatus::kHealthy, 100},
+                        {"node-a", "gpu-1", DeviceHealthStatus::kUnknown, 0}};
+  auto health = std::make_shared<HealthService>([&list] { return list; });
+  FakeHandler handler(h_.loop);
+  const std::string socket = (dir_ / "health" / "dra.sock").string();
+  DraServer server(h_.loop, handler, health);
+  server.Start(socket);
+
+  HealthWatch watch(socket);
+  ASSERT_TRUE(h_.RunUntil([&] { return watch.Messages().size() == 1; }));
+  const auto first = watch.Messages()[0];
+  ASSERT_EQ(first.devices_size(), 2);
+  EXPECT_EQ(first.devices(0).device().pool_name(), "node-a");
+  EXPECT_EQ(first.devices(0).device().device_name(), "gpu-0");
+  EXPECT_EQ(first.devices(0).health(), ::v1alpha1::HEALTHY);
+  EXPECT_EQ(first.devices(0).last_updated_time(), 100);
+  EXPECT_EQ(first.devices(1).health(), ::v1alpha1::UNKNOWN);
+  EXPECT_EQ(health->OpenStreams(), 1u);
+
+  health->Update();  // nothing changed: nothing sent
+  list[1] = {"node-a", "gpu-1", DeviceHealthStatus::kUnhealthy, 200};
+  health->Update();
+  ASSERT_TRUE(h_.RunUntil([&] { return watch.Messages().size() == 2; }));
+  const auto second = watch.Messages()[1];
+  ASSERT_EQ(second.devices_size(), 2) << "every message holds the complete list";
+  EXPECT_EQ(second.devices(0).health(), ::v1alpha1::HEALTHY);
+  EXPECT_EQ(second.devices(1).health(), ::v1alpha1::UNHEALTHY);
+  EXPECT_EQ(second.devices(1).last_updated_time(), 200);
+  h_.Drain();
+  EXPECT_EQ(watch.Messages().size(), 2u);
+  EXPECT_EQ(health->MessagesSent(), 2u);
+
+  bool done = false;
+  server.Shutdown(h_.pool, [&] { done = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return done && watch.Ended(); }));
+  EXPECT_TRUE(watch.End().ok()) << "a clean end at Stop";
 }
 
 }  // namespace

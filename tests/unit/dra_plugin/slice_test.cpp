@@ -65,6 +65,30 @@ TEST(DraSliceTest, ACapacityChangeIsDrift) {
   EXPECT_TRUE(SliceNeedsUpdate(other_driver, desired));
 }
 
+// A taint coming or going is drift (the publisher writes it), in either device shape; the same
+// taint read back is not.
+TEST(DraSliceTest, ATaintComingOrGoingIsDriftInEachShape) {
+  const json taint{{"key", "gpu.nvidia.com/xid"}, {"value", "79"}, {"effect", "NoSchedule"},
+                   {"timeAdded", "2026-11-28T09:40:00Z"}};
+  for (const auto version : {ResourceApiVersion::kV1, ResourceApiVersion::kV1beta1}) {
+    const json clean = BuildSlice(GpuSlice(version));
+    SliceSpec spec = GpuSlice(version);
+    spec.devices[1] = SliceDevice("gpu-1", {{"type", {{"string", "gpu"}}}, {"index", {{"int", 1}}}}, json(), version,
+                                  json::array({taint}));
+    const json tainted = BuildSlice(spec);
+    const json& device = tainted["spec"]["devices"][1];
+    EXPECT_EQ(version == ResourceApiVersion::kV1beta1 ? device["basic"]["taints"][0] : device["taints"][0], taint);
+    EXPECT_FALSE(clean["spec"]["devices"][1].contains("taints")) << "no taints: left out";
+    EXPECT_TRUE(SliceNeedsUpdate(clean, tainted)) << "a taint appears";
+    EXPECT_TRUE(SliceNeedsUpdate(tainted, clean)) << "a taint is removed";
+    EXPECT_FALSE(SliceNeedsUpdate(tainted, tainted));
+    json changed = tainted;
+    (version == ResourceApiVersion::kV1beta1 ? changed["spec"]["devices"][1]["basic"] : changed["spec"]["devices"][1])
+        ["taints"][0]["effect"] = "NoExecute";
+    EXPECT_TRUE(SliceNeedsUpdate(changed, tainted)) << "another effect";
+  }
+}
+
 TEST(DraPluginPathsTest, EachDriverHasItsOwnSocketsAndState) {
   SitePaths site;
   site.kubelet_dir = "/var/lib/kubelet";

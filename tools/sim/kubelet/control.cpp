@@ -325,6 +325,18 @@ json KubeletStateToJson(const KubeletState& state) {
                                {"supported_versions", e.supported_versions}});
     }
     drivers[name] = json{{"registered", dra.registered()}, {"registrations", dra.registrations}, {"endpoints", endpoints}};
+    if (dra.health_streams > 0) {
+      // KEP-4680: what the health stream said last, by device.
+      json health = json::object();
+      for (const DraDeviceHealth& d : dra.health) {
+        health[d.device_name] = json{{"pool", d.pool_name}, {"health", d.health}, {"lastUpdatedTime", d.last_updated_time}};
+      }
+      drivers[name]["health"] = json{{"streams", dra.health_streams},
+                                     {"open", dra.health_stream_open},
+                                     {"messages", dra.health_messages},
+                                     {"devices", health}};
+      if (!dra.health_stream_end.empty()) drivers[name]["health"]["ended"] = dra.health_stream_end;
+    }
   }
   json sockets = json::object();
   for (const auto& [path, ps] : state.plugin_sockets) {

@@ -111,6 +111,13 @@ const DraDriverState* KubeletState::FindDraDriver(std::string_view driver) const
   return it == dra_drivers.end() ? nullptr : &it->second;
 }
 
+const DraDeviceHealth* DraDriverState::FindHealth(std::string_view device) const {
+  for (const auto& entry : health) {
+    if (entry.device_name == device) return &entry;
+  }
+  return nullptr;
+}
+
 // ---- Impl lifecycle -------------------------------------------------------------------------
 
 KubeletSim::Impl::Impl(KubeletSimOptions opts)
@@ -159,12 +166,15 @@ void KubeletSim::Impl::StopLocked() {
   StopPluginWatcher();
   std::vector<std::shared_ptr<detail::DevicePluginConnection>> connections;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels;
+  std::map<std::string, std::shared_ptr<detail::DraHealthConnection>> health_streams;
   {
     std::lock_guard lock(mutex);
     connections = TakeConnectionsLocked("kubelet stopped");
     channels.swap(dra_channels);
+    health_streams.swap(dra_health);
   }
   for (const auto& connection : connections) DropConnection(connection);
+  for (const auto& [endpoint, health] : health_streams) DropDraHealth(health);
   channels.clear();
   NotifyChanged();
 }
@@ -342,6 +352,17 @@ bool KubeletSim::WaitForDraDriver(const std::string& driver, std::chrono::millis
       [&](const KubeletState& state) {
         const DraDriverState* dra = state.FindDraDriver(driver);
         return dra != nullptr && dra->registered();
+      },
+      timeout);
+}
+
+bool KubeletSim::WaitForDraDeviceHealth(const std::string& driver, const std::string& device,
+                                        const std::string& health, std::chrono::milliseconds timeout) const {
+  return WaitFor(
+      [&](const KubeletState& state) {
+        const DraDriverState* dra = state.FindDraDriver(driver);
+        const DraDeviceHealth* entry = dra == nullptr ? nullptr : dra->FindHealth(device);
+        return entry != nullptr && entry->health == health;
       },
       timeout);
 }

@@ -32,6 +32,8 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 // DRA gRPC service names as a plugin advertises them in PluginInfo.supported_versions (§3.1).
 inline constexpr std::string_view kDraV1Service = "v1.DRAPlugin";
 inline constexpr std::string_view kDraV1beta1Service = "v1beta1.DRAPlugin";
+// KEP-4680: the device-health service a DRA plugin may advertise beside its DRA service.
+inline constexpr std::string_view kDraHealthService = "v1alpha1.DRAResourceHealth";
 
 struct KubeletSimOptions {
   // The kubelet root, e.g. <sandbox>/var/lib/kubelet: device-plugins/ and plugins_registry/
@@ -64,6 +66,10 @@ struct KubeletSimOptions {
   // Refuse a DRA plugin whose endpoint is not (yet) a socket at registration. Stricter than the
   // kubelet, which connects lazily; it catches a plugin that registers before it serves.
   bool check_dra_endpoint = true;
+  // As the newest kubelets with ResourceHealthStatus on: a DRA plugin that lists
+  // kDraHealthService in its supported_versions gets a NodeWatchResources stream once
+  // registered (one per registration; it is not re-dialled when it ends).
+  bool watch_dra_health = true;
   // Refuse GetPreferredAllocation / PreStartContainer locally (FAILED_PRECONDITION) unless the
   // plugin advertised them in its options, as the kubelet never calls them otherwise.
   bool strict_options = true;
@@ -163,10 +169,25 @@ struct DraEndpointState {
   SteadyTime registered_at{};
 };
 
+// One device of a NodeWatchResources message, as received.
+struct DraDeviceHealth {
+  std::string pool_name;
+  std::string device_name;
+  std::string health;  // "UNKNOWN", "HEALTHY", "UNHEALTHY" (the enum's names)
+  std::int64_t last_updated_time = 0;  // Unix seconds
+};
+
 struct DraDriverState {
   std::string driver;
   std::vector<DraEndpointState> endpoints;  // registered endpoints, oldest first
   int registrations = 0;  // over every restart
+  // KEP-4680 health stream (KubeletSimOptions::watch_dra_health).
+  int health_streams = 0;  // NodeWatchResources streams opened, over every registration
+  bool health_stream_open = false;
+  std::uint64_t health_messages = 0;  // over every stream
+  std::vector<DraDeviceHealth> health;  // the last complete list received
+  std::string health_stream_end;  // how the last stream ended ("" while none ended)
+  const DraDeviceHealth* FindHealth(std::string_view device) const;
   bool registered() const { return !endpoints.empty(); }
   const DraEndpointState* Latest() const { return endpoints.empty() ? nullptr : &endpoints.back(); }
 };
@@ -341,6 +362,9 @@ class KubeletSim {
                            std::chrono::milliseconds timeout) const;
   bool WaitForRegistrations(const std::string& resource, int count, std::chrono::milliseconds timeout) const;
   bool WaitForDraDriver(const std::string& driver, std::chrono::milliseconds timeout) const;
+  // Until the driver's last health message says `health` ("HEALTHY", …) for `device`.
+  bool WaitForDraDeviceHealth(const std::string& driver, const std::string& device, const std::string& health,
+                              std::chrono::milliseconds timeout) const;
 
   // ---- calls a kubelet makes to a device plugin (on its latest connection)
   // One AllocateRequest with one ContainerAllocateRequest per element.

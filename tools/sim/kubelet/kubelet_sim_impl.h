@@ -56,6 +56,16 @@ struct DevicePluginConnection {
   std::atomic<bool> dropped{false};
 };
 
+// One DRA plugin's KEP-4680 health stream, read on its own thread (dra_health.cpp).
+struct DraHealthConnection {
+  std::string driver;
+  std::string endpoint;
+  std::shared_ptr<grpc::Channel> channel;
+  grpc::ClientContext context;
+  std::thread reader;
+  std::atomic<bool> dropped{false};  // the kubelet side ends it (deregistration, stop)
+};
+
 struct WorkItem {
   enum class Kind { kRegister, kDeregister };
   Kind kind = Kind::kRegister;
@@ -133,6 +143,15 @@ struct KubeletSim::Impl {
   // GetInfo on every registered plugin socket (the kubelet's plugin monitor).
   std::map<std::string, RpcStatus> ProbeSockets();
 
+  // ---- DRA health (dra_health.cpp)
+  // Opens the endpoint's NodeWatchResources stream (mutex held); returns the stream it replaces.
+  std::shared_ptr<detail::DraHealthConnection> StartDraHealthLocked(const std::string& driver,
+                                                                    const std::string& endpoint,
+                                                                    std::shared_ptr<grpc::Channel> channel);
+  void RunDraHealth(std::shared_ptr<detail::DraHealthConnection> connection);
+  // Mutex not held: cancels the stream and joins its reader.
+  static void DropDraHealth(const std::shared_ptr<detail::DraHealthConnection>& connection);
+
   // ---- DRA
   // Unprepared claims leave every pod's dynamic resources.
   void DropPreparedClaims(const std::vector<std::string>& claim_uids);
@@ -157,6 +176,7 @@ struct KubeletSim::Impl {
   std::uint64_t next_connection_id = 0;
   std::map<std::string, std::shared_ptr<detail::DevicePluginConnection>> device_plugins;
   std::map<std::string, std::shared_ptr<grpc::Channel>> dra_channels;  // by DRA endpoint path
+  std::map<std::string, std::shared_ptr<detail::DraHealthConnection>> dra_health;  // by DRA endpoint path
 
   // Registration worker queue (guarded by mutex; work_cv wakes the worker).
   std::vector<detail::WorkItem> queue;

@@ -301,6 +301,7 @@ void KubeletSim::Impl::RegisterPluginSocket(const WorkItem& item) {
     ps.consecutive_probe_failures = 0;
   }
   const std::string endpoint = view.endpoint.empty() ? socket : view.endpoint;  // as the kubelet defaults it
+  std::shared_ptr<detail::DraHealthConnection> replaced_health;  // dropped once the lock is released
   std::string error;
   std::string service;
   if (view.type == detail::kPluginTypeDra) {
@@ -339,16 +340,23 @@ void KubeletSim::Impl::RegisterPluginSocket(const WorkItem& item) {
       } else {
         auto dra_channel = detail::DialUnix(endpoint);
         dra_channel->GetState(true);  // connect now, as the kubelet does (conn.Connect())
-        dra_channels[endpoint] = std::move(dra_channel);
+        dra_channels[endpoint] = dra_channel;
         dra.endpoints.push_back(
             DraEndpointState{endpoint, socket, service, view.supported_versions, std::chrono::steady_clock::now()});
         ++dra.registrations;
+        // The newest kubelets dial the health service only for a plugin that advertises it.
+        if (options.watch_dra_health &&
+            std::find(view.supported_versions.begin(), view.supported_versions.end(), kDraHealthService) !=
+                view.supported_versions.end()) {
+          replaced_health = StartDraHealthLocked(view.name, endpoint, std::move(dra_channel));
+        }
         // In the same step, so a waiter that sees the driver also sees its socket registered.
         PluginSocketState& ps = state.plugin_sockets[socket];
         ps.registered = true;
         ++ps.registrations;
       }
     }
+    if (replaced_health) DropDraHealth(replaced_health);
   } else if (view.type == detail::kPluginTypeDevicePlugin) {
     // The device manager's plugin-watcher handler (handler.go ValidatePlugin / RegisterPlugin).
     const auto& versions = view.supported_versions;
@@ -404,6 +412,7 @@ void KubeletSim::Impl::RegisterPluginSocket(const WorkItem& item) {
 void KubeletSim::Impl::DeregisterPluginSocket(const std::string& socket, const std::string& why) {
   std::shared_ptr<detail::DevicePluginConnection> connection;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::shared_ptr<detail::DraHealthConnection>> health_streams;
   std::string line;
   {
     std::lock_guard lock(mutex);
@@ -419,6 +428,10 @@ void KubeletSim::Impl::DeregisterPluginSocket(const std::string& socket, const s
           if (channel != dra_channels.end()) {
             channels.push_back(std::move(channel->second));
             dra_channels.erase(channel);
+          }
+          if (auto health = dra_health.find(e.endpoint); health != dra_health.end()) {
+            health_streams.push_back(std::move(health->second));
+            dra_health.erase(health);
           }
           return true;
         });
@@ -440,6 +453,7 @@ void KubeletSim::Impl::DeregisterPluginSocket(const std::string& socket, const s
   }
   NotifyChanged();
   if (connection) DropConnection(connection);
+  for (const auto& health : health_streams) DropDraHealth(health);
   channels.clear();
   Log(line);
 }

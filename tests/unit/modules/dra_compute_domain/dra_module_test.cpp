@@ -275,6 +275,7 @@ TEST_F(DraModuleTest, RegistersThroughThePluginWatcherWithV1First) {
   EXPECT_EQ(driver->Latest()->service, "v1.DRAPlugin");
   EXPECT_EQ(driver->Latest()->endpoint, paths_.dra_socket);
   EXPECT_EQ(driver->Latest()->supported_versions, (std::vector<std::string>{"v1.DRAPlugin", "v1beta1.DRAPlugin"}));
+  EXPECT_EQ(driver->health_streams, 0) << "no device health: the KEP-4680 service is neither advertised nor dialled";
   EXPECT_TRUE(State()->host_managed);
   EXPECT_EQ(State()->channel_major, kMajor);
 

@@ -13,6 +13,9 @@
 #include "modules/dra_gpu/dra_gpu_module.hpp"
 #include "modules/dra_gpu/gpu_claims.hpp"
 #include "modules/dra_gpu/messages.hpp"
+#include "loop/supervisor_messages.hpp"
+#include "modules/dra_gpu/gpu_health_view.hpp"
+#include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/events.hpp"
@@ -185,6 +188,29 @@ class DraGpuModuleTest : public ::testing::Test {
     return it == result.claims.end() ? "<no entry>" : it->second.error;
   }
 
+  json Slice() { return Get(kSlices + "/" + dra::SliceName(kNode, kDriver)); }
+  static json DeviceOf(const json& slice, const std::string& name) {
+    for (const auto& d : slice["spec"]["devices"]) {
+      if (d["name"] == name) return d;
+    }
+    return json();
+  }
+  double SliceWrites(const char* result) {
+    return h_.metrics
+        .Counter("gpu_node_supervisor_dra_slice_publishes_total", "", {{"driver", kDriver}, {"result", result}})
+        .Value();
+  }
+  // gpu-health's verdict for GPU `index` of TwoGpus(), as it publishes one.
+  void Verdict(uint32_t index, bool healthy, uint64_t xid, const std::string& reason, int64_t since_ms) {
+    gpu_health::DeviceHealth v;
+    v.uuid = TwoGpus().gpus[index].uuid;
+    v.healthy = healthy;
+    v.xid = xid;
+    v.reason = reason;
+    v.since_unix_ms = since_ms;
+    h_.bus.Publish(v);
+  }
+
   dra::Checkpoint Claims() const { return dra::LoadClaimState(paths_.checkpoint_file, paths_.claim_log_file).state; }
   std::string SpecPath(const std::string& uid) const {
     return dra::JoinPath(paths_.cdi_dir, GpuSpecNames().FileName(uid));
@@ -314,6 +340,167 @@ TEST_F(DraGpuModuleTest, ARestartKeepsPreparedClaimsRemakesTheirSpecsAndDropsOrp
   EXPECT_EQ(h_.metrics.Counter("gpu_node_supervisor_dra_reconciled_total", "",
                                {{"action", "delete_orphan_spec"}, {"driver", kDriver}}).Value(), 1);
   EXPECT_NE(Claims().Find(claim.uid), nullptr);
+}
+
+// ------------------------------------------------------------------------------ device taints
+
+constexpr int64_t kTurnedMs = 1795858800000;  // 2026-11-28T09:40:00Z
+
+TEST_F(DraGpuModuleTest, AFatalXidTaintsTheGpusDeviceAndHealthyAgainRemovesIt) {
+  h_.bus.Publish(gpu_health::GpuHealthState{});  // gpu-health runs
+  StartAndRegister();
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("created") == 1; }));
+  EXPECT_FALSE(DeviceOf(Slice(), "gpu-1").contains("taints"));
+
+  Verdict(1, false, 79, "XID 79 (GPU has fallen off the bus)", kTurnedMs);
+  ASSERT_TRUE(h_.RunUntil([&] { return DeviceOf(Slice(), "gpu-1").contains("taints"); }));
+  json slice = Slice();
+  EXPECT_EQ(DeviceOf(slice, "gpu-1")["taints"],
+            json::array({{{"key", "gpu.nvidia.com/xid"},
+                          {"value", "79"},
+                          {"effect", "NoSchedule"},
+                          {"timeAdded", "2026-11-28T09:40:00Z"}}}));
+  EXPECT_FALSE(DeviceOf(slice, "gpu-0").contains("taints")) << "only the GPU the verdict names";
+  EXPECT_EQ(slice["spec"]["pool"]["generation"], 2) << "a taint change is a new pool generation";
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->tainted.size() == 1; }));
+  EXPECT_EQ(State()->tainted[0], "gpu-1: gpu.nvidia.com/xid=79:NoSchedule");
+
+  // The same verdict again (gpu-health restarted, say) changes no taint: no write.
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("updated") == 1; }));
+  const double writes = SliceWrites("updated");
+  Verdict(1, false, 79, "XID 79 (GPU has fallen off the bus)", kTurnedMs);
+  h_.Drain();
+  EXPECT_EQ(SliceWrites("updated"), writes);
+
+  // A validated reset: gpu-health's verdict turns healthy, and the taint goes.
+  Verdict(1, true, 0, "GPU reset acknowledged", kTurnedMs + 60000);
+  ASSERT_TRUE(h_.RunUntil([&] { return !DeviceOf(Slice(), "gpu-1").contains("taints"); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("updated") == writes + 1; }));
+  EXPECT_EQ(Slice()["spec"]["pool"]["generation"], 3);
+  EXPECT_TRUE(State()->tainted.empty());
+}
+
+TEST_F(DraGpuModuleTest, TheSiteMayAskForNoExecute) {
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  Verdict(0, false, 0, "RowRemapFailure: 2 rows failed to remap", kTurnedMs);
+  DraGpuModule::Config config;
+  config.taint_effect = TaintEffect::kNoExecute;
+  StartAndRegister(config);
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("created") == 1; }));
+  EXPECT_EQ(DeviceOf(Slice(), "gpu-0")["taints"][0],
+            (json{{"key", "gpu.nvidia.com/unhealthy"},
+                  {"value", "RowRemapFailure"},
+                  {"effect", "NoExecute"},
+                  {"timeAdded", "2026-11-28T09:40:00Z"}}));
+}
+
+TEST_F(DraGpuModuleTest, ARestartWithAnUnhealthyGpuKeepsItsTaintWithoutAWrite) {
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  StartAndRegister();
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("created") == 1; }));
+  Verdict(0, false, 48, "XID 48 (double-bit ECC error)", kTurnedMs);
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("updated") == 1; }));
+  const json before = Slice();
+  ASSERT_TRUE(DeviceOf(before, "gpu-0").contains("taints"));
+  module_.Stop();
+  ASSERT_FALSE(State()->registered);
+
+  // The retained verdict is on the bus when the module comes back: its first slice carries the
+  // taint, which the slice in the API already has.
+  StartModule();
+  ASSERT_TRUE(module_.failures.empty());
+  // The new instance's first check of the slice is done (its count starts at 0).
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->registered && State()->slice_publishes >= 1; }));
+  h_.Drain();
+  const json after = Slice();
+  EXPECT_EQ(DeviceOf(after, "gpu-0")["taints"], DeviceOf(before, "gpu-0")["taints"]);
+  EXPECT_EQ(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"]) << "no write";
+  EXPECT_EQ(SliceWrites("updated"), 1) << "no write after the restart";
+  EXPECT_EQ(SliceWrites("created"), 1);
+}
+
+// A process restart: the slice in the API carries the taint the last process wrote, and
+// gpu-health restores its verdicts after dra-gpu has read its own files. The first slice waits
+// for gpu-health's state, so the taint is never written away and back.
+TEST_F(DraGpuModuleTest, AProcessRestartWaitsForGpuHealthsRestoredVerdictsBeforeItsFirstSlice) {
+  const std::string node_uid = Get("/api/v1/nodes/" + std::string(kNode))["metadata"]["uid"];
+  const auto inventory = TwoGpus();
+  GpuHealth sick;
+  sick.status = HealthStatus::kUnhealthy;
+  sick.taint_key = "gpu.nvidia.com/xid";
+  sick.taint_value = "48";
+  sick.since_unix_ms = kTurnedMs;
+  dra::SliceSpec spec;
+  spec.driver_name = kDriver;
+  spec.node_name = kNode;
+  spec.node_uid = node_uid;
+  spec.devices = GpuSliceDevices(inventory, ServedGpus(inventory, GpuSelection{true, {}}), dra::ResourceApiVersion::kV1,
+                                 {{inventory.gpus[0].uuid, TaintsFor(sick, TaintEffect::kNoSchedule)}});
+  api_->Seed(dra::BuildSlice(spec));
+  const json before = Slice();
+
+  ModuleStates states;
+  for (const char* name : {"gpu-health", "dra-gpu"}) {
+    ModuleStatus status;
+    status.name = name;
+    states.modules.push_back(status);
+  }
+  h_.bus.Publish(states);
+  sim_->Start();
+  StartModule();
+  // Long enough for a module that did not wait to register and check its slice (it would find
+  // the taint it does not know of yet, and write it away).
+  EXPECT_FALSE(h_.RunUntil([&] { return State() != nullptr && State()->slice_publishes >= 1; },
+                           std::chrono::milliseconds(1500)));
+  EXPECT_EQ(State(), nullptr) << "not serving before gpu-health's state";
+
+  Verdict(0, false, 48, "XID 48 (double-bit ECC error)", kTurnedMs);
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered && State()->slice_publishes >= 1; }));
+  h_.Drain();
+  EXPECT_EQ(Slice()["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"]) << "no write";
+  EXPECT_EQ(SliceWrites("updated"), 0);
+  EXPECT_EQ(SliceWrites("created"), 0);
+}
+
+// ------------------------------------------------------------------------------ KEP-4680 health
+
+TEST_F(DraGpuModuleTest, TheKubeletSeesAFatalXidAsUnhealthyAndARecoveryAsHealthy) {
+  StartAndRegister();
+  const auto driver = sim_->DraDriver(kDriver);
+  ASSERT_TRUE(driver.has_value());
+  EXPECT_EQ(driver->Latest()->supported_versions,
+            (std::vector<std::string>{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}));
+  // gpu-health has not been seen: nobody watches the GPUs.
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "UNKNOWN", seconds(20)); }));
+  auto known = sim_->DraDriver(kDriver);
+  ASSERT_EQ(known->health.size(), 2u) << "every device of the slice, in each message";
+  EXPECT_EQ(known->health[0].pool_name, kNode);
+
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "HEALTHY", seconds(20)); }));
+
+  Verdict(1, false, 79, "XID 79 (GPU has fallen off the bus)", kTurnedMs);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "UNHEALTHY", seconds(20)); }));
+  auto sick = sim_->DraDriver(kDriver);
+  EXPECT_EQ(sick->FindHealth("gpu-1")->last_updated_time, kTurnedMs / 1000);
+  EXPECT_EQ(sick->FindHealth("gpu-0")->health, "HEALTHY");
+  ASSERT_EQ(sick->health.size(), 2u);
+
+  Verdict(1, true, 0, "GPU reset acknowledged", kTurnedMs + 60000);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "HEALTHY", seconds(20)); }));
+  EXPECT_EQ(sim_->DraDriver(kDriver)->FindHealth("gpu-1")->last_updated_time, kTurnedMs / 1000 + 60);
+  EXPECT_EQ(sim_->DraDriver(kDriver)->health_streams, 1);
+
+  // Stop ends the stream cleanly.
+  module_.Stop();
+  ASSERT_TRUE(h_.OffLoop([&] {
+    return sim_->WaitFor([](const sim::KubeletState& s) { return !s.FindDraDriver(kDriver)->health_stream_open; },
+                         seconds(20));
+  }));
+  const std::string end = sim_->DraDriver(kDriver)->health_stream_end;
+  EXPECT_TRUE(end == "OK" || end == "dropped by the kubelet") << end;
 }
 
 // ------------------------------------------------------------------------------ the GPU split

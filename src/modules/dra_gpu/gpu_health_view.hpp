@@ -1,0 +1,81 @@
+#pragma once
+// What Kubernetes is told about each GPU's health, from gpu-health's verdicts (the one judge of
+// "is this GPU healthy": this file follows it, it never judges). One place maps a verdict to a
+// device's health; both outlets read it:
+//   - the ResourceSlice: a DeviceTaint (KEP-5055) on each unhealthy GPU, gone once the verdict
+//     turns healthy again (a validated reset, a new boot, the operator);
+//   - the kubelet's health stream (KEP-4680): HEALTHY / UNHEALTHY / UNKNOWN per device.
+// Pure: no bus, no clock; the module feeds it.
+
+#include "modules/gpu_health/messages.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace gns::dra_gpu {
+
+// Taint keys. Upstream's GPU plugin (kubernetes-sigs/dra-driver-nvidia-gpu, WIRE-FACTS §6) uses
+// the first two; a verdict from another check (memory, NVLink, thermal, …) has no upstream key
+// and gets the third, its value naming the check.
+inline constexpr std::string_view kTaintKeyXid = "gpu.nvidia.com/xid";
+inline constexpr std::string_view kTaintKeyGpuLost = "gpu.nvidia.com/gpu-lost";
+inline constexpr std::string_view kTaintKeyUnhealthy = "gpu.nvidia.com/unhealthy";
+// gpu-health's presence check (presence_checks.cpp): the GPU is gone from NVML.
+inline constexpr std::string_view kGpuLostCheck = "GpuLost";
+
+// DeviceTaint.effect. NoSchedule keeps new claims off the GPU; NoExecute also evicts the pods
+// of claims already allocated it (the scheduler's eviction controller), so a site asks for it.
+enum class TaintEffect { kNoSchedule, kNoExecute };
+// The one source of the default of modules.dra-gpu.taintEffect.
+inline constexpr TaintEffect kDefaultTaintEffect = TaintEffect::kNoSchedule;
+std::string_view TaintEffectName(TaintEffect effect);
+
+enum class HealthStatus { kUnknown, kHealthy, kUnhealthy };
+std::string_view HealthStatusName(HealthStatus status);  // "Unknown", "Healthy", "Unhealthy"
+
+struct GpuHealth {
+  HealthStatus status = HealthStatus::kUnknown;
+  // Unhealthy only: the taint's key and value (label-value syntax, <= 63 characters).
+  std::string taint_key;
+  std::string taint_value;
+  // When the verdict turned (Unix ms); without a verdict, when the judge was first seen; 0 when
+  // the judge is not known (Unknown).
+  int64_t since_unix_ms = 0;
+  std::string message;  // gpu-health's reason
+  bool operator==(const GpuHealth&) const = default;
+};
+
+// `text` as a label value (the DeviceTaint value's syntax): at most 63 characters of
+// [A-Za-z0-9-_.], starting and ending with an alphanumeric; anything else becomes '-' (runs
+// folded into one). Empty when nothing of `text` is left.
+std::string LabelValue(std::string_view text);
+
+// RFC 3339 in UTC with second precision ("2026-11-28T09:40:00Z"), as the API prints metav1.Time.
+std::string Rfc3339(int64_t unix_ms);
+
+class GpuHealthView {
+ public:
+  // gpu-health is running (its state was seen): a GPU without a verdict is Healthy from then.
+  // Only the first call counts. Returns true when it changed anything.
+  bool JudgeSeen(int64_t now_unix_ms);
+  // A verdict from gpu-health (retained, one per GPU; a GPU instance's verdict is ignored: MIG
+  // devices are not served). Returns true when it changed that GPU's health.
+  bool OnVerdict(const gpu_health::DeviceHealth& verdict);
+
+  bool JudgeKnown() const { return judge_since_unix_ms_ != 0; }
+  GpuHealth Of(const std::string& uuid) const;
+
+ private:
+  int64_t judge_since_unix_ms_ = 0;
+  std::map<std::string, gpu_health::DeviceHealth> verdicts_;  // whole GPUs, by UUID
+};
+
+// The slice's taints for a GPU of this health: one DeviceTaint when Unhealthy, none otherwise.
+nlohmann::json TaintsFor(const GpuHealth& health, TaintEffect effect);
+
+}  // namespace gns::dra_gpu
