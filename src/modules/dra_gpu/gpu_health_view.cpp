@@ -13,8 +13,9 @@ constexpr std::size_t kMaxLabelValue = 63;
 bool Alnum(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }
 bool LabelChar(char c) { return Alnum(c) || c == '-' || c == '_' || c == '.'; }
 
-// The check a check-made verdict names: gpu-health's reason is "<check>: <message>".
-std::string_view CheckOf(std::string_view reason) {
+// What a verdict without a named cause (xid, sxid, check: a reset in progress, a failed reset)
+// is about: its reason, up to a colon.
+std::string_view ReasonHead(std::string_view reason) {
   const auto colon = reason.find(':');
   return colon == std::string_view::npos ? reason : reason.substr(0, colon);
 }
@@ -95,15 +96,19 @@ GpuHealth GpuHealthView::Of(const std::string& uuid) const {
     return out;
   }
   out.status = HealthStatus::kUnhealthy;
+  // The cause as gpu-health names it on the verdict (one judge): never read back from prose.
   if (verdict.xid != 0) {
     out.taint_key = std::string(kTaintKeyXid);
     out.taint_value = std::to_string(verdict.xid);
-  } else if (CheckOf(verdict.reason) == kGpuLostCheck) {
+  } else if (verdict.sxid != 0) {
+    out.taint_key = std::string(kTaintKeySxid);
+    out.taint_value = std::to_string(verdict.sxid);
+  } else if (verdict.check == kGpuLostCheck) {
     out.taint_key = std::string(kTaintKeyGpuLost);
     out.taint_value = std::string(kGpuLostCheck);
   } else {
     out.taint_key = std::string(kTaintKeyUnhealthy);
-    out.taint_value = LabelValue(CheckOf(verdict.reason));
+    out.taint_value = LabelValue(verdict.check.empty() ? ReasonHead(verdict.reason) : verdict.check);
   }
   return out;
 }

@@ -24,6 +24,8 @@ namespace gns::dra_gpu {
 // and gets the third, its value naming the check.
 inline constexpr std::string_view kTaintKeyXid = "gpu.nvidia.com/xid";
 inline constexpr std::string_view kTaintKeyGpuLost = "gpu.nvidia.com/gpu-lost";
+// Ours (upstream's plugin does not read SXids): the NVSwitch SXid on a port this GPU's link ends in.
+inline constexpr std::string_view kTaintKeySxid = "gpu.nvidia.com/sxid";
 inline constexpr std::string_view kTaintKeyUnhealthy = "gpu.nvidia.com/unhealthy";
 // gpu-health's presence check (presence_checks.cpp): the GPU is gone from NVML.
 inline constexpr std::string_view kGpuLostCheck = "GpuLost";

@@ -56,12 +56,24 @@ TEST(GpuHealthViewTest, AFatalXidTaintsUnderTheXidKeyUntilTheVerdictTurnsHealthy
 TEST(GpuHealthViewTest, ACheckVerdictNamesItsCheckAndALostGpuHasUpstreamsKey) {
   GpuHealthView view;
   view.JudgeSeen(kTurned);
-  view.OnVerdict(Verdict(false, 0, "GpuLost: NVML cannot reach the GPU"));
+  auto lost = Verdict(false, 0, "GpuLost: NVML cannot reach the GPU");
+  lost.check = "GpuLost";
+  view.OnVerdict(lost);
   EXPECT_EQ(view.Of(kGpu).taint_key, "gpu.nvidia.com/gpu-lost");
   EXPECT_EQ(view.Of(kGpu).taint_value, "GpuLost");
-  view.OnVerdict(Verdict(false, 0, "RowRemapFailure: 2 rows failed to remap"));
+  auto remap = Verdict(false, 0, "RowRemapFailure: 2 rows failed to remap");
+  remap.check = "RowRemapFailure";
+  view.OnVerdict(remap);
   EXPECT_EQ(view.Of(kGpu).taint_key, "gpu.nvidia.com/unhealthy");
   EXPECT_EQ(view.Of(kGpu).taint_value, "RowRemapFailure");
+  // The cause is the verdict's field, not the prose: a reason that starts like a check names none.
+  view.OnVerdict(Verdict(false, 0, "GpuLost: said by a reason, not by a check"));
+  EXPECT_EQ(view.Of(kGpu).taint_key, "gpu.nvidia.com/unhealthy");
+  auto sxid = Verdict(false, 0, "SXid 20034 (LTSSM_FAULT_UP) on NVSwitch 0 at 0000:c3:00.0 port 21, wired to GPU 5 link 3");
+  sxid.sxid = 20034;
+  view.OnVerdict(sxid);
+  EXPECT_EQ(view.Of(kGpu).taint_key, "gpu.nvidia.com/sxid");
+  EXPECT_EQ(view.Of(kGpu).taint_value, "20034");
   view.OnVerdict(Verdict(false, 0, std::string(gpu_health::kResetInProgress)));
   EXPECT_EQ(view.Of(kGpu).taint_value, "GPU-reset-in-progress");
 }
