@@ -51,6 +51,10 @@ struct PullRequest {
   // extracted tree, flushed. Its files count against `max_extract_bytes`.
   std::string extract_to;
   uint64_t max_extract_bytes = 0;
+  // The whole pull, every request and retry included (0: none). A pull still running then is
+  // stopped (its connections closed, its extraction aborted) and ends with reason
+  // "DeadlineExceeded", naming the registry and the limit.
+  std::chrono::milliseconds deadline{0};
 };
 
 struct PullResult {
