@@ -4,7 +4,6 @@
 
 #include "modules/kube/messages.hpp"
 
-#include <ctime>
 #include <stdexcept>
 
 namespace gns::gkm_controller {
@@ -19,15 +18,6 @@ constexpr const char* kVersion = "v1alpha1";
 constexpr std::array<const char*, 2> kCachePlural = {"gkmcaches", "clustergkmcaches"};
 constexpr std::array<const char*, 2> kNodePlural = {"gkmcachenodes", "clustergkmcachenodes"};
 constexpr std::array<const char*, 2> kCacheKind = {"GKMCache", "ClusterGKMCache"};
-
-std::string Now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 kube::InformerSpec Spec(const char* plural) {
   return kube::InformerSpec{kube::ResourcePath::Grouped(kGroup, kVersion, plural).Collection(), {}, {}};
@@ -232,7 +222,7 @@ void GkmControllerModule::Reconcile(bool cluster, const std::string& cache) {
   json body = {{"apiVersion", std::string(kGroup) + "/" + kVersion},
                {"kind", kCacheKind[i]},
                {"metadata", {{"name", meta->name}}},
-               {"status", StatusToApply(rollup, current, Now())}};
+               {"status", StatusToApply(rollup, current, kube::FormatMicroTime(context_.GetClock().WallNow()))}};
   if (!cluster) body["metadata"]["namespace"] = meta->ns;
   const std::string path = kube::ResourcePath::Grouped(kGroup, kVersion, kCachePlural[i], meta->ns).Object(meta->name);
   w.in_flight = true;
