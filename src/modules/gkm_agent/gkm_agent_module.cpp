@@ -146,6 +146,10 @@ void GkmAgentModule::Start() {
   options.request_timeout = config_.request_timeout;
   options.max_attempts = config_.max_attempts;
   options.architecture = config_.architecture;
+  // Each pull's extraction holds a thread while the pull streams: on the shared pool,
+  // maxConcurrentPulls pulls would take every thread of it (blockingThreads: 2) from the other
+  // modules for minutes. They get threads of their own, one per pull that may run at once.
+  options.extraction_threads = static_cast<std::size_t>(config_.max_concurrent_pulls);
   puller_ = std::make_unique<RegistryClient>(context_.GetLoop(), context_.Pool(), context_.Logger(), options);
   fs::create_directories(config_.cache_root);
 

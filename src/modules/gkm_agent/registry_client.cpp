@@ -223,6 +223,9 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
 
   Impl(Loop& loop, BlockingPool& pool, std::shared_ptr<spdlog::logger> log, RegistryOptions options)
       : loop_(loop), pool_(pool), log_(std::move(log)), options_(std::move(options)) {
+    if (options_.extraction_threads > 0) {
+      extraction_pool_ = std::make_unique<BlockingPool>(loop_, options_.extraction_threads);
+    }
     // A registry CA that does not parse (or no CA at all) is an error now, not at the first pull.
     if (!options_.ca_pem.empty() || !options_.system_roots) MakeContext(false);
   }
@@ -890,7 +893,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
       }
     }
     if (!req.extract_to.empty()) {
-      job.extraction = std::make_unique<StreamingExtraction>(loop_, pool_, req.extract_to, req.max_extract_bytes);
+      job.extraction = std::make_unique<StreamingExtraction>(loop_, extraction_pool_ ? *extraction_pool_ : pool_,
+                                                             req.extract_to, req.max_extract_bytes);
       extractions_.insert(job.extraction.get());
     }
     for (std::size_t i = 0; i < manifest.layers.size(); ++i) {
@@ -921,6 +925,9 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
   BlockingPool& pool_;
   std::shared_ptr<spdlog::logger> log_;
   RegistryOptions options_;
+  // The extractions' own threads (options_.extraction_threads): held by this Impl, which every
+  // pull's coroutine keeps alive, so no extraction outlives them.
+  std::unique_ptr<BlockingPool> extraction_pool_;
   std::weak_ptr<ssl::context> ctx_;  // see Context()
   int running_ = 0;                  // pulls in progress
   std::vector<std::unique_ptr<Conn>> idle_;

@@ -39,6 +39,10 @@ struct RegistryOptions {
   std::string os = "linux";
   std::string architecture = "amd64";
   std::string user_agent = "gpu-node-supervisor";
+  // > 0: the client's own threads for the extractions that follow pulls (each holds a thread
+  // while its pull streams), so that concurrent pulls never take the shared blocking pool's
+  // threads from other work; size it to the pulls that may run at once. 0: the given pool.
+  std::size_t extraction_threads = 0;
 };
 
 struct PullRequest {

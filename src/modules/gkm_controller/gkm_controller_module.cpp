@@ -118,6 +118,7 @@ void GkmControllerModule::StopWork() {
     reports_[i].clear();
   }
   dirty_.clear();
+  applied_.clear();
   counted_ = false;
 }
 
@@ -150,7 +151,16 @@ void GkmControllerModule::OnEvent(const kube::ResourceEvent& e) {
     if (e.informer_key == cache_keys_[i]) {
       // Added (roll it up), changed (our own write comes back: nothing to do when it holds the
       // roll-up; someone else's change to our fields is put right), deleted (nothing to write).
-      if (e.type != kube::ResourceEvent::Type::kDeleted) Schedule(i == 1, meta->Key());
+      const auto key = std::make_pair(i == 1, meta->Key());
+      if (e.type == kube::ResourceEvent::Type::kDeleted) {
+        applied_.erase(key);
+        return;
+      }
+      if (auto it = applied_.find(key); it != applied_.end() &&
+                                         OwnedFields(e.object->value("status", json::object())) != OwnedFields(it->second)) {
+        applied_.erase(it);
+      }
+      Schedule(i == 1, meta->Key());
       return;
     }
   }
@@ -212,7 +222,9 @@ void GkmControllerModule::Reconcile(bool cluster, const std::string& cache) {
     for (const auto& [object_key, report] : it->second) reports.push_back(report);
   }
   const json rollup = RollUp(reports);
-  const json current = object->value("status", json::object());
+  const auto applied = applied_.find(key);
+  // What the cache's status holds now: our last write when the informer has not caught up.
+  const json current = applied != applied_.end() ? applied->second : object->value("status", json::object());
   if (OwnedFields(current) == rollup) {
     writes_in_flight_.erase(key);  // (a retry waiting is moot)
     return;  // only on change
@@ -230,7 +242,7 @@ void GkmControllerModule::Reconcile(bool cluster, const std::string& cache) {
   context_.Log().info("{} {}: {} of {} nodes ready, {} failed", kCacheKind[i], cache, rollup["readyNodes"].get<int>(),
                       rollup["totalNodes"].get<int>(), rollup["failedNodes"].get<int>());
   client_->PatchStatus(path, kube::PatchType::kApply, body, std::string(kName),
-                       work_.Guard([this, cluster, cache, path](kube::Result r) {
+                       work_.Guard([this, cluster, cache, path, status = body["status"]](kube::Result r) {
                          auto it = writes_in_flight_.find({cluster, cache});
                          if (it == writes_in_flight_.end()) return;
                          it->second.in_flight = false;
@@ -244,6 +256,8 @@ void GkmControllerModule::Reconcile(bool cluster, const std::string& cache) {
                            return;
                          }
                          if (it->second.backoff) it->second.backoff->Reset();
+                         applied_.insert_or_assign({cluster, cache},
+                                                  r.object.is_object() ? r.object.value("status", status) : status);
                          if (it->second.again) {
                            it->second.again = false;
                            Schedule(cluster, cache);

@@ -90,6 +90,11 @@ class GkmControllerModule final : public Module {
   std::set<std::pair<bool, std::string>> dirty_;
   bool flush_posted_ = false;
   std::map<std::pair<bool, std::string>, CacheWrite> writes_in_flight_;
+  // The status each cache was last given by a write of ours that landed: the informer's copy
+  // of the cache lags our writes (their watch events come later), so a roll-up equal to this
+  // is not written again while the informer still shows an older status. Dropped when an
+  // event shows other values in our fields (someone else's write, or one of ours before it).
+  std::map<std::pair<bool, std::string>, nlohmann::json> applied_;
   uint64_t writes_ = 0;
   Gate work_;  // renewed when leadership ends: answers for the old term are dropped
   Gate lifetime_;
