@@ -6,6 +6,7 @@
 #include "modules/dra_compute_domain/dra_module.hpp"
 #include "modules/dra_gpu/dra_gpu_module.hpp"
 #include "modules/gkm_agent/gkm_agent_module.hpp"
+#include "modules/gkm_controller/gkm_controller_module.hpp"
 #include "modules/gkm_csi/gkm_csi_module.hpp"
 #include "modules/gpu_health/gpu_health_module.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
@@ -39,6 +40,8 @@ const std::vector<ModuleDescriptor>& ModuleManifest() {
       DescribeModule<gkm::GkmAgentModule>(),
       // After gkm-agent, whose cache verdicts it follows.
       DescribeModule<gkm_csi::GkmCsiModule>(),
+      // Leader-elected: rolls the agents' per-node status up into each cache's status.
+      DescribeModule<gkm_controller::GkmControllerModule>(),
       DescribeModule<node_labels::NodeLabelsModule>(),
       // After every source it exports (gpu-health, imex-health, gpu-reset).
       DescribeModule<nvsentinel_export::NvsentinelExportModule>(),

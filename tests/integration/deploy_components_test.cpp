@@ -214,6 +214,8 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
     for (const auto& c : {"gkm-agent", "imex-peers", "nvsentinel-export", "dra-gpu"}) {
       EXPECT_EQ(loaded.contains(c), chosen.contains(c)) << c;
     }
+    // The gkm-agent component brings the GKM roll-up with it (its RBAC is in that component).
+    EXPECT_EQ(loaded.contains("gkm-controller"), chosen.contains("gkm-agent"));
 
     // RBAC: exactly the calls of the modules enabled, every role bound to the ServiceAccount.
     std::set<Grant> granted;

@@ -173,6 +173,20 @@ std::set<Grant> ModuleCalls(const SiteView& site) {
       for (const auto& s : secrets) add("", "secrets", {"get"}, "cluster", s.as<std::string>());
     }
   }
+  if (site.Enabled("gkm-controller")) {
+    // gkm_controller_module.cpp: its Lease (leader_election.cpp: GET, POST, PUT); informers
+    // (list + watch) on the caches and the per-node status objects; server-side apply (PATCH)
+    // of each cache's status with the roll-up.
+    const auto le = site.Module("gkm-controller")["leaderElection"];
+    add("coordination.k8s.io", "leases", {"get", "create", "update"},
+        site.Expand(le && le["namespace"] ? le["namespace"].as<std::string>() : site.pod_namespace));
+    add("gkm.io", "gkmcaches", {"list", "watch"});
+    add("gkm.io", "clustergkmcaches", {"list", "watch"});
+    add("gkm.io", "gkmcachenodes", {"list", "watch"});
+    add("gkm.io", "clustergkmcachenodes", {"list", "watch"});
+    add("gkm.io", "gkmcaches/status", {"patch"});
+    add("gkm.io", "clustergkmcaches/status", {"patch"});
+  }
   // device-plugin, gpu-inventory, metrics, journald, nvsentinel-export: no API calls.
   return calls;
 }

@@ -22,7 +22,8 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
      claim is unprepared.
   8. gkm-agent: a GKMCache image on the loopback registry becomes Ready and Compatible;
      gkm-csi: a pod's inline volume of that cache is published the way the kubelet calls it
-     (bind-mounted read-only, usage.json and the GKMCacheNode name the pod), then unpublished.
+     (bind-mounted read-only, usage.json and the GKMCacheNode name the pod), then unpublished;
+     gkm-controller: the GKMCache's status counts this node (totalNodes, readyNodes, Error False).
   (after 2) gpu-reset: an Xid 48 on a GPU a pod holds -> a GPUReset object -> the pod evicted ->
      the GPU reset by the fake nvidia-smi, validated -> Healthy, Complete=True; the others stay
      Healthy throughout.
@@ -442,6 +443,23 @@ def gkm_demo(api):
         f"{entry.get('volumeSize', 0)} bytes under var/lib/gkm/caches/namespaced/ml-apps/triton-demo")
 
 
+def gkm_controller_demo(api):
+    """gkm-controller (leader-elected): the GKMCache of gkm_demo gets the roll-up of its nodes'
+    status objects in its own status: this node counted, Ready."""
+    path = "/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcaches/triton-demo"
+
+    def counted():
+        code, obj = api.call("GET", path)
+        status = obj.get("status", {}) if code == 200 else {}
+        return status if status.get("totalNodes", 0) >= 1 else None
+    status = wait_for("GKMCache ml-apps/triton-demo status counting the node", counted, timeout=30)
+    condition = next((c for c in status.get("conditions", []) if c.get("type") == "Error"), {})
+    say("gkm-controller", f"GKMCache ml-apps/triton-demo status: totalNodes {status.get('totalNodes')}, "
+        f"readyNodes {status.get('readyNodes')}, failedNodes {status.get('failedNodes')}, "
+        f"failedNodeConditions {json.dumps(status.get('failedNodeConditions', {}))}, "
+        f"Error={condition.get('status')} ({condition.get('reason')})")
+
+
 def gkm_csi_demo(api):
     """gkm-csi: the kubelet's NodePublishVolume for a pod whose inline volume names the Ready
     cache of gkm_demo (driver csi.gkm.io, volumeAttributes cacheName/cacheNamespace), made with
@@ -770,6 +788,7 @@ def main():
     dra_health_demo(api)
     gkm_demo(api)
     gkm_csi_demo(api)
+    gkm_controller_demo(api)
     nvsentinel_export_demo()
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -137,6 +138,22 @@ std::vector<GpuVerdict> CheckCompatibility(const std::vector<TritonKernel>& kern
     out.push_back(std::move(v));
   }
   return out;
+}
+
+CacheReason IncompatibleReason(const std::vector<GpuVerdict>& verdicts) {
+  std::map<std::string, std::size_t> gpus_by_reason;
+  std::string messages;
+  for (const auto& v : verdicts) {
+    if (v.compatible) continue;
+    ++gpus_by_reason[v.reason];
+    messages += (messages.empty() ? "" : "; ") + v.message;
+  }
+  if (gpus_by_reason.empty()) return {"NoGpus", "no GPU on this node"};
+  auto most = gpus_by_reason.begin();
+  for (auto it = gpus_by_reason.begin(); it != gpus_by_reason.end(); ++it) {
+    if (it->second > most->second) most = it;  // strictly more: a tie keeps the first by name
+  }
+  return {most->first, "no GPU on this node can use the cache: " + messages};
 }
 
 }  // namespace gns::gkm

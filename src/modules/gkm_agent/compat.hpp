@@ -48,4 +48,14 @@ std::string CudaVersionText(int cuda_version);  // 12040 → "12.4"
 std::vector<GpuVerdict> CheckCompatibility(const std::vector<TritonKernel>& kernels, const std::vector<GpuFacts>& gpus,
                                            int cuda_driver_version);
 
+// The cache-level reason of a cache no GPU here can use, from its GPUs' verdicts: the reason
+// most GPUs have (`ArchitectureMismatch`, …; a tie goes to the first by name), which is what
+// the cluster roll-up keys its failed nodes by; the message says it for each GPU. "NoGpus" for
+// a node without GPUs.
+struct CacheReason {
+  std::string reason;
+  std::string message;
+};
+CacheReason IncompatibleReason(const std::vector<GpuVerdict>& verdicts);
+
 }  // namespace gns::gkm

@@ -65,6 +65,7 @@ struct Installed {
   // The installed copy was kept because pods use it: how many volumes, and its digest.
   std::size_t kept_for = 0;
   std::string kept_digest;
+  bool incompatible = false;  // no GPU here can use it (reason: the GPUs')
 };
 
 // The digest an installed cache directory was pulled as: an extended attribute on the directory
@@ -113,6 +114,8 @@ GkmAgentModule::Config GkmAgentModule::ParseConfig(ConfigMap& section, const Sit
   c.request_timeout = section.Duration("requestTimeout", milliseconds(100), milliseconds(600000), milliseconds(30000));
   c.max_attempts = static_cast<int>(section.Int("maxAttempts", 1, 20, 4));
   c.retry_interval = section.Duration("retryInterval", milliseconds(100), milliseconds(86400000), milliseconds(300000));
+  c.max_concurrent_pulls = static_cast<int>(section.Int("maxConcurrentPulls", 1, 16, c.max_concurrent_pulls));
+  c.pull_timeout = section.Duration("pullTimeout", milliseconds(100), milliseconds(86400000), c.pull_timeout);
   c.architecture = section.Enum("architecture", {"amd64", "arm64"}, "amd64");
   (void)site;
   return c;
@@ -143,6 +146,10 @@ void GkmAgentModule::Start() {
   options.request_timeout = config_.request_timeout;
   options.max_attempts = config_.max_attempts;
   options.architecture = config_.architecture;
+  // Each pull's extraction holds a thread while the pull streams: on the shared pool,
+  // maxConcurrentPulls pulls would take every thread of it (blockingThreads: 2) from the other
+  // modules for minutes. They get threads of their own, one per pull that may run at once.
+  options.extraction_threads = static_cast<std::size_t>(config_.max_concurrent_pulls);
   puller_ = std::make_unique<RegistryClient>(context_.GetLoop(), context_.Pool(), context_.Logger(), options);
   fs::create_directories(config_.cache_root);
 
@@ -180,7 +187,7 @@ void GkmAgentModule::Stop(std::function<void()> done) {
   draining_.clear();
   caches_.clear();
   queue_.clear();
-  pulling_ = false;
+  pulling_.clear();
   // The CSI side stops mounting what a stopped agent no longer vouches for.
   swept_ = false;
   PublishStates();
@@ -331,10 +338,18 @@ void GkmAgentModule::Enqueue(const std::string& key) {
 }
 
 void GkmAgentModule::PumpQueue() {
-  // One pull at a time (a node's link and disk are shared); none before the GPUs are known.
-  while (swept_ && !pulling_ && !queue_.empty() && inventory_ && inventory_->available) {
-    const std::string key = queue_.front();
-    queue_.pop_front();
+  // Up to maxConcurrentPulls at once (a node's link and disk are shared), in queue order; none
+  // before the GPUs are known. A cache whose previous pull is still under way (changed or
+  // created again meanwhile) waits in the queue for it.
+  if (!swept_ || !inventory_ || !inventory_->available) return;
+  for (auto next = queue_.begin();
+       next != queue_.end() && pulling_.size() < static_cast<std::size_t>(config_.max_concurrent_pulls);) {
+    if (pulling_.count(*next)) {
+      ++next;
+      continue;
+    }
+    const std::string key = *next;
+    next = queue_.erase(next);
     auto it = caches_.find(key);
     if (it == caches_.end()) continue;
     it->second.queued = false;
@@ -342,9 +357,14 @@ void GkmAgentModule::PumpQueue() {
   }
 }
 
+void GkmAgentModule::EndPull(const std::string& key) {
+  pulling_.erase(key);
+  PumpQueue();
+}
+
 void GkmAgentModule::Pull(const std::string& key) {
   Cache& c = caches_.at(key);
-  pulling_ = true;
+  pulling_.insert(key);
   c.state = "Pulling";
   c.reason.clear();
   c.message.clear();
@@ -369,8 +389,7 @@ void GkmAgentModule::Pull(const std::string& key) {
                                                             std::optional<Installed> found, std::exception_ptr error) {
     auto it = caches_.find(key);
     if (it == caches_.end() || it->second.image != image || it->second.resolved_digest != want) {
-      pulling_ = false;
-      PumpQueue();
+      EndPull(key);
       return;
     }
     bool any = false;
@@ -419,7 +438,11 @@ void GkmAgentModule::PullFromRegistry(const std::string& key) {
     const std::string name = lookup->names[lookup->next++];
     client_->Get(kube::ResourcePath::Core("secrets", secret_ns).Object(name),
                  [this, key, name, lookup, keep = weak_step.lock(), alive](kube::Result r) {
-                   if (!alive || !caches_.count(key)) return;
+                   if (!alive) return;
+                   if (!caches_.count(key)) {
+                     EndPull(key);  // deleted meanwhile
+                     return;
+                   }
                    if (r.Ok()) {
                      try {
                        const std::string data = Text(r.object, {"data", ".dockerconfigjson"});
@@ -462,11 +485,16 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
     return;
   }
   context_.Log().info("cache {}: pulling {}", key, ref.ToString());
+  // The status says Pulling once, as the pull starts (not per chunk): a pull that hangs is
+  // seen as one, until its deadline.
+  c.message = "pulling " + ref.ToString();
+  WriteStatus(key);
   // The layers are extracted into work/cache as they stream; work/cache is installed only
   // after every byte was checked.
   const auto started = std::chrono::steady_clock::now();
   puller_->Pull(
-      PullRequest{ref, resolved, std::move(credentials), work, work + "/cache", config_.max_cache_bytes},
+      PullRequest{ref, resolved, std::move(credentials), work, work + "/cache", config_.max_cache_bytes,
+                  config_.pull_timeout},
       [this, key, work, image, started, alive = lifetime_.Watch()](PullResult r) {
         if (!alive) return;
         bytes_pulled_->Inc(static_cast<double>(r.bytes_pulled));
@@ -474,8 +502,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
         if (it == caches_.end() || it->second.image != image) {
           // Deleted or changed while pulling: drop what came.
           context_.Pool().Execute([work] { RemoveTree(work); });
-          pulling_ = false;
-          PumpQueue();
+          EndPull(key);
           return;
         }
         if (!r.Ok()) {
@@ -515,8 +542,11 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
                   MarkInstalledDigest(final_dir, digest);
                 } else {
                   // Nothing here can use it: it is not kept (seed 002), and an older copy goes too.
-                  out.reason = gpus.empty() ? "NoGpus" : "Incompatible";
-                  out.message = gpus.empty() ? "no GPU on this node" : "no GPU on this node can use the cache";
+                  // The reason is the GPUs' (ArchitectureMismatch, …): the roll-up keys by it.
+                  const auto why = IncompatibleReason(out.verdicts);
+                  out.incompatible = true;
+                  out.reason = why.reason;
+                  out.message = why.message;
                   RemoveTree(final_dir);
                 }
               } catch (const PullError& e) {
@@ -539,8 +569,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
               extract_seconds_->Observe(out.seconds);
               auto it = caches_.find(key);
               if (it == caches_.end()) {
-                pulling_ = false;
-                PumpQueue();
+                EndPull(key);
                 return;
               }
               if (out.kept_for > 0 && out.reason.empty()) {
@@ -568,8 +597,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
               if (out.reason.empty()) {
                 Finish(key, image, digest, "Ready", "", "");
               } else {
-                const bool incompatible = out.reason == "Incompatible" || out.reason == "NoGpus";
-                Finish(key, image, digest, incompatible ? "Incompatible" : "Failed", out.reason, out.message);
+                Finish(key, image, digest, out.incompatible ? "Incompatible" : "Failed", out.reason, out.message);
               }
             });
       });
@@ -577,7 +605,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
 
 void GkmAgentModule::Finish(const std::string& key, const std::string& image, const std::string& digest,
                             std::string state, std::string reason, std::string message) {
-  pulling_ = false;
+  pulling_.erase(key);
   auto it = caches_.find(key);
   if (it != caches_.end() && it->second.image == image) {
     Cache& c = it->second;
@@ -586,14 +614,20 @@ void GkmAgentModule::Finish(const std::string& key, const std::string& image, co
     c.message = std::move(message);
     c.digest = digest;
     if (c.state == "Failed") {
-      context_.Log().warn("cache {}: {}: {}", key, c.reason, c.message);
-      // Whatever failed (registry down, secret missing, bad image) may be fixed later.
+      // Whatever failed (registry down, secret missing, bad image, a pull past its deadline)
+      // may be fixed later: tried again with backoff.
+      if (!c.retry_backoff) {
+        c.retry_backoff.emplace(BackoffPolicy{config_.retry_interval, config_.retry_interval * kMaxRetryFactor, 2.0, 0.5});
+      }
+      const auto delay = c.retry_backoff->Next();
+      context_.Log().warn("cache {}: {}: {} (tried again in {} s)", key, c.reason, c.message, delay.count() / 1000);
       if (!c.retry) c.retry = std::make_unique<boost::asio::steady_timer>(context_.GetLoop().Io());
-      c.retry->expires_after(config_.retry_interval);
+      c.retry->expires_after(delay);
       c.retry->async_wait(lifetime_.Guard([this, key](const boost::system::error_code& ec) {
         if (!ec) Enqueue(key);
       }));
     } else {
+      if (c.retry_backoff) c.retry_backoff->Reset();
       context_.Log().info("cache {}: {}{}", key, c.state, c.reason.empty() ? "" : " (" + c.reason + ")");
     }
     if (c.state == "Ready") {

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -52,7 +53,15 @@ class GkmAgentModule final : public Module {
     uint64_t max_cache_bytes = 16ull << 30;
     std::chrono::milliseconds request_timeout{30000};
     int max_attempts = 4;
-    std::chrono::milliseconds retry_interval{300000};  // a failed pull is tried again after this
+    // A failed pull is tried again after about this (drawn from [½, 1]×), doubling for each
+    // failure in a row up to kMaxRetryFactor× (a success starts again from here).
+    std::chrono::milliseconds retry_interval{300000};
+    // Pulls under way at once (each its own connection, extraction job and staging directory):
+    // a registry that never answers holds back only its own caches.
+    int max_concurrent_pulls = 2;
+    // The whole pull of one image (every request and retry): past it, it fails with
+    // DeadlineExceeded and is retried like any failed pull.
+    std::chrono::milliseconds pull_timeout{1800000};
     std::string architecture = "amd64";                // which manifest of an image index
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
@@ -64,6 +73,7 @@ class GkmAgentModule final : public Module {
   void Stop(std::function<void()> done) override;
 
   // One cache as this node sees it (also shown in /debug/state through the metrics).
+  static constexpr int kMaxRetryFactor = 8;
   static constexpr BackoffPolicy kStatusRetry{std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), 2.0, 0.5};
 
   struct Cache {
@@ -80,6 +90,7 @@ class GkmAgentModule final : public Module {
     std::vector<GpuVerdict> verdicts;
     std::string written;  // the status last applied (without timestamps)
     std::unique_ptr<boost::asio::steady_timer> retry;
+    std::optional<Backoff> retry_backoff;  // failed pulls in a row (made with the first failure)
     // A status write that failed is written again after this backoff (or the server's
     // Retry-After); reset by a write that lands.
     std::unique_ptr<boost::asio::steady_timer> status_retry;
@@ -110,6 +121,8 @@ class GkmAgentModule final : public Module {
   // At a (re)start, a cache whose installed copy already has the digest the object names is
   // checked again on disk instead of pulled (a pull would replace the directory under its pods).
   void Pull(const std::string& key);
+  // The pull of `key` is over, whatever its outcome: its slot goes to the next in the queue.
+  void EndPull(const std::string& key);
   void PullFromRegistry(const std::string& key);
   void PullWithCredentials(const std::string& key, std::optional<Credentials> credentials);
   void Finish(const std::string& key, const std::string& image, const std::string& digest, std::string state,
@@ -158,7 +171,7 @@ class GkmAgentModule final : public Module {
   };
   std::map<std::string, Draining> draining_;  // deleted caches still mounted by pods
   std::optional<CacheStates> published_;
-  bool pulling_ = false;
+  std::set<std::string> pulling_;  // caches whose pull is under way (at most maxConcurrentPulls)
   bool sweep_started_ = false;
   bool swept_ = false;  // no pull before the start's sweep is done
   Gate lifetime_;

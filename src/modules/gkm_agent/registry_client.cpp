@@ -44,13 +44,28 @@ namespace {
 constexpr auto kAwait = asio::use_awaitable;
 constexpr int kMaxRedirects = 5;
 
+// Why one pull was stopped before its end (its deadline); empty while it may run on.
+struct Halt {
+  std::string reason;
+  std::string message;
+};
+
 struct Conn {
   Conn(asio::io_context& io, std::shared_ptr<ssl::context> ctx) : context(std::move(ctx)), stream(io, *context) {}
   std::shared_ptr<ssl::context> context;  // outlives the stream (declared first)
   beast::ssl_stream<beast::tcp_stream> stream;
   beast::flat_buffer buffer;
   std::string host_header;
+  const Halt* owner = nullptr;  // the pull using it (none while idle): closed when that pull is halted
 };
+
+// "1500 ms", "30 s", "30 min": a limit as an operator wrote it.
+std::string LimitText(std::chrono::milliseconds limit) {
+  const auto ms = limit.count();
+  if (ms % 60000 == 0) return std::to_string(ms / 60000) + " min";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms) + " ms";
+}
 
 void CloseConn(Conn& conn) {
   beast::error_code ec;
@@ -194,6 +209,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     // whether it has flushed (else a pull that ends stops it and waits for it).
     std::unique_ptr<StreamingExtraction> extraction;
     bool extracted = false;
+    // Set when the pull is halted (its deadline): shared with the token request it makes.
+    std::shared_ptr<Halt> halt = std::make_shared<Halt>();
   };
 
   // An answered request whose body has not been read yet.
@@ -206,6 +223,9 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
 
   Impl(Loop& loop, BlockingPool& pool, std::shared_ptr<spdlog::logger> log, RegistryOptions options)
       : loop_(loop), pool_(pool), log_(std::move(log)), options_(std::move(options)) {
+    if (options_.extraction_threads > 0) {
+      extraction_pool_ = std::make_unique<BlockingPool>(loop_, options_.extraction_threads);
+    }
     // A registry CA that does not parse (or no CA at all) is an error now, not at the first pull.
     if (!options_.ca_pem.empty() || !options_.system_roots) MakeContext(false);
   }
@@ -251,9 +271,9 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     co_return result.failure;
   }
 
-  asio::awaitable<void> Sleep(std::chrono::milliseconds d) {
+  asio::awaitable<void> Sleep(const Job& job, std::chrono::milliseconds d) {
     asio::steady_timer timer(loop_.Io());
-    timers_.insert(&timer);
+    timers_.emplace(&timer, job.halt.get());
     timer.expires_after(d);
     beast::error_code ec;
     co_await timer.async_wait(asio::redirect_error(kAwait, ec));
@@ -262,22 +282,46 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
 
   // --- connections
 
-  asio::awaitable<std::unique_ptr<Conn>> Connect(const https::Url& url, beast::error_code& ec) {
+  // Whether `job` must end now (the client stopped, or the pull was halted), and the error it
+  // ends with.
+  bool Halted(const Job& job) const { return stopped_ || !job.halt->reason.empty(); }
+  [[noreturn]] void ThrowHalted(const Job& job) const {
+    if (!job.halt->reason.empty()) throw PullError(job.halt->reason, job.halt->message);
+    throw PullError("Stopped", "client stopped");
+  }
+
+  // Stops one pull: closes the connections it uses, wakes its retry sleeps, aborts its
+  // extraction. Its coroutine then fails at its next step with `reason`.
+  void HaltJob(Job& job, std::string reason, std::string message) {
+    if (!job.halt->reason.empty()) return;
+    job.halt->reason = std::move(reason);
+    job.halt->message = std::move(message);
+    for (auto* conn : active_) {
+      if (conn->owner == job.halt.get()) CloseConn(*conn);
+    }
+    for (auto& [timer, owner] : timers_) {
+      if (owner == job.halt.get()) timer->cancel();
+    }
+    if (job.extraction) job.extraction->Abort({});
+  }
+
+  asio::awaitable<std::unique_ptr<Conn>> Connect(const Job& job, const https::Url& url, beast::error_code& ec) {
     tcp::resolver resolver(loop_.Io());
     auto endpoints = co_await resolver.async_resolve(url.host, url.port, asio::redirect_error(kAwait, ec));
-    if (ec || stopped_) co_return nullptr;
+    if (ec || Halted(job)) co_return nullptr;
     auto conn = std::make_unique<Conn>(loop_.Io(), Context());
     conn->host_header = url.host_header;
+    conn->owner = job.halt.get();
     active_.insert(conn.get());
     auto& lowest = beast::get_lowest_layer(conn->stream);
     lowest.expires_after(options_.request_timeout);
     co_await lowest.async_connect(endpoints, asio::redirect_error(kAwait, ec));
-    if (!ec && !stopped_) {
+    if (!ec && !Halted(job)) {
       https::PrepareStream(conn->stream, url);
       co_await conn->stream.async_handshake(ssl::stream_base::client, asio::redirect_error(kAwait, ec));
     }
     active_.erase(conn.get());
-    if (stopped_ && !ec) ec = asio::error::operation_aborted;
+    if (Halted(job) && !ec) ec = asio::error::operation_aborted;
     if (ec) co_return nullptr;
     co_return conn;
   }
@@ -285,6 +329,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
   void Release(std::unique_ptr<Conn> conn, const Parser& parser) {
     if (!conn) return;
     active_.erase(conn.get());
+    conn->owner = nullptr;
     if (stopped_ || !parser.is_done() || !parser.keep_alive() || idle_.size() >= 8) {
       CloseConn(*conn);
       return;
@@ -309,6 +354,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
       beast::error_code ec;
       for (int fresh = 0; fresh < 2; ++fresh) {
         ec = {};
+        if (Halted(job)) ThrowHalted(job);
         bool reused = false;
         for (auto it = idle_.begin(); it != idle_.end(); ++it) {
           if ((*it)->host_header == url.host_header) {
@@ -318,9 +364,13 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
             break;
           }
         }
-        if (!ex.conn) ex.conn = co_await Connect(url, ec);
-        if (stopped_) throw PullError("Stopped", "client stopped");
+        if (!ex.conn) ex.conn = co_await Connect(job, url, ec);
+        if (Halted(job)) {
+          Drop(std::move(ex.conn));
+          ThrowHalted(job);
+        }
         if (!ex.conn) throw Transient("connect to " + url.host_header + ": " + https::Describe(ec));
+        ex.conn->owner = job.halt.get();
         active_.insert(ex.conn.get());
         http::request<http::empty_body> req{http::verb::get, url.target, 11};
         req.set(http::field::host, url.host_header);
@@ -337,9 +387,9 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         ex.parser->body_limit(std::numeric_limits<std::uint64_t>::max());
         ex.parser->header_limit(64 * 1024);
         if (!ec) co_await http::async_read_header(ex.conn->stream, ex.conn->buffer, *ex.parser, asio::redirect_error(kAwait, ec));
-        if (stopped_) {
+        if (Halted(job)) {
           Drop(std::move(ex.conn));
-          throw PullError("Stopped", "client stopped");
+          ThrowHalted(job);
         }
         if (!ec) break;
         const bool got_some = ex.parser->got_some();
@@ -434,7 +484,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     if (creds && !creds->username.empty()) {
       headers.emplace_back(http::field::authorization, "Basic " + Base64(creds->username + ":" + creds->password));
     }
-    Job token_job{job.request, nullptr, {}, https::Url::Parse(url), {}, nullptr, false};
+    Job token_job{job.request, nullptr, {}, https::Url::Parse(url), {}, nullptr, false, job.halt};
     auto ex = co_await Open(token_job, url, headers, false);
     std::string body;
     beast::error_code ec;
@@ -493,7 +543,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         co_await step();
         co_return;
       } catch (const Transient& e) {
-        if (stopped_) throw PullError("Stopped", "client stopped");
+        if (Halted(job)) ThrowHalted(job);
         if (attempt >= options_.max_attempts) {
           throw PullError("RegistryUnavailable",
                           what + " failed after " + std::to_string(attempt) + " attempts: " + e.what());
@@ -501,7 +551,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         log_->warn("{}: {} (attempt {} of {}); retrying in {} ms", job.request.image.ToString(), e.what(), attempt,
                    options_.max_attempts, delay.count());
       }
-      co_await Sleep(delay);
+      co_await Sleep(job, delay);
+      if (Halted(job)) ThrowHalted(job);
       delay *= 2;
     }
   }
@@ -584,7 +635,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
         co_await http::async_read(ex.conn->stream, ex.conn->buffer, parser, asio::redirect_error(kAwait, ec));
         if (ec == http::error::need_buffer) ec = {};
         std::size_t n = buf.size() - parser.get().body().size;
-        if (stopped_) throw PullError("Stopped", "client stopped");
+        if (Halted(job)) ThrowHalted(job);
         std::size_t from = 0;
         if (skip > 0 && n > 0) {
           from = static_cast<std::size_t>(std::min<uint64_t>(skip, n));
@@ -724,16 +775,52 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     }
   }
 
-  static asio::awaitable<void> Run(std::shared_ptr<Impl> self, std::shared_ptr<Job> job) {
-    ++self->running_;
+  // The pull's run to its end; its failure as a value, also handed to `ended`.
+  static asio::awaitable<bool> Attempt(std::shared_ptr<Impl> self, std::shared_ptr<Job> job,
+                                       std::shared_ptr<Pending<std::exception_ptr>> ended) {
+    std::exception_ptr failure;
     try {
       co_await self->RunJob(*job);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    ended->Complete(failure);
+    co_return true;
+  }
+
+  static asio::awaitable<void> Run(std::shared_ptr<Impl> self, std::shared_ptr<Job> job) {
+    ++self->running_;
+    auto ended = std::make_shared<Pending<std::exception_ptr>>(self->loop_.Io());
+    auto attempt = Attempt(self, job, ended);
+    if (job->request.deadline.count() > 0) {
+      // The whole pull against its deadline (loop/awaitables.hpp). At the deadline the pull is
+      // halted (its sockets closed), and its run is awaited to its end all the same: the
+      // extraction must have stopped writing before the caller removes the directory.
+      Timed<bool> timed = co_await WithDeadline(self->loop_.Io(), job->request.deadline, std::move(attempt));
+      if (timed.timed_out) {
+        self->HaltJob(*job, "DeadlineExceeded",
+                   "pull of " + job->request.image.ToString() + " from registry " + job->request.image.Host() +
+                       " did not finish within its deadline of " + LimitText(job->request.deadline) +
+                       " (pullTimeout)");
+      }
+    } else {
+      co_await std::move(attempt);
+    }
+    std::exception_ptr failure = co_await Pending<std::exception_ptr>::Wait(ended);
+    try {
+      if (failure) std::rethrow_exception(failure);
     } catch (const PullError& e) {
       job->result.reason = e.reason;
       job->result.error = e.what();
     } catch (const std::exception& e) {
       job->result.reason = "RegistryError";
       job->result.error = e.what();
+    }
+    if (!job->result.Ok() && !job->halt->reason.empty()) {
+      // Whatever the halted run failed with (a closed socket, a stopped extraction), the
+      // reason is the halt's.
+      job->result.reason = job->halt->reason;
+      job->result.error = job->halt->message;
     }
     if (job->extraction) {
       // A pull that did not flush its tree stops the extraction and waits until it writes no
@@ -806,7 +893,8 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
       }
     }
     if (!req.extract_to.empty()) {
-      job.extraction = std::make_unique<StreamingExtraction>(loop_, pool_, req.extract_to, req.max_extract_bytes);
+      job.extraction = std::make_unique<StreamingExtraction>(loop_, extraction_pool_ ? *extraction_pool_ : pool_,
+                                                             req.extract_to, req.max_extract_bytes);
       extractions_.insert(job.extraction.get());
     }
     for (std::size_t i = 0; i < manifest.layers.size(); ++i) {
@@ -829,7 +917,7 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
     for (auto& conn : idle_) CloseConn(*conn);
     idle_.clear();
     for (auto* conn : active_) CloseConn(*conn);
-    for (auto* timer : timers_) timer->cancel();
+    for (auto& [timer, owner] : timers_) timer->cancel();
     for (auto* extraction : extractions_) extraction->Abort({});
   }
 
@@ -837,11 +925,14 @@ class RegistryClient::Impl : public std::enable_shared_from_this<RegistryClient:
   BlockingPool& pool_;
   std::shared_ptr<spdlog::logger> log_;
   RegistryOptions options_;
+  // The extractions' own threads (options_.extraction_threads): held by this Impl, which every
+  // pull's coroutine keeps alive, so no extraction outlives them.
+  std::unique_ptr<BlockingPool> extraction_pool_;
   std::weak_ptr<ssl::context> ctx_;  // see Context()
   int running_ = 0;                  // pulls in progress
   std::vector<std::unique_ptr<Conn>> idle_;
   std::set<Conn*> active_;
-  std::set<asio::steady_timer*> timers_;
+  std::map<asio::steady_timer*, const Halt*> timers_;  // retry sleeps, by the pull they belong to
   std::set<StreamingExtraction*> extractions_;
   bool stopped_ = false;
 };

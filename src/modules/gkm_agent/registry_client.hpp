@@ -39,6 +39,10 @@ struct RegistryOptions {
   std::string os = "linux";
   std::string architecture = "amd64";
   std::string user_agent = "gpu-node-supervisor";
+  // > 0: the client's own threads for the extractions that follow pulls (each holds a thread
+  // while its pull streams), so that concurrent pulls never take the shared blocking pool's
+  // threads from other work; size it to the pulls that may run at once. 0: the given pool.
+  std::size_t extraction_threads = 0;
 };
 
 struct PullRequest {
@@ -51,6 +55,10 @@ struct PullRequest {
   // extracted tree, flushed. Its files count against `max_extract_bytes`.
   std::string extract_to;
   uint64_t max_extract_bytes = 0;
+  // The whole pull, every request and retry included (0: none). A pull still running then is
+  // stopped (its connections closed, its extraction aborted) and ends with reason
+  // "DeadlineExceeded", naming the registry and the limit.
+  std::chrono::milliseconds deadline{0};
 };
 
 struct PullResult {

@@ -13,12 +13,17 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
 #include <functional>
 #include <set>
+#include <system_error>
 
 namespace gns::gkm {
 namespace {
@@ -26,6 +31,33 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 namespace fs = std::filesystem;
+
+// A registry that never answers: a TCP listener the test never accepts on. The kernel completes
+// each connection (the backlog), so a client connects and then waits for a TLS answer that
+// never comes.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd_, 16) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      throw std::system_error(errno, std::generic_category(), "silent listener");
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~SilentListener() { ::close(fd_); }
+  SilentListener(const SilentListener&) = delete;
+  SilentListener& operator=(const SilentListener&) = delete;
+  std::string Host() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
 
 constexpr const char* kCaches = "/apis/gkm.io/v1alpha1/namespaces/ml/gkmcaches";
 constexpr const char* kClusterCaches = "/apis/gkm.io/v1alpha1/clustergkmcaches";
@@ -335,16 +367,71 @@ TEST_F(GkmAgentTest, AStatusWriteThatFailsIsWrittenAgainWithoutAnotherChange) {
   EXPECT_EQ(entry["compatibleGPUs"], json::parse(R"([{"ids":[0]}])"));
 }
 
+TEST_F(GkmAgentTest, ARegistryThatNeverAnswersHoldsBackOnlyItsOwnCacheUntilItsDeadline) {
+  const auto pushed = registry_->Push("caches/good", "v1", {"--triton", "90"});
+  SilentListener silent;
+  config_.request_timeout = milliseconds(120000);  // one request alone would wait far longer
+  config_.pull_timeout = milliseconds(8000);
+  config_.max_concurrent_pulls = 2;
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  // The silent one first: pulled one at a time, the good cache would wait behind it.
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("stuck", silent.Host() + "/caches/stuck:v1").dump()).status, 201);
+  const auto posted = std::chrono::steady_clock::now();
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("good", registry_->Host() + "/caches/good:v1").dump()).status, 201);
+
+  // Its status says Pulling while the pull hangs; the good cache becomes Ready meanwhile.
+  auto stuck = WaitForState(kNodes, "stuck", "Pulling");
+  EXPECT_NE(stuck["message"].get<std::string>().find(silent.Host()), std::string::npos) << stuck.dump();
+  const auto pulling_version =
+      server_->Call("GET", std::string(kNodes) + "/" + StatusName("stuck")).Json()["metadata"]["resourceVersion"];
+  auto good = WaitForState(kNodes, "good", "Ready");
+  EXPECT_EQ(good["digest"], pushed["manifest"]);
+  auto now_stuck = server_->Call("GET", std::string(kNodes) + "/" + StatusName("stuck")).Json();
+  EXPECT_EQ(now_stuck["status"]["caches"]["stuck"]["state"], "Pulling") << "the good cache waited for the stuck one";
+  // Written once as the pull started, not again while it waits.
+  EXPECT_EQ(now_stuck["metadata"]["resourceVersion"], pulling_version);
+
+  // At its deadline it fails, saying which registry and which limit; not before.
+  auto failed = WaitForState(kNodes, "stuck", "Failed");
+  const auto took = std::chrono::steady_clock::now() - posted;
+  EXPECT_GE(took, milliseconds(8000));
+  EXPECT_LT(took, milliseconds(60000));  // the request timeout (120 s) did not end it
+  EXPECT_EQ(failed["reason"], "DeadlineExceeded") << failed.dump();
+  const std::string message = failed["message"];
+  EXPECT_NE(message.find("registry " + silent.Host()), std::string::npos) << message;
+  EXPECT_NE(message.find("8 s"), std::string::npos) << message;
+  // Nothing of the stopped pull is left behind (removed on the pool).
+  EXPECT_TRUE(h_.RunUntil([&] { return Entries(root_ / "caches") == std::vector<std::string>{".layout", "namespaced"}; }))
+      << "left: " << ::testing::PrintToString(Entries(root_ / "caches"));
+  EXPECT_EQ(Entries(root_ / "caches/namespaced/ml"), std::vector<std::string>{"good"});
+}
+
 TEST_F(GkmAgentTest, ACacheNoGpuCanUseIsReportedAndNotKept) {
   registry_->Push("caches/turing", "v1", {"--triton", "75", "--index"});
   StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
   ASSERT_EQ(server_->Call("POST", kClusterCaches, Cache("turing", registry_->Host() + "/caches/turing:v1", true).dump()).status,
             201);
   auto entry = WaitForState(kClusterNodes, "turing", "Incompatible");
-  EXPECT_EQ(entry["reason"], "Incompatible");
+  // The cache-level reason is the GPUs' (what the cluster roll-up keys failed nodes by).
+  EXPECT_EQ(entry["reason"], "ArchitectureMismatch");
+  EXPECT_NE(entry["message"].get<std::string>().find("GPU 0 (NVIDIA H200) is sm_90"), std::string::npos)
+      << entry["message"];
   EXPECT_EQ(entry["incompatibleGPUs"][0]["message"],
             "kernels built for sm_75, GPU 0 (NVIDIA H200) is sm_90 (compute capability 9.0)");
   EXPECT_FALSE(fs::exists(root_ / "caches/cluster/turing"));
+}
+
+TEST_F(GkmAgentTest, ACacheLevelReasonIsTheReasonOfMostGpus) {
+  // sm_90 kernels with PTX 8.5 (CUDA 12.5): the driver's CUDA 12.4 is too old for the two
+  // H200s, and the L40S (sm_89) has no kernels at all.
+  registry_->Push("caches/newptx", "v1", {"--triton", "90", "--ptx", "85"});
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0), Gpu(1, "NVIDIA H200", 9, 0), Gpu(2, "NVIDIA L40S", 8, 9)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("newptx", registry_->Host() + "/caches/newptx:v1").dump()).status, 201);
+  auto entry = WaitForState(kNodes, "newptx", "Incompatible");
+  EXPECT_EQ(entry["reason"], "DriverTooOld") << entry.dump();
+  const std::string message = entry["message"];
+  EXPECT_NE(message.find("need CUDA 12.5"), std::string::npos) << message;
+  EXPECT_NE(message.find("GPU 2 (NVIDIA L40S) is sm_89"), std::string::npos) << message;
 }
 
 TEST_F(GkmAgentTest, ANodeWithoutGpusKeepsNothing) {

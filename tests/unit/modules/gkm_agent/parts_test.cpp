@@ -294,6 +294,24 @@ TEST(CompatTest, JudgesEachGpu) {
   EXPECT_EQ(v[0].reason, "BackendMismatch");
 }
 
+TEST(CompatTest, ACacheLevelReasonIsTheReasonOfMostGpus) {
+  std::vector<GpuVerdict> v{{0, false, "DriverTooOld", "kernels for sm_90 need CUDA 12.5"},
+                            {1, false, "ArchitectureMismatch", "GPU 1 is sm_89"},
+                            {2, false, "ArchitectureMismatch", "GPU 2 is sm_89"},
+                            {3, true, "", ""}};
+  auto why = IncompatibleReason(v);
+  EXPECT_EQ(why.reason, "ArchitectureMismatch");
+  EXPECT_NE(why.message.find("need CUDA 12.5"), std::string::npos) << why.message;
+  EXPECT_NE(why.message.find("GPU 2 is sm_89"), std::string::npos) << why.message;
+  // A tie goes to the first by name, whatever the GPUs' order.
+  v.pop_back();
+  v.pop_back();
+  EXPECT_EQ(IncompatibleReason(v).reason, "ArchitectureMismatch");
+  std::swap(v[0], v[1]);
+  EXPECT_EQ(IncompatibleReason(v).reason, "ArchitectureMismatch");
+  EXPECT_EQ(IncompatibleReason({}).reason, "NoGpus");
+}
+
 TEST(CompatTest, MapsPtxToCuda) {
   EXPECT_EQ(CudaVersionForPtx(84), 12040);
   EXPECT_EQ(CudaVersionForPtx(78), 11080);

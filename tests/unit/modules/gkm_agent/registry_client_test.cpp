@@ -311,6 +311,37 @@ TEST_F(RegistryClientTest, ABrokenTransferResumesIntoTheExtractionOrStartsOverWh
   EXPECT_EQ(std::filesystem::file_size(Tree() / "blob/random.bin"), 400000u);
 }
 
+TEST_F(RegistryClientTest, APullPastItsDeadlineIsHaltedAloneMidLayer) {
+  registry_->Push("caches/slow", "v1", {"--triton", "90", "--random-bytes", "400000"});
+  const auto good = registry_->Push("caches/beside", "v1", {"--triton", "90"});
+  TestProxy proxy(*registry_, {"--stall-blob-after", "150000"});
+  options_.chunk_bytes = 16 * 1024;
+  options_.request_timeout = std::chrono::milliseconds(120000);  // a stalled read alone would wait this long
+  RegistryClient client(h_.loop, h_.pool, Logger(), options_);
+  std::optional<PullResult> stalled, beside;
+  PullRequest slow{ImageRef::Parse(proxy.Host() + "/caches/slow:v1"), {}, std::nullopt, work_.string(),
+                   Tree().string(), 1ull << 30};
+  slow.deadline = std::chrono::milliseconds(3000);
+  const auto started = std::chrono::steady_clock::now();
+  client.Pull(std::move(slow), [&](PullResult r) { stalled = std::move(r); });
+  // Another pull on the same client, beside it, is not touched by its halt.
+  client.Pull(PullRequest{ImageRef::Parse(registry_->Host() + "/caches/beside:v1"), {}, std::nullopt, work_.string(),
+                          (work_ / "beside").string(), 1ull << 30, std::chrono::milliseconds(60000)},
+              [&](PullResult r) { beside = std::move(r); });
+  ASSERT_TRUE(h_.RunUntil([&] { return stalled.has_value() && beside.has_value(); }, std::chrono::seconds(60)));
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(stalled->reason, "DeadlineExceeded") << stalled->error;
+  EXPECT_NE(stalled->error.find("from registry " + proxy.Host()), std::string::npos) << stalled->error;
+  EXPECT_NE(stalled->error.find("deadline of 3 s"), std::string::npos) << stalled->error;
+  EXPECT_GE(took, std::chrono::milliseconds(3000));
+  EXPECT_LT(took, std::chrono::seconds(30));
+  ASSERT_TRUE(beside->Ok()) << beside->reason << ": " << beside->error;
+  EXPECT_EQ(beside->digest, good["manifest"]);
+  // The halted extraction writes no more: what it left can be removed for good.
+  std::filesystem::remove_all(Tree());
+  EXPECT_FALSE(h_.RunUntil([&] { return std::filesystem::exists(Tree()); }, std::chrono::milliseconds(500)));
+}
+
 TEST_F(RegistryClientTest, StoppingTheClientInTheMiddleOfALayerEndsTheExtraction) {
   registry_->Push("caches/stalled", "v1", {"--triton", "90", "--random-bytes", "400000"});
   TestProxy proxy(*registry_, {"--stall-blob-after", "150000"});
