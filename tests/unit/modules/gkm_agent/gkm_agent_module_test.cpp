@@ -9,6 +9,7 @@
 #include "modules/gkm_agent/messages.hpp"
 #include "registry_fixture.hpp"
 #include "support/held_pool.hpp"
+#include "support/quiet_logger.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
 
 #include <boost/asio/steady_timer.hpp>
@@ -106,7 +107,7 @@ class GkmAgentTest : public kube::test::KubeTestBase {
     kube::InformerOptions options;
     options.backoff = BackoffPolicy{milliseconds(50), milliseconds(500), 2.0, 0.5};
     informers_ = std::make_shared<kube::InformerRegistry>(client, h_.bus, h_.loop.Io(), h_.metrics,
-                                                          kube::test::TestLogger(), options);
+                                                          gns::test::QuietLogger("kube-test"), options);
     h_.services.Provide<kube::KubeClient>(client);
     h_.services.Provide<kube::InformerRegistry>(informers_);
     gpu_inventory::GpuInventory inv;

@@ -4,6 +4,7 @@
 // fails, and is not written again when nothing it shows changed.
 #include "modules/gkm_controller/gkm_controller_module.hpp"
 #include "modules/gkm_controller/rollup.hpp"
+#include "support/quiet_logger.hpp"
 #include "unit/modules/kube/kube_test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -75,7 +76,7 @@ class GkmControllerTest : public kube::test::KubeTestBase {
     kube::InformerOptions options;
     options.backoff = BackoffPolicy{milliseconds(50), milliseconds(500), 2.0, 0.5};
     informers_ = std::make_shared<kube::InformerRegistry>(client, h_.bus, h_.loop.Io(), h_.metrics,
-                                                          kube::test::TestLogger(), options);
+                                                          gns::test::QuietLogger("kube-test"), options);
     h_.services.Provide<kube::KubeClient>(client);
     h_.services.Provide<kube::InformerRegistry>(informers_);
     GkmControllerModule::Config config;
