@@ -7,11 +7,14 @@
 # GNS_IDLE_MODULES=shipped: only the modules the shipped ConfigMap (deploy/configmap.yaml)
 # enables; targets (issue #23): loop thread <= 0.5 wake-ups/s, all threads <= 3/s. Threads of
 # the supervisor's child processes (the NVML event waiter) count too.
+# The window is 2 minutes so that every periodic source at rest is in it: the polled checks run
+# every 30-60 s and the API server sends each watch a BOOKMARK about once a minute (a 30 s window
+# that began 10 s after ready never saw a bookmark: the figures before this change left them out).
 #   tools/idle-bench.sh [BUILD_DIR] [SETTLE_S] [WINDOW_S]
 set -euo pipefail
 build_dir=${1:-build/release}
 settle_s=${2:-10}
-window_s=${3:-30}
+window_s=${3:-120}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 # run-local.sh starts the binary by its absolute path: look for it by the same name.

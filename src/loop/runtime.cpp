@@ -3,6 +3,7 @@
 
 #include "loop/atomic_file.hpp"
 #include "loop/logging.hpp"
+#include "loop/wake_grid.hpp"
 
 #include <sys/stat.h>
 
@@ -203,14 +204,16 @@ void Runtime::BeginStop(const char* why) {
 
 void Runtime::Heartbeat() {
   const auto now = clock_.Now();
-  if (heartbeat_->last_tick_ != Clock::SteadyTime{}) {
-    const auto expected = heartbeat_->last_tick_ + config_.runtime.heartbeat_interval;
-    const auto lag = std::chrono::duration_cast<std::chrono::microseconds>(now - expected);
+  if (heartbeat_->next_tick_ != Clock::SteadyTime{}) {
+    const auto lag = std::chrono::duration_cast<std::chrono::microseconds>(now - heartbeat_->next_tick_);
     heartbeat_->last_lag_ = std::max(lag, std::chrono::microseconds(0));
     heartbeat_->max_lag_ = std::max(heartbeat_->max_lag_, heartbeat_->last_lag_);
   }
   heartbeat_->last_tick_ = now;
-  heartbeat_timer_.expires_after(config_.runtime.heartbeat_interval);
+  // On the wake grid: the lease renewal, the polled checks and gpu-inventory's refresh snap to the
+  // same points, so at rest they share this wake-up instead of each taking one.
+  heartbeat_->next_tick_ = SnapToWakeGrid(now + config_.runtime.heartbeat_interval, config_.runtime.heartbeat_interval);
+  heartbeat_timer_.expires_after(heartbeat_->next_tick_ - now);
   heartbeat_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Heartbeat();
   });

@@ -42,13 +42,15 @@ class LoopHeartbeat {
   std::chrono::microseconds LastLag() const { return last_lag_; }
   std::chrono::microseconds MaxLag() const { return max_lag_; }
   Clock::WallTime StartedAt() const { return started_at_; }
-  // How often it ticks: LastTick() is up to this old on a loop that turns.
+  // How often it ticks: LastTick() is up to this old on a loop that turns (the first tick, which
+  // moves onto the wake grid, up to half an interval more: src/loop/wake_grid.hpp).
   std::chrono::milliseconds Interval() const { return interval_; }
 
  private:
   friend class Runtime;
   std::chrono::milliseconds interval_{0};
   Clock::SteadyTime last_tick_{};
+  Clock::SteadyTime next_tick_{};  // when the armed tick is due: its lag is measured from this
   std::chrono::microseconds last_lag_{0};
   std::chrono::microseconds max_lag_{0};
   Clock::WallTime started_at_{};

@@ -1,6 +1,8 @@
 // The polled checks together (see health_checks.hpp).
 #include "modules/gpu_health/health_checks.hpp"
 
+#include "loop/wake_grid.hpp"
+
 #include <algorithm>
 
 namespace gns::gpu_health {
@@ -10,11 +12,17 @@ std::string_view GroupName(std::size_t index) noexcept {
   return index < kNames.size() ? kNames[index] : "unknown";
 }
 
+// A group's next pass: its interval after the last, on the loop's wake grid for intervals of at
+// least a grid (the defaults, 30-60 s), so that at rest a pass shares the heartbeat's wake-up.
+CheckSchedule::Time CheckSchedule::DueAt(std::size_t group) const {
+  return SnapToWakeGrid(*last_[group] + intervals_[group], intervals_[group]);
+}
+
 uint32_t CheckSchedule::Due(Time now) const {
   uint32_t due = 0;
   for (std::size_t i = 0; i < intervals_.size(); ++i) {
     if (intervals_[i].count() <= 0) continue;
-    if (!last_[i] || *last_[i] + intervals_[i] - intervals_[i] / 10 <= now) due |= 1u << i;
+    if (!last_[i] || DueAt(i) - intervals_[i] / 10 <= now) due |= 1u << i;
   }
   return due;
 }
@@ -29,7 +37,7 @@ std::optional<CheckSchedule::Time> CheckSchedule::NextDue() const {
   std::optional<Time> next;
   for (std::size_t i = 0; i < intervals_.size(); ++i) {
     if (intervals_[i].count() <= 0) continue;
-    const Time at = last_[i] ? *last_[i] + intervals_[i] : Time::min();
+    const Time at = last_[i] ? DueAt(i) : Time::min();
     if (!next || at < *next) next = at;
   }
   return next;

@@ -61,7 +61,8 @@ class CheckSchedule {
   using Time = std::chrono::steady_clock::time_point;
   explicit CheckSchedule(const std::array<std::chrono::milliseconds, 6>& intervals) : intervals_(intervals) {}
   // Groups (HealthGroup bits) due at `now`: never run, or their interval elapsed; with them
-  // those due within a tenth of their interval.
+  // those due within a tenth of their interval. An interval of at least the loop's wake grid
+  // (src/loop/wake_grid.hpp) elapses at the grid point nearest to its end.
   [[nodiscard]] uint32_t Due(Time now) const;
   void Ran(uint32_t groups, Time now);
   // When the earliest group falls due; nullopt when every group is off.
@@ -70,6 +71,8 @@ class CheckSchedule {
   [[nodiscard]] uint32_t Enabled() const;
 
  private:
+  [[nodiscard]] Time DueAt(std::size_t group) const;  // of a group that ran
+
   std::array<std::chrono::milliseconds, 6> intervals_;
   std::array<std::optional<Time>, 6> last_{};
 };

@@ -5,6 +5,7 @@
 
 #include "loop/awaitables.hpp"
 #include "loop/exception_text.hpp"
+#include "loop/wake_grid.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -433,7 +434,9 @@ void GpuInventoryModule::CancelRetry() {
 
 void GpuInventoryModule::ScheduleRefresh() {
   const uint64_t seq = ++refresh_seq_;
-  refresh_timer_.expires_after(config_.refresh_interval);
+  // On the loop's wake grid (src/loop/wake_grid.hpp): at rest the refresh shares a wake-up.
+  const auto now = context_.GetClock().Now();
+  refresh_timer_.expires_after(SnapToWakeGrid(now + config_.refresh_interval, config_.refresh_interval) - now);
   refresh_timer_.async_wait(lifetime_.Guard([this, seq](const boost::system::error_code& ec) {
     if (ec || seq != refresh_seq_) return;
     StartRefresh();

@@ -1,6 +1,7 @@
 // The imex-health module: see imex_health_module.hpp and README.md.
 #include "modules/imex_health/imex_health_module.hpp"
 
+#include "loop/wake_grid.hpp"
 #include "modules/imex_health/path_watcher.hpp"
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/condition_writer.hpp"
@@ -341,7 +342,9 @@ void ImexHealthModule::OnDomain(DomainResult result, uint64_t generation) {
 }
 
 void ImexHealthModule::ArmDomainTimer(std::chrono::milliseconds after) {
-  domain_timer_.expires_after(after);
+  // On the loop's wake grid (src/loop/wake_grid.hpp): at rest the check shares a wake-up.
+  const auto now = context_.GetClock().Now();
+  domain_timer_.expires_after(SnapToWakeGrid(now + after, after) - now);
   domain_timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
     if (!ec) CheckDomain();
   }));

@@ -2,6 +2,7 @@
 #include "modules/kube/api/leader_election.hpp"
 
 #include "loop/awaitables.hpp"
+#include "loop/wake_grid.hpp"
 #include "modules/kube/messages.hpp"
 
 // GCC 12 at -O2 (GCC bug 109224) reports Asio's own coroutine frame new/delete pair as
@@ -113,7 +114,7 @@ asio::awaitable<void> LeaderElector::Run(Gate::Ticket ticket) {
   while (running_) {
     const std::optional<std::chrono::milliseconds> wait = co_await Round(ticket);
     if (!wait) break;
-    co_await Sleep(*wait, ticket);  // Stop cancels it
+    co_await Sleep(SnappedWait(*wait), ticket);  // Stop cancels it
   }
   run_active_ = false;
 }
@@ -239,6 +240,16 @@ Deadline LeaderElector::RequestDeadline() const {
   // leader then lost the lease on every slow PUT (compute_domain_controller_test), so that
   // change of behaviour waits for its own issue.
   return Deadline{};
+}
+
+// A steady round's wait (retryPeriod: renewed, or another holds a live lease) ends on the loop's
+// wake grid, with the heartbeat (src/loop/wake_grid.hpp): at rest a renewal then costs no timer
+// wake-up of its own. Only where retryPeriod plus half a grid stays inside renewDeadline (the
+// defaults: 10 s + 5 s < 20 s); a failed renewal's quicker retry keeps its exact wait.
+std::chrono::milliseconds LeaderElector::SnappedWait(std::chrono::milliseconds wait) const {
+  if (wait != config_.retry_period || config_.retry_period + kWakeGrid / 2 >= config_.renew_deadline) return wait;
+  const auto now = clock_.Now();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(SnapToWakeGrid(now + wait, wait) - now);
 }
 
 asio::awaitable<void> LeaderElector::Sleep(std::chrono::milliseconds delay, Gate::Ticket ticket) {

@@ -4,6 +4,7 @@
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/json_reader.hpp"
 #include "loop/https.hpp"
+#include "loop/wake_grid.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -188,7 +189,9 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   }
 
   void ArmTokenTimer() {
-    token_timer_.expires_after(config_.token_refresh);
+    // On the loop's wake grid (src/loop/wake_grid.hpp): at rest the re-read shares a wake-up.
+    const auto now = deps_.clock.Now();
+    token_timer_.expires_after(SnapToWakeGrid(now + config_.token_refresh, config_.token_refresh) - now);
     token_timer_.async_wait([weak = weak_from_this()](const beast::error_code& ec) {
       auto self = weak.lock();
       if (ec || !self || self->stopped_) return;

@@ -1,6 +1,8 @@
 // The metrics module's gpuMetrics (see gpu_metrics_exporter.hpp).
 #include "modules/metrics/gpu_metrics_exporter.hpp"
 
+#include "loop/wake_grid.hpp"
+
 #include "modules/metrics/dcgm_series.hpp"
 #include "modules/metrics/http_server.hpp"
 
@@ -103,7 +105,9 @@ void GpuMetricsExporter::RequestPass() {
 }
 
 void GpuMetricsExporter::ScheduleNext() {
-  timer_.expires_after(settings_.interval);
+  // On the loop's wake grid (src/loop/wake_grid.hpp): at rest the pass shares a wake-up.
+  const auto now = context_.GetClock().Now();
+  timer_.expires_after(SnapToWakeGrid(now + settings_.interval, settings_.interval) - now);
   timer_.async_wait(lifetime_.Guard([this](const boost::system::error_code& ec) {
     if (!ec) RequestPass();
   }));

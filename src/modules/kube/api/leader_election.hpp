@@ -81,6 +81,8 @@ class LeaderElector {
  private:
   // The elector's one coroutine, Start to Stop: rounds of acquire or renew, a wait between.
   boost::asio::awaitable<void> Run(Gate::Ticket ticket);
+  // The wait after a round, moved onto the loop's wake grid where that is safe.
+  std::chrono::milliseconds SnappedWait(std::chrono::milliseconds wait) const;
   // One round: renew the lease we hold, or read it and take it when it is free or expired.
   // Returns the wait before the next round; nullopt once Stop came during the round.
   boost::asio::awaitable<std::optional<std::chrono::milliseconds>> Round(Gate::Ticket ticket);

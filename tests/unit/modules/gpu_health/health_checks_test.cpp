@@ -561,6 +561,39 @@ TEST(CheckSchedule, OneWakeUpForTheNextGroupDueAndNeighboursRideAlong) {
   EXPECT_EQ(schedule.Due(t0 + seconds(87)), inv::kHealthFabric | inv::kHealthThermal);
 }
 
+TEST(CheckSchedule, PassesOfAGridOrLongerLandOnTheLoopsWakeGridAndShortOnesKeepTheirTime) {
+  using T = CheckSchedule::Time;
+  const T t0{std::chrono::hours(1)};  // a multiple of the 10 s grid
+  std::array<std::chrono::milliseconds, 6> intervals{seconds(60), std::chrono::milliseconds(0), seconds(30),
+                                                     std::chrono::milliseconds(0), seconds(5),
+                                                     std::chrono::milliseconds(0)};
+  CheckSchedule schedule(intervals);
+  // A pass that ran 3.7 s past a grid point (a start, an NVML event's pass).
+  const T ran = t0 + std::chrono::milliseconds(3700);
+  schedule.Ran(inv::kHealthMemory | inv::kHealthFabric, ran);
+  schedule.Ran(inv::kHealthThermal, ran);
+  EXPECT_EQ(*schedule.NextDue(), ran + seconds(5)) << "a 5 s group keeps its own time";
+  schedule.Ran(inv::kHealthThermal, ran + seconds(5));
+  schedule.Ran(inv::kHealthThermal, ran + seconds(10));
+  schedule.Ran(inv::kHealthThermal, ran + seconds(15));
+  schedule.Ran(inv::kHealthThermal, ran + seconds(20));
+  schedule.Ran(inv::kHealthThermal, ran + seconds(25));
+  // 3.7 + 30 = 33.7 s: the nearest grid point is 30 s, where the 30 s group is due.
+  EXPECT_EQ(*schedule.NextDue(), t0 + seconds(30));
+  EXPECT_EQ(schedule.Due(t0 + seconds(30)) & inv::kHealthFabric, inv::kHealthFabric);
+  EXPECT_EQ(schedule.Due(t0 + seconds(30)) & inv::kHealthMemory, 0u) << "the 60 s group is due at 60 s";
+  schedule.Ran(inv::kHealthFabric | inv::kHealthThermal, t0 + seconds(30));
+  EXPECT_EQ(*schedule.NextDue(), t0 + seconds(35)) << "the 5 s group again";
+  schedule.Ran(inv::kHealthThermal, t0 + seconds(35));
+  schedule.Ran(inv::kHealthThermal, t0 + seconds(40));
+  schedule.Ran(inv::kHealthThermal, t0 + seconds(45));
+  schedule.Ran(inv::kHealthThermal, t0 + seconds(50));
+  schedule.Ran(inv::kHealthThermal, t0 + seconds(55));
+  // 3.7 + 60 = 63.7 s -> 60 s, and the 30 s group from 30 s -> 60 s: one wake-up for both.
+  EXPECT_EQ(*schedule.NextDue(), t0 + seconds(60));
+  EXPECT_EQ(schedule.Due(t0 + seconds(60)), inv::kHealthMemory | inv::kHealthFabric | inv::kHealthThermal);
+}
+
 TEST(CheckSchedule, EveryGroupOff) {
   CheckSchedule schedule({});
   EXPECT_FALSE(schedule.NextDue().has_value());
