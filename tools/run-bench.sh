@@ -82,6 +82,51 @@ wait "$kubelet_pid" 2>/dev/null || true
 rm -rf "$sandbox"
 
 echo
+echo "== gpu-health's polled checks, 8 fake GPUs: resident memory with the checks on vs off (issue 26: +<= 1 MiB)"
+# The same binary and site twice, gpu-inventory + gpu-health: once with every polled check at a
+# 1 s interval (about 15 passes of every group before the figure is read), once with checks off.
+# Three of each, alternating; the medians' difference is what the checks keep resident.
+checks_site() {  # $1: the gpu-health checks section
+  cat <<YAML
+version: v1
+nodeName: bench
+paths: {kubeletDir: $sandbox/var/lib/kubelet, cdiDir: $sandbox, stateDir: $sandbox, hostRoot: $sandbox/host}
+logging: {level: warn}
+modules:
+  metrics: {enabled: true, listen: 127.0.0.1:0}
+  gpu-inventory: {enabled: true, nvmlLibrary: $PWD/$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1}
+  gpu-health:
+    enabled: true
+    checks: $1
+YAML
+}
+sandbox=$(mktemp -d /tmp/gns-bench-XXXXXX)
+mkdir -p "$sandbox/var/lib/kubelet" "$sandbox/host"
+checks_site "{memory: {interval: 1s}, nvlink: {interval: 1s}, fabric: {interval: 1s}, pcie: {interval: 1s}, thermal: {interval: 1s}, host: {enabled: false}}" > "$sandbox/on.yaml"
+checks_site "{enabled: false}" > "$sandbox/off.yaml"
+for round in 1 2 3; do
+  for mode in on off; do
+    FAKE_NVML_CONFIG=$PWD/tools/sim/fake_nvml/gpus-8.json "$build_dir/bench/macro/startup_bench" \
+      --binary "$build_dir/src/gpu-node-supervisor" --config "$sandbox/$mode.yaml" --label "checks $mode" \
+      --runs 1 --idle-ms 15000 | grep '^idle memory' | tee -a "$sandbox/memory.txt"
+  done
+done
+/usr/bin/python3 - "$sandbox/memory.txt" <<'PY'
+import re, statistics, sys
+kb = {"on": {"VmRSS": [], "RssAnon": []}, "off": {"VmRSS": [], "RssAnon": []}}
+for line in open(sys.argv[1]):
+    mode = re.search(r"\(checks (on|off)\)", line).group(1)
+    for key in ("VmRSS", "RssAnon"):
+        kb[mode][key].append(int(re.search(key + r" (\d+) kB", line).group(1)))
+for key in ("VmRSS", "RssAnon"):
+    on, off = statistics.median(kb["on"][key]), statistics.median(kb["off"][key])
+    delta = (on - off) / 1024
+    print(f"checks' resident cost, {key} medians: on {on / 1024:.2f} MiB, off {off / 1024:.2f} MiB: "
+          f"{delta:+.2f} MiB (budget +<= 1 MiB: {'met' if delta <= 1.0 else 'NOT met'})")
+PY
+rm -rf "$sandbox"
+
+echo
 echo "== kube informer: watch decode+apply, relist and memory per cached Node (bench/micro/kube)"
 "$build_dir/bench/micro/kube/kube_watch_decode_bench" --benchmark_out="$out/kube.json" --benchmark_out_format=json
 /usr/bin/python3 - "$out/kube.json" <<'PY'
