@@ -344,7 +344,9 @@ void GpuResetModule::OnVerdictForAutoReset(const std::string& uuid) {
       context_.Log().info("autoReset: {} wants COMPONENT_RESET, but the pod map is not fresh; not resetting", uuid);
       return;
     case AutoReset::kHeldByPods:
-      context_.Log().info("autoReset: {} wants COMPONENT_RESET but pods hold it; left to the drainer", uuid);
+      context_.Log().info("autoReset: {} wants COMPONENT_RESET but pods or DRA claims hold it (on it, its MIG devices or "
+                          "through a claim); left to the drainer",
+                          uuid);
       auto_seen_[uuid] = since;
       return;
     case AutoReset::kReset:
@@ -796,14 +798,7 @@ NodeMaintenance::GpuView GpuResetModule::Gpu(const std::string& uuid) const {
 }
 
 NodeMaintenance::PodView GpuResetModule::Pods(const std::string& uuid) const {
-  PodView view;
-  const auto* map = context_.GetBus().Latest<pod_resources::GpuPodMap>();
-  if (map == nullptr) return view;
-  view.known = true;
-  view.fresh = map->fresh;
-  view.error = map->error;
-  for (const auto& holder : map->Holders(uuid)) view.holders.push_back({holder.namespace_name, holder.name, holder.container});
-  return view;
+  return PodHoldersOf(uuid, context_.GetBus().Latest<pod_resources::GpuPodMap>());
 }
 
 void GpuResetModule::RequestRelease(const std::string& uuid, bool release, const std::string& why) {

@@ -137,10 +137,34 @@ CliIntake ReadResetGpuLine(std::string_view line, const gpu_inventory::GpuInvent
   return intake;
 }
 
+NodeMaintenance::PodView PodHoldersOf(const std::string& uuid, const pod_resources::GpuPodMap* map) {
+  NodeMaintenance::PodView view;
+  if (map == nullptr) return view;
+  view.known = true;
+  view.fresh = map->fresh;
+  view.error = map->error;
+  for (const auto& holder : map->Holders(uuid)) {
+    std::string via;
+    if (!holder.claim.empty()) {
+      via = "claim " + holder.claim + " (" + holder.resource + (holder.device.empty() ? "" : " " + holder.device) + ")";
+    } else if (!holder.device.empty()) {
+      via = "MIG device " + holder.device;
+    }
+    view.holders.push_back({holder.namespace_name, holder.name, holder.container, std::move(via)});
+  }
+  for (const auto& other : map->OtherHolders(uuid)) {
+    std::string what = other.claim.empty() ? "device " + other.device : "claim " + other.claim + " on " + other.device;
+    if (!other.pod.empty()) what += " of pod " + other.pod;
+    view.others.push_back(what + " (" + other.why + ")");
+  }
+  return view;
+}
+
 AutoReset CheckAutoReset(const std::string& uuid, const pod_resources::GpuPodMap* map) {
   if (map == nullptr) return AutoReset::kReset;
   if (!map->fresh) return AutoReset::kPodMapNotFresh;
-  return map->Holders(uuid).empty() ? AutoReset::kReset : AutoReset::kHeldByPods;
+  const auto view = PodHoldersOf(uuid, map);
+  return view.holders.empty() && view.others.empty() ? AutoReset::kReset : AutoReset::kHeldByPods;
 }
 
 std::string AutoResetJobId(const std::string& uuid, int64_t since_unix_ms) {

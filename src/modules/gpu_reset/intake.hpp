@@ -6,6 +6,7 @@
 
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/gpu_reset/reset_book.hpp"
+#include "modules/gpu_reset/reset_runner.hpp"
 #include "modules/pod_resources/messages.hpp"
 
 #include <nlohmann/json.hpp>
@@ -50,10 +51,16 @@ struct CliIntake {
 // "reset-gpu GPU-…" for a GPU gpu-inventory lists.
 CliIntake ReadResetGpuLine(std::string_view line, const gpu_inventory::GpuInventory* inventory);
 
+// The holders of `uuid` as pod-resources' map shows them (the one judge of who holds a GPU):
+// pods on the GPU, on its MIG devices and with a gpu.nvidia.com claim on it; claims prepared on
+// it without a listed pod and holders whose GPU cannot be told as `others`. `map` null: the
+// pod-resources module is not running (known false).
+NodeMaintenance::PodView PodHoldersOf(const std::string& uuid, const pod_resources::GpuPodMap* map);
+
 enum class AutoReset {
   kReset,            // nothing holds the GPU (as far as the pod map knows)
   kPodMapNotFresh,   // the kubelet's list is stale: not now, ask again at the next verdict
-  kHeldByPods,       // pods hold it: left to the drainer (or the operator), for this verdict
+  kHeldByPods,       // pods (or DRA claims) hold it: left to the drainer (or the operator), for this verdict
 };
 // Without the pod-resources module (`map` null) the processes NVML sees are all we know: the
 // holders step checks them.

@@ -20,6 +20,16 @@ namespace {
 bool Watched(Step step) { return step == Step::kValidate || step == Step::kRestore; }
 }  // namespace
 
+std::vector<std::string> DescribeHolders(const NodeMaintenance::PodView& pods) {
+  std::vector<std::string> out;
+  for (const auto& holder : pods.holders) {
+    out.push_back("pod " + holder.pod_namespace + "/" + holder.name + " (container " + holder.container +
+                  (holder.via.empty() ? "" : ", " + holder.via) + ")");
+  }
+  out.insert(out.end(), pods.others.begin(), pods.others.end());
+  return out;
+}
+
 std::string LastLine(const std::string& output) {
   const std::size_t end = output.find_last_not_of("\r\n \t");
   if (end == std::string::npos) return "";
@@ -137,10 +147,7 @@ ResetRunner::Awaitable ResetRunner::StepHolders(ResetJob& job, GpuReset& gpu) {
       map_usable = false;
       map_problem = "the kubelet's pod list is not fresh (" + (pods.error.empty() ? std::string("not listed yet") : pods.error) + ")";
     }
-    std::vector<std::string> holders;
-    for (const auto& holder : pods.holders) {
-      holders.push_back("pod " + holder.pod_namespace + "/" + holder.name + " (container " + holder.container + ")");
-    }
+    std::vector<std::string> holders = DescribeHolders(pods);
     if (read.compute_processes) {
       for (const auto& p : *read.compute_processes) holders.push_back("process " + std::to_string(p.pid));
     }
@@ -167,6 +174,13 @@ ResetRunner::Awaitable ResetRunner::StepHolders(ResetJob& job, GpuReset& gpu) {
            true);
       co_return;
     }
+    // Who it waits for, in the step's entry of the job's status and in the log, when that changes.
+    if (!gpu.steps.empty() && gpu.steps.back().message != "waiting: " + who) {
+      gpu.steps.back().message = "waiting: " + who;
+      log_.info("reset of {} ({}): {}", gpu.uuid, job.id, gpu.steps.back().message);
+      node_.StepChanged(job);
+      node_.Progress(job, gpu.uuid + ": " + gpu.steps.back().message);
+    }
     co_await Sleep(std::min(deadline, SteadyClock::now() + settings_.holders_recheck));
   }
 }
@@ -176,13 +190,26 @@ ResetRunner::Awaitable ResetRunner::StepRelease(ResetJob& job, GpuReset& gpu) {
   gpu.released = true;
   node_.RequestRelease(gpu.uuid, true, "GPU reset " + job.id);
   const auto deadline = SteadyClock::now() + settings_.release_timeout;
+  // A holder that came after the holders step (a DRA claim prepared before dra-gpu saw the GPU
+  // released, a device allocated meanwhile) refuses the reset: once released, no new claim is
+  // prepared on it, so what the map shows now is the last word before the command.
+  const auto came_meanwhile = [&]() -> bool {
+    const auto holders = DescribeHolders(node_.Pods(gpu.uuid));
+    if (holders.empty()) return false;
+    Fail(job, gpu, "GpuInUse",
+         "held by " + fmt::format("{}", fmt::join(holders, ", ")) + " since the holders step; the GPU was not reset",
+         true);
+    return true;
+  };
   while (!stopping_) {
     const auto view = node_.Gpu(gpu.uuid);
     if (view.present && view.released) {
+      if (came_meanwhile()) co_return;
       EndStep(job, gpu, true, "gpu-inventory let go of the GPU; the others stay served");
       co_return;
     }
     if (view.inventory_known && !view.available && view.error.rfind("released", 0) != 0) {
+      if (came_meanwhile()) co_return;
       // NVML failed as a whole: nothing in the process holds any handle either.
       EndStep(job, gpu, true, "NVML is not in use (" + view.error + ")");
       co_return;

@@ -65,12 +65,19 @@ class NodeMaintenance {
     std::string pod_namespace;
     std::string name;
     std::string container;
+    // How it holds the GPU when not by the GPU's own device ID: "MIG device MIG-…", "claim
+    // ml/gpus (gpu.nvidia.com node-1/gpu-3)"; "" otherwise.
+    std::string via = {};
   };
   struct PodView {
     bool known = false;  // the pod-resources module publishes its map
     bool fresh = false;  // the kubelet's list is current
     std::string error;
-    std::vector<PodHolder> holders;
+    std::vector<PodHolder> holders;  // pods: evicted under `holders: evict`
+    // Holders that are no listed pod on this GPU (a DRA claim prepared before the kubelet lists
+    // its pod, a holder whose GPU cannot be told), each described: waited for or failed on, never
+    // evicted.
+    std::vector<std::string> others = {};
   };
 
   // gpu-health (the judge that holds the GPU Unhealthy) is running.
@@ -161,6 +168,10 @@ class ResetRunner {
   int64_t validate_started_unix_ms_ = 0;
   std::set<std::string> evicted_;  // namespace/name asked in this holders step
 };
+
+// Each holder in `pods` as the step log and the job's status name it: "pod ml/a (container main)",
+// "pod ml/b (container main, claim ml/gpus (gpu.nvidia.com node-1/gpu-3))", then the others.
+std::vector<std::string> DescribeHolders(const NodeMaintenance::PodView& pods);
 
 // The last non-empty line of a command's output, for a one-line reason.
 std::string LastLine(const std::string& output);

@@ -166,6 +166,103 @@ std::vector<PodClaimRef> AllClaims(const ListView& view) {
   return claims;
 }
 
+std::optional<uint32_t> GpuMinorOfDraDevice(std::string_view device) {
+  constexpr std::string_view kPrefix = "gpu-";
+  if (!device.starts_with(kPrefix)) return std::nullopt;
+  std::string_view rest = device.substr(kPrefix.size());
+  const std::size_t digits = std::min(rest.find('-'), rest.size());
+  // At most 9 digits: no overflow, and no minor is that long.
+  if (digits == 0 || digits > 9) return std::nullopt;
+  uint32_t minor = 0;
+  for (const char c : rest.substr(0, digits)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    minor = minor * 10 + static_cast<uint32_t>(c - '0');
+  }
+  // "gpu-3-": a MIG device name goes on after the dash.
+  if (digits < rest.size() && digits + 1 == rest.size()) return std::nullopt;
+  return minor;
+}
+
+IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<PodContainerRef>>& gpus,
+                                     const std::vector<PodClaimRef>& claims,
+                                     const std::vector<PreparedGpuClaim>& prepared, const GpuTopology& topology,
+                                     const UidLookup& uid) {
+  IndirectHolders out;
+  // Which GPU a DRA device name is on; "" and `why` when that cannot be told.
+  const auto gpu_of = [&](std::string_view name, std::string& why) -> std::string {
+    const auto minor = GpuMinorOfDraDevice(name);
+    if (!minor) {
+      why = "a gpu.nvidia.com device not named gpu-<minor>: its GPU cannot be told";
+    } else if (!topology.known) {
+      why = "no GPU inventory yet: the GPU of minor " + std::to_string(*minor) + " cannot be told";
+    } else if (const auto it = topology.uuid_by_minor.find(*minor); it != topology.uuid_by_minor.end()) {
+      return it->second;
+    } else {
+      why = "no GPU of this node has minor " + std::to_string(*minor);
+    }
+    return {};
+  };
+
+  // MIG devices: a reset of their GPU resets them.
+  for (const auto& [id, refs] : gpus) {
+    if (const auto parent = topology.parent_of_mig.find(id); parent != topology.parent_of_mig.end()) {
+      for (PodContainerRef ref : refs) {
+        ref.device = id;
+        out.via[parent->second].push_back(std::move(ref));
+      }
+    } else if (!topology.known && id.starts_with("MIG-")) {
+      for (const auto& ref : refs) {
+        out.unplaced.push_back(OtherHolder{ref.namespace_name + "/" + ref.name, "", id,
+                                           "a MIG device whose GPU is not known yet (no GPU inventory)"});
+      }
+    }
+  }
+
+  // Listed claims of gpu.nvidia.com: the pod holds the GPU each device is on.
+  std::set<std::string> listed;
+  for (const PodClaimRef& claim : claims) {
+    if (claim.driver != kGpuDraDriver) continue;
+    listed.insert(claim.claim);
+    const std::string pod_uid = uid ? uid(claim.namespace_name, claim.name) : std::string();
+    for (const std::string& device : claim.devices) {
+      const auto slash = device.find('/');
+      const std::string_view name = slash == std::string::npos ? std::string_view(device) : std::string_view(device).substr(slash + 1);
+      std::string why;
+      const std::string gpu = gpu_of(name, why);
+      if (gpu.empty()) {
+        out.unplaced.push_back(OtherHolder{claim.namespace_name + "/" + claim.name, claim.claim, device, why});
+        continue;
+      }
+      out.via[gpu].push_back(
+          PodContainerRef{claim.namespace_name, claim.name, pod_uid, claim.container, claim.driver, claim.claim, device});
+    }
+  }
+
+  // Prepared claims no listed pod shows yet.
+  for (const PreparedGpuClaim& claim : prepared) {
+    if (listed.contains(claim.claim)) continue;
+    for (const std::string& device : claim.devices) {
+      std::string why;
+      const std::string gpu = gpu_of(device, why);
+      if (gpu.empty()) {
+        out.unplaced.push_back(OtherHolder{"", claim.claim, device, "prepared by dra-gpu; " + why});
+        continue;
+      }
+      out.pending[gpu].push_back(
+          OtherHolder{"", claim.claim, device, "prepared by dra-gpu; the kubelet lists no pod with it yet"});
+    }
+  }
+
+  for (auto& [gpu, refs] : out.via) {
+    const auto key = [](const PodContainerRef& r) {
+      return std::tie(r.namespace_name, r.name, r.container, r.resource, r.claim, r.device, r.uid);
+    };
+    std::sort(refs.begin(), refs.end(), [&](const PodContainerRef& a, const PodContainerRef& b) { return key(a) < key(b); });
+    refs.erase(std::unique(refs.begin(), refs.end()), refs.end());
+  }
+  return out;
+}
+
 std::vector<AnnotationWrite> PlanAnnotationWrites(const std::map<std::string, std::string>& desired,
                                                   const std::map<std::string, PodAnnotationState>& pods) {
   std::vector<AnnotationWrite> writes;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -74,6 +75,49 @@ bool SameAnnotation(const std::string& a, const std::string& b);
 using UidLookup = std::function<std::string(const std::string& namespace_name, const std::string& name)>;
 std::map<std::string, std::vector<PodContainerRef>> BuildGpuMap(const ListView& view, const UidLookup& uid);
 std::vector<PodClaimRef> AllClaims(const ListView& view);
+
+// ---------------------------------------------------------------- holders other than by GPU ID
+// gpu-reset asks who holds a GPU: the containers under the GPU's own ID (BuildGpuMap), and those
+// on its MIG devices or with a DRA claim on it, which the map holds under other names.
+
+// The DRA driver whose devices are GPUs (dra-gpu here; NVIDIA's GPU kubelet plugin upstream).
+// compute-domain.nvidia.com's channels are no GPU: its claims hold none.
+inline constexpr std::string_view kGpuDraDriver = "gpu.nvidia.com";
+
+// The minor (/dev/nvidia<minor>) of the GPU a gpu.nvidia.com device name stands for:
+// "gpu-<minor>" (the whole GPU) or "gpu-<minor>-<more>" (a MIG device on it, e.g.
+// "gpu-3-mig-9-4-2"); nullopt for any other name. Not the NVML index: upstream names by minor.
+std::optional<uint32_t> GpuMinorOfDraDevice(std::string_view device);
+
+// The node's GPUs as gpu-inventory shows them, to tell which GPU a device is on.
+struct GpuTopology {
+  bool known = false;                                  // an inventory was published
+  std::map<uint32_t, std::string> uuid_by_minor;       // minor -> GPU UUID
+  std::map<std::string, std::string> parent_of_mig;    // MIG UUID -> its GPU's UUID
+  bool operator==(const GpuTopology&) const = default;
+};
+
+// A gpu.nvidia.com claim dra-gpu has prepared on this node (its DraGpuState).
+struct PreparedGpuClaim {
+  std::string claim;                 // "namespace/name"
+  std::vector<std::string> devices;  // device names: gpu-<minor>[-…]
+  bool operator==(const PreparedGpuClaim&) const = default;
+};
+
+struct IndirectHolders {
+  std::map<std::string, std::vector<PodContainerRef>> via;  // GpuPodMap::via
+  std::map<std::string, std::vector<OtherHolder>> pending;  // GpuPodMap::pending
+  std::vector<OtherHolder> unplaced;                        // GpuPodMap::unplaced
+};
+
+// `gpus`: BuildGpuMap's; `claims`: the listed claims (AllClaims); `prepared`: dra-gpu's prepared
+// claims, each counted as pending on its GPUs while no listed pod shows it (the kubelet records a
+// claim for its pod after the prepare returns, and pod-resources lists again on dra-gpu's change:
+// between the two only dra-gpu knows the GPU is taken).
+IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<PodContainerRef>>& gpus,
+                                     const std::vector<PodClaimRef>& claims,
+                                     const std::vector<PreparedGpuClaim>& prepared, const GpuTopology& topology,
+                                     const UidLookup& uid);
 
 // A pod of this node as the API (the informer cache, plus our own acknowledged writes) shows it.
 struct PodAnnotationState {

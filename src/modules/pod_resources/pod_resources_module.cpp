@@ -138,16 +138,36 @@ void PodResourcesModule::Start() {
   });
   dra_gpu_sub_ = bus.Subscribe<dra_gpu::DraGpuState>([this](const dra_gpu::DraGpuState& state) {
     std::set<std::string> claims;
-    for (const auto& claim : state.prepared_claims) claims.insert(claim.uid);
+    std::vector<PreparedGpuClaim> prepared;
+    for (const auto& claim : state.prepared_claims) {
+      claims.insert(claim.uid);
+      prepared.push_back(PreparedGpuClaim{claim.namespace_name + "/" + claim.name, claim.devices});
+    }
+    // A claim just prepared holds its GPU now, before the kubelet lists its pod.
+    if (prepared != prepared_gpus_) {
+      prepared_gpus_ = std::move(prepared);
+      PublishMap();
+    }
     OnPreparedClaims(prepared_gpu_claims_, std::move(claims));
   });
   inventory_sub_ = bus.Subscribe<gpu_inventory::GpuInventory>([this](const gpu_inventory::GpuInventory& inventory) {
     std::set<std::string> known;
+    GpuTopology topology;
+    topology.known = true;
     for (const auto& gpu : inventory.gpus) {
       known.insert(gpu.uuid);
-      for (const auto& mig : gpu.mig_devices) known.insert(mig.uuid);  // MIG strategies hand these out
+      topology.uuid_by_minor.emplace(gpu.minor, gpu.uuid);
+      for (const auto& mig : gpu.mig_devices) {
+        known.insert(mig.uuid);  // MIG strategies hand these out
+        topology.parent_of_mig.emplace(mig.uuid, gpu.uuid);
+      }
     }
-    if (known == known_gpus_) return;
+    if (known == known_gpus_ && topology == topology_) return;
+    topology_ = std::move(topology);
+    if (known == known_gpus_) {
+      PublishMap();
+      return;
+    }
     known_gpus_ = std::move(known);
     RebuildView();
   });
@@ -458,6 +478,24 @@ void PodResourcesModule::PublishMap() {
   map.allocatable = allocatable_;
   map.gpus = BuildGpuMap(view_, [this](const std::string& ns, const std::string& name) { return PodUid(ns, name); });
   map.claims = AllClaims(view_);
+  auto indirect = BuildIndirectHolders(map.gpus, map.claims, prepared_gpus_, topology_,
+                                       [this](const std::string& ns, const std::string& name) { return PodUid(ns, name); });
+  map.via = std::move(indirect.via);
+  map.pending = std::move(indirect.pending);
+  map.unplaced = std::move(indirect.unplaced);
+  // Each holder whose GPU cannot be told is said once (gpu-reset counts it against every GPU).
+  std::set<std::string> unplaced;
+  for (const auto& h : map.unplaced) {
+    std::string line = (h.pod.empty() ? "" : "pod " + h.pod + " ") + (h.claim.empty() ? "" : "claim " + h.claim + " ") +
+                       "device " + h.device + ": " + h.why;
+    if (!logged_unplaced_.contains(line)) {
+      // Before the first inventory this is expected for a moment at start: no warning then.
+      context_.Log().log(topology_.known ? spdlog::level::warn : spdlog::level::info,
+                         "{}; counted as a holder of every GPU until it can be placed", line);
+    }
+    unplaced.insert(std::move(line));
+  }
+  logged_unplaced_ = std::move(unplaced);
   std::size_t with_gpus = 0;
   for (const auto& pod : view_.pods) with_gpus += pod.devices.empty() ? 0 : 1;
   pods_with_gpus_->Set(static_cast<double>(with_gpus));

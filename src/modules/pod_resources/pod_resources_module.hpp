@@ -10,6 +10,10 @@
 // prepare/unprepare (the prepared claims in DraComputeDomainState), a change of a pod bound to
 // this node (an informer on `spec.nodeName=<node>`), the socket appearing (inotify on its
 // directory), and a slow safety resync. Lists are coalesced: one in flight, one more queued.
+//
+// Holders of a GPU under other names (GpuPodMap::via / pending / unplaced): pods on its MIG devices,
+// pods with a gpu.nvidia.com claim on it (by /dev/nvidia minor, from gpu-inventory), and claims
+// dra-gpu has prepared on it that the kubelet lists no pod for yet.
 // At steady state the module makes no API request beyond the open pod watch.
 
 #include "loop/backoff.hpp"
@@ -137,8 +141,11 @@ class PodResourcesModule final : public Module {
   // Pods deleted in the API that the last List still showed -> Lists tried since.
   std::map<std::string, int> departing_;
   std::set<std::string> known_gpus_;  // from the inventory; empty: every ID accepted
+  GpuTopology topology_;              // from the inventory: minors and MIG parents
   std::set<std::string> prepared_claims_;      // compute-domain.nvidia.com
   std::set<std::string> prepared_gpu_claims_;  // gpu.nvidia.com
+  std::vector<PreparedGpuClaim> prepared_gpus_;  // gpu.nvidia.com, with their devices
+  std::set<std::string> logged_unplaced_;
   std::optional<GpuPodMap> published_;
 
   // Annotation writes.

@@ -167,5 +167,49 @@ TEST(GpuResetIntake, AutoResetOnlyForAGpuNoPodHoldsOnAFreshMap) {
   EXPECT_EQ(AutoResetJobId(kGpu0, 42), std::string("auto/") + kGpu0 + "/42");
 }
 
+// A reset of a MIG-partitioned GPU resets every MIG device on it: a pod on one of them holds the
+// GPU (pod-resources lists it under the MIG UUID and, via, under its GPU).
+TEST(GpuResetIntake, AutoResetOfAMigPartitionedGpuWithAPodOnAMigDeviceIsHeld) {
+  pod_resources::GpuPodMap map;
+  map.listed = map.fresh = true;
+  const pod_resources::PodContainerRef notebook{"ml", "notebook", "uid", "nb", "nvidia.com/mig-1g.10gb"};
+  map.gpus["MIG-0a"] = {notebook};
+  auto through_mig = notebook;
+  through_mig.device = "MIG-0a";
+  map.via[kGpu0] = {through_mig};
+  EXPECT_EQ(CheckAutoReset(kGpu0, &map), AutoReset::kHeldByPods);
+  EXPECT_EQ(CheckAutoReset(kGpu1, &map), AutoReset::kReset);
+  const auto view = PodHoldersOf(kGpu0, &map);
+  ASSERT_EQ(view.holders.size(), 1u);
+  EXPECT_EQ(view.holders[0].name, "notebook");
+  EXPECT_EQ(view.holders[0].via, "MIG device MIG-0a");
+}
+
+// Held through a DRA claim: by a listed pod, or by a claim dra-gpu prepared whose pod the
+// kubelet does not list yet, or by a claim whose GPU cannot be told (it may be any GPU).
+TEST(GpuResetIntake, AutoResetOfAGpuHeldOnlyThroughADraClaimIsHeld) {
+  pod_resources::GpuPodMap map;
+  map.listed = map.fresh = true;
+  map.via[kGpu0] = {{"ml", "trainer", "uid", "main", "gpu.nvidia.com", "ml/gpus", "node-1/gpu-3"}};
+  EXPECT_EQ(CheckAutoReset(kGpu0, &map), AutoReset::kHeldByPods);
+  auto view = PodHoldersOf(kGpu0, &map);
+  ASSERT_EQ(view.holders.size(), 1u);
+  EXPECT_EQ(view.holders[0].via, "claim ml/gpus (gpu.nvidia.com node-1/gpu-3)");
+  EXPECT_TRUE(view.others.empty());
+
+  map.via.clear();
+  map.pending[kGpu1] = {{"", "ml/new", "gpu-5", "prepared by dra-gpu; the kubelet lists no pod with it yet"}};
+  EXPECT_EQ(CheckAutoReset(kGpu0, &map), AutoReset::kReset);
+  EXPECT_EQ(CheckAutoReset(kGpu1, &map), AutoReset::kHeldByPods);
+  view = PodHoldersOf(kGpu1, &map);
+  EXPECT_TRUE(view.holders.empty());  // no pod to evict
+  EXPECT_EQ(view.others, (std::vector<std::string>{
+                             "claim ml/new on gpu-5 (prepared by dra-gpu; the kubelet lists no pod with it yet)"}));
+
+  map.unplaced = {{"ml/odd", "ml/odd", "node-1/gpu-x", "a gpu.nvidia.com device not named gpu-<minor>"}};
+  EXPECT_EQ(CheckAutoReset(kGpu0, &map), AutoReset::kHeldByPods);
+  EXPECT_EQ(PodHoldersOf(kGpu0, &map).others.size(), 1u);
+}
+
 }  // namespace
 }  // namespace gns::gpu_reset

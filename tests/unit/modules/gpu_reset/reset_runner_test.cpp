@@ -3,10 +3,13 @@
 // command: nothing touched; failed after it: the journal says so), a resumed GPU, and a stop.
 #include "modules/gpu_reset/reset_runner.hpp"
 
+#include "modules/gpu_reset/intake.hpp"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -309,6 +312,87 @@ TEST_F(ResetRunnerTest, HoldersAskAgainForAnEvictionThatWasRefused) {
   ASSERT_TRUE(Run([&] { poll(); }));
   ExpectOutcome("succeeded", "");
   EXPECT_EQ(node_.evictions, (std::vector<std::string>{"ml/trainer-0", "ml/trainer-0"}));
+}
+
+// A GPU held only through a DRA claim (pod-resources' map: the pod under `via`, nothing under
+// the GPU's own ID), as the module hands it to the runner.
+pod_resources::GpuPodMap HeldThroughAClaim() {
+  pod_resources::GpuPodMap map;
+  map.listed = map.fresh = true;
+  map.via[kRunnerUuid] = {{"ml", "trainer-0", "uid", "main", "gpu.nvidia.com", "ml/gpus", "node-1/gpu-3"}};
+  return map;
+}
+
+TEST_F(ResetRunnerTest, AGpuHeldOnlyThroughADraClaimIsWaitedForAndTheClaimNamedInTheStatus) {
+  auto map = HeldThroughAClaim();
+  node_.pods = PodHoldersOf(kRunnerUuid, &map);
+  settings_.holders_timeout = milliseconds(5000);
+  std::function<void()> poll = [&] {
+    if (StepMessage("holders").find("waiting: ") == 0) {
+      map.via.clear();  // the pod ended
+      node_.pods = PodHoldersOf(kRunnerUuid, &map);
+      Runner().Wake();
+      return;
+    }
+    boost::asio::post(io_, [&] { poll(); });
+  };
+  ASSERT_TRUE(Run([&] { poll(); }));
+  ExpectOutcome("succeeded", "");
+  const auto named = std::find_if(node_.progress.begin(), node_.progress.end(), [](const std::string& line) {
+    return line.find("waiting: held by pod ml/trainer-0 (container main, claim ml/gpus (gpu.nvidia.com node-1/gpu-3))") !=
+           std::string::npos;
+  });
+  EXPECT_NE(named, node_.progress.end());
+  EXPECT_TRUE(node_.evictions.empty());  // holders: wait
+}
+
+TEST_F(ResetRunnerTest, AGpuHeldOnlyThroughADraClaimIsRefusedUnderFail) {
+  auto map = HeldThroughAClaim();
+  node_.pods = PodHoldersOf(kRunnerUuid, &map);
+  settings_.holders = HolderPolicy::kFail;
+  ASSERT_TRUE(Run());
+  ExpectRefused("GpuInUse");
+  EXPECT_EQ(Gpu().message,
+            "held by pod ml/trainer-0 (container main, claim ml/gpus (gpu.nvidia.com node-1/gpu-3)) (holders: fail)");
+  EXPECT_TRUE(node_.releases.empty());
+}
+
+TEST_F(ResetRunnerTest, AGpuHeldOnlyThroughADraClaimHasThePodWithTheClaimEvicted) {
+  auto map = HeldThroughAClaim();
+  node_.pods = PodHoldersOf(kRunnerUuid, &map);
+  settings_.holders = HolderPolicy::kEvict;
+  ASSERT_TRUE(Run());
+  ExpectRefused("HoldersTimeout");
+  EXPECT_EQ(node_.evictions, (std::vector<std::string>{"ml/trainer-0"}));
+}
+
+TEST_F(ResetRunnerTest, AClaimPreparedWithoutAListedPodIsWaitedForButNothingIsEvicted) {
+  pod_resources::GpuPodMap map;
+  map.listed = map.fresh = true;
+  map.pending[kRunnerUuid] = {{"", "ml/gpus", "gpu-3", "prepared by dra-gpu; the kubelet lists no pod with it yet"}};
+  node_.pods = PodHoldersOf(kRunnerUuid, &map);
+  settings_.holders = HolderPolicy::kEvict;
+  ASSERT_TRUE(Run());
+  ExpectRefused("HoldersTimeout");
+  EXPECT_TRUE(node_.evictions.empty());
+  EXPECT_NE(Gpu().message.find("claim ml/gpus on gpu-3 (prepared by dra-gpu"), std::string::npos) << Gpu().message;
+}
+
+// A claim prepared on the GPU after the holders step passed (before dra-gpu saw it released):
+// the reset is refused before the command, and the GPU given back.
+TEST_F(ResetRunnerTest, AHolderThatCameAfterTheHoldersStepRefusesTheResetBeforeTheCommand) {
+  node_.on_release = [&](bool release) {
+    if (!release) return;
+    pod_resources::GpuPodMap map;
+    map.listed = map.fresh = true;
+    map.pending[kRunnerUuid] = {{"", "ml/late", "gpu-3", "prepared by dra-gpu; the kubelet lists no pod with it yet"}};
+    node_.pods = PodHoldersOf(kRunnerUuid, &map);
+  };
+  ASSERT_TRUE(Run());
+  ExpectRefused("GpuInUse");
+  EXPECT_NE(Gpu().message.find("claim ml/late on gpu-3"), std::string::npos) << Gpu().message;
+  EXPECT_EQ(node_.releases, (std::vector<std::string>{std::string("release ") + kRunnerUuid,
+                                                       std::string("take back ") + kRunnerUuid}));
 }
 
 TEST_F(ResetRunnerTest, HoldersDoNotTrustAPodListThatIsNotFresh) {

@@ -200,6 +200,143 @@ TEST(GpuMap, ListsEveryHolderWithItsUid) {
   EXPECT_THAT(message.Holders("GPU-7"), IsEmpty());
 }
 
+// ------------------------------------------------------- holders under other names (gpu-reset)
+
+void AddClaim(v1::PodResources* pod, const std::string& container, const std::string& claim,
+              std::vector<std::pair<std::string, std::string>> driver_devices) {
+  auto* c = pod->add_containers();
+  c->set_name(container);
+  auto* dynamic = c->add_dynamic_resources();
+  dynamic->set_claim_name(claim);
+  dynamic->set_claim_namespace(pod->namespace_());
+  for (const auto& [driver, device] : driver_devices) {
+    auto* resource = dynamic->add_claim_resources();
+    resource->set_driver_name(driver);
+    resource->set_pool_name("node-1");
+    resource->set_device_name(device);
+  }
+}
+
+// Two GPUs: minor 3 (GPU-A, MIG-enabled, devices MIG-A1 and MIG-A2) and minor 5 (GPU-B); NVML
+// indices the other way round, so a mapping by index would name the wrong GPU.
+GpuTopology TwoGpus() {
+  GpuTopology topology;
+  topology.known = true;
+  topology.uuid_by_minor = {{3, "GPU-A"}, {5, "GPU-B"}};
+  topology.parent_of_mig = {{"MIG-A1", "GPU-A"}, {"MIG-A2", "GPU-A"}};
+  return topology;
+}
+
+GpuPodMap MapOf(const ListView& view, const std::vector<PreparedGpuClaim>& prepared, const GpuTopology& topology) {
+  GpuPodMap map;
+  map.listed = map.fresh = true;
+  const UidLookup uid = [](const std::string&, const std::string& name) { return "uid-" + name; };
+  map.gpus = BuildGpuMap(view, uid);
+  map.claims = AllClaims(view);
+  auto indirect = BuildIndirectHolders(map.gpus, map.claims, prepared, topology, uid);
+  map.via = std::move(indirect.via);
+  map.pending = std::move(indirect.pending);
+  map.unplaced = std::move(indirect.unplaced);
+  return map;
+}
+
+TEST(DraDeviceNames, NameTheirGpusMinorWholeOrMig) {
+  EXPECT_EQ(GpuMinorOfDraDevice("gpu-0"), 0u);
+  EXPECT_EQ(GpuMinorOfDraDevice("gpu-13"), 13u);
+  EXPECT_EQ(GpuMinorOfDraDevice("gpu-3-mig-9-4-2"), 3u);  // a MIG device on minor 3
+  for (const char* other : {"", "gpu", "gpu-", "gpu--1", "gpu-3-", "gpu-3x", "gpu-x", "channel-0", "GPU-3",
+                            "gpu-12345678901", "mig-3"}) {
+    EXPECT_EQ(GpuMinorOfDraDevice(other), std::nullopt) << other;
+  }
+}
+
+TEST(IndirectHolders, ADraGpuClaimHoldsTheGpuOfItsMinorAndNamesTheClaim) {
+  v1::ListPodResourcesResponse response;
+  AddClaim(AddPod(response, "ml", "trainer"), "main", "gpus", {{"gpu.nvidia.com", "gpu-5"}});
+  const auto map = MapOf(ReadList(response, kGpu, {}), {}, TwoGpus());
+  const auto holders = map.Holders("GPU-B");
+  ASSERT_EQ(holders.size(), 1u);
+  EXPECT_EQ(holders[0], (PodContainerRef{"ml", "trainer", "uid-trainer", "main", "gpu.nvidia.com", "ml/gpus", "node-1/gpu-5"}));
+  EXPECT_THAT(map.Holders("GPU-A"), IsEmpty());
+  EXPECT_THAT(map.OtherHolders("GPU-B"), IsEmpty());
+  EXPECT_THAT(map.gpus, IsEmpty());  // the device-plugin map (metrics, annotations) is unchanged
+}
+
+TEST(IndirectHolders, AMigDeviceHoldsItsGpuWhetherFromTheDevicePluginOrADraClaim) {
+  v1::ListPodResourcesResponse response;
+  AddDevices(AddPod(response, "ml", "notebook"), "nb", "nvidia.com/gpu", {"MIG-A1"});
+  AddDevices(AddPod(response, "ml", "notebook-2"), "nb", "nvidia.com/gpu", {"MIG-A2::1"});  // a replica of one
+  AddClaim(AddPod(response, "ml", "infer"), "main", "slice", {{"gpu.nvidia.com", "gpu-3-mig-9-4-2"}});
+  const std::set<std::string> known{"GPU-A", "GPU-B", "MIG-A1", "MIG-A2"};
+  const auto view = ReadList(response, kGpu, [&](std::string_view id) { return known.contains(std::string(id)); });
+  const auto map = MapOf(view, {}, TwoGpus());
+  const auto holders = map.Holders("GPU-A");
+  ASSERT_EQ(holders.size(), 3u);
+  EXPECT_EQ(holders[0].name, "infer");
+  EXPECT_EQ(holders[0].claim, "ml/slice");
+  EXPECT_EQ(holders[0].device, "node-1/gpu-3-mig-9-4-2");
+  EXPECT_EQ(holders[1], (PodContainerRef{"ml", "notebook", "uid-notebook", "nb", "nvidia.com/gpu", "", "MIG-A1"}));
+  EXPECT_EQ(holders[2].name, "notebook-2");
+  EXPECT_EQ(holders[2].device, "MIG-A2");
+  // The MIG device's own holders stay where they were.
+  ASSERT_EQ(map.Holders("MIG-A1").size(), 1u);
+  EXPECT_EQ(map.Holders("MIG-A1")[0].device, "");
+  EXPECT_THAT(map.Holders("GPU-B"), IsEmpty());
+}
+
+TEST(IndirectHolders, AComputeDomainChannelClaimHoldsNoGpu) {
+  v1::ListPodResourcesResponse response;
+  AddClaim(AddPod(response, "ml", "imex"), "main", "channel",
+           {{"compute-domain.nvidia.com", "channel-0"}, {"compute-domain.nvidia.com", "gpu-3"}});
+  const auto map = MapOf(ReadList(response, kGpu, {}), {}, TwoGpus());
+  ASSERT_EQ(map.claims.size(), 1u);  // still listed as the pod's claim
+  EXPECT_THAT(map.Holders("GPU-A"), IsEmpty());
+  EXPECT_THAT(map.Holders("GPU-B"), IsEmpty());
+  EXPECT_THAT(map.via, IsEmpty());
+  EXPECT_THAT(map.OtherHolders("GPU-A"), IsEmpty());
+}
+
+TEST(IndirectHolders, APreparedClaimHoldsItsGpuUntilAListedPodShowsIt) {
+  const std::vector<PreparedGpuClaim> prepared{{"ml/gpus", {"gpu-5"}}, {"ml/other", {"gpu-3-mig-1-0-1"}}};
+  // Prepared, the kubelet lists no pod with it yet: pending on its GPU, no pod to evict.
+  const auto before = MapOf(ReadList(v1::ListPodResourcesResponse{}, kGpu, {}), prepared, TwoGpus());
+  EXPECT_THAT(before.Holders("GPU-B"), IsEmpty());
+  ASSERT_EQ(before.OtherHolders("GPU-B").size(), 1u);
+  EXPECT_EQ(before.OtherHolders("GPU-B")[0].claim, "ml/gpus");
+  EXPECT_EQ(before.OtherHolders("GPU-B")[0].pod, "");
+  EXPECT_THAT(before.OtherHolders("GPU-B")[0].why, HasSubstr("lists no pod"));
+  ASSERT_EQ(before.OtherHolders("GPU-A").size(), 1u);
+  EXPECT_EQ(before.OtherHolders("GPU-A")[0].claim, "ml/other");
+  // Listed: the pod holds it, once.
+  v1::ListPodResourcesResponse response;
+  AddClaim(AddPod(response, "ml", "trainer"), "main", "gpus", {{"gpu.nvidia.com", "gpu-5"}});
+  const auto after = MapOf(ReadList(response, kGpu, {}), prepared, TwoGpus());
+  ASSERT_EQ(after.Holders("GPU-B").size(), 1u);
+  EXPECT_EQ(after.Holders("GPU-B")[0].name, "trainer");
+  EXPECT_THAT(after.OtherHolders("GPU-B"), IsEmpty());
+  EXPECT_EQ(after.OtherHolders("GPU-A").size(), 1u);
+}
+
+TEST(IndirectHolders, AHolderWhoseGpuCannotBeToldMayHoldAnyGpu) {
+  v1::ListPodResourcesResponse response;
+  AddClaim(AddPod(response, "ml", "odd"), "main", "odd", {{"gpu.nvidia.com", "gpu-whole"}});
+  AddClaim(AddPod(response, "ml", "gone"), "main", "gone", {{"gpu.nvidia.com", "gpu-9"}});  // no minor 9 here
+  const auto known = MapOf(ReadList(response, kGpu, {}), {}, TwoGpus());
+  ASSERT_EQ(known.unplaced.size(), 2u);
+  EXPECT_EQ(known.OtherHolders("GPU-A").size(), 2u);
+  EXPECT_EQ(known.OtherHolders("GPU-B").size(), 2u);
+  EXPECT_THAT(known.Holders("GPU-A"), IsEmpty());  // no pod is known to be on it: none to evict
+
+  // No inventory yet: neither a DRA GPU claim nor a MIG device can be placed.
+  v1::ListPodResourcesResponse plain;
+  AddDevices(AddPod(plain, "ml", "notebook"), "nb", "nvidia.com/gpu", {"MIG-A1"});
+  AddClaim(AddPod(plain, "ml", "trainer"), "main", "gpus", {{"gpu.nvidia.com", "gpu-5"}});
+  const auto unknown = MapOf(ReadList(plain, kGpu, {}), {{"ml/new", {"gpu-3"}}}, GpuTopology{});
+  ASSERT_EQ(unknown.unplaced.size(), 3u);
+  EXPECT_EQ(unknown.OtherHolders("GPU-A").size(), 3u);
+  EXPECT_THAT(unknown.via, IsEmpty());
+}
+
 TEST(Plan, WritesOnlyWhatDiffers) {
   const std::string a = R"({"devices":{"nvidia.com/gpu":["GPU-0"]}})";
   const std::map<std::string, std::string> desired{{"ml/a", a}, {"ml/not-in-api-yet", a}, {"ml/c", a}};

@@ -6,6 +6,7 @@
 #include "support/api_sim.hpp"
 #include "kubelet_sim.h"
 #include "loop/config.hpp"
+#include "modules/dra_gpu/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/api/client.hpp"
 #include "modules/kube/api/informer.hpp"
@@ -14,13 +15,11 @@
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
 #include "support/prometheus.hpp"
+#include "support/quiet_logger.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/null_sink.h>
-#include <spdlog/spdlog.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -35,18 +34,6 @@ using nlohmann::json;
 constexpr const char* kNode = "gpu-node-3";
 constexpr const char* kNs = "ml";
 const std::string kPods = "/api/v1/namespaces/ml/pods";
-
-std::shared_ptr<spdlog::logger> TestLogger() {
-  static auto logger = [] {
-    if (std::getenv("GNS_TEST_LOG")) {
-      auto l = spdlog::default_logger()->clone("pod-resources-test");
-      l->set_level(spdlog::level::debug);
-      return l;
-    }
-    return std::make_shared<spdlog::logger>("pod-resources-test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  }();
-  return logger;
-}
 
 std::string Devices(std::vector<std::string> ids) {
   json list = ids;
@@ -68,9 +55,9 @@ class PodResourcesModuleTest : public ::testing::Test {
     api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api", api_options);
     kube::ClientConfig config = api_->ClientConfig();
     config.request_timeout = std::chrono::milliseconds(5000);
-    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
+    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, test::QuietLogger("pod-resources-test")},
                                                  config);
-    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, TestLogger());
+    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, test::QuietLogger("pod-resources-test"));
     h_.services.Provide<kube::KubeClient>(client_);
     h_.services.Provide<kube::InformerRegistry>(informers_);
 
@@ -428,6 +415,10 @@ TEST_F(PodResourcesModuleTest, MigDevicesAndTimeSlicedReplicasMapToTheirDeviceAn
   EXPECT_EQ(Map()->Holders("GPU-1")[1].name, "share-b");  // once, though it holds two replicas
   ASSERT_EQ(Map()->Holders("MIG-0a").size(), 1u);
   EXPECT_EQ(Map()->Holders("MIG-0a")[0].name, "notebook");
+  // A reset of GPU-0 resets its MIG devices: the pod on one holds the GPU.
+  ASSERT_EQ(Map()->Holders("GPU-0").size(), 1u);
+  EXPECT_EQ(Map()->Holders("GPU-0")[0].name, "notebook");
+  EXPECT_EQ(Map()->Holders("GPU-0")[0].device, "MIG-0a");
   EXPECT_EQ(Map()->gpus.size(), 2u);
   EXPECT_EQ(Metric("gpu_node_supervisor_pod_resources_list_problems_total"), 0);
   EXPECT_TRUE(WaitAnnotation("share-b", Devices({"GPU-1"})));
@@ -438,8 +429,49 @@ TEST_F(PodResourcesModuleTest, MigDevicesAndTimeSlicedReplicasMapToTheirDeviceAn
     ASSERT_EQ(api_->Call("DELETE", kPods + "/" + gone).status, 200);
   }
   ASSERT_TRUE(h_.RunUntil([&] { return Map() && Map()->Holders("MIG-0a").empty() && Map()->Holders("GPU-1").size() == 1; }));
+  EXPECT_TRUE(Map()->Holders("GPU-0").empty());
   EXPECT_EQ(Map()->Holders("GPU-1")[0].name, "share-b");
   EXPECT_EQ(Map()->gpus.size(), 1u);
+}
+
+// dra-gpu prepares a claim; the kubelet lists its pod only later. In between the claim holds its
+// GPU (found by /dev/nvidia minor, not NVML index) in the published map at once, and it leaves
+// when dra-gpu unprepares it.
+TEST_F(PodResourcesModuleTest, AClaimDraGpuPreparedHoldsItsGpuBeforeTheKubeletListsItsPod) {
+  gpu_inventory::GpuInventory inventory;
+  inventory.available = true;
+  auto& gpu0 = inventory.gpus.emplace_back();
+  gpu0.uuid = "GPU-0";
+  gpu0.index = 0;
+  gpu0.minor = 7;
+  auto& gpu1 = inventory.gpus.emplace_back();
+  gpu1.uuid = "GPU-1";
+  gpu1.index = 1;
+  gpu1.minor = 0;
+  h_.bus.Publish(inventory);
+  StartKubelet();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() && Map()->fresh; }));
+  EXPECT_TRUE(Map()->OtherHolders("GPU-0").empty());
+
+  dra_gpu::DraGpuState state;
+  auto& claim = state.prepared_claims.emplace_back();
+  claim.uid = "uid-1";
+  claim.namespace_name = kNs;
+  claim.name = "train-gpus";
+  claim.devices = {"gpu-7"};
+  h_.bus.Publish(state);
+  h_.Drain();
+  ASSERT_TRUE(Map() != nullptr);
+  ASSERT_EQ(Map()->OtherHolders("GPU-0").size(), 1u);
+  EXPECT_EQ(Map()->OtherHolders("GPU-0")[0].claim, "ml/train-gpus");
+  EXPECT_EQ(Map()->OtherHolders("GPU-0")[0].device, "gpu-7");
+  EXPECT_TRUE(Map()->OtherHolders("GPU-1").empty());
+
+  state.prepared_claims.clear();
+  h_.bus.Publish(state);
+  h_.Drain();
+  EXPECT_TRUE(Map()->OtherHolders("GPU-0").empty());
 }
 
 TEST(PodResourcesConfig, DefaultsFollowTheKubeletDirAndBadValuesAreRefused) {
