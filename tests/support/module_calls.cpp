@@ -184,6 +184,7 @@ std::set<Grant> ModuleCalls(const SiteView& site) {
     add("gkm.io", "clustergkmcaches", {"list", "watch"});
     add("gkm.io", "gkmcachenodes", {"list", "watch"});
     add("gkm.io", "clustergkmcachenodes", {"list", "watch"});
+    add("", "nodes", {"list", "watch"});  // only nodes of the cluster count (names only)
     add("gkm.io", "gkmcaches/status", {"patch"});
     add("gkm.io", "clustergkmcaches/status", {"patch"});
   }

@@ -21,8 +21,9 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
      clique -> nodes_config.cfg rewritten, the IMEX restart waits (ImexRestartPending) until the
      claim is unprepared.
   8. gkm-agent: a GKMCache image on the loopback registry becomes Ready and Compatible;
-     gkm-csi: a pod's inline volume of that cache is published the way the kubelet calls it
-     (bind-mounted read-only, usage.json and the GKMCacheNode name the pod), then unpublished;
+     gkm-csi: registered with the kubelet simulator (plugin watcher, CSIPlugin), which publishes
+     a pod's inline volume of that cache as the kubelet does (kubeletctl csi-publish: bind-mounted
+     read-only, usage.json and the GKMCacheNode name the pod), then unpublishes it;
      gkm-controller: the GKMCache's status counts this node (totalNodes, readyNodes, Error False).
   (after 2) gpu-reset: an Xid 48 on a GPU a pod holds -> a GPUReset object -> the pod evicted ->
      the GPU reset by the fake nvidia-smi, validated -> Healthy, Complete=True; the others stay
@@ -461,41 +462,26 @@ def gkm_controller_demo(api):
 
 
 def gkm_csi_demo(api):
-    """gkm-csi: the kubelet's NodePublishVolume for a pod whose inline volume names the Ready
-    cache of gkm_demo (driver csi.gkm.io, volumeAttributes cacheName/cacheNamespace), made with
-    gns-csi-client (stubs from the CSI spec's own csi.proto). The supervisor runs in a mount
-    namespace of its own (run-local.sh), so the mount is looked at through /proc/<pid>/root."""
-    client = os.path.join(os.environ.get("GNS_BUILD_DIR", "build/release"), "tools/sim/csi_client/gns-csi-client")
-    socket = os.path.join(SANDBOX, "var/lib/kubelet/plugins/csi.gkm.io/csi.sock")
-
-    def call(method, request):
-        out = subprocess.run([client, "--socket", socket, method, json.dumps(request)],
-                             capture_output=True, text=True, timeout=60)
-        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-        if not lines:
-            raise SystemExit(f"[demo] gns-csi-client {method}: {out.stdout}{out.stderr}")
-        return json.loads(lines[-1])
-
-    wait_for("the CSI socket", lambda: os.path.exists(socket))
-    info = call("GetPluginInfo", {})
+    """gkm-csi through the kubelet simulator, the way a kubelet mounts a pod's inline CSI volume:
+    the plugin registered itself through plugins_registry (type CSIPlugin; the simulator called
+    NodeGetInfo, as the kubelet's CSI handler does), and `kubeletctl csi-publish` makes the
+    kubelet's NodePublishVolume for a pod whose volume names the Ready cache of gkm_demo (driver
+    csi.gkm.io, volumeAttributes cacheName/cacheNamespace, the pod's keys of podInfoOnMount). The
+    supervisor runs in a mount namespace of its own (run-local.sh), so the mount is looked at
+    through /proc/<pid>/root."""
+    def registered():
+        return kubelet("state").get("csi_drivers", {}).get("csi.gkm.io")
+    driver = wait_for("csi.gkm.io registered with the kubelet (plugin watcher)", registered)
     uid = "5f1d7c1e-0c6e-4d4e-9d7a-6b0c1a2b3c4d"
-    target = os.path.join(SANDBOX, f"var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~csi/kernel-cache/mount")
-    os.makedirs(os.path.dirname(target), exist_ok=True)  # the kubelet's part; the plugin makes `mount`
-    volume = "csi-" + uid.replace("-", "")
-    published = call("NodePublishVolume", {
-        "volume_id": volume, "target_path": target,
-        "volume_capability": {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}},
-        "volume_context": {"cacheName": "triton-demo", "cacheNamespace": "ml-apps",
-                           "csi.storage.k8s.io/pod.name": "example-pod",
-                           "csi.storage.k8s.io/pod.namespace": "ml-apps",
-                           "csi.storage.k8s.io/pod.uid": uid,
-                           "csi.storage.k8s.io/ephemeral": "true"}})
-    if published["codeName"] != "OK":
-        why = published["message"]
-        if "Operation not permitted" in why:
-            why += " (mount(2) needs root: run `make run` as root to see the mount)"
-        say("gkm-csi", f"{info['response'].get('name')}: NodePublishVolume ml-apps/triton-demo -> "
-            f"{published['codeName']}: {why}")
+    attributes = json.dumps({"cacheName": "triton-demo", "cacheNamespace": "ml-apps"}, separators=(",", ":"))
+    published = kubelet("csi-publish", "csi.gkm.io", "ml-apps/example-pod", uid, "kernel-cache", attributes)
+    target = published.get("target_path", "")
+    if not published.get("ok"):
+        why = published.get("error", published)
+        if "Operation not permitted" in str(why):
+            why = f"{why} (mount(2) needs root: run `make run` as root to see the mount)"
+        say("gkm-csi", f"kubelet -> csi.gkm.io (node id {driver.get('node_id')}): NodePublishVolume "
+            f"ml-apps/triton-demo -> {published.get('code')}: {why}")
         return
     pid = os.environ.get("GNS_SUPERVISOR_PID", "")
     view = f"/proc/{pid}/root{target}" if pid else target
@@ -523,14 +509,21 @@ def gkm_csi_demo(api):
         listed = obj.get("status", {}).get("caches", {}).get("triton-demo", {}).get("pods", []) if code == 200 else []
         return listed or None
     listed = wait_for("the GKMCacheNode listing the pod", pods, timeout=30)
-    say("gkm-csi", f"{info['response'].get('name')}: NodePublishVolume ml-apps/triton-demo -> OK: bind-mounted "
-        f"at pods/{uid[:8]}…/mount ({options}), {files} cache files visible, {write}; usage.json: "
-        f"{sorted(usage)}; GKMCacheNode pods: {[p.get('podName') for p in listed]}")
-    unpublished = call("NodeUnpublishVolume", {"volume_id": volume, "target_path": target})
+    say("gkm-csi", f"kubelet -> csi.gkm.io (registered, node id {driver.get('node_id')}): NodePublishVolume "
+        f"ml-apps/triton-demo for pod ml-apps/example-pod -> OK: bind-mounted at pods/{uid[:8]}…/volumes/"
+        f"kubernetes.io~csi/kernel-cache/mount ({options}), {files} cache files visible, {write}; "
+        f"usage.json: {sorted(usage)}; GKMCacheNode pods: {[p.get('podName') for p in listed]}")
+    # The cache's status counts this node while the pod has its volume (gkm-controller's roll-up).
+    code, cache = api.call("GET", "/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcaches/triton-demo")
+    status = cache.get("status", {}) if code == 200 else {}
+    if status.get("totalNodes") is not None:
+        say("gkm-csi", f"GKMCache ml-apps/triton-demo status while mounted: totalNodes {status.get('totalNodes')}, "
+            f"readyNodes {status.get('readyNodes')}")
+    unpublished = kubelet("csi-unpublish", uid, "kernel-cache")
     with open(usage_file) as f:
         left = json.load(f)
-    say("gkm-csi", f"NodeUnpublishVolume -> {unpublished['codeName']}: target gone: {not os.path.exists(view)}, "
-        f"usage.json now {left}")
+    say("gkm-csi", f"kubelet NodeUnpublishVolume -> {'OK' if unpublished.get('ok') else unpublished}: "
+        f"target gone: {not os.path.exists(view)}, usage.json now {left}")
 
 
 def health_checks_demo():

@@ -66,6 +66,9 @@ struct Installed {
   std::size_t kept_for = 0;
   std::string kept_digest;
   bool incompatible = false;  // no GPU here can use it (reason: the GPUs')
+  // The install began (the older copy moved aside): a failure after it may have left the
+  // directory changed or gone, so the copy is no longer vouched for.
+  bool install_began = false;
 };
 
 // The digest an installed cache directory was pulled as: an extended attribute on the directory
@@ -369,18 +372,25 @@ void GkmAgentModule::Pull(const std::string& key) {
   c.reason.clear();
   c.message.clear();
   UpdateGauges();
-  if (c.resolved_digest.empty() || !c.digest.empty()) {
-    // A tag is resolved by the registry; a cache pulled by this run already is pulled again.
+  if (!c.digest.empty()) {
+    // Pulled by this run already (a new image or digest, or a retry): the registry decides, and
+    // the copy this run installed keeps serving meanwhile (serving_*).
     PullFromRegistry(key);
     return;
   }
+  // The first pull of this run: what an earlier run installed is checked on disk. The digest the
+  // object names, installed and usable here: not pulled again. Another digest (or a tag, which
+  // only the registry resolves): pulled, and the installed copy, when a GPU here can use it,
+  // serves new volumes until the pull ends (a restart does not stop pods from mounting it).
   const std::string dir = CacheDir(c);
   const std::string want = c.resolved_digest;
   const auto gpus = Gpus();
   const int cuda = inventory_ ? inventory_->cuda_driver_version : 0;
-  auto check = [dir, want, gpus, cuda]() -> std::optional<Installed> {
-    if (InstalledDigest(dir) != want) return std::nullopt;
+  auto check = [dir, gpus, cuda]() -> std::optional<Installed> {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return std::nullopt;
     Installed out;
+    out.kept_digest = InstalledDigest(dir);
     out.verdicts = CheckCompatibility(ScanTritonCache(dir), gpus, cuda);
     out.bytes = TreeBytes(dir);
     return out;
@@ -392,12 +402,24 @@ void GkmAgentModule::Pull(const std::string& key) {
       EndPull(key);
       return;
     }
-    bool any = false;
+    std::vector<uint32_t> usable;
     if (found && !error) {
-      for (const auto& v : found->verdicts) any = any || v.compatible;
+      for (const auto& v : found->verdicts) {
+        if (v.compatible) usable.push_back(v.index);
+      }
     }
-    if (!any) {
-      PullFromRegistry(key);  // not there, another digest, or no GPU can use it now: a real pull decides
+    if (usable.empty()) {
+      PullFromRegistry(key);  // not there, or no GPU can use it now: a real pull decides
+      return;
+    }
+    if (want.empty() || found->kept_digest != want) {
+      it->second.serving_digest = found->kept_digest;
+      it->second.serving_gpus = std::move(usable);
+      context_.Log().info("cache {}: the installed copy ({}) serves new volumes while {} is pulled", key,
+                          found->kept_digest.empty() ? "digest unknown" : found->kept_digest,
+                          want.empty() ? image : want);
+      UpdateGauges();
+      PullFromRegistry(key);
       return;
     }
     context_.Log().info("cache {}: {} already installed, not pulled again", key, want);
@@ -538,6 +560,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
                   out.verdicts = CheckCompatibility(ScanTritonCache(final_dir), gpus, cuda);
                   out.bytes = TreeBytes(final_dir);
                 } else if (any) {
+                  out.install_began = true;
                   InstallDirectory(work + "/cache", final_dir);
                   MarkInstalledDigest(final_dir, digest);
                 } else {
@@ -545,6 +568,7 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
                   // The reason is the GPUs' (ArchitectureMismatch, …): the roll-up keys by it.
                   const auto why = IncompatibleReason(out.verdicts);
                   out.incompatible = true;
+                  out.install_began = true;  // the older copy goes
                   out.reason = why.reason;
                   out.message = why.message;
                   RemoveTree(final_dir);
@@ -597,6 +621,12 @@ void GkmAgentModule::PullWithCredentials(const std::string& key, std::optional<C
               if (out.reason.empty()) {
                 Finish(key, image, digest, "Ready", "", "");
               } else {
+                // A new image that fails its checks before the install (no metadata, a scan
+                // error) leaves the installed copy serving; one that failed mid-install does not.
+                if (out.install_began) {
+                  it->second.serving_digest.clear();
+                  it->second.serving_gpus.clear();
+                }
                 Finish(key, image, digest, out.incompatible ? "Incompatible" : "Failed", out.reason, out.message);
               }
             });
@@ -629,6 +659,17 @@ void GkmAgentModule::Finish(const std::string& key, const std::string& image, co
     } else {
       if (c.retry_backoff) c.retry_backoff->Reset();
       context_.Log().info("cache {}: {}{}", key, c.state, c.reason.empty() ? "" : " (" + c.reason + ")");
+    }
+    if (c.state == "Ready") {
+      // This copy now serves new volumes, also through a later pull of another image.
+      c.serving_digest = c.digest;
+      c.serving_gpus.clear();
+      for (const auto& v : c.verdicts) {
+        if (v.compatible) c.serving_gpus.push_back(v.index);
+      }
+    } else if (c.state == "Incompatible") {
+      c.serving_digest.clear();  // removed: nothing a GPU here can use
+      c.serving_gpus.clear();
     }
     if (c.state == "Ready") {
       WatchUsage(key);
@@ -934,6 +975,8 @@ void GkmAgentModule::PublishStates() {
     for (const auto& verdict : c.verdicts) {
       if (verdict.compatible) v.compatible_gpus.push_back(verdict.index);
     }
+    v.serving_digest = c.serving_digest;
+    v.serving_gpus = c.serving_gpus;
     states.caches.emplace(key, std::move(v));
   }
   if (published_ && *published_ == states) return;

@@ -88,6 +88,11 @@ class GkmAgentModule final : public Module {
     std::string digest;  // what was pulled
     uint64_t size_bytes = 0;
     std::vector<GpuVerdict> verdicts;
+    // The installed copy new volumes get while the cache is not Ready (CacheView::serving_*):
+    // set when a copy is installed or found Ready, kept through a later pull and a failed one,
+    // dropped when the directory goes or may have been changed by a failed install.
+    std::string serving_digest;
+    std::vector<uint32_t> serving_gpus;
     std::string written;  // the status last applied (without timestamps)
     std::unique_ptr<boost::asio::steady_timer> retry;
     std::optional<Backoff> retry_backoff;  // failed pulls in a row (made with the first failure)

@@ -32,6 +32,14 @@ struct CacheView {
   std::string directory;   // <cacheRoot>/<key>: the files (present while Ready)
   std::string usage_dir;   // <usageRoot>/<key>: usage.json, and the lock (api/usage.hpp)
   std::vector<uint32_t> compatible_gpus;  // indices of the GPUs that can use it
+  // The copy installed in `directory` that this agent checked (its kernels against this node's
+  // GPUs) and still vouches for, whatever `state` says: while a newer image or digest is pulled
+  // (Pending, Pulling) or after its pull failed (Failed: a registry outage does not take a good
+  // copy away), new volumes get this copy until the new one is installed Ready. `serving_gpus`
+  // empty: nothing to serve (never installed, incompatible, removed, an install that failed
+  // half-way). `serving_digest` is "" when the file system keeps no user xattr to say it.
+  std::string serving_digest;
+  std::vector<uint32_t> serving_gpus;
   bool operator==(const CacheView&) const = default;
 };
 

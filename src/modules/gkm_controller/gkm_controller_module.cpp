@@ -23,6 +23,12 @@ kube::InformerSpec Spec(const char* plural) {
   return kube::InformerSpec{kube::ResourcePath::Grouped(kGroup, kVersion, plural).Collection(), {}, {}};
 }
 
+// Whether a Node exists is all we read of it: the cache keeps the identity fields only (a Node
+// object is tens of KiB; a large cluster's would cost the leader that much per node).
+kube::InformerSpec MembersSpec() {
+  return kube::InformerSpec{kube::ResourcePath::Core("nodes").Collection(), {}, {}, {"metadata.name"}};
+}
+
 }  // namespace
 
 GkmControllerModule::Config GkmControllerModule::ParseConfig(ConfigMap& section, const SiteConfig& site) {
@@ -83,6 +89,7 @@ void GkmControllerModule::OnStartedLeading() {
     cache_keys_[i] = Spec(kCachePlural[i]).Key();
     node_keys_[i] = Spec(kNodePlural[i]).Key();
   }
+  member_key_ = MembersSpec().Key();
   auto& bus = context_.GetBus();
   events_sub_ = bus.Subscribe<kube::ResourceEvent>([this](const kube::ResourceEvent& e) { OnEvent(e); });
   // Retained: an informer that another module had listed already is announced at once.
@@ -93,6 +100,7 @@ void GkmControllerModule::OnStartedLeading() {
     caches_[i] = registry_->Acquire(Spec(kCachePlural[i]));
     nodes_[i] = registry_->Acquire(Spec(kNodePlural[i]));
   }
+  members_ = registry_->Acquire(MembersSpec());
   OnSynced();
 }
 
@@ -117,6 +125,7 @@ void GkmControllerModule::StopWork() {
     cache_of_[i].clear();
     reports_[i].clear();
   }
+  members_.reset();
   dirty_.clear();
   applied_.clear();
   counted_ = false;
@@ -126,7 +135,7 @@ bool GkmControllerModule::AllSynced() const {
   for (int i = 0; i < 2; ++i) {
     if (!caches_[i] || !nodes_[i] || !caches_[i]->Synced() || !nodes_[i]->Synced()) return false;
   }
-  return true;
+  return members_ && members_->Synced();
 }
 
 void GkmControllerModule::OnSynced() {
@@ -141,6 +150,12 @@ void GkmControllerModule::OnSynced() {
 
 void GkmControllerModule::OnEvent(const kube::ResourceEvent& e) {
   if (!leading_ || !counted_ || !e.object) return;
+  if (e.informer_key == member_key_) {
+    // Added or deleted: whether its objects count changes (an update changes nothing we read).
+    if (e.type == kube::ResourceEvent::Type::kModified) return;
+    if (const auto meta = kube::ObjectMeta::From(*e.object)) NodeChanged(meta->name);
+    return;
+  }
   for (int i = 0; i < 2; ++i) {
     const auto meta = kube::ObjectMeta::From(*e.object);
     if (!meta) return;
@@ -186,6 +201,19 @@ void GkmControllerModule::Count(bool cluster, const std::string& object_key, con
   reports_[i][cache].insert_or_assign(object_key, ReportOf(*object));
 }
 
+void GkmControllerModule::NodeChanged(const std::string& node) {
+  for (int i = 0; i < 2; ++i) {
+    for (const auto& [cache, reports] : reports_[i]) {
+      for (const auto& [object_key, report] : reports) {
+        if (report.node == node) {
+          Schedule(i == 1, cache);
+          break;
+        }
+      }
+    }
+  }
+}
+
 void GkmControllerModule::Schedule(bool cluster, const std::string& cache) {
   dirty_.emplace(cluster, cache);
   if (flush_posted_) return;
@@ -219,7 +247,10 @@ void GkmControllerModule::Reconcile(bool cluster, const std::string& cache) {
   }
   std::vector<NodeReport> reports;
   if (auto it = reports_[i].find(cache); it != reports_[i].end()) {
-    for (const auto& [object_key, report] : it->second) reports.push_back(report);
+    for (const auto& [object_key, report] : it->second) {
+      // Only nodes of the cluster: the objects of a node gone for good do not count.
+      if (members_ && members_->Get(report.node)) reports.push_back(report);
+    }
   }
   const json rollup = RollUp(reports);
   const auto applied = applied_.find(key);

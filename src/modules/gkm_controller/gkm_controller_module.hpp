@@ -66,6 +66,8 @@ class GkmControllerModule final : public Module {
   void OnEvent(const kube::ResourceEvent& event);
   // A per-node object (of `cluster` scope) added, changed or deleted: recounted, its cache re-rolled.
   void Count(bool cluster, const std::string& object_key, const nlohmann::json* object);
+  // A Node came or went: the caches it reports for are rolled up again.
+  void NodeChanged(const std::string& node);
   void Schedule(bool cluster, const std::string& cache);
   void Flush();
   void Reconcile(bool cluster, const std::string& cache);
@@ -83,6 +85,11 @@ class GkmControllerModule final : public Module {
   std::array<std::shared_ptr<kube::Informer>, 2> nodes_;
   std::array<std::string, 2> cache_keys_;
   std::array<std::string, 2> node_keys_;
+  // The cluster's Nodes (names only): a status object counts only while its spec.nodeName is a
+  // Node. A node gone for good leaves its agents' objects behind (nobody deletes them); counted,
+  // they would keep totalNodes and failedNodes up forever.
+  std::shared_ptr<kube::Informer> members_;
+  std::string member_key_;
   // Per scope: the cache each per-node object counts for ("ns/name", or "name" for a
   // ClusterGKMCache), and each cache's reports by object.
   std::array<std::map<std::string, std::string>, 2> cache_of_;

@@ -83,8 +83,13 @@ void CsiService::Start(const std::string& socket_path) {
       [&node, cq](auto* context, auto* request, auto* responder, void* tag) {
         node.RequestNodeGetCapabilities(context, request, responder, cq, cq, tag);
       },
-      // No staging (a bind mount needs none), no stats, no expansion.
-      [](const auto& call) { call->Finish(grpc::Status::OK); }, GrpcQueue::On::kQueueThread);
+      // Volume stats (what the kubelet's volume metrics show); no staging (a bind mount needs
+      // none), no expansion, no volume condition.
+      [](const auto& call) {
+        call->response.add_capabilities()->mutable_rpc()->set_type(NodeServiceCapability::RPC::GET_VOLUME_STATS);
+        call->Finish(grpc::Status::OK);
+      },
+      GrpcQueue::On::kQueueThread);
   ServeUnary<NodeGetInfoRequest, NodeGetInfoResponse>(
       queue,
       [&node, cq](auto* context, auto* request, auto* responder, void* tag) {
@@ -112,6 +117,30 @@ void CsiService::Start(const std::string& socket_path) {
         r.readonly_flag = q.readonly();
         r.volume_context.insert(q.volume_context().begin(), q.volume_context().end());
         shared->backend.publish(std::move(r), [call](std::optional<CsiError> error) { call->Finish(ToStatus(error)); });
+      });
+  ServeUnary<NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse>(
+      queue,
+      [&node, cq](auto* context, auto* request, auto* responder, void* tag) {
+        node.RequestNodeGetVolumeStats(context, request, responder, cq, cq, tag);
+      },
+      [shared](const auto& call) {
+        if (!shared->alive) return call->Finish(kStopping);
+        shared->backend.stats(call->request.volume_id(), call->request.volume_path(),
+                              [call](std::optional<CsiError> error, VolumeStats stats) {
+                                if (!error) {
+                                  auto* bytes = call->response.add_usage();
+                                  bytes->set_unit(VolumeUsage::BYTES);
+                                  bytes->set_used(stats.used_bytes);
+                                  bytes->set_total(stats.total_bytes);
+                                  bytes->set_available(stats.available_bytes);
+                                  auto* inodes = call->response.add_usage();
+                                  inodes->set_unit(VolumeUsage::INODES);
+                                  inodes->set_used(stats.used_inodes);
+                                  inodes->set_total(stats.total_inodes);
+                                  inodes->set_available(stats.free_inodes);
+                                }
+                                call->Finish(ToStatus(error));
+                              });
       });
   ServeUnary<NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse>(
       queue,

@@ -8,6 +8,7 @@
 #include "loop/blocking_pool.hpp"
 #include "loop/loop.hpp"
 #include "loop/unix_grpc_server.hpp"
+#include "modules/gkm_csi/volume_ops.hpp"
 #include "modules/gkm_csi/volume_request.hpp"
 
 #include <functional>
@@ -30,6 +31,8 @@ class CsiService {
     std::function<bool()> ready;
     std::function<void(PublishRequest, Reply)> publish;
     std::function<void(std::string volume_id, std::string target_path, Reply)> unpublish;
+    using StatsReply = std::function<void(std::optional<CsiError>, VolumeStats)>;
+    std::function<void(std::string volume_id, std::string volume_path, StatsReply)> stats;
   };
 
   CsiService(Loop& loop, Info info, Backend backend);

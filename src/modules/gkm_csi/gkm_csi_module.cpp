@@ -104,6 +104,9 @@ void GkmCsiModule::Serve() {
   backend.unpublish = [this](std::string id, std::string target, CsiService::Reply reply) {
     Unpublish(std::move(id), std::move(target), std::move(reply));
   };
+  backend.stats = [this](std::string id, std::string path, CsiService::Backend::StatsReply reply) {
+    Stats(std::move(id), std::move(path), std::move(reply));
+  };
   service_ = std::make_unique<CsiService>(
       context_.GetLoop(), CsiService::Info{std::string(kDriverName), GNS_VERSION, node_}, std::move(backend));
   service_->Start(SocketPath());
@@ -230,6 +233,37 @@ void GkmCsiModule::Unpublish(std::string volume_id, std::string target, Reply re
     UpdateGauge();
     reply(std::move(error));
   }));
+}
+
+void GkmCsiModule::Stats(std::string volume_id, std::string path,
+                         std::function<void(std::optional<CsiError>, VolumeStats)> reply_to) {
+  auto reply = [this, reply_to = std::move(reply_to)](std::optional<CsiError> error, VolumeStats stats) {
+    Count("NodeGetVolumeStats", error);
+    reply_to(std::move(error), stats);
+  };
+  if (volume_id.empty()) return reply(CsiError{kInvalidArgument, "volume_id is required"}, {});
+  if (path.empty()) return reply(CsiError{kInvalidArgument, "volume_path is required"}, {});
+  // The spec: NOT_FOUND for a volume that is not there, or not at that path.
+  auto it = volumes_.find(volume_id);
+  if (it == volumes_.end() || it->second.phase != Volume::Phase::kPublished) {
+    return reply(CsiError{kNotFound, "volume " + volume_id + " is not published on node " + node_}, {});
+  }
+  if (it->second.record.target_path != path) {
+    return reply(CsiError{kNotFound, "volume " + volume_id + " is published at " + it->second.record.target_path +
+                                         ", not at " + path},
+                 {});
+  }
+  // A walk of the cache's tree: on the pool.
+  context_.Pool().Run(
+      [path] {
+        std::pair<std::optional<CsiError>, VolumeStats> out;
+        out.first = MeasureVolume(path, out.second);
+        return out;
+      },
+      lifetime_.Guard([volume_id, reply](std::pair<std::optional<CsiError>, VolumeStats> out, std::exception_ptr failure) {
+        if (failure) out.first = CsiError{kInternal, "volume " + volume_id + ": " + DescribeException(failure)};
+        reply(std::move(out.first), out.second);
+      }));
 }
 
 void GkmCsiModule::Count(std::string_view method, const std::optional<CsiError>& error) {

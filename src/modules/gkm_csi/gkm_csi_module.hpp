@@ -12,6 +12,7 @@
 #include "loop/module.hpp"
 #include "modules/gkm_agent/api/usage.hpp"
 #include "modules/gkm_agent/messages.hpp"
+#include "modules/gkm_csi/volume_ops.hpp"
 #include "modules/gkm_csi/volume_request.hpp"
 
 #include <array>
@@ -70,6 +71,7 @@ class GkmCsiModule final : public Module {
   using Reply = std::function<void(std::optional<CsiError>)>;
   void Publish(PublishRequest request, Reply reply);
   void Unpublish(std::string volume_id, std::string target, Reply reply);
+  void Stats(std::string volume_id, std::string path, std::function<void(std::optional<CsiError>, VolumeStats)> reply);
   void Count(std::string_view method, const std::optional<CsiError>& error);
   void UpdateGauge();
 

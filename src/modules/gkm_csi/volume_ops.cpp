@@ -4,12 +4,15 @@
 #include "modules/gkm_csi/mounts.hpp"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <set>
+#include <utility>
 
 namespace gns::gkm_csi {
 
@@ -143,6 +146,43 @@ Recovery RecoverVolumes(const std::string& usage_root, const std::string& mounti
     }
   }
   return out;
+}
+
+std::optional<CsiError> MeasureVolume(const std::string& target, VolumeStats& out) {
+  struct stat top {};
+  if (::lstat(target.c_str(), &top) != 0) {
+    if (errno == ENOENT) return CsiError{kNotFound, "volume path " + target + " does not exist"};
+    return CsiError{kInternal, "cannot stat " + target + ": " + std::strerror(errno)};
+  }
+  struct statvfs fs_stats {};
+  if (::statvfs(target.c_str(), &fs_stats) != 0) {
+    return CsiError{kInternal, "cannot statvfs " + target + ": " + std::strerror(errno)};
+  }
+  out = VolumeStats{};
+  out.total_bytes = static_cast<int64_t>(fs_stats.f_blocks) * static_cast<int64_t>(fs_stats.f_frsize);
+  out.available_bytes = static_cast<int64_t>(fs_stats.f_bavail) * static_cast<int64_t>(fs_stats.f_frsize);
+  out.total_inodes = static_cast<int64_t>(fs_stats.f_files);
+  out.free_inodes = static_cast<int64_t>(fs_stats.f_ffree);
+  std::set<std::pair<dev_t, ino_t>> seen;  // a hard-linked file counts once, as du counts it
+  auto count = [&](const struct stat& st) {
+    if (!seen.insert({st.st_dev, st.st_ino}).second) return;
+    out.used_bytes += static_cast<int64_t>(st.st_blocks) * 512;
+    ++out.used_inodes;
+  };
+  count(top);
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(target, fs::directory_options::none, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0) continue;  // gone meanwhile
+    if (st.st_dev != top.st_dev) {
+      it.disable_recursion_pending();  // another mount under the volume is not the volume's
+      continue;
+    }
+    count(st);
+  }
+  if (ec) return CsiError{kInternal, "cannot walk " + target + ": " + ec.message()};
+  return std::nullopt;
 }
 
 }  // namespace gns::gkm_csi

@@ -13,6 +13,7 @@
 #include "modules/gkm_agent/api/usage.hpp"
 #include "modules/gkm_csi/volume_request.hpp"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +35,21 @@ struct UnpublishJob {
   std::string volume_id;
 };
 std::optional<CsiError> UnpublishVolume(const UnpublishJob& job);
+
+// NodeGetVolumeStats of a published volume, measured as the kubelet measures an emptyDir
+// (MetricsDu): used = what the tree under the target takes on disk (st_blocks, hard links
+// once, not crossing into other mounts), and its inodes; total / available = the file system's
+// (statvfs of the target: the cache's file system, shared with other caches).
+struct VolumeStats {
+  int64_t used_bytes = 0;
+  int64_t total_bytes = 0;
+  int64_t available_bytes = 0;
+  int64_t used_inodes = 0;
+  int64_t total_inodes = 0;
+  int64_t free_inodes = 0;
+};
+// NOT_FOUND when the target is gone, INTERNAL when it cannot be read.
+std::optional<CsiError> MeasureVolume(const std::string& target, VolumeStats& out);
 
 struct RecoveredVolume {
   std::string key;  // the cache (gkm::CacheKey), from where its usage.json lies

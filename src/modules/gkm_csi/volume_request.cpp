@@ -92,6 +92,10 @@ std::optional<CsiError> CheckCache(const VolumeWish& wish, const gkm::CacheState
   }
   const gkm::CacheView& v = it->second;
   if (v.state != "Ready") {
+    // A newer image or digest is pulled (or its pull failed) while the copy installed before is
+    // still the agent's, checked against this node's GPUs: that copy is what a pod gets, as the
+    // pods already running have it (the agent never replaces it under them).
+    if (!v.serving_gpus.empty()) return std::nullopt;
     std::string why = wish.Describe() + " is " + v.state + " on node " + node;
     if (!v.reason.empty()) why += " (" + v.reason + (v.message.empty() ? "" : ": " + v.message) + ")";
     why += ": only a Ready cache is mounted";

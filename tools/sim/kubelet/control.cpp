@@ -23,7 +23,9 @@ constexpr std::string_view kHelp =
     "unprepare [--version=v1|v1beta1] DRIVER CLAIM_JSON "
     "(CLAIM_JSON: {\"namespace\":..,\"uid\":..,\"name\":..} or a list of them) | "
     "pod-resources (what List answers) | forget-pod NS/NAME | "
-    "inject-pod-devices NS/NAME CONTAINER RESOURCE ID,ID (no plugin call) | pod-resources-socket on|off";
+    "inject-pod-devices NS/NAME CONTAINER RESOURCE ID,ID (no plugin call) | pod-resources-socket on|off | "
+    "(the binary, csi.h:) csi-publish [--readonly] [--no-pod-info] DRIVER NS/POD POD_UID VOLUME [ATTRIBUTES_JSON] | "
+    "csi-unpublish POD_UID VOLUME | csi-volumes";
 
 std::vector<std::string> SplitWords(std::string_view text) {
   std::vector<std::string> words;
@@ -354,11 +356,21 @@ json KubeletStateToJson(const KubeletState& state) {
                          {"last_notified_error", ps.last_notified_error},
                          {"last_notify", ps.last_notify.ToString()}};
   }
+  json csi = json::object();
+  for (const auto& [name, driver] : state.csi_drivers) {
+    csi[name] = json{{"endpoint", driver.endpoint},
+                     {"registration_socket", driver.registration_socket},
+                     {"versions", driver.versions},
+                     {"highest_version", driver.highest_version},
+                     {"node_id", driver.node_id},
+                     {"registrations", driver.registrations}};
+  }
   return json{{"running", state.running},
               {"restarts", state.restarts},
               {"resources", resources},
               {"rejected", rejected},
               {"dra_drivers", drivers},
+              {"csi_drivers", csi},
               {"plugin_sockets", sockets}};
 }
 

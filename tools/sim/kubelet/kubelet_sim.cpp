@@ -195,6 +195,7 @@ std::vector<std::shared_ptr<detail::DevicePluginConnection>> KubeletSim::Impl::T
   // A kubelet that stops forgets every plugin-watcher registration; a restarted one walks
   // plugins_registry again and registers each socket afresh.
   for (auto& [driver, dra] : state.dra_drivers) dra.endpoints.clear();
+  state.csi_drivers.clear();
   for (auto& [socket, plugin] : state.plugin_sockets) plugin.registered = false;
   return taken;
 }

@@ -34,6 +34,8 @@ inline constexpr std::string_view kDraV1Service = "v1.DRAPlugin";
 inline constexpr std::string_view kDraV1beta1Service = "v1beta1.DRAPlugin";
 // KEP-4680: the device-health service a DRA plugin may advertise beside its DRA service.
 inline constexpr std::string_view kDraHealthService = "v1alpha1.DRAResourceHealth";
+// The plugin-watcher type of a CSI node plugin (kubelet pkg/volume/csi: RegistrationHandler).
+inline constexpr std::string_view kPluginTypeCsi = "CSIPlugin";
 
 struct KubeletSimOptions {
   // The kubelet root, e.g. <sandbox>/var/lib/kubelet: device-plugins/ and plugins_registry/
@@ -73,6 +75,14 @@ struct KubeletSimOptions {
   // Refuse GetPreferredAllocation / PreStartContainer locally (FAILED_PRECONDITION) unless the
   // plugin advertised them in its options, as the kubelet never calls them otherwise.
   bool strict_options = true;
+  // CSI: the kubelet's CSI handler calls NodeGetInfo on a CSIPlugin's endpoint as it registers
+  // it (csi_plugin.go RegisterPlugin -> nim.InstallCSIDriver) and refuses the registration when
+  // that fails. The call needs the CSI spec's stubs, which live in gns_sim_kubelet_csi (csi.h
+  // there: EnableCsi sets this), not in this library: a test process that also links our
+  // own csi.proto text would register the package twice. Returns "" and the node id, or the
+  // error. Empty: CSIPlugin sockets are validated and recorded without the call.
+  std::function<std::string(const std::string& driver, const std::string& endpoint, std::string& node_id)>
+      csi_node_info;
   // ListAndWatch messages kept per resource (older ones are dropped; the count goes on).
   std::size_t max_updates = 10000;
   // Plugin-watcher events kept.
@@ -192,6 +202,17 @@ struct DraDriverState {
   const DraEndpointState* Latest() const { return endpoints.empty() ? nullptr : &endpoints.back(); }
 };
 
+// A registered CSI node plugin (plugin-watcher type CSIPlugin).
+struct CsiDriverState {
+  std::string driver;
+  std::string endpoint;             // the CSI socket (the registration socket when none is given)
+  std::string registration_socket;
+  std::vector<std::string> versions;  // as offered
+  std::string highest_version;      // the highest 1.x offered: what the kubelet keeps
+  std::string node_id;              // NodeGetInfo's answer at registration
+  int registrations = 0;            // over every restart
+};
+
 // One socket in plugins_registry that has answered GetInfo at least once.
 struct PluginSocketState {
   std::string socket;
@@ -261,6 +282,7 @@ struct KubeletState {
   std::map<std::string, ResourceState> resources;
   std::vector<RejectedRegistration> rejected;
   std::map<std::string, DraDriverState> dra_drivers;
+  std::map<std::string, CsiDriverState> csi_drivers;  // registered now, by driver name
   std::map<std::string, PluginSocketState> plugin_sockets;  // keyed by socket path
   std::deque<PluginWatcherEvent> watcher_events;  // the newest max_watcher_events
   std::map<std::string, PodResourcesEntry> pods;  // "namespace/name" -> what List reports

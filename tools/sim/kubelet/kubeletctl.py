@@ -21,6 +21,10 @@ Examples:
   kubeletctl.py forget-pod default/trainer                   # the pod is gone
   kubeletctl.py inject-pod-devices default/x main nvidia.com/gpu GPU-unknown
   kubeletctl.py pod-resources-socket off                     # a kubelet without the socket
+  kubeletctl.py csi-publish csi.gkm.io ml/trainer 5f1d7c1e-0c6e-4d4e-9d7a-6b0c1a2b3c4d kernel-cache \
+      '{"cacheName":"llama","cacheNamespace":"ml"}'           # a pod's inline CSI volume (--readonly)
+  kubeletctl.py csi-unpublish 5f1d7c1e-0c6e-4d4e-9d7a-6b0c1a2b3c4d kernel-cache
+  kubeletctl.py csi-volumes                                  # the pods' CSI volumes (vol_data.json)
 
 The socket defaults to $GNS_SIM_KUBELET_CONTROL. Standard library only (run with /usr/bin/python3).
 """
@@ -36,7 +40,8 @@ def main():
     parser = argparse.ArgumentParser(
         description="Send one command to gns-sim-kubelet's control socket.",
         epilog="commands: state, restart, probe, allocate, preferred, prestart, prepare, unprepare, "
-               "pod-resources, forget-pod, inject-pod-devices, pod-resources-socket, help",
+               "pod-resources, forget-pod, inject-pod-devices, pod-resources-socket, "
+               "csi-publish, csi-unpublish, csi-volumes, help",
     )
     parser.add_argument("--socket", default=os.environ.get("GNS_SIM_KUBELET_CONTROL"),
                         help="control socket path (default: $GNS_SIM_KUBELET_CONTROL)")

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "control.h"
+#include "csi.h"
 #include "kubelet_sim.h"
 
 namespace {
@@ -174,7 +175,8 @@ class ControlServer {
     for (std::size_t newline; (newline = client.buffer.find('\n')) != std::string::npos;) {
       const std::string line = client.buffer.substr(0, newline);
       client.buffer.erase(0, newline + 1);
-      if (!Send(client.fd, gns::sim::HandleKubeletCommand(sim_, line) + "\n")) return false;
+      auto csi = gns::sim::HandleCsiCommand(sim_, line, PrintLine);  // csi-publish, csi-unpublish, csi-volumes
+      if (!Send(client.fd, (csi ? *csi : gns::sim::HandleKubeletCommand(sim_, line)) + "\n")) return false;
     }
     return client.buffer.size() < 1024 * 1024;  // a client that never ends its line is dropped
   }
@@ -217,6 +219,7 @@ int main(int argc, char** argv) {
   options.probe_interval = std::chrono::seconds(args.probe_interval_s);
   if (!args.dra_services.empty()) options.dra_services = args.dra_services;
   options.log = PrintLine;
+  gns::sim::EnableCsi(options);  // a CSIPlugin's registration calls NodeGetInfo, as the kubelet's
 
   try {
     KubeletSim sim(options);

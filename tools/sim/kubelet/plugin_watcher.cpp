@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "dra/v1/api.grpc.pb.h"
@@ -43,6 +44,55 @@ std::string JoinComma(const std::vector<std::string>& items) {
   std::string out;
   for (const std::string& item : items) out += (out.empty() ? "" : ",") + item;
   return out;
+}
+
+// utilversion.ParseGeneric, as far as CSI versions need it: an optional "v", then at least
+// major.minor, dot-separated numbers; anything after the numbers ("-rc1") is ignored.
+std::optional<std::vector<int>> ParseGenericVersion(std::string_view text) {
+  if (!text.empty() && text.front() == 'v') text.remove_prefix(1);
+  std::vector<int> parts;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    std::size_t end = i;
+    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+    if (end == i || end - i > 9) break;
+    parts.push_back(std::stoi(std::string(text.substr(i, end - i))));
+    if (end >= text.size() || text[end] != '.') break;
+    i = end + 1;
+  }
+  if (parts.size() < 2) return std::nullopt;
+  return parts;
+}
+
+// csi_plugin.go highestSupportedVersion: the highest offered version with major <= 1 (2.x need
+// not be compatible), which must be a 1.x (0.x is no longer supported). "" and the error text
+// otherwise.
+std::string HighestCsiVersion(const std::vector<std::string>& versions, std::string& error) {
+  std::optional<std::vector<int>> best;
+  std::string best_text;
+  for (const std::string& offered : versions) {
+    auto parsed = ParseGenericVersion(offered);
+    if (!parsed) {
+      error = "illegal version string \"" + offered + "\"";
+      continue;
+    }
+    if ((*parsed)[0] > 1) continue;
+    if (!best || *best < *parsed) {
+      best = parsed;
+      best_text = offered;
+    }
+  }
+  if (!best) {
+    error = "could not find a highest supported version from versions (" + QuoteList(versions) +
+            ") reported by this driver: " + error;
+    return "";
+  }
+  if ((*best)[0] != 1) {
+    error = "highest supported version reported by driver is " + best_text + ", must be v1.x";
+    return "";
+  }
+  error.clear();
+  return best_text;
 }
 
 }  // namespace
@@ -372,6 +422,48 @@ void KubeletSim::Impl::RegisterPluginSocket(const WorkItem& item) {
         error = "RegisterPlugin error -- plugin registration failed with err: " + status.error_message();
       }
     }
+  } else if (view.type == kPluginTypeCsi) {
+    // The CSI handler (pkg/volume/csi/csi_plugin.go): ValidatePlugin (a 1.x version, not below a
+    // driver of that name registered already), RegisterPlugin (kept, then NodeGetInfo; a failure
+    // there unregisters it again).
+    std::string why;
+    const std::string highest =
+        view.supported_versions.empty() ? std::string() : HighestCsiVersion(view.supported_versions, why);
+    if (view.supported_versions.empty()) {
+      why = "ValidatePlugin for CSI driver \"" + view.name + "\" failed. Plugin returned an empty list for supported versions";
+    } else if (highest.empty()) {
+      why = "ValidatePlugin for CSI driver \"" + view.name + "\" failed. None of the versions specified " +
+            QuoteList(view.supported_versions) + " are supported. err=" + why;
+    } else {
+      std::lock_guard lock(mutex);
+      auto existing = state.csi_drivers.find(view.name);
+      if (existing != state.csi_drivers.end() && existing->second.registration_socket != socket &&
+          !(*ParseGenericVersion(existing->second.highest_version) < *ParseGenericVersion(highest))) {
+        why = "ValidatePlugin for CSI driver \"" + view.name +
+              "\" failed. Another driver with the same name is already registered with a higher supported version: \"" +
+              existing->second.highest_version + "\"";
+      }
+    }
+    if (!why.empty()) {
+      error = "RegisterPlugin error -- plugin validation failed with err: validation failed for CSI Driver " + view.name +
+              " at endpoint " + endpoint + ": " + why;
+    } else {
+      std::string node_id;
+      const std::string failed = options.csi_node_info ? options.csi_node_info(view.name, endpoint, node_id) : "";
+      if (!failed.empty()) {
+        error = "RegisterPlugin error -- plugin registration failed with err: error updating CSI node info for driver " +
+                view.name + ": " + failed;
+      } else {
+        std::lock_guard lock(mutex);
+        if (!state.running || generation != generation_at_start) return;
+        CsiDriverState& csi = state.csi_drivers[view.name];
+        const int registrations = csi.registrations;
+        csi = CsiDriverState{view.name, endpoint, socket, view.supported_versions, highest, node_id, registrations + 1};
+        PluginSocketState& ps = state.plugin_sockets[socket];
+        ps.registered = true;
+        ++ps.registrations;
+      }
+    }
   } else {
     error = "RegisterPlugin error -- no handler registered for plugin type: " + view.type + " at socket " + socket;
   }
@@ -436,6 +528,9 @@ void KubeletSim::Impl::DeregisterPluginSocket(const std::string& socket, const s
           return true;
         });
       }
+    } else if (ps.info.type == kPluginTypeCsi) {
+      auto csi = state.csi_drivers.find(ps.info.name);
+      if (csi != state.csi_drivers.end() && csi->second.registration_socket == socket) state.csi_drivers.erase(csi);
     } else if (ps.info.type == detail::kPluginTypeDevicePlugin) {
       auto dp = device_plugins.find(ps.info.name);
       if (dp != device_plugins.end() && dp->second->registration_socket == socket) {

@@ -344,6 +344,86 @@ TEST_F(GkmAgentTest, ARestartNeverReplacesACacheUnderItsPods) {
   EXPECT_EQ(Kernels(dir), 1u);
 }
 
+// Issue 30: a Ready cache pulled again (another image; a restart with another one) turned
+// Pulling and the CSI side refused new mounts, although the installed copy stayed in place. The
+// agent now vouches for that copy (CacheStates serving_*) until a new one is installed Ready:
+// through a failed pull of another image, through a restart (found on disk) whose pull hangs,
+// and it withdraws it when the directory goes. No step waits for a pull deadline (a loaded
+// machine makes those flaky): a hanging pull ends with its agent.
+TEST_F(GkmAgentTest, APulledAgainCacheKeepsServingItsInstalledCopyUntilTheNewOneIsReady) {
+  const auto first = registry_->Push("caches/again", "v1", {"--triton", "90"});
+  SilentListener silent;
+  std::optional<CacheStates> states;
+  auto states_sub = h_.bus.Subscribe<CacheStates>([&](const CacheStates& s) { states = s; });
+  auto view = [&]() -> CacheView {
+    if (!states || !states->caches.count("namespaced/ml/again")) return {};
+    return states->caches.at("namespaced/ml/again");
+  };
+  const std::string path = std::string(kCaches) + "/again";
+  auto set_image = [&](const std::string& image) {
+    const auto r = server_->Call("PATCH", path, json{{"spec", {{"image", image}}}}.dump(), "application/merge-patch+json");
+    ASSERT_EQ(r.status, 200) << r.body;
+  };
+  // Stops the running agent (a pull under way ends with it) and starts another on the same roots.
+  auto restart = [&](const std::function<void()>& while_down) {
+    for (auto* m : {&module_, &second_}) {
+      if (!*m) continue;
+      bool stopped = false;
+      (*m)->Stop([&] { stopped = true; });
+      ASSERT_TRUE(h_.RunUntil([&] { return stopped; }));
+      m->reset();
+    }
+    states.reset();
+    while_down();
+    second_context_ = std::make_unique<ModuleContext>(h_.Parts(), std::string(GkmAgentModule::kName),
+                                                      [](std::string) {}, [](ModuleHealth, std::string) {});
+    second_ = std::make_unique<GkmAgentModule>(*second_context_, config_);
+    second_->Start();
+  };
+  StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});
+  ASSERT_EQ(server_->Call("POST", kCaches, Cache("again", registry_->Host() + "/caches/again:v1").dump()).status, 201);
+  ASSERT_TRUE(h_.RunUntil([&] { return view().state == "Ready"; }, std::chrono::seconds(120))) << view().state;
+  EXPECT_EQ(view().serving_digest, first["manifest"]);
+  EXPECT_EQ(view().serving_gpus, (std::vector<uint32_t>{0}));
+  const fs::path dir = root_ / "caches/namespaced/ml/again";
+
+  // Another image that the registry does not have: Failed (the status says so); the installed
+  // copy still serves.
+  set_image(registry_->Host() + "/caches/again:missing");
+  ASSERT_TRUE(h_.RunUntil([&] { return view().state == "Failed"; }, std::chrono::seconds(120))) << view().state;
+  EXPECT_EQ(view().reason, "NotFound");
+  EXPECT_EQ(view().serving_digest, first["manifest"]);
+  EXPECT_EQ(view().serving_gpus, (std::vector<uint32_t>{0}));
+  EXPECT_EQ(Kernels(dir), 1u);
+
+  // A restart while the object names an image whose registry never answers: nothing of the
+  // last run is known; the copy on disk is checked and serves while the pull hangs.
+  restart([&] { set_image(silent.Host() + "/caches/again:v2"); });
+  ASSERT_TRUE(h_.RunUntil([&] { return view().state == "Pulling" && !view().serving_gpus.empty(); },
+                          std::chrono::seconds(120)))
+      << view().state;
+  EXPECT_EQ(view().serving_gpus, (std::vector<uint32_t>{0}));
+  if (!view().serving_digest.empty()) {
+    EXPECT_EQ(view().serving_digest, first["manifest"]);  // with user xattrs
+  }
+
+  // The new image, and it is Ready: it serves from now on.
+  const auto second = registry_->Push("caches/again", "v2", {"--triton", "80,90"});
+  restart([&] { set_image(registry_->Host() + "/caches/again:v2"); });
+  ASSERT_TRUE(h_.RunUntil([&] { return view().state == "Ready" && view().digest == second["manifest"]; },
+                          std::chrono::seconds(120)))
+      << view().state << " " << view().digest;
+  EXPECT_EQ(view().serving_digest, second["manifest"]);
+  EXPECT_EQ(Kernels(dir), 2u);
+
+  // A newer image no GPU here can use: the installed copy goes, and with it the serving.
+  registry_->Push("caches/again", "v3", {"--triton", "70"});
+  set_image(registry_->Host() + "/caches/again:v3");
+  ASSERT_TRUE(h_.RunUntil([&] { return view().state == "Incompatible"; }, std::chrono::seconds(120))) << view().state;
+  EXPECT_TRUE(view().serving_gpus.empty());
+  EXPECT_TRUE(view().serving_digest.empty());
+}
+
 TEST_F(GkmAgentTest, ADeletedCacheNobodyUsesGoesAtOnce) {
   registry_->Push("caches/idle", "v1", {"--triton", "90"});
   StartAgent({Gpu(0, "NVIDIA H200", 9, 0)});

@@ -118,6 +118,10 @@ class GkmControllerTest : public kube::test::KubeTestBase {
     if (!cluster) o["metadata"]["namespace"] = "ml";
     return o;
   }
+  // A Node of the cluster: status objects count only for nodes that exist.
+  static json Node(const std::string& name) {
+    return {{"_resource", "/api/v1/nodes"}, {"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", name}}}};
+  }
   static std::string ObjectName(const std::string& cache, const std::string& node) {
     return std::to_string(cache.size()) + "." + cache + "." + node;
   }
@@ -143,7 +147,8 @@ class GkmControllerTest : public kube::test::KubeTestBase {
 };
 
 TEST_F(GkmControllerTest, ACachesStatusCountsItsNodesFollowsAFailureAndIsNotRewrittenForNothing) {
-  server_->Seed(json::array({Cache("llama"), Cache("other"), NodeObject("llama", "node-a", "Ready"),
+  server_->Seed(json::array({Node("node-a"), Node("node-b"), Node("node-c"), Cache("llama"), Cache("other"),
+                             NodeObject("llama", "node-a", "Ready"),
                              NodeObject("llama", "node-b", "Ready"), NodeObject("other", "node-c", "Failed", "NotFound")}));
   StartController();
 
@@ -195,7 +200,8 @@ TEST_F(GkmControllerTest, ACachesStatusCountsItsNodesFollowsAFailureAndIsNotRewr
 }
 
 TEST_F(GkmControllerTest, AClusterCacheCountsItsClusterScopedNodeObjects) {
-  server_->Seed(json::array({Cache("shared", true), NodeObject("shared", "node-a", "Pulling", "", true),
+  server_->Seed(json::array({Node("node-a"), Node("node-b"), Node("node-c"), Cache("shared", true),
+                             NodeObject("shared", "node-a", "Pulling", "", true),
                              NodeObject("shared", "node-b", "Ready", "", true),
                              // A namespaced cache of the same name is another cache.
                              NodeObject("shared", "node-c", "Failed", "NotFound")}));
@@ -205,6 +211,38 @@ TEST_F(GkmControllerTest, AClusterCacheCountsItsClusterScopedNodeObjects) {
   EXPECT_EQ(status["readyNodes"], 1);
   EXPECT_EQ(status["failedNodes"], 0);
   EXPECT_EQ(status["conditions"][0]["message"], "1 of 2 nodes ready, none failed.");
+}
+
+// Issue 30: a node gone for good leaves its agents' status objects behind (the agent that would
+// delete them is gone with it), and they were counted forever: totalNodes and failedNodes never
+// came down. Only nodes of the cluster count, from the first roll-up on (objects of a node that
+// was gone before this leader started) and as Nodes go and come back.
+TEST_F(GkmControllerTest, StatusObjectsOfANodeNoLongerInTheClusterDoNotCount) {
+  server_->Seed(json::array({Node("node-a"), Node("node-b"), Cache("llama"), NodeObject("llama", "node-a", "Ready"),
+                             NodeObject("llama", "node-b", "Failed", "DeadlineExceeded"),
+                             // node-gone left before the controller started.
+                             NodeObject("llama", "node-gone", "Incompatible", "ArchitectureMismatch")}));
+  StartController();
+  const std::string path = std::string(kCaches) + "/llama";
+  auto status = WaitForStatus(path, [](const json& s) { return s.contains("totalNodes"); });
+  EXPECT_EQ(status["totalNodes"], 2) << status.dump();
+  EXPECT_EQ(status["failedNodes"], 1);
+  EXPECT_EQ(status["failedNodeConditions"], json::parse(R"({"DeadlineExceeded":["node-b"]})"));
+
+  // node-b leaves the cluster; its object stays behind: it no longer counts, and no node failed.
+  ASSERT_EQ(server_->Call("DELETE", "/api/v1/nodes/node-b").status, 200);
+  status = WaitForStatus(path, [](const json& s) { return s.value("totalNodes", -1) == 1; });
+  EXPECT_EQ(status["readyNodes"], 1);
+  EXPECT_EQ(status["failedNodes"], 0);
+  EXPECT_EQ(status["failedNodeConditions"], json::object());
+  EXPECT_EQ(status["conditions"][0]["status"], "False");
+  EXPECT_EQ(server_->Call("GET", std::string(kNodes) + "/" + ObjectName("llama", "node-b")).status, 200)
+      << "the object is left as it is (the agent's to delete)";
+
+  // node-gone joins (again): its object counts.
+  ASSERT_EQ(server_->Call("POST", "/api/v1/nodes", Node("node-gone").dump()).status, 201);
+  status = WaitForStatus(path, [](const json& s) { return s.value("totalNodes", -1) == 2; });
+  EXPECT_EQ(status["failedNodeConditions"], json::parse(R"({"ArchitectureMismatch":["node-gone"]})"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 
 #include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -177,11 +178,14 @@ TEST_F(GkmCsiTest, IdentityAndNodeAnswerTheSpecsClient) {
   EXPECT_EQ(probe["response"]["ready"], true);
   auto node_caps = Call("NodeGetCapabilities");
   EXPECT_EQ(node_caps["codeName"], "OK");
-  EXPECT_FALSE(node_caps["response"].contains("capabilities"));  // no staging: the kubelet never stages
+  // Volume stats only: no staging (the kubelet never stages), no expansion.
+  EXPECT_EQ(node_caps["response"]["capabilities"], json::parse(R"([{"rpc":{"type":"GET_VOLUME_STATS"}}])"));
   auto node = Call("NodeGetInfo");
   EXPECT_EQ(node["response"]["node_id"], "node-a");
-  // What we do not serve is UNIMPLEMENTED, as the spec wants without the capability.
-  EXPECT_EQ(Call("NodeGetVolumeStats", {{"volume_id", "v"}, {"volume_path", "/x"}})["codeName"], "UNIMPLEMENTED");
+  // A volume that is not published here: NOT_FOUND, as the spec wants.
+  const auto stats = Call("NodeGetVolumeStats", {{"volume_id", "v"}, {"volume_path", "/x"}});
+  EXPECT_EQ(stats["codeName"], "NOT_FOUND");
+  EXPECT_EQ(stats["message"], "volume v is not published on node node-a");
   // The socket is the kubelet's alone.
   EXPECT_EQ(fs::status(module_->SocketPath()).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
 }
@@ -241,6 +245,24 @@ TEST_F(GkmCsiTest, PublishesAReadyCacheReadOnlyAndRecordsThePod) {
   EXPECT_EQ(usage[0].volume_size, 4096u);
   EXPECT_TRUE(usage[0].read_only);
   EXPECT_FALSE(usage[0].start_time.empty());
+
+  // NodeGetVolumeStats (the kubelet's volume metrics): what the cache takes on disk, and its file
+  // system's size; the wrong path is NOT_FOUND.
+  auto stats = Call("NodeGetVolumeStats", {{"volume_id", "csi-vol-1"}, {"volume_path", target.string()}});
+  ASSERT_EQ(stats["codeName"], "OK") << stats.dump();
+  ASSERT_EQ(stats["response"]["usage"].size(), 2u) << stats.dump();
+  const json bytes = stats["response"]["usage"][0];
+  EXPECT_EQ(bytes["unit"], "BYTES");
+  struct stat kernel_stat {};
+  ASSERT_EQ(::stat((target / "add_kernel.json").c_str(), &kernel_stat), 0);
+  // int64 is a string in protobuf's JSON.
+  EXPECT_GE(std::stoll(bytes["used"].get<std::string>()), static_cast<long long>(kernel_stat.st_blocks) * 512);
+  EXPECT_GE(std::stoll(bytes["total"].get<std::string>()), std::stoll(bytes["used"].get<std::string>()));
+  const json inodes = stats["response"]["usage"][1];
+  EXPECT_EQ(inodes["unit"], "INODES");
+  EXPECT_GE(std::stoll(inodes["used"].get<std::string>()), 2);  // the directory and its kernel file at least
+  EXPECT_EQ(Call("NodeGetVolumeStats", {{"volume_id", "csi-vol-1"}, {"volume_path", "/elsewhere"}})["codeName"],
+            "NOT_FOUND");
 
   // The same publish again (a kubelet retry): OK, nothing mounted twice.
   EXPECT_EQ(Call("NodePublishVolume", request)["codeName"], "OK");

@@ -124,6 +124,32 @@ TEST(GkmCsiRequest, FollowsTheAgentsVerdict) {
   EXPECT_EQ(CheckCache(cluster, &states, "node-a")->code, kNotFound);
 }
 
+// Issue 30: a Ready cache pulled again (a new image or digest, a restart) was Pulling and
+// refused every new mount although its installed copy kept serving the running pods. While the
+// agent vouches for the installed copy (serving_gpus), new volumes get it, whatever the state of
+// the newer pull; without such a copy a Pulling or Failed cache is refused as before.
+TEST(GkmCsiRequest, ACacheBeingPulledAgainServesItsInstalledCopy) {
+  auto wish = *ParsePublish(Request({{"cacheName", "llama"}, {"cacheNamespace", "ml"}})).wish;
+  gkm::CacheStates states;
+  states.listed = true;
+  gkm::CacheView view;
+  view.state = "Pulling";
+  view.message = "pulling registry.example/llama:v2";
+  states.caches["namespaced/ml/llama"] = view;
+  EXPECT_EQ(CheckCache(wish, &states, "node-a")->code, kFailedPrecondition);  // the first pull: nothing to serve
+  states.caches["namespaced/ml/llama"].serving_digest = "sha256:aaaa";
+  states.caches["namespaced/ml/llama"].serving_gpus = {1};
+  EXPECT_FALSE(CheckCache(wish, &states, "node-a"));
+  states.caches["namespaced/ml/llama"].state = "Failed";  // the newer pull failed: the copy stays good
+  states.caches["namespaced/ml/llama"].reason = "RegistryUnavailable";
+  EXPECT_FALSE(CheckCache(wish, &states, "node-a"));
+  states.caches["namespaced/ml/llama"].serving_gpus.clear();  // the agent withdrew it
+  const auto refused = CheckCache(wish, &states, "node-a");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->code, kFailedPrecondition);
+  EXPECT_NE(refused->message.find("is Failed on node node-a (RegistryUnavailable"), std::string::npos) << refused->message;
+}
+
 TEST(GkmCsiUsage, WritesTheSeedsShapeAndReadsItBack) {
   gkm::UsageRecord a{"pod-foo", "ml", "u1", "csi-a", "/pods/u1/mount", "2026-11-28T07:00:00Z", 80608, true};
   gkm::UsageRecord b{"", "", "", "csi-b", "/pods/u2/mount", "2026-11-28T07:00:01Z", 0, false};
