@@ -615,4 +615,38 @@ void KubeletPlugin::UpdateCheckpointGauge() {
   checkpoint_entries_->Set(static_cast<double>(checkpoint_.claims.size()));
 }
 
+// ---------------------------------------------------------------------------------- API reads
+
+asio::awaitable<kube::Result> KubeletPlugin::FetchWithRetry(Gate::Ticket alive, bool list, std::string path,
+                                                            Clock::SteadyTime deadline) {
+  if (!alive) co_return kube::Result{};  // the caller is gone (Both() resumes nothing then)
+  constexpr std::chrono::milliseconds kFirstRetryDelay{200};
+  constexpr std::chrono::milliseconds kMaxRetryDelay{2000};
+  for (std::chrono::milliseconds delay = kFirstRetryDelay;; delay = std::min(delay * 2, kMaxRetryDelay)) {
+    kube::Result result = co_await Fetch(list, path);
+    if (!kube::IsTransient(result) || stopping_ || context_.GetClock().Now() + delay >= deadline) co_return result;
+    context_.Log().debug("{} {}: {} (HTTP {}); retrying in {} ms", list ? "list" : "get", path, result.error,
+                         result.http_status, delay.count());
+    co_await Sleep(delay);
+  }
+}
+
+// Not coroutines: the awaited calls are built outside any coroutine frame (the g++ 12 pitfall,
+// loop/awaitables.hpp); the client's verbs copy what they need before they return.
+asio::awaitable<kube::Result> KubeletPlugin::Fetch(bool list, std::string path) {
+  if (list) return client_->List(path, kube::ListOptions{}, kube::Deadline{}, lifetime_.Watch());
+  return client_->Get(path, kube::Deadline{}, lifetime_.Watch());
+}
+
+asio::awaitable<void> KubeletPlugin::Sleep(std::chrono::milliseconds delay) {
+  // A timer of its own: nothing cancels a retry's wait (Stop lets it run out).
+  asio::steady_timer timer(context_.GetLoop().Io(), delay);
+  co_await Expiry(timer);
+}
+
+asio::awaitable<boost::system::error_code> KubeletPlugin::Expiry(asio::steady_timer& timer) {
+  auto start = [timer = &timer](auto resume) { timer->async_wait(std::move(resume)); };
+  return AwaitCallback<boost::system::error_code>(std::move(start), lifetime_.Watch());
+}
+
 }  // namespace gns::dra

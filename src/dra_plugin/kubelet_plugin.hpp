@@ -35,6 +35,7 @@
 #include "loop/module.hpp"
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
 #include <deque>
@@ -48,6 +49,7 @@ namespace gns::kube {
 class KubeClient;
 class InformerRegistry;
 class EventRecorder;
+struct Result;
 }  // namespace gns::kube
 
 namespace gns::dra {
@@ -108,6 +110,14 @@ class KubeletPlugin final : private DraHandler {
   const std::shared_ptr<kube::KubeClient>& Client() const { return client_; }
   const std::shared_ptr<kube::InformerRegistry>& Informers() const { return informers_; }
   const PluginPaths& Paths() const { return options_.paths; }
+  // For a driver's DecideClaim: GET `path` (a LIST with `list`) through the kube client, again
+  // after a transient failure (transport error, 429, 5xx: kube::IsTransient) with a backoff of
+  // 200 ms doubling to 2 s, until the next wait would pass `deadline` (the module clock's steady
+  // time) or the plugin stops; the last answer is returned. `alive` is the caller's ticket, by
+  // value (a caller that co_spawns this starts it a loop turn later): gone, nothing is fetched.
+  // Each attempt has no deadline of its own: `deadline` bounds the retries, the client each one.
+  boost::asio::awaitable<kube::Result> FetchWithRetry(Gate::Ticket alive, bool list, std::string path,
+                                                      Clock::SteadyTime deadline);
   const std::string& DriverName() const { return options_.driver_name; }
   // The jobs FIFO is empty and nothing runs (tests and benches wait on it).
   bool Idle() const { return !jobs_running_ && jobs_.empty(); }
@@ -137,6 +147,10 @@ class KubeletPlugin final : private DraHandler {
   void CommitDone(const std::string& log_error, uint64_t last_seq, std::size_t log_used, std::size_t committed);
   boost::asio::awaitable<void> Compact();
   boost::asio::awaitable<void> UnprepareCall(UnprepareJob job);
+
+  boost::asio::awaitable<kube::Result> Fetch(bool list, std::string path);
+  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay);
+  boost::asio::awaitable<boost::system::error_code> Expiry(boost::asio::steady_timer& timer);
 
   void UpdateCheckpointGauge();
   void Changed() { driver_.StateChanged(); }

@@ -338,7 +338,7 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
 
     // The DeviceClass in the resource.k8s.io version the DRA modules speak.
     const auto classes = bundle.OfKind("DeviceClass");
-    ASSERT_EQ(classes.size(), chosen.contains("dra-gpu") ? 2u : 1u);
+    ASSERT_EQ(classes.size(), chosen.contains("dra-gpu") ? 3u : 1u);
     const auto api = site.Module("dra-compute-domain")["resourceApiVersion"].as<std::string>();
     for (const auto& c : classes) EXPECT_EQ(c["apiVersion"].as<std::string>(), "resource.k8s.io/" + api);
     if (chosen.contains("dra-gpu")) {
@@ -346,6 +346,7 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
       std::set<std::string> names;
       for (const auto& c : classes) names.insert(c["metadata"]["name"].as<std::string>());
       EXPECT_TRUE(names.contains("gpu.nvidia.com"));
+      EXPECT_TRUE(names.contains("mig.nvidia.com"));
     }
     EXPECT_EQ(site.Module("compute-domain-controller")["resourceApiVersion"].as<std::string>(), api);
     EXPECT_EQ(api, chosen.contains("resource-v1beta1") ? "v1beta1" : "v1");

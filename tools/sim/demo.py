@@ -30,6 +30,9 @@ API-server simulator, /debug/state). Started by tools/sim/run-local.sh after the
      Healthy throughout.
   (after dra-gpu) device health: an Xid on DRA's GPU -> a gpu.nvidia.com/xid taint on its slice
      device and UNHEALTHY on the kubelet's health stream; the reset ack -> taint gone, HEALTHY.
+  (last) dra-gpu MIG: DRA's GPU 6 split into MIG devices (fake NVML reload) -> gpu-6-mig-19-1-1 in
+     the slice, a MigDeviceConfig claim prepared (CDI: /dev/nvidia6 + its nvidia-caps nodes) and
+     unprepared; GPU 6 whole again.
 
 Standard library only. Waits are bounded; every step says what it waited for if it gives up.
 """
@@ -387,6 +390,77 @@ def dra_gpu_demo(api):
     unprepared = kubelet("unprepare", driver, ref)
     say("dra-gpu", f"NodeUnprepareResources -> {json.dumps(unprepared.get('claims'))[:200]}; spec removed: "
         f"{not os.path.exists(spec)}")
+
+
+def dra_gpu_mig_demo(api):
+    """Issue 28: a MIG-enabled GPU through DRA. GPU 6 (dra-gpu's) is split into two 1g.18gb MIG
+    devices (the fake NVML re-reads its config: a MIG reconfiguration); the slice then offers
+    gpu-6-mig-19-<start>-1, not gpu-6. A claim for one with a MigDeviceConfig is prepared (its CDI
+    device: /dev/nvidia6 and the GPU and compute instance's /dev/nvidia-caps nodes) and
+    unprepared; GPU 6 is then whole again."""
+    driver = "gpu.nvidia.com"
+    config_path = os.environ.get("FAKE_NVML_CONFIG", "")
+    if not config_path.startswith(SANDBOX):
+        say("dra-gpu MIG", f"skipped: FAKE_NVML_CONFIG ({config_path}) is not the sandbox copy run-local.sh makes")
+        return
+    with open(config_path) as f:
+        original = f.read()
+    config = json.loads(original)
+    gpu = next(g for g in config["gpus"] if g.get("minor") == 6)
+    gpu["migEnabled"] = True
+    gpu["migDevices"] = [
+        {"uuid": f"MIG-6a000000-000{i}-5000-8000-00000000000{i}", "gpuInstanceId": 9 + i, "gpuInstanceSliceCount": 1,
+         "memorySizeMB": 18176, "multiprocessorCount": 16, "sharedCopyEngineCount": 1, "sharedDecoderCount": 1,
+         "sharedJpegCount": 1, "gpuInstanceProfileId": 19, "placementStart": i, "placementSize": 1}
+        for i in range(2)]
+
+    def reconfigure(text):
+        with open(config_path, "w") as f:
+            f.write(text)
+        subprocess.run(NVML_CTL + ["reload-config"], check=True, capture_output=True)
+
+    slice_path = f"/apis/resource.k8s.io/v1/resourceslices/{NODE}-{driver}"
+
+    def devices():
+        code, body = api.call("GET", slice_path)
+        return {d["name"]: d for d in body["spec"].get("devices", [])} if code == 200 else {}
+
+    reconfigure(json.dumps(config, indent=2))
+    try:
+        name = "gpu-6-mig-19-1-1"
+        mig = wait_for(f"{name} in the gpu.nvidia.com slice", lambda: devices().get(name))
+        say("dra-gpu MIG", f"GPU 6 in MIG mode -> slice devices {sorted(devices())}; {name}: "
+            f"profile={mig['attributes']['profile']['string']} parentUUID={mig['attributes']['parentUUID']['string']} "
+            f"capacity={ {k: v['value'] for k, v in mig['capacity'].items()} }")
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": "mig-inference", "namespace": NS},
+                 "spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}
+        code, created = api.call("POST", claims, claim)
+        if code != 201:
+            raise SystemExit(f"[demo] creating the MIG ResourceClaim failed: {code} {created}")
+        created["status"] = {"allocation": {"devices": {
+            "results": [{"request": "mig", "driver": driver, "pool": NODE, "device": name}],
+            "config": [{"source": "FromClaim", "requests": ["mig"], "opaque": {"driver": driver, "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+                "sharing": {"strategy": "TimeSlicing"}}}}]}}}
+        code, allocated = api.call("PUT", claims + "/mig-inference/status", created)
+        if code != 200:
+            raise SystemExit(f"[demo] allocating the MIG ResourceClaim failed: {code} {allocated}")
+        ref = json.dumps({"namespace": NS, "uid": created["metadata"]["uid"], "name": "mig-inference"})
+        prepared = kubelet("prepare", driver, ref)
+        say("dra-gpu MIG", f"NodePrepareResources (MigDeviceConfig, TimeSlicing) -> {json.dumps(prepared.get('claims'))[:300]}")
+        spec = os.path.join(SANDBOX, "var/run/cdi", f"k8s.gpu.nvidia.com-claim_{created['metadata']['uid']}.json")
+        with open(spec) as f:
+            nodes = [n["path"] for d in json.load(f)["devices"] for n in d["containerEdits"]["deviceNodes"]]
+        say("dra-gpu MIG", f"CDI spec {os.path.basename(spec)}: device nodes {nodes}")
+        unprepared = kubelet("unprepare", driver, ref)
+        say("dra-gpu MIG", f"NodeUnprepareResources -> {json.dumps(unprepared.get('claims'))[:200]}; spec removed: "
+            f"{not os.path.exists(spec)}")
+    finally:
+        reconfigure(original)
+    wait_for("gpu-6 whole again in the slice", lambda: "gpu-6" in devices())
+    say("dra-gpu MIG", f"GPU 6 whole again -> slice devices {sorted(devices())}")
 
 
 def dra_health_demo(api):
@@ -783,6 +857,7 @@ def main():
     gkm_csi_demo(api)
     gkm_controller_demo(api)
     nvsentinel_export_demo()
+    dra_gpu_mig_demo(api)
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 
 

@@ -28,6 +28,8 @@ trap cleanup EXIT
 # gpus-8.json with GPU 7 split into MIG devices (3g.71gb, 2g.35gb, 2x 1g.18gb): the device plugin
 # shows a mixed-MIG GPU and a time-sliced MIG resource.
 export FAKE_NVML_CONFIG=${FAKE_NVML_CONFIG:-$repo/tools/sim/fake_nvml/gpus-local.json}
+# A sandbox copy the fake reads: demo.py's dra-gpu MIG step rewrites it (a MIG reconfiguration).
+cp "$FAKE_NVML_CONFIG" "$GNS_SANDBOX/gpus.json" && export FAKE_NVML_CONFIG=$GNS_SANDBOX/gpus.json
 export FAKE_NVML_CONTROL=$GNS_SANDBOX/fake-nvml.sock
 export GNS_NVML_LIBRARY=$build_dir/tools/sim/fake_nvml/libnvidia-ml.so.1
 
@@ -58,6 +60,13 @@ gpu7/gi13/access 174
 gpu7/gi13/ci0/access 175
 gpu7/gi14/access 183
 gpu7/gi14/ci0/access 184
+MINORS
+# GPU 6 (dra-gpu's) once demo.py's MIG step splits it into two 1g.18gb (GPU instances 9 and 10).
+cat >> "$GNS_SANDBOX/host/proc/driver/nvidia-caps/mig-minors" <<MINORS
+gpu6/gi9/access 120
+gpu6/gi9/ci0/access 121
+gpu6/gi10/access 129
+gpu6/gi10/ci0/access 130
 MINORS
 
 # Host IMEX as imex-health sees it under hostRoot: config, a node map that lists this node

@@ -48,9 +48,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr milliseconds kFirstRetryDelay{200};
-constexpr milliseconds kMaxRetryDelay{2000};
-
 std::string_view VersionOnly(ResourceApiVersion version) {
   switch (version) {
     case ResourceApiVersion::kV1: return "v1";
@@ -331,8 +328,9 @@ asio::awaitable<ClaimDecision> DraComputeDomainModule::DecideClaim(ClaimRef clai
   const std::string domains_path =
       kube::ResourcePath::Grouped("resource.nvidia.com", "v1beta1", "computedomains", claim.namespace_name)
           .Collection();
-  asio::awaitable<kube::Result> get_claim = FetchWithRetry(lifetime_.Watch(), false, claim_path, deadline);
-  asio::awaitable<kube::Result> list_domains = FetchWithRetry(lifetime_.Watch(), true, domains_path, deadline);
+  asio::awaitable<kube::Result> get_claim = plugin_->FetchWithRetry(lifetime_.Watch(), false, claim_path, deadline);
+  asio::awaitable<kube::Result> list_domains =
+      plugin_->FetchWithRetry(lifetime_.Watch(), true, domains_path, deadline);
   const std::pair<kube::Result, kube::Result> both =
       co_await Both(context_.GetLoop().Io(), std::move(get_claim), std::move(list_domains), lifetime_.Watch());
   const kube::Result& fetched = both.first;
@@ -446,32 +444,6 @@ void DraComputeDomainModule::Prepared(const PreparedClaim& entry) {
 }
 
 ClaimSpecIo DraComputeDomainModule::SpecIo() const { return ChannelSpecIo(paths_.cdi_dir, channel_major_); }
-
-// `alive` by value: Both() co_spawns this, which starts it one loop turn later.
-asio::awaitable<kube::Result> DraComputeDomainModule::FetchWithRetry(Gate::Ticket alive, bool list,
-                                                                     std::string path, Clock::SteadyTime deadline) {
-  if (!alive) co_return kube::Result{};  // Both() resumes nothing once the module is gone
-  for (milliseconds delay = kFirstRetryDelay;; delay = std::min(delay * 2, kMaxRetryDelay)) {
-    kube::Result result = co_await Fetch(list, path);
-    if (!kube::IsTransient(result) || plugin_->Stopping() || context_.GetClock().Now() + delay >= deadline) co_return result;
-    context_.Log().debug("{} {}: {} (HTTP {}); retrying in {} ms", list ? "list" : "get", path, result.error,
-                         result.http_status, delay.count());
-    co_await Sleep(delay);
-  }
-}
-
-// Not a coroutine: the client's awaited verbs copy what they need before they return. No
-// deadline of their own: FetchWithRetry's deadline bounds the retries, the client each attempt.
-asio::awaitable<kube::Result> DraComputeDomainModule::Fetch(bool list, std::string path) {
-  if (list) return plugin_->Client()->List(path, kube::ListOptions{}, kube::Deadline{}, lifetime_.Watch());
-  return plugin_->Client()->Get(path, kube::Deadline{}, lifetime_.Watch());
-}
-
-asio::awaitable<void> DraComputeDomainModule::Sleep(milliseconds delay) {
-  // A timer of its own: nothing cancels a retry's wait (Stop lets it run out).
-  asio::steady_timer timer(context_.GetLoop().Io(), delay);
-  co_await Expiry(timer);
-}
 
 // The wrappers below build their callbacks outside any coroutine body, so coroutine bodies can
 // await them directly (the g++ 12 co_await pitfall: loop/awaitables.hpp).

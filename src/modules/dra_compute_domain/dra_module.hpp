@@ -119,12 +119,8 @@ class DraComputeDomainModule final : public Module, private DraDriver {
   boost::asio::awaitable<bool> WaitForClique(std::chrono::milliseconds left);
   void OnClique(const gpu_inventory::NodeClique& clique);
 
-  // A GET (or LIST) retried on transport errors, 429 and 5xx until `deadline`.
-  boost::asio::awaitable<kube::Result> FetchWithRetry(Gate::Ticket alive, bool list, std::string path,
-                                                      Clock::SteadyTime deadline);
-  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay);
-  // Callback APIs as awaitables (plain functions, not coroutines: see dra_module.cpp).
-  boost::asio::awaitable<kube::Result> Fetch(bool list, std::string path);
+  // Callback APIs as awaitables (plain functions, not coroutines: see dra_module.cpp). The API
+  // reads with retries are the core's (KubeletPlugin::FetchWithRetry).
   boost::asio::awaitable<DomainVerdict> Attach(std::string uid, std::string claim_namespace, std::string claim_name,
                                                ComputeDomainInfo domain);
   boost::asio::awaitable<std::string> Detach(std::string uid);

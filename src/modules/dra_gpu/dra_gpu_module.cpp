@@ -27,8 +27,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr milliseconds kFirstRetryDelay{200};
-constexpr milliseconds kMaxRetryDelay{2000};
 constexpr std::string_view kHealthModule = "gpu-health";
 
 std::string Ref(const dra::ClaimRef& claim) { return "ResourceClaim " + claim.namespace_name + "/" + claim.name; }
@@ -94,8 +92,8 @@ DraGpuModule::~DraGpuModule() {
 void DraGpuModule::Start() {
   if (node_name_.empty()) throw std::runtime_error("the node name is not set; it names the ResourceSlice pool");
   plugin_->FindServices();
-  context_.Log().info("serving {} GPUs through DRA as {} (MIG devices are not served yet)", config_.gpus.Describe(),
-                      kDriverName);
+  context_.Log().info("serving {} GPUs through DRA as {} (a MIG-enabled GPU as its MIG devices)",
+                      config_.gpus.Describe(), kDriverName);
   loading_ = true;
   LoadStateOffLoop(
       context_, lifetime_.Watch(), paths_.checkpoint_file + ", " + paths_.claim_log_file + " and the CDI host facts",
@@ -175,13 +173,18 @@ void DraGpuModule::OnVerdict(const gpu_health::DeviceHealth& verdict) {
   const auto before = Taints(served_);
   if (!health_.OnVerdict(verdict)) return;
   plugin_->DeviceHealthChanged();
-  const GpuHealth now = health_.Of(verdict.uuid);
-  if (Taints(served_) == before) return;  // a GPU not served here, or the same taint
-  if (now.status == HealthStatus::kUnhealthy) {
-    context_.Log().warn("{}: tainting its device {}={}:{} ({})", verdict.uuid, now.taint_key, now.taint_value,
-                        TaintEffectName(config_.taint_effect), now.message);
+  const auto after = Taints(served_);
+  if (after == before) return;  // a GPU not served here, or the same taints
+  const std::string which = verdict.RetainKey();
+  if (!verdict.healthy) {
+    std::string names;
+    for (const auto& [name, taints] : after) {
+      if (before.count(name) == 0 || before.at(name) != taints) names += (names.empty() ? "" : ", ") + name;
+    }
+    context_.Log().warn("{}: tainting {} ({}, {})", which, names, TaintEffectName(config_.taint_effect),
+                        verdict.reason);
   } else {
-    context_.Log().info("{}: healthy again ({}): taint removed", verdict.uuid, now.message);
+    context_.Log().info("{}: healthy again ({}): taints removed", which, verdict.reason);
   }
   plugin_->Slices().Publish();
   PublishState();
@@ -189,21 +192,26 @@ void DraGpuModule::OnVerdict(const gpu_health::DeviceHealth& verdict) {
 
 std::map<std::string, json> DraGpuModule::Taints(const std::vector<gpu_inventory::GpuInfo>& gpus) const {
   std::map<std::string, json> taints;
-  for (const auto& gpu : gpus) {
-    json t = TaintsFor(health_.Of(gpu.uuid), config_.taint_effect);
-    if (!t.empty()) taints.emplace(gpu.uuid, std::move(t));
+  for (const ServedDevice& device : ServedDevices(gpus)) {
+    json t = TaintsFor(HealthOf(device), config_.taint_effect);
+    if (!t.empty()) taints.emplace(device.name, std::move(t));
   }
   return taints;
 }
 
+GpuHealth DraGpuModule::HealthOf(const ServedDevice& device) const {
+  return device.mig == nullptr ? health_.Of(device.gpu->uuid)
+                               : health_.OfMig(device.gpu->uuid, device.mig->gpu_instance);
+}
+
 dra::DeviceHealthList DraGpuModule::DeviceHealth() const {
   dra::DeviceHealthList list;
-  for (const auto& gpu : served_) {
-    const GpuHealth health = health_.Of(gpu.uuid);
+  for (const ServedDevice& device : ServedDevices(served_)) {
+    const GpuHealth health = HealthOf(device);
     const auto status = health.status == HealthStatus::kHealthy     ? dra::DeviceHealthStatus::kHealthy
                         : health.status == HealthStatus::kUnhealthy ? dra::DeviceHealthStatus::kUnhealthy
                                                                     : dra::DeviceHealthStatus::kUnknown;
-    list.push_back(dra::DeviceHealthEntry{node_name_, GpuDeviceName(gpu.minor), status, health.since_unix_ms / 1000});
+    list.push_back(dra::DeviceHealthEntry{node_name_, device.name, status, health.since_unix_ms / 1000});
   }
   return list;
 }
@@ -223,7 +231,7 @@ void DraGpuModule::OnInventory(const gpu_inventory::GpuInventory& inventory) {
   inventory_ = inventory;
   served_ = std::move(served);
   if (devices_changed) {
-    context_.Log().info("serving {} GPU(s) through DRA", served_.size());
+    context_.Log().info("serving {} GPU(s) through DRA: {} device(s)", served_.size(), ServedDevices(served_).size());
     plugin_->Slices().Publish();
     plugin_->DeviceHealthChanged();
     PublishState();
@@ -273,7 +281,7 @@ asio::awaitable<dra::ClaimDecision> DraGpuModule::DecideClaim(dra::ClaimRef clai
                                                        std::string(dra::ApiVersionOnly(config_.api_version)),
                                                        "resourceclaims", claim.namespace_name)
                                .Object(claim.name);
-  const kube::Result fetched = co_await FetchClaim(path, deadline);
+  const kube::Result fetched = co_await plugin_->FetchWithRetry(lifetime_.Watch(), /*list=*/false, path, deadline);
   if (plugin_->Stopping()) co_return dra::ClaimDecision::Stopped();
   if (fetched.http_status == 404) {
     plugin_->SetError(Ref(claim) + ": not found");
@@ -303,36 +311,8 @@ json DraGpuModule::SliceDevices() const {
   return GpuSliceDevices(inventory_, served_, config_.api_version, Taints(served_));
 }
 
-std::string DraGpuModule::SliceNote() const { return std::to_string(served_.size()) + " GPU(s)"; }
-
-// ---------------------------------------------------------------------------------- API
-
-asio::awaitable<kube::Result> DraGpuModule::FetchClaim(std::string path, Clock::SteadyTime deadline) {
-  for (milliseconds delay = kFirstRetryDelay;; delay = std::min(delay * 2, kMaxRetryDelay)) {
-    kube::Result result = co_await Fetch(path);
-    if (!kube::IsTransient(result) || plugin_->Stopping() || context_.GetClock().Now() + delay >= deadline) {
-      co_return result;
-    }
-    context_.Log().debug("get {}: {} (HTTP {}); retrying in {} ms", path, result.error, result.http_status,
-                         delay.count());
-    co_await Sleep(delay);
-  }
-}
-
-// Not coroutines: the awaited calls are built outside any coroutine frame (the g++ 12 pitfall,
-// loop/awaitables.hpp).
-asio::awaitable<kube::Result> DraGpuModule::Fetch(std::string path) {
-  return plugin_->Client()->Get(path, kube::Deadline{}, lifetime_.Watch());
-}
-
-asio::awaitable<boost::system::error_code> DraGpuModule::Expiry(asio::steady_timer& timer) {
-  auto start = [timer = &timer](auto resume) { timer->async_wait(std::move(resume)); };
-  return AwaitCallback<boost::system::error_code>(std::move(start), lifetime_.Watch());
-}
-
-asio::awaitable<void> DraGpuModule::Sleep(milliseconds delay) {
-  asio::steady_timer timer(context_.GetLoop().Io(), delay);
-  co_await Expiry(timer);
+std::string DraGpuModule::SliceNote() const {
+  return std::to_string(served_.size()) + " GPU(s), " + std::to_string(ServedDevices(served_).size()) + " device(s)";
 }
 
 // ---------------------------------------------------------------------------------- state
@@ -341,11 +321,11 @@ void DraGpuModule::PublishState() {
   DraGpuState state;
   state.registered = plugin_->Registered();
   state.registration_error = plugin_->RegistrationError();
-  for (const auto& gpu : served_) {
-    state.served.push_back(GpuDeviceName(gpu.minor));
-    const GpuHealth health = health_.Of(gpu.uuid);
+  for (const ServedDevice& device : ServedDevices(served_)) {
+    state.served.push_back(device.name);
+    const GpuHealth health = HealthOf(device);
     if (health.status == HealthStatus::kUnhealthy) {
-      state.tainted.push_back(GpuDeviceName(gpu.minor) + ": " + health.taint_key + "=" + health.taint_value + ":" +
+      state.tainted.push_back(device.name + ": " + health.taint_key + "=" + health.taint_value + ":" +
                               std::string(TaintEffectName(config_.taint_effect)));
     }
   }

@@ -35,16 +35,12 @@
 #include <string>
 #include <string_view>
 
-namespace gns::kube {
-struct Result;
-}
-
 namespace gns::dra_gpu {
 
 class DraGpuModule final : public Module, private dra::DraDriver {
  public:
   static constexpr std::string_view kName = "dra-gpu";
-  static constexpr std::string_view kSummary = "DRA kubelet plugin for gpu.nvidia.com (whole GPUs)";
+  static constexpr std::string_view kSummary = "DRA kubelet plugin for gpu.nvidia.com (GPUs, MIG devices)";
   static constexpr std::array<std::string_view, 1> kUses = {"kube"};
 
   struct Config {
@@ -92,14 +88,12 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   void ServeWhenJudged(StartFiles files);
   void OnJudgeState();
   void OnVerdict(const gpu_health::DeviceHealth& verdict);
-  // The taints of `gpus`, by UUID (none for a healthy GPU).
+  // The taints of the devices of `gpus`, by device name (none for a healthy device).
   std::map<std::string, nlohmann::json> Taints(const std::vector<gpu_inventory::GpuInfo>& gpus) const;
+  // A slice device's health: a whole GPU's verdict, or for a MIG device its GPU's and its GPU
+  // instance's (GpuHealthView::OfMig).
+  GpuHealth HealthOf(const ServedDevice& device) const;
   int64_t NowUnixMs() const;
-  // The claim, GET with retries on transport errors, 429 and 5xx until `deadline`.
-  boost::asio::awaitable<kube::Result> FetchClaim(std::string path, Clock::SteadyTime deadline);
-  boost::asio::awaitable<kube::Result> Fetch(std::string path);
-  boost::asio::awaitable<void> Sleep(std::chrono::milliseconds delay);
-  boost::asio::awaitable<boost::system::error_code> Expiry(boost::asio::steady_timer& timer);
   void PublishState();
 
   ModuleContext& context_;

@@ -71,6 +71,8 @@ GpuClaimPlan Refuse(GpuClaimPlan plan, std::string why, bool permanent = true) {
 
 struct OurConfig {
   std::vector<std::string> requests;  // empty: every request
+  bool mig = false;                   // MigDeviceConfig (else GpuConfig)
+  std::string where;                  // its JSON path, for errors
   GpuSharing sharing;
   bool AppliesTo(const std::string& request) const {
     if (requests.empty()) return true;
@@ -100,14 +102,38 @@ std::optional<uint32_t> MinorOfDeviceName(std::string_view device) {
   return minor;
 }
 
+std::string MigDeviceName(uint32_t parent_minor, const gpu_inventory::MigDeviceInfo& mig) {
+  return GpuDeviceName(parent_minor) + "-mig-" + std::to_string(mig.gi_profile_id) + "-" +
+         std::to_string(mig.placement_start) + "-" + std::to_string(mig.placement_size);
+}
+
 std::vector<gpu_inventory::GpuInfo> ServedGpus(const gpu_inventory::GpuInventory& inventory,
                                                const GpuSelection& selection) {
   std::vector<gpu_inventory::GpuInfo> out;
   for (const auto& gpu : inventory.gpus) {
-    if (gpu.mig_enabled) continue;  // MIG devices are not served by this build
     if (selection.Matches(gpu.uuid, gpu.index)) out.push_back(gpu);
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.minor < b.minor; });
+  return out;
+}
+
+std::vector<ServedDevice> ServedDevices(const std::vector<gpu_inventory::GpuInfo>& gpus) {
+  std::vector<ServedDevice> out;
+  std::set<std::string> names;
+  for (const auto& gpu : gpus) {
+    if (!gpu.mig_enabled) {
+      out.push_back(ServedDevice{GpuDeviceName(gpu.minor), &gpu, nullptr});
+      continue;
+    }
+    // Upstream names a MIG device by its GPU instance: a second compute instance of the same GPU
+    // instance would share the name, and is not offered (the first one is).
+    for (const auto& mig : gpu.mig_devices) {
+      if (!mig.placement_known) continue;
+      std::string name = MigDeviceName(gpu.minor, mig);
+      if (!names.insert(name).second) continue;
+      out.push_back(ServedDevice{std::move(name), &gpu, &mig});
+    }
+  }
   return out;
 }
 
@@ -131,9 +157,12 @@ json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::ve
     cuda = std::to_string(inventory.cuda_driver_version / 1000) + "." +
            std::to_string((inventory.cuda_driver_version % 1000) / 10) + ".0";
   }
-  for (const auto& gpu : gpus) {
-    json attributes{{"type", {{"string", "gpu"}}},
-                    {"uuid", {{"string", gpu.uuid}}},
+  const auto count = [](uint32_t n) { return json{{"value", std::to_string(n)}}; };
+  for (const ServedDevice& device : ServedDevices(gpus)) {
+    const gpu_inventory::GpuInfo& gpu = *device.gpu;
+    // What a whole GPU and its MIG devices share: the parent's product, driver and PCI facts.
+    json attributes{{"type", {{"string", device.mig ? "mig" : "gpu"}}},
+                    {"uuid", {{"string", device.mig ? device.mig->uuid : gpu.uuid}}},
                     {"productName", {{"string", gpu.name}}},
                     {"index", {{"int", gpu.index}}},
                     {"minor", {{"int", gpu.minor}}}};
@@ -151,15 +180,38 @@ json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::ve
       attributes["resource.kubernetes.io/pciBusID"] = {{"string", KubernetesPciBusId(gpu.pci_bus_id)}};
     }
     json capacity = json::object();
-    if (gpu.memory_total_bytes > 0) capacity["memory"] = {{"value", BinaryQuantity(gpu.memory_total_bytes)}};
-    const auto tainted = taints.find(gpu.uuid);
-    devices.push_back(dra::SliceDevice(GpuDeviceName(gpu.minor), std::move(attributes), std::move(capacity), version,
+    if (device.mig == nullptr) {
+      if (gpu.memory_total_bytes > 0) capacity["memory"] = {{"value", BinaryQuantity(gpu.memory_total_bytes)}};
+    } else {
+      const gpu_inventory::MigDeviceInfo& mig = *device.mig;
+      attributes["parentUUID"] = {{"string", gpu.uuid}};
+      if (!mig.profile.empty()) attributes["profile"] = {{"string", mig.profile}};
+      capacity["multiprocessors"] = count(mig.multiprocessors);
+      capacity["copyEngines"] = count(mig.copy_engines);
+      capacity["decoders"] = count(mig.decoders);
+      capacity["encoders"] = count(mig.encoders);
+      capacity["jpegEngines"] = count(mig.jpeg_engines);
+      capacity["ofaEngines"] = count(mig.ofa_engines);
+      if (mig.memory_bytes > 0) capacity["memory"] = {{"value", BinaryQuantity(mig.memory_bytes)}};
+      // The memory slices the GPU instance occupies: what keeps two overlapping placements of
+      // one GPU from being allocated together (upstream's memorySlice<i>).
+      for (uint32_t i = mig.placement_start; i < mig.placement_start + mig.placement_size; ++i) {
+        capacity["memorySlice" + std::to_string(i)] = count(1);
+      }
+    }
+    const auto tainted = taints.find(device.name);
+    devices.push_back(dra::SliceDevice(device.name, std::move(attributes), std::move(capacity), version,
                                        tainted == taints.end() ? json::array() : tainted->second));
   }
   return devices;
 }
 
-GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) {
+namespace {
+
+// GpuConfig and MigDeviceConfig: the same envelope; a MIG device's sharing has no
+// timeSlicingConfig (upstream's MigDeviceSharing: strategy, mpsConfig).
+GpuConfigParse ParseSharingConfig(const json& parameters, const std::string& where, bool mig) {
+  const std::string kind(mig ? kMigDeviceConfigKind : kGpuConfigKind);
   GpuConfigParse out;
   const auto fail = [&out](std::string why) {
     out.error = std::move(why);
@@ -168,21 +220,22 @@ GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) 
   if (!parameters.is_object()) return fail(where + ": expected an object, got " + std::string(parameters.type_name()));
   for (const auto& [key, value] : parameters.items()) {
     if (key != "apiVersion" && key != "kind" && key != "sharing") {
-      return fail(where + "." + key + ": unknown field (GpuConfig has apiVersion, kind, sharing)");
+      return fail(where + "." + key + ": unknown field (" + kind + " has apiVersion, kind, sharing)");
     }
   }
   if (JsonStringAt(parameters, "/apiVersion") != kConfigApiVersion) {
     return fail(where + ".apiVersion: expected \"" + std::string(kConfigApiVersion) + "\"");
   }
-  if (JsonStringAt(parameters, "/kind") != kGpuConfigKind) return fail(where + ".kind: expected \"GpuConfig\"");
+  if (JsonStringAt(parameters, "/kind") != kind) return fail(where + ".kind: expected \"" + kind + "\"");
   GpuSharing sharing;
   const auto it = parameters.find("sharing");
   if (it != parameters.end() && !it->is_null()) {
     const std::string at = where + ".sharing";
     if (!it->is_object()) return fail(at + ": expected an object, got " + std::string(it->type_name()));
     for (const auto& [key, value] : it->items()) {
-      if (key != "strategy" && key != "timeSlicingConfig" && key != "mpsConfig") {
-        return fail(at + "." + key + ": unknown field (sharing has strategy, timeSlicingConfig, mpsConfig)");
+      if (key != "strategy" && (mig || key != "timeSlicingConfig") && key != "mpsConfig") {
+        return fail(at + "." + key + ": unknown field (" + kind + "'s sharing has strategy" +
+                    (mig ? "" : ", timeSlicingConfig") + ", mpsConfig)");
       }
     }
     const auto strategy = it->find("strategy");
@@ -218,6 +271,16 @@ GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) 
   }
   out.sharing = sharing;
   return out;
+}
+
+}  // namespace
+
+GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) {
+  return ParseSharingConfig(parameters, where, false);
+}
+
+GpuConfigParse ParseMigDeviceConfig(const json& parameters, const std::string& where) {
+  return ParseSharingConfig(parameters, where, true);
 }
 
 GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, const std::string& node_name,
@@ -264,16 +327,15 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
       const json& parameters = entry["opaque"].value("parameters", json());
       const std::string at = where + ".opaque.parameters";
       const std::string kind = parameters.is_object() ? JsonStringAt(parameters, "/kind") : std::string();
-      if (kind == kMigDeviceConfigKind) {
-        return Refuse(std::move(plan), at + ": MigDeviceConfig: MIG devices are not served by this driver yet");
-      }
-      if (kind != kGpuConfigKind) {
+      if (kind != kGpuConfigKind && kind != kMigDeviceConfigKind) {
         return Refuse(std::move(plan), at + ".kind: \"" + kind + "\" is not a config of " + std::string(kDriverName) +
-                                           " (GpuConfig)");
+                                           " (GpuConfig, MigDeviceConfig)");
       }
-      const GpuConfigParse parsed = ParseGpuConfig(parameters, at);
-      if (!parsed.sharing) return Refuse(std::move(plan), "invalid opaque config: " + parsed.error);
       OurConfig config;
+      config.mig = kind == kMigDeviceConfigKind;
+      config.where = where;
+      const GpuConfigParse parsed = config.mig ? ParseMigDeviceConfig(parameters, at) : ParseGpuConfig(parameters, at);
+      if (!parsed.sharing) return Refuse(std::move(plan), "invalid opaque config: " + parsed.error);
       config.sharing = *parsed.sharing;
       if (const auto requests = entry.find("requests"); requests != entry.end() && requests->is_array()) {
         for (const auto& r : *requests) {
@@ -284,6 +346,7 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
     }
   }
 
+  const std::vector<ServedDevice> devices = ServedDevices(served);
   std::set<std::string> seen;
   std::optional<GpuSharing> sharing;
   for (std::size_t i = 0; i < results->size(); ++i) {
@@ -302,14 +365,15 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
       return Refuse(std::move(plan), where + ".pool: \"" + pool + "\" is not this node's pool (" + node_name + ")");
     }
     if (!seen.insert(gpu.device).second) return Refuse(std::move(plan), where + ".device: " + gpu.device + " twice");
-    const auto minor = MinorOfDeviceName(gpu.device);
-    const auto found = std::find_if(served.begin(), served.end(), [&](const auto& g) { return minor && g.minor == *minor; });
-    if (found == served.end()) {
+    const auto device = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.name == gpu.device; });
+    if (device == devices.end()) {
       // Not (or no longer) ours: the slice changed after the allocation; the scheduler's next
       // allocation reads the new slice.
-      return Refuse(std::move(plan), where + ".device: " + gpu.device + " is not a GPU this node serves through " +
+      return Refuse(std::move(plan), where + ".device: " + gpu.device +
+                                         " is not a GPU or MIG device this node serves through " +
                                          std::string(kDriverName));
     }
+    const gpu_inventory::GpuInfo* found = device->gpu;
     if (found->released) {
       return Refuse(std::move(plan),
                     gpu.device + " (" + found->uuid + ") is taken out for a reset (" + found->release_reason +
@@ -324,10 +388,22 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
     }
     gpu.uuid = found->uuid;
     gpu.minor = found->minor;
-    GpuSharing applied;
-    for (const auto& config : ours) {
-      if (config.AppliesTo(gpu.request)) applied = config.sharing;
+    if (device->mig != nullptr) {
+      gpu.mig_uuid = device->mig->uuid;
+      gpu.gpu_instance = device->mig->gpu_instance;
+      gpu.compute_instance = device->mig->compute_instance;
     }
+    const OurConfig* applies = nullptr;
+    for (const auto& config : ours) {
+      if (config.AppliesTo(gpu.request)) applies = &config;
+    }
+    if (applies != nullptr && applies->mig != gpu.Mig()) {
+      return Refuse(std::move(plan),
+                    applies->where + ": a " + std::string(applies->mig ? kMigDeviceConfigKind : kGpuConfigKind) +
+                        " applies to request \"" + gpu.request + "\", but " + gpu.device + " is " +
+                        (gpu.Mig() ? "a MIG device (use MigDeviceConfig)" : "a whole GPU (use GpuConfig)"));
+    }
+    const GpuSharing applied = applies != nullptr ? applies->sharing : GpuSharing{};
     // What this build applies: no sharing, or time-slicing at the GPU's default interval (what
     // every CUDA context on a GPU gets anyway). The others need the GPU's scheduler set or an
     // MPS control daemon: refused, by name, rather than handing out a GPU set up differently
@@ -375,7 +451,13 @@ dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node
     } else {
       entry.more_devices.push_back(dra::PreparedClaimDevice{gpu.device, {gpu.request}, id});
     }
-    gpus.push_back(json{{"device", gpu.device}, {"request", gpu.request}, {"uuid", gpu.uuid}, {"minor", gpu.minor}});
+    json member{{"device", gpu.device}, {"request", gpu.request}, {"uuid", gpu.uuid}, {"minor", gpu.minor}};
+    if (gpu.Mig()) {
+      member["mig"] = json{{"uuid", gpu.mig_uuid},
+                           {"gpuInstance", gpu.gpu_instance},
+                           {"computeInstance", gpu.compute_instance}};
+    }
+    gpus.push_back(std::move(member));
   }
   entry.driver_data["gpus"] = std::move(gpus);
   if (!plan.sharing.strategy.empty()) {
@@ -395,7 +477,18 @@ std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry) {
     gpu.request = JsonStringAt(g, "/request");
     gpu.uuid = JsonStringAt(g, "/uuid");
     gpu.minor = g["minor"].get<uint32_t>();
-    if (gpu.device != GpuDeviceName(gpu.minor)) return {};
+    if (const auto mig = g.find("mig"); mig != g.end()) {
+      if (!mig->is_object() || !mig->contains("gpuInstance") || !(*mig)["gpuInstance"].is_number_unsigned() ||
+          !mig->contains("computeInstance") || !(*mig)["computeInstance"].is_number_unsigned()) {
+        return {};
+      }
+      gpu.mig_uuid = JsonStringAt(*mig, "/uuid");
+      gpu.gpu_instance = (*mig)["gpuInstance"].get<uint32_t>();
+      gpu.compute_instance = (*mig)["computeInstance"].get<uint32_t>();
+      if (gpu.mig_uuid.empty() || gpu.device.rfind(GpuDeviceName(gpu.minor) + "-mig-", 0) != 0) return {};
+    } else if (gpu.device != GpuDeviceName(gpu.minor)) {
+      return {};
+    }
     out.push_back(std::move(gpu));
   }
   return out;
@@ -408,10 +501,15 @@ json BuildGpuClaimSpec(std::string_view claim_uid, const std::vector<ClaimGpu>& 
   std::vector<device_plugin::PhysicalDevice> devices;
   for (const auto& gpu : gpus) {
     device_plugin::PhysicalDevice d;
-    d.uuid = gpu.uuid;
+    d.uuid = gpu.Mig() ? gpu.mig_uuid : gpu.uuid;
     d.parent_uuid = gpu.uuid;
     d.id = std::string(claim_uid) + "-" + gpu.device;
     d.minor = gpu.minor;
+    // A MIG device: the device plugin's builder adds its GPU and compute instance's
+    // /dev/nvidia-caps nodes (the host's mig-minors map).
+    d.mig = gpu.Mig();
+    d.gpu_instance = gpu.gpu_instance;
+    d.compute_instance = gpu.compute_instance;
     devices.push_back(std::move(d));
   }
   json spec = device_plugin::BuildCdiSpec(claim_settings, devices, facts);

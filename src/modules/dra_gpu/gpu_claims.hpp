@@ -1,6 +1,7 @@
 #pragma once
 // The pure parts of the `gpu.nvidia.com` DRA driver (module dra-gpu): its names, the
-// ResourceSlice devices for this node's whole GPUs, the opaque `GpuConfig`, the decision for one
+// ResourceSlice devices for this node's whole GPUs and static MIG devices, the opaque
+// `GpuConfig` and `MigDeviceConfig`, the decision for one
 // claim (which of our GPUs it was allocated, with which config), its claim record's own members,
 // and the per-claim CDI spec (built by the device plugin's CDI builder, so a container gets the
 // same device nodes, driver files and hooks either way). No I/O except the spec file functions.
@@ -39,14 +40,29 @@ const dra::ClaimSpecNames& GpuSpecNames();
 // "gpu-<minor>": upstream's name for a whole GPU (its minor, not its index).
 std::string GpuDeviceName(uint32_t minor);
 std::optional<uint32_t> MinorOfDeviceName(std::string_view device);
+// "gpu-<minor>-mig-<giProfileId>-<placementStart>-<placementSize>": upstream's name for a static
+// MIG device (its parent's minor, the GPU instance's profile id and placement), as WIRE-FACTS.md
+// §4.5 reads it from upstream's deviceinfo.go (confirmed there).
+std::string MigDeviceName(uint32_t parent_minor, const gpu_inventory::MigDeviceInfo& mig);
 
-// The GPUs of the inventory this driver serves: selected by `selection`, not MIG-enabled (MIG
-// devices are not served yet), sorted by minor.
+// The GPUs of the inventory this driver serves: selected by `selection`, sorted by minor. A
+// MIG-enabled GPU is served as its MIG devices, never whole.
 std::vector<gpu_inventory::GpuInfo> ServedGpus(const gpu_inventory::GpuInventory& inventory,
                                                const GpuSelection& selection);
 
+// One device of the slice: a whole GPU (mig == nullptr) or one MIG device of a MIG-enabled GPU.
+// Points into the GpuInfo vector it was made from.
+struct ServedDevice {
+  std::string name;  // gpu-<minor> or MigDeviceName
+  const gpu_inventory::GpuInfo* gpu = nullptr;
+  const gpu_inventory::MigDeviceInfo* mig = nullptr;
+};
+// The slice's devices of `gpus`, in order: a GPU without MIG whole; a MIG-enabled GPU's MIG
+// devices whose placement NVML reported (upstream's name needs it; one device per name).
+std::vector<ServedDevice> ServedDevices(const std::vector<gpu_inventory::GpuInfo>& gpus);
+
 // The slice's devices for the served GPUs (attributes and capacity: README.md), with the
-// DeviceTaints `taints` holds for a GPU's UUID (gpu_health_view.hpp, TaintsFor).
+// DeviceTaints `taints` holds for a device name (gpu_health_view.hpp, TaintsFor).
 nlohmann::json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::vector<gpu_inventory::GpuInfo>& gpus,
                                dra::ResourceApiVersion version,
                                const std::map<std::string, nlohmann::json>& taints = {});
@@ -54,11 +70,11 @@ nlohmann::json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, con
 // "80Gi", "81559Mi", or plain bytes: a resource.Quantity in BinarySI as the API prints one.
 std::string BinaryQuantity(uint64_t bytes);
 
-// The opaque GpuConfig's sharing. Only what this build applies is accepted at prepare (see
+// The opaque GpuConfig's or MigDeviceConfig's sharing. Only what this build applies is accepted at prepare (see
 // PlanGpuClaim); parsing checks the whole schema.
 struct GpuSharing {
   std::string strategy;  // "" (no sharing section), "TimeSlicing", "MPS"
-  std::string interval;  // TimeSlicing: "Default", "Short", "Medium", "Long" ("" = Default)
+  std::string interval;  // GpuConfig's TimeSlicing: "Default", "Short", "Medium", "Long" ("" = Default)
   bool operator==(const GpuSharing&) const = default;
 };
 struct GpuConfigParse {
@@ -67,13 +83,21 @@ struct GpuConfigParse {
 };
 // Decodes opaque.parameters of kind GpuConfig; `where` is its JSON path.
 GpuConfigParse ParseGpuConfig(const nlohmann::json& parameters, const std::string& where);
+// Decodes opaque.parameters of kind MigDeviceConfig (upstream's MigDeviceSharing: strategy and
+// mpsConfig; a MIG device has no time-slice interval).
+GpuConfigParse ParseMigDeviceConfig(const nlohmann::json& parameters, const std::string& where);
 
 // One GPU of a claim, as the record keeps it (driver_data "gpus").
 struct ClaimGpu {
   std::string request;
-  std::string device;  // gpu-<minor>
-  std::string uuid;
+  std::string device;  // gpu-<minor>, or a MIG device's name
+  std::string uuid;    // the GPU's (a MIG device's parent)
   uint32_t minor = 0;
+  // A MIG device: its UUID ("MIG-…"), GPU and compute instance; empty mig_uuid for a whole GPU.
+  std::string mig_uuid = {};
+  uint32_t gpu_instance = 0;
+  uint32_t compute_instance = 0;
+  bool Mig() const { return !mig_uuid.empty(); }
   bool operator==(const ClaimGpu&) const = default;
 };
 
@@ -86,8 +110,10 @@ struct GpuClaimPlan {
   GpuSharing sharing;
 };
 // The decision for a claim object read from the API: its results for this driver on this node's
-// pool, each a GPU in `served` (by device name), none held by another prepared claim in `state`,
-// the configs of this driver decoded and applied per request (claim configs over class configs).
+// pool, each a device of `served` (by device name: a whole GPU or a MIG device), none held by
+// another prepared claim in `state`, the configs of this driver decoded and applied per request
+// (claim configs over class configs; a GpuConfig on a MIG device or a MigDeviceConfig on a whole
+// GPU is refused).
 GpuClaimPlan PlanGpuClaim(const nlohmann::json& claim, std::string_view expected_uid, const std::string& node_name,
                           const std::vector<gpu_inventory::GpuInfo>& served, const dra::Checkpoint& state);
 
@@ -96,7 +122,8 @@ dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node
 // The GPUs a record names (empty when its "gpus" member is missing or malformed).
 std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry);
 
-// The claim's spec: one CDI device "<uid>-gpu-<minor>" per GPU with its device nodes, and the
+// The claim's spec: one CDI device "<uid>-<device>" per device with its device nodes (a MIG
+// device's also its /dev/nvidia-caps nodes), and the
 // device plugin's spec-wide edits (control nodes, driver files, firmware, hooks).
 nlohmann::json BuildGpuClaimSpec(std::string_view claim_uid, const std::vector<ClaimGpu>& gpus,
                                  const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts);

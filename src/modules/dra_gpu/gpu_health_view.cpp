@@ -70,15 +70,30 @@ bool GpuHealthView::JudgeSeen(int64_t now_unix_ms) {
 }
 
 bool GpuHealthView::OnVerdict(const gpu_health::DeviceHealth& verdict) {
-  if (verdict.gpu_instance != gpu_health::kWholeGpu) return false;
-  const GpuHealth before = Of(verdict.uuid);
-  verdicts_.insert_or_assign(verdict.uuid, verdict);
-  return Of(verdict.uuid) != before;
+  const std::string key = verdict.RetainKey();
+  const GpuHealth before = OfKey(key);
+  verdicts_.insert_or_assign(key, verdict);
+  return OfKey(key) != before;
 }
 
 GpuHealth GpuHealthView::Of(const std::string& uuid) const {
+  return OfKey(gpu_health::DeviceHealth::KeyOf(uuid, gpu_health::kWholeGpu));
+}
+
+GpuHealth GpuHealthView::OfMig(const std::string& parent_uuid, uint32_t gpu_instance) const {
+  GpuHealth whole = Of(parent_uuid);
+  if (whole.status == HealthStatus::kUnhealthy) return whole;
+  const auto it = verdicts_.find(gpu_health::DeviceHealth::KeyOf(parent_uuid, gpu_instance));
+  if (it == verdicts_.end()) return whole;
+  GpuHealth own = OfKey(it->first);
+  // A GPU instance's healthy verdict says nothing the whole GPU's health does not (Unknown
+  // without a judge stays Unknown).
+  return own.status == HealthStatus::kUnhealthy ? own : whole;
+}
+
+GpuHealth GpuHealthView::OfKey(const std::string& key) const {
   GpuHealth out;
-  const auto it = verdicts_.find(uuid);
+  const auto it = verdicts_.find(key);
   if (it == verdicts_.end()) {
     // No verdict: gpu-health says nothing of a GPU it never found unhealthy. That means Healthy
     // only while gpu-health runs; without it nobody watches the GPU.

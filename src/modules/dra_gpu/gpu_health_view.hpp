@@ -65,16 +65,23 @@ class GpuHealthView {
   // gpu-health is running (its state was seen): a GPU without a verdict is Healthy from then.
   // Only the first call counts. Returns true when it changed anything.
   bool JudgeSeen(int64_t now_unix_ms);
-  // A verdict from gpu-health (retained, one per GPU; a GPU instance's verdict is ignored: MIG
-  // devices are not served). Returns true when it changed that GPU's health.
+  // A verdict from gpu-health (retained, one per GPU and one per GPU instance). Returns true when
+  // it changed the health of that GPU or GPU instance.
   bool OnVerdict(const gpu_health::DeviceHealth& verdict);
 
   bool JudgeKnown() const { return judge_since_unix_ms_ != 0; }
+  // A whole GPU: its own verdict.
   GpuHealth Of(const std::string& uuid) const;
+  // A MIG device (GPU instance `gpu_instance` of GPU `parent_uuid`): the whole GPU's verdict when
+  // it is Unhealthy (it covers every MIG device of the GPU), else its GPU instance's when that one
+  // is Unhealthy, else the whole GPU's health.
+  GpuHealth OfMig(const std::string& parent_uuid, uint32_t gpu_instance) const;
 
  private:
+  GpuHealth OfKey(const std::string& key) const;
   int64_t judge_since_unix_ms_ = 0;
-  std::map<std::string, gpu_health::DeviceHealth> verdicts_;  // whole GPUs, by UUID
+  // By DeviceHealth::RetainKey: "<uuid>" for a whole GPU, "<uuid>/gi<n>" for a GPU instance.
+  std::map<std::string, gpu_health::DeviceHealth> verdicts_;
 };
 
 // The slice's taints for a GPU of this health: one DeviceTaint when Unhealthy, none otherwise.

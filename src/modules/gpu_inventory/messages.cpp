@@ -49,6 +49,10 @@ void to_json(nlohmann::json& j, const MigDeviceInfo& m) {
   j["slices"] = nlohmann::json{{"gi", m.gpu_instance_slices}, {"ci", m.compute_instance_slices}};
   j["engines"] = nlohmann::json{{"copy", m.copy_engines}, {"decoder", m.decoders}, {"encoder", m.encoders},
                                 {"jpeg", m.jpeg_engines},  {"ofa", m.ofa_engines}};
+  if (m.placement_known) {
+    j["gpuInstanceProfileId"] = m.gi_profile_id;
+    j["placement"] = nlohmann::json{{"start", m.placement_start}, {"size", m.placement_size}};
+  }
 }
 
 void to_json(nlohmann::json& j, const FabricInfo& f) {

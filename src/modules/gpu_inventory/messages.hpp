@@ -52,6 +52,13 @@ struct MigDeviceInfo {
   uint32_t encoders = 0;
   uint32_t jpeg_engines = 0;
   uint32_t ofa_engines = 0;
+  // The GPU instance's profile id and placement (nvmlGpuInstanceGetInfo: profileId, placement
+  // start and size in memory slices): the DRA driver's MIG device name and memorySlice capacity
+  // are made of them. placement_known is false while NVML has not said (older drivers).
+  bool placement_known = false;
+  uint32_t gi_profile_id = 0;
+  uint32_t placement_start = 0;
+  uint32_t placement_size = 0;
   bool operator==(const MigDeviceInfo&) const = default;
 };
 

@@ -9,6 +9,8 @@
 //   nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t, unsigned int *id);
 //   nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t, unsigned int *id);
 //   nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t, nvmlDeviceAttributes_t *attributes);
+//   nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t, unsigned int id, nvmlGpuInstance_t *gpuInstance);
+//   nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t, nvmlGpuInstanceInfo_t *info);
 // nvmlDeviceGetMigDeviceHandleByIndex answers NOT_FOUND for an index with no MIG device (the
 // slots are sparse); nvmlDeviceGetUUID on a MIG handle gives "MIG-<uuid>".
 #pragma once
@@ -37,6 +39,23 @@ static_assert(sizeof(DeviceAttributes) == 40);
 static_assert(offsetof(DeviceAttributes, gpuInstanceSliceCount) == 24);
 static_assert(offsetof(DeviceAttributes, memorySizeMB) == 32);
 
+// nvmlGpuInstance_t and nvmlGpuInstanceInfo_t (its parent device, id, profile id, and placement
+// {start, size} in memory slices).
+struct GpuInstanceOpaque;
+using GpuInstance = GpuInstanceOpaque*;
+struct GpuInstancePlacement {
+  unsigned int start;
+  unsigned int size;
+};
+struct GpuInstanceInfo {
+  Device device;
+  unsigned int id;
+  unsigned int profileId;
+  GpuInstancePlacement placement;
+};
+static_assert(sizeof(GpuInstanceInfo) == 24);
+static_assert(offsetof(GpuInstanceInfo, placement) == 16);
+
 extern "C" {
 using DeviceGetMigModeFn = Return (*)(Device device, unsigned int* current_mode, unsigned int* pending_mode);
 using DeviceGetMaxMigDeviceCountFn = Return (*)(Device device, unsigned int* count);
@@ -44,6 +63,8 @@ using DeviceGetMigDeviceHandleByIndexFn = Return (*)(Device device, unsigned int
 using DeviceGetGpuInstanceIdFn = Return (*)(Device mig_device, unsigned int* id);
 using DeviceGetComputeInstanceIdFn = Return (*)(Device mig_device, unsigned int* id);
 using DeviceGetAttributesV2Fn = Return (*)(Device device, DeviceAttributes* attributes);
+using DeviceGetGpuInstanceByIdFn = Return (*)(Device device, unsigned int id, GpuInstance* gpu_instance);
+using GpuInstanceGetInfoFn = Return (*)(GpuInstance gpu_instance, GpuInstanceInfo* info);
 }  // extern "C"
 
 // X(symbol, FnType, required): all optional (drivers before R450 and GPUs without MIG).
@@ -53,6 +74,8 @@ using DeviceGetAttributesV2Fn = Return (*)(Device device, DeviceAttributes* attr
   X(nvmlDeviceGetMigDeviceHandleByIndex, DeviceGetMigDeviceHandleByIndexFn, false) \
   X(nvmlDeviceGetGpuInstanceId, DeviceGetGpuInstanceIdFn, false)               \
   X(nvmlDeviceGetComputeInstanceId, DeviceGetComputeInstanceIdFn, false)       \
-  X(nvmlDeviceGetAttributes_v2, DeviceGetAttributesV2Fn, false)
+  X(nvmlDeviceGetAttributes_v2, DeviceGetAttributesV2Fn, false)               \
+  X(nvmlDeviceGetGpuInstanceById, DeviceGetGpuInstanceByIdFn, false)           \
+  X(nvmlGpuInstanceGetInfo, GpuInstanceGetInfoFn, false)
 
 }  // namespace gns::nvml

@@ -324,9 +324,24 @@ class Reader {
       info.encoders = attributes.sharedEncoderCount;
       info.jpeg_engines = attributes.sharedJpegCount;
       info.ofa_engines = attributes.sharedOfaCount;
+      ReadPlacement(device, info);
       gpu.mig_devices.push_back(std::move(info));
     }
     return true;
+  }
+
+  // The GPU instance's profile id and placement (the DRA driver's MIG device names). Optional: a
+  // driver without the functions, or one that answers an error, leaves placement_known false.
+  void ReadPlacement(nvml::Device parent, MigDeviceInfo& info) {
+    if (api_.nvmlDeviceGetGpuInstanceById == nullptr || api_.nvmlGpuInstanceGetInfo == nullptr) return;
+    nvml::GpuInstance instance = nullptr;
+    if (api_.nvmlDeviceGetGpuInstanceById(parent, info.gpu_instance, &instance) != nvml::kSuccess) return;
+    nvml::GpuInstanceInfo gi{};
+    if (api_.nvmlGpuInstanceGetInfo(instance, &gi) != nvml::kSuccess) return;
+    info.placement_known = true;
+    info.gi_profile_id = gi.profileId;
+    info.placement_start = gi.placement.start;
+    info.placement_size = gi.placement.size;
   }
 
   bool IsExcluded(const std::string& uuid) const {

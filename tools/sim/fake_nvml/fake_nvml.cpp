@@ -136,11 +136,17 @@ struct MigDevice {
   unsigned int gpu_instance = 0;
   unsigned int compute_instance = 0;
   nvml::DeviceAttributes attributes{};
+  // nvmlGpuInstanceGetInfo's profile id and placement; without them (not configured) it answers
+  // NOT_SUPPORTED, as an older driver would.
+  bool placed = false;
+  unsigned int profile_id = 0, placement_start = 0, placement_size = 0;
 
   // What a MIG reconfiguration changes (fakeNvmlReloadConfig compares layouts with it).
   bool SameLayout(const MigDevice& other) const {
     return uuid == other.uuid && gpu_instance == other.gpu_instance && compute_instance == other.compute_instance &&
-           std::memcmp(&attributes, &other.attributes, sizeof attributes) == 0;
+           std::memcmp(&attributes, &other.attributes, sizeof attributes) == 0 && placed == other.placed &&
+           profile_id == other.profile_id && placement_start == other.placement_start &&
+           placement_size == other.placement_size;
   }
 };
 
@@ -283,8 +289,9 @@ Return ParseReturnCode(const Json& value, const std::string& where) {
 // "migEnabled": true and "migDevices": [{"slot": 0, "uuid": "MIG-…", "gpuInstanceId": 7,
 // "computeInstanceId": 0, "gpuInstanceSliceCount": 1, "computeInstanceSliceCount": 1,
 // "memorySizeMB": 9856, "multiprocessorCount": 16, "sharedCopyEngineCount": 1, "sharedDecoderCount": 1,
-// "sharedEncoderCount": 0, "sharedJpegCount": 1, "sharedOfaCount": 0}]. "slot" defaults to the
-// entry's position; the engine counts default to 0.
+// "sharedEncoderCount": 0, "sharedJpegCount": 1, "sharedOfaCount": 0, "gpuInstanceProfileId": 19,
+// "placementStart": 6, "placementSize": 1}]. "slot" defaults to the entry's position; the engine
+// counts default to 0; the GPU instance's profile id and placement come together or not at all.
 void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
   gpu.mig_enabled = j.value("migEnabled", false);
   if (!j.contains("migDevices")) return;
@@ -298,7 +305,8 @@ void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
     const Json& d = devices[i];
     CheckKeys(d, {"slot", "uuid", "gpuInstanceId", "computeInstanceId", "gpuInstanceSliceCount",
                   "computeInstanceSliceCount", "memorySizeMB", "multiprocessorCount", "sharedCopyEngineCount",
-                  "sharedDecoderCount", "sharedEncoderCount", "sharedJpegCount", "sharedOfaCount"},
+                  "sharedDecoderCount", "sharedEncoderCount", "sharedJpegCount", "sharedOfaCount",
+                  "gpuInstanceProfileId", "placementStart", "placementSize"},
               at);
     const auto slot = d.value("slot", static_cast<unsigned int>(i));
     if (slot >= kMaxMigSlots || gpu.mig_slots[slot]) throw ConfigError(nvml::kErrorUnknown, at + ": slot taken or >= 8");
@@ -319,6 +327,18 @@ void ParseMig(const Json& j, Gpu& gpu, const std::string& where) {
     mig.attributes.sharedEncoderCount = d.value("sharedEncoderCount", 0u);
     mig.attributes.sharedJpegCount = d.value("sharedJpegCount", 0u);
     mig.attributes.sharedOfaCount = d.value("sharedOfaCount", 0u);
+    const int placement_keys = static_cast<int>(d.contains("gpuInstanceProfileId")) +
+                               static_cast<int>(d.contains("placementStart")) +
+                               static_cast<int>(d.contains("placementSize"));
+    if (placement_keys != 0 && placement_keys != 3) {
+      throw ConfigError(nvml::kErrorUnknown, at + ": gpuInstanceProfileId, placementStart and placementSize go together");
+    }
+    if (placement_keys == 3) {
+      mig.placed = true;
+      mig.profile_id = d.at("gpuInstanceProfileId").get<unsigned int>();
+      mig.placement_start = d.at("placementStart").get<unsigned int>();
+      mig.placement_size = d.at("placementSize").get<unsigned int>();
+    }
     gpu.mig_slots[slot] = std::move(mig);
   }
 }
@@ -1832,6 +1852,35 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetAttributes_v2(nvml::Device device, nvml::De
       *attributes = nvml::DeviceAttributes{};
       attributes->memorySizeMB = g.memory_total / (1024ULL * 1024ULL);
     }
+    return nvml::kSuccess;
+  });
+}
+
+// A GPU instance handle is the handle of the first MIG device (slot) in that GPU instance: both
+// are opaque to the caller.
+FAKE_NVML_EXPORT Return nvmlDeviceGetGpuInstanceById(nvml::Device device, unsigned int id, nvml::GpuInstance* gpu_instance) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t gpu_index) {
+    if (gpu_instance == nullptr) return nvml::kErrorInvalidArgument;
+    if (!g.mig_enabled) return nvml::kErrorNotSupported;
+    for (std::size_t slot = 0; slot < g.mig_slots.size(); ++slot) {
+      if (g.mig_slots[slot] && g.mig_slots[slot]->gpu_instance == id) {
+        *gpu_instance = reinterpret_cast<nvml::GpuInstance>(fake::Fake().HandleOf(gpu_index, slot));
+        return nvml::kSuccess;
+      }
+    }
+    return nvml::kErrorNotFound;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlGpuInstanceGetInfo(nvml::GpuInstance gpu_instance, nvml::GpuInstanceInfo* info) {
+  return fake::Fake().WithDevice(__func__, reinterpret_cast<nvml::Device>(gpu_instance),
+                                 [&](const fake::Gpu&, std::size_t gpu_index, const fake::MigDevice* mig) {
+    if (info == nullptr || mig == nullptr) return nvml::kErrorInvalidArgument;
+    if (!mig->placed) return nvml::kErrorNotSupported;
+    info->device = fake::Fake().HandleOf(gpu_index);
+    info->id = mig->gpu_instance;
+    info->profileId = mig->profile_id;
+    info->placement = nvml::GpuInstancePlacement{mig->placement_start, mig->placement_size};
     return nvml::kSuccess;
   });
 }

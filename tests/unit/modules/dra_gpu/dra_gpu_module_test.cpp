@@ -23,12 +23,11 @@
 #include "modules/kube/kube_module.hpp"
 #include "support/loop_harness.hpp"
 #include "support/module_under_test.hpp"
+#include "support/quiet_logger.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/null_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <fstream>
@@ -46,18 +45,6 @@ constexpr const char* kNs = "team-a";
 const std::string kDriver(kDriverName);
 const std::string kClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
 const std::string kSlices = "/apis/resource.k8s.io/v1/resourceslices";
-
-std::shared_ptr<spdlog::logger> TestLogger() {
-  static auto logger = [] {
-    if (std::getenv("GNS_TEST_LOG")) {
-      auto l = spdlog::default_logger()->clone("dra-gpu-test");
-      l->set_level(spdlog::level::debug);
-      return l;
-    }
-    return std::make_shared<spdlog::logger>("dra-gpu-test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  }();
-  return logger;
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -81,6 +68,29 @@ gpu_inventory::GpuInventory TwoGpus() {
     gpu.memory_total_bytes = uint64_t{141} << 30;
     gpu.cc_major = 9;
     inventory.gpus.push_back(gpu);
+  }
+  return inventory;
+}
+
+// TwoGpus with GPU 1 in MIG mode: two 1g GPU instances (9 at slice 0, 10 at slice 1, profile id
+// 19), one compute instance each.
+gpu_inventory::GpuInventory OneGpuInMigMode() {
+  auto inventory = TwoGpus();
+  auto& gpu = inventory.gpus[1];
+  gpu.mig_enabled = true;
+  for (uint32_t i = 0; i < 2; ++i) {
+    gpu_inventory::MigDeviceInfo mig;
+    mig.index = i;
+    mig.uuid = "MIG-2222222" + std::to_string(i) + "-0000-5000-8000-000000000000";
+    mig.gpu_instance = 9 + i;
+    mig.profile = "1g.18gb";
+    mig.memory_bytes = uint64_t{18} << 30;
+    mig.multiprocessors = 16;
+    mig.placement_known = true;
+    mig.gi_profile_id = 19;
+    mig.placement_start = i;
+    mig.placement_size = 1;
+    gpu.mig_devices.push_back(mig);
   }
   return inventory;
 }
@@ -121,11 +131,12 @@ class DraGpuModuleTest : public ::testing::Test {
     api_options.bookmark_interval = std::chrono::milliseconds(200);
     api_ = std::make_unique<gns::test::ApiSim>(dir_ / "api", api_options);
     kube::ClientConfig config = api_->ClientConfig();
+    const auto logger = test::QuietLogger("dra-gpu-test");
     config.request_timeout = std::chrono::milliseconds(5000);
-    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, TestLogger()},
+    client_ = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{h_.loop, h_.clock, h_.metrics, logger},
                                                  config);
-    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, TestLogger());
-    events_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, TestLogger(),
+    informers_ = std::make_shared<kube::InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics, logger);
+    events_ = std::make_shared<kube::EventRecorder>(client_, h_.clock, h_.metrics, logger,
                                                     kube::EventRecorderConfig{});
     h_.services.Provide<kube::KubeClient>(client_);
     h_.services.Provide<kube::InformerRegistry>(informers_);
@@ -249,11 +260,14 @@ TEST_F(DraGpuModuleTest, PublishesTheNodesTwoGpusWithTheirAttributes) {
   EXPECT_EQ(devices[1]["attributes"]["pcieBusID"]["string"], "00000000:9C:00.0");
   EXPECT_EQ(devices[1]["capacity"]["memory"]["value"], "141Gi");
 
-  // A GPU that turns MIG on leaves the slice (MIG devices are not served yet).
-  auto inventory = TwoGpus();
-  inventory.gpus[1].mig_enabled = true;
-  h_.bus.Publish(inventory);
-  ASSERT_TRUE(h_.RunUntil([&] { return Get(kSlices + "/" + dra::SliceName(kNode, kDriver))["spec"]["devices"].size() == 1; }));
+  // A GPU that turns MIG on is offered as its MIG devices, never whole.
+  h_.bus.Publish(OneGpuInMigMode());
+  ASSERT_TRUE(h_.RunUntil([&] { return Slice()["spec"]["devices"].size() == 3; }));
+  const json mig_slice = Slice();
+  EXPECT_TRUE(DeviceOf(mig_slice, "gpu-1").is_null());
+  EXPECT_EQ(DeviceOf(mig_slice, "gpu-1-mig-19-0-1")["attributes"]["type"]["string"], "mig");
+  EXPECT_EQ(DeviceOf(mig_slice, "gpu-1-mig-19-1-1")["attributes"]["parentUUID"]["string"], TwoGpus().gpus[1].uuid);
+  EXPECT_EQ(DeviceOf(mig_slice, "gpu-1-mig-19-1-1")["capacity"]["memorySlice1"]["value"], "1");
 }
 
 TEST_F(DraGpuModuleTest, PrepareWritesTheClaimsSpecAndUnprepareRemovesIt) {
@@ -342,6 +356,67 @@ TEST_F(DraGpuModuleTest, ARestartKeepsPreparedClaimsRemakesTheirSpecsAndDropsOrp
   EXPECT_NE(Claims().Find(claim.uid), nullptr);
 }
 
+TEST_F(DraGpuModuleTest, AMigClaimGetsItsMigDeviceWithItsCapsNodesAndAWrongConfigKindIsRefused) {
+  // The host's MIG capability minors: the claim's spec carries the GPU instance's and compute
+  // instance's /dev/nvidia-caps nodes, as the device plugin's does.
+  fs::create_directories(dir_ / "h" / "proc" / "driver" / "nvidia-caps");
+  std::ofstream(dir_ / "h" / "proc" / "driver" / "nvidia-caps" / "mig-minors")
+      << "config 1\nmonitor 2\ngpu1/gi10/access 183\ngpu1/gi10/ci0/access 184\n";
+  h_.bus.Publish(OneGpuInMigMode());
+  StartAndRegister();
+  const json mig_config{{"apiVersion", "resource.nvidia.com/v1beta1"},
+                        {"kind", "MigDeviceConfig"},
+                        {"sharing", {{"strategy", "TimeSlicing"}}}};
+  const auto claim = Seed(GpuClaim("mig", {"gpu-1-mig-19-1-1"}, mig_config));
+  const auto result = Prepare({claim});
+  ASSERT_TRUE(result.ok()) << result.status.ToString();
+  const auto& answer = result.claims.at(claim.uid);
+  ASSERT_EQ(answer.error, "");
+  ASSERT_EQ(answer.devices.size(), 1u);
+  EXPECT_EQ(answer.devices[0].device_name, "gpu-1-mig-19-1-1");
+  EXPECT_EQ(answer.devices[0].cdi_device_ids,
+            std::vector<std::string>{"k8s.gpu.nvidia.com/claim=" + claim.uid + "-gpu-1-mig-19-1-1"});
+  const json spec = json::parse(ReadFile(SpecPath(claim.uid)));
+  EXPECT_EQ(device_plugin::ValidateCdiSpec(spec), "");
+  const json& nodes = spec["devices"][0]["containerEdits"]["deviceNodes"];
+  ASSERT_EQ(nodes.size(), 3u) << spec.dump();
+  EXPECT_EQ(nodes[0]["path"], "/dev/nvidia1");
+  EXPECT_EQ(nodes[1]["path"], "/dev/nvidia-caps/nvidia-cap183");
+  EXPECT_EQ(nodes[2]["path"], "/dev/nvidia-caps/nvidia-cap184");
+  const dra::Checkpoint state = Claims();
+  const auto* entry = state.Find(claim.uid);
+  ASSERT_NE(entry, nullptr);
+  ASSERT_EQ(GpusOf(*entry).size(), 1u);
+  EXPECT_EQ(GpusOf(*entry)[0].mig_uuid, "MIG-22222221-0000-5000-8000-000000000000");
+
+  // A restart re-makes the MIG claim's spec from its record, byte for byte.
+  const std::string before = ReadFile(SpecPath(claim.uid));
+  module_.Stop();
+  fs::remove(SpecPath(claim.uid));
+  StartModule();
+  EXPECT_TRUE(module_.failures.empty());
+  EXPECT_EQ(ReadFile(SpecPath(claim.uid)), before);
+
+  // A GpuConfig on a MIG device, a MigDeviceConfig on a whole GPU: refused, nothing written.
+  const auto gpu_on_mig = Seed(GpuClaim("gpu-on-mig", {"gpu-1-mig-19-0-1"},
+                                        {{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "GpuConfig"}}));
+  EXPECT_EQ(PrepareError(gpu_on_mig),
+            "ResourceClaim team-a/gpu-on-mig: status.allocation.devices.config[0]: a GpuConfig applies to request "
+            "\"gpu\", but gpu-1-mig-19-0-1 is a MIG device (use MigDeviceConfig)");
+  const auto mig_on_gpu = Seed(GpuClaim("mig-on-gpu", {"gpu-0"}, mig_config));
+  EXPECT_EQ(PrepareError(mig_on_gpu),
+            "ResourceClaim team-a/mig-on-gpu: status.allocation.devices.config[0]: a MigDeviceConfig applies to "
+            "request \"gpu\", but gpu-0 is a whole GPU (use GpuConfig)");
+  EXPECT_FALSE(fs::exists(SpecPath(gpu_on_mig.uid)));
+  EXPECT_FALSE(fs::exists(SpecPath(mig_on_gpu.uid)));
+
+  const auto unprepared = Unprepare({claim});
+  ASSERT_TRUE(unprepared.ok());
+  EXPECT_EQ(unprepared.claims.at(claim.uid), "");
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  EXPECT_EQ(Claims().claims.size(), 0u);
+}
+
 // ------------------------------------------------------------------------------ device taints
 
 constexpr int64_t kTurnedMs = 1795858800000;  // 2026-11-28T09:40:00Z
@@ -378,6 +453,80 @@ TEST_F(DraGpuModuleTest, AFatalXidTaintsTheGpusDeviceAndHealthyAgainRemovesIt) {
   ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("updated") == writes + 1; }));
   EXPECT_EQ(Slice()["spec"]["pool"]["generation"], 3);
   EXPECT_TRUE(State()->tainted.empty());
+}
+
+TEST_F(DraGpuModuleTest, AGpuInstanceVerdictTaintsThatMigDeviceOnlyAndAWholeGpuVerdictAllOfThem) {
+  h_.bus.Publish(OneGpuInMigMode());
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  StartAndRegister();
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("created") == 1; }));
+  gpu_health::DeviceHealth instance;
+  instance.uuid = TwoGpus().gpus[1].uuid;
+  instance.healthy = false;
+  instance.xid = 94;
+  instance.reason = "XID 94 (contained ECC error)";
+  instance.since_unix_ms = kTurnedMs;
+  instance.gpu_instance = 10;
+  h_.bus.Publish(instance);
+  ASSERT_TRUE(h_.RunUntil([&] { return DeviceOf(Slice(), "gpu-1-mig-19-1-1").contains("taints"); }));
+  json slice = Slice();
+  EXPECT_EQ(DeviceOf(slice, "gpu-1-mig-19-1-1")["taints"][0]["key"], "gpu.nvidia.com/xid");
+  EXPECT_EQ(DeviceOf(slice, "gpu-1-mig-19-1-1")["taints"][0]["value"], "94");
+  EXPECT_FALSE(DeviceOf(slice, "gpu-1-mig-19-0-1").contains("taints")) << "the other GPU instance";
+  EXPECT_FALSE(DeviceOf(slice, "gpu-0").contains("taints"));
+
+  // The whole GPU's verdict covers its MIG devices.
+  Verdict(1, false, 79, "XID 79 (GPU has fallen off the bus)", kTurnedMs + 1000);
+  ASSERT_TRUE(h_.RunUntil([&] { return DeviceOf(Slice(), "gpu-1-mig-19-0-1").contains("taints"); }));
+  slice = Slice();
+  EXPECT_EQ(DeviceOf(slice, "gpu-1-mig-19-0-1")["taints"][0]["value"], "79");
+  EXPECT_EQ(DeviceOf(slice, "gpu-1-mig-19-1-1")["taints"][0]["value"], "79");
+  EXPECT_FALSE(DeviceOf(slice, "gpu-0").contains("taints"));
+
+  // Both healthy again: no taint left.
+  Verdict(1, true, 0, "GPU reset acknowledged", kTurnedMs + 60000);
+  instance.healthy = true;
+  instance.xid = 0;
+  instance.reason = "GPU reset acknowledged";
+  h_.bus.Publish(instance);
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const json now = Slice();
+    return !DeviceOf(now, "gpu-1-mig-19-0-1").contains("taints") && !DeviceOf(now, "gpu-1-mig-19-1-1").contains("taints");
+  }));
+}
+
+// Issue #28: "a GPU taken out for a reset is withdrawn from the slice or tainted, then offered
+// again". gpu-health's reset-in-progress verdict taints it while gpu-inventory has released it
+// (prepare refused, retryable), and the validated reset's healthy verdict removes the taint.
+TEST_F(DraGpuModuleTest, AGpuUnderResetIsTaintedMeanwhileAndOfferedAgainAfter) {
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  StartAndRegister();
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("created") == 1; }));
+  gpu_health::DeviceHealth resetting;
+  resetting.uuid = TwoGpus().gpus[1].uuid;
+  resetting.healthy = false;
+  resetting.reason = std::string(gpu_health::kResetInProgress);
+  resetting.since_unix_ms = kTurnedMs;
+  h_.bus.Publish(resetting);
+  auto released = TwoGpus();
+  released.gpus[1].released = true;
+  released.gpus[1].release_reason = "gpu-reset";
+  h_.bus.Publish(released);
+  ASSERT_TRUE(h_.RunUntil([&] { return DeviceOf(Slice(), "gpu-1").contains("taints"); }));
+  EXPECT_EQ(DeviceOf(Slice(), "gpu-1")["taints"],
+            json::array({{{"key", "gpu.nvidia.com/unhealthy"},
+                          {"value", "GPU-reset-in-progress"},
+                          {"effect", "NoSchedule"},
+                          {"timeAdded", "2026-11-28T09:40:00Z"}}}));
+  const auto claim = Seed(GpuClaim("during-reset", {"gpu-1"}));
+  EXPECT_NE(PrepareError(claim).find("taken out for a reset"), std::string::npos);
+  EXPECT_EQ(Prepares("retryable_error"), 1);
+
+  // Taken back and judged healthy: untainted, and the claim the kubelet retries is prepared.
+  h_.bus.Publish(TwoGpus());
+  Verdict(1, true, 0, "GPU reset acknowledged", kTurnedMs + 30000);
+  ASSERT_TRUE(h_.RunUntil([&] { return !DeviceOf(Slice(), "gpu-1").contains("taints"); }));
+  EXPECT_EQ(PrepareError(claim), "");
 }
 
 TEST_F(DraGpuModuleTest, TheSiteMayAskForNoExecute) {
@@ -435,7 +584,7 @@ TEST_F(DraGpuModuleTest, AProcessRestartWaitsForGpuHealthsRestoredVerdictsBefore
   spec.node_name = kNode;
   spec.node_uid = node_uid;
   spec.devices = GpuSliceDevices(inventory, ServedGpus(inventory, GpuSelection{true, {}}), dra::ResourceApiVersion::kV1,
-                                 {{inventory.gpus[0].uuid, TaintsFor(sick, TaintEffect::kNoSchedule)}});
+                                 {{"gpu-0", TaintsFor(sick, TaintEffect::kNoSchedule)}});
   api_->Seed(dra::BuildSlice(spec));
   const json before = Slice();
 

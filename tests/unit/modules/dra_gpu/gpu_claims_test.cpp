@@ -34,6 +34,49 @@ gpu_inventory::GpuInventory TwoGpus() {
   return inventory;
 }
 
+// TwoGpus with the second in MIG mode: a 3g.71gb at slices 4-7 (profile id 9) and a 1g.18gb at
+// slice 0 (profile id 19), the latter with two compute instances (only the first is offered).
+gpu_inventory::GpuInventory MixedGpus() {
+  auto inventory = TwoGpus();
+  auto& gpu = inventory.gpus[1];
+  gpu.mig_enabled = true;
+  gpu_inventory::MigDeviceInfo big;
+  big.uuid = "MIG-00000000-0000-5000-8000-000000000001";
+  big.gpu_instance = 2;
+  big.profile = "3g.71gb";
+  big.memory_bytes = uint64_t{71} << 30;
+  big.multiprocessors = 60;
+  big.copy_engines = 3;
+  big.decoders = 3;
+  big.jpeg_engines = 3;
+  big.placement_known = true;
+  big.gi_profile_id = 9;
+  big.placement_start = 4;
+  big.placement_size = 4;
+  gpu_inventory::MigDeviceInfo small = big;
+  small.uuid = "MIG-00000000-0000-5000-8000-000000000002";
+  small.gpu_instance = 9;
+  small.profile = "1g.18gb";
+  small.memory_bytes = uint64_t{18} << 30;
+  small.multiprocessors = 16;
+  small.copy_engines = 1;
+  small.decoders = 1;
+  small.jpeg_engines = 1;
+  small.ofa_engines = 0;
+  small.gi_profile_id = 19;
+  small.placement_start = 0;
+  small.placement_size = 1;
+  gpu_inventory::MigDeviceInfo second_ci = small;
+  second_ci.uuid = "MIG-00000000-0000-5000-8000-000000000003";
+  second_ci.compute_instance = 1;
+  gpu_inventory::MigDeviceInfo unplaced = small;  // NVML did not say where: no upstream name
+  unplaced.uuid = "MIG-00000000-0000-5000-8000-000000000004";
+  unplaced.gpu_instance = 10;
+  unplaced.placement_known = false;
+  gpu.mig_devices = {big, small, second_ci, unplaced};
+  return inventory;
+}
+
 json Claim(const std::vector<std::string>& devices, json configs = json::array(), std::string pool = kNode) {
   json results = json::array();
   for (const auto& d : devices) {
@@ -43,8 +86,8 @@ json Claim(const std::vector<std::string>& devices, json configs = json::array()
               {"status", {{"allocation", {{"devices", {{"results", results}, {"config", configs}}}}}}}};
 }
 
-json GpuConfig(json sharing, std::string source = "FromClaim") {
-  json params{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "GpuConfig"}};
+json GpuConfig(json sharing, std::string source = "FromClaim", std::string kind = "GpuConfig") {
+  json params{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", kind}};
   if (!sharing.is_null()) params["sharing"] = std::move(sharing);
   return json::array({{{"source", source}, {"opaque", {{"driver", "gpu.nvidia.com"}, {"parameters", params}}}}});
 }
@@ -80,8 +123,57 @@ TEST(GpuSliceTest, TheSelectionAndMigDecideWhatIsServed) {
   auto inventory = TwoGpus();
   EXPECT_EQ(ServedGpus(inventory, GpuSelection{false, {"1"}}).size(), 1u);
   EXPECT_EQ(ServedGpus(inventory, GpuSelection{false, {inventory.gpus[0].uuid}}).front().minor, 4u);
-  inventory.gpus[1].mig_enabled = true;  // MIG devices are not served yet: the GPU is left out
-  EXPECT_EQ(ServedGpus(inventory, GpuSelection{true, {}}).size(), 1u);
+  inventory.gpus[1].mig_enabled = true;  // served as its MIG devices (none here): nothing of it in the slice
+  const auto served = ServedGpus(inventory, GpuSelection{true, {}});
+  EXPECT_EQ(served.size(), 2u);
+  const json devices = GpuSliceDevices(inventory, served, dra::ResourceApiVersion::kV1);
+  ASSERT_EQ(devices.size(), 1u) << devices.dump();
+  EXPECT_EQ(devices[0]["name"], "gpu-4");
+}
+
+TEST(GpuSliceTest, AMigEnabledGpuIsOfferedAsItsMigDevicesWithUpstreamsNamesAttributesAndCapacity) {
+  const auto inventory = MixedGpus();
+  const auto served = ServedGpus(inventory, GpuSelection{true, {}});
+  const json devices = GpuSliceDevices(inventory, served, dra::ResourceApiVersion::kV1);
+  ASSERT_EQ(devices.size(), 3u) << devices.dump();
+  EXPECT_EQ(devices[0]["name"], "gpu-4");
+  EXPECT_EQ(devices[1]["name"], "gpu-5-mig-9-4-4");  // not gpu-5: a MIG-enabled GPU is not offered whole
+  EXPECT_EQ(devices[2]["name"], "gpu-5-mig-19-0-1");
+  const json& a = devices[1]["attributes"];
+  EXPECT_EQ(a["type"], (json{{"string", "mig"}}));
+  EXPECT_EQ(a["uuid"], (json{{"string", "MIG-00000000-0000-5000-8000-000000000001"}}));
+  EXPECT_EQ(a["parentUUID"], (json{{"string", inventory.gpus[1].uuid}}));
+  EXPECT_EQ(a["profile"], (json{{"string", "3g.71gb"}}));
+  EXPECT_EQ(a["productName"], (json{{"string", "NVIDIA H200"}}));
+  EXPECT_EQ(a["architecture"], (json{{"string", "Hopper"}}));
+  EXPECT_EQ(a["cudaComputeCapability"], (json{{"version", "9.0.0"}}));
+  EXPECT_EQ(a["driverVersion"], (json{{"version", "550.54.15"}}));
+  EXPECT_EQ(a["cudaDriverVersion"], (json{{"version", "12.4.0"}}));
+  EXPECT_EQ(a["pcieBusID"], (json{{"string", "00000000:5C:00.0"}}));
+  EXPECT_EQ(a["resource.kubernetes.io/pciBusID"], (json{{"string", "0000:5c:00.0"}}));
+  EXPECT_EQ(a["index"], (json{{"int", 1}}));
+  EXPECT_EQ(a["minor"], (json{{"int", 5}}));
+  const json& c = devices[1]["capacity"];
+  EXPECT_EQ(c["memory"], (json{{"value", "71Gi"}}));
+  EXPECT_EQ(c["multiprocessors"], (json{{"value", "60"}}));
+  EXPECT_EQ(c["copyEngines"], (json{{"value", "3"}}));
+  EXPECT_EQ(c["decoders"], (json{{"value", "3"}}));
+  EXPECT_EQ(c["encoders"], (json{{"value", "0"}}));
+  EXPECT_EQ(c["jpegEngines"], (json{{"value", "3"}}));
+  EXPECT_EQ(c["ofaEngines"], (json{{"value", "0"}}));
+  for (const char* slice : {"memorySlice4", "memorySlice5", "memorySlice6", "memorySlice7"}) {
+    EXPECT_EQ(c[slice], (json{{"value", "1"}})) << slice;
+  }
+  EXPECT_FALSE(c.contains("memorySlice3"));
+  EXPECT_FALSE(c.contains("memorySlice8"));
+  EXPECT_EQ(devices[2]["capacity"]["memorySlice0"], (json{{"value", "1"}}));
+  EXPECT_FALSE(devices[2]["capacity"].contains("memorySlice1"));
+  // Taints go by device name: a MIG device's own.
+  const json taint = json::array({{{"key", "gpu.nvidia.com/xid"}, {"value", "94"}, {"effect", "NoSchedule"}}});
+  const json tainted =
+      GpuSliceDevices(inventory, served, dra::ResourceApiVersion::kV1, {{"gpu-5-mig-19-0-1", taint}});
+  EXPECT_EQ(tainted[2]["taints"], taint);
+  EXPECT_FALSE(tainted[1].contains("taints") && !tainted[1]["taints"].empty());
 }
 
 TEST(GpuSliceTest, QuantitiesAndDeviceNames) {
@@ -92,6 +184,27 @@ TEST(GpuSliceTest, QuantitiesAndDeviceNames) {
   EXPECT_FALSE(MinorOfDeviceName("gpu-01"));
   EXPECT_FALSE(MinorOfDeviceName("gpu-1-mig-1-0"));
   EXPECT_FALSE(MinorOfDeviceName("channel-0"));
+  gpu_inventory::MigDeviceInfo mig;
+  mig.gi_profile_id = 14;
+  mig.placement_start = 2;
+  mig.placement_size = 2;
+  EXPECT_EQ(MigDeviceName(3, mig), "gpu-3-mig-14-2-2");
+}
+
+TEST(GpuConfigTest, MigDeviceConfigHasUpstreamsMigSharingSchema) {
+  const auto parse = [](json sharing) {
+    json params{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "MigDeviceConfig"}};
+    if (!sharing.is_null()) params["sharing"] = std::move(sharing);
+    return ParseMigDeviceConfig(params, "cfg");
+  };
+  EXPECT_EQ(parse(json()).sharing, GpuSharing{});
+  EXPECT_EQ(parse({{"strategy", "TimeSlicing"}}).sharing, (GpuSharing{"TimeSlicing", ""}));
+  EXPECT_EQ(parse({{"strategy", "MPS"}, {"mpsConfig", json::object()}}).sharing, (GpuSharing{"MPS", ""}));
+  // A MIG device has no time-slice interval (upstream's MigDeviceSharing: strategy, mpsConfig).
+  EXPECT_EQ(parse({{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Long"}}}}).error,
+            "cfg.sharing.timeSlicingConfig: unknown field (MigDeviceConfig's sharing has strategy, mpsConfig)");
+  EXPECT_EQ(ParseMigDeviceConfig({{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "GpuConfig"}}, "cfg").error,
+            "cfg.kind: expected \"MigDeviceConfig\"");
 }
 
 // ------------------------------------------------------------------------------ GpuConfig
@@ -171,8 +284,8 @@ TEST(GpuClaimTest, RefusalsSayWhyAndWhetherARetryHelps) {
             "ResourceClaim team-a/train: status.allocation.devices.results[0].pool: \"other-node\" is not this node's "
             "pool (h200-node-01)");
   EXPECT_EQ(refused(Claim({"gpu-9"})).error,
-            "ResourceClaim team-a/train: status.allocation.devices.results[0].device: gpu-9 is not a GPU this node "
-            "serves through gpu.nvidia.com");
+            "ResourceClaim team-a/train: status.allocation.devices.results[0].device: gpu-9 is not a GPU or MIG "
+            "device this node serves through gpu.nvidia.com");
   EXPECT_EQ(refused(Claim({})).error, "ResourceClaim team-a/train: no allocation result for driver gpu.nvidia.com");
   json unallocated = Claim({"gpu-4"});
   unallocated["status"].erase("allocation");
@@ -211,6 +324,79 @@ TEST(GpuClaimTest, RefusalsSayWhyAndWhetherARetryHelps) {
   const auto released = PlanGpuClaim(Claim({"gpu-4"}), kUid, kNode, ServedGpus(inventory, GpuSelection{true, {}}), {});
   EXPECT_FALSE(released.permanent);
   EXPECT_NE(released.error.find("taken out for a reset"), std::string::npos) << released.error;
+}
+
+TEST(GpuClaimTest, AMigDeviceWithEachConfigBecomesARecordAndASpecWithItsCapsNodes) {
+  const auto inventory = MixedGpus();
+  const auto served = ServedGpus(inventory, GpuSelection{true, {}});
+  device_plugin::CdiHostFacts facts;
+  facts.control_nodes = {"/dev/nvidiactl"};
+  facts.gi_caps[{5, 9}] = 120;     // /proc/driver/nvidia-caps/mig-minors: gpu5/gi9/access 120
+  facts.ci_caps[{5, 9, 0}] = 121;  // gpu5/gi9/ci0/access 121
+  const json mig_config_ts = GpuConfig({{"strategy", "TimeSlicing"}}, "FromClaim", "MigDeviceConfig");
+  const json mig_config_none = GpuConfig(json(), "FromClass", "MigDeviceConfig");
+  for (const json& configs : {json::array(), mig_config_none, mig_config_ts}) {
+    SCOPED_TRACE(configs.dump());
+    const auto plan = PlanGpuClaim(Claim({"gpu-5-mig-19-0-1"}, configs), kUid, kNode, served, {});
+    ASSERT_EQ(plan.error, "");
+    ASSERT_EQ(plan.gpus.size(), 1u);
+    const ClaimGpu& gpu = plan.gpus[0];
+    EXPECT_EQ(gpu.device, "gpu-5-mig-19-0-1");
+    EXPECT_EQ(gpu.uuid, inventory.gpus[1].uuid);
+    EXPECT_EQ(gpu.mig_uuid, "MIG-00000000-0000-5000-8000-000000000002");
+    EXPECT_EQ(gpu.gpu_instance, 9u);
+    EXPECT_EQ(gpu.compute_instance, 0u);
+    EXPECT_EQ(gpu.minor, 5u);
+    const auto entry = RecordFor(kUid, kNode, plan);
+    EXPECT_EQ(entry.device, "gpu-5-mig-19-0-1");
+    EXPECT_EQ(GpusOf(entry), plan.gpus) << "the record gives the MIG device back";
+    const json spec = BuildGpuClaimSpec(kUid, GpusOf(entry), device_plugin::CdiSettings{}, facts);
+    EXPECT_EQ(device_plugin::ValidateCdiSpec(spec), "");
+    ASSERT_EQ(spec["devices"].size(), 1u) << spec.dump();
+    EXPECT_EQ(spec["devices"][0]["name"], std::string(kUid) + "-gpu-5-mig-19-0-1");
+    const json& nodes = spec["devices"][0]["containerEdits"]["deviceNodes"];
+    ASSERT_EQ(nodes.size(), 3u) << nodes.dump();
+    EXPECT_EQ(nodes[0]["path"], "/dev/nvidia5");
+    EXPECT_EQ(nodes[1]["path"], "/dev/nvidia-caps/nvidia-cap120");
+    EXPECT_EQ(nodes[2]["path"], "/dev/nvidia-caps/nvidia-cap121");
+  }
+  const auto ts = PlanGpuClaim(Claim({"gpu-5-mig-19-0-1"}, mig_config_ts), kUid, kNode, served, {});
+  EXPECT_EQ(RecordFor(kUid, kNode, ts).driver_data["sharing"]["strategy"], "TimeSlicing");
+  // A whole GPU and a MIG device in one claim.
+  const auto mixed = PlanGpuClaim(Claim({"gpu-4", "gpu-5-mig-9-4-4"}), kUid, kNode, served, {});
+  ASSERT_EQ(mixed.error, "");
+  EXPECT_FALSE(mixed.gpus[0].Mig());
+  EXPECT_TRUE(mixed.gpus[1].Mig());
+  EXPECT_EQ(GpusOf(RecordFor(kUid, kNode, mixed)), mixed.gpus);
+}
+
+TEST(GpuClaimTest, TheWrongConfigKindForTheDeviceIsRefusedByName) {
+  const auto inventory = MixedGpus();
+  const auto served = ServedGpus(inventory, GpuSelection{true, {}});
+  const auto plan = [&](const json& claim) { return PlanGpuClaim(claim, kUid, kNode, served, {}); };
+  const auto gpu_on_mig = plan(Claim({"gpu-5-mig-9-4-4"}, GpuConfig({{"strategy", "TimeSlicing"}})));
+  EXPECT_TRUE(gpu_on_mig.permanent);
+  EXPECT_EQ(gpu_on_mig.error,
+            "ResourceClaim team-a/train: status.allocation.devices.config[0]: a GpuConfig applies to request "
+            "\"gpus\", but gpu-5-mig-9-4-4 is a MIG device (use MigDeviceConfig)");
+  const auto mig_on_gpu = plan(Claim({"gpu-4"}, GpuConfig(json(), "FromClaim", "MigDeviceConfig")));
+  EXPECT_TRUE(mig_on_gpu.permanent);
+  EXPECT_EQ(mig_on_gpu.error,
+            "ResourceClaim team-a/train: status.allocation.devices.config[0]: a MigDeviceConfig applies to request "
+            "\"gpus\", but gpu-4 is a whole GPU (use GpuConfig)");
+  // MPS on a MIG device needs a control daemon, as on a whole GPU: refused by name.
+  EXPECT_NE(plan(Claim({"gpu-5-mig-9-4-4"}, GpuConfig({{"strategy", "MPS"}}, "FromClaim", "MigDeviceConfig")))
+                .error.find("MPS is not supported"),
+            std::string::npos);
+  // The MIG-enabled parent is not offered whole, nor a MIG device NVML gave no placement for.
+  EXPECT_NE(plan(Claim({"gpu-5"})).error.find("gpu-5 is not a GPU or MIG device this node serves"), std::string::npos);
+  // A released parent: its MIG devices are out for the reset too (retryable).
+  auto released = inventory;
+  released.gpus[1].released = true;
+  released.gpus[1].release_reason = "gpu-reset";
+  const auto out = PlanGpuClaim(Claim({"gpu-5-mig-9-4-4"}), kUid, kNode, ServedGpus(released, GpuSelection{true, {}}), {});
+  EXPECT_FALSE(out.permanent);
+  EXPECT_NE(out.error.find("taken out for a reset"), std::string::npos) << out.error;
 }
 
 // ------------------------------------------------------------------------------ the split

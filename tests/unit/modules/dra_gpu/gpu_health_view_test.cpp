@@ -1,6 +1,6 @@
 // gpu-health's verdicts as the gpu.nvidia.com driver shows them: the taint each verdict makes
 // (key per cause, value in label syntax, effect, time the verdict turned), Healthy again with
-// none, Unknown while no judge runs, GPU-instance verdicts left alone.
+// none, Unknown while no judge runs, a GPU instance's verdict on its MIG device only.
 #include "modules/dra_gpu/gpu_health_view.hpp"
 
 #include <gtest/gtest.h>
@@ -78,13 +78,29 @@ TEST(GpuHealthViewTest, ACheckVerdictNamesItsCheckAndALostGpuHasUpstreamsKey) {
   EXPECT_EQ(view.Of(kGpu).taint_value, "GPU-reset-in-progress");
 }
 
-TEST(GpuHealthViewTest, AGpuInstanceVerdictDoesNotTaintTheWholeGpu) {
+TEST(GpuHealthViewTest, AGpuInstanceVerdictTaintsThatMigDeviceOnlyAndAWholeGpuVerdictAllOfThem) {
   GpuHealthView view;
   view.JudgeSeen(kTurned);
   auto verdict = Verdict(false, 94, "XID 94 (contained ECC error)");
   verdict.gpu_instance = 3;
-  EXPECT_FALSE(view.OnVerdict(verdict));
-  EXPECT_EQ(view.Of(kGpu).status, HealthStatus::kHealthy);
+  EXPECT_TRUE(view.OnVerdict(verdict));
+  EXPECT_EQ(view.Of(kGpu).status, HealthStatus::kHealthy) << "the whole GPU is not judged by one instance";
+  EXPECT_EQ(view.OfMig(kGpu, 3).status, HealthStatus::kUnhealthy);
+  EXPECT_EQ(view.OfMig(kGpu, 3).taint_key, "gpu.nvidia.com/xid");
+  EXPECT_EQ(view.OfMig(kGpu, 3).taint_value, "94");
+  EXPECT_EQ(view.OfMig(kGpu, 5).status, HealthStatus::kHealthy) << "another GPU instance of the GPU";
+  // The whole GPU's verdict covers every GPU instance, and wins over an instance's own.
+  EXPECT_TRUE(view.OnVerdict(Verdict(false, 79, "XID 79 (fallen off the bus)")));
+  EXPECT_EQ(view.OfMig(kGpu, 5).taint_value, "79");
+  EXPECT_EQ(view.OfMig(kGpu, 3).taint_value, "79");
+  // Whole GPU healthy again: the instance's own verdict is what is left.
+  EXPECT_TRUE(view.OnVerdict(Verdict(true, 0, "validated reset")));
+  EXPECT_EQ(view.OfMig(kGpu, 5).status, HealthStatus::kHealthy);
+  EXPECT_EQ(view.OfMig(kGpu, 3).taint_value, "94");
+  verdict.healthy = true;
+  verdict.xid = 0;
+  EXPECT_TRUE(view.OnVerdict(verdict));
+  EXPECT_TRUE(TaintsFor(view.OfMig(kGpu, 3), TaintEffect::kNoSchedule).empty());
 }
 
 TEST(GpuHealthViewTest, TaintValuesKeepTheLabelValueSyntax) {

@@ -274,8 +274,8 @@ TEST_F(GpuInventoryModuleTest, PublishesTheFullInventoryOfEightGpus) {
   EXPECT_EQ(state.at("gpu-inventory.devices").at("gpus").size(), 8u);
 }
 
-// MIG through NVML: mode, sparse slots, GI/CI ids, profile names from the attributes, and an
-// Xid naming a GPU instance keeps its attribution on the bus.
+// MIG through NVML: mode, sparse slots, GI/CI ids, profile names from the attributes, the GPU
+// instance's placement, and an Xid naming a GPU instance keeps its attribution on the bus.
 TEST_F(GpuInventoryModuleTest, MigDevicesAreEnumeratedPerGpuWithTheirProfiles) {
   setenv("FAKE_NVML_CONFIG", GNS_FAKE_NVML_GPUS_MIG, 1);
   StartModule();
@@ -307,6 +307,13 @@ TEST_F(GpuInventoryModuleTest, MigDevicesAreEnumeratedPerGpuWithTheirProfiles) {
   EXPECT_EQ(first.jpeg_engines, 3u);
   EXPECT_EQ(first.ofa_engines, 0u);
   EXPECT_EQ(inventory.gpus[1].mig_devices[6].index, 6u);
+  // The GPU instance's profile id and placement (nvmlGpuInstanceGetInfo): the DRA driver's MIG
+  // device name. Not configured for the others: the fake answers NOT_SUPPORTED, as an old driver.
+  EXPECT_TRUE(first.placement_known);
+  EXPECT_EQ(first.gi_profile_id, 9u);
+  EXPECT_EQ(first.placement_start, 4u);
+  EXPECT_EQ(first.placement_size, 4u);
+  EXPECT_FALSE(inventory.gpus[0].mig_devices[1].placement_known);
 
   const auto state = h_.bus.RetainedState();
   EXPECT_EQ(state.at("gpu-inventory.devices").at("gpus")[1].at("migDevices").size(), 7u);
