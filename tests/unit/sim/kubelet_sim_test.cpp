@@ -963,8 +963,12 @@ TEST_F(KubeletSimTest, InvalidPluginsAreToldWhy) {
       {DraConfig("old.example.com", {"v1alpha4.DRAPlugin"}), true,
        "none of services supported by the plugin ([\"v1alpha4.DRAPlugin\"]) are supported by the kubelet "
        "([\"v1.DRAPlugin\" \"v1beta1.DRAPlugin\"])"},
+      // The kubelet's CSI handler (the simulator has one since gkm-csi registers through it)
+      // takes only versions of the form v1.x.
       {DraConfig("csi.example.com", {"v1.DRAPlugin"}, "CSIPlugin"), true,
-       "no handler registered for plugin type: CSIPlugin"},
+       "None of the versions specified [\"v1.DRAPlugin\"] are supported"},
+      {DraConfig("other.example.com", {"v1.DRAPlugin"}, "FooPlugin"), true,
+       "no handler registered for plugin type: FooPlugin"},
       {DraConfig("late.example.com"), false, "is not a socket"},
   };
   for (const Case& c : cases) {
@@ -984,7 +988,7 @@ TEST_F(KubeletSimTest, InvalidPluginsAreToldWhy) {
       [](const KubeletState& state) {
         return std::count_if(state.watcher_events.begin(), state.watcher_events.end(), [](const PluginWatcherEvent& e) {
                  return e.kind == PluginWatcherEvent::Kind::kRejected;
-               }) == 4;
+               }) == 5;
       },
       kWait));
   const KubeletState state = sim.State();
