@@ -89,8 +89,6 @@ const dra::ClaimSpecNames& GpuSpecNames() {
   return names;
 }
 
-std::string GpuDeviceName(uint32_t minor) { return "gpu-" + std::to_string(minor); }
-
 std::optional<uint32_t> MinorOfDeviceName(std::string_view device) {
   constexpr std::string_view kPrefix = "gpu-";
   if (device.substr(0, kPrefix.size()) != kPrefix || device.size() == kPrefix.size()) return std::nullopt;
@@ -100,11 +98,6 @@ std::optional<uint32_t> MinorOfDeviceName(std::string_view device) {
   const auto [ptr, ec] = std::from_chars(begin, end, minor);
   if (ec != std::errc() || ptr != end || (*begin == '0' && end - begin > 1)) return std::nullopt;
   return minor;
-}
-
-std::string MigDeviceName(uint32_t parent_minor, const gpu_inventory::MigDeviceInfo& mig) {
-  return GpuDeviceName(parent_minor) + "-mig-" + std::to_string(mig.gi_profile_id) + "-" +
-         std::to_string(mig.placement_start) + "-" + std::to_string(mig.placement_size);
 }
 
 std::vector<gpu_inventory::GpuInfo> ServedGpus(const gpu_inventory::GpuInventory& inventory,

@@ -12,6 +12,7 @@
 #include "loop/atomic_file.hpp"
 #include "loop/gpu_split.hpp"
 #include "modules/device_plugin/api/cdi.hpp"
+#include "modules/dra_gpu/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
 #include <nlohmann/json.hpp>
@@ -37,13 +38,8 @@ inline constexpr std::string_view kMigDeviceConfigKind = "MigDeviceConfig";
 
 const dra::ClaimSpecNames& GpuSpecNames();
 
-// "gpu-<minor>": upstream's name for a whole GPU (its minor, not its index).
-std::string GpuDeviceName(uint32_t minor);
+// GpuDeviceName and MigDeviceName: messages.hpp. The minor of "gpu-<minor>[...]".
 std::optional<uint32_t> MinorOfDeviceName(std::string_view device);
-// "gpu-<minor>-mig-<giProfileId>-<placementStart>-<placementSize>": upstream's name for a static
-// MIG device (its parent's minor, the GPU instance's profile id and placement), as WIRE-FACTS.md
-// §4.5 reads it from upstream's deviceinfo.go (confirmed there).
-std::string MigDeviceName(uint32_t parent_minor, const gpu_inventory::MigDeviceInfo& mig);
 
 // The GPUs of the inventory this driver serves: selected by `selection`, sorted by minor. A
 // MIG-enabled GPU is served as its MIG devices, never whole.

@@ -2,6 +2,8 @@
 // Bus messages of the `dra-gpu` module (gpu.nvidia.com): its state (retained), shown in
 // /debug/state.
 
+#include "modules/gpu_inventory/messages.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -10,6 +12,18 @@
 #include <vector>
 
 namespace gns::dra_gpu {
+
+// The names of this driver's devices, here because others map a claim's devices back to GPUs
+// (metrics' pod labels): one source for the scheme.
+// "gpu-<minor>": upstream's name for a whole GPU (its minor, not its index).
+inline std::string GpuDeviceName(uint32_t minor) { return "gpu-" + std::to_string(minor); }
+// "gpu-<minor>-mig-<giProfileId>-<placementStart>-<placementSize>": upstream's name for a static
+// MIG device (its parent's minor, the GPU instance's profile id and placement), as WIRE-FACTS.md
+// §4.5 reads it from upstream's deviceinfo.go. Only meaningful where `mig.placement_known`.
+inline std::string MigDeviceName(uint32_t parent_minor, const gpu_inventory::MigDeviceInfo& mig) {
+  return GpuDeviceName(parent_minor) + "-mig-" + std::to_string(mig.gi_profile_id) + "-" +
+         std::to_string(mig.placement_start) + "-" + std::to_string(mig.placement_size);
+}
 
 struct DraGpuState {
   static constexpr std::string_view kTopic = "dra-gpu.state";

@@ -2,6 +2,7 @@
 #include "modules/metrics/dcgm_series.hpp"
 
 #include "loop/metrics_registry.hpp"
+#include "modules/dra_gpu/messages.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -191,7 +192,7 @@ std::vector<std::string> LabelSets(const std::string& base, const std::vector<Dc
 
 }  // namespace
 
-std::vector<DcgmHolder> HoldersOf(const pr::GpuPodMap& pods, std::string_view uuid, std::optional<uint32_t> gpu_minor) {
+std::vector<DcgmHolder> HoldersOf(const pr::GpuPodMap& pods, std::string_view uuid, const std::string& dra_name) {
   std::vector<DcgmHolder> out;
   if (!pods.listed || uuid.empty()) return out;
   for (const auto& [id, refs] : pods.gpus) {
@@ -204,13 +205,12 @@ std::vector<DcgmHolder> HoldersOf(const pr::GpuPodMap& pods, std::string_view uu
       out.push_back(std::move(h));
     }
   }
-  const std::string by_minor = gpu_minor ? "gpu-" + std::to_string(*gpu_minor) : std::string();
   for (const pr::PodClaimRef& claim : pods.claims) {
     for (const std::string& device : claim.devices) {
       const auto slash = device.find('/');
       const std::string pool = slash == std::string::npos ? std::string() : device.substr(0, slash);
       const std::string name = slash == std::string::npos ? device : device.substr(slash + 1);
-      const bool ours = name == uuid || (!by_minor.empty() && claim.driver == kGpuDraDriver && name == by_minor);
+      const bool ours = name == uuid || (!dra_name.empty() && claim.driver == kGpuDraDriver && name == dra_name);
       if (!ours) continue;
       DcgmHolder h;
       h.pod = claim.name;
@@ -266,14 +266,19 @@ std::string RenderDcgmFamilies(const DcgmInputs& in) {
       const auto it = in.last_xid->find(gpu.uuid);
       if (it != in.last_xid->end()) xid = it->second;
     }
-    // A DRA device "gpu-<minor>" names the GPU by its device node: known from the inventory.
-    const std::optional<uint32_t> minor = info != nullptr ? std::optional<uint32_t>(info->minor) : std::nullopt;
-    devices.push_back(Device{DeviceView{&gpu, nullptr, xid}, LabelSets(base, HoldersOf(pods, gpu.uuid, minor), in.hostname)});
+    // dra-gpu names a GPU by its device node ("gpu-<minor>") and a MIG device by its parent's
+    // minor and placement: known from the inventory.
+    const std::string gpu_dra_name = info != nullptr ? dra_gpu::GpuDeviceName(info->minor) : std::string();
+    devices.push_back(
+        Device{DeviceView{&gpu, nullptr, xid}, LabelSets(base, HoldersOf(pods, gpu.uuid, gpu_dra_name), in.hostname)});
     for (const inv::MigUsageReading& mig : gpu.mig_devices) {
       std::string profile;
+      std::string mig_dra_name;
       if (info != nullptr) {
         for (const auto& m : info->mig_devices) {
-          if (m.uuid == mig.uuid) profile = m.profile;
+          if (m.uuid != mig.uuid) continue;
+          profile = m.profile;
+          if (m.placement_known) mig_dra_name = dra_gpu::MigDeviceName(info->minor, m);
         }
       }
       std::string mig_base = "{" + base;
@@ -281,7 +286,7 @@ std::string RenderDcgmFamilies(const DcgmInputs& in) {
       AppendLabel(mig_base, "GPU_I_ID", std::to_string(mig.gpu_instance));
       mig_base.erase(0, 1);
       devices.push_back(
-          Device{DeviceView{&gpu, &mig, xid}, LabelSets(mig_base, HoldersOf(pods, mig.uuid, std::nullopt), in.hostname)});
+          Device{DeviceView{&gpu, &mig, xid}, LabelSets(mig_base, HoldersOf(pods, mig.uuid, mig_dra_name), in.hostname)});
     }
   }
 

@@ -54,10 +54,11 @@ inline constexpr std::string_view kGpuDraDriver = "gpu.nvidia.com";
 
 // Who holds the device `uuid` (a GPU's "GPU-…" or a MIG device's "MIG-…"): device-plugin IDs
 // equal to it or one of its time-slicing replicas ("<uuid>::<n>"), and DRA claim devices named
-// by it, or — for a whole GPU whose device node is /dev/nvidia<gpu_minor> — "gpu-<minor>" of
-// kGpuDraDriver. Sorted, without duplicates; empty while the map was never listed.
+// by it, or by `dra_name` of kGpuDraDriver (dra-gpu's name for the device: "gpu-<minor>" of a
+// whole GPU, "gpu-<minor>-mig-…" of a MIG device; "" when unknown). Sorted, without
+// duplicates; empty while the map was never listed.
 std::vector<DcgmHolder> HoldersOf(const pod_resources::GpuPodMap& pods, std::string_view uuid,
-                                  std::optional<uint32_t> gpu_minor);
+                                  const std::string& dra_name);
 
 struct DcgmInputs {
   std::string hostname;

@@ -297,6 +297,51 @@ TEST_F(DcgmSeriesTest, ADraGpuDeviceNamesTheGpuByItsMinorNotItsIndex) {
   EXPECT_EQ(scrape.Value("DCGM_FI_DEV_GPU_UTIL{" + Base0() + "}"), 87);
 }
 
+TEST_F(DcgmSeriesTest, ADraClaimOnAMigDeviceLabelsThatMigDevicesSeriesOnly) {
+  // dra-gpu names a MIG device by its parent's minor and its GPU instance's profile and placement:
+  // GPU 1 is /dev/nvidia3, its instance of profile 19 at slices 4-5 is "gpu-3-mig-19-4-2".
+  inv::MigUsageReading mig;
+  mig.uuid = kMig;
+  mig.gpu_instance = 5;
+  mig.fb_used_bytes = 512 * kMiB;
+  mig.fb_free_bytes = 9000 * kMiB;
+  sample_.gpus[1].mig_devices = {mig};
+  inv::MigDeviceInfo info;
+  info.uuid = kMig;
+  info.gpu_instance = 5;
+  info.profile = "2g.20gb";
+  info.placement_known = true;
+  info.gi_profile_id = 19;
+  info.placement_start = 4;
+  info.placement_size = 2;
+  inventory_.gpus[1].mig_enabled = true;
+  inventory_.gpus[1].mig_devices = {info};
+  pr::PodClaimRef claim;
+  claim.namespace_name = "ml";
+  claim.name = "infer-1";
+  claim.container = "server";
+  claim.claim = "ml/infer-1-mig";
+  claim.driver = "gpu.nvidia.com";
+  claim.devices = {"node-a/gpu-3-mig-19-4-2"};
+  pods_.claims = {claim};
+  auto scrape = Render();
+  const std::string mig_base = Base1().substr(0, Base1().find(",Hostname")) +
+                               ",GPU_I_PROFILE=\"2g.20gb\",GPU_I_ID=\"5\",Hostname=\"node-a\"";
+  const std::string labels = "{" + mig_base +
+                             ",container=\"server\",namespace=\"ml\",pod=\"infer-1\",dra_claim_name=\"infer-1-mig\","
+                             "dra_claim_namespace=\"ml\",dra_driver_name=\"gpu.nvidia.com\",dra_pool_name=\"node-a\","
+                             "dra_device_name=\"gpu-3-mig-19-4-2\"}";
+  EXPECT_EQ(scrape.Value("DCGM_FI_DEV_FB_USED" + labels), 512) << text_;
+  // The parent's whole-GPU series carry no pod of the MIG claim.
+  EXPECT_EQ(scrape.Value("DCGM_FI_DEV_GPU_UTIL{" + Base1() + "}"), 87);
+  EXPECT_EQ(text_.find("{" + Base1() + ",container=\"server\""), std::string::npos) << text_;
+  // A driver that has not said the placement: the name cannot be told, so no pod labels.
+  inventory_.gpus[1].mig_devices[0].placement_known = false;
+  scrape = Render();
+  EXPECT_EQ(text_.find("infer-1"), std::string::npos) << text_;
+  EXPECT_EQ(scrape.Value("DCGM_FI_DEV_FB_USED{" + mig_base + "}"), 512);
+}
+
 TEST_F(DcgmSeriesTest, AMapNeverListedGivesNoPodLabels) {
   pods_.gpus[kGpu0] = {pr::PodContainerRef{"team-a", "train-0", "uid-1", "main", "nvidia.com/gpu"}};
   pods_.listed = false;
