@@ -6,7 +6,8 @@
 # Targets (issue #15): VmRSS <= 24 MiB, RssAnon <= 8 MiB, loop thread <= 1 wake-up/s.
 # GNS_IDLE_MODULES=shipped: only the modules the shipped ConfigMap (deploy/configmap.yaml)
 # enables; targets (issue #23): loop thread <= 0.5 wake-ups/s, all threads <= 3/s. Threads of
-# the supervisor's child processes (the NVML event waiter) count too.
+# the supervisor's child processes (the NVML event waiter) count too. GNS_IDLE_OFF="a b" switches
+# those modules off as well.
 # The window is 2 minutes so that every periodic source at rest is in it: the polled checks run
 # every 30-60 s and the API server sends each watch a BOOKMARK about once a minute (a 30 s window
 # that began 10 s after ready never saw a bookmark: the figures before this change left them out).
@@ -52,6 +53,20 @@ PY
   modules_label="the shipped ConfigMap's modules ($shipped)"
   loop_target=0.5
   all_target=3
+fi
+
+# GNS_IDLE_OFF="a b": these modules off as well (to tell which module a wake-up rate comes from).
+if [[ -n ${GNS_IDLE_OFF:-} ]]; then
+  /usr/bin/python3 - "$sandbox/site.yaml" "$GNS_IDLE_OFF" <<'PY'
+import re, sys
+path, drop = sys.argv[1], set(sys.argv[2].split())
+text = open(path).read()
+def off(m):
+    return m.group(0).replace("enabled: true", "enabled: false") if m.group(1) in drop else m.group(0)
+text = re.sub(r"^  ([a-z-]+):\n    enabled: true", off, text, flags=re.M)
+open(path, "w").write(text)
+PY
+  modules_label+=", less $GNS_IDLE_OFF"
 fi
 
 # kube-apiserver sends idle watches a BOOKMARK about once a minute (the simulator's default, 1 s,

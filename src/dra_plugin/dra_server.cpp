@@ -202,7 +202,9 @@ void DraServer::Start(const std::string& socket_path) {
   services_ = std::make_shared<Services>();
   services_->health = health_;
   std::vector<grpc::Service*> services{&services_->v1, &services_->v1beta1};
-  if (health_) services.push_back(health_->Service());
+  if (health_) {
+    for (auto* service : health_->Services()) services.push_back(service);
+  }
   server_.Start(loop_, socket_path, services, "the DRA plugin");
   ServeVersion<V1>(server_.Queue(), server_.ServerCq(), services_->v1, shared_);
   ServeVersion<V1beta1>(server_.Queue(), server_.ServerCq(), services_->v1beta1, shared_);

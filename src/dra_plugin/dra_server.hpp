@@ -1,8 +1,9 @@
 #pragma once
 // The DRA kubelet-plugin service on <kubeletDir>/plugins/<driver>/dra.sock:
 // NodePrepareResources / NodeUnprepareResources in both k8s.io.kubelet.pkg.apis.dra.v1 and
-// …v1beta1, and, for a driver that says its devices' health, v1alpha1.DRAResourceHealth (WIRE-FACTS §3: byte-for-byte the same messages; 1.32/1.33 kubelets speak only
-// v1beta1). Both versions convert to plain structs and call one DraHandler, so the module has one
+// …v1beta1 (WIRE-FACTS §3: byte-for-byte the same messages; 1.32/1.33 kubelets speak only
+// v1beta1), and, for a driver that says its devices' health, DRAResourceHealth in v1, v1beta1
+// and v1alpha1. Both versions convert to plain structs and call one DraHandler, so the module has one
 // code path.
 //
 // Threading as in device_plugin/plugin_server: the server's completion-queue thread
@@ -67,7 +68,7 @@ class DraHandler {
 class DraServer {
  public:
   // `handler` must outlive the server's Shutdown completion. With `health`, the socket also
-  // serves v1alpha1.DRAResourceHealth (health_service.hpp); without, it does not.
+  // serves DRAResourceHealth v1, v1beta1 and v1alpha1 (health_service.hpp); without, it does not.
   DraServer(Loop& loop, DraHandler& handler, std::shared_ptr<HealthService> health = nullptr);
   ~DraServer();
   DraServer(const DraServer&) = delete;

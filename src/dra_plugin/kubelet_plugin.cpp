@@ -156,8 +156,11 @@ void KubeletPlugin::Serve(ClaimStateLoad loaded, const std::function<void()>& be
   std::shared_ptr<HealthService> health;
   RegistrationServer::Info info{options_.driver_name, paths.dra_socket};
   if (driver_.ServesDeviceHealth()) {
-    health = std::make_shared<HealthService>([this] { return driver_.DeviceHealth(); });
-    info.supported_versions.push_back(std::string(kHealthServiceV1alpha1));
+    health = std::make_shared<HealthService>(context_.GetLoop(), [this] { return driver_.DeviceHealth(); },
+                                             options_.health_resend);
+    for (const auto service : {kHealthServiceV1, kHealthServiceV1beta1, kHealthServiceV1alpha1}) {
+      info.supported_versions.emplace_back(service);
+    }
   }
   dra_server_ = std::make_unique<DraServer>(context_.GetLoop(), static_cast<DraHandler&>(*this), std::move(health));
   dra_server_->Start(paths.dra_socket);
@@ -178,7 +181,7 @@ void KubeletPlugin::Serve(ClaimStateLoad loaded, const std::function<void()>& be
   registration_server_->Start(paths.registration_socket);
   context_.SetHealth(ModuleHealth::kUnhealthy, "waiting for the kubelet's plugin watcher");
   context_.Log().info("serving DRA v1/v1beta1{} on {}, registration on {}",
-                      dra_server_->Health() != nullptr ? " and device health (v1alpha1)" : "", paths.dra_socket,
+                      dra_server_->Health() != nullptr ? " and device health (v1, v1beta1, v1alpha1)" : "", paths.dra_socket,
                       paths.registration_socket);
 
   if (!corrupt_note_.empty()) RecordCorruptCheckpointEvent();

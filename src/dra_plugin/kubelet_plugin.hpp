@@ -65,6 +65,9 @@ class KubeletPlugin final : private DraHandler {
     std::string node_name;
     ResourceApiVersion api_version = ResourceApiVersion::kV1;
     std::chrono::milliseconds slice_resync{600000};
+    // A driver that says its devices' health: how often every open health stream gets the whole
+    // list again (health_service.hpp: the kubelet forgets a report after its timeout).
+    std::chrono::milliseconds health_resend = kDefaultHealthResend;
     bool node_events_on_corrupt_checkpoint = true;
     std::size_t claim_log_compact_at = kClaimLogCompactAt;
     // compute-domain.nvidia.com keeps the reconcile/corrupt counters it was released with (no

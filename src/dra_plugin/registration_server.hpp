@@ -30,8 +30,11 @@ inline const std::vector<std::string>& DefaultSupportedVersions() {
 }
 
 // KEP-4680's device-health service, advertised beside the DRA services by a driver that serves
-// it (the string is the full gRPC service name, WIRE-FACTS §3.1). The newest kubelets open the
-// health stream only for a plugin that lists it.
+// it (the string is the full gRPC service name, WIRE-FACTS §3.1). A kubelet opens the health
+// stream only for a plugin that lists a version it knows: 1.34/1.35 know v1alpha1; later ones
+// v1beta1 and v1 (v1alpha1 deprecated in 1.37). We serve and list all three, newest first.
+inline constexpr std::string_view kHealthServiceV1 = "v1.DRAResourceHealth";
+inline constexpr std::string_view kHealthServiceV1beta1 = "v1beta1.DRAResourceHealth";
 inline constexpr std::string_view kHealthServiceV1alpha1 = "v1alpha1.DRAResourceHealth";
 
 class RegistrationServer {

@@ -479,7 +479,7 @@ def dra_health_demo(api):
 
     def stream_health():
         health = kubelet("state").get("dra_drivers", {}).get(driver, {}).get("health", {})
-        return health.get("devices", {}).get(name, {}).get("health")
+        return health.get("devices", {}).get(name, {}).get("seen")  # what the kubelet shows now
 
     wait_for(f"{name} HEALTHY on the kubelet's health stream", lambda: stream_health() == "HEALTHY")
     subprocess.run(JOURNAL_SIM + ["uuid", pci, uuid], check=True)

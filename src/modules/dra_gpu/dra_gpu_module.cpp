@@ -49,6 +49,10 @@ DraGpuModule::Config DraGpuModule::ParseConfig(ConfigMap& section, const SiteCon
   config.slice_resync =
       section.Duration("sliceResync", milliseconds(1000), milliseconds(86400000), milliseconds(600000));
   config.node_events_on_corrupt_checkpoint = section.Bool("nodeEventsOnCorruptCheckpoint", true);
+  // The kubelet reads a device Unknown once its last report is older than its timeout (30 s for
+  // a v1alpha1 kubelet): the whole list goes out again this often (dra_plugin/health_service.hpp).
+  config.health_resend =
+      section.Duration("healthResend", milliseconds(100), dra::kMaxHealthResend, dra::kDefaultHealthResend);
   auto cdi = section.Section("cdi");
   config.cdi.driver_root = cdi.String("driverRoot", "/");
   if (config.cdi.driver_root.empty() || config.cdi.driver_root.front() != '/') {
@@ -79,6 +83,7 @@ DraGpuModule::DraGpuModule(ModuleContext& context, const Config& config)
   options.node_name = node_name_;
   options.api_version = config_.api_version;
   options.slice_resync = config_.slice_resync;
+  options.health_resend = config_.health_resend;
   options.node_events_on_corrupt_checkpoint = config_.node_events_on_corrupt_checkpoint;
   options.claim_log_compact_at = config_.claim_log_compact_at;
   plugin_ = std::make_unique<dra::KubeletPlugin>(context_, std::move(options), static_cast<dra::DraDriver&>(*this));
@@ -211,7 +216,7 @@ dra::DeviceHealthList DraGpuModule::DeviceHealth() const {
     const auto status = health.status == HealthStatus::kHealthy     ? dra::DeviceHealthStatus::kHealthy
                         : health.status == HealthStatus::kUnhealthy ? dra::DeviceHealthStatus::kUnhealthy
                                                                     : dra::DeviceHealthStatus::kUnknown;
-    list.push_back(dra::DeviceHealthEntry{node_name_, device.name, status, health.since_unix_ms / 1000});
+    list.push_back(dra::DeviceHealthEntry{node_name_, device.name, status, health.since_unix_ms / 1000, health.message});
   }
   return list;
 }

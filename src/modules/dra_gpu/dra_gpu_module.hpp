@@ -48,6 +48,7 @@ class DraGpuModule final : public Module, private dra::DraDriver {
     GpuSelection gpus{true, {}};  // `gpus:` all, or a list of UUIDs / indices
     std::chrono::milliseconds prepare_timeout{20000};
     std::chrono::milliseconds slice_resync{600000};
+    std::chrono::milliseconds health_resend = dra::kDefaultHealthResend;  // `healthResend`
     bool node_events_on_corrupt_checkpoint = true;
     device_plugin::CdiSettings cdi;  // driverRoot, hookPath (kind: k8s.gpu.nvidia.com/claim)
     TaintEffect taint_effect = kDefaultTaintEffect;  // `taintEffect`: NoSchedule | NoExecute

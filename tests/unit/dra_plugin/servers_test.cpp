@@ -11,7 +11,9 @@
 
 #include "dra/v1/api.grpc.pb.h"
 #include "dra/v1beta1/api.grpc.pb.h"
+#include "dra_health/v1/api.grpc.pb.h"
 #include "dra_health/v1alpha1/api.grpc.pb.h"
+#include "dra_health/v1beta1/api.grpc.pb.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
 
 #include <gtest/gtest.h>
@@ -363,15 +365,15 @@ TEST_F(DraServersTest, AStaleSocketIsReplacedButNotAnotherFile) {
 
 // ------------------------------------------------------------------------------ device health
 
-// A NodeWatchResources stream read on its own thread, as the kubelet reads it.
-class HealthWatch {
+// A NodeWatchResources stream of one version read on its own thread, as the kubelet reads it.
+template <typename Service, typename Request, typename Response>
+class HealthWatchOf {
  public:
-  explicit HealthWatch(const std::string& socket)
-      : stub_(::v1alpha1::DRAResourceHealth::NewStub(
-            grpc::CreateChannel("unix://" + socket, grpc::InsecureChannelCredentials()))) {
+  explicit HealthWatchOf(const std::string& socket)
+      : stub_(Service::NewStub(grpc::CreateChannel("unix://" + socket, grpc::InsecureChannelCredentials()))) {
     reader_ = std::async(std::launch::async, [this] {
-      auto stream = stub_->NodeWatchResources(&context_, ::v1alpha1::NodeWatchResourcesRequest{});
-      ::v1alpha1::NodeWatchResourcesResponse response;
+      auto stream = stub_->NodeWatchResources(&context_, Request{});
+      Response response;
       while (stream->Read(&response)) {
         std::lock_guard lock(mutex_);
         messages_.push_back(response);
@@ -379,11 +381,11 @@ class HealthWatch {
       return stream->Finish();
     });
   }
-  ~HealthWatch() {
+  ~HealthWatchOf() {
     context_.TryCancel();
     if (reader_.valid()) reader_.wait();
   }
-  std::vector<::v1alpha1::NodeWatchResourcesResponse> Messages() {
+  std::vector<Response> Messages() {
     std::lock_guard lock(mutex_);
     return messages_;
   }
@@ -391,12 +393,18 @@ class HealthWatch {
   grpc::Status End() { return reader_.get(); }
 
  private:
-  std::unique_ptr<::v1alpha1::DRAResourceHealth::Stub> stub_;
+  std::unique_ptr<typename Service::Stub> stub_;
   grpc::ClientContext context_;
   std::mutex mutex_;
-  std::vector<::v1alpha1::NodeWatchResourcesResponse> messages_;
+  std::vector<Response> messages_;
   std::future<grpc::Status> reader_;
 };
+using HealthWatch = HealthWatchOf<::v1alpha1::DRAResourceHealth, ::v1alpha1::NodeWatchResourcesRequest,
+                                  ::v1alpha1::NodeWatchResourcesResponse>;
+using HealthWatchV1beta1 = HealthWatchOf<::v1beta1::DRAResourceHealth, ::v1beta1::NodeWatchResourcesRequest,
+                                         ::v1beta1::NodeWatchResourcesResponse>;
+using HealthWatchV1 =
+    HealthWatchOf<::v1::DRAResourceHealth, ::v1::NodeWatchResourcesRequest, ::v1::NodeWatchResourcesResponse>;
 
 TEST_F(DraServersTest, ADriverWithoutDeviceHealthDoesNotServeTheHealthService) {
   HealthWatch watch(paths_.dra_socket);
@@ -406,9 +414,10 @@ TEST_F(DraServersTest, ADriverWithoutDeviceHealthDoesNotServeTheHealthService) {
 }
 
 TEST_F(DraServersTest, TheHealthStreamSendsTheWholeListAtStartAndAtEachChangeAndEndsAtShutdown) {
-  DeviceHealthList list{{"node-a", "gpu-0", DeviceHealthStatus::kHealthy, 100},
-                        {"node-a", "gpu-1", DeviceHealthStatus::kUnknown, 0}};
-  auto health = std::make_shared<HealthService>([&list] { return list; });
+  DeviceHealthList list{{"node-a", "gpu-0", DeviceHealthStatus::kHealthy, 100, ""},
+                        {"node-a", "gpu-1", DeviceHealthStatus::kUnknown, 0, ""}};
+  // A resend far beyond the test: every message below comes from a change.
+  auto health = std::make_shared<HealthService>(h_.loop, [&list] { return list; }, std::chrono::hours(1));
   FakeHandler handler(h_.loop);
   const std::string socket = (dir_ / "health" / "dra.sock").string();
   DraServer server(h_.loop, handler, health);
@@ -426,7 +435,7 @@ TEST_F(DraServersTest, TheHealthStreamSendsTheWholeListAtStartAndAtEachChangeAnd
   EXPECT_EQ(health->OpenStreams(), 1u);
 
   health->Update();  // nothing changed: nothing sent
-  list[1] = {"node-a", "gpu-1", DeviceHealthStatus::kUnhealthy, 200};
+  list[1] = {"node-a", "gpu-1", DeviceHealthStatus::kUnhealthy, 200, ""};
   health->Update();
   ASSERT_TRUE(h_.RunUntil([&] { return watch.Messages().size() == 2; }));
   const auto second = watch.Messages()[1];
@@ -442,6 +451,97 @@ TEST_F(DraServersTest, TheHealthStreamSendsTheWholeListAtStartAndAtEachChangeAnd
   server.Shutdown(h_.pool, [&] { done = true; });
   ASSERT_TRUE(h_.RunUntil([&] { return done && watch.Ended(); }));
   EXPECT_TRUE(watch.End().ok()) << "a clean end at Stop";
+}
+
+TEST_F(DraServersTest, EveryHealthVersionIsServedAndTheNewerOnesSayWhyAndForHowLong) {
+  DeviceHealthList list{{"node-a", "gpu-0", DeviceHealthStatus::kUnhealthy, 100, "XID 79: GPU has fallen off the bus"},
+                        {"node-a", "gpu-1", DeviceHealthStatus::kHealthy, 50, ""}};
+  const auto resend = std::chrono::seconds(10);
+  auto health = std::make_shared<HealthService>(h_.loop, [&list] { return list; }, resend);
+  FakeHandler handler(h_.loop);
+  const std::string socket = (dir_ / "versions" / "dra.sock").string();
+  DraServer server(h_.loop, handler, health);
+  server.Start(socket);
+
+  HealthWatchV1 v1(socket);
+  HealthWatchV1beta1 v1beta1(socket);
+  HealthWatch v1alpha1(socket);
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return !v1.Messages().empty() && !v1beta1.Messages().empty() && !v1alpha1.Messages().empty();
+  }));
+  EXPECT_EQ(health->OpenStreams(), 3u);
+  const auto a = v1.Messages()[0];
+  ASSERT_EQ(a.devices_size(), 2);
+  EXPECT_EQ(a.devices(0).health(), ::v1::UNHEALTHY);
+  EXPECT_EQ(a.devices(0).message(), "XID 79: GPU has fallen off the bus");
+  EXPECT_EQ(a.devices(0).health_check_timeout_seconds(), 30) << "three resends of 10 s";
+  EXPECT_EQ(a.devices(1).health(), ::v1::HEALTHY);
+  EXPECT_EQ(a.devices(1).message(), "");
+  const auto b = v1beta1.Messages()[0];
+  ASSERT_EQ(b.devices_size(), 2);
+  EXPECT_EQ(b.devices(0).health(), ::v1beta1::UNHEALTHY);
+  EXPECT_EQ(b.devices(0).message(), "XID 79: GPU has fallen off the bus");
+  EXPECT_EQ(b.devices(0).health_check_timeout_seconds(), 30);
+  const auto c = v1alpha1.Messages()[0];
+  ASSERT_EQ(c.devices_size(), 2);
+  EXPECT_EQ(c.devices(0).health(), ::v1alpha1::UNHEALTHY);
+  EXPECT_EQ(c.devices(0).last_updated_time(), 100);
+
+  list[0] = {"node-a", "gpu-0", DeviceHealthStatus::kHealthy, 300, ""};
+  health->Update();
+  ASSERT_TRUE(h_.RunUntil([&] {
+    return v1.Messages().size() == 2 && v1beta1.Messages().size() == 2 && v1alpha1.Messages().size() == 2;
+  })) << "a change reaches every stream, whatever its version";
+  EXPECT_EQ(v1.Messages()[1].devices(0).health(), ::v1::HEALTHY);
+  EXPECT_EQ(v1.Messages()[1].devices(0).message(), "");
+
+  bool done = false;
+  server.Shutdown(h_.pool, [&] { done = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return done && v1.Ended() && v1beta1.Ended() && v1alpha1.Ended(); }));
+}
+
+TEST_F(DraServersTest, EveryOpenStreamGetsTheWholeListAgainBeforeTheKubeletForgetsIt) {
+  DeviceHealthList list{{"node-a", "gpu-0", DeviceHealthStatus::kHealthy, 100, ""},
+                        {"node-a", "gpu-1", DeviceHealthStatus::kHealthy, 100, ""}};
+  auto health = std::make_shared<HealthService>(h_.loop, [&list] { return list; }, std::chrono::milliseconds(200));
+  FakeHandler handler(h_.loop);
+  const std::string socket = (dir_ / "resend" / "dra.sock").string();
+  DraServer server(h_.loop, handler, health);
+  server.Start(socket);
+
+  HealthWatchV1 watch(socket);
+  ASSERT_TRUE(h_.RunUntil([&] { return watch.Messages().size() >= 3; }))
+      << "nothing changed, yet the list goes out again every resend";
+  for (const auto& message : watch.Messages()) {
+    ASSERT_EQ(message.devices_size(), 2) << "each resend is the complete list";
+    EXPECT_EQ(message.devices(0).health(), ::v1::HEALTHY);
+    EXPECT_EQ(message.devices(0).last_updated_time(), 100) << "a resend is no new verdict";
+    EXPECT_EQ(message.devices(0).health_check_timeout_seconds(), 1);
+  }
+  EXPECT_GE(health->Resends(), 2u);
+
+  bool done = false;
+  server.Shutdown(h_.pool, [&] { done = true; });
+  ASSERT_TRUE(h_.RunUntil([&] { return done && watch.Ended(); }));
+  const auto resends = health->Resends();
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(500));  // turn the loop past two resends
+  EXPECT_EQ(health->Resends(), resends) << "no resend once the server is down";
+}
+
+TEST(DraHealthMessage, TheKubeletsLimitsAreKept) {
+  EXPECT_EQ(HealthCheckTimeoutSeconds(kDefaultHealthResend), 60);
+  EXPECT_EQ(HealthCheckTimeoutSeconds(std::chrono::milliseconds(200)), 1);
+  EXPECT_EQ(HealthCheckTimeoutSeconds(std::chrono::milliseconds(0)), 1);
+
+  const std::string exact(1024, 'x');
+  EXPECT_EQ(KubeletHealthMessage(exact), exact);
+  // 1020 ASCII bytes, then two-byte characters: byte 1021 is the second byte of one, so the cut
+  // backs off to byte 1020 rather than split it.
+  std::string text(1020, 'a');
+  for (int i = 0; i < 10; ++i) text += "\xC3\xA9";
+  const std::string cut = KubeletHealthMessage(text);
+  EXPECT_EQ(cut, std::string(1020, 'a') + "...");
+  EXPECT_LE(cut.size(), 1024u);
 }
 
 }  // namespace

@@ -330,10 +330,17 @@ json KubeletStateToJson(const KubeletState& state) {
     if (dra.health_streams > 0) {
       // KEP-4680: what the health stream said last, by device.
       json health = json::object();
+      const auto now = std::chrono::steady_clock::now();
       for (const DraDeviceHealth& d : dra.health) {
-        health[d.device_name] = json{{"pool", d.pool_name}, {"health", d.health}, {"lastUpdatedTime", d.last_updated_time}};
+        health[d.device_name] = json{{"pool", d.pool_name},
+                                     {"health", d.health},
+                                     {"seen", d.SeenAt(now, dra.health_default_timeout)},
+                                     {"lastUpdatedTime", d.last_updated_time}};
+        if (d.health_check_timeout_seconds > 0) health[d.device_name]["timeoutSeconds"] = d.health_check_timeout_seconds;
+        if (!d.message.empty()) health[d.device_name]["message"] = d.message;
       }
       drivers[name]["health"] = json{{"streams", dra.health_streams},
+                                     {"service", dra.health_service},
                                      {"open", dra.health_stream_open},
                                      {"messages", dra.health_messages},
                                      {"devices", health}};

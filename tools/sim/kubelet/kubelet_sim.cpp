@@ -357,15 +357,44 @@ bool KubeletSim::WaitForDraDriver(const std::string& driver, std::chrono::millis
       timeout);
 }
 
+std::string DraDeviceHealth::SeenAt(SteadyTime now, std::chrono::milliseconds default_timeout) const {
+  const auto timeout = health_check_timeout_seconds > 0
+                           ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::seconds(health_check_timeout_seconds))
+                           : default_timeout;
+  return now - received > timeout ? std::string("UNKNOWN") : health;
+}
+
+std::string KubeletSim::DraDeviceHealthNow(const std::string& driver, const std::string& device) const {
+  std::lock_guard lock(impl_->mutex);
+  const DraDriverState* dra = impl_->state.FindDraDriver(driver);
+  const DraDeviceHealth* entry = dra == nullptr ? nullptr : dra->FindHealth(device);
+  return entry == nullptr ? std::string() : entry->SeenAt(std::chrono::steady_clock::now(), impl_->options.dra_health_timeout);
+}
+
 bool KubeletSim::WaitForDraDeviceHealth(const std::string& driver, const std::string& device,
                                         const std::string& health, std::chrono::milliseconds timeout) const {
-  return WaitFor(
-      [&](const KubeletState& state) {
-        const DraDriverState* dra = state.FindDraDriver(driver);
-        const DraDeviceHealth* entry = dra == nullptr ? nullptr : dra->FindHealth(device);
-        return entry != nullptr && entry->health == health;
-      },
-      timeout);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto default_timeout = impl_->options.dra_health_timeout;
+  std::unique_lock lock(impl_->mutex);
+  while (true) {
+    const auto now = std::chrono::steady_clock::now();
+    const DraDriverState* dra = impl_->state.FindDraDriver(driver);
+    const DraDeviceHealth* entry = dra == nullptr ? nullptr : dra->FindHealth(device);
+    if (entry != nullptr && entry->SeenAt(now, default_timeout) == health) return true;
+    if (now >= deadline) return false;
+    // Wake at the next change, or when this report runs out (it then reads UNKNOWN).
+    auto wake = deadline;
+    if (entry != nullptr) {
+      const auto own = std::chrono::seconds(entry->health_check_timeout_seconds);
+      const auto expires = entry->received + (entry->health_check_timeout_seconds > 0
+                                                  ? std::chrono::duration_cast<std::chrono::milliseconds>(own)
+                                                  : default_timeout) +
+                           std::chrono::milliseconds(1);
+      if (expires > now && expires < wake) wake = expires;
+    }
+    impl_->changed.wait_until(lock, wake);
+  }
 }
 
 }  // namespace gns::sim

@@ -32,8 +32,14 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 // DRA gRPC service names as a plugin advertises them in PluginInfo.supported_versions (§3.1).
 inline constexpr std::string_view kDraV1Service = "v1.DRAPlugin";
 inline constexpr std::string_view kDraV1beta1Service = "v1beta1.DRAPlugin";
-// KEP-4680: the device-health service a DRA plugin may advertise beside its DRA service.
-inline constexpr std::string_view kDraHealthService = "v1alpha1.DRAResourceHealth";
+// KEP-4680: the device-health service a DRA plugin may advertise beside its DRA service, in the
+// versions kubelets know (1.34/1.35: v1alpha1; later: v1 and v1beta1).
+inline constexpr std::string_view kDraHealthServiceV1 = "v1.DRAResourceHealth";
+inline constexpr std::string_view kDraHealthServiceV1beta1 = "v1beta1.DRAResourceHealth";
+inline constexpr std::string_view kDraHealthServiceV1alpha1 = "v1alpha1.DRAResourceHealth";
+// The kubelet reads a device Unknown once its last report is older than this, unless a v1beta1/v1
+// report names its own timeout (pkg/kubelet/cm/dra/healthinfo.go, healthTimeout).
+inline constexpr std::chrono::milliseconds kDraHealthDefaultTimeout{30000};
 // The plugin-watcher type of a CSI node plugin (kubelet pkg/volume/csi: RegistrationHandler).
 inline constexpr std::string_view kPluginTypeCsi = "CSIPlugin";
 
@@ -68,10 +74,15 @@ struct KubeletSimOptions {
   // Refuse a DRA plugin whose endpoint is not (yet) a socket at registration. Stricter than the
   // kubelet, which connects lazily; it catches a plugin that registers before it serves.
   bool check_dra_endpoint = true;
-  // As the newest kubelets with ResourceHealthStatus on: a DRA plugin that lists
-  // kDraHealthService in its supported_versions gets a NodeWatchResources stream once
-  // registered (one per registration; it is not re-dialled when it ends).
+  // As kubelets with ResourceHealthStatus on: a DRA plugin that lists one of
+  // `dra_health_services` in its supported_versions gets a NodeWatchResources stream in the first
+  // of them it lists, once registered (one per registration; it is not re-dialled when it ends).
   bool watch_dra_health = true;
+  // The health versions this kubelet knows, the one it prefers first ({v1alpha1}: a 1.34 kubelet).
+  std::vector<std::string> dra_health_services{std::string(kDraHealthServiceV1), std::string(kDraHealthServiceV1beta1),
+                                               std::string(kDraHealthServiceV1alpha1)};
+  // A report without a timeout of its own reads Unknown this long after it arrived.
+  std::chrono::milliseconds dra_health_timeout = kDraHealthDefaultTimeout;
   // Refuse GetPreferredAllocation / PreStartContainer locally (FAILED_PRECONDITION) unless the
   // plugin advertised them in its options, as the kubelet never calls them otherwise.
   bool strict_options = true;
@@ -185,6 +196,12 @@ struct DraDeviceHealth {
   std::string device_name;
   std::string health;  // "UNKNOWN", "HEALTHY", "UNHEALTHY" (the enum's names)
   std::int64_t last_updated_time = 0;  // Unix seconds
+  std::int64_t health_check_timeout_seconds = 0;  // v1beta1/v1; 0 = the kubelet's default
+  std::string message;                            // v1beta1/v1
+  SteadyTime received{};                          // when the message holding it was read
+  // What the kubelet shows for the device at `now`: `health`, or "UNKNOWN" once the report is
+  // older than its timeout (its own, else `default_timeout`).
+  std::string SeenAt(SteadyTime now, std::chrono::milliseconds default_timeout) const;
 };
 
 struct DraDriverState {
@@ -194,6 +211,9 @@ struct DraDriverState {
   // KEP-4680 health stream (KubeletSimOptions::watch_dra_health).
   int health_streams = 0;  // NodeWatchResources streams opened, over every registration
   bool health_stream_open = false;
+  std::string health_service;  // the version of the last stream ("v1.DRAResourceHealth", …)
+  // KubeletSimOptions::dra_health_timeout, for DraDeviceHealth::SeenAt.
+  std::chrono::milliseconds health_default_timeout = kDraHealthDefaultTimeout;
   std::uint64_t health_messages = 0;  // over every stream
   std::vector<DraDeviceHealth> health;  // the last complete list received
   std::string health_stream_end;  // how the last stream ended ("" while none ended)
@@ -372,6 +392,8 @@ class KubeletSim {
   std::optional<DevicePluginOptions> LastOptions(const std::string& resource) const;
   bool Connected(const std::string& resource) const;
   std::optional<DraDriverState> DraDriver(const std::string& driver) const;
+  // What the kubelet shows for the driver's `device` now ("" when it never heard of it).
+  std::string DraDeviceHealthNow(const std::string& driver, const std::string& device) const;
 
   // Waits (condition variable, no polling) until `predicate` holds over the state; false on
   // timeout. The predicate runs under the simulator's lock: it must not call the simulator.
@@ -384,7 +406,9 @@ class KubeletSim {
                            std::chrono::milliseconds timeout) const;
   bool WaitForRegistrations(const std::string& resource, int count, std::chrono::milliseconds timeout) const;
   bool WaitForDraDriver(const std::string& driver, std::chrono::milliseconds timeout) const;
-  // Until the driver's last health message says `health` ("HEALTHY", …) for `device`.
+  // Until the kubelet shows `health` ("HEALTHY", …) for the driver's `device`: what its last
+  // health message said, or "UNKNOWN" once that report is older than its timeout
+  // (DraDeviceHealth::SeenAt; the wait wakes at that moment too).
   bool WaitForDraDeviceHealth(const std::string& driver, const std::string& device, const std::string& health,
                               std::chrono::milliseconds timeout) const;
 

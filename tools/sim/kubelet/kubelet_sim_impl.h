@@ -60,6 +60,7 @@ struct DevicePluginConnection {
 struct DraHealthConnection {
   std::string driver;
   std::string endpoint;
+  std::string service;  // the version dialled: kDraHealthServiceV1, …
   std::shared_ptr<grpc::Channel> channel;
   grpc::ClientContext context;
   std::thread reader;
@@ -147,8 +148,11 @@ struct KubeletSim::Impl {
   // Opens the endpoint's NodeWatchResources stream (mutex held); returns the stream it replaces.
   std::shared_ptr<detail::DraHealthConnection> StartDraHealthLocked(const std::string& driver,
                                                                     const std::string& endpoint,
+                                                                    const std::string& service,
                                                                     std::shared_ptr<grpc::Channel> channel);
   void RunDraHealth(std::shared_ptr<detail::DraHealthConnection> connection);
+  template <typename Api>
+  grpc::Status ReadDraHealth(const std::shared_ptr<detail::DraHealthConnection>& connection);
   // Mutex not held: cancels the stream and joins its reader.
   static void DropDraHealth(const std::shared_ptr<detail::DraHealthConnection>& connection);
 

@@ -394,11 +394,15 @@ void KubeletSim::Impl::RegisterPluginSocket(const WorkItem& item) {
         dra.endpoints.push_back(
             DraEndpointState{endpoint, socket, service, view.supported_versions, std::chrono::steady_clock::now()});
         ++dra.registrations;
-        // The newest kubelets dial the health service only for a plugin that advertises it.
-        if (options.watch_dra_health &&
-            std::find(view.supported_versions.begin(), view.supported_versions.end(), kDraHealthService) !=
+        // A kubelet dials the health service only for a plugin that advertises a version it knows.
+        if (options.watch_dra_health) {
+          for (const std::string& service : options.dra_health_services) {
+            if (std::find(view.supported_versions.begin(), view.supported_versions.end(), service) !=
                 view.supported_versions.end()) {
-          replaced_health = StartDraHealthLocked(view.name, endpoint, std::move(dra_channel));
+              replaced_health = StartDraHealthLocked(view.name, endpoint, service, std::move(dra_channel));
+              break;
+            }
+          }
         }
         // In the same step, so a waiter that sees the driver also sees its socket registered.
         PluginSocketState& ps = state.plugin_sockets[socket];

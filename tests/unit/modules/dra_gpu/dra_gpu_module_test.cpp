@@ -620,7 +620,9 @@ TEST_F(DraGpuModuleTest, TheKubeletSeesAFatalXidAsUnhealthyAndARecoveryAsHealthy
   const auto driver = sim_->DraDriver(kDriver);
   ASSERT_TRUE(driver.has_value());
   EXPECT_EQ(driver->Latest()->supported_versions,
-            (std::vector<std::string>{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}));
+            (std::vector<std::string>{"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                                      "v1beta1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}));
+  EXPECT_EQ(driver->health_service, "v1.DRAResourceHealth") << "the newest version both sides know";
   // gpu-health has not been seen: nobody watches the GPUs.
   ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "UNKNOWN", seconds(20)); }));
   auto known = sim_->DraDriver(kDriver);
@@ -650,6 +652,48 @@ TEST_F(DraGpuModuleTest, TheKubeletSeesAFatalXidAsUnhealthyAndARecoveryAsHealthy
   }));
   const std::string end = sim_->DraDriver(kDriver)->health_stream_end;
   EXPECT_TRUE(end == "OK" || end == "dropped by the kubelet") << end;
+}
+
+// The kubelet forgets a report after its timeout (pkg/kubelet/cm/dra/healthinfo.go): a device
+// whose health does not change must be reported again in time, or the pod's status reads Unknown.
+TEST_F(DraGpuModuleTest, TheKubeletKeepsSeeingAStillHealthyGpuPastItsTimeoutAndReadsWhyOneIsNot) {
+  sim::KubeletSimOptions options;
+  options.kubelet_dir = h_.site.paths.kubelet_dir;
+  options.registration_retry_initial = std::chrono::milliseconds(50);
+  options.dra_health_timeout = std::chrono::milliseconds(1500);
+  sim_ = std::make_unique<sim::KubeletSim>(options);
+  DraGpuModule::Config config;
+  config.health_resend = std::chrono::milliseconds(300);
+  StartAndRegister(config);
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "HEALTHY", seconds(20)); }));
+  EXPECT_EQ(sim_->DraDriver(kDriver)->FindHealth("gpu-1")->health_check_timeout_seconds, 1) << "three resends";
+
+  const auto messages = sim_->DraDriver(kDriver)->health_messages;
+  h_.RunUntil([] { return false; }, std::chrono::milliseconds(4000));  // past every timeout, nothing changed
+  EXPECT_EQ(sim_->DraDeviceHealthNow(kDriver, "gpu-1"), "HEALTHY");
+  EXPECT_EQ(sim_->DraDeviceHealthNow(kDriver, "gpu-0"), "HEALTHY");
+  EXPECT_GE(sim_->DraDriver(kDriver)->health_messages, messages + 5) << "resent about every 300 ms";
+
+  Verdict(1, false, 79, "XID 79 (GPU has fallen off the bus)", kTurnedMs);
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "UNHEALTHY", seconds(20)); }));
+  EXPECT_NE(sim_->DraDriver(kDriver)->FindHealth("gpu-1")->message.find("XID 79"), std::string::npos)
+      << sim_->DraDriver(kDriver)->FindHealth("gpu-1")->message;
+  EXPECT_EQ(sim_->DraDriver(kDriver)->FindHealth("gpu-0")->message, "");
+}
+
+TEST_F(DraGpuModuleTest, AKubeletThatKnowsOnlyV1alpha1GetsTheStreamInV1alpha1) {
+  sim::KubeletSimOptions options;
+  options.kubelet_dir = h_.site.paths.kubelet_dir;
+  options.registration_retry_initial = std::chrono::milliseconds(50);
+  options.dra_health_services = {std::string(sim::kDraHealthServiceV1alpha1)};  // a 1.34 kubelet
+  sim_ = std::make_unique<sim::KubeletSim>(options);
+  StartAndRegister();
+  h_.bus.Publish(gpu_health::GpuHealthState{});
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDeviceHealth(kDriver, "gpu-1", "HEALTHY", seconds(20)); }));
+  const auto driver = sim_->DraDriver(kDriver);
+  EXPECT_EQ(driver->health_service, "v1alpha1.DRAResourceHealth");
+  EXPECT_EQ(driver->FindHealth("gpu-1")->health_check_timeout_seconds, 0) << "v1alpha1 has no such field";
 }
 
 // ------------------------------------------------------------------------------ the GPU split
