@@ -33,7 +33,7 @@ struct PodContainerRef {
 
 // A holder of a GPU that is not a container the kubelet lists on it: a gpu.nvidia.com claim
 // dra-gpu has prepared whose pod the kubelet's List does not show yet, or a device whose GPU
-// cannot be told (no inventory yet, a gpu.nvidia.com device not named gpu-<minor>[-…], a minor
+// cannot be told (no inventory yet, a gpu.nvidia.com device not named as dra-gpu names them, a minor
 // that is not this node's). No pod is known to be on that GPU through it, so gpu-reset waits for
 // it or fails on it, and never evicts because of it.
 struct OtherHolder {

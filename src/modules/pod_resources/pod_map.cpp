@@ -1,6 +1,8 @@
 // The pod-resources core: List answer -> checked view -> GPU map, annotations, writes.
 #include "modules/pod_resources/pod_map.hpp"
 
+#include "modules/dra_gpu/messages.hpp"
+
 #include <algorithm>
 #include <tuple>
 
@@ -166,23 +168,6 @@ std::vector<PodClaimRef> AllClaims(const ListView& view) {
   return claims;
 }
 
-std::optional<uint32_t> GpuMinorOfDraDevice(std::string_view device) {
-  constexpr std::string_view kPrefix = "gpu-";
-  if (!device.starts_with(kPrefix)) return std::nullopt;
-  std::string_view rest = device.substr(kPrefix.size());
-  const std::size_t digits = std::min(rest.find('-'), rest.size());
-  // At most 9 digits: no overflow, and no minor is that long.
-  if (digits == 0 || digits > 9) return std::nullopt;
-  uint32_t minor = 0;
-  for (const char c : rest.substr(0, digits)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    minor = minor * 10 + static_cast<uint32_t>(c - '0');
-  }
-  // "gpu-3-": a MIG device name goes on after the dash.
-  if (digits < rest.size() && digits + 1 == rest.size()) return std::nullopt;
-  return minor;
-}
-
 IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<PodContainerRef>>& gpus,
                                      const std::vector<PodClaimRef>& claims,
                                      const std::vector<PreparedGpuClaim>& prepared, const GpuTopology& topology,
@@ -190,9 +175,10 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
   IndirectHolders out;
   // Which GPU a DRA device name is on; "" and `why` when that cannot be told.
   const auto gpu_of = [&](std::string_view name, std::string& why) -> std::string {
-    const auto minor = GpuMinorOfDraDevice(name);
+    const auto parts = dra_gpu::ParseDeviceName(name);
+    const std::optional<uint32_t> minor = parts ? std::optional<uint32_t>(parts->minor) : std::nullopt;
     if (!minor) {
-      why = "a gpu.nvidia.com device not named gpu-<minor>: its GPU cannot be told";
+      why = "a gpu.nvidia.com device not named gpu-<minor> or gpu-<minor>-mig-<profile>-<start>-<size>: its GPU cannot be told";
     } else if (!topology.known) {
       why = "no GPU inventory yet: the GPU of minor " + std::to_string(*minor) + " cannot be told";
     } else if (const auto it = topology.uuid_by_minor.find(*minor); it != topology.uuid_by_minor.end()) {

@@ -84,10 +84,9 @@ std::vector<PodClaimRef> AllClaims(const ListView& view);
 // compute-domain.nvidia.com's channels are no GPU: its claims hold none.
 inline constexpr std::string_view kGpuDraDriver = "gpu.nvidia.com";
 
-// The minor (/dev/nvidia<minor>) of the GPU a gpu.nvidia.com device name stands for:
-// "gpu-<minor>" (the whole GPU) or "gpu-<minor>-<more>" (a MIG device on it, e.g.
-// "gpu-3-mig-9-4-2"); nullopt for any other name. Not the NVML index: upstream names by minor.
-std::optional<uint32_t> GpuMinorOfDraDevice(std::string_view device);
+// A gpu.nvidia.com device name is read with dra-gpu's own parser (dra_gpu::ParseDeviceName, its
+// messages.hpp): "gpu-<minor>" or "gpu-<minor>-mig-<giProfileId>-<start>-<size>", by minor, not
+// the NVML index (upstream names by minor). Any other name cannot be placed on a GPU.
 
 // The node's GPUs as gpu-inventory shows them, to tell which GPU a device is on.
 struct GpuTopology {

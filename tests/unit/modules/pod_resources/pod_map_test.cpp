@@ -240,13 +240,22 @@ GpuPodMap MapOf(const ListView& view, const std::vector<PreparedGpuClaim>& prepa
   return map;
 }
 
-TEST(DraDeviceNames, NameTheirGpusMinorWholeOrMig) {
-  EXPECT_EQ(GpuMinorOfDraDevice("gpu-0"), 0u);
-  EXPECT_EQ(GpuMinorOfDraDevice("gpu-13"), 13u);
-  EXPECT_EQ(GpuMinorOfDraDevice("gpu-3-mig-9-4-2"), 3u);  // a MIG device on minor 3
-  for (const char* other : {"", "gpu", "gpu-", "gpu--1", "gpu-3-", "gpu-3x", "gpu-x", "channel-0", "GPU-3",
-                            "gpu-12345678901", "mig-3"}) {
-    EXPECT_EQ(GpuMinorOfDraDevice(other), std::nullopt) << other;
+// Device names are read with dra-gpu's parser (its messages.hpp; its own test has the cases):
+// a whole GPU's or a MIG device's name places the claim on that minor's GPU, anything else (even
+// with a minor at its head) is unplaced, so gpu-reset waits for it rather than guessing.
+TEST(DraDeviceNames, OnlyDraGpusOwnNamesPlaceAClaimOnTheGpuOfTheirMinor) {
+  const auto placed = [](const std::string& device) {
+    v1::ListPodResourcesResponse response;
+    AddClaim(AddPod(response, "ml", "p"), "main", "c", {{"gpu.nvidia.com", device}});
+    const auto map = MapOf(ReadList(response, kGpu, {}), {}, TwoGpus());
+    EXPECT_EQ(map.unplaced.empty(), !map.via.empty()) << device;
+    return map.via.empty() ? std::string() : map.via.begin()->first;
+  };
+  EXPECT_EQ(placed("gpu-5"), "GPU-B");
+  EXPECT_EQ(placed("gpu-3"), "GPU-A");
+  EXPECT_EQ(placed("gpu-3-mig-9-4-2"), "GPU-A");  // a MIG device on minor 3
+  for (const char* other : {"gpu-3-", "gpu-3x", "gpu-03", "gpu-3-mig-9-4", "gpu-3-vfio", "gpu-3-mig-9-4-2-1", "GPU-3"}) {
+    EXPECT_EQ(placed(other), "") << other;
   }
 }
 
