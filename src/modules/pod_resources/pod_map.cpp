@@ -168,6 +168,19 @@ std::vector<PodClaimRef> AllClaims(const ListView& view) {
   return claims;
 }
 
+void GpuTopology::Add(const gpu_inventory::GpuInfo& gpu) {
+  known = true;
+  uuid_by_minor.emplace(gpu.minor, gpu.uuid);
+  for (const auto& mig : gpu.mig_devices) {
+    parent_of_mig.emplace(mig.uuid, gpu.uuid);
+    // emplace keeps the first: dra-gpu offers a GPU instance's first compute instance.
+    if (mig.placement_known) {
+      mig_by_place.emplace(
+          dra_gpu::DeviceNameParts{gpu.minor, true, mig.gi_profile_id, mig.placement_start, mig.placement_size}, mig.uuid);
+    }
+  }
+}
+
 IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<PodContainerRef>>& gpus,
                                      const std::vector<PodClaimRef>& claims,
                                      const std::vector<PreparedGpuClaim>& prepared, const GpuTopology& topology,
@@ -187,6 +200,29 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
       why = "no GPU of this node has minor " + std::to_string(*minor);
     }
     return {};
+  };
+
+  // The MIG devices a device name on `gpu` holds besides the GPU: none for a whole GPU's name;
+  // the MIG device at its place; or, when the inventory has none there, every MIG device of
+  // that GPU (`exact` false: it may be any of them).
+  const auto migs_of = [&](std::string_view name, const std::string& gpu, bool& exact) {
+    std::vector<std::string> out_migs;
+    exact = true;
+    const auto parts = dra_gpu::ParseDeviceName(name);
+    if (!parts || !parts->mig) return out_migs;
+    if (const auto it = topology.mig_by_place.find(*parts); it != topology.mig_by_place.end()) {
+      out_migs.push_back(it->second);
+      return out_migs;
+    }
+    exact = false;
+    for (const auto& [mig, parent] : topology.parent_of_mig) {
+      if (parent == gpu) out_migs.push_back(mig);
+    }
+    return out_migs;
+  };
+  const auto no_such_place = [](std::string_view name, const std::string& gpu) {
+    return "a gpu.nvidia.com MIG device " + std::string(name) + " at a place where GPU " + gpu +
+           " has no MIG device in the inventory: it may be any of that GPU's";
   };
 
   // MIG devices: a reset of their GPU resets them.
@@ -219,8 +255,17 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
         out.unplaced.push_back(OtherHolder{claim.namespace_name + "/" + claim.name, claim.claim, device, why});
         continue;
       }
-      out.via[gpu].push_back(
-          PodContainerRef{claim.namespace_name, claim.name, pod_uid, claim.container, claim.driver, claim.claim, device});
+      PodContainerRef ref{claim.namespace_name, claim.name, pod_uid, claim.container, claim.driver, claim.claim, device};
+      bool exact = true;
+      for (const std::string& mig : migs_of(name, gpu, exact)) {
+        if (exact) {
+          out.via[mig].push_back(ref);
+        } else {
+          out.pending[mig].push_back(OtherHolder{claim.namespace_name + "/" + claim.name, claim.claim, device,
+                                                 no_such_place(name, gpu)});
+        }
+      }
+      out.via[gpu].push_back(std::move(ref));
     }
   }
 
@@ -234,8 +279,12 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
         out.unplaced.push_back(OtherHolder{"", claim.claim, device, "prepared by dra-gpu; " + why});
         continue;
       }
-      out.pending[gpu].push_back(
-          OtherHolder{"", claim.claim, device, "prepared by dra-gpu; the kubelet lists no pod with it yet"});
+      const OtherHolder holder{"", claim.claim, device, "prepared by dra-gpu; the kubelet lists no pod with it yet"};
+      bool exact = true;
+      for (const std::string& mig : migs_of(device, gpu, exact)) {
+        out.pending[mig].push_back(exact ? holder : OtherHolder{"", claim.claim, device, "prepared by dra-gpu; " + no_such_place(device, gpu)});
+      }
+      out.pending[gpu].push_back(holder);
     }
   }
 
