@@ -45,6 +45,10 @@ echo "== dra-compute-domain prepare/unprepare through the kubelet and API simula
 "$build_dir/bench/macro/dra_prepare_bench"
 
 echo
+echo "== dra-gpu prepare/unprepare of a whole-GPU claim and a MIG claim through the kubelet and API simulators (bench/macro/dra_gpu_prepare_bench)"
+"$build_dir/bench/macro/dra_gpu_prepare_bench"
+
+echo
 echo "== dra-gpu device health: verdict -> slice taint and kubelet health stream (bench/macro/dra_health_bench)"
 "$build_dir/bench/macro/dra_health_bench"
 

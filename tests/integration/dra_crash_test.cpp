@@ -1,6 +1,7 @@
 // kill -9 of the real binary (each DRA driver on the shared core in turn: dra-compute-domain under
-// HostManagedIMEX, dra-gpu for gpu.nvidia.com; the kube module against the API simulator,
-// gpu-inventory on the fake NVML) at random instants while the kubelet
+// HostManagedIMEX, dra-gpu for gpu.nvidia.com on a whole GPU and on a static MIG device of a GPU
+// the fake NVML reports in MIG mode; the kube module against the API simulator, gpu-inventory on
+// the fake NVML) at random instants while the kubelet
 // simulator prepares and unprepares channel claims through real gRPC, over restarts (at least 5,
 // more while the time budget lasts; a start of the ASan binary costs seconds on a loaded machine,
 // so how many calls a run makes depends on it: the last line says). After every restart, before
@@ -12,7 +13,10 @@
 //   - no temp file of ours is left in the CDI directory.
 // Then the kubelet's retry of the call in flight completes, and:
 //   - the CDI directory holds exactly the specs of the prepared claims (none orphaned);
-//   - a prepare retried for a prepared claim returns the same CDI device id.
+//   - a prepare retried for a prepared claim returns the same CDI device id;
+//   - every new claim is on the same device as the last one: dra-gpu refuses a device held by
+//     another prepared claim, so a claim the log kept after its unprepare was acknowledged (or
+//     one prepared twice) fails the next prepare: the claim log is checked through the driver.
 // The seed is printed; GNS_DRA_CRASH_SEED replays it, GNS_DRA_CRASH_SECONDS sets the budget
 // (default 40 s of kills, so the test stays near a minute under ASan on a loaded machine).
 #include "support/api_sim.hpp"
@@ -56,20 +60,29 @@ const std::string kCrashClaims = "/apis/resource.k8s.io/v1/namespaces/team-a/res
 // One driver under test: the same body runs on both (the core's crash safety is the same; what a
 // claim is and what its spec holds are the driver's).
 struct Driver {
+  std::string label;        // the test's name
   std::string name;         // the DRA driver name
   std::string module;       // its module's config section
   std::string vendor;       // CDI vendor: spec files "<vendor>-claim_<uid>.json"
   std::string device;       // the device every claim is allocated
   std::string device_node;  // the spec's first device node of that device
   std::string ready_line;   // a log line after which prepares succeed ("" = registration is enough)
+  std::vector<std::string> more_nodes = {};  // the spec's other device nodes of that device, in order
+  bool mig = false;                          // the GPU is in MIG mode, the device one of its MIG devices
   std::string SpecPrefix() const { return vendor + "-claim_"; }
   std::string CdiId(const std::string& uid) const { return vendor + "/claim=" + uid + "-" + device; }
 };
 
-const Driver kComputeDomain{"compute-domain.nvidia.com", "dra-compute-domain", "k8s.compute-domain.nvidia.com",
-                            "channel-0", "/dev/nvidia-caps-imex-channels/channel0", ""};
-const Driver kGpu{"gpu.nvidia.com", "dra-gpu", "k8s.gpu.nvidia.com", "gpu-0", "/dev/nvidia0",
+const Driver kComputeDomain{"ComputeDomain", "compute-domain.nvidia.com", "dra-compute-domain",
+                            "k8s.compute-domain.nvidia.com", "channel-0", "/dev/nvidia-caps-imex-channels/channel0", ""};
+const Driver kGpu{"Gpu", "gpu.nvidia.com", "dra-gpu", "k8s.gpu.nvidia.com", "gpu-0", "/dev/nvidia0",
                   "serving 1 GPU(s) through DRA"};
+// GPU 0 in MIG mode with two 1g MIG devices (GPU instances 9 and 10, profile 19, placements 0
+// and 1): every claim is on the first, gpu-0-mig-19-0-1; its spec holds /dev/nvidia0 and its GPU
+// and compute instance's capability nodes (the host's mig-minors, written in SetUp).
+const Driver kGpuMig{"GpuMig", "gpu.nvidia.com", "dra-gpu", "k8s.gpu.nvidia.com", "gpu-0-mig-19-0-1", "/dev/nvidia0",
+                     "serving 1 GPU(s) through DRA: 2 device(s)",
+                     {"/dev/nvidia-caps/nvidia-cap120", "/dev/nvidia-caps/nvidia-cap121"}, true};
 
 // The spec as the supervisor must have it (WIRE-FACTS §6; cdi_spec.cpp, gpu_claims.cpp): parsed,
 // not compared byte for byte with our own serializer, so the test states the content it expects.
@@ -86,13 +99,20 @@ bool SpecIsRight(const Driver& driver, const std::string& path, const std::strin
     why = "not JSON: \"" + text.str().substr(0, 80) + "\"";
     return false;
   }
-  const json node = spec.value("/devices/0/containerEdits/deviceNodes/0"_json_pointer, json());
+  const json nodes = spec.value("/devices/0/containerEdits/deviceNodes"_json_pointer, json());
+  const json node = nodes.is_array() && !nodes.empty() ? nodes[0] : json();
   const bool channel = driver.device == "channel-0";
-  if (spec.value("kind", "") != driver.vendor + "/claim" ||
+  if (spec.value("kind", "") != driver.vendor + "/claim" || spec.value("/devices"_json_pointer, json()).size() != 1 ||
       spec.value("/devices/0/name"_json_pointer, std::string()) != uid + "-" + driver.device || !node.is_object() ||
       node.value("path", "") != driver.device_node || (channel && node.value("major", 0u) != kMajor)) {
     why = "wrong content: " + spec.dump();
     return false;
+  }
+  for (std::size_t i = 0; i < driver.more_nodes.size(); ++i) {
+    if (nodes.size() <= i + 1 || !nodes[i + 1].is_object() || nodes[i + 1].value("path", "") != driver.more_nodes[i]) {
+      why = "device node " + std::to_string(i + 1) + " is not " + driver.more_nodes[i] + ": " + spec.dump();
+      return false;
+    }
   }
   return true;
 }
@@ -156,6 +176,26 @@ class DraCrashTest : public ::testing::TestWithParam<Driver> {
     gpus["gpus"][0]["nvlinkPeers"] = json::array();
     gpus["gpus"][0]["fabric"]["clusterUuid"] = kCrashCluster;
     gpus["gpus"][0]["fabric"]["cliqueId"] = 1;
+    if (driver_.mig) {
+      gpus["gpus"][0]["migEnabled"] = true;
+      gpus["gpus"][0]["migDevices"] = json::array();
+      for (int i = 0; i < 2; ++i) {
+        gpus["gpus"][0]["migDevices"].push_back(
+            json{{"uuid", "MIG-0c0c0c0c-000" + std::to_string(i) + "-5000-8000-00000000000" + std::to_string(i)},
+                 {"gpuInstanceId", 9 + i},
+                 {"gpuInstanceSliceCount", 1},
+                 {"memorySizeMB", 18176},
+                 {"multiprocessorCount", 16},
+                 {"gpuInstanceProfileId", 19},
+                 {"placementStart", i},
+                 {"placementSize", 1}});
+      }
+      // The driver's capability minors of GPU 0's instances (/proc/driver/nvidia-caps/mig-minors).
+      fs::create_directories(dir_ / "host/proc/driver/nvidia-caps");
+      std::ofstream(dir_ / "host/proc/driver/nvidia-caps/mig-minors")
+          << "config 1\nmonitor 2\ngpu0/gi9/access 120\ngpu0/gi9/ci0/access 121\ngpu0/gi10/access 129\n"
+             "gpu0/gi10/ci0/access 130\n";
+    }
     std::ofstream(nvml_) << gpus.dump();
     config_ = (dir_ / "site.yaml").string();
     std::ofstream(config_) << "version: v1\nnodeName: " << kNode << "\npaths:\n  kubeletDir: "
@@ -209,13 +249,19 @@ class DraCrashTest : public ::testing::TestWithParam<Driver> {
                                                  {"domainID", domain_uid_},
                                                  {"allocationMode", "Single"}},
                                             driver_.name);
-    if (driver_.name == kGpu.name) {
+    if (driver_.name == kGpu.name && !driver_.mig) {
       // The same shape for a GPU: its device, a GpuConfig (time-slicing at the default interval).
       claim["status"]["allocation"]["devices"]["results"][0]["device"] = driver_.device;
       claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"] =
           json{{"apiVersion", "resource.nvidia.com/v1beta1"},
                {"kind", "GpuConfig"},
                {"sharing", {{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Default"}}}}}};
+    } else if (driver_.mig) {
+      // A MIG device: a MigDeviceConfig (time-slicing; a MIG device has no interval).
+      claim["status"]["allocation"]["devices"]["results"][0]["device"] = driver_.device;
+      claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"] =
+          json{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "MigDeviceConfig"},
+               {"sharing", {{"strategy", "TimeSlicing"}}}};
     }
     api_->Seed(claim);
     return sim::DraClaim{kCrashNs, api_->Call("GET", kCrashClaims + "/" + name).Json()["metadata"]["uid"].get<std::string>(),
@@ -385,10 +431,8 @@ TEST_P(DraCrashTest, KillNineAtRandomInstantsLosesNoPreparedClaimAndOrphansNoSpe
   EXPECT_GE(kills, 5);
 }
 
-INSTANTIATE_TEST_SUITE_P(BothDrivers, DraCrashTest, ::testing::Values(kComputeDomain, kGpu),
-                         [](const ::testing::TestParamInfo<Driver>& info) {
-                           return info.param.device == "channel-0" ? std::string("ComputeDomain") : std::string("Gpu");
-                         });
+INSTANTIATE_TEST_SUITE_P(BothDrivers, DraCrashTest, ::testing::Values(kComputeDomain, kGpu, kGpuMig),
+                         [](const ::testing::TestParamInfo<Driver>& info) { return info.param.label; });
 
 }  // namespace
 }  // namespace gns

@@ -66,6 +66,7 @@ DraGpuModule::Config DraGpuModule::ParseConfig(ConfigMap& section, const SiteCon
   const auto effect = section.Enum("taintEffect", {"NoSchedule", "NoExecute"},
                                    std::string(TaintEffectName(kDefaultTaintEffect)));
   config.taint_effect = effect == "NoExecute" ? TaintEffect::kNoExecute : TaintEffect::kNoSchedule;
+  config.unmonitored_taint = section.Bool("unmonitoredTaint", false);
   return config;
 }
 
@@ -157,6 +158,7 @@ void DraGpuModule::OnJudgeState() {
 void DraGpuModule::Serve(StartFiles files) {
   for (const auto& warning : files.facts.warnings) context_.Log().warn("CDI: {}", warning);
   facts_ = std::make_shared<const device_plugin::CdiHostFacts>(std::move(files.facts));
+  unmonitored_since_ms_ = NowUnixMs();
   // The inventory first: the slice the core publishes at Serve holds the GPUs already known.
   auto& bus = context_.GetBus();
   if (const auto* inventory = bus.Latest<gpu_inventory::GpuInventory>()) OnInventory(*inventory);
@@ -170,7 +172,13 @@ void DraGpuModule::Serve(StartFiles files) {
   verdict_sub_ = bus.Subscribe<gpu_health::DeviceHealth>(
       [this](const gpu_health::DeviceHealth& verdict) { OnVerdict(verdict); });
   judge_sub_ = bus.Subscribe<gpu_health::GpuHealthState>([this](const gpu_health::GpuHealthState&) {
-    if (health_.JudgeSeen(NowUnixMs())) plugin_->DeviceHealthChanged();  // Unknown → Healthy; no taint changes
+    const auto before = Taints(served_);
+    if (!health_.JudgeSeen(NowUnixMs())) return;
+    plugin_->DeviceHealthChanged();  // Unknown → Healthy
+    if (Taints(served_) == before) return;  // no unmonitored taints to take off
+    context_.Log().info("gpu-health watches the GPUs: the {} taints removed", kTaintKeyUnmonitored);
+    plugin_->Slices().Publish();
+    PublishState();
   });
 }
 
@@ -197,8 +205,11 @@ void DraGpuModule::OnVerdict(const gpu_health::DeviceHealth& verdict) {
 
 std::map<std::string, json> DraGpuModule::Taints(const std::vector<gpu_inventory::GpuInfo>& gpus) const {
   std::map<std::string, json> taints;
+  // No judge: nobody watches these GPUs (upstream's unmonitored devices), when the site asks.
+  const bool unmonitored = config_.unmonitored_taint && !health_.JudgeKnown();
   for (const ServedDevice& device : ServedDevices(gpus)) {
     json t = TaintsFor(HealthOf(device), config_.taint_effect);
+    if (unmonitored) t.push_back(UnmonitoredTaint(unmonitored_since_ms_));
     if (!t.empty()) taints.emplace(device.name, std::move(t));
   }
   return taints;
@@ -332,6 +343,9 @@ void DraGpuModule::PublishState() {
     if (health.status == HealthStatus::kUnhealthy) {
       state.tainted.push_back(device.name + ": " + health.taint_key + "=" + health.taint_value + ":" +
                               std::string(TaintEffectName(config_.taint_effect)));
+    }
+    if (config_.unmonitored_taint && !health_.JudgeKnown()) {
+      state.tainted.push_back(device.name + ": " + std::string(kTaintKeyUnmonitored) + ":None");
     }
   }
   for (const auto& [uid, entry] : plugin_->Claims().claims) {

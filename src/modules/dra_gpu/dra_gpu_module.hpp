@@ -52,6 +52,10 @@ class DraGpuModule final : public Module, private dra::DraDriver {
     bool node_events_on_corrupt_checkpoint = true;
     device_plugin::CdiSettings cdi;  // driverRoot, hookPath (kind: k8s.gpu.nvidia.com/claim)
     TaintEffect taint_effect = kDefaultTaintEffect;  // `taintEffect`: NoSchedule | NoExecute
+    // `unmonitoredTaint`: while no judge watches the GPUs (gpu-health disabled or not yet up),
+    // every device carries upstream's gpu.nvidia.com/unmonitored taint, effect None. Off by
+    // default: an API server before Kubernetes 1.35 refuses the None effect, and with it the slice.
+    bool unmonitored_taint = false;
     std::size_t claim_log_compact_at = dra::kClaimLogCompactAt;  // not a YAML key
   };
   static Config ParseConfig(ConfigMap& section, const SiteConfig& site);
@@ -106,6 +110,9 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   bool inventory_seen_ = false;
   std::vector<gpu_inventory::GpuInfo> served_;
   GpuHealthView health_;
+  // timeAdded of the unmonitored taints: when this instance started serving (a restart without
+  // a judge writes the slice once, with the new time).
+  int64_t unmonitored_since_ms_ = 0;
   bool loading_ = false;
   bool awaiting_judge_ = false;
   std::unique_ptr<StartFiles> waiting_files_;

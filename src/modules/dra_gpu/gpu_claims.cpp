@@ -4,7 +4,6 @@
 #include "loop/json_fields.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <set>
 
@@ -87,17 +86,6 @@ struct OurConfig {
 const dra::ClaimSpecNames& GpuSpecNames() {
   static const dra::ClaimSpecNames names{std::string(kCdiVendor), "claim"};
   return names;
-}
-
-std::optional<uint32_t> MinorOfDeviceName(std::string_view device) {
-  constexpr std::string_view kPrefix = "gpu-";
-  if (device.substr(0, kPrefix.size()) != kPrefix || device.size() == kPrefix.size()) return std::nullopt;
-  uint32_t minor = 0;
-  const char* begin = device.data() + kPrefix.size();
-  const char* end = device.data() + device.size();
-  const auto [ptr, ec] = std::from_chars(begin, end, minor);
-  if (ec != std::errc() || ptr != end || (*begin == '0' && end - begin > 1)) return std::nullopt;
-  return minor;
 }
 
 std::vector<gpu_inventory::GpuInfo> ServedGpus(const gpu_inventory::GpuInventory& inventory,
@@ -470,7 +458,8 @@ std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry) {
     gpu.request = JsonStringAt(g, "/request");
     gpu.uuid = JsonStringAt(g, "/uuid");
     gpu.minor = g["minor"].get<uint32_t>();
-    if (const auto mig = g.find("mig"); mig != g.end()) {
+    const auto mig = g.find("mig");
+    if (mig != g.end()) {
       if (!mig->is_object() || !mig->contains("gpuInstance") || !(*mig)["gpuInstance"].is_number_unsigned() ||
           !mig->contains("computeInstance") || !(*mig)["computeInstance"].is_number_unsigned()) {
         return {};
@@ -478,10 +467,12 @@ std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry) {
       gpu.mig_uuid = JsonStringAt(*mig, "/uuid");
       gpu.gpu_instance = (*mig)["gpuInstance"].get<uint32_t>();
       gpu.compute_instance = (*mig)["computeInstance"].get<uint32_t>();
-      if (gpu.mig_uuid.empty() || gpu.device.rfind(GpuDeviceName(gpu.minor) + "-mig-", 0) != 0) return {};
-    } else if (gpu.device != GpuDeviceName(gpu.minor)) {
-      return {};
     }
+    // The device's name must be this driver's for that minor: a MIG name for a record with a MIG
+    // device (and its UUID), a whole GPU's otherwise.
+    const bool has_mig = mig != g.end();
+    const auto parts = ParseDeviceName(gpu.device);
+    if (!parts || parts->minor != gpu.minor || parts->mig != has_mig || (has_mig && gpu.mig_uuid.empty())) return {};
     out.push_back(std::move(gpu));
   }
   return out;

@@ -38,8 +38,7 @@ inline constexpr std::string_view kMigDeviceConfigKind = "MigDeviceConfig";
 
 const dra::ClaimSpecNames& GpuSpecNames();
 
-// GpuDeviceName and MigDeviceName: messages.hpp. The minor of "gpu-<minor>[...]".
-std::optional<uint32_t> MinorOfDeviceName(std::string_view device);
+// GpuDeviceName, MigDeviceName and their parser ParseDeviceName: messages.hpp.
 
 // The GPUs of the inventory this driver serves: selected by `selection`, sorted by minor. A
 // MIG-enabled GPU is served as its MIG devices, never whole.

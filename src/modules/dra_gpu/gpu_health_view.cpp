@@ -128,6 +128,10 @@ GpuHealth GpuHealthView::OfKey(const std::string& key) const {
   return out;
 }
 
+nlohmann::json UnmonitoredTaint(int64_t since_unix_ms) {
+  return nlohmann::json{{"key", kTaintKeyUnmonitored}, {"effect", "None"}, {"timeAdded", Rfc3339(since_unix_ms)}};
+}
+
 nlohmann::json TaintsFor(const GpuHealth& health, TaintEffect effect) {
   nlohmann::json taints = nlohmann::json::array();
   if (health.status != HealthStatus::kUnhealthy) return taints;

@@ -27,6 +27,11 @@ inline constexpr std::string_view kTaintKeyGpuLost = "gpu.nvidia.com/gpu-lost";
 // Ours (upstream's plugin does not read SXids): the NVSwitch SXid on a port this GPU's link ends in.
 inline constexpr std::string_view kTaintKeySxid = "gpu.nvidia.com/sxid";
 inline constexpr std::string_view kTaintKeyUnhealthy = "gpu.nvidia.com/unhealthy";
+// Upstream's key for a device its health monitor cannot watch (kubernetes-sigs/dra-driver-nvidia-gpu
+// cmd/gpu-kubelet-plugin/device_health.go: no NVML handle, no supported events, registration
+// refused): no value, effect None (KEP-5055's informational effect, Kubernetes 1.35+). Ours is set,
+// when the site asks (`unmonitoredTaint`), while no judge (gpu-health) watches the GPUs.
+inline constexpr std::string_view kTaintKeyUnmonitored = "gpu.nvidia.com/unmonitored";
 // gpu-health's presence check (presence_checks.cpp): the GPU is gone from NVML.
 inline constexpr std::string_view kGpuLostCheck = "GpuLost";
 
@@ -86,5 +91,9 @@ class GpuHealthView {
 
 // The slice's taints for a GPU of this health: one DeviceTaint when Unhealthy, none otherwise.
 nlohmann::json TaintsFor(const GpuHealth& health, TaintEffect effect);
+// The taint of a device no judge watches: upstream's unmonitored key, effect None (it keeps no
+// claim off the device: it says its health is not known), added at `since_unix_ms` (> 0; the
+// API would otherwise fill it in, and the slice would differ from ours on every compare).
+nlohmann::json UnmonitoredTaint(int64_t since_unix_ms);
 
 }  // namespace gns::dra_gpu

@@ -6,7 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <compare>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +26,58 @@ inline std::string GpuDeviceName(uint32_t minor) { return "gpu-" + std::to_strin
 inline std::string MigDeviceName(uint32_t parent_minor, const gpu_inventory::MigDeviceInfo& mig) {
   return GpuDeviceName(parent_minor) + "-mig-" + std::to_string(mig.gi_profile_id) + "-" +
          std::to_string(mig.placement_start) + "-" + std::to_string(mig.placement_size);
+}
+
+// A gpu.nvidia.com device name read back into its parts: the one parser of the scheme above
+// (dra-gpu's records, pod-resources' holders of a GPU or MIG device).
+struct DeviceNameParts {
+  uint32_t minor = 0;  // the GPU's (a MIG device's parent's) minor: /dev/nvidia<minor>
+  bool mig = false;    // a MIG device: the three below are set
+  uint32_t gi_profile_id = 0;
+  uint32_t placement_start = 0;
+  uint32_t placement_size = 0;
+  auto operator<=>(const DeviceNameParts&) const = default;
+};
+
+// Exactly "gpu-<minor>" or "gpu-<minor>-mig-<giProfileId>-<placementStart>-<placementSize>",
+// each number decimal without sign or leading zero and within 32 bits, as the two functions above
+// write them; nullopt for anything else ("gpu-3-", "gpu-03", "gpu-3-mig-1-0", "channel-0"), so a
+// name this driver never makes is never taken for one of its devices.
+inline std::optional<DeviceNameParts> ParseDeviceName(std::string_view name) {
+  // One number at the head of `rest`, moved past it.
+  const auto number = [](std::string_view& rest) -> std::optional<uint32_t> {
+    uint32_t value = 0;
+    const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+    const std::size_t length = static_cast<std::size_t>(end - rest.data());
+    if (ec != std::errc() || length == 0 || (rest[0] == '0' && length > 1)) return std::nullopt;
+    rest.remove_prefix(length);
+    return value;
+  };
+  // `rest` starts with `text`, moved past it.
+  const auto skip = [](std::string_view& rest, std::string_view text) {
+    if (!rest.starts_with(text)) return false;
+    rest.remove_prefix(text.size());
+    return true;
+  };
+  std::string_view rest = name;
+  DeviceNameParts parts;
+  if (!skip(rest, "gpu-")) return std::nullopt;
+  const auto minor = number(rest);
+  if (!minor) return std::nullopt;
+  parts.minor = *minor;
+  if (rest.empty()) return parts;
+  if (!skip(rest, "-mig-")) return std::nullopt;
+  const auto profile = number(rest);
+  if (!profile || !skip(rest, "-")) return std::nullopt;
+  const auto start = number(rest);
+  if (!start || !skip(rest, "-")) return std::nullopt;
+  const auto size = number(rest);
+  if (!size || !rest.empty()) return std::nullopt;
+  parts.mig = true;
+  parts.gi_profile_id = *profile;
+  parts.placement_start = *start;
+  parts.placement_size = *size;
+  return parts;
 }
 
 struct DraGpuState {

@@ -33,7 +33,7 @@ struct PodContainerRef {
 
 // A holder of a GPU that is not a container the kubelet lists on it: a gpu.nvidia.com claim
 // dra-gpu has prepared whose pod the kubelet's List does not show yet, or a device whose GPU
-// cannot be told (no inventory yet, a gpu.nvidia.com device not named gpu-<minor>[-…], a minor
+// cannot be told (no inventory yet, a gpu.nvidia.com device not named as dra-gpu names them, a minor
 // that is not this node's). No pod is known to be on that GPU through it, so gpu-reset waits for
 // it or fails on it, and never evicts because of it.
 struct OtherHolder {
@@ -75,15 +75,19 @@ struct GpuPodMap {
   // GPU UUID -> the containers holding it other than under its own ID in `gpus`: through one of
   // its MIG devices (`device` the MIG UUID), or through a gpu.nvidia.com DRA claim on the GPU or
   // on a MIG device of it (`resource` the driver, `claim` and `device` set). A reset of a GPU
-  // resets every MIG device on it, so all of these hold it.
+  // resets every MIG device on it, so all of these hold it. MIG UUID -> the gpu.nvidia.com
+  // claims on that MIG device (its name carries its placement: matched with the inventory's).
   std::map<std::string, std::vector<PodContainerRef>> via;
-  // GPU UUID -> gpu.nvidia.com claims dra-gpu has prepared on it that no listed pod shows yet.
+  // GPU or MIG UUID -> gpu.nvidia.com claims dra-gpu has prepared on it that no listed pod shows
+  // yet; for a MIG UUID also a claim on a MIG device of its GPU whose placement matches no MIG
+  // device of the inventory (it may be this one).
   std::map<std::string, std::vector<OtherHolder>> pending;
   // Holders whose GPU cannot be told: each may hold any GPU of the node.
   std::vector<OtherHolder> unplaced;
 
-  // The containers holding `uuid`: by its own ID, through its MIG devices and through DRA
-  // claims (sorted, each once); empty when none (or the map is not listed yet).
+  // The containers holding `uuid` (a GPU's or a MIG device's): by its own ID, through its MIG
+  // devices and through DRA claims on it or, for a GPU, on its MIG devices (sorted, each once);
+  // empty when none (or the map is not listed yet).
   std::vector<PodContainerRef> Holders(std::string_view uuid) const {
     std::vector<PodContainerRef> out;
     for (const auto* by : {&gpus, &via}) {

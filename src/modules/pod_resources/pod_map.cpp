@@ -1,6 +1,8 @@
 // The pod-resources core: List answer -> checked view -> GPU map, annotations, writes.
 #include "modules/pod_resources/pod_map.hpp"
 
+#include "modules/dra_gpu/messages.hpp"
+
 #include <algorithm>
 #include <tuple>
 
@@ -166,21 +168,17 @@ std::vector<PodClaimRef> AllClaims(const ListView& view) {
   return claims;
 }
 
-std::optional<uint32_t> GpuMinorOfDraDevice(std::string_view device) {
-  constexpr std::string_view kPrefix = "gpu-";
-  if (!device.starts_with(kPrefix)) return std::nullopt;
-  std::string_view rest = device.substr(kPrefix.size());
-  const std::size_t digits = std::min(rest.find('-'), rest.size());
-  // At most 9 digits: no overflow, and no minor is that long.
-  if (digits == 0 || digits > 9) return std::nullopt;
-  uint32_t minor = 0;
-  for (const char c : rest.substr(0, digits)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    minor = minor * 10 + static_cast<uint32_t>(c - '0');
+void GpuTopology::Add(const gpu_inventory::GpuInfo& gpu) {
+  known = true;
+  uuid_by_minor.emplace(gpu.minor, gpu.uuid);
+  for (const auto& mig : gpu.mig_devices) {
+    parent_of_mig.emplace(mig.uuid, gpu.uuid);
+    // emplace keeps the first: dra-gpu offers a GPU instance's first compute instance.
+    if (mig.placement_known) {
+      mig_by_place.emplace(
+          dra_gpu::DeviceNameParts{gpu.minor, true, mig.gi_profile_id, mig.placement_start, mig.placement_size}, mig.uuid);
+    }
   }
-  // "gpu-3-": a MIG device name goes on after the dash.
-  if (digits < rest.size() && digits + 1 == rest.size()) return std::nullopt;
-  return minor;
 }
 
 IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<PodContainerRef>>& gpus,
@@ -190,9 +188,10 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
   IndirectHolders out;
   // Which GPU a DRA device name is on; "" and `why` when that cannot be told.
   const auto gpu_of = [&](std::string_view name, std::string& why) -> std::string {
-    const auto minor = GpuMinorOfDraDevice(name);
+    const auto parts = dra_gpu::ParseDeviceName(name);
+    const std::optional<uint32_t> minor = parts ? std::optional<uint32_t>(parts->minor) : std::nullopt;
     if (!minor) {
-      why = "a gpu.nvidia.com device not named gpu-<minor>: its GPU cannot be told";
+      why = "a gpu.nvidia.com device not named gpu-<minor> or gpu-<minor>-mig-<profile>-<start>-<size>: its GPU cannot be told";
     } else if (!topology.known) {
       why = "no GPU inventory yet: the GPU of minor " + std::to_string(*minor) + " cannot be told";
     } else if (const auto it = topology.uuid_by_minor.find(*minor); it != topology.uuid_by_minor.end()) {
@@ -201,6 +200,29 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
       why = "no GPU of this node has minor " + std::to_string(*minor);
     }
     return {};
+  };
+
+  // The MIG devices a device name on `gpu` holds besides the GPU: none for a whole GPU's name;
+  // the MIG device at its place; or, when the inventory has none there, every MIG device of
+  // that GPU (`exact` false: it may be any of them).
+  const auto migs_of = [&](std::string_view name, const std::string& gpu, bool& exact) {
+    std::vector<std::string> out_migs;
+    exact = true;
+    const auto parts = dra_gpu::ParseDeviceName(name);
+    if (!parts || !parts->mig) return out_migs;
+    if (const auto it = topology.mig_by_place.find(*parts); it != topology.mig_by_place.end()) {
+      out_migs.push_back(it->second);
+      return out_migs;
+    }
+    exact = false;
+    for (const auto& [mig, parent] : topology.parent_of_mig) {
+      if (parent == gpu) out_migs.push_back(mig);
+    }
+    return out_migs;
+  };
+  const auto no_such_place = [](std::string_view name, const std::string& gpu) {
+    return "a gpu.nvidia.com MIG device " + std::string(name) + " at a place where GPU " + gpu +
+           " has no MIG device in the inventory: it may be any of that GPU's";
   };
 
   // MIG devices: a reset of their GPU resets them.
@@ -233,8 +255,17 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
         out.unplaced.push_back(OtherHolder{claim.namespace_name + "/" + claim.name, claim.claim, device, why});
         continue;
       }
-      out.via[gpu].push_back(
-          PodContainerRef{claim.namespace_name, claim.name, pod_uid, claim.container, claim.driver, claim.claim, device});
+      PodContainerRef ref{claim.namespace_name, claim.name, pod_uid, claim.container, claim.driver, claim.claim, device};
+      bool exact = true;
+      for (const std::string& mig : migs_of(name, gpu, exact)) {
+        if (exact) {
+          out.via[mig].push_back(ref);
+        } else {
+          out.pending[mig].push_back(OtherHolder{claim.namespace_name + "/" + claim.name, claim.claim, device,
+                                                 no_such_place(name, gpu)});
+        }
+      }
+      out.via[gpu].push_back(std::move(ref));
     }
   }
 
@@ -248,8 +279,12 @@ IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<Pod
         out.unplaced.push_back(OtherHolder{"", claim.claim, device, "prepared by dra-gpu; " + why});
         continue;
       }
-      out.pending[gpu].push_back(
-          OtherHolder{"", claim.claim, device, "prepared by dra-gpu; the kubelet lists no pod with it yet"});
+      const OtherHolder holder{"", claim.claim, device, "prepared by dra-gpu; the kubelet lists no pod with it yet"};
+      bool exact = true;
+      for (const std::string& mig : migs_of(device, gpu, exact)) {
+        out.pending[mig].push_back(exact ? holder : OtherHolder{"", claim.claim, device, "prepared by dra-gpu; " + no_such_place(device, gpu)});
+      }
+      out.pending[gpu].push_back(holder);
     }
   }
 

@@ -4,6 +4,8 @@
 // each pod should carry (NVSentinel's metadata-collector format, read by its node-drainer), and
 // the annotation writes that bring the node's pods there. No I/O; unit-tested on its own.
 
+#include "modules/dra_gpu/messages.hpp"
+#include "modules/gpu_inventory/messages.hpp"
 #include "modules/pod_resources/messages.hpp"
 #include "podresources/v1/api.pb.h"
 
@@ -84,17 +86,26 @@ std::vector<PodClaimRef> AllClaims(const ListView& view);
 // compute-domain.nvidia.com's channels are no GPU: its claims hold none.
 inline constexpr std::string_view kGpuDraDriver = "gpu.nvidia.com";
 
-// The minor (/dev/nvidia<minor>) of the GPU a gpu.nvidia.com device name stands for:
-// "gpu-<minor>" (the whole GPU) or "gpu-<minor>-<more>" (a MIG device on it, e.g.
-// "gpu-3-mig-9-4-2"); nullopt for any other name. Not the NVML index: upstream names by minor.
-std::optional<uint32_t> GpuMinorOfDraDevice(std::string_view device);
+// A gpu.nvidia.com device name is read with dra-gpu's own parser (dra_gpu::ParseDeviceName, its
+// messages.hpp): "gpu-<minor>" or "gpu-<minor>-mig-<giProfileId>-<start>-<size>", by minor, not
+// the NVML index (upstream names by minor). Any other name cannot be placed on a GPU. A MIG
+// device's name carries its placement, not its UUID: the MIG device is the inventory's MIG
+// device at that place on that GPU (GpuTopology::mig_by_place).
 
 // The node's GPUs as gpu-inventory shows them, to tell which GPU a device is on.
 struct GpuTopology {
   bool known = false;                                  // an inventory was published
   std::map<uint32_t, std::string> uuid_by_minor;       // minor -> GPU UUID
   std::map<std::string, std::string> parent_of_mig;    // MIG UUID -> its GPU's UUID
+  // A MIG device by its place, as a gpu.nvidia.com name carries it (parent minor, GPU instance
+  // profile id, placement start and size; `mig` set) -> its MIG UUID. Only MIG devices whose
+  // placement gpu-inventory read; of several compute instances of one GPU instance the first,
+  // the one dra-gpu offers under that name.
+  std::map<dra_gpu::DeviceNameParts, std::string> mig_by_place;
   bool operator==(const GpuTopology&) const = default;
+
+  // Adds one GPU and its MIG devices as gpu-inventory reports them.
+  void Add(const gpu_inventory::GpuInfo& gpu);
 };
 
 // A gpu.nvidia.com claim dra-gpu has prepared on this node (its DraGpuState).
@@ -113,7 +124,10 @@ struct IndirectHolders {
 // `gpus`: BuildGpuMap's; `claims`: the listed claims (AllClaims); `prepared`: dra-gpu's prepared
 // claims, each counted as pending on its GPUs while no listed pod shows it (the kubelet records a
 // claim for its pod after the prepare returns, and pod-resources lists again on dra-gpu's change:
-// between the two only dra-gpu knows the GPU is taken).
+// between the two only dra-gpu knows the GPU is taken). A claim on a MIG device holds its GPU and
+// that MIG device (`via` / `pending` under the MIG UUID too); one whose placement is no MIG
+// device of that GPU in the inventory (a layout changed under a claim) may hold any of them: it
+// is pending on each.
 IndirectHolders BuildIndirectHolders(const std::map<std::string, std::vector<PodContainerRef>>& gpus,
                                      const std::vector<PodClaimRef>& claims,
                                      const std::vector<PreparedGpuClaim>& prepared, const GpuTopology& topology,

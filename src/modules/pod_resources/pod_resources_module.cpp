@@ -156,11 +156,8 @@ void PodResourcesModule::Start() {
     topology.known = true;
     for (const auto& gpu : inventory.gpus) {
       known.insert(gpu.uuid);
-      topology.uuid_by_minor.emplace(gpu.minor, gpu.uuid);
-      for (const auto& mig : gpu.mig_devices) {
-        known.insert(mig.uuid);  // MIG strategies hand these out
-        topology.parent_of_mig.emplace(mig.uuid, gpu.uuid);
-      }
+      for (const auto& mig : gpu.mig_devices) known.insert(mig.uuid);  // MIG strategies hand these out
+      topology.Add(gpu);
     }
     if (known == known_gpus_ && topology == topology_) return;
     topology_ = std::move(topology);

@@ -455,6 +455,57 @@ TEST_F(DraGpuModuleTest, AFatalXidTaintsTheGpusDeviceAndHealthyAgainRemovesIt) {
   EXPECT_TRUE(State()->tainted.empty());
 }
 
+// Upstream's gpu.nvidia.com/unmonitored (no value, effect None: informational) where the site asks
+// for it: while no judge watches the GPUs (gpu-health not running) every device carries it, and
+// gpu-health coming up takes it off in one write. Not asked (the default): no taint without a judge.
+TEST_F(DraGpuModuleTest, WithoutAJudgeEveryDeviceCarriesUpstreamsUnmonitoredTaintWhenTheSiteAsks) {
+  // The slice publisher's informer showing its own slice back (after which nothing else makes
+  // it compare again: only the judge's arrival may take the taints off).
+  const std::string slice_name = dra::SliceName(kNode, kDriver);
+  int slice_events = 0;
+  auto events = h_.bus.Subscribe<kube::ResourceEvent>([&](const kube::ResourceEvent& event) {
+    if (event.object && event.object->value("/metadata/name"_json_pointer, std::string()) == slice_name) ++slice_events;
+  });
+  DraGpuModule::Config config;
+  config.unmonitored_taint = true;
+  StartAndRegister(config);
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("created") == 1; }));
+  const json slice = Slice();
+  for (const char* name : {"gpu-0", "gpu-1"}) {
+    const json device = DeviceOf(slice, name);
+    ASSERT_TRUE(device.contains("taints")) << name << ": " << slice.dump();
+    ASSERT_EQ(device["taints"].size(), 1u) << name;
+    const json& taint = device["taints"][0];
+    EXPECT_EQ(taint["key"], "gpu.nvidia.com/unmonitored");
+    EXPECT_EQ(taint["effect"], "None");
+    EXPECT_FALSE(taint.contains("value"));
+    EXPECT_TRUE(taint.contains("timeAdded")) << "ours, so the API's copy compares equal";
+  }
+  ASSERT_TRUE(h_.RunUntil([&] { return State()->tainted.size() == 2; }));
+  EXPECT_EQ(State()->tainted[0], "gpu-0: gpu.nvidia.com/unmonitored:None");
+  // Settled: the publisher has seen its own slice back, and nothing more is to be written.
+  ASSERT_TRUE(h_.RunUntil([&] { return slice_events >= 1; }));
+  h_.Drain();
+  ASSERT_EQ(SliceWrites("updated"), 0);
+
+  h_.bus.Publish(gpu_health::GpuHealthState{});  // gpu-health comes up: the GPUs are watched
+  ASSERT_TRUE(h_.RunUntil([&] {
+    const json now = Slice();
+    return !DeviceOf(now, "gpu-0").contains("taints") && !DeviceOf(now, "gpu-1").contains("taints");
+  }));
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("updated") == 1; }));
+  EXPECT_TRUE(State()->tainted.empty());
+  h_.Drain();
+  EXPECT_EQ(SliceWrites("updated"), 1);
+}
+
+TEST_F(DraGpuModuleTest, NoUnmonitoredTaintUnlessTheSiteAsks) {
+  StartAndRegister();
+  ASSERT_TRUE(h_.RunUntil([&] { return SliceWrites("created") == 1; }));
+  EXPECT_FALSE(DeviceOf(Slice(), "gpu-0").contains("taints"));
+  EXPECT_TRUE(State()->tainted.empty());
+}
+
 TEST_F(DraGpuModuleTest, AGpuInstanceVerdictTaintsThatMigDeviceOnlyAndAWholeGpuVerdictAllOfThem) {
   h_.bus.Publish(OneGpuInMigMode());
   h_.bus.Publish(gpu_health::GpuHealthState{});

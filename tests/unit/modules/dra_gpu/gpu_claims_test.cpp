@@ -179,16 +179,57 @@ TEST(GpuSliceTest, AMigEnabledGpuIsOfferedAsItsMigDevicesWithUpstreamsNamesAttri
 TEST(GpuSliceTest, QuantitiesAndDeviceNames) {
   EXPECT_EQ(BinaryQuantity(uint64_t{80} << 30), "80Gi");
   EXPECT_EQ(BinaryQuantity(1000), "1000");
-  EXPECT_EQ(MinorOfDeviceName("gpu-12"), 12u);
-  EXPECT_FALSE(MinorOfDeviceName("gpu-"));
-  EXPECT_FALSE(MinorOfDeviceName("gpu-01"));
-  EXPECT_FALSE(MinorOfDeviceName("gpu-1-mig-1-0"));
-  EXPECT_FALSE(MinorOfDeviceName("channel-0"));
   gpu_inventory::MigDeviceInfo mig;
   mig.gi_profile_id = 14;
   mig.placement_start = 2;
   mig.placement_size = 2;
   EXPECT_EQ(MigDeviceName(3, mig), "gpu-3-mig-14-2-2");
+}
+
+// The one parser of the names (messages.hpp; pod-resources reads claims' devices with it): what
+// GpuDeviceName and MigDeviceName write, and nothing else.
+TEST(DeviceNameTest, ParsesWhatTheNamesWriteIntoTheirPartsAndNothingElse) {
+  EXPECT_EQ(ParseDeviceName("gpu-0"), (DeviceNameParts{0, false, 0, 0, 0}));
+  EXPECT_EQ(ParseDeviceName("gpu-12"), (DeviceNameParts{12, false, 0, 0, 0}));
+  EXPECT_EQ(ParseDeviceName("gpu-3-mig-9-4-2"), (DeviceNameParts{3, true, 9, 4, 2}));
+  EXPECT_EQ(ParseDeviceName("gpu-7-mig-19-0-1"), (DeviceNameParts{7, true, 19, 0, 1}));
+  EXPECT_EQ(ParseDeviceName("gpu-4294967295"), (DeviceNameParts{4294967295u, false, 0, 0, 0}));
+  // Round trips through the writers.
+  for (const uint32_t minor : {0u, 5u, 127u}) {
+    EXPECT_EQ(ParseDeviceName(GpuDeviceName(minor)), (DeviceNameParts{minor, false, 0, 0, 0}));
+    gpu_inventory::MigDeviceInfo mig;
+    mig.gi_profile_id = 14;
+    mig.placement_start = 6;
+    mig.placement_size = 2;
+    EXPECT_EQ(ParseDeviceName(MigDeviceName(minor, mig)), (DeviceNameParts{minor, true, 14, 6, 2}));
+  }
+  for (const char* other :
+       {"", "gpu", "gpu-", "gpu--1", "gpu-+1", "gpu-01", "gpu-3-", "gpu-3x", "gpu-x", "GPU-3", "channel-0", "mig-3",
+        "gpu-4294967296", "gpu-12345678901", "gpu-3-mig", "gpu-3-mig-", "gpu-3-mig-9", "gpu-3-mig-9-4",
+        "gpu-3-mig-9-4-", "gpu-3-mig-9-4-2-", "gpu-3-mig-9-4-2-1", "gpu-3-mig-09-4-2", "gpu-3-mig-9--4-2",
+        "gpu-3-mig-9-4-2x", "gpu-3-MIG-9-4-2", "gpu-3-vfio", "gpu-3 ", " gpu-3"}) {
+    EXPECT_EQ(ParseDeviceName(other), std::nullopt) << '"' << other << '"';
+  }
+}
+
+TEST(GpuClaimTest, ARecordWhoseDeviceNameIsNotItsGpusIsRefused) {
+  const auto inventory = MixedGpus();
+  const auto served = ServedGpus(inventory, GpuSelection{true, {}});
+  const auto plan = PlanGpuClaim(Claim({"gpu-4", "gpu-5-mig-19-0-1"}), kUid, kNode, served, {});
+  ASSERT_EQ(plan.error, "");
+  const auto entry = RecordFor(kUid, kNode, plan);
+  ASSERT_EQ(GpusOf(entry), plan.gpus);
+  const auto with = [&](const std::string& pointer, const json& value) {
+    auto changed = entry;
+    changed.driver_data[json::json_pointer(pointer)] = value;
+    return GpusOf(changed);
+  };
+  EXPECT_TRUE(with("/gpus/0/device", "gpu-5").empty());             // another minor
+  EXPECT_TRUE(with("/gpus/0/device", "gpu-4-mig-19-0-1").empty());  // a MIG name for a whole GPU
+  EXPECT_TRUE(with("/gpus/1/device", "gpu-5").empty());             // a whole GPU's name for a MIG device
+  EXPECT_TRUE(with("/gpus/1/device", "gpu-4-mig-19-0-1").empty());  // a MIG device of another minor
+  EXPECT_TRUE(with("/gpus/1/mig/uuid", "").empty());                // a MIG device without its UUID
+  EXPECT_TRUE(with("/gpus/0/device", "gpu-04").empty());
 }
 
 TEST(GpuConfigTest, MigDeviceConfigHasUpstreamsMigSharingSchema) {

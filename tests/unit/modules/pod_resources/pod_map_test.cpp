@@ -240,13 +240,22 @@ GpuPodMap MapOf(const ListView& view, const std::vector<PreparedGpuClaim>& prepa
   return map;
 }
 
-TEST(DraDeviceNames, NameTheirGpusMinorWholeOrMig) {
-  EXPECT_EQ(GpuMinorOfDraDevice("gpu-0"), 0u);
-  EXPECT_EQ(GpuMinorOfDraDevice("gpu-13"), 13u);
-  EXPECT_EQ(GpuMinorOfDraDevice("gpu-3-mig-9-4-2"), 3u);  // a MIG device on minor 3
-  for (const char* other : {"", "gpu", "gpu-", "gpu--1", "gpu-3-", "gpu-3x", "gpu-x", "channel-0", "GPU-3",
-                            "gpu-12345678901", "mig-3"}) {
-    EXPECT_EQ(GpuMinorOfDraDevice(other), std::nullopt) << other;
+// Device names are read with dra-gpu's parser (its messages.hpp; its own test has the cases):
+// a whole GPU's or a MIG device's name places the claim on that minor's GPU, anything else (even
+// with a minor at its head) is unplaced, so gpu-reset waits for it rather than guessing.
+TEST(DraDeviceNames, OnlyDraGpusOwnNamesPlaceAClaimOnTheGpuOfTheirMinor) {
+  const auto placed = [](const std::string& device) {
+    v1::ListPodResourcesResponse response;
+    AddClaim(AddPod(response, "ml", "p"), "main", "c", {{"gpu.nvidia.com", device}});
+    const auto map = MapOf(ReadList(response, kGpu, {}), {}, TwoGpus());
+    EXPECT_EQ(map.unplaced.empty(), !map.via.empty()) << device;
+    return map.via.empty() ? std::string() : map.via.begin()->first;
+  };
+  EXPECT_EQ(placed("gpu-5"), "GPU-B");
+  EXPECT_EQ(placed("gpu-3"), "GPU-A");
+  EXPECT_EQ(placed("gpu-3-mig-9-4-2"), "GPU-A");  // a MIG device on minor 3
+  for (const char* other : {"gpu-3-", "gpu-3x", "gpu-03", "gpu-3-mig-9-4", "gpu-3-vfio", "gpu-3-mig-9-4-2-1", "GPU-3"}) {
+    EXPECT_EQ(placed(other), "") << other;
   }
 }
 
@@ -282,6 +291,76 @@ TEST(IndirectHolders, AMigDeviceHoldsItsGpuWhetherFromTheDevicePluginOrADraClaim
   ASSERT_EQ(map.Holders("MIG-A1").size(), 1u);
   EXPECT_EQ(map.Holders("MIG-A1")[0].device, "");
   EXPECT_THAT(map.Holders("GPU-B"), IsEmpty());
+}
+
+// GPU-A (minor 3) split into MIG devices as gpu-inventory reports them: MIG-A1 at 19/0/1, MIG-A2
+// at 19/1/1, MIG-A3 a second compute instance of MIG-A2's GPU instance (same place: dra-gpu
+// offers the first under that name); GPU-B (minor 5) whole.
+GpuTopology MigPlaced() {
+  gpu_inventory::GpuInfo a;
+  a.uuid = "GPU-A";
+  a.minor = 3;
+  a.mig_enabled = true;
+  for (const auto& [uuid, start] : {std::pair<const char*, uint32_t>{"MIG-A1", 0}, {"MIG-A2", 1}, {"MIG-A3", 1}}) {
+    auto& mig = a.mig_devices.emplace_back();
+    mig.uuid = uuid;
+    mig.placement_known = true;
+    mig.gi_profile_id = 19;
+    mig.placement_start = start;
+    mig.placement_size = 1;
+  }
+  gpu_inventory::GpuInfo b;
+  b.uuid = "GPU-B";
+  b.minor = 5;
+  GpuTopology topology;
+  topology.Add(a);
+  topology.Add(b);
+  return topology;
+}
+
+// A gpu.nvidia.com claim names a MIG device by its place, not its UUID: matched with the
+// inventory's placement, it holds that MIG device and its GPU, and not a sibling.
+TEST(IndirectHolders, AClaimOnAMigDeviceHoldsThatMigDeviceAndItsGpuButNotASibling) {
+  const GpuTopology topology = MigPlaced();
+  EXPECT_EQ(topology.mig_by_place.size(), 2u);  // MIG-A3 shares MIG-A2's place
+  v1::ListPodResourcesResponse response;
+  AddClaim(AddPod(response, "ml", "infer"), "main", "slice", {{"gpu.nvidia.com", "gpu-3-mig-19-1-1"}});
+  AddDevices(AddPod(response, "ml", "notebook"), "nb", "nvidia.com/gpu", {"MIG-A1"});
+  const auto map = MapOf(ReadList(response, kGpu, {}), {}, topology);
+  const PodContainerRef infer{"ml", "infer", "uid-infer", "main", "gpu.nvidia.com", "ml/slice", "node-1/gpu-3-mig-19-1-1"};
+  EXPECT_THAT(map.Holders("MIG-A2"), ElementsAre(infer));
+  ASSERT_EQ(map.Holders("MIG-A1").size(), 1u);  // the sibling: only its own device-plugin pod
+  EXPECT_EQ(map.Holders("MIG-A1")[0].name, "notebook");
+  EXPECT_THAT(map.Holders("MIG-A3"), IsEmpty());
+  ASSERT_EQ(map.Holders("GPU-A").size(), 2u);  // the parent: both
+  EXPECT_EQ(map.Holders("GPU-A")[0], infer);
+  EXPECT_EQ(map.Holders("GPU-A")[1].name, "notebook");
+  EXPECT_THAT(map.Holders("GPU-B"), IsEmpty());
+  for (const char* uuid : {"GPU-A", "GPU-B", "MIG-A1", "MIG-A2", "MIG-A3"}) EXPECT_THAT(map.OtherHolders(uuid), IsEmpty()) << uuid;
+
+  // Prepared, its pod not listed yet: pending on the MIG device and its GPU, not on the sibling.
+  const auto before = MapOf(ReadList(v1::ListPodResourcesResponse{}, kGpu, {}), {{"ml/new", {"gpu-3-mig-19-0-1"}}}, topology);
+  ASSERT_EQ(before.OtherHolders("MIG-A1").size(), 1u);
+  EXPECT_EQ(before.OtherHolders("MIG-A1")[0].claim, "ml/new");
+  EXPECT_EQ(before.OtherHolders("GPU-A").size(), 1u);
+  EXPECT_THAT(before.OtherHolders("MIG-A2"), IsEmpty());
+  EXPECT_THAT(before.Holders("MIG-A1"), IsEmpty());
+
+  // A place where the inventory has no MIG device (the layout changed under the claim): it holds
+  // the GPU, and may be any of its MIG devices (fail safe), none of them by name.
+  v1::ListPodResourcesResponse stale;
+  AddClaim(AddPod(stale, "ml", "old"), "main", "old", {{"gpu.nvidia.com", "gpu-3-mig-14-4-2"}});
+  const auto moved = MapOf(ReadList(stale, kGpu, {}), {}, topology);
+  ASSERT_EQ(moved.Holders("GPU-A").size(), 1u);
+  EXPECT_EQ(moved.Holders("GPU-A")[0].name, "old");
+  for (const char* mig : {"MIG-A1", "MIG-A2", "MIG-A3"}) {
+    EXPECT_THAT(moved.Holders(mig), IsEmpty()) << mig;
+    ASSERT_EQ(moved.OtherHolders(mig).size(), 1u) << mig;
+    EXPECT_EQ(moved.OtherHolders(mig)[0].pod, "ml/old");
+    EXPECT_THAT(moved.OtherHolders(mig)[0].why, HasSubstr("no MIG device in the inventory"));
+  }
+  EXPECT_THAT(moved.OtherHolders("GPU-A"), IsEmpty());
+  EXPECT_THAT(moved.OtherHolders("GPU-B"), IsEmpty());
 }
 
 TEST(IndirectHolders, AComputeDomainChannelClaimHoldsNoGpu) {

@@ -474,6 +474,43 @@ TEST_F(PodResourcesModuleTest, AClaimDraGpuPreparedHoldsItsGpuBeforeTheKubeletLi
   EXPECT_TRUE(Map()->OtherHolders("GPU-0").empty());
 }
 
+// A claim dra-gpu prepared on a MIG device: the module matches its name's placement with the
+// inventory's MIG devices, so it holds that MIG UUID (and the GPU), not the sibling's.
+TEST_F(PodResourcesModuleTest, AClaimOnAMigDeviceHoldsThatMigUuidByItsPlacement) {
+  gpu_inventory::GpuInventory inventory;
+  inventory.available = true;
+  auto& gpu = inventory.gpus.emplace_back();
+  gpu.uuid = "GPU-0";
+  gpu.minor = 4;
+  gpu.mig_enabled = true;
+  for (uint32_t start : {0u, 1u}) {
+    auto& mig = gpu.mig_devices.emplace_back();
+    mig.uuid = "MIG-0" + std::to_string(start);
+    mig.placement_known = true;
+    mig.gi_profile_id = 19;
+    mig.placement_start = start;
+    mig.placement_size = 1;
+  }
+  h_.bus.Publish(inventory);
+  StartKubelet();
+  StartModule();
+  ASSERT_TRUE(h_.RunUntil([&] { return Map() && Map()->fresh; }));
+
+  dra_gpu::DraGpuState state;
+  auto& claim = state.prepared_claims.emplace_back();
+  claim.uid = "uid-1";
+  claim.namespace_name = kNs;
+  claim.name = "infer";
+  claim.devices = {"gpu-4-mig-19-1-1"};
+  h_.bus.Publish(state);
+  h_.Drain();
+  ASSERT_TRUE(Map() != nullptr);
+  ASSERT_EQ(Map()->OtherHolders("MIG-01").size(), 1u);
+  EXPECT_EQ(Map()->OtherHolders("MIG-01")[0].claim, "ml/infer");
+  EXPECT_EQ(Map()->OtherHolders("GPU-0").size(), 1u);
+  EXPECT_TRUE(Map()->OtherHolders("MIG-00").empty());
+}
+
 TEST(PodResourcesConfig, DefaultsFollowTheKubeletDirAndBadValuesAreRefused) {
   SiteConfig site;
   site.paths.kubelet_dir = "/var/lib/kubelet";
