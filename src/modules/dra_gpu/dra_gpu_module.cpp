@@ -11,6 +11,7 @@
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
 
+#include "modules/device_plugin/api/mps.hpp"
 #include "modules/dra_gpu/messages.hpp"
 #include "modules/kube/api/client.hpp"
 
@@ -53,6 +54,8 @@ DraGpuModule::Config DraGpuModule::ParseConfig(ConfigMap& section, const SiteCon
   // a v1alpha1 kubelet): the whole list goes out again this often (dra_plugin/health_service.hpp).
   config.health_resend =
       section.Duration("healthResend", milliseconds(100), dra::kMaxHealthResend, dra::kDefaultHealthResend);
+  config.mps_root = section.String("mpsRoot", device_plugin::kDefaultMpsRoot);
+  if (config.mps_root.empty() || config.mps_root.front() != '/') section.Fail("mpsRoot", "must be an absolute path");
   auto cdi = section.Section("cdi");
   config.cdi.driver_root = cdi.String("driverRoot", "/");
   if (config.cdi.driver_root.empty() || config.cdi.driver_root.front() != '/') {
@@ -275,14 +278,15 @@ dra::ClaimSpecIo DraGpuModule::SpecIo() const {
                                                                       dra::SpecDurability durability) {
     const auto gpus = GpusOf(entry);
     if (gpus.empty()) return FileWriteResult{false, "claim " + entry.uid + ": its record names no GPU"};
-    return dra::WriteClaimSpec(dir, GpuSpecNames(), entry.uid, GpuClaimSpecContent(entry.uid, gpus, cdi, *facts),
+    return dra::WriteClaimSpec(dir, GpuSpecNames(), entry.uid, GpuClaimSpecContent(entry.uid, gpus, cdi, *facts, MpsOf(entry)),
                                durability);
   };
   io.remove = [dir = paths_.cdi_dir](std::string_view uid) { return dra::DeleteClaimSpec(dir, GpuSpecNames(), uid); };
   io.current = [dir = paths_.cdi_dir, cdi = config_.cdi, facts = facts_](const dra::PreparedClaim& entry) {
     const auto gpus = GpusOf(entry);
     return !gpus.empty() &&
-           dra::ClaimSpecIsCurrent(dir, GpuSpecNames(), entry.uid, GpuClaimSpecContent(entry.uid, gpus, cdi, *facts));
+           dra::ClaimSpecIsCurrent(dir, GpuSpecNames(), entry.uid,
+                                   GpuClaimSpecContent(entry.uid, gpus, cdi, *facts, MpsOf(entry)));
   };
   return io;
 }
@@ -314,7 +318,21 @@ asio::awaitable<dra::ClaimDecision> DraGpuModule::DecideClaim(dra::ClaimRef clai
     plugin_->SetError(plan.error);
     co_return plan.permanent ? dra::ClaimDecision::Permanent(plan.error) : dra::ClaimDecision::Retryable(plan.error);
   }
-  co_return dra::ClaimDecision::Prepare(RecordFor(claim.uid, node_name_, plan));
+  const std::optional<ClaimMps> mps = MpsFor(plan, config_.mps_root);
+  if (mps) {
+    // The operator's control daemon must serve the device before a container may count on it;
+    // it may be starting: retryable.
+    const std::string why = device_plugin::ProbeMpsControl(device_plugin::MpsControlPath(mps->pipe_dir));
+    if (!why.empty()) {
+      const std::string error = Ref(claim) + ": " + plan.gpus.front().device +
+                                ": sharing.strategy MPS, but its control daemon does not answer (" + why + ")";
+      context_.Log().warn("prepare {} (uid {}) failed (retryable): {}", claim.namespace_name + "/" + claim.name,
+                          claim.uid, error);
+      plugin_->SetError(error);
+      co_return dra::ClaimDecision::Retryable(error);
+    }
+  }
+  co_return dra::ClaimDecision::Prepare(RecordFor(claim.uid, node_name_, plan, mps));
 }
 
 void DraGpuModule::Prepared(const dra::PreparedClaim& entry) {

@@ -19,6 +19,7 @@
 #include "dra_plugin/kubelet_plugin.hpp"
 #include "loop/gate.hpp"
 #include "loop/module.hpp"
+#include "modules/device_plugin/api/mps.hpp"
 #include "modules/dra_gpu/gpu_claims.hpp"
 #include "modules/dra_gpu/gpu_health_view.hpp"
 #include "modules/gpu_health/messages.hpp"
@@ -49,6 +50,8 @@ class DraGpuModule final : public Module, private dra::DraDriver {
     std::chrono::milliseconds prepare_timeout{20000};
     std::chrono::milliseconds slice_resync{600000};
     std::chrono::milliseconds health_resend = dra::kDefaultHealthResend;  // `healthResend`
+    // `mpsRoot`: where the operator's MPS control daemons keep their pipe and shm directories.
+    std::string mps_root = device_plugin::kDefaultMpsRoot;
     bool node_events_on_corrupt_checkpoint = true;
     device_plugin::CdiSettings cdi;  // driverRoot, hookPath (kind: k8s.gpu.nvidia.com/claim)
     TaintEffect taint_effect = kDefaultTaintEffect;  // `taintEffect`: NoSchedule | NoExecute

@@ -2,8 +2,10 @@
 #include "modules/dra_gpu/gpu_claims.hpp"
 
 #include "loop/json_fields.hpp"
+#include "modules/device_plugin/api/mps.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -248,13 +250,120 @@ GpuConfigParse ParseSharingConfig(const json& parameters, const std::string& whe
         }
       }
     }
-    if (has_mps && !mps->is_object()) return fail(at + ".mpsConfig: expected an object");
+    if (has_mps) {
+      if (!mps->is_object()) return fail(at + ".mpsConfig: expected an object");
+      const std::string mat = at + ".mpsConfig";
+      for (const auto& [key, value] : mps->items()) {
+        if (value.is_null()) continue;
+        if (key == "defaultActiveThreadPercentage") {
+          if (!value.is_number_integer() || value.get<int64_t>() < 1 || value.get<int64_t>() > 100) {
+            return fail(mat + ".defaultActiveThreadPercentage: expected an integer from 1 to 100, got " + value.dump());
+          }
+          sharing.active_thread_percentage = static_cast<int>(value.get<int64_t>());
+        } else if (key == "defaultPinnedDeviceMemoryLimit") {
+          std::string why;
+          sharing.pinned_memory_bytes = QuantityBytes(value, why);
+          if (!why.empty()) return fail(mat + ".defaultPinnedDeviceMemoryLimit: " + why);
+        } else if (key == "defaultPerDevicePinnedMemoryLimit") {
+          if (!value.is_object()) return fail(mat + ".defaultPerDevicePinnedMemoryLimit: expected an object");
+          for (const auto& [device, limit] : value.items()) {
+            std::string why;
+            const uint64_t bytes = QuantityBytes(limit, why);
+            if (!why.empty()) return fail(mat + ".defaultPerDevicePinnedMemoryLimit." + device + ": " + why);
+            sharing.pinned_memory_per_device[device] = bytes;
+          }
+        } else if (key == "multiUser") {
+          if (!value.is_boolean()) return fail(mat + ".multiUser: expected true or false");
+          sharing.multi_user = value.get<bool>();
+        } else {
+          return fail(mat + "." + key + ": unknown field (mpsConfig has defaultActiveThreadPercentage, "
+                                        "defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser)");
+        }
+      }
+    }
   }
   out.sharing = sharing;
   return out;
 }
 
 }  // namespace
+
+uint64_t QuantityBytes(const json& value, std::string& error) {
+  error.clear();
+  if (value.is_number_integer()) {
+    if (value.get<int64_t>() <= 0) error = "expected a positive quantity, got " + value.dump();
+    return error.empty() ? value.get<uint64_t>() : 0;
+  }
+  if (!value.is_string()) {
+    error = "expected a quantity such as \"10Gi\", got " + std::string(value.type_name());
+    return 0;
+  }
+  const std::string text = value.get<std::string>();
+  std::size_t i = 0;
+  while (i < text.size() && ((text[i] >= '0' && text[i] <= '9') || text[i] == '.')) ++i;
+  const std::string number = text.substr(0, i);
+  const std::string suffix = text.substr(i);
+  static const std::map<std::string, long double> kScale = {
+      {"", 1.0L},          {"k", 1e3L},         {"M", 1e6L},         {"G", 1e9L},         {"T", 1e12L},
+      {"P", 1e15L},        {"E", 1e18L},        {"Ki", 0x1p10L},     {"Mi", 0x1p20L},     {"Gi", 0x1p30L},
+      {"Ti", 0x1p40L},     {"Pi", 0x1p50L},     {"Ei", 0x1p60L}};
+  const auto scale = kScale.find(suffix);
+  const bool one_dot = std::count(number.begin(), number.end(), '.') <= 1;
+  if (number.empty() || number == "." || !one_dot || scale == kScale.end()) {
+    error = "\"" + text + "\" is not a quantity (digits with Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or E)";
+    return 0;
+  }
+  const long double bytes = std::floor(std::stold(number) * scale->second);
+  if (bytes < 1.0L || bytes > 0x1p63L) {
+    error = "\"" + text + "\" is out of range (at least one byte, below 8Ei)";
+    return 0;
+  }
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string GpuMpsPipeDir(const std::string& mps_root, const std::string& device) {
+  return device_plugin::MpsPipeDir(mps_root, std::string(kDriverName) + "/" + device);
+}
+
+std::optional<ClaimMps> MpsFor(const GpuClaimPlan& plan, const std::string& mps_root) {
+  if (plan.sharing.strategy != "MPS" || plan.gpus.size() != 1) return std::nullopt;
+  const ClaimGpu& gpu = plan.gpus.front();
+  ClaimMps mps;
+  mps.pipe_dir = GpuMpsPipeDir(mps_root, gpu.device);
+  mps.shm_dir = device_plugin::MpsShmDir(mps_root);
+  mps.container_pipe_dir = GpuMpsPipeDir(device_plugin::kMpsContainerRoot, gpu.device);
+  mps.active_thread_percentage = plan.sharing.active_thread_percentage;
+  // A per-device limit names the device as the container sees it ("0": its one device) or by
+  // UUID (the MIG device's own, or the GPU's); it wins over the default.
+  uint64_t limit = plan.sharing.pinned_memory_bytes;
+  for (const std::string& key : {std::string("0"), gpu.Mig() ? gpu.mig_uuid : gpu.uuid}) {
+    if (const auto it = plan.sharing.pinned_memory_per_device.find(key); it != plan.sharing.pinned_memory_per_device.end()) {
+      limit = it->second;
+    }
+  }
+  // CUDA reads the limit in whole MiB at least: anything below one MiB is one.
+  mps.pinned_memory_mib = limit == 0 ? 0 : std::max<uint64_t>(1, limit / (1024 * 1024));
+  return mps;
+}
+
+std::optional<ClaimMps> MpsOf(const dra::PreparedClaim& entry) {
+  const auto it = entry.driver_data.find("mps");
+  if (it == entry.driver_data.end() || !it->is_object()) return std::nullopt;
+  ClaimMps mps;
+  mps.pipe_dir = JsonStringAt(*it, "/pipeDir");
+  mps.shm_dir = JsonStringAt(*it, "/shmDir");
+  mps.container_pipe_dir = JsonStringAt(*it, "/containerPipeDir");
+  if (mps.pipe_dir.empty() || mps.shm_dir.empty() || mps.container_pipe_dir.empty()) return std::nullopt;
+  if (const auto t = it->find("activeThreadPercentage"); t != it->end()) {
+    if (!t->is_number_integer() || t->get<int64_t>() < 1 || t->get<int64_t>() > 100) return std::nullopt;
+    mps.active_thread_percentage = t->get<int>();
+  }
+  if (const auto m = it->find("pinnedMemoryMiB"); m != it->end()) {
+    if (!m->is_number_integer() || m->get<int64_t>() < 1) return std::nullopt;
+    mps.pinned_memory_mib = m->get<uint64_t>();
+  }
+  return mps;
+}
 
 GpuConfigParse ParseGpuConfig(const json& parameters, const std::string& where) {
   return ParseSharingConfig(parameters, where, false);
@@ -389,9 +498,11 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
     // every CUDA context on a GPU gets anyway). The others need the GPU's scheduler set or an
     // MPS control daemon: refused, by name, rather than handing out a GPU set up differently
     // from what the claim asked.
-    if (applied.strategy == "MPS") {
-      return Refuse(std::move(plan), gpu.device + ": sharing.strategy MPS is not supported by this driver yet "
-                                                  "(use the device plugin's MPS sharing for this GPU)");
+    // MPS: the operator's control daemon for the device serves the claim's containers (MpsFor).
+    // One daemon per device, and a CUDA client talks to one daemon: one device per MPS claim.
+    if (applied.strategy == "MPS" && applied.multi_user) {
+      return Refuse(std::move(plan), gpu.device + ": sharing.mpsConfig.multiUser is the control daemon's setting, "
+                                                  "which the operator runs here; this driver does not set it");
     }
     if (applied.strategy == "TimeSlicing" && !applied.interval.empty() && applied.interval != "Default") {
       return Refuse(std::move(plan), gpu.device + ": sharing.timeSlicingConfig.interval " + applied.interval +
@@ -407,6 +518,11 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
     return Refuse(std::move(plan), "no allocation result for driver " + std::string(kDriverName));
   }
   if (sharing) plan.sharing = *sharing;
+  if (plan.sharing.strategy == "MPS" && plan.gpus.size() != 1) {
+    return Refuse(std::move(plan), "sharing.strategy MPS on " + std::to_string(plan.gpus.size()) +
+                                       " devices: an MPS claim has one device (a CUDA client talks to the one "
+                                       "control daemon of its device)");
+  }
   return plan;
 }
 
@@ -414,7 +530,8 @@ std::string QualifiedGpuDeviceId(std::string_view claim_uid, std::string_view de
   return GpuSpecNames().QualifiedDeviceId(std::string(claim_uid) + "-" + std::string(device));
 }
 
-dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node_name, const GpuClaimPlan& plan) {
+dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node_name, const GpuClaimPlan& plan,
+                             const std::optional<ClaimMps>& mps) {
   dra::PreparedClaim entry;
   entry.uid = std::string(claim_uid);
   entry.namespace_name = plan.namespace_name;
@@ -443,6 +560,12 @@ dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node
   entry.driver_data["gpus"] = std::move(gpus);
   if (!plan.sharing.strategy.empty()) {
     entry.driver_data["sharing"] = json{{"strategy", plan.sharing.strategy}, {"interval", plan.sharing.interval}};
+  }
+  if (mps) {
+    json m{{"pipeDir", mps->pipe_dir}, {"shmDir", mps->shm_dir}, {"containerPipeDir", mps->container_pipe_dir}};
+    if (mps->active_thread_percentage > 0) m["activeThreadPercentage"] = mps->active_thread_percentage;
+    if (mps->pinned_memory_mib > 0) m["pinnedMemoryMiB"] = mps->pinned_memory_mib;
+    entry.driver_data["mps"] = std::move(m);
   }
   return entry;
 }
@@ -479,7 +602,8 @@ std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry) {
 }
 
 json BuildGpuClaimSpec(std::string_view claim_uid, const std::vector<ClaimGpu>& gpus,
-                       const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts) {
+                       const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts,
+                       const std::optional<ClaimMps>& mps) {
   device_plugin::CdiSettings claim_settings = settings;
   claim_settings.kind = GpuSpecNames().Kind();
   std::vector<device_plugin::PhysicalDevice> devices;
@@ -501,12 +625,33 @@ json BuildGpuClaimSpec(std::string_view claim_uid, const std::vector<ClaimGpu>& 
   auto& list = spec["devices"];
   list.erase(std::remove_if(list.begin(), list.end(), [](const json& d) { return d.value("name", "") == "all"; }),
              list.end());
+  if (mps) {
+    // The pipe and shm directories read-write (clients create their sockets and shared memory
+    // there, as the device plugin's MPS mounts them), the pipe's path and the client limits.
+    json env = json::array({std::string(device_plugin::kMpsPipeEnv) + "=" + mps->container_pipe_dir});
+    if (mps->active_thread_percentage > 0) {
+      env.push_back(std::string(device_plugin::kMpsThreadPercentageEnv) + "=" +
+                    std::to_string(mps->active_thread_percentage));
+    }
+    if (mps->pinned_memory_mib > 0) {
+      env.push_back(std::string(device_plugin::kMpsPinnedMemEnv) + "=0=" + std::to_string(mps->pinned_memory_mib) + "M");
+    }
+    const json options = json::array({"rw", "nosuid", "nodev", "bind"});
+    json mounts = json::array({json{{"hostPath", mps->pipe_dir}, {"containerPath", mps->container_pipe_dir}, {"options", options}},
+                               json{{"hostPath", mps->shm_dir}, {"containerPath", device_plugin::kMpsContainerShm}, {"options", options}}});
+    for (auto& device : list) {
+      auto& edits = device["containerEdits"];
+      for (const auto& e : env) edits["env"].push_back(e);
+      for (const auto& m : mounts) edits["mounts"].push_back(m);
+    }
+  }
   return spec;
 }
 
 std::string GpuClaimSpecContent(std::string_view claim_uid, const std::vector<ClaimGpu>& gpus,
-                                const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts) {
-  return BuildGpuClaimSpec(claim_uid, gpus, settings, facts).dump(2) + "\n";
+                                const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts,
+                                const std::optional<ClaimMps>& mps) {
+  return BuildGpuClaimSpec(claim_uid, gpus, settings, facts, mps).dump(2) + "\n";
 }
 
 }  // namespace gns::dra_gpu

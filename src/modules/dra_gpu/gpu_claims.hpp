@@ -70,8 +70,17 @@ std::string BinaryQuantity(uint64_t bytes);
 struct GpuSharing {
   std::string strategy;  // "" (no sharing section), "TimeSlicing", "MPS"
   std::string interval;  // GpuConfig's TimeSlicing: "Default", "Short", "Medium", "Long" ("" = Default)
+  // MPS (`mpsConfig`, upstream's MpsConfig): the client-side limits, 0 / empty when not set.
+  int active_thread_percentage = 0;                          // defaultActiveThreadPercentage, 1-100
+  uint64_t pinned_memory_bytes = 0;                          // defaultPinnedDeviceMemoryLimit
+  std::map<std::string, uint64_t> pinned_memory_per_device;  // defaultPerDevicePinnedMemoryLimit (index or UUID)
+  bool multi_user = false;                                   // multiUser
   bool operator==(const GpuSharing&) const = default;
 };
+// A resource.Quantity as bytes: digits with an optional fraction and a binary (Ki … Ei) or
+// decimal (k, M, G, T, P, E) suffix, or a JSON integer. Sets `error` (why) and returns 0 when it
+// is not one.
+uint64_t QuantityBytes(const nlohmann::json& value, std::string& error);
 struct GpuConfigParse {
   std::optional<GpuSharing> sharing;  // set when valid
   std::string error;                  // JSON path and why
@@ -104,6 +113,26 @@ struct GpuClaimPlan {
   std::vector<ClaimGpu> gpus;  // in allocation order
   GpuSharing sharing;
 };
+
+// MPS through DRA, with the control daemon left to the operator as for the device plugin's MPS
+// (device_plugin/mps.hpp): the operator runs `nvidia-cuda-mps-control -d` for a device with
+// CUDA_VISIBLE_DEVICES=<its UUID>, CUDA_MPS_PIPE_DIRECTORY=<mpsRoot>/gpu.nvidia.com/<device>/pipe
+// and /dev/shm on <mpsRoot>/shm. A claim's containers get that pipe directory and the shm
+// directory mounted, CUDA_MPS_PIPE_DIRECTORY, and the claim's client-side limits.
+struct ClaimMps {
+  std::string pipe_dir;  // on the host
+  std::string shm_dir;   // on the host
+  std::string container_pipe_dir;
+  int active_thread_percentage = 0;  // 0: not set
+  uint64_t pinned_memory_mib = 0;    // 0: not set
+  bool operator==(const ClaimMps&) const = default;
+};
+// "<root>/gpu.nvidia.com/<device>/pipe": where the operator's control daemon for `device` listens.
+std::string GpuMpsPipeDir(const std::string& mps_root, const std::string& device);
+// The MPS set-up of a planned claim (its one device): nullopt unless its sharing is MPS.
+std::optional<ClaimMps> MpsFor(const GpuClaimPlan& plan, const std::string& mps_root);
+// The record's MPS set-up (driver_data "mps"); nullopt when it has none or it is malformed.
+std::optional<ClaimMps> MpsOf(const dra::PreparedClaim& entry);
 // The decision for a claim object read from the API: its results for this driver on this node's
 // pool, each a device of `served` (by device name: a whole GPU or a MIG device), none held by
 // another prepared claim in `state`, the configs of this driver decoded and applied per request
@@ -112,18 +141,22 @@ struct GpuClaimPlan {
 GpuClaimPlan PlanGpuClaim(const nlohmann::json& claim, std::string_view expected_uid, const std::string& node_name,
                           const std::vector<gpu_inventory::GpuInfo>& served, const dra::Checkpoint& state);
 
-// The record for a plan (not yet stamped: the core sets state and times).
-dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node_name, const GpuClaimPlan& plan);
+// The record for a plan (not yet stamped: the core sets state and times); `mps`: MpsFor(plan).
+dra::PreparedClaim RecordFor(std::string_view claim_uid, const std::string& node_name, const GpuClaimPlan& plan,
+                             const std::optional<ClaimMps>& mps = std::nullopt);
 // The GPUs a record names (empty when its "gpus" member is missing or malformed).
 std::vector<ClaimGpu> GpusOf(const dra::PreparedClaim& entry);
 
 // The claim's spec: one CDI device "<uid>-<device>" per device with its device nodes (a MIG
 // device's also its /dev/nvidia-caps nodes), and the
 // device plugin's spec-wide edits (control nodes, driver files, firmware, hooks).
+// With `mps`, the claim's devices also carry the MPS edits (ClaimMps).
 nlohmann::json BuildGpuClaimSpec(std::string_view claim_uid, const std::vector<ClaimGpu>& gpus,
-                                 const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts);
+                                 const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts,
+                                 const std::optional<ClaimMps>& mps = std::nullopt);
 std::string GpuClaimSpecContent(std::string_view claim_uid, const std::vector<ClaimGpu>& gpus,
-                                const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts);
+                                const device_plugin::CdiSettings& settings, const device_plugin::CdiHostFacts& facts,
+                                const std::optional<ClaimMps>& mps = std::nullopt);
 std::string QualifiedGpuDeviceId(std::string_view claim_uid, std::string_view device);
 
 }  // namespace gns::dra_gpu

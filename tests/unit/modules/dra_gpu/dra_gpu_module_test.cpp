@@ -29,6 +29,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -320,18 +326,60 @@ TEST_F(DraGpuModuleTest, PrepareWritesTheClaimsSpecAndUnprepareRemovesIt) {
 
 TEST_F(DraGpuModuleTest, ARefusedConfigIsThatClaimsErrorAndLeavesNothingBehind) {
   StartAndRegister();
-  const auto mps = Seed(GpuClaim("mps", {"gpu-0"},
-                                 {{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "GpuConfig"}, {"sharing", {{"strategy", "MPS"}}}}));
+  const auto shortslice = Seed(GpuClaim("short", {"gpu-0"},
+                                        {{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                         {"kind", "GpuConfig"},
+                                         {"sharing", {{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Short"}}}}}}));
   const auto fine = Seed(GpuClaim("fine", {"gpu-1"}));
-  const auto result = Prepare({mps, fine});
+  const auto result = Prepare({shortslice, fine});
   ASSERT_TRUE(result.ok());
-  EXPECT_EQ(result.claims.at(mps.uid).error,
-            "ResourceClaim team-a/mps: gpu-0: sharing.strategy MPS is not supported by this driver yet (use the device "
-            "plugin's MPS sharing for this GPU)");
+  EXPECT_EQ(result.claims.at(shortslice.uid).error,
+            "ResourceClaim team-a/short: gpu-0: sharing.timeSlicingConfig.interval Short is not supported by this "
+            "driver yet (only Default)");
   EXPECT_EQ(result.claims.at(fine.uid).error, "");
-  EXPECT_FALSE(fs::exists(SpecPath(mps.uid)));
+  EXPECT_FALSE(fs::exists(SpecPath(shortslice.uid)));
   EXPECT_TRUE(fs::exists(SpecPath(fine.uid)));
   EXPECT_EQ(Prepares("permanent_error"), 1);
+}
+
+// MPS with the control daemon left to the operator, as the device plugin's MPS: a claim waits
+// (retryable) until the daemon of its device answers, then its containers get its pipe.
+TEST_F(DraGpuModuleTest, AnMpsClaimIsPreparedOnceTheOperatorsControlDaemonAnswers) {
+  DraGpuModule::Config config;
+  config.mps_root = (dir_ / "mps").string();
+  StartAndRegister(config);
+  const auto mps = Seed(GpuClaim("mps", {"gpu-0"},
+                                 {{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                  {"kind", "GpuConfig"},
+                                  {"sharing", {{"strategy", "MPS"}, {"mpsConfig", {{"defaultActiveThreadPercentage", 50}}}}}}));
+  const std::string pipe = config.mps_root + "/gpu.nvidia.com/gpu-0/pipe";
+  const std::string error = PrepareError(mps);
+  EXPECT_NE(error.find("gpu-0: sharing.strategy MPS, but its control daemon does not answer (" + pipe + "/control: "),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(Prepares("retryable_error"), 1);
+  EXPECT_FALSE(fs::exists(SpecPath(mps.uid)));
+
+  // The operator's daemon comes up: a unix socket listening at <pipe>/control.
+  fs::create_directories(pipe);
+  const int daemon = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(daemon, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string control = pipe + "/control";
+  ASSERT_LT(control.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, control.c_str(), control.size() + 1);
+  ASSERT_EQ(::bind(daemon, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(daemon, 4), 0);
+  EXPECT_EQ(PrepareError(mps), "");
+  ::close(daemon);
+  const json spec = json::parse(ReadFile(SpecPath(mps.uid)));
+  const json& edits = spec["devices"][0]["containerEdits"];
+  EXPECT_EQ(edits["env"], json::array({"CUDA_MPS_PIPE_DIRECTORY=/mps/gpu.nvidia.com/gpu-0/pipe",
+                                       "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"}));
+  EXPECT_EQ(edits["mounts"][0]["hostPath"], pipe);
+  // The record carries it: a restart rewrites the same spec without asking the daemon again.
+  EXPECT_EQ(Claims().claims.at(mps.uid).driver_data["mps"]["pipeDir"], pipe);
 }
 
 TEST_F(DraGpuModuleTest, ARestartKeepsPreparedClaimsRemakesTheirSpecsAndDropsOrphans) {

@@ -86,6 +86,13 @@ json Claim(const std::vector<std::string>& devices, json configs = json::array()
               {"status", {{"allocation", {{"devices", {{"results", results}, {"config", configs}}}}}}}};
 }
 
+GpuSharing Sharing(std::string strategy, std::string interval = "") {
+  GpuSharing out;
+  out.strategy = std::move(strategy);
+  out.interval = std::move(interval);
+  return out;
+}
+
 json GpuConfig(json sharing, std::string source = "FromClaim", std::string kind = "GpuConfig") {
   json params{{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", kind}};
   if (!sharing.is_null()) params["sharing"] = std::move(sharing);
@@ -239,8 +246,8 @@ TEST(GpuConfigTest, MigDeviceConfigHasUpstreamsMigSharingSchema) {
     return ParseMigDeviceConfig(params, "cfg");
   };
   EXPECT_EQ(parse(json()).sharing, GpuSharing{});
-  EXPECT_EQ(parse({{"strategy", "TimeSlicing"}}).sharing, (GpuSharing{"TimeSlicing", ""}));
-  EXPECT_EQ(parse({{"strategy", "MPS"}, {"mpsConfig", json::object()}}).sharing, (GpuSharing{"MPS", ""}));
+  EXPECT_EQ(parse({{"strategy", "TimeSlicing"}}).sharing, Sharing("TimeSlicing"));
+  EXPECT_EQ(parse({{"strategy", "MPS"}, {"mpsConfig", json::object()}}).sharing, Sharing("MPS"));
   // A MIG device has no time-slice interval (upstream's MigDeviceSharing: strategy, mpsConfig).
   EXPECT_EQ(parse({{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Long"}}}}).error,
             "cfg.sharing.timeSlicingConfig: unknown field (MigDeviceConfig's sharing has strategy, mpsConfig)");
@@ -258,9 +265,61 @@ TEST(GpuConfigTest, ValidConfigs) {
   };
   EXPECT_EQ(parse(json()).sharing, GpuSharing{});
   EXPECT_EQ(parse({{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Long"}}}}).sharing,
-            (GpuSharing{"TimeSlicing", "Long"}));
-  EXPECT_EQ(parse({{"strategy", "MPS"}, {"mpsConfig", {{"defaultActiveThreadPercentage", 50}}}}).sharing,
-            (GpuSharing{"MPS", ""}));
+            Sharing("TimeSlicing", "Long"));
+  GpuSharing mps = Sharing("MPS");
+  mps.active_thread_percentage = 50;
+  EXPECT_EQ(parse({{"strategy", "MPS"}, {"mpsConfig", {{"defaultActiveThreadPercentage", 50}}}}).sharing, mps);
+  mps.pinned_memory_bytes = 10ULL << 30;
+  mps.pinned_memory_per_device = {{"0", 2ULL << 30}, {"GPU-abc", 1536ULL << 20}};
+  EXPECT_EQ(parse({{"strategy", "MPS"},
+                   {"mpsConfig",
+                    {{"defaultActiveThreadPercentage", 50},
+                     {"defaultPinnedDeviceMemoryLimit", "10Gi"},
+                     {"defaultPerDevicePinnedMemoryLimit", {{"0", "2Gi"}, {"GPU-abc", "1.5Gi"}}},
+                     {"multiUser", false}}}})
+                .sharing,
+            mps);
+}
+
+TEST(GpuConfigTest, MpsLimitsAreCheckedAsUpstreamChecksThem) {
+  const auto error = [](json mps) {
+    return ParseGpuConfig({{"apiVersion", "resource.nvidia.com/v1beta1"},
+                           {"kind", "GpuConfig"},
+                           {"sharing", {{"strategy", "MPS"}, {"mpsConfig", std::move(mps)}}}},
+                          "cfg")
+        .error;
+  };
+  EXPECT_EQ(error({{"defaultActiveThreadPercentage", 0}}),
+            "cfg.sharing.mpsConfig.defaultActiveThreadPercentage: expected an integer from 1 to 100, got 0");
+  EXPECT_EQ(error({{"defaultActiveThreadPercentage", 101}}),
+            "cfg.sharing.mpsConfig.defaultActiveThreadPercentage: expected an integer from 1 to 100, got 101");
+  EXPECT_EQ(error({{"defaultActiveThreadPercentage", "50"}}),
+            "cfg.sharing.mpsConfig.defaultActiveThreadPercentage: expected an integer from 1 to 100, got \"50\"");
+  EXPECT_EQ(error({{"defaultPinnedDeviceMemoryLimit", "ten"}}),
+            "cfg.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: \"ten\" is not a quantity (digits with Ki, Mi, "
+            "Gi, Ti, Pi, Ei, k, M, G, T, P or E)");
+  EXPECT_EQ(error({{"defaultPerDevicePinnedMemoryLimit", {{"1", "0"}}}}),
+            "cfg.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.1: \"0\" is out of range (at least one byte, "
+            "below 8Ei)");
+  EXPECT_EQ(error({{"multiUser", "yes"}}), "cfg.sharing.mpsConfig.multiUser: expected true or false");
+  EXPECT_EQ(error({{"pipeDirectory", "/x"}}),
+            "cfg.sharing.mpsConfig.pipeDirectory: unknown field (mpsConfig has defaultActiveThreadPercentage, "
+            "defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser)");
+}
+
+TEST(GpuConfigTest, QuantitiesAsTheApiWritesThem) {
+  std::string why;
+  EXPECT_EQ(QuantityBytes("10Gi", why), 10ULL << 30);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(QuantityBytes("1.5Gi", why), 1536ULL << 20);
+  EXPECT_EQ(QuantityBytes("500M", why), 500000000ULL);
+  EXPECT_EQ(QuantityBytes("4k", why), 4000ULL);
+  EXPECT_EQ(QuantityBytes(json(1048576), why), 1048576ULL);
+  EXPECT_EQ(why, "");
+  for (const json& bad : {json("1e3"), json("-1Gi"), json("1.2.3Gi"), json("Gi"), json(""), json(-5), json(true)}) {
+    EXPECT_EQ(QuantityBytes(bad, why), 0u) << bad;
+    EXPECT_NE(why, "") << bad;
+  }
 }
 
 TEST(GpuConfigTest, ErrorsNameThePathAndWhy) {
@@ -315,6 +374,56 @@ TEST(GpuClaimTest, TwoGpusOfAClaimBecomeOneRecordAndOneSpec) {
   EXPECT_EQ(spec["containerEdits"]["mounts"][0]["containerPath"], facts.driver_files[0]);
 }
 
+TEST(GpuClaimTest, AnMpsClaimsSpecPointsItsContainersAtTheOperatorsControlDaemon) {
+  const auto inventory = TwoGpus();
+  const auto served = ServedGpus(inventory, GpuSelection{true, {}});
+  const json config = GpuConfig({{"strategy", "MPS"},
+                                 {"mpsConfig",
+                                  {{"defaultActiveThreadPercentage", 25},
+                                   {"defaultPinnedDeviceMemoryLimit", "4Gi"},
+                                   {"defaultPerDevicePinnedMemoryLimit", {{"0", "2Gi"}}}}}});
+  const auto plan = PlanGpuClaim(Claim({"gpu-4"}, config), kUid, kNode, served, {});
+  ASSERT_EQ(plan.error, "");
+  const auto mps = MpsFor(plan, "/run/nvidia/mps/");
+  ASSERT_TRUE(mps.has_value());
+  EXPECT_EQ(mps->pipe_dir, "/run/nvidia/mps/gpu.nvidia.com/gpu-4/pipe");
+  EXPECT_EQ(mps->shm_dir, "/run/nvidia/mps/shm");
+  EXPECT_EQ(mps->container_pipe_dir, "/mps/gpu.nvidia.com/gpu-4/pipe");
+  EXPECT_EQ(mps->active_thread_percentage, 25);
+  EXPECT_EQ(mps->pinned_memory_mib, 2048u) << "the per-device limit of device 0 wins over the default";
+  // Named by the GPU's UUID instead.
+  const auto by_uuid = PlanGpuClaim(
+      Claim({"gpu-4"}, GpuConfig({{"strategy", "MPS"},
+                                  {"mpsConfig",
+                                   {{"defaultPinnedDeviceMemoryLimit", "4Gi"},
+                                    {"defaultPerDevicePinnedMemoryLimit", {{plan.gpus[0].uuid, "3Gi"}, {"GPU-other", "1Gi"}}}}}})),
+      kUid, kNode, served, {});
+  EXPECT_EQ(MpsFor(by_uuid, "/run/nvidia/mps")->pinned_memory_mib, 3072u);
+
+  const auto entry = RecordFor(kUid, kNode, plan, mps);
+  EXPECT_EQ(MpsOf(entry), mps) << "the record keeps what the spec is built from";
+  device_plugin::CdiHostFacts facts;
+  facts.control_nodes = {"/dev/nvidiactl"};
+  const json spec = BuildGpuClaimSpec(kUid, GpusOf(entry), device_plugin::CdiSettings{}, facts, MpsOf(entry));
+  EXPECT_EQ(device_plugin::ValidateCdiSpec(spec), "");
+  const json& edits = spec["devices"][0]["containerEdits"];
+  EXPECT_EQ(edits["env"], json::array({"CUDA_MPS_PIPE_DIRECTORY=/mps/gpu.nvidia.com/gpu-4/pipe",
+                                       "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M"}));
+  ASSERT_EQ(edits["mounts"].size(), 2u) << edits.dump();
+  EXPECT_EQ(edits["mounts"][0]["hostPath"], "/run/nvidia/mps/gpu.nvidia.com/gpu-4/pipe");
+  EXPECT_EQ(edits["mounts"][0]["containerPath"], "/mps/gpu.nvidia.com/gpu-4/pipe");
+  EXPECT_EQ(edits["mounts"][0]["options"][0], "rw");
+  EXPECT_EQ(edits["mounts"][1]["hostPath"], "/run/nvidia/mps/shm");
+  EXPECT_EQ(edits["mounts"][1]["containerPath"], "/dev/shm");
+
+  // Without MPS: no such edits, and the record has none.
+  const auto plain = PlanGpuClaim(Claim({"gpu-4"}), kUid, kNode, served, {});
+  EXPECT_FALSE(MpsFor(plain, "/run/nvidia/mps").has_value());
+  EXPECT_FALSE(MpsOf(RecordFor(kUid, kNode, plain)).has_value());
+  const json plain_spec = BuildGpuClaimSpec(kUid, GpusOf(RecordFor(kUid, kNode, plain)), device_plugin::CdiSettings{}, facts);
+  EXPECT_FALSE(plain_spec["devices"][0]["containerEdits"].contains("env"));
+}
+
 TEST(GpuClaimTest, RefusalsSayWhyAndWhetherARetryHelps) {
   auto inventory = TwoGpus();
   const auto served = ServedGpus(inventory, GpuSelection{true, {}});
@@ -332,8 +441,13 @@ TEST(GpuClaimTest, RefusalsSayWhyAndWhetherARetryHelps) {
   unallocated["status"].erase("allocation");
   EXPECT_EQ(refused(unallocated).error,
             "ResourceClaim team-a/train: status.allocation is not set (the claim is not allocated)");
-  EXPECT_TRUE(refused(Claim({"gpu-4"}, GpuConfig({{"strategy", "MPS"}}))).permanent);
-  EXPECT_NE(refused(Claim({"gpu-4"}, GpuConfig({{"strategy", "MPS"}}))).error.find("MPS is not supported"),
+  // MPS: one device per claim, and the control daemon's own settings are the operator's.
+  EXPECT_EQ(refused(Claim({"gpu-4"}, GpuConfig({{"strategy", "MPS"}}))).error, "");
+  EXPECT_TRUE(refused(Claim({"gpu-4", "gpu-5"}, GpuConfig({{"strategy", "MPS"}}))).permanent);
+  EXPECT_NE(refused(Claim({"gpu-4", "gpu-5"}, GpuConfig({{"strategy", "MPS"}}))).error.find("an MPS claim has one device"),
+            std::string::npos);
+  EXPECT_NE(refused(Claim({"gpu-4"}, GpuConfig({{"strategy", "MPS"}, {"mpsConfig", {{"multiUser", true}}}})))
+                .error.find("multiUser is the control daemon's setting"),
             std::string::npos);
   EXPECT_NE(refused(Claim({"gpu-4"}, GpuConfig({{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Short"}}}})))
                 .error.find("interval Short is not supported by this driver yet (only Default)"),
@@ -425,10 +539,10 @@ TEST(GpuClaimTest, TheWrongConfigKindForTheDeviceIsRefusedByName) {
   EXPECT_EQ(mig_on_gpu.error,
             "ResourceClaim team-a/train: status.allocation.devices.config[0]: a MigDeviceConfig applies to request "
             "\"gpus\", but gpu-4 is a whole GPU (use GpuConfig)");
-  // MPS on a MIG device needs a control daemon, as on a whole GPU: refused by name.
-  EXPECT_NE(plan(Claim({"gpu-5-mig-9-4-4"}, GpuConfig({{"strategy", "MPS"}}, "FromClaim", "MigDeviceConfig")))
-                .error.find("MPS is not supported"),
-            std::string::npos);
+  // MPS on a MIG device: the operator's control daemon for that MIG device serves it.
+  const auto mig_mps = plan(Claim({"gpu-5-mig-9-4-4"}, GpuConfig({{"strategy", "MPS"}}, "FromClaim", "MigDeviceConfig")));
+  ASSERT_EQ(mig_mps.error, "");
+  EXPECT_EQ(MpsFor(mig_mps, "/run/nvidia/mps")->pipe_dir, "/run/nvidia/mps/gpu.nvidia.com/gpu-5-mig-9-4-4/pipe");
   // The MIG-enabled parent is not offered whole, nor a MIG device NVML gave no placement for.
   EXPECT_NE(plan(Claim({"gpu-5"})).error.find("gpu-5 is not a GPU or MIG device this node serves"), std::string::npos);
   // A released parent: its MIG devices are out for the reset too (retryable).
