@@ -74,6 +74,11 @@ void Informer::AddHolder(const std::string& holder) {
   if (holder.empty()) return;
   holders_.insert(holder);
   UpdateAgent();
+  if (run_gate_ && listed_ && !listed_for_.contains(holder)) {
+    log_->info("informer {}: {} joined after its list; listing again in its name", key_, holder);
+    Stop();
+    Start();
+  }
 }
 
 void Informer::RemoveHolder(const std::string& holder) {
@@ -112,6 +117,7 @@ void Informer::Start() {
 }
 
 void Informer::Stop() {
+  listed_ = false;
   // Closed first: nothing below (the watch's stop, the timer's cancel) resumes the run.
   if (run_gate_) run_gate_->Close();
   run_gate_.reset();
@@ -202,6 +208,8 @@ asio::awaitable<bool> Informer::ListIntoCache(Gate::Ticket ticket) {
   // No watch is open while listing, so the cache cannot change before Replace.
   const ListOptions options{spec_.label_selector, spec_.field_selector, options_.page_size};
   const Deadline deadline(options_.list_deadline);
+  listed_ = true;
+  listed_for_ = std::set<std::string>(holders_.begin(), holders_.end());
   CachedFn cached = Cached();
   Result r = co_await client_->List(spec_.path, options, projection_.Root(), std::move(cached), deadline, ticket);
   if (!r.Ok()) {

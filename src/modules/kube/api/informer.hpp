@@ -84,7 +84,10 @@ class Informer {
   const InformerSpec& Spec() const { return spec_; }
   // The modules holding it (InformerRegistry's views), a module once per Acquire: its list and
   // watch requests name them all (KubeClient::ModuleAgent of "<a>+<b>", in name order), read as
-  // each request is sent. An empty name is no holder.
+  // each request is sent. An empty name is no holder. A module that joins a running informer
+  // after its list began makes it list again (the cache publishes only what differs), so that
+  // every holder's list and watch are made in its name: which calls a module needs granted
+  // never depends on when it joined (the recordings of deploy/recorded-api-calls rest on it).
   void AddHolder(const std::string& holder);
   void RemoveHolder(const std::string& holder);
   // "a+b", or "" when no module holds it.
@@ -150,6 +153,8 @@ class Informer {
   std::shared_ptr<std::string> agent_;
   std::string default_agent_;  // the client's own, while no module holds it
   std::multiset<std::string> holders_;
+  std::set<std::string> listed_for_;  // the holders when the current run's latest list began
+  bool listed_ = false;               // a list of this run began
   Bus& bus_;
   MetricsRegistry& metrics_;
   std::shared_ptr<spdlog::logger> log_;

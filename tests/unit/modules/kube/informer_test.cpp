@@ -374,6 +374,20 @@ TEST_F(InformerTest, RequestsNameTheModulesThatMakeThem) {
   EXPECT_FALSE(has("gpu-node-supervisor/gkm-agent", "list"));
   EXPECT_TRUE(has("gpu-node-supervisor", "create")) << by_agent.dump();
 
+  // A module that joins once the informer has listed makes it list (and watch) again, in every
+  // holder's name: what a module is recorded calling does not depend on when it joined.
+  const auto lists = from_gpu->GetStats().lists;
+  auto late = InformerRegistry::View(root, "gkm-controller")->Acquire(spec);
+  EXPECT_EQ(late.get(), from_gpu.get());
+  auto late_calls = [&](const char* verb) {
+    const auto list = server_->Call("GET", "/_sim/stats").Json().at("callsByAgent").value(
+        "gpu-node-supervisor/gkm-controller", json::array());
+    return std::find(list.begin(), list.end(), call(verb)) != list.end();
+  };
+  ASSERT_TRUE(h_.RunUntil([&] { return late_calls("list") && late_calls("watch") && from_gpu->Synced(); }));
+  EXPECT_EQ(from_gpu->GetStats().lists, lists + 1);
+  late.reset();
+
   // A holder that lets go is no longer named; the informer lives while another holds it.
   from_pods.reset();
   EXPECT_EQ(from_gpu->Holders(), "dra-gpu");
