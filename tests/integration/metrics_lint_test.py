@@ -94,9 +94,14 @@ def check_recorded_calls(repo, stats, gates):
     if not os.path.exists(path):
         return [f"no recording {path}: {how}"]
     with open(path) as f:
-        recorded = json.load(f)["calls"]
-    return [f"module {module} called {call}, which {SCENARIO}.json lacks: {how}"
-            for module, calls in run.items() for call in calls if call not in recorded.get(module, [])]
+        recording = json.load(f)
+    problems = []
+    if recording.get("featureGates") != gates:
+        problems.append(f"{path} was recorded with featureGates {recording.get('featureGates')}, this run has {gates}: "
+                        "delete it and record it again")
+    recorded = recording["calls"]
+    return problems + [f"module {module} called {call}, which {SCENARIO}.json lacks: {how}"
+                       for module, calls in run.items() for call in calls if call not in recorded.get(module, [])]
 
 
 def supervisor_pid(build, session):

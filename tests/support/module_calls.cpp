@@ -199,6 +199,10 @@ std::vector<std::string> CheckRecordedCalls(const std::string& scenario, const s
   const std::string how = "if the code means to make it, record it: GNS_RECORD_API_CALLS=1 ctest -R " + test +
                           " (it adds the run's calls to " + file.string() + "), and grant it in deploy/";
   if (!recording) return {"no recording " + file.string() + ": " + how};
+  if (recording->value("featureGates", json::object()) != json(gates)) {
+    problems.push_back(file.string() + " was recorded with featureGates " + recording->value("featureGates", json::object()).dump() +
+                       ", this run has " + json(gates).dump() + ": delete it and record it again");
+  }
   for (const auto& [module, list] : run.items()) {
     const auto recorded = recording->at("calls").value(module, json::array());
     for (const auto& c : list) {
