@@ -17,6 +17,7 @@ std::string_view ToString(ModuleHealth health) {
 ModuleContext::ModuleContext(RuntimeParts parts, std::string name, FailureSink on_failure, HealthSink on_health)
     : parts_(parts),
       name_(std::move(name)),
+      services_(parts.services, name_),
       logger_(GetLogger(name_)),
       on_failure_(std::move(on_failure)),
       on_health_(std::move(on_health)) {}

@@ -64,7 +64,8 @@ class ModuleContext {
   const Clock& GetClock() const { return parts_.clock; }
   const SiteConfig& Site() const { return parts_.site; }
   MetricsRegistry& Metrics() { return parts_.metrics; }
-  Services& GetServices() { return parts_.services; }
+  // This module's view of the services (loop/services.hpp): what it finds names it.
+  Services& GetServices() { return services_; }
   spdlog::logger& Log() { return *logger_; }
   const std::shared_ptr<spdlog::logger>& Logger() const { return logger_; }
 
@@ -76,6 +77,7 @@ class ModuleContext {
  private:
   RuntimeParts parts_;
   std::string name_;
+  Services services_;
   std::shared_ptr<spdlog::logger> logger_;
   FailureSink on_failure_;
   HealthSink on_health_;

@@ -5,12 +5,16 @@
 //   - have a site config (site.yaml with the DaemonSet's --config overlays laid over it, and
 //     its --feature-gates) that the real binary's `validate-config` accepts, enabling the
 //     modules the overlays say;
-//   - grant exactly the API calls of the modules that config enables, nothing more, every
-//     role bound to the ServiceAccount;
+//   - grant exactly the API calls of the modules that config enables, nothing more (a grant
+//     no enabled module was seen calling fails, as does a call not granted), every role bound
+//     to the ServiceAccount;
 //   - mount what those modules reach on the host, and serve the DeviceClass in the API
 //     version the DRA modules speak;
 //   - confine the bundle's own ServiceAccount with the node policy.
-// The calls of each module: tests/support/module_calls.cpp, with where each comes from.
+// The calls of each module are recorded from real runs of the binary against the API simulator
+// (deploy/recorded-api-calls/, by the tests named in tests/support/module_calls.hpp, which says
+// how a site's settings select among them); to change a module's calls, change the code, re-record
+// (GNS_RECORD_API_CALLS=1) and grant what the recording says.
 #include "support/module_calls.hpp"
 #include "support/subprocess.hpp"
 #include "support/temp_dir.hpp"
@@ -261,8 +265,14 @@ TEST_F(DeployComponentsTest, EveryCombinationRendersGrantsExactlyItsModulesCalls
     EXPECT_EQ(bundle.OfKind("ClusterRoleBinding").size(), bundle.OfKind("ClusterRole").size());
     EXPECT_EQ(bundle.OfKind("RoleBinding").size(), bundle.OfKind("Role").size());
     const auto used = ModuleCalls(site);
-    for (const auto& g : used) EXPECT_TRUE(granted.contains(g)) << "not granted: " << Describe(g);
-    for (const auto& g : granted) EXPECT_TRUE(used.contains(g)) << "granted but unused: " << Describe(g);
+    EXPECT_FALSE(used.empty()) << "no recorded calls in " << test::RecordingsDir();
+    for (const auto& g : used) {
+      EXPECT_TRUE(granted.contains(g)) << "not granted, but recorded (deploy/recorded-api-calls/): " << Describe(g);
+    }
+    for (const auto& g : granted) {
+      EXPECT_TRUE(used.contains(g)) << "granted, but no enabled module was recorded calling it "
+                                    << "(deploy/recorded-api-calls/): " << Describe(g);
+    }
 
     // Host paths where the enabled modules look for them.
     std::map<std::string, std::pair<std::string, bool>> mounts;  // container path → host path, read-only

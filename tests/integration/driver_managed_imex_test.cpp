@@ -7,7 +7,9 @@
 // Run twice: with ComputeDomainCliques off (each node's entry in the domain's status.nodes) and
 // on (each node's entry in its clique's ComputeDomainClique object, status.nodes the
 // controller's mirror of them, the objects deleted with the domain). Every API call the three
-// made must be among those deploy/'s RBAC is checked against (tests/support/module_calls.cpp).
+// made, by module, must be in the recording of its gate (deploy/recorded-api-calls/
+// driver-managed-imex-{cliques,status-nodes}.json), against which deploy/'s RBAC is checked
+// (tests/support/module_calls.hpp); GNS_RECORD_API_CALLS=1 records them instead.
 #include "support/api_sim.hpp"
 #include "support/module_calls.hpp"
 #include "support/eventually.hpp"
@@ -91,16 +93,17 @@ class DriverManagedImexTest : public ::testing::TestWithParam<bool> {
         EXPECT_EQ(n.proc->Wait(seconds(30)), 0) << n.name << ": " << n.proc->Output();
       }
     }
-    // Every API call the three supervisors made is one deploy/'s RBAC is checked to grant
-    // (tests/support/module_calls.hpp): a call the table lacks would be refused in a cluster.
+    // Every API call the three supervisors made is in the recording deploy/'s RBAC is checked
+    // against (tests/support/module_calls.hpp): a call it lacks would be refused in a cluster.
     if (!nodes_.empty()) {
       test::SiteView site;
       site.config = YAML::LoadFile(nodes_.front().config);
-      site.pod_namespace = "kube-system";
-      const auto recorded = api_->Call("GET", "/_sim/stats").Json().at("calls");
-      EXPECT_FALSE(recorded.empty());
-      for (const auto& call : test::RecordedCallsNotIn(recorded, test::ModuleCalls(site))) {
-        ADD_FAILURE() << "made against the simulator, not in tests/support/module_calls.cpp: " << call;
+      const auto stats = api_->Call("GET", "/_sim/stats").Json();
+      EXPECT_FALSE(test::CallsByModule(stats).empty());
+      const auto scenario = std::string("driver-managed-imex-") + (GetParam() ? "cliques" : "status-nodes");
+      for (const auto& problem : test::CheckRecordedCalls(scenario, "integration_driver_managed_imex_test", stats,
+                                                          test::ResolvedImexGates(site))) {
+        ADD_FAILURE() << problem;
       }
     }
     nodes_.clear();

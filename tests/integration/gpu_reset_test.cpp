@@ -505,12 +505,14 @@ TEST_F(GpuResetTest, GpuResetObjectsOfThisNodeAreDoneOnceAndBadOnesGetAClearStat
   EXPECT_EQ(supervisor_->Output().find("step hold"), std::string::npos) << supervisor_->Output();
   supervisor_->Signal(SIGTERM);
   EXPECT_EQ(supervisor_->Wait(), 0) << supervisor_->Output();
-  // Every API call made is one deploy/'s RBAC is checked to grant (tests/support/module_calls.hpp).
+  // Every API call made, by module, is in the recording deploy/'s RBAC is checked against
+  // (deploy/recorded-api-calls/gpu-reset.json, tests/support/module_calls.hpp).
   test::SiteView site;
   site.config = YAML::LoadFile(WriteConfig("", kube));
-  for (const auto& call : test::RecordedCallsNotIn(server.Call("GET", "/_sim/stats").Json().at("calls"),
-                                                   test::ModuleCalls(site))) {
-    ADD_FAILURE() << "made against the simulator, not in tests/support/module_calls.cpp: " << call;
+  for (const auto& problem : test::CheckRecordedCalls("gpu-reset", "integration_gpu_reset_test",
+                                                      server.Call("GET", "/_sim/stats").Json(),
+                                                      test::ResolvedImexGates(site))) {
+    ADD_FAILURE() << problem;
   }
   server.Stop();
 }

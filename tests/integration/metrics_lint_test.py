@@ -10,12 +10,19 @@ and linted. The test fails on any promtool complaint except those about dcgm-exp
 families (DCGM_FI_*: their names are dcgm-exporter's on purpose, src/modules/metrics/README.md),
 and when a module of config/local.yaml is not up in the scrape.
 
+The same walk is the `demo` scenario of deploy/recorded-api-calls (tests/support/module_calls.hpp):
+the API simulator's record of the calls each module made (GET /_sim/stats "callsByAgent") must be
+in deploy/recorded-api-calls/demo.json, against which deploy/'s RBAC is checked; a call the file
+lacks fails this test. With GNS_RECORD_API_CALLS=1 the run's calls are added to the file instead.
+
 Usage: metrics_lint_test.py <repo> <build dir> <promtool or empty>. Without promtool it fails,
 unless GNS_ALLOW_NO_PROMTOOL=1: then it exits 77 (ctest: skipped). The scrape and promtool's
 report are kept in <build dir>/metrics-lint/.
 """
+import json
 import os
 import re
+import ssl
 import signal
 import subprocess
 import sys
@@ -27,6 +34,74 @@ import urllib.request
 import yaml
 
 FOREIGN_PREFIXES = ("DCGM_FI_",)
+AGENT = "gpu-node-supervisor"  # src/modules/kube/api/client.hpp ModuleAgent: "<AGENT>/<module>"
+SCENARIO = "demo"
+
+
+def sim_stats(sandbox):
+    """GET /_sim/stats of run-local.sh's API simulator (its kubeconfig, CA and token)."""
+    api_dir = os.path.join(sandbox, "apiserver")
+    with open(os.path.join(api_dir, "kubeconfig")) as f:
+        server = next(line.split("server:", 1)[1].strip().strip("\"'") for line in f
+                      if line.strip().startswith("server:"))
+    with open(os.path.join(api_dir, "token")) as f:
+        token = f.read().strip()
+    req = urllib.request.Request(server + "/_sim/stats", headers={"Authorization": "Bearer " + token})
+    ctx = ssl.create_default_context(cafile=os.path.join(api_dir, "ca.crt"))
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def calls_by_module(stats):
+    """As tests/support/module_calls.cpp CallsByModule: {module: sorted calls}, the supervisor's
+    agents only, calls outside any module under "(process)"."""
+    out = {}
+    for agent, calls in stats["callsByAgent"].items():
+        if agent == AGENT:
+            module = "(process)"
+        elif agent.startswith(AGENT + "/") and len(agent) > len(AGENT) + 1:
+            module = agent[len(AGENT) + 1:]
+        else:
+            continue
+        for c in calls:
+            text = (f"{c['group'] or 'core'}/{c['resource']}" + (f"/{c['subresource']}" if c["subresource"] else "")
+                    + f" {c['verb']}")
+            out.setdefault(module, set()).add(text)
+    return {m: sorted(v) for m, v in out.items()}
+
+
+def check_recorded_calls(repo, stats, gates):
+    """As CheckRecordedCalls: the problems (calls the recording lacks), or record them."""
+    path = os.path.join(repo, "deploy/recorded-api-calls", SCENARIO + ".json")
+    run = calls_by_module(stats)
+    if os.environ.get("GNS_RECORD_API_CALLS") == "1":
+        recording = {"scenario": SCENARIO, "featureGates": gates, "calls": {}}
+        if os.path.exists(path):
+            with open(path) as f:
+                recording = json.load(f)
+        if recording["featureGates"] != gates:
+            return [f"{path} was recorded with featureGates {recording['featureGates']}, this run has {gates}"]
+        for module, calls in run.items():
+            recording["calls"][module] = sorted(set(recording["calls"].get(module, [])) | set(calls))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(json.dumps(recording, indent=2, sort_keys=True) + "\n")
+        os.replace(path + ".tmp", path)
+        print(f"recorded the run's API calls into {path}")
+        return []
+    how = (f"if the code means to make it, record it: GNS_RECORD_API_CALLS=1 ctest -R integration_metrics_lint "
+           f"(it adds the run's calls to {path}), and grant it in deploy/")
+    if not os.path.exists(path):
+        return [f"no recording {path}: {how}"]
+    with open(path) as f:
+        recording = json.load(f)
+    problems = []
+    if recording.get("featureGates") != gates:
+        problems.append(f"{path} was recorded with featureGates {recording.get('featureGates')}, this run has {gates}: "
+                        "delete it and record it again")
+    recorded = recording["calls"]
+    return problems + [f"module {module} called {call}, which {SCENARIO}.json lacks: {how}"
+                       for module, calls in run.items() for call in calls if call not in recorded.get(module, [])]
 
 
 def supervisor_pid(build, session):
@@ -101,6 +176,7 @@ def main():
                 return 1
             with urllib.request.urlopen(f"http://{address[0]}/metrics", timeout=10) as response:
                 scrape = response.read().decode()
+            stats = sim_stats(sandbox)
         finally:
             os.killpg(node.pid, signal.SIGTERM)
             try:
@@ -119,6 +195,14 @@ def main():
         f.write(report)
 
     failed = False
+    with open(os.path.join(repo, "config/local.yaml")) as f:
+        site = yaml.safe_load(os.path.expandvars(f.read()))
+    host_managed = bool((site.get("featureGates") or {}).get("HostManagedIMEX", False))
+    gates = {"ComputeDomainCliques": not host_managed and bool((site.get("featureGates") or {}).get(
+        "ComputeDomainCliques", True)), "HostManagedIMEX": host_managed}
+    for problem in check_recorded_calls(repo, stats, gates):
+        print(problem, file=sys.stderr)
+        failed = True
     ours = [line for line in report.splitlines() if line.strip() and not line.startswith(FOREIGN_PREFIXES)]
     foreign = [line for line in report.splitlines() if line.startswith(FOREIGN_PREFIXES)]
     for line in ours:

@@ -2,7 +2,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <regex>
+#include <stdexcept>
+#include <tuple>
 
 namespace gns::test {
 
@@ -45,165 +52,167 @@ std::string SiteView::Expand(const std::string& value) const {  // ${POD_NAMESPA
   return std::regex_replace(value, var, pod_namespace);
 }
 
-// Keep in step with the code: a grant no enabled module uses here fails deploy_components_test,
-// and a call a module makes against the simulator that is missing here fails the tests that
-// compare the simulator's record with this (driver_managed_imex_test).
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr std::string_view kAgent = "gpu-node-supervisor";
+constexpr std::string_view kProcess = "(process)";
+// The modules whose calls depend on the IMEX mode (see the header).
+const std::set<std::string> kImexModeModules = {"dra-compute-domain", "compute-domain-controller"};
+
+// "<group or core>/<resource>[/<subresource>] <verb>"
+std::string CallText(const std::string& verb, const std::string& group, const std::string& resource,
+                     const std::string& subresource) {
+  return (group.empty() ? "core" : group) + "/" + resource + (subresource.empty() ? "" : "/" + subresource) + " " + verb;
+}
+
+// The other way: group ("" for core), resource with "/subresource", verb.
+std::optional<std::tuple<std::string, std::string, std::string>> ParseCall(const std::string& text) {
+  const auto space = text.rfind(' ');
+  const auto slash = text.find('/');
+  if (space == std::string::npos || slash == std::string::npos || slash > space) return std::nullopt;
+  std::string group = text.substr(0, slash);
+  if (group == "core") group.clear();
+  return std::tuple{group, text.substr(slash + 1, space - slash - 1), text.substr(space + 1)};
+}
+
+std::optional<json> ReadJson(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  return json::parse(in);  // a malformed recording throws: the test says so
+}
+
+std::string LeaseNamespace(const SiteView& site, const std::string& module) {
+  const auto le = site.Module(module)["leaderElection"];
+  return site.Expand(le && le["namespace"] ? le["namespace"].as<std::string>() : site.pod_namespace);
+}
+
+}  // namespace
+
+std::string RecordingsDir() {
+  const char* source = std::getenv("GNS_SOURCE_DIR");
+  return (fs::path(source && *source ? source : GNS_TEST_SOURCE_DIR) / "deploy/recorded-api-calls").string();
+}
+
+std::map<std::string, bool> ResolvedImexGates(const SiteView& site) {
+  const bool host_managed = site.Gate("HostManagedIMEX", false);
+  return {{"HostManagedIMEX", host_managed},
+          {"ComputeDomainCliques", !host_managed && site.Gate("ComputeDomainCliques", true)}};
+}
+
 std::set<Grant> ModuleCalls(const SiteView& site) {
   std::set<Grant> calls;
-  auto add = [&](const std::string& group, const std::string& resource, std::initializer_list<const char*> verbs,
-                 const std::string& scope = "cluster", const std::string& name = "") {
-    for (const char* verb : verbs) calls.insert(Grant{scope, group, resource, verb, name});
-  };
-  // Resolved as src/loop/feature_gates.cpp does: HostManagedIMEX off by default;
-  // ComputeDomainCliques on by default and forced off by HostManagedIMEX.
-  const bool host_managed = site.Gate("HostManagedIMEX", false);
-  const bool cliques = !host_managed && site.Gate("ComputeDomainCliques", true);
-
-  if (site.Enabled("kube")) {
-    // src/modules/kube/events.cpp EventRecorder (every module's Events): POST a new Event,
-    // merge-PATCH its series.
-    add("events.k8s.io", "events", {"create", "patch"});
-    // src/modules/kube/leader_election.cpp, kube's own lease when enabled: GET, POST, PUT.
-    const auto le = site.Module("kube")["leaderElection"];
-    if (le && le["enabled"] && le["enabled"].as<bool>()) {
-      add("coordination.k8s.io", "leases", {"get", "create", "update"},
-          site.Expand(le["namespace"] ? le["namespace"].as<std::string>() : site.pod_namespace));
-    }
+  const auto gates = json(ResolvedImexGates(site));
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(RecordingsDir())) {
+    if (entry.path().extension() == ".json") files.push_back(entry.path());
   }
-  if (site.Enabled("compute-domain-controller")) {
-    // leader_election.cpp through the module's leaderElection: the Lease (GET, POST, PUT).
-    const auto le = site.Module("compute-domain-controller")["leaderElection"];
-    add("coordination.k8s.io", "leases", {"get", "create", "update"},
-        site.Expand(le && le["namespace"] ? le["namespace"].as<std::string>() : site.pod_namespace));
-    // compute_domain_controller_module.cpp: informer on computedomains (list + watch);
-    // reconciler.cpp: GET the domain fresh, PUT finalizers, PUT /status.
-    add("resource.nvidia.com", "computedomains", {"list", "watch", "get", "update"});
-    add("resource.nvidia.com", "computedomains/status", {"update"});
-    // reconciler.cpp: the workload ResourceClaimTemplate (GET, POST, PUT its finalizer,
-    // DELETE); the module: an informer on ours (list + watch, label-selected).
-    add("resource.k8s.io", "resourceclaimtemplates", {"get", "list", "watch", "create", "update", "delete"});
-    if (!host_managed) {
-      // Driver-managed: a Node informer, so a vanished node leaves its domains' status.
-      add("", "nodes", {"list", "watch"});
-    }
-    if (cliques) {
-      // An informer on the cliques (list + watch); reconciler.cpp JSON-PATCHes out vanished
-      // nodes' entries and DELETEs them with their domain.
-      add("resource.nvidia.com", "computedomaincliques", {"list", "watch", "patch", "delete"});
-    }
-  }
-  if (site.Enabled("dra-compute-domain")) {
-    // dra_module.cpp: GET its Node, GET the claim to prepare, LIST a namespace's
-    // ComputeDomains; its ResourceSlice through an informer (list + watch), GET, POST, PUT.
-    add("", "nodes", {"get"});
-    add("resource.k8s.io", "resourceclaims", {"get"});
-    add("resource.nvidia.com", "computedomains", {"list"});
-    add("resource.k8s.io", "resourceslices", {"get", "list", "watch", "create", "update"});
-    if (!host_managed) {
-      // driver_managed.cpp: merge-PATCH its Node's computeDomain label, GET the Node's
-      // InternalIP, an informer per served domain (list + watch), its entry in status.nodes
-      // (server-side apply; a JSON patch removes one of its node it never owned).
-      add("", "nodes", {"get", "patch"});
-      add("resource.nvidia.com", "computedomains", {"list", "watch"});
-      add("resource.nvidia.com", "computedomains/status", {"patch"});
-      if (cliques) {
-        // Its entry in its clique's object (apply: PATCH, creating a missing one), a watch on
-        // that object (list + watch), a LIST of the domain's cliques when it leaves.
-        add("resource.nvidia.com", "computedomaincliques", {"list", "watch", "create", "patch"});
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) {
+    const auto recording = ReadJson(file);
+    if (!recording) throw std::runtime_error("cannot read " + file.string());
+    const bool same_mode = recording->value("featureGates", json::object()) == gates;
+    for (const auto& [module, list] : recording->at("calls").items()) {
+      // Calls outside any module are the kube client's own: made whenever it runs.
+      if (!site.Enabled(module == kProcess ? "kube" : module)) continue;
+      if (kImexModeModules.contains(module) && !same_mode) continue;
+      for (const auto& text : list) {
+        const auto call = ParseCall(text.get<std::string>());
+        if (!call) throw std::runtime_error(file.string() + ": not a call: " + text.dump());
+        const auto& [group, resource, verb] = *call;
+        Grant g{"cluster", group, resource, verb, ""};
+        if (group == "coordination.k8s.io" && resource == "leases") {
+          if (module == "kube") {
+            const auto le = site.Module("kube")["leaderElection"];
+            if (!le || !le["enabled"] || !le["enabled"].as<bool>()) continue;
+          }
+          g.scope = LeaseNamespace(site, module);
+        } else if (module == "gkm-agent" && group.empty() && resource == "secrets" && verb == "get") {
+          if (const auto secrets = site.Module("gkm-agent")["pullSecrets"]) {
+            for (const auto& name : secrets) calls.insert(Grant{"cluster", "", "secrets", "get", name.as<std::string>()});
+          }
+          continue;
+        } else if (module == "gpu-reset" && group.empty() && resource == "pods/eviction" && verb == "create") {
+          const auto holders = site.Module("gpu-reset")["holders"];
+          if (!holders || holders.as<std::string>() != "evict") continue;
+        } else if (module == "pod-resources" && group.empty() && resource == "pods" && verb == "patch") {
+          const auto annotate = site.Module("pod-resources")["annotate"];
+          if (annotate && !annotate.as<bool>()) continue;
+        }
+        calls.insert(g);
       }
     }
   }
-  if (site.Enabled("dra-gpu")) {
-    // dra_gpu_module.cpp on the core (dra_plugin/kubelet_plugin, slice_publisher): GET its Node,
-    // GET the claim to prepare; its ResourceSlice through an informer (list + watch), GET, POST, PUT.
-    add("", "nodes", {"get"});
-    add("resource.k8s.io", "resourceclaims", {"get"});
-    add("resource.k8s.io", "resourceslices", {"get", "list", "watch", "create", "update"});
-  }
-  if (site.Enabled("gpu-health")) {
-    // gpu_health_module.cpp through kube NodeConditions: GET the Node, merge-PATCH
-    // nodes/<n>/status; operator_channel.cpp: its own Node through an informer (list + watch)
-    // for the set-healthy annotation, removed with a merge PATCH.
-    add("", "nodes", {"get", "list", "watch", "patch"});
-    add("", "nodes/status", {"patch"});
-  }
-  if (site.Enabled("imex-health")) {
-    // imex_health_module.cpp: NodeConditions (GET + PATCH status), its own Node through an
-    // informer (list + watch) for its InternalIP.
-    add("", "nodes", {"get", "list", "watch"});
-    add("", "nodes/status", {"patch"});
-  }
-  if (site.Enabled("imex-peers")) {
-    // imex_peers_module.cpp: an informer on the clique's Nodes (list + watch, label-selected),
-    // its Node condition (GET + PATCH nodes/status).
-    add("", "nodes", {"get", "list", "watch"});
-    add("", "nodes/status", {"patch"});
-  }
-  if (site.Enabled("node-labels")) {
-    // node_labels_module.cpp: server-side apply (PATCH) of its own Node's GPU labels.
-    add("", "nodes", {"patch"});
-  }
-  if (site.Enabled("pod-resources")) {
-    // pod_resources_module.cpp: the pods of this node through an informer (list + watch,
-    // spec.nodeName field selector); a merge PATCH of dgxc.nvidia.com/devices when annotate.
-    add("", "pods", {"list", "watch"});
-    const auto annotate = site.Module("pod-resources")["annotate"];
-    if (!annotate || annotate.as<bool>()) add("", "pods", {"patch"});
-  }
-  if (site.Enabled("gpu-reset")) {
-    // gpu_reset_module.cpp: a GPUReset informer (list + watch), status by merge PATCH; with
-    // holders: evict, an Eviction (POST pods/<p>/eviction) per pod holding the GPU.
-    add("janitor.dgxc.nvidia.com", "gpuresets", {"list", "watch"});
-    add("janitor.dgxc.nvidia.com", "gpuresets/status", {"patch"});
-    const auto holders = site.Module("gpu-reset")["holders"];
-    if (holders && holders.as<std::string>() == "evict") add("", "pods/eviction", {"create"});
-  }
-  if (site.Enabled("gkm-agent")) {
-    // gkm_agent_module.cpp: informers (list + watch) on GKMCache and ClusterGKMCache;
-    // server-side apply (PATCH) of GKMCacheNode / ClusterGKMCacheNode and their status; DELETE
-    // with the cache; at start LIST this node's (label gkm.node) and DELETE stale ones; GET of
-    // each configured pull secret, by name.
-    add("gkm.io", "gkmcaches", {"list", "watch"});
-    add("gkm.io", "clustergkmcaches", {"list", "watch"});
-    add("gkm.io", "gkmcachenodes", {"list", "patch", "delete"});
-    add("gkm.io", "clustergkmcachenodes", {"list", "patch", "delete"});
-    add("gkm.io", "gkmcachenodes/status", {"patch"});
-    add("gkm.io", "clustergkmcachenodes/status", {"patch"});
-    if (const auto secrets = site.Module("gkm-agent")["pullSecrets"]) {
-      for (const auto& s : secrets) add("", "secrets", {"get"}, "cluster", s.as<std::string>());
-    }
-  }
-  if (site.Enabled("gkm-controller")) {
-    // gkm_controller_module.cpp: its Lease (leader_election.cpp: GET, POST, PUT); informers
-    // (list + watch) on the caches and the per-node status objects; server-side apply (PATCH)
-    // of each cache's status with the roll-up.
-    const auto le = site.Module("gkm-controller")["leaderElection"];
-    add("coordination.k8s.io", "leases", {"get", "create", "update"},
-        site.Expand(le && le["namespace"] ? le["namespace"].as<std::string>() : site.pod_namespace));
-    add("gkm.io", "gkmcaches", {"list", "watch"});
-    add("gkm.io", "clustergkmcaches", {"list", "watch"});
-    add("gkm.io", "gkmcachenodes", {"list", "watch"});
-    add("gkm.io", "clustergkmcachenodes", {"list", "watch"});
-    add("", "nodes", {"list", "watch"});  // only nodes of the cluster count (names only)
-    add("gkm.io", "gkmcaches/status", {"patch"});
-    add("gkm.io", "clustergkmcaches/status", {"patch"});
-  }
-  // device-plugin, gpu-inventory, metrics, journald, nvsentinel-export: no API calls.
   return calls;
 }
 
-std::vector<std::string> RecordedCallsNotIn(const nlohmann::json& recorded, const std::set<Grant>& calls) {
-  std::vector<std::string> missing;
-  for (const auto& c : recorded) {
-    const std::string group = c.at("group").get<std::string>();
-    std::string resource = c.at("resource").get<std::string>();
-    if (!c.at("subresource").get<std::string>().empty()) resource += "/" + c.at("subresource").get<std::string>();
-    const std::string verb = c.at("verb").get<std::string>();
-    bool covered = false;
-    for (const auto& g : calls) covered = covered || (g.group == group && g.resource == resource && g.verb == verb);
-    if (!covered) missing.push_back((group.empty() ? "core" : group) + "/" + resource + " " + verb);
+json CallsByModule(const json& stats) {
+  std::map<std::string, std::set<std::string>> by_module;
+  for (const auto& [agent, list] : stats.at("callsByAgent").items()) {
+    std::string module;
+    if (agent == kAgent) {
+      module = kProcess;
+    } else if (agent.size() > kAgent.size() + 1 && agent.compare(0, kAgent.size() + 1, std::string(kAgent) + "/") == 0) {
+      module = agent.substr(kAgent.size() + 1);
+    } else {
+      continue;  // the test's own client, or another peer
+    }
+    for (const auto& c : list) {
+      by_module[module].insert(CallText(c.at("verb").get<std::string>(), c.at("group").get<std::string>(),
+                                        c.at("resource").get<std::string>(), c.at("subresource").get<std::string>()));
+    }
   }
-  return missing;
+  json out = json::object();
+  for (const auto& [module, set] : by_module) out[module] = json(std::vector<std::string>(set.begin(), set.end()));
+  return out;
+}
+
+std::vector<std::string> CheckRecordedCalls(const std::string& scenario, const std::string& test, const json& stats,
+                                            const std::map<std::string, bool>& gates) {
+  const fs::path file = fs::path(RecordingsDir()) / (scenario + ".json");
+  const json run = CallsByModule(stats);
+  const char* record = std::getenv("GNS_RECORD_API_CALLS");
+  std::vector<std::string> problems;
+  if (record && std::string_view(record) == "1") {
+    // Added to what is there (several tests or cases may make one scenario); to drop a call
+    // the code no longer makes, delete the file and record again.
+    json recording = ReadJson(file).value_or(json{{"scenario", scenario}, {"featureGates", json(gates)}, {"calls", json::object()}});
+    if (recording.at("featureGates") != json(gates)) {
+      return {file.string() + " was recorded with featureGates " + recording.at("featureGates").dump() + ", this run has " +
+              json(gates).dump()};
+    }
+    for (const auto& [module, list] : run.items()) {
+      std::set<std::string> merged;
+      for (const auto& c : recording["calls"].value(module, json::array())) merged.insert(c.get<std::string>());
+      for (const auto& c : list) merged.insert(c.get<std::string>());
+      recording["calls"][module] = json(std::vector<std::string>(merged.begin(), merged.end()));
+    }
+    fs::create_directories(file.parent_path());
+    const fs::path temp = file.string() + ".tmp";
+    std::ofstream(temp) << recording.dump(2) << "\n";
+    fs::rename(temp, file);
+    return problems;
+  }
+  const auto recording = ReadJson(file);
+  const std::string how = "if the code means to make it, record it: GNS_RECORD_API_CALLS=1 ctest -R " + test +
+                          " (it adds the run's calls to " + file.string() + "), and grant it in deploy/";
+  if (!recording) return {"no recording " + file.string() + ": " + how};
+  if (recording->value("featureGates", json::object()) != json(gates)) {
+    problems.push_back(file.string() + " was recorded with featureGates " + recording->value("featureGates", json::object()).dump() +
+                       ", this run has " + json(gates).dump() + ": delete it and record it again");
+  }
+  for (const auto& [module, list] : run.items()) {
+    const auto recorded = recording->at("calls").value(module, json::array());
+    for (const auto& c : list) {
+      if (std::find(recorded.begin(), recorded.end(), c) == recorded.end()) {
+        problems.push_back("module " + module + " called " + c.get<std::string>() + ", which " + file.filename().string() +
+                           " lacks: " + how);
+      }
+    }
+  }
+  return problems;
 }
 
 }  // namespace gns::test

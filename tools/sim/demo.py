@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 SANDBOX = os.environ["GNS_SANDBOX"]
@@ -535,6 +536,70 @@ def gkm_controller_demo(api):
         f"Error={condition.get('status')} ({condition.get('reason')})")
 
 
+def slice_repair_demo(api):
+    """Someone edits this node's compute-domain ResourceSlice (its devices emptied): the plugin,
+    watching its slice, writes it back (an update at the next pool generation)."""
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+    query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={NODE},spec.driver={DRIVER}"})
+    code, listed = api.call("GET", f"{slices}?{query}")
+    items = listed.get("items", []) if code == 200 else []
+    if not items:
+        raise SystemExit(f"[demo] no ResourceSlice of {DRIVER} on {NODE}: {code} {listed}")
+    name = items[0]["metadata"]["name"]
+    devices = len(items[0]["spec"].get("devices", []))
+    generation = items[0]["spec"]["pool"]["generation"]
+    api.call("PATCH", f"{slices}/{name}", {"spec": {"devices": []}}, "application/merge-patch+json")
+
+    def repaired():
+        code, obj = api.call("GET", f"{slices}/{name}")
+        spec = obj.get("spec", {}) if code == 200 else {}
+        return spec if len(spec.get("devices", [])) == devices and spec["pool"]["generation"] > generation else None
+    spec = wait_for(f"ResourceSlice {name} written back", repaired)
+    say("dra", f"ResourceSlice {name} edited by hand (devices emptied) -> written back: {devices} device(s), "
+        f"pool generation {generation} -> {spec['pool']['generation']}")
+
+
+def gkm_cluster_demo(api):
+    """gkm-agent and gkm-controller on a cluster-scoped cache: a ClusterGKMCache of the same image
+    gets its ClusterGKMCacheNode (server-side apply of the object and of its status) and the
+    roll-up in its own status."""
+    with open(os.path.join(SANDBOX, "registry", "image")) as f:
+        image = f.read().strip()
+    api.call("POST", "/apis/gkm.io/v1alpha1/clustergkmcaches",
+             {"apiVersion": "gkm.io/v1alpha1", "kind": "ClusterGKMCache", "metadata": {"name": "triton-shared"},
+              "spec": {"image": image}})
+    status_name = f"{len('triton-shared')}.triton-shared.{NODE}"
+
+    def ready():
+        code, obj = api.call("GET", f"/apis/gkm.io/v1alpha1/clustergkmcachenodes/{status_name}")
+        entry = obj.get("status", {}).get("caches", {}).get("triton-shared", {}) if code == 200 else {}
+        return entry if entry.get("state") in ("Ready", "Incompatible", "Failed") else None
+    entry = wait_for(f"ClusterGKMCacheNode {status_name}", ready, timeout=60)
+
+    def counted():
+        code, obj = api.call("GET", "/apis/gkm.io/v1alpha1/clustergkmcaches/triton-shared")
+        status = obj.get("status", {}) if code == 200 else {}
+        return status if status.get("totalNodes", 0) >= 1 else None
+    status = wait_for("ClusterGKMCache triton-shared status counting the node", counted, timeout=30)
+    say("gkm", f"ClusterGKMCache triton-shared -> {entry['state']} on this node; its status: totalNodes "
+        f"{status.get('totalNodes')}, readyNodes {status.get('readyNodes')}")
+
+
+def gkm_delete_demo(api):
+    """kubectl delete of the caches: gkm-agent deletes this node's status objects with them (the
+    extracted files stay while a pod uses them)."""
+    gone = []
+    for cache, node_object in (
+            ("/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcaches/triton-demo",
+             f"/apis/gkm.io/v1alpha1/namespaces/ml-apps/gkmcachenodes/{len('triton-demo')}.triton-demo.{NODE}"),
+            ("/apis/gkm.io/v1alpha1/clustergkmcaches/triton-shared",
+             f"/apis/gkm.io/v1alpha1/clustergkmcachenodes/{len('triton-shared')}.triton-shared.{NODE}")):
+        api.call("DELETE", cache)
+        wait_for(f"{node_object} deleted", lambda: api.call("GET", node_object)[0] == 404)
+        gone.append(node_object.rsplit("/", 1)[1])
+    say("gkm", f"caches deleted -> this node's status objects {gone} deleted with them")
+
+
 def gkm_csi_demo(api):
     """gkm-csi through the kubelet simulator, the way a kubelet mounts a pod's inline CSI volume:
     the plugin registered itself through plugins_registry (type CSIPlugin; the simulator called
@@ -849,6 +914,7 @@ def main():
     api.call("DELETE", domains + "/train-a")
     wait_for("ComputeDomain gone", lambda: api.call("GET", domains + "/train-a")[0] == 404)
     say("controller", f"ComputeDomain deleted; workload template still there: {api.call('GET', template_path)[0] == 200}")
+    slice_repair_demo(api)
     imex_demo(api)
     dra_gpu_demo(api)
     gpu_metrics_dra_demo(api)
@@ -856,8 +922,10 @@ def main():
     gkm_demo(api)
     gkm_csi_demo(api)
     gkm_controller_demo(api)
+    gkm_cluster_demo(api)
     nvsentinel_export_demo()
     dra_gpu_mig_demo(api)
+    gkm_delete_demo(api)
     say("done", f"supervisor still serving; try: curl -s http://{METRICS}/debug/state")
 
 

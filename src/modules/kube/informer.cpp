@@ -62,7 +62,43 @@ Informer::Informer(const InformerSpec& spec, std::shared_ptr<KubeClient> client,
       io_(io),
       timer_(std::make_unique<InformerTimer>(io)),
       // Set on every event: looked up once (series stay put until the destructor removes them).
-      objects_gauge_(&metrics_.Gauge(kObjects, "Objects in the informer cache", {{"informer", key_}})) {}
+      objects_gauge_(&metrics_.Gauge(kObjects, "Objects in the informer cache", {{"informer", key_}})) {
+  if (client_) {
+    default_agent_ = client_->Agent();
+    agent_ = std::make_shared<std::string>(default_agent_);
+    client_ = client_->WithAgent(agent_);
+  }
+}
+
+void Informer::AddHolder(const std::string& holder) {
+  if (holder.empty()) return;
+  holders_.insert(holder);
+  UpdateAgent();
+  if (run_gate_ && listed_ && !listed_for_.contains(holder)) {
+    log_->info("informer {}: {} joined after its list; listing again in its name", key_, holder);
+    Stop();
+    Start();
+  }
+}
+
+void Informer::RemoveHolder(const std::string& holder) {
+  if (const auto it = holders_.find(holder); it != holders_.end()) holders_.erase(it);
+  UpdateAgent();
+}
+
+std::string Informer::Holders() const {
+  std::string out;
+  for (auto it = holders_.begin(); it != holders_.end(); it = holders_.upper_bound(*it)) {
+    out += (out.empty() ? "" : "+") + *it;
+  }
+  return out;
+}
+
+void Informer::UpdateAgent() {
+  if (!agent_) return;
+  const auto holders = Holders();
+  *agent_ = holders.empty() ? default_agent_ : client_->ModuleAgent(holders);
+}
 
 Informer::~Informer() {
   Stop();
@@ -81,6 +117,7 @@ void Informer::Start() {
 }
 
 void Informer::Stop() {
+  listed_ = false;
   // Closed first: nothing below (the watch's stop, the timer's cancel) resumes the run.
   if (run_gate_) run_gate_->Close();
   run_gate_.reset();
@@ -171,6 +208,8 @@ asio::awaitable<bool> Informer::ListIntoCache(Gate::Ticket ticket) {
   // No watch is open while listing, so the cache cannot change before Replace.
   const ListOptions options{spec_.label_selector, spec_.field_selector, options_.page_size};
   const Deadline deadline(options_.list_deadline);
+  listed_ = true;
+  listed_for_ = std::set<std::string>(holders_.begin(), holders_.end());
   CachedFn cached = Cached();
   Result r = co_await client_->List(spec_.path, options, projection_.Root(), std::move(cached), deadline, ticket);
   if (!r.Ok()) {
@@ -395,27 +434,68 @@ InformerRegistry::InformerRegistry(std::shared_ptr<KubeClient> client, Bus& bus,
       log_(std::move(log)),
       options_(std::move(options)) {}
 
-InformerRegistry::~InformerRegistry() { StopAll(); }
+InformerRegistry::InformerRegistry(std::shared_ptr<InformerRegistry> root, std::string holder)
+    : root_(std::move(root)),
+      holder_(std::move(holder)),
+      client_(root_->client_),
+      bus_(root_->bus_),
+      io_(root_->io_),
+      metrics_(root_->metrics_),
+      log_(root_->log_),
+      options_(root_->options_) {}
+
+std::shared_ptr<InformerRegistry> InformerRegistry::View(std::shared_ptr<InformerRegistry> root, std::string holder) {
+  if (root->root_) root = root->root_;
+  // (The constructor is private: no make_shared.)
+  return std::shared_ptr<InformerRegistry>(new InformerRegistry(std::move(root), std::move(holder)));
+}
+
+InformerRegistry::~InformerRegistry() {
+  if (!root_) StopAll();
+}
 
 std::shared_ptr<Informer> InformerRegistry::Acquire(const InformerSpec& spec) {
+  return root_ ? root_->AcquireAs(spec, holder_) : AcquireAs(spec, holder_);
+}
+
+std::shared_ptr<Informer> InformerRegistry::AcquireAs(const InformerSpec& spec, const std::string& holder) {
   const auto key = spec.Key();
   for (auto it = informers_.begin(); it != informers_.end();) {
     it = it->second.expired() ? informers_.erase(it) : std::next(it);
   }
-  if (auto existing = informers_[key].lock()) return existing;
-  auto informer = std::make_shared<Informer>(spec, client_, bus_, io_, metrics_, log_, options_);
-  informers_[key] = informer;
-  if (!stopped_) informer->Start();
-  return informer;
+  auto informer = informers_[key].lock();
+  if (!informer) {
+    informer = std::make_shared<Informer>(spec, client_, bus_, io_, metrics_, log_, options_);
+    informers_[key] = informer;
+    // Named before it starts: its first list, sent from the loop later, carries this holder and
+    // every other module that acquires it in the same turn (modules start in one turn).
+    informer->AddHolder(holder);
+    if (!stopped_) informer->Start();
+  } else {
+    informer->AddHolder(holder);
+  }
+  // The handle releases the holder when dropped; the informer lives while any handle does.
+  struct Hold {
+    Hold(std::shared_ptr<Informer> i, std::string h) : informer(std::move(i)), holder(std::move(h)) {}
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { informer->RemoveHolder(holder); }
+    std::shared_ptr<Informer> informer;
+    std::string holder;
+  };
+  auto hold = std::make_shared<Hold>(informer, holder);
+  return std::shared_ptr<Informer>(hold, hold->informer.get());
 }
 
 std::size_t InformerRegistry::Active() const {
+  if (root_) return root_->Active();
   std::size_t n = 0;
   for (const auto& [key, weak] : informers_) n += weak.expired() ? 0 : 1;
   return n;
 }
 
 void InformerRegistry::StopAll() {
+  if (root_) return root_->StopAll();
   stopped_ = true;
   for (auto& [key, weak] : informers_) {
     if (auto informer = weak.lock()) informer->Stop();

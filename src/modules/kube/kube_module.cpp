@@ -1,6 +1,8 @@
 // The kube module: config, wiring and the services it offers.
 #include "modules/kube/kube_module.hpp"
 
+#include <map>
+
 namespace gns::kube {
 
 using std::chrono::milliseconds;
@@ -64,14 +66,30 @@ void KubeModule::Start() {
   events.qps = config_.events_qps;
   events.burst = config_.events_burst;
   events.reporting_instance = context_.Site().node_name;
-  events_ = std::make_shared<EventRecorder>(client_, context_.GetClock(), context_.Metrics(), context_.Logger(), events);
+  // The Event recorder (one token bucket for every module's Events) and kube's own lease make
+  // their calls as kube's.
+  const auto own = client_->ForModule(context_.Name());
+  events_ = std::make_shared<EventRecorder>(own, context_.GetClock(), context_.Metrics(), context_.Logger(), events);
 
+  // Each module finds its own view of the client and of the informers (loop/services.hpp), so
+  // its requests name it (KubeClient::ModuleAgent); one view per module while this instance runs.
   auto& services = context_.GetServices();
-  services.Provide<KubeClient>(client_);
-  services.Provide<InformerRegistry>(informers_);
+  services.Provide<KubeClient>(client_, [client = client_, views = std::make_shared<std::map<std::string, std::shared_ptr<KubeClient>>>()](
+                                            const std::string& module) {
+    auto& view = (*views)[module];
+    if (!view) view = client->ForModule(module);
+    return view;
+  });
+  services.Provide<InformerRegistry>(
+      informers_, [informers = informers_, views = std::make_shared<std::map<std::string, std::shared_ptr<InformerRegistry>>>()](
+                      const std::string& module) {
+        auto& view = (*views)[module];
+        if (!view) view = InformerRegistry::View(informers, module);
+        return view;
+      });
   services.Provide<EventRecorder>(events_);
   if (config_.leader_election) {
-    elector_ = std::make_shared<LeaderElector>(client_, context_.GetLoop().Io(), context_.GetClock(), &context_.GetBus(),
+    elector_ = std::make_shared<LeaderElector>(own, context_.GetLoop().Io(), context_.GetClock(), &context_.GetBus(),
                                                context_.Metrics(), context_.Logger(), config_.lease,
                                                LeaderElector::Callbacks{});
     services.Provide<LeaderElector>(elector_);

@@ -116,6 +116,8 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
     std::string body;
     std::string content_type;
     Callback cb;
+    // The User-Agent (KubeClient::ModuleAgent), read as the request is sent; null: the config's.
+    std::shared_ptr<const std::string> agent;
     // A JSON body of a 2xx answer decoded by this instead of ParseJson (list pages of a cache).
     std::function<nlohmann::json(std::string_view body, std::string* error)> decode;
     bool retried_after_401 = false;
@@ -129,6 +131,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   struct Watch {
     WatchCallbacks callbacks;
     std::string target;
+    std::shared_ptr<const std::string> agent;  // as Call::agent
     std::chrono::milliseconds idle_timeout{300000};
     bool stopped = false;
     Conn* conn = nullptr;
@@ -313,10 +316,10 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
   }
 
   http::request<http::string_body> BuildRequest(http::verb method, const std::string& target, const std::string& body,
-                                                const std::string& content_type) {
+                                                const std::string& content_type, const std::string* agent) {
     http::request<http::string_body> req{method, target, 11};
     req.set(http::field::host, host_header_);
-    req.set(http::field::user_agent, config_.user_agent);
+    req.set(http::field::user_agent, agent ? *agent : config_.user_agent);
     req.set(http::field::accept, "application/json");
     if (!token_.empty()) req.set(http::field::authorization, "Bearer " + token_);
     if (!body.empty() || method == http::verb::post || method == http::verb::put || method == http::verb::patch) {
@@ -371,7 +374,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
         }
       }
       active_.insert(conn.get());
-      auto req = BuildRequest(call.method, call.target, call.body, call.content_type);
+      auto req = BuildRequest(call.method, call.target, call.body, call.content_type, call.agent.get());
       beast::get_lowest_layer(conn->stream).expires_after(config_.request_timeout);
       co_await http::async_write(conn->stream, req, asio::redirect_error(kAwait, ec));
       http::response_parser<http::string_body> parser;
@@ -481,7 +484,7 @@ class KubeClient::Impl : public std::enable_shared_from_this<KubeClient::Impl> {
     } untrack{self.get(), w.get(), conn.get()};
 
     auto& lowest = beast::get_lowest_layer(conn->stream);
-    auto req = self->BuildRequest(http::verb::get, w->target, {}, {});
+    auto req = self->BuildRequest(http::verb::get, w->target, {}, {}, w->agent.get());
     lowest.expires_after(self->config_.request_timeout);
     co_await http::async_write(conn->stream, req, asio::redirect_error(kAwait, ec));
     http::response_parser<http::buffer_body> parser;
@@ -667,7 +670,27 @@ KubeClient::KubeClient(Deps deps, ClientConfig config) : impl_(std::make_shared<
   impl_->StartTimers();
 }
 
-KubeClient::~KubeClient() { impl_->Shutdown(); }
+KubeClient::KubeClient(std::shared_ptr<Impl> impl, std::shared_ptr<const std::string> agent)
+    : impl_(std::move(impl)), agent_(std::move(agent)), owner_(false) {}
+
+KubeClient::~KubeClient() {
+  if (owner_) impl_->Shutdown();
+}
+
+std::string KubeClient::ModuleAgent(std::string_view holders) const {
+  return impl_->config_.user_agent + "/" + std::string(holders);
+}
+
+std::shared_ptr<KubeClient> KubeClient::ForModule(std::string_view module) const {
+  return WithAgent(std::make_shared<const std::string>(ModuleAgent(module)));
+}
+
+std::shared_ptr<KubeClient> KubeClient::WithAgent(std::shared_ptr<const std::string> agent) const {
+  // (The constructor is private: no make_shared.)
+  return std::shared_ptr<KubeClient>(new KubeClient(impl_, std::move(agent)));
+}
+
+std::string KubeClient::Agent() const { return agent_ ? *agent_ : impl_->config_.user_agent; }
 
 void KubeClient::Shutdown() { impl_->Shutdown(); }
 void KubeClient::ReloadToken() { impl_->ReadTokenFile(); }
@@ -685,6 +708,7 @@ void KubeClient::Request(std::string_view verb, std::string_view method, std::st
   call->body = std::move(body);
   call->content_type = std::move(content_type);
   call->cb = std::move(cb);
+  call->agent = agent_;
   impl_->Submit(std::move(call));
 }
 
@@ -716,7 +740,8 @@ void KubeClient::List(const std::string& path, const ListOptions& options,
   pages->cb = std::move(cb);
   auto next = std::make_shared<std::function<void(std::string)>>();
   // `next` refers to itself only through a weak pointer held by the callback chain's captures.
-  *next = [this, pages, item_projection = std::move(item_projection), cached = std::move(cached),
+  // Copies of the client's parts, not `this`: a view may be gone before the last page.
+  *next = [impl = impl_, agent = agent_, pages, item_projection = std::move(item_projection), cached = std::move(cached),
            weak_next = std::weak_ptr<std::function<void(std::string)>>(next)](std::string token) {
     auto keep = weak_next.lock();
     std::string target = token.empty() ? pages->base : Join(pages->base, "continue=" + QueryEscape(token));
@@ -724,12 +749,13 @@ void KubeClient::List(const std::string& path, const ListOptions& options,
     call->verb = "list";
     call->method = http::verb::get;
     call->target = std::move(target);
+    call->agent = agent;
     if (item_projection) {
       call->decode = [item_projection, cached](std::string_view body, std::string* error) {
         return ParseListPage(body, *item_projection, cached, error);
       };
     }
-    call->cb = [pages, keep, impl = impl_](Result r) {
+    call->cb = [pages, keep, impl](Result r) {
       if (!r.Ok()) {
         pages->cb(std::move(r));
         return;
@@ -770,7 +796,7 @@ void KubeClient::List(const std::string& path, const ListOptions& options,
       nlohmann::json out = {{"metadata", {{"resourceVersion", pages->resource_version}}}, {"items", std::move(pages->items)}};
       pages->cb(Result{r.http_status, std::move(out), {}});
     };
-    impl_->Submit(std::move(call));
+    impl->Submit(std::move(call));
   };
   (*next)({});
 }
@@ -827,6 +853,7 @@ std::unique_ptr<WatchHandle> KubeClient::Watch(const std::string& collection_pat
   auto w = std::make_shared<Impl::Watch>();
   w->callbacks = std::move(callbacks);
   w->idle_timeout = options.idle_timeout;
+  w->agent = agent_;
   std::string query = "watch=1";
   if (options.bookmarks) query += "&allowWatchBookmarks=true";
   if (!options.resource_version.empty()) query += "&resourceVersion=" + QueryEscape(options.resource_version);

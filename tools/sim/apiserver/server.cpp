@@ -479,11 +479,18 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     Json codes = Json::object();
     std::size_t connections = 0;
     Json calls = Json::array();
+    Json calls_by_agent = Json::object();
     {
       std::lock_guard lock(mu_);
-      for (const auto& [verb, group, resource, subresource] : calls_) {
-        calls.push_back(Json{{"verb", verb}, {"group", group}, {"resource", resource}, {"subresource", subresource}});
-      }
+      auto to_json = [](const std::set<ApiCall>& set) {
+        Json out = Json::array();
+        for (const auto& [verb, group, resource, subresource] : set) {
+          out.push_back(Json{{"verb", verb}, {"group", group}, {"resource", resource}, {"subresource", subresource}});
+        }
+        return out;
+      };
+      calls = to_json(calls_);
+      for (const auto& [agent, set] : calls_by_agent_) calls_by_agent[agent] = to_json(set);
       for (const auto& [verb, count] : counts_) {
         counts[verb] = count;
         total += count;
@@ -497,6 +504,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
                 {"openWatches", watches},
                 {"connections", connections},
                 {"calls", calls},
+                {"callsByAgent", calls_by_agent},
                 {"resourceVersion", std::to_string(store_.CurrentResourceVersion())},
                 {"compactedResourceVersion", std::to_string(store_.CompactedResourceVersion())}};
   }
@@ -702,6 +710,30 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     return std::nullopt;
   }
 
+  // (verb, group, resource, subresource)
+  using ApiCall = std::tuple<std::string, std::string, std::string, std::string>;
+
+  // One call as an authorizer sees it, in `calls_` and under each agent the User-Agent names:
+  // "gpu-node-supervisor/a+b" (an informer shared by modules a and b) counts for
+  // "gpu-node-supervisor/a" and "gpu-node-supervisor/b"; an agent without "/" for itself.
+  void RecordCall(const std::string& user_agent, const ApiCall& call) {
+    std::lock_guard lock(mu_);
+    calls_.insert(call);
+    const auto slash = user_agent.find('/');
+    if (slash == std::string::npos) {
+      calls_by_agent_[user_agent].insert(call);
+      return;
+    }
+    const std::string prefix = user_agent.substr(0, slash + 1);
+    std::string_view holders = std::string_view(user_agent).substr(slash + 1);
+    while (true) {
+      const auto plus = holders.find('+');
+      calls_by_agent_[prefix + std::string(holders.substr(0, plus))].insert(call);
+      if (plus == std::string_view::npos) break;
+      holders.remove_prefix(plus + 1);
+    }
+  }
+
   void Count(const std::string& verb) {
     std::lock_guard lock(mu_);
     ++counts_[verb];
@@ -756,9 +788,10 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
       CountCode(401);
       co_return co_await WriteOutcome(*conn, version, keep_alive, api::Fail(401, "Unauthorized", "Unauthorized"), what);
     }
+    const auto agent_field = request[http::field::user_agent];
+    const std::string agent(agent_field.data(), agent_field.size());
     if (route.kind == api::Route::Kind::kResource && !route.error) {
-      std::lock_guard lock(mu_);
-      calls_.emplace(route.verb, route.path.key.group, route.path.key.resource, route.path.subresource);
+      RecordCall(agent, {route.verb, route.path.key.group, route.path.key.resource, route.path.subresource});
     }
     if (auto failure = TakeFailure(target->path)) {
       CountCode(failure->code);
@@ -772,8 +805,7 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
     CountCode(outcome.code);
     if (route.kind == api::Route::Kind::kResource && route.verb == "patch" && outcome.code == 201) {
       // A server-side apply that created the object: kube-apiserver authorizes `create` too.
-      std::lock_guard lock(mu_);
-      calls_.emplace("create", route.path.key.group, route.path.key.resource, route.path.subresource);
+      RecordCall(agent, {"create", route.path.key.group, route.path.key.resource, route.path.subresource});
     }
     co_return co_await WriteOutcome(*conn, version, keep_alive, outcome, what);
   }
@@ -975,7 +1007,9 @@ class ApiServer::Impl : public std::enable_shared_from_this<Impl> {
   std::map<int, std::uint64_t> codes_;  // response codes of API requests (not watches)
   // Every distinct (verb, group, resource, subresource) an authenticated client asked for, as
   // an authorizer sees the request: what RBAC must grant (GET /_sim/stats "calls").
-  std::set<std::tuple<std::string, std::string, std::string, std::string>> calls_;
+  std::set<ApiCall> calls_;
+  // The same by User-Agent (RecordCall splits a shared informer's "a+b").
+  std::map<std::string, std::set<ApiCall>> calls_by_agent_;
   std::mt19937_64 rng_;
 };
 

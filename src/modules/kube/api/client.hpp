@@ -280,6 +280,22 @@ class KubeClient {
                                                        std::string target, std::string body, std::string content_type,
                                                        Deadline deadline = {}, Gate::Ticket ticket = {});
 
+  // Who a request says it comes from (its User-Agent): the config's user_agent
+  // ("gpu-node-supervisor") for the process itself, "<user_agent>/<module>" for a module's
+  // view, "<user_agent>/<a>+<b>" for an informer shared by modules a and b (in name order).
+  // The API server's audit log names the module, and the API simulator records its calls by
+  // module (GET /_sim/stats "callsByAgent"), from which deploy/'s RBAC is checked. This is the
+  // one place that spells the string.
+  std::string ModuleAgent(std::string_view holders) const;
+  // A view of this client (the same connections, token bucket and metrics) whose requests
+  // carry ModuleAgent(module). Shutting a view down shuts the client down; dropping one does not.
+  std::shared_ptr<KubeClient> ForModule(std::string_view module) const;
+  // The same, with an agent its owner may change (an informer when its holders change): read
+  // as each request is sent.
+  std::shared_ptr<KubeClient> WithAgent(std::shared_ptr<const std::string> agent) const;
+  // The agent this client's requests carry now.
+  std::string Agent() const;
+
   // Closes every connection and watch; pending and later requests complete with an error.
   void Shutdown();
   // Re-reads the token file now (also done on a timer and after a 401).
@@ -299,6 +315,8 @@ class KubeClient {
   class Impl;
 
  private:
+  // A view (ForModule, WithAgent): shares `impl`, never shuts it down.
+  KubeClient(std::shared_ptr<Impl> impl, std::shared_ptr<const std::string> agent);
   void List(const std::string& path, const ListOptions& options,
             std::shared_ptr<const Projection::Node> item_projection, CachedFn cached, Callback cb);
   // Starts `start(callback)` and resumes with its Result or, past `deadline`, with an error.
@@ -306,6 +324,8 @@ class KubeClient {
   boost::asio::io_context& Io() const;
 
   std::shared_ptr<Impl> impl_;
+  std::shared_ptr<const std::string> agent_;  // null: the config's user_agent
+  bool owner_ = true;                         // false for a view
 };
 
 }  // namespace gns::kube

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -81,6 +82,16 @@ class Informer {
 
   const std::string& Key() const { return key_; }
   const InformerSpec& Spec() const { return spec_; }
+  // The modules holding it (InformerRegistry's views), a module once per Acquire: its list and
+  // watch requests name them all (KubeClient::ModuleAgent of "<a>+<b>", in name order), read as
+  // each request is sent. An empty name is no holder. A module that joins a running informer
+  // after its list began makes it list again (the cache publishes only what differs), so that
+  // every holder's list and watch are made in its name: which calls a module needs granted
+  // never depends on when it joined (the recordings of deploy/recorded-api-calls rest on it).
+  void AddHolder(const std::string& holder);
+  void RemoveHolder(const std::string& holder);
+  // "a+b", or "" when no module holds it.
+  std::string Holders() const;
   bool Synced() const { return synced_; }
   const std::string& ResourceVersion() const { return resource_version_; }
   // nullptr when not cached. The key is "namespace/name" or "name" (cluster-scoped).
@@ -133,11 +144,17 @@ class Informer {
   void Remove(const std::string& key, std::shared_ptr<const nlohmann::json> last);
   void PublishSynced();
   void CountError(const char* counter, const std::string& why);
+  void UpdateAgent();
 
   InformerSpec spec_;
   std::string key_;
   Projection projection_;
-  std::shared_ptr<KubeClient> client_;
+  std::shared_ptr<KubeClient> client_;  // a view of the client given, carrying agent_
+  std::shared_ptr<std::string> agent_;
+  std::string default_agent_;  // the client's own, while no module holds it
+  std::multiset<std::string> holders_;
+  std::set<std::string> listed_for_;  // the holders when the current run's latest list began
+  bool listed_ = false;               // a list of this run began
   Bus& bus_;
   MetricsRegistry& metrics_;
   std::shared_ptr<spdlog::logger> log_;
@@ -157,20 +174,30 @@ class Informer {
   Stats stats_;
 };
 
-// Hands out one informer per spec; an informer stops when its last handle is dropped.
+// Hands out one informer per spec; an informer stops when its last handle is dropped. A
+// module's view of the registry (View: what the kube module offers each module) acquires in
+// that module's name: the informer's requests name every module holding it.
 class InformerRegistry {
  public:
   InformerRegistry(std::shared_ptr<KubeClient> client, Bus& bus, boost::asio::io_context& io,
                    MetricsRegistry& metrics, std::shared_ptr<spdlog::logger> log, InformerOptions options = {});
   ~InformerRegistry();
+  // `root`'s informers, acquired by `holder` (a module's name). Dropping it stops nothing.
+  static std::shared_ptr<InformerRegistry> View(std::shared_ptr<InformerRegistry> root, std::string holder);
 
-  // The informer for `spec`, started if new. Loop thread only.
+  // The informer for `spec`, started if new, held by this registry's holder until the handle
+  // is dropped. Loop thread only.
   std::shared_ptr<Informer> Acquire(const InformerSpec& spec);
   std::size_t Active() const;
   // Stops every informer (their handles stay valid but go quiet).
   void StopAll();
 
  private:
+  InformerRegistry(std::shared_ptr<InformerRegistry> root, std::string holder);
+  std::shared_ptr<Informer> AcquireAs(const InformerSpec& spec, const std::string& holder);
+
+  std::shared_ptr<InformerRegistry> root_;  // set in a view
+  std::string holder_;
   std::shared_ptr<KubeClient> client_;
   Bus& bus_;
   boost::asio::io_context& io_;

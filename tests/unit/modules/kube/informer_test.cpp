@@ -335,6 +335,67 @@ TEST_F(InformerTest, OneInformerPerSpecAndNoRequestsInSteadyState) {
   EXPECT_EQ(registry_->Active(), 1u);
 }
 
+TEST_F(InformerTest, RequestsNameTheModulesThatMakeThem) {
+  // Each module's view of the registry acquires in its name: one informer for both, whose list
+  // and watch say "gpu-node-supervisor/dra-gpu+pod-resources" (name order), which the simulator
+  // counts for each module. A module's view of the client names that module; the client itself
+  // the process. What deploy/'s RBAC is checked against rests on this (module_calls.hpp).
+  auto root = std::make_shared<InformerRegistry>(client_, h_.bus, h_.loop.Io(), h_.metrics,
+                                                 gns::test::QuietLogger("kube-test"));
+  const InformerSpec spec{nodes_.Collection(), "pool=a", ""};
+  auto from_pods = InformerRegistry::View(root, "pod-resources")->Acquire(spec);
+  auto from_gpu = InformerRegistry::View(root, "dra-gpu")->Acquire(spec);
+  EXPECT_EQ(from_pods.get(), from_gpu.get());
+  EXPECT_EQ(from_gpu->Holders(), "dra-gpu+pod-resources");
+  ASSERT_TRUE(h_.RunUntil([&] { return from_gpu->Synced() && server_->OpenWatches().size() == 1; }));
+
+  int answered = 0;
+  client_->ForModule("gkm-agent")->Get(nodes_.Object("node-0"), [&](Result) { ++answered; });
+  client_->Create(nodes_.Collection(), Node("made-by-the-process", {}), [&](Result) { ++answered; });
+  ASSERT_TRUE(h_.RunUntil([&] { return answered == 2; }));
+  EXPECT_EQ(client_->ForModule("gkm-agent")->Agent(), "gpu-node-supervisor/gkm-agent");
+  EXPECT_EQ(client_->Agent(), "gpu-node-supervisor");
+
+  const json by_agent = server_->Call("GET", "/_sim/stats").Json().at("callsByAgent");
+  auto call = [](const char* verb) {
+    return json{{"verb", verb}, {"group", ""}, {"resource", "nodes"}, {"subresource", ""}};
+  };
+  auto has = [&](const std::string& agent, const char* verb) {
+    const auto list = by_agent.value(agent, json::array());
+    return std::find(list.begin(), list.end(), call(verb)) != list.end();
+  };
+  for (const char* module : {"gpu-node-supervisor/dra-gpu", "gpu-node-supervisor/pod-resources"}) {
+    EXPECT_TRUE(has(module, "list")) << module << ": " << by_agent.dump();
+    EXPECT_TRUE(has(module, "watch")) << module << ": " << by_agent.dump();
+    EXPECT_FALSE(has(module, "get")) << module;
+  }
+  EXPECT_FALSE(by_agent.contains("gpu-node-supervisor/dra-gpu+pod-resources")) << "split into its modules";
+  EXPECT_TRUE(has("gpu-node-supervisor/gkm-agent", "get")) << by_agent.dump();
+  EXPECT_FALSE(has("gpu-node-supervisor/gkm-agent", "list"));
+  EXPECT_TRUE(has("gpu-node-supervisor", "create")) << by_agent.dump();
+
+  // A module that joins once the informer has listed makes it list (and watch) again, in every
+  // holder's name: what a module is recorded calling does not depend on when it joined.
+  const auto lists = from_gpu->GetStats().lists;
+  auto late = InformerRegistry::View(root, "gkm-controller")->Acquire(spec);
+  EXPECT_EQ(late.get(), from_gpu.get());
+  auto late_calls = [&](const char* verb) {
+    const auto list = server_->Call("GET", "/_sim/stats").Json().at("callsByAgent").value(
+        "gpu-node-supervisor/gkm-controller", json::array());
+    return std::find(list.begin(), list.end(), call(verb)) != list.end();
+  };
+  ASSERT_TRUE(h_.RunUntil([&] { return late_calls("list") && late_calls("watch") && from_gpu->Synced(); }));
+  EXPECT_EQ(from_gpu->GetStats().lists, lists + 1);
+  late.reset();
+
+  // A holder that lets go is no longer named; the informer lives while another holds it.
+  from_pods.reset();
+  EXPECT_EQ(from_gpu->Holders(), "dra-gpu");
+  EXPECT_EQ(root->Active(), 1u);
+  from_gpu.reset();
+  EXPECT_EQ(root->Active(), 0u);
+}
+
 TEST_F(InformerTest, AListPastItsDeadlineFailsAndIsRetried) {
   // The server holds every answer 800 ms; a list may take 300: each attempt fails (counted, no
   // cache, not synced) until the server answers in time again.
