@@ -163,7 +163,9 @@ def main():
                 return 1
             # What run-local.sh hands its own demo: the build's tools (gns-csi-client) and the
             # supervisor's pid (gkm-csi's mount is seen through its mount namespace).
-            demo_env = dict(env, GNS_METRICS_LISTEN=address[0], GNS_REPO=repo, GNS_BUILD_DIR=build)
+            # The fake NVML's config is run-local.sh's sandbox copy, which demo.py's MIG step rewrites.
+            demo_env = dict(env, GNS_METRICS_LISTEN=address[0], GNS_REPO=repo, GNS_BUILD_DIR=build,
+                            FAKE_NVML_CONFIG=os.path.join(sandbox, "gpus.json"))
             supervisor = supervisor_pid(build, node.pid)
             if supervisor:
                 demo_env["GNS_SUPERVISOR_PID"] = str(supervisor)
