@@ -357,12 +357,16 @@ bool KubeletSim::WaitForDraDriver(const std::string& driver, std::chrono::millis
       timeout);
 }
 
-std::string DraDeviceHealth::SeenAt(SteadyTime now, std::chrono::milliseconds default_timeout) const {
+SteadyTime DraDeviceHealth::ExpiresAt(std::chrono::milliseconds default_timeout) const {
   const auto timeout = health_check_timeout_seconds > 0
                            ? std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::seconds(health_check_timeout_seconds))
                            : default_timeout;
-  return now - received > timeout ? std::string("UNKNOWN") : health;
+  return received + timeout;
+}
+
+std::string DraDeviceHealth::SeenAt(SteadyTime now, std::chrono::milliseconds default_timeout) const {
+  return now > ExpiresAt(default_timeout) ? std::string("UNKNOWN") : health;
 }
 
 std::string KubeletSim::DraDeviceHealthNow(const std::string& driver, const std::string& device) const {
@@ -386,11 +390,7 @@ bool KubeletSim::WaitForDraDeviceHealth(const std::string& driver, const std::st
     // Wake at the next change, or when this report runs out (it then reads UNKNOWN).
     auto wake = deadline;
     if (entry != nullptr) {
-      const auto own = std::chrono::seconds(entry->health_check_timeout_seconds);
-      const auto expires = entry->received + (entry->health_check_timeout_seconds > 0
-                                                  ? std::chrono::duration_cast<std::chrono::milliseconds>(own)
-                                                  : default_timeout) +
-                           std::chrono::milliseconds(1);
+      const auto expires = entry->ExpiresAt(default_timeout) + std::chrono::milliseconds(1);
       if (expires > now && expires < wake) wake = expires;
     }
     impl_->changed.wait_until(lock, wake);

@@ -202,6 +202,8 @@ struct DraDeviceHealth {
   // What the kubelet shows for the device at `now`: `health`, or "UNKNOWN" once the report is
   // older than its timeout (its own, else `default_timeout`).
   std::string SeenAt(SteadyTime now, std::chrono::milliseconds default_timeout) const;
+  // The moment the report runs out (SeenAt reads "UNKNOWN" after it).
+  SteadyTime ExpiresAt(std::chrono::milliseconds default_timeout) const;
 };
 
 struct DraDriverState {
