@@ -281,6 +281,26 @@ std::string CommandResult::Describe() const {
   return "exit " + std::to_string(exit_code);
 }
 
+std::vector<std::string> InheritedEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+std::vector<std::string> ExpandCommand(const std::vector<std::string>& argv,
+                                       const std::vector<std::pair<std::string, std::string>>& values) {
+  std::vector<std::string> out;
+  for (std::string arg : argv) {
+    for (const auto& [key, value] : values) {
+      for (std::size_t p = arg.find(key); p != std::string::npos; p = arg.find(key, p + value.size())) {
+        arg.replace(p, key.size(), value);
+      }
+    }
+    out.push_back(std::move(arg));
+  }
+  return out;
+}
+
 std::shared_ptr<RunningCommand> RunCommand(asio::io_context& io, CommandSpec spec,
                                            std::function<void(CommandResult)> done) {
   auto run = std::make_shared<Run>(io, std::move(spec), std::move(done));

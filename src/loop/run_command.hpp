@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gns {
@@ -52,6 +53,15 @@ class RunningCommand {
   // True until the child was reaped (a killed child stuck in the kernel stays here).
   virtual bool Alive() const = 0;
 };
+
+// Our own environment as CommandSpec::env, for a node tool that must find what we find (the
+// container's PATH, LD_LIBRARY_PATH, …): nvidia-smi for a reset or a time-slice.
+std::vector<std::string> InheritedEnvironment();
+
+// A configured command line with its placeholders filled: every "{key}" of `values` replaced in
+// every argument (gpu-reset's `command`: {uuid}, {pci}; dra-gpu's `timeSliceCommand`).
+std::vector<std::string> ExpandCommand(const std::vector<std::string>& argv,
+                                       const std::vector<std::pair<std::string, std::string>>& values);
 
 // Starts `spec` now; `done` runs on `io` exactly once (unless cancelled), never inside this
 // call. The returned handle may be dropped: the run goes on and keeps itself alive.

@@ -375,7 +375,7 @@ def dra_gpu_demo(api):
         "results": [{"request": "gpu", "driver": driver, "pool": NODE, "device": device["name"]}],
         "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": driver, "parameters": {
             "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}}}}]}}}
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}]}}}
     code, allocated = api.call("PUT", claims + "/trainer-gpu/status", created)
     if code != 200:
         raise SystemExit(f"[demo] allocating the GPU ResourceClaim failed: {code} {allocated}")
@@ -388,9 +388,24 @@ def dra_gpu_demo(api):
     with open(spec) as f:
         nodes = [n["path"] for d in json.load(f)["devices"] for n in d["containerEdits"]["deviceNodes"]]
     say("dra-gpu", f"CDI spec {os.path.basename(spec)}: device nodes {nodes}")
+    uuid = device["attributes"]["uuid"]["string"]
+    # The claim's interval Long set the GPU's scheduler (the fake nvidia-smi compute-policy).
+    if gpu_time_slice(uuid) != 3:
+        raise SystemExit(f"[demo] the claim's interval Long did not set {uuid}'s time-slice: {gpu_time_slice(uuid)}")
+    say("dra-gpu", f"timeSlicingConfig.interval Long -> nvidia-smi compute-policy set {uuid}'s time-slice to 3")
     unprepared = kubelet("unprepare", driver, ref)
     say("dra-gpu", f"NodeUnprepareResources -> {json.dumps(unprepared.get('claims'))[:200]}; spec removed: "
         f"{not os.path.exists(spec)}")
+    if gpu_time_slice(uuid) != 0:
+        raise SystemExit(f"[demo] {uuid}'s time-slice stayed {gpu_time_slice(uuid)} after the unprepare")
+    say("dra-gpu", f"after the unprepare {uuid}'s time-slice is back at 0 (Default)")
+
+
+def gpu_time_slice(uuid):
+    """The fake GPU's scheduler time-slice (0 Default ... 3 Long)."""
+    out = subprocess.run(NVML_CTL + ["raw", json.dumps({"getGpuState": {"uuid": uuid}})],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["state"]["timeSlice"]
 
 
 def dra_gpu_mig_demo(api):

@@ -1,5 +1,6 @@
 // The dra-gpu module (gpu.nvidia.com).
 #include "modules/dra_gpu/dra_gpu_module.hpp"
+#include "loop/atomic_file.hpp"
 #include "loop/awaitables.hpp"
 #include "loop/gpu_split_config.hpp"
 #include "loop/state_load.hpp"
@@ -16,6 +17,8 @@
 #include "modules/kube/api/client.hpp"
 
 #include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -54,6 +57,12 @@ DraGpuModule::Config DraGpuModule::ParseConfig(ConfigMap& section, const SiteCon
   // a v1alpha1 kubelet): the whole list goes out again this often (dra_plugin/health_service.hpp).
   config.health_resend =
       section.Duration("healthResend", milliseconds(100), dra::kMaxHealthResend, dra::kDefaultHealthResend);
+  config.time_slice_command = section.StringList("timeSliceCommand", config.time_slice_command);
+  if (config.time_slice_command.empty() || config.time_slice_command.front().empty()) {
+    section.Fail("timeSliceCommand", "must name a program");
+  }
+  config.time_slice_timeout =
+      section.Duration("timeSliceTimeout", milliseconds(100), milliseconds(30000), config.time_slice_timeout);
   config.mps_root = section.String("mpsRoot", device_plugin::kDefaultMpsRoot);
   if (config.mps_root.empty() || config.mps_root.front() != '/') section.Fail("mpsRoot", "must be an absolute path");
   auto cdi = section.Section("cdi");
@@ -79,7 +88,8 @@ DraGpuModule::DraGpuModule(ModuleContext& context, const Config& config)
       paths_(dra::MakePluginPaths(context.Site().paths, kDriverName, kStateFolder)),
       node_name_(context.Site().node_name),
       facts_(std::make_shared<const device_plugin::CdiHostFacts>()),
-      judge_timer_(context.GetLoop().Io()) {
+      judge_timer_(context.GetLoop().Io()),
+      time_slice_book_path_(paths_.state_dir + "/" + std::string(kTimeSliceBookFile)) {
   dra::KubeletPlugin::Options options;
   options.driver_name = std::string(kDriverName);
   options.paths = paths_;
@@ -106,10 +116,12 @@ void DraGpuModule::Start() {
   loading_ = true;
   LoadStateOffLoop(
       context_, lifetime_.Watch(), paths_.checkpoint_file + ", " + paths_.claim_log_file + " and the CDI host facts",
-      [paths = paths_, host_root = context_.Site().paths.host_root, cdi = config_.cdi] {
+      [paths = paths_, host_root = context_.Site().paths.host_root, cdi = config_.cdi,
+       book = time_slice_book_path_, now = NowUnixMs() / 1000] {
         StartFiles files;
         files.claims = dra::KubeletPlugin::ReadClaimState(paths);
         files.facts = device_plugin::DiscoverCdiHostFacts(host_root, cdi);
+        files.time_slices = LoadTimeSliceBook(book, now);
         return files;
       },
       [this](StartFiles files) {
@@ -161,6 +173,9 @@ void DraGpuModule::OnJudgeState() {
 void DraGpuModule::Serve(StartFiles files) {
   for (const auto& warning : files.facts.warnings) context_.Log().warn("CDI: {}", warning);
   facts_ = std::make_shared<const device_plugin::CdiHostFacts>(std::move(files.facts));
+  if (!files.time_slices.warning.empty()) context_.Log().warn("time-slice book: {}", files.time_slices.warning);
+  // Booked GPUs are not confirmed: the next prepare or unprepare sets each again (or back).
+  time_slice_book_ = std::move(files.time_slices.book);
   unmonitored_since_ms_ = NowUnixMs();
   // The inventory first: the slice the core publishes at Serve holds the GPUs already known.
   auto& bus = context_.GetBus();
@@ -264,6 +279,8 @@ void DraGpuModule::Stop(std::function<void()> done) {
   awaiting_judge_ = false;
   waiting_files_.reset();
   judge_timer_.cancel();
+  // A time-slice command in flight ends now; its prepare answers as stopped.
+  if (time_slice_child_) time_slice_child_->Kill();
   plugin_->Stop([this, alive = lifetime_.Watch(), done = std::move(done)] {
     if (alive) PublishState();
     done();
@@ -332,7 +349,117 @@ asio::awaitable<dra::ClaimDecision> DraGpuModule::DecideClaim(dra::ClaimRef clai
       co_return dra::ClaimDecision::Retryable(error);
     }
   }
+  // The GPUs' time-slices, the claim's own included, before it is prepared.
+  TimeSlices wanted = WantedTimeSlices(plugin_->DecideView());
+  AddWantedTimeSlices(wanted, plan);
+  std::map<std::string, std::string> slice_errors = co_await SettleTimeSlices(std::move(wanted));
+  if (plugin_->Stopping()) co_return dra::ClaimDecision::Stopped();
+  if (plan.sharing.strategy == "TimeSlicing") {
+    for (const ClaimGpu& gpu : plan.gpus) {
+      const auto failed = slice_errors.find(gpu.uuid);
+      if (gpu.Mig() || failed == slice_errors.end()) continue;
+      const std::string error = Ref(claim) + ": " + gpu.device + ": sharing.timeSlicingConfig.interval " +
+                                (plan.sharing.interval.empty() ? "Default" : plan.sharing.interval) + ": " +
+                                failed->second;
+      slice_errors.erase(failed);
+      LogTimeSliceErrors(slice_errors, "prepare of " + Ref(claim));
+      context_.Log().warn("prepare {} (uid {}) failed (retryable): {}", claim.namespace_name + "/" + claim.name,
+                          claim.uid, error);
+      plugin_->SetError(error);
+      co_return dra::ClaimDecision::Retryable(error);
+    }
+  }
+  LogTimeSliceErrors(slice_errors, "prepare of " + Ref(claim));
   co_return dra::ClaimDecision::Prepare(RecordFor(claim.uid, node_name_, plan, mps));
+}
+
+asio::awaitable<std::string> DraGpuModule::AfterUnprepare(dra::ClaimRef claim) {
+  // The claim's record is gone: a GPU it set goes back to Default unless another claim asks for
+  // an interval. A failure does not hold the unprepare (the pod must go); the book keeps the
+  // GPU, and the next prepare or unprepare call tries again.
+  TimeSlices wanted = WantedTimeSlices(plugin_->Claims());  // a named local: awaitables.hpp's g++ 12 pitfall
+  const std::map<std::string, std::string> errors = co_await SettleTimeSlices(std::move(wanted));
+  LogTimeSliceErrors(errors, "unprepare of " + Ref(claim));
+  co_return std::string();
+}
+
+void DraGpuModule::LogTimeSliceErrors(const std::map<std::string, std::string>& errors, const std::string& after) {
+  for (const auto& [uuid, error] : errors) {
+    const std::string text = "time-slice of GPU " + uuid + " (after " + after + "): " + error;
+    context_.Log().warn("{}; tried again at the next prepare or unprepare", text);
+    plugin_->SetError(text);
+  }
+}
+
+asio::awaitable<std::map<std::string, std::string>> DraGpuModule::SettleTimeSlices(TimeSlices wanted) {
+  std::map<std::string, std::string> errors;
+  for (const TimeSliceStep& step : TimeSliceSteps(time_slice_book_, time_slices_confirmed_, wanted)) {
+    const auto booked = time_slice_book_.find(step.uuid);
+    if (step.value != 0 && (booked == time_slice_book_.end() || booked->second != step.value)) {
+      // In the book before the command runs: a crash after it leaves the GPU where a later call
+      // finds it. Without the book written, the command does not run.
+      const TimeSlices before = time_slice_book_;
+      time_slice_book_[step.uuid] = step.value;
+      time_slices_confirmed_.erase(step.uuid);
+      const std::string written = co_await WriteTimeSliceBook();
+      if (!written.empty()) {
+        time_slice_book_ = before;
+        errors[step.uuid] = "not set: " + written;
+        continue;
+      }
+    }
+    std::vector<std::string> argv =
+        ExpandCommand(config_.time_slice_command, {{"{uuid}", step.uuid}, {"{interval}", std::to_string(step.value)}});
+    const std::string shown = fmt::format("{}", fmt::join(argv, " "));
+    const CommandResult result = co_await RunTimeSliceCommand(std::move(argv));
+    if (plugin_->Stopping()) co_return errors;
+    if (!result.Ok()) {
+      time_slices_confirmed_.erase(step.uuid);
+      std::string output = result.err.empty() ? result.out : result.err;
+      while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+      if (const auto nl = output.rfind('\n'); nl != std::string::npos) output.erase(0, nl + 1);
+      errors[step.uuid] = "`" + shown + "`: " + result.Describe() + (output.empty() ? "" : ": " + output);
+      continue;
+    }
+    context_.Log().info("GPU {}: time-slice {} set ({})", step.uuid, step.value, shown);
+    if (step.value != 0) {
+      time_slices_confirmed_.insert(step.uuid);
+      continue;
+    }
+    // Back at Default: out of the book (a failed write only means one more reset after a restart).
+    time_slices_confirmed_.erase(step.uuid);
+    if (time_slice_book_.erase(step.uuid) != 0) {
+      const std::string written = co_await WriteTimeSliceBook();
+      if (!written.empty()) context_.Log().warn("time-slice book: {}", written);
+    }
+  }
+  PublishState();
+  co_return errors;
+}
+
+asio::awaitable<std::string> DraGpuModule::WriteTimeSliceBook() {
+  auto write = [path = time_slice_book_path_, text = TimeSliceBookText(time_slice_book_)] {
+    const FileWriteResult written = WriteFileAtomically(path, text);
+    return written.ok ? std::string() : written.error;
+  };
+  JobResult<std::string> done = co_await OnPool(context_.Pool(), std::move(write), lifetime_.Watch());
+  if (done.failure) co_return "cannot write " + time_slice_book_path_;
+  co_return done.value;
+}
+
+asio::awaitable<CommandResult> DraGpuModule::RunTimeSliceCommand(std::vector<std::string> argv) {
+  auto start = [this, argv = std::move(argv)](auto resume) {
+    CommandSpec spec;
+    spec.argv = argv;
+    spec.timeout = config_.time_slice_timeout;
+    spec.env = InheritedEnvironment();  // nvidia-smi finds what we find (PATH, LD_LIBRARY_PATH)
+    time_slice_child_ = gns::RunCommand(context_.GetLoop().Io(), std::move(spec),
+                                        [this, resume, alive = lifetime_.Watch()](CommandResult result) {
+                                          if (alive) time_slice_child_.reset();
+                                          resume(std::move(result));
+                                        });
+  };
+  return AwaitCallback<CommandResult>(std::move(start), lifetime_.Watch());
 }
 
 void DraGpuModule::Prepared(const dra::PreparedClaim& entry) {
@@ -374,6 +501,7 @@ void DraGpuModule::PublishState() {
   state.slice_generation = plugin_->Slices().Generation();
   state.slice_publishes = plugin_->Slices().Publishes();
   state.last_error = plugin_->LastError();
+  state.time_slices = time_slice_book_;
   context_.GetBus().Publish(std::move(state));
 }
 

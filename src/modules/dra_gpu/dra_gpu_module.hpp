@@ -19,9 +19,11 @@
 #include "dra_plugin/kubelet_plugin.hpp"
 #include "loop/gate.hpp"
 #include "loop/module.hpp"
+#include "loop/run_command.hpp"
 #include "modules/device_plugin/api/mps.hpp"
 #include "modules/dra_gpu/gpu_claims.hpp"
 #include "modules/dra_gpu/gpu_health_view.hpp"
+#include "modules/dra_gpu/time_slices.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
@@ -33,6 +35,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -52,6 +55,11 @@ class DraGpuModule final : public Module, private dra::DraDriver {
     std::chrono::milliseconds health_resend = dra::kDefaultHealthResend;  // `healthResend`
     // `mpsRoot`: where the operator's MPS control daemons keep their pipe and shm directories.
     std::string mps_root = device_plugin::kDefaultMpsRoot;
+    // `timeSliceCommand`: sets a GPU's scheduler time-slice for a claim's interval ({uuid},
+    // {interval}: 0 Default … 3 Long; time_slices.hpp), with `timeSliceTimeout` per run.
+    std::vector<std::string> time_slice_command{"nvidia-smi", "compute-policy", "-i",
+                                                "{uuid}",     "--set-timeslice", "{interval}"};
+    std::chrono::milliseconds time_slice_timeout{10000};
     bool node_events_on_corrupt_checkpoint = true;
     device_plugin::CdiSettings cdi;  // driverRoot, hookPath (kind: k8s.gpu.nvidia.com/claim)
     TaintEffect taint_effect = kDefaultTaintEffect;  // `taintEffect`: NoSchedule | NoExecute
@@ -84,10 +92,21 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   bool ServesDeviceHealth() const override { return true; }
   dra::DeviceHealthList DeviceHealth() const override;
   void Prepared(const dra::PreparedClaim& entry) override;
+  boost::asio::awaitable<std::string> AfterUnprepare(dra::ClaimRef claim) override;
+
+  // Brings the GPUs' time-slices to `wanted` (time_slices.hpp): the book written before a set,
+  // the command run, the book cleared after a GPU is back at Default. The errors by GPU UUID.
+  // Only from DecideClaim and AfterUnprepare, which the core runs one at a time: nothing else
+  // touches the book meanwhile.
+  boost::asio::awaitable<std::map<std::string, std::string>> SettleTimeSlices(TimeSlices wanted);
+  boost::asio::awaitable<std::string> WriteTimeSliceBook();
+  boost::asio::awaitable<CommandResult> RunTimeSliceCommand(std::vector<std::string> argv);
+  void LogTimeSliceErrors(const std::map<std::string, std::string>& errors, const std::string& after);
 
   struct StartFiles {
     dra::ClaimStateLoad claims;
     device_plugin::CdiHostFacts facts;
+    TimeSliceBookLoad time_slices;
   };
   void Serve(StartFiles files);
   void OnInventory(const gpu_inventory::GpuInventory& inventory);
@@ -124,6 +143,10 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   Subscription verdict_sub_;
   Subscription judge_sub_;
   std::unique_ptr<dra::KubeletPlugin> plugin_;
+  std::string time_slice_book_path_;
+  TimeSlices time_slice_book_;                    // what the book on disk holds
+  std::set<std::string> time_slices_confirmed_;   // GPUs this process saw set to their book value
+  std::shared_ptr<RunningCommand> time_slice_child_;
   Gate lifetime_;
 };
 

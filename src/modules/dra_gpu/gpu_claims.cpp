@@ -494,19 +494,13 @@ GpuClaimPlan PlanGpuClaim(const json& claim, std::string_view expected_uid, cons
                         (gpu.Mig() ? "a MIG device (use MigDeviceConfig)" : "a whole GPU (use GpuConfig)"));
     }
     const GpuSharing applied = applies != nullptr ? applies->sharing : GpuSharing{};
-    // What this build applies: no sharing, or time-slicing at the GPU's default interval (what
-    // every CUDA context on a GPU gets anyway). The others need the GPU's scheduler set or an
-    // MPS control daemon: refused, by name, rather than handing out a GPU set up differently
-    // from what the claim asked.
+    // Time-slicing at an interval other than Default sets the GPU's scheduler: the module does
+    // that before the claim is prepared (time_slices.hpp).
     // MPS: the operator's control daemon for the device serves the claim's containers (MpsFor).
     // One daemon per device, and a CUDA client talks to one daemon: one device per MPS claim.
     if (applied.strategy == "MPS" && applied.multi_user) {
       return Refuse(std::move(plan), gpu.device + ": sharing.mpsConfig.multiUser is the control daemon's setting, "
                                                   "which the operator runs here; this driver does not set it");
-    }
-    if (applied.strategy == "TimeSlicing" && !applied.interval.empty() && applied.interval != "Default") {
-      return Refuse(std::move(plan), gpu.device + ": sharing.timeSlicingConfig.interval " + applied.interval +
-                                         " is not supported by this driver yet (only Default)");
     }
     if (sharing && *sharing != applied) {
       return Refuse(std::move(plan), "the claim's GPUs have different sharing configs; one claim, one sharing");

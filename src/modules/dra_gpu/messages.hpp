@@ -9,6 +9,7 @@
 #include <charconv>
 #include <compare>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -97,6 +98,8 @@ struct DraGpuState {
   int64_t slice_generation = 0;
   uint64_t slice_publishes = 0;
   std::string last_error;
+  // GPUs this driver set to a non-default time-slice (its book: GPU UUID → 1 Short … 3 Long).
+  std::map<std::string, int> time_slices;
 };
 
 inline void to_json(nlohmann::json& j, const DraGpuState& s) {
@@ -106,7 +109,7 @@ inline void to_json(nlohmann::json& j, const DraGpuState& s) {
        {"served", s.served},               {"tainted", s.tainted},
        {"preparedClaims", std::move(claims)},
        {"sliceGeneration", s.slice_generation}, {"slicePublishes", s.slice_publishes},
-       {"lastError", s.last_error}};
+       {"lastError", s.last_error},       {"timeSlices", s.time_slices}};
 }
 
 }  // namespace gns::dra_gpu

@@ -485,8 +485,7 @@ asio::awaitable<CommandResult> GpuResetModule::RunResetCommand(const std::vector
     spec.timeout = config_.command_timeout;
     spec.max_output = config_.command_output_bytes;
     // The reset tool runs with our environment (the container's PATH, LD_LIBRARY_PATH, …).
-    spec.env.clear();
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) spec.env.emplace_back(*e);
+    spec.env = InheritedEnvironment();
     child_ = gns::RunCommand(context_.GetLoop().Io(), std::move(spec),
                              [this, resume, alive = lifetime_.Watch()](CommandResult result) {
                                if (alive) child_.reset();

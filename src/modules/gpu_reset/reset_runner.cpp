@@ -265,15 +265,7 @@ ResetRunner::Awaitable ResetRunner::StepPersistence(ResetJob& job, GpuReset& gpu
 ResetRunner::Awaitable ResetRunner::StepReset(ResetJob& job, GpuReset& gpu) {
   BeginStep(job, gpu, Step::kReset);
   const auto view = node_.Gpu(gpu.uuid);
-  std::vector<std::string> argv;
-  for (std::string arg : settings_.command) {
-    for (const auto& [key, value] : {std::pair<std::string, std::string>{"{uuid}", gpu.uuid}, {"{pci}", view.pci_bus_id}}) {
-      for (std::size_t p = arg.find(key); p != std::string::npos; p = arg.find(key, p + value.size())) {
-        arg.replace(p, key.size(), value);
-      }
-    }
-    argv.push_back(std::move(arg));
-  }
+  const std::vector<std::string> argv = ExpandCommand(settings_.command, {{"{uuid}", gpu.uuid}, {"{pci}", view.pci_bus_id}});
   node_.Progress(job, "running " + fmt::format("{}", fmt::join(argv, " ")));
   const CommandResult result = co_await node_.RunResetCommand(argv);
   if (stopping_) co_return;

@@ -1220,6 +1220,16 @@ class FakeNvml {
     return "";
   }
 
+  // "" when `uuid` is one of the fake's GPUs, else the error a tool would print.
+  std::string KnowsGpu(const std::string& uuid) {
+    std::lock_guard lock(mu_);
+    if (init_count_ == 0) return "NVML is not initialized (no GPUs visible)";
+    for (const auto& gpu : config_.gpus) {
+      if (gpu.uuid == uuid) return "";
+    }
+    return "No GPU with UUID " + uuid + " was found";
+  }
+
   // Whether an event set of this process holds `uuid` (asked by the serving process).
   bool HoldsGpu(const std::string& uuid) {
     std::lock_guard lock(mu_);
@@ -1400,7 +1410,7 @@ unsigned long long EventTypeByName(const std::string& name) {
 // {"injectEvent":{"uuid":"GPU-…","type":"doubleBitEcc","data":0}},
 // {"registeredEvents":{"uuid":"GPU-…"}} (reply "types": the mask every process registered),
 // {"fail":{"function":"*","return":999}}, {"clearFailures":true}, {"reloadConfig":true} or
-// {"ping":true}. Several keys
+// {"setTimeSlice":{"uuid":"GPU-…","value":3}} (nvidia-smi compute-policy), {"ping":true}. Several keys
 // in one object run in order. The reply is {"ok":true} or {"ok":false,"error":"…"}.
 std::string FakeNvml::HandleCommand(std::string_view text) {
   Json reply = {{"ok", true}};
@@ -1489,6 +1499,11 @@ std::string FakeNvml::HandleCommand(std::string_view text) {
         Maintenance().Set(value);
       } else if (key == "getGpuState") {
         reply["state"] = Maintenance().Get(value.at("uuid").get<std::string>());
+      } else if (key == "setTimeSlice") {
+        const auto uuid = value.at("uuid").get<std::string>();
+        std::string error = Fake().KnowsGpu(uuid);
+        if (error.empty()) error = Maintenance().SetTimeSlice(uuid, value.at("value").get<int>());
+        if (!error.empty()) throw std::runtime_error(error);
       } else if (key == "resetGpu") {
         const auto uuid = value.at("uuid").get<std::string>();
         std::string error = Fake().ResetBlocker(uuid);

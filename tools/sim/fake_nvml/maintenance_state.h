@@ -3,7 +3,8 @@
 // reads again): persistence mode, the compute processes holding the GPU, pending page retirement
 // and row remapping, and how the next reset behaves. The fake `nvidia-smi` (nvidia-smi.py here)
 // resets a GPU through the control socket's `resetGpu` command, which checks what a real reset
-// refuses: a process or an NVML event set still holding the GPU, persistence mode on.
+// refuses: a process or an NVML event set still holding the GPU, persistence mode on. It also
+// sets a GPU's time-slice (`nvidia-smi compute-policy --set-timeslice`) through `setTimeSlice`.
 #pragma once
 
 #include "modules/gpu_inventory/api/nvml_abi.hpp"
@@ -29,6 +30,11 @@ struct GpuMaintenance {
   // returns), "leavePendingRemap" (succeeds but a row remap stays pending).
   std::string reset_mode = "ok";
   uint64_t resets = 0;
+  // The scheduler's time-slice (nvidia-smi compute-policy: 0 default, 1 short, 2 medium, 3 long),
+  // how many times it was set, and whether setting it fails ("ok", "fail").
+  int time_slice = 0;
+  uint64_t time_slice_sets = 0;
+  std::string time_slice_mode = "ok";
 };
 
 class MaintenanceState {
@@ -40,12 +46,13 @@ class MaintenanceState {
   }
 
   // {"uuid":…, "persistence":bool, "processes":[pid…], "retiredPagesPending":bool,
-  //  "remapPending":bool, "remapFailure":bool, "resetMode":"ok|fail|hang|leavePendingRemap"}
+  //  "remapPending":bool, "remapFailure":bool, "resetMode":"ok|fail|hang|leavePendingRemap",
+  //  "timeSliceMode":"ok|fail"}
   void Set(const nlohmann::json& value) {
     const auto uuid = value.at("uuid").get<std::string>();
     for (const auto& [key, v] : value.items()) {
       if (key != "uuid" && key != "persistence" && key != "processes" && key != "retiredPagesPending" &&
-          key != "remapPending" && key != "remapFailure" && key != "resetMode") {
+          key != "remapPending" && key != "remapFailure" && key != "resetMode" && key != "timeSliceMode") {
         throw std::runtime_error("setGpuState: unknown key \"" + key + "\"");
       }
     }
@@ -68,6 +75,23 @@ class MaintenanceState {
       }
       gpu.reset_mode = mode;
     }
+    if (value.contains("timeSliceMode")) {
+      const auto mode = value.at("timeSliceMode").get<std::string>();
+      if (mode != "ok" && mode != "fail") throw std::runtime_error("setGpuState: timeSliceMode must be ok or fail");
+      gpu.time_slice_mode = mode;
+    }
+  }
+
+  // `nvidia-smi compute-policy -i <uuid> --set-timeslice <value>` after the caller checked that
+  // the GPU exists: "" or the error nvidia-smi would print.
+  std::string SetTimeSlice(const std::string& uuid, int value) {
+    if (value < 0 || value > 3) return "Invalid timeslice value " + std::to_string(value) + " (0-3)";
+    std::lock_guard lock(mu_);
+    GpuMaintenance& gpu = gpus_[uuid];
+    if (gpu.time_slice_mode == "fail") return "Failed to set timeslice for GPU " + uuid + ": Not Supported (simulated)";
+    gpu.time_slice = value;
+    ++gpu.time_slice_sets;
+    return "";
   }
 
   nlohmann::json Get(const std::string& uuid) {
@@ -78,7 +102,8 @@ class MaintenanceState {
     return {{"persistence", gpu.persistence},     {"processes", pids},
             {"retiredPagesPending", gpu.retired_pages_pending}, {"remapPending", gpu.remap_pending},
             {"remapFailure", gpu.remap_failure},  {"resetMode", gpu.reset_mode},
-            {"resets", gpu.resets}};
+            {"resets", gpu.resets},       {"timeSlice", gpu.time_slice},
+            {"timeSliceSets", gpu.time_slice_sets}, {"timeSliceMode", gpu.time_slice_mode}};
   }
 
   // One reset as the driver does it, after the caller checked that the GPU exists and that no

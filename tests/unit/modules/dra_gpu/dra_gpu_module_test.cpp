@@ -15,6 +15,7 @@
 #include "modules/dra_gpu/messages.hpp"
 #include "loop/supervisor_messages.hpp"
 #include "modules/dra_gpu/gpu_health_view.hpp"
+#include "modules/dra_gpu/time_slices.hpp"
 #include "modules/gpu_health/messages.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 #include "modules/kube/api/client.hpp"
@@ -326,20 +327,120 @@ TEST_F(DraGpuModuleTest, PrepareWritesTheClaimsSpecAndUnprepareRemovesIt) {
 
 TEST_F(DraGpuModuleTest, ARefusedConfigIsThatClaimsErrorAndLeavesNothingBehind) {
   StartAndRegister();
-  const auto shortslice = Seed(GpuClaim("short", {"gpu-0"},
-                                        {{"apiVersion", "resource.nvidia.com/v1beta1"},
-                                         {"kind", "GpuConfig"},
-                                         {"sharing", {{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", "Short"}}}}}}));
+  const auto multi = Seed(GpuClaim("multi", {"gpu-0"},
+                                   {{"apiVersion", "resource.nvidia.com/v1beta1"},
+                                    {"kind", "GpuConfig"},
+                                    {"sharing", {{"strategy", "MPS"}, {"mpsConfig", {{"multiUser", true}}}}}}));
   const auto fine = Seed(GpuClaim("fine", {"gpu-1"}));
-  const auto result = Prepare({shortslice, fine});
+  const auto result = Prepare({multi, fine});
   ASSERT_TRUE(result.ok());
-  EXPECT_EQ(result.claims.at(shortslice.uid).error,
-            "ResourceClaim team-a/short: gpu-0: sharing.timeSlicingConfig.interval Short is not supported by this "
-            "driver yet (only Default)");
+  EXPECT_EQ(result.claims.at(multi.uid).error,
+            "ResourceClaim team-a/multi: gpu-0: sharing.mpsConfig.multiUser is the control daemon's setting, which "
+            "the operator runs here; this driver does not set it");
   EXPECT_EQ(result.claims.at(fine.uid).error, "");
-  EXPECT_FALSE(fs::exists(SpecPath(shortslice.uid)));
+  EXPECT_FALSE(fs::exists(SpecPath(multi.uid)));
   EXPECT_TRUE(fs::exists(SpecPath(fine.uid)));
   EXPECT_EQ(Prepares("permanent_error"), 1);
+}
+
+// A stand-in for `nvidia-smi compute-policy -i <uuid> --set-timeslice <n>`: appends "<uuid> <n>"
+// to ts.log, or fails as nvidia-smi does while ts.fail exists.
+class DraGpuTimeSliceTest : public DraGpuModuleTest {
+ protected:
+  DraGpuModule::Config SliceConfig() {
+    const fs::path tool = dir_ / "set-timeslice";
+    std::ofstream(tool) << "#!/bin/sh\n"
+                        << "if [ -e '" << (dir_ / "ts.fail").string() << "' ]; then\n"
+                        << "  echo \"Failed to set timeslice for GPU $1: Not Supported\" >&2; exit 1\n"
+                        << "fi\n"
+                        << "echo \"$1 $2\" >> '" << (dir_ / "ts.log").string() << "'\n";
+    fs::permissions(tool, fs::perms::owner_all);
+    DraGpuModule::Config config;
+    config.time_slice_command = {tool.string(), "{uuid}", "{interval}"};
+    return config;
+  }
+  // The tool's runs since the last call, one "<uuid> <n>" each.
+  std::vector<std::string> Runs() {
+    std::vector<std::string> out;
+    std::ifstream in(dir_ / "ts.log");
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    fs::remove(dir_ / "ts.log");
+    return out;
+  }
+  json Book() { return json::parse(ReadFile(paths_.state_dir + "/time-slices.json"))["gpus"]; }
+  static json Sliced(const std::string& interval) {
+    return {{"apiVersion", "resource.nvidia.com/v1beta1"},
+            {"kind", "GpuConfig"},
+            {"sharing", {{"strategy", "TimeSlicing"}, {"timeSlicingConfig", {{"interval", interval}}}}}};
+  }
+  const std::string gpu0_ = TwoGpus().gpus[0].uuid;
+  const std::string gpu1_ = TwoGpus().gpus[1].uuid;
+};
+
+TEST_F(DraGpuTimeSliceTest, ANonDefaultIntervalIsSetBeforeThePrepareAndPutBackAfterTheUnprepare) {
+  StartAndRegister(SliceConfig());
+  const auto claim = Seed(GpuClaim("long", {"gpu-0"}, Sliced("Long")));
+  ASSERT_EQ(PrepareError(claim), "");
+  EXPECT_EQ(Runs(), std::vector<std::string>{gpu0_ + " 3"});
+  EXPECT_EQ(Book(), json({{gpu0_, 3}}));
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->time_slices.count(gpu0_) == 1; }));
+  // The kubelet asks again: answered from the claim state, the GPU not touched.
+  ASSERT_EQ(PrepareError(claim), "");
+  // A claim without sharing on the other GPU leaves it alone.
+  const auto plain = Seed(GpuClaim("plain", {"gpu-1"}));
+  ASSERT_EQ(PrepareError(plain), "");
+  EXPECT_TRUE(Runs().empty());
+
+  ASSERT_EQ(Unprepare({claim}).claims.at(claim.uid), "");
+  EXPECT_EQ(Runs(), std::vector<std::string>{gpu0_ + " 0"});
+  EXPECT_EQ(Book(), json::object());
+  ASSERT_EQ(Unprepare({plain}).claims.at(plain.uid), "");
+  EXPECT_TRUE(Runs().empty());
+}
+
+TEST_F(DraGpuTimeSliceTest, ASliceThatCannotBeSetIsARetryableErrorAndTheGpuIsPutBackAtTheNextCall) {
+  StartAndRegister(SliceConfig());
+  std::ofstream(dir_ / "ts.fail") << "";
+  const auto claim = Seed(GpuClaim("medium", {"gpu-1"}, Sliced("Medium")));
+  const std::string error = PrepareError(claim);
+  EXPECT_NE(error.find("ResourceClaim team-a/medium: gpu-1: sharing.timeSlicingConfig.interval Medium: `" +
+                       (dir_ / "set-timeslice").string() + " " + gpu1_ + " 2`: exit 1: Failed to set timeslice for GPU " +
+                       gpu1_ + ": Not Supported"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(Prepares("retryable_error"), 1);
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  // The GPU stays in the book: its state is unknown.
+  EXPECT_EQ(Book(), json({{gpu1_, 2}}));
+
+  // The pod went away instead: the next call (here another claim's prepare) puts the GPU back.
+  fs::remove(dir_ / "ts.fail");
+  const auto plain = Seed(GpuClaim("plain", {"gpu-0"}));
+  ASSERT_EQ(PrepareError(plain), "");
+  EXPECT_EQ(Runs(), std::vector<std::string>{gpu1_ + " 0"});
+  EXPECT_EQ(Book(), json::object());
+}
+
+TEST_F(DraGpuTimeSliceTest, ARestartSetsBookedGpusAgainAndPutsBackWhatNoClaimWants) {
+  StartAndRegister(SliceConfig());
+  const auto claim = Seed(GpuClaim("long", {"gpu-0"}, Sliced("Long")));
+  ASSERT_EQ(PrepareError(claim), "");
+  module_.Stop();
+  Runs();
+  // A crash after the book was written for a prepare on gpu-1 and before its record: the book
+  // holds gpu-1 too.
+  std::ofstream(paths_.state_dir + "/time-slices.json") << TimeSliceBookText({{gpu0_, 3}, {gpu1_, 1}});
+
+  StartModule(SliceConfig());
+  ASSERT_TRUE(h_.RunUntil([&] { return State() && State()->registered; }));
+  ASSERT_TRUE(h_.OffLoop([&] { return sim_->WaitForDraDriver(kDriver, seconds(20)); }));
+  const auto plain = Seed(GpuClaim("plain", {"gpu-1"}));
+  ASSERT_EQ(PrepareError(plain), "");
+  // gpu-0 again (it may have been reset meanwhile), gpu-1 back to Default.
+  EXPECT_EQ(Runs(), (std::vector<std::string>{gpu0_ + " 3", gpu1_ + " 0"}));
+  EXPECT_EQ(Book(), json({{gpu0_, 3}}));
+  ASSERT_EQ(Unprepare({claim}).claims.at(claim.uid), "");
+  EXPECT_EQ(Runs(), std::vector<std::string>{gpu0_ + " 0"});
 }
 
 // MPS with the control daemon left to the operator, as the device plugin's MPS: a claim waits
