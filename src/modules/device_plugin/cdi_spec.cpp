@@ -288,7 +288,7 @@ CdiHostFacts DiscoverCdiHostFacts(const std::string& host_root, const CdiSetting
     if (::access(Join(host_root, node).c_str(), F_OK) == 0) facts.control_nodes.emplace_back(node);
   }
   std::string text, error;
-  const std::string minors = Join(host_root, "/proc/driver/nvidia-caps/mig-minors");
+  const std::string minors = MigMinorsPath(host_root);
   if (ReadWholeFile(minors, text, error)) ParseMigMinors(text, facts);
   const std::string root = Join(host_root, settings.driver_root);
   const std::string cache = Join(root, "/etc/ld.so.cache");
@@ -318,6 +318,23 @@ CdiHostFacts DiscoverCdiHostFacts(const std::string& host_root, const CdiSetting
   facts.hook_path = HookPath(host_root, settings.hook_path, facts.warnings);
   if (!facts.hook_path.empty()) facts.symlinks = DriverSymlinks(root, libraries);
   return facts;
+}
+
+std::string MigMinorsPath(const std::string& host_root) {
+  return Join(host_root, "/proc/driver/nvidia-caps/mig-minors");
+}
+
+std::vector<std::string> MigCapNodes(const PhysicalDevice& device, const CdiHostFacts& facts, std::string& error) {
+  const std::string gpu = "gpu" + std::to_string(device.minor) + "/gi" + std::to_string(device.gpu_instance);
+  const auto gi = facts.gi_caps.find({device.minor, device.gpu_instance});
+  const auto ci = facts.ci_caps.find({device.minor, device.gpu_instance, device.compute_instance});
+  if (gi == facts.gi_caps.end() || ci == facts.ci_caps.end()) {
+    error = "no " + (gi == facts.gi_caps.end() ? gpu + "/access" : gpu + "/ci" + std::to_string(device.compute_instance) + "/access") +
+            " in /proc/driver/nvidia-caps/mig-minors";
+    return {};
+  }
+  return {"/dev/nvidia-caps/nvidia-cap" + std::to_string(gi->second),
+          "/dev/nvidia-caps/nvidia-cap" + std::to_string(ci->second)};
 }
 
 nlohmann::json BuildCdiSpec(const CdiSettings& settings, const std::vector<PhysicalDevice>& devices,

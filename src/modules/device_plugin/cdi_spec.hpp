@@ -66,6 +66,12 @@ std::vector<std::string> LibrariesFromLdCache(const std::string& cache_bytes, co
 
 // /proc/driver/nvidia-caps/mig-minors ("gpu0/gi1/access 12", "gpu0/gi1/ci0/access 13", …).
 void ParseMigMinors(const std::string& text, CdiHostFacts& facts);
+// "<hostRoot>/proc/driver/nvidia-caps/mig-minors".
+std::string MigMinorsPath(const std::string& host_root);
+// The MIG capability nodes a container needs to open MIG `device` (its GPU instance's and its
+// compute instance's /dev/nvidia-caps/nvidia-cap<N>), from the parsed mig-minors in `facts`;
+// empty with `error` naming the missing entry when one is not there.
+std::vector<std::string> MigCapNodes(const PhysicalDevice& device, const CdiHostFacts& facts, std::string& error);
 
 // The "<target>::<link>" pairs of the toolkit's create-symlinks hook for these library paths
 // (sonames as the cache lists them), `root` being where they are on this machine: libcuda.so ->

@@ -409,24 +409,6 @@ bool DevicePluginModule::Usable(const ResourcePlan& resource, const PlannedDevic
   return true;
 }
 
-std::vector<std::string> DevicePluginModule::MigCapNodes(const PhysicalDevice& device, const CdiHostFacts& facts,
-                                                         const std::string& minors_error, std::string& error) const {
-  if (!minors_error.empty()) {
-    error = minors_error;
-    return {};
-  }
-  const std::string gpu = "gpu" + std::to_string(device.minor) + "/gi" + std::to_string(device.gpu_instance);
-  const auto gi = facts.gi_caps.find({device.minor, device.gpu_instance});
-  const auto ci = facts.ci_caps.find({device.minor, device.gpu_instance, device.compute_instance});
-  if (gi == facts.gi_caps.end() || ci == facts.ci_caps.end()) {
-    error = "no " + (gi == facts.gi_caps.end() ? gpu + "/access" : gpu + "/ci" + std::to_string(device.compute_instance) + "/access") +
-            " in /proc/driver/nvidia-caps/mig-minors";
-    return {};
-  }
-  return {"/dev/nvidia-caps/nvidia-cap" + std::to_string(gi->second),
-          "/dev/nvidia-caps/nvidia-cap" + std::to_string(ci->second)};
-}
-
 void DevicePluginModule::StartEndpoint(const std::string& resource, const std::string& socket) {
   ResourceEndpoint::Settings settings;
   settings.resource = resource;
@@ -488,9 +470,7 @@ grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1b
   std::optional<std::pair<CdiHostFacts, std::string>> minors;  // parsed, error
   auto read_minors = [&]() -> const std::pair<CdiHostFacts, std::string>& {
     if (!minors) {
-      std::string root = context_.Site().paths.host_root;
-      while (!root.empty() && root.back() == '/') root.pop_back();
-      const std::string path = root + "/proc/driver/nvidia-caps/mig-minors";
+      const std::string path = MigMinorsPath(context_.Site().paths.host_root);
       std::string text, error;
       CdiHostFacts parsed;
       if (ReadWholeFile(path, text, error)) {
@@ -508,7 +488,11 @@ grpc::Status DevicePluginModule::Allocate(const std::string& resource, const v1b
     DeviceFacts facts{Usable(*plan, *d), d->physical.minor, d->physical.id, plan->replicas > 1};
     if (settings.pass_device_specs && d->physical.mig) {
       const auto& [parsed, error] = read_minors();
-      facts.cap_nodes = MigCapNodes(d->physical, parsed, error, facts.cap_error);
+      if (error.empty()) {
+        facts.cap_nodes = MigCapNodes(d->physical, parsed, facts.cap_error);
+      } else {
+        facts.cap_error = error;
+      }
     }
     return facts;
   };

@@ -96,10 +96,6 @@ class DevicePluginModule final : public Module {
   // Probes the control daemon of every MPS resource of the plan; true when one changed.
   bool CheckMpsDaemons();
   void ArmMpsTimer();
-  // The MIG capability nodes of a MIG device (passDeviceSpecs), from `minors` (the parsed
-  // /proc/driver/nvidia-caps/mig-minors); sets `error` when one is missing.
-  std::vector<std::string> MigCapNodes(const PhysicalDevice& device, const CdiHostFacts& minors,
-                                       const std::string& minors_error, std::string& error) const;
 
   v1beta1::ListAndWatchResponse ListFor(const std::string& resource) const;
   grpc::Status Allocate(const std::string& resource, const v1beta1::AllocateRequest& request,

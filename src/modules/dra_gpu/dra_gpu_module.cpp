@@ -335,6 +335,14 @@ asio::awaitable<dra::ClaimDecision> DraGpuModule::DecideClaim(dra::ClaimRef clai
     plugin_->SetError(plan.error);
     co_return plan.permanent ? dra::ClaimDecision::Permanent(plan.error) : dra::ClaimDecision::Retryable(plan.error);
   }
+  if (const std::string missing = co_await MissingMigCaps(plan); !missing.empty()) {
+    const std::string error = Ref(claim) + ": " + missing + ": a container could not open the MIG device";
+    context_.Log().warn("prepare {} (uid {}) failed (retryable): {}", claim.namespace_name + "/" + claim.name,
+                        claim.uid, error);
+    plugin_->SetError(error);
+    co_return dra::ClaimDecision::Retryable(error);
+  }
+  if (plugin_->Stopping()) co_return dra::ClaimDecision::Stopped();
   const std::optional<ClaimMps> mps = MpsFor(plan, config_.mps_root);
   if (mps) {
     // The operator's control daemon must serve the device before a container may count on it;
@@ -371,6 +379,38 @@ asio::awaitable<dra::ClaimDecision> DraGpuModule::DecideClaim(dra::ClaimRef clai
   }
   LogTimeSliceErrors(slice_errors, "prepare of " + Ref(claim));
   co_return dra::ClaimDecision::Prepare(RecordFor(claim.uid, node_name_, plan, mps));
+}
+
+asio::awaitable<std::string> DraGpuModule::MissingMigCaps(const GpuClaimPlan& plan) {
+  const auto missing = [&plan](const device_plugin::CdiHostFacts& facts) -> std::string {
+    for (const ClaimGpu& gpu : plan.gpus) {
+      if (!gpu.Mig()) continue;
+      device_plugin::PhysicalDevice device;
+      device.minor = gpu.minor;
+      device.mig = true;
+      device.gpu_instance = gpu.gpu_instance;
+      device.compute_instance = gpu.compute_instance;
+      std::string error;
+      if (device_plugin::MigCapNodes(device, facts, error).empty()) return gpu.device + ": " + error;
+    }
+    return {};
+  };
+  if (missing(*facts_).empty()) co_return std::string();
+  // Read at start; read again (a driver loaded since, a MIG layout the start did not know).
+  auto read = [path = device_plugin::MigMinorsPath(context_.Site().paths.host_root), facts = *facts_]() mutable {
+    std::string text, error;
+    if (!ReadWholeFile(path, text, error)) return std::make_pair(std::move(facts), "cannot read " + path + ": " + error);
+    facts.gi_caps.clear();
+    facts.ci_caps.clear();
+    device_plugin::ParseMigMinors(text, facts);
+    return std::make_pair(std::move(facts), std::string());
+  };
+  JobResult<std::pair<device_plugin::CdiHostFacts, std::string>> read_back =
+      co_await OnPool(context_.Pool(), std::move(read), lifetime_.Watch());
+  if (read_back.failure) co_return "cannot read the host's mig-minors";
+  if (!read_back.value.second.empty()) co_return read_back.value.second;
+  facts_ = std::make_shared<const device_plugin::CdiHostFacts>(std::move(read_back.value.first));
+  co_return missing(*facts_);
 }
 
 asio::awaitable<std::string> DraGpuModule::AfterUnprepare(dra::ClaimRef claim) {

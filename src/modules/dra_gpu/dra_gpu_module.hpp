@@ -93,6 +93,9 @@ class DraGpuModule final : public Module, private dra::DraDriver {
   dra::DeviceHealthList DeviceHealth() const override;
   void Prepared(const dra::PreparedClaim& entry) override;
   boost::asio::awaitable<std::string> AfterUnprepare(dra::ClaimRef claim) override;
+  // What keeps a container of `plan` from opening its MIG devices: the first whose capability
+  // entries the host's mig-minors lacks (read again when the start's copy lacks one), or "".
+  boost::asio::awaitable<std::string> MissingMigCaps(const GpuClaimPlan& plan);
 
   // Brings the GPUs' time-slices to `wanted` (time_slices.hpp): the book written before a set,
   // the command run, the book cleared after a GPU is back at Default. The errors by GPU UUID.

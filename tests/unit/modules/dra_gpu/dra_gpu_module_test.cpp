@@ -566,6 +566,33 @@ TEST_F(DraGpuModuleTest, AMigClaimGetsItsMigDeviceWithItsCapsNodesAndAWrongConfi
   EXPECT_EQ(Claims().claims.size(), 0u);
 }
 
+// A MIG device whose capability entries the host's mig-minors lacks: its container could not
+// open it, so the claim waits (retryable), and the file is read again at the next try.
+TEST_F(DraGpuModuleTest, AMigClaimWaitsUntilTheHostListsItsCapabilityMinors) {
+  const fs::path minors = dir_ / "h" / "proc" / "driver" / "nvidia-caps" / "mig-minors";
+  fs::create_directories(minors.parent_path());
+  std::ofstream(minors) << "config 1\nmonitor 2\ngpu1/gi9/access 174\ngpu1/gi9/ci0/access 175\ngpu1/gi10/access 183\n";
+  h_.bus.Publish(OneGpuInMigMode());
+  StartAndRegister();
+  const auto claim = Seed(GpuClaim("mig", {"gpu-1-mig-19-1-1"},
+                                   {{"apiVersion", "resource.nvidia.com/v1beta1"}, {"kind", "MigDeviceConfig"}}));
+  EXPECT_EQ(PrepareError(claim),
+            "ResourceClaim team-a/mig: gpu-1-mig-19-1-1: no gpu1/gi10/ci0/access in "
+            "/proc/driver/nvidia-caps/mig-minors: a container could not open the MIG device");
+  EXPECT_EQ(Prepares("retryable_error"), 1);
+  EXPECT_FALSE(fs::exists(SpecPath(claim.uid)));
+  // The sibling's entries are there.
+  const auto sibling = Seed(GpuClaim("sibling", {"gpu-1-mig-19-0-1"}));
+  ASSERT_EQ(PrepareError(sibling), "");
+
+  std::ofstream(minors, std::ios::app) << "gpu1/gi10/ci0/access 184\n";
+  ASSERT_EQ(PrepareError(claim), "");
+  const json spec = json::parse(ReadFile(SpecPath(claim.uid)));
+  const json& nodes = spec["devices"][0]["containerEdits"]["deviceNodes"];
+  ASSERT_EQ(nodes.size(), 3u) << spec.dump();
+  EXPECT_EQ(nodes[2]["path"], "/dev/nvidia-caps/nvidia-cap184");
+}
+
 // ------------------------------------------------------------------------------ device taints
 
 constexpr int64_t kTurnedMs = 1795858800000;  // 2026-11-28T09:40:00Z
