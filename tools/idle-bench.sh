@@ -146,6 +146,9 @@ for line in open(sys.argv[1]):
     parts = line.split()
     if parts and "-" in parts[0] and ":" not in parts[0]:
         name = parts[5] if len(parts) > 5 else "[anonymous]"
+        # The supervisor's own file by segment (code, read-only data, relocated data).
+        if name.endswith("/gpu-node-supervisor"):
+            name += f" ({parts[1]})"
     elif parts[0] == "Rss:":
         rss[name] += int(parts[1])
     elif parts[0] == "Anonymous:":

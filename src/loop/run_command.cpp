@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -28,10 +29,20 @@ using Steady = std::chrono::steady_clock;
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
+// How long a child's output may wait in its pipes before it is read as it comes.
+constexpr std::chrono::milliseconds kReadAfter{1000};
+
 class Run final : public RunningCommand, public std::enable_shared_from_this<Run> {
  public:
   Run(asio::io_context& io, CommandSpec spec, std::function<void(CommandResult)> done)
-      : io_(io), spec_(std::move(spec)), done_(std::move(done)), out_(io), err_(io), exit_(io), deadline_(io) {}
+      : io_(io),
+        spec_(std::move(spec)),
+        done_(std::move(done)),
+        out_(io),
+        err_(io),
+        exit_(io),
+        deadline_(io),
+        read_after_(io) {}
 
   ~Run() override {
     // Only reached once the child was reaped, or when the io_context goes away first (process
@@ -136,8 +147,17 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
     exit_.assign(pidfd);
     out_.non_blocking(true);
     err_.non_blocking(true);
-    WaitReadable(out_, result_.out, out_open_);
-    WaitReadable(err_, result_.err, err_open_);
+    // The output is read once, when the child has exited (OnExit), not as each chunk arrives:
+    // a tool that flushes every line would otherwise wake the loop once per line. A pipe holds
+    // 64 KiB; a child still running after kReadAfter may be blocked on a full one, so from then
+    // on its output is read as it comes.
+    out_open_ = err_open_ = true;
+    read_after_.expires_after(std::min<Steady::duration>(kReadAfter, spec_.timeout));
+    read_after_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->finished_) return;
+      self->WaitReadable(self->out_, self->result_.out, self->out_open_);
+      self->WaitReadable(self->err_, self->result_.err, self->err_open_);
+    });
     exit_.async_wait(asio::posix::stream_descriptor::wait_read,
                      [self = shared_from_this()](const boost::system::error_code& ec) { self->OnExit(ec); });
     deadline_.expires_after(spec_.timeout);
@@ -155,6 +175,7 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
     done_ = nullptr;
     finished_ = true;
     deadline_.cancel();
+    read_after_.cancel();
     CloseOutput();
   }
 
@@ -188,7 +209,7 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
   }
 
   void WaitReadable(asio::posix::stream_descriptor& d, std::string& into, bool& open) {
-    open = true;
+    if (!open || !d.is_open()) return;
     d.async_wait(asio::posix::stream_descriptor::wait_read,
                  [self = shared_from_this(), &d, &into, &open](const boost::system::error_code& ec) {
                    if (ec || !d.is_open()) return;
@@ -248,6 +269,7 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
   void Finish() {
     finished_ = true;
     deadline_.cancel();
+    read_after_.cancel();
     CloseOutput();
     result_.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - start_);
     if (auto done = std::move(done_)) {
@@ -263,6 +285,7 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
   asio::posix::stream_descriptor err_;
   asio::posix::stream_descriptor exit_;
   asio::steady_timer deadline_;
+  asio::steady_timer read_after_;  // kReadAfter: from then on the output is read as it comes
   CommandResult result_;
   Steady::time_point start_;
   pid_t pid_ = -1;

@@ -2,7 +2,8 @@
 // A short-lived child process run from the loop with a deadline (nvidia-imex-ctl, nvidia-smi):
 // forked in its own process group and killed when the supervisor dies (PR_SET_PDEATHSIG, so a
 // kill -9 leaves no tool behind), stdin /dev/null, stdout and stderr
-// captured (bounded), its exit awaited through a pidfd on the loop — no SIGCHLD handler, no
+// captured (bounded; read when it exits, or as they come once it has run a second: one wake-up
+// for a quick tool, however many times it flushed), its exit awaited through a pidfd on the loop — no SIGCHLD handler, no
 // thread, no blocking wait. At the deadline the group is SIGKILLed and `done` runs at once with
 // `timed_out`; a child that does not die (D state) is reaped in the background whenever it
 // exits, so a hung tool never holds the loop or the caller.

@@ -105,6 +105,26 @@ TEST_F(RunCommandTest, OutputIsBounded) {
   EXPECT_TRUE(r->truncated);
 }
 
+// The output waits in the pipes until the child exits (one wake-up of the loop, however often
+// the tool flushed); a child that writes more than a pipe holds is read as it goes once it has
+// run a second. Nothing is lost either way.
+TEST_F(RunCommandTest, OutputFlushedLineByLineOrMoreThanAPipeHoldsArrivesWhole) {
+  const auto lines = Run(Sh("for i in 1 2 3 4 5; do echo line$i; echo err$i >&2; sleep 0.05; done"));
+  ASSERT_TRUE(lines);
+  EXPECT_TRUE(lines->Ok());
+  EXPECT_EQ(lines->out, "line1\nline2\nline3\nline4\nline5\n");
+  EXPECT_EQ(lines->err, "err1\nerr2\nerr3\nerr4\nerr5\n");
+
+  auto spec = Sh("head -c 300000 /dev/zero | tr '\\0' y; echo tail >&2");
+  spec.max_output = 400000;
+  const auto big = Run(spec);
+  ASSERT_TRUE(big);
+  EXPECT_TRUE(big->Ok()) << big->Describe();
+  EXPECT_EQ(big->out, std::string(300000, 'y'));
+  EXPECT_EQ(big->err, "tail\n");
+  EXPECT_FALSE(big->truncated);
+}
+
 TEST_F(RunCommandTest, MissingBinaryIsAnErrorNamingIt) {
   CommandSpec spec;
   spec.argv = {"/nonexistent/nvidia-imex-ctl", "-q"};
