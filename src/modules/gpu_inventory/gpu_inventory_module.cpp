@@ -382,7 +382,9 @@ void GpuInventoryModule::CheckWaiterRegistrations(const ReadResult& read) {
 // NVML registers events per GPU once, by what the GPU supports then: an older driver reports
 // nvmlEventMigConfigChange only while MIG mode is on, so a GPU that was whole when the waiter
 // registered never reports going into MIG mode, and one that left it keeps a registration that
-// no longer fits. The old child is reaped before the new one starts, so no event is reported
+// no longer fits. A MIG mode change alone counts too: nvmlDeviceSetMigMode may reset the GPU,
+// and registrations made before it are not promised to outlive it. The old child is reaped
+// before the new one starts, so no event is reported
 // twice; one that comes in between (milliseconds) is missed by NVML's path: the read after the
 // new one is armed brings any MIG change, and an XID still reaches gpu-health through the kernel
 // log. The inventory stays available throughout.
