@@ -508,6 +508,32 @@ TEST_F(GpuInventoryModuleTest, AGpuChangingMigModeRestartsTheWaiterWithItsNewEve
   EXPECT_EQ(xids_[0].uuid, gpu3);
 }
 
+// Kill's contract that a restart relies on: a session closed while the killed child is still
+// being reaped (RestartWaiter waits for that reap too) hears of the reap as well, each caller
+// once, and a Kill after the reap is told at once.
+TEST_F(GpuInventoryModuleTest, EveryKillOfTheWaiterIsToldOnceItIsReaped) {
+  EventWaiterOptions options;
+  options.library = kLibraryPath;
+  options.wait_ms = 100;
+  bool armed = false;
+  EventWaiterProcess::Callbacks callbacks;
+  callbacks.armed = [&] { armed = true; };
+  auto waiter = EventWaiterProcess::Start(h_.loop.Io(), kSupervisor, options, std::move(callbacks));
+  ASSERT_TRUE(h_.RunUntil([&] { return armed; }));
+  int restart = 0, close = 0, late = 0;
+  waiter->Kill([&] { ++restart; });
+  waiter->Kill([&] { ++close; });
+  EXPECT_EQ(restart + close, 0) << "never inside Kill";
+  ASSERT_TRUE(h_.RunUntil([&] { return restart == 1 && close == 1; }));
+  waiter->Kill([&] { ++late; });
+  EXPECT_EQ(late, 0) << "never inside Kill";
+  ASSERT_TRUE(h_.RunUntil([&] { return late == 1; }));
+  h_.RunUntil([] { return false; }, milliseconds(100));
+  EXPECT_EQ(restart, 1);
+  EXPECT_EQ(close, 1);
+  EXPECT_EQ(late, 1);
+}
+
 TEST(MigProfileName, FollowsNvidiasRoundingToEighthsOfTheGpu) {
   constexpr uint64_t kH100 = 85520809984ull;  // 81559 MiB
   EXPECT_EQ(MigProfileName(1, 1, 9856, kH100), "1g.10gb");
