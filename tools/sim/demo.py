@@ -475,9 +475,9 @@ def dra_gpu_mig_demo(api):
             f"{not os.path.exists(spec)}")
     finally:
         reconfigure(original)
-    # Seen through gpu-inventory's 60 s refresh: NVML's MIG-change event for the way back to a
-    # whole GPU does not reach it here (the way into MIG mode does; open, issue #28's note).
-    wait_for("gpu-6 whole again in the slice", lambda: "gpu-6" in devices(), timeout=80.0)
+    # NVML's MIG-change event brings the way back at once: gpu-inventory's event waiter, started
+    # again when GPU 6's MIG mode changed, listens for it (or the read after its restart sees it).
+    wait_for("gpu-6 whole again in the slice", lambda: "gpu-6" in devices())
     say("dra-gpu MIG", f"GPU 6 whole again -> slice devices {sorted(devices())}")
 
 

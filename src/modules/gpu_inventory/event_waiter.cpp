@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 
@@ -36,9 +37,6 @@ constexpr std::array<std::pair<unsigned long long, std::string_view>, 3> kHealth
     {nvml::kEventTypeDoubleBitEccError, "doubleBitEcc"},
     {nvml::kEventTypeClock, "clock"},
 }};
-constexpr unsigned long long kWaitedEventTypes = nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange |
-                                                 nvml::kEventTypeSingleBitEccError |
-                                                 nvml::kEventTypeDoubleBitEccError | nvml::kEventTypeClock;
 
 // One whole line to stdout; a parent that is gone (EPIPE) ends us.
 void Emit(std::string line) {
@@ -65,6 +63,20 @@ bool ParseNumber(std::string_view text, T& out) {
   return ec == std::errc() && end == text.data() + text.size();
 }
 
+std::string OptionalField(const std::optional<uint32_t>& value) { return value ? std::to_string(*value) : "-"; }
+
+// "-" is unknown; false for anything else that is not a number.
+bool ParseOptional(std::string_view text, std::optional<uint32_t>& out) {
+  if (text == "-") {
+    out.reset();
+    return true;
+  }
+  uint32_t value = 0;
+  if (!ParseNumber(text, value)) return false;
+  out = value;
+  return true;
+}
+
 std::vector<std::string_view> Fields(std::string_view line, std::size_t max) {
   std::vector<std::string_view> out;
   while (!line.empty() && out.size() + 1 < max) {
@@ -78,6 +90,23 @@ std::vector<std::string_view> Fields(std::string_view line, std::size_t max) {
 }
 
 }  // namespace
+
+std::vector<std::string> GpusWithNewEventBasis(const std::map<std::string, GpuEventBasis>& registered,
+                                               const std::map<std::string, GpuEventBasis>& read) {
+  const auto differ = [](const auto& a, const auto& b) { return a && b && *a != *b; };
+  std::vector<std::string> out;
+  for (const auto& [uuid, now] : read) {
+    const auto it = registered.find(uuid);
+    if (it == registered.end()) continue;
+    const GpuEventBasis& then = it->second;
+    const bool events_changed = then.supported_events && now.supported_events &&
+                                ((*then.supported_events ^ *now.supported_events) & kWaitedEventTypes) != 0;
+    if (events_changed || differ(then.mig_current, now.mig_current) || differ(then.mig_pending, now.mig_pending)) {
+      out.push_back(uuid);
+    }
+  }
+  return out;
+}
 
 std::vector<std::string> EventWaiterArgs(const EventWaiterOptions& options) {
   std::vector<std::string> args{std::string(kSubcommand), "--library", options.library, "--wait-ms",
@@ -136,18 +165,36 @@ int RunEventWaiter(const EventWaiterOptions& options) {
       return EmitError("nvmlDeviceGetSupportedEventTypes",
                   "nvmlDeviceGetSupportedEventTypes failed for " + uuid + ": " + library->Describe(rc));
     }
+    // The MIG mode the registration follows (the parent compares it with its reads): a GPU
+    // without MIG, or a driver without the call, says nothing.
+    std::optional<uint32_t> mig_current, mig_pending;
+    if (api.nvmlDeviceGetMigMode != nullptr) {
+      unsigned int current = 0, pending = 0;
+      if (api.nvmlDeviceGetMigMode(device, &current, &pending) == nvml::kSuccess) {
+        mig_current = current;
+        mig_pending = pending;
+      }
+    }
+    const auto registered = [&](unsigned long long types) {
+      Emit("registered " + uuid + " " + std::to_string(types) + " " + std::to_string(supported) + " " +
+           OptionalField(mig_current) + " " + OptionalField(mig_pending));
+    };
     const unsigned long long types = supported & kWaitedEventTypes;
     if ((types & nvml::kEventTypeXidCriticalError) == 0) Emit("warn " + uuid + " does not report XID events through NVML");
-    if (types == 0) continue;
+    if (types == 0) {
+      registered(0);
+      continue;
+    }
     rc = api.nvmlDeviceRegisterEvents(device, types, set);
     if (rc == nvml::kErrorNotSupported) {
       Emit("warn " + uuid + ": nvmlDeviceRegisterEvents: " + library->Describe(rc));
+      registered(0);
       continue;
     }
     if (rc != nvml::kSuccess) {
       return EmitError("nvmlDeviceRegisterEvents", "nvmlDeviceRegisterEvents failed for " + uuid + ": " + library->Describe(rc));
     }
-    Emit("registered " + uuid + " " + std::to_string(types));
+    registered(types);
     devices.emplace_back(device, uuid);
   }
   const auto uuid_of = [&](nvml::Device device) {
@@ -273,10 +320,13 @@ EventWaiterProcess::~EventWaiterProcess() {
 }
 
 void EventWaiterProcess::Kill(std::function<void()> reaped) {
-  if (killing_) return;
+  if (reaped) on_reaped_.push_back(std::move(reaped));
+  if (killing_) {
+    MaybeEnded();  // reaped already: told at once
+    return;
+  }
   killing_ = true;
   callbacks_ = {};
-  on_reaped_ = std::move(reaped);
   if (!reaped_) ::kill(pid_, SIGKILL);
   boost::system::error_code ignored;
   io_->out.close(ignored);  // its output no longer matters
@@ -306,7 +356,7 @@ void EventWaiterProcess::ReadMore() {
 
 void EventWaiterProcess::OnLine(const std::string& line) {
   // Each callback is called through a copy: it may Kill() us, which drops callbacks_.
-  const auto fields = Fields(line, 5);
+  const auto fields = Fields(line, 6);
   const std::string_view kind = fields[0];
   const auto uuid = [&](std::string_view field) { return field == "-" ? std::string() : std::string(field); };
   if (kind == "armed") {
@@ -332,10 +382,14 @@ void EventWaiterProcess::OnLine(const std::string& line) {
     if (known && ParseNumber(fields[3], event.data)) {
       if (auto health = callbacks_.health) health(std::move(event));
     }
-  } else if (kind == "registered" && fields.size() >= 3) {
+  } else if (kind == "registered" && fields.size() == 6) {
     unsigned long long types = 0;
-    if (ParseNumber(fields[2], types)) {
-      if (auto registered = callbacks_.registered) registered(uuid(fields[1]), types);
+    uint64_t supported = 0;
+    GpuEventBasis basis;
+    if (ParseNumber(fields[2], types) && ParseNumber(fields[3], supported) && ParseOptional(fields[4], basis.mig_current) &&
+        ParseOptional(fields[5], basis.mig_pending)) {
+      basis.supported_events = supported;
+      if (auto registered = callbacks_.registered) registered(uuid(fields[1]), types, std::move(basis));
     }
   } else if (kind == "mig" && fields.size() >= 2) {
     if (auto mig_changed = callbacks_.mig_changed) mig_changed(uuid(fields[1]));
@@ -372,10 +426,9 @@ void EventWaiterProcess::AwaitExit() {
 void EventWaiterProcess::MaybeEnded() {
   if (!reaped_) return;
   if (killing_) {
-    if (auto reaped = std::move(on_reaped_)) {
-      on_reaped_ = nullptr;
-      boost::asio::post(io_->exit.get_executor(), std::move(reaped));
-    }
+    auto reaped = std::move(on_reaped_);
+    on_reaped_.clear();
+    for (auto& done : reaped) boost::asio::post(io_->exit.get_executor(), std::move(done));
     return;
   }
   if (!eof_) return;  // its last lines (an error) first

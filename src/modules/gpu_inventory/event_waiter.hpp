@@ -21,14 +21,18 @@
 //   mig <uuid>                             a MIG reconfiguration of that GPU
 //   health <uuid> <kind> <data>            an ECC or clock event (kind singleBitEcc,
 //                                          doubleBitEcc or clock; data: eventData)
-//   registered <uuid> <types>              the event types registered on that GPU (a mask of
-//                                          nvmlEventType*, decimal), once per GPU at start
+//   registered <uuid> <types> <supported> <mig current> <mig pending>
+//                                          once per GPU at start: the event types registered on
+//                                          it (a mask of nvmlEventType*, decimal; 0 for none),
+//                                          those it supports, and its MIG mode ("-" where NVML
+//                                          did not say): what the registration followed
 //   warn <text>                            a GPU whose events cannot be registered (not fatal)
 //   error <function> <text>                it failed (<function> "-" when no NVML call); it exits
 
 #include "modules/gpu_inventory/api/nvml_events_command.hpp"
 #include "modules/gpu_inventory/api/nvml_abi.hpp"
 #include "modules/gpu_inventory/api/health_events.hpp"
+#include "modules/gpu_inventory/api/nvml_session.hpp"
 
 #include <boost/asio/io_context.hpp>
 
@@ -36,6 +40,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +60,19 @@ struct XidEvent {
   uint32_t compute_instance = nvml::kInstanceIdNone;
 };
 
+// The event types the waiter registers, where a GPU supports them.
+inline constexpr unsigned long long kWaitedEventTypes =
+    nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange | nvml::kEventTypeSingleBitEccError |
+    nvml::kEventTypeDoubleBitEccError | nvml::kEventTypeClock;
+
+// The GPUs (UUIDs) whose basis in `read` differs from the one the running waiter registered by
+// (`registered`, from its `registered` lines): a MIG mode (current or pending) or a set of
+// supported event types (of those it waits for) that changed. Its registrations are out of date
+// for them: it has to register again. A value one side does not know (a failed call) and a GPU
+// one side lacks are no difference, so a call that keeps failing never restarts it on each read.
+std::vector<std::string> GpusWithNewEventBasis(const std::map<std::string, GpuEventBasis>& registered,
+                                               const std::map<std::string, GpuEventBasis>& read);
+
 // The child's side (EventWaiterOptions, RunEventWaiter) is in api/nvml_events_command.hpp.
 // The arguments after the program for `options` (the parent side builds them).
 std::vector<std::string> EventWaiterArgs(const EventWaiterOptions& options);
@@ -68,7 +86,7 @@ class EventWaiterProcess : public std::enable_shared_from_this<EventWaiterProces
     std::function<void(XidEvent)> xid;
     std::function<void(std::string uuid)> mig_changed;
     std::function<void(HealthEventLine)> health;
-    std::function<void(std::string uuid, uint64_t types)> registered;
+    std::function<void(std::string uuid, uint64_t types, GpuEventBasis basis)> registered;
     std::function<void(std::string text)> warning;
     // It failed: an `error` line, or it ended without being asked to. `function` is the NVML
     // call that failed ("" when none). Called once; the process is gone or going.
@@ -81,7 +99,8 @@ class EventWaiterProcess : public std::enable_shared_from_this<EventWaiterProces
                                                    const EventWaiterOptions& options, Callbacks callbacks);
 
   // SIGKILL, callbacks silenced; `reaped` runs on the loop once the process was reaped (the
-  // kernel has closed every NVML handle it held). Once.
+  // kernel has closed every NVML handle it held). Each `reaped` given runs once: a second Kill
+  // (a session closed while a restart waits for the reap) is told too.
   void Kill(std::function<void()> reaped);
   pid_t Pid() const { return pid_; }
 
@@ -108,7 +127,7 @@ class EventWaiterProcess : public std::enable_shared_from_this<EventWaiterProces
   bool killing_ = false;
   bool failed_ = false;
   std::string partial_;  // an unfinished line
-  std::function<void()> on_reaped_;
+  std::vector<std::function<void()>> on_reaped_;
 };
 
 }  // namespace gns::gpu_inventory

@@ -86,7 +86,10 @@ GpuInventoryModule::GpuInventoryModule(ModuleContext& context, const Config& con
       health_reads_(&context.Metrics().Counter("gpu_node_supervisor_nvml_health_reads_total",
                                                "Health passes over every GPU through NVML (GpuHealthSampler)")),
       health_hangs_(&context.Metrics().Counter("gpu_node_supervisor_nvml_health_read_hangs_total",
-                                               "Health passes that outlived healthReadTimeout (an NVML call hung)")) {}
+                                               "Health passes that outlived healthReadTimeout (an NVML call hung)")),
+      waiter_restarts_(&context.Metrics().Counter(
+          "gpu_node_supervisor_nvml_event_waiter_restarts_total",
+          "NVML event waiter restarts because a GPU's MIG mode or supported event types changed")) {}
 
 // What other modules find in the services while gpu-inventory runs (withdrawn on Stop).
 class GpuInventoryModule::HealthSamplerService final : public GpuHealthSampler {
@@ -185,8 +188,10 @@ EventWaiterProcess::Callbacks GpuInventoryModule::WaiterCallbacks(uint64_t gener
   callbacks.xid = [this](XidEvent event) { OnXid(std::move(event)); };
   callbacks.mig_changed = [this](std::string uuid) { OnMigChanged(std::move(uuid)); };
   callbacks.health = [this](HealthEventLine event) { OnHealthEvent(std::move(event)); };
-  callbacks.registered = [this](std::string uuid, uint64_t types) {
+  callbacks.registered = [this, generation](std::string uuid, uint64_t types, GpuEventBasis basis) {
+    if (generation != generation_) return;
     context_.Log().info("NVML events of {}: {}", uuid, DescribeEventTypes(types));
+    waiter_basis_[uuid] = std::move(basis);
   };
   callbacks.warning = [this](std::string text) { context_.Log().warn("NVML events: {}", text); };
   callbacks.failed = [this, generation](std::string function, std::string message) {
@@ -240,7 +245,15 @@ void GpuInventoryModule::OnOpened(uint64_t generation, NvmlSession::Opened opene
 }
 
 void GpuInventoryModule::OnArmed(uint64_t generation) {
-  if (generation != generation_ || !session_ || armed_ || session_failed_ || stopping_ || released_) return;
+  if (generation != generation_ || !session_ || session_failed_ || stopping_ || released_) return;
+  if (armed_) {
+    // A waiter started again for new registrations (RestartWaiter): whatever changed while none
+    // listened is read now.
+    context_.Log().debug("the restarted NVML event waiter is armed: reading the GPUs again");
+    refresh_wanted_ = true;
+    Reconcile();
+    return;
+  }
   armed_ = true;
   armed_at_ = context_.GetClock().Now();
   PublishAvailable(pending_read_);
@@ -249,6 +262,8 @@ void GpuInventoryModule::OnArmed(uint64_t generation) {
                       inventory.driver_version,
                       pending_read_.clique.clique_id.empty() ? "none (" + pending_read_.clique.reason + ")"
                                                              : pending_read_.clique.clique_id);
+  // The waiter registered by what it read itself, a moment after this read.
+  CheckWaiterRegistrations(pending_read_);
   pending_read_ = {};
   last_error_.clear();
   suppressed_errors_ = 0;
@@ -341,6 +356,7 @@ void GpuInventoryModule::OnMigChanged(std::string uuid) {
 }
 
 void GpuInventoryModule::StartWaiter(uint64_t generation) {
+  waiter_basis_.clear();
   EventWaiterOptions options;
   options.library = config_.nvml_library;
   options.wait_ms = static_cast<unsigned int>(config_.event_wait_timeout.count());
@@ -355,6 +371,43 @@ void GpuInventoryModule::StartWaiter(uint64_t generation) {
     session_failed_ = true;
     RecordFailure(std::string("cannot start the NVML event waiter: ") + e.what());
   }
+}
+
+void GpuInventoryModule::CheckWaiterRegistrations(const ReadResult& read) {
+  if (!waiter_ || !armed_ || session_failed_ || stopping_ || released_) return;
+  const auto changed = GpusWithNewEventBasis(waiter_basis_, read.event_basis);
+  if (!changed.empty()) RestartWaiter(changed);
+}
+
+// NVML registers events per GPU once, by what the GPU supports then: an older driver reports
+// nvmlEventMigConfigChange only while MIG mode is on, so a GPU that was whole when the waiter
+// registered never reports going into MIG mode, and one that left it keeps a registration that
+// no longer fits. A MIG mode change alone counts too: nvmlDeviceSetMigMode may reset the GPU,
+// and registrations made before it are not promised to outlive it. The old child is reaped
+// before the new one starts, so no event is reported
+// twice; one that comes in between (milliseconds) is missed by NVML's path: the read after the
+// new one is armed brings any MIG change, and an XID still reaches gpu-health through the kernel
+// log. The inventory stays available throughout.
+void GpuInventoryModule::RestartWaiter(const std::vector<std::string>& gpus) {
+  std::string which;
+  for (const auto& uuid : gpus) which += (which.empty() ? "" : ", ") + uuid;
+  context_.Log().info("MIG mode or NVML event types of {} changed: starting the NVML event waiter again to register "
+                      "them as they are now",
+                      which);
+  waiter_restarts_->Inc();
+  waiter_basis_.clear();
+  const uint64_t generation = ++generation_;
+  // waiter_ stays until reaped: a close meanwhile waits for the same reap (Kill tells both).
+  waiter_->Kill([this, alive = lifetime_.Watch(), generation] {
+    if (alive) OnOldWaiterReaped(generation);
+  });
+}
+
+void GpuInventoryModule::OnOldWaiterReaped(uint64_t generation) {
+  // A close, a failure or a newer restart since: that path starts what comes next.
+  if (generation != generation_ || !session_ || session_failed_ || stopping_ || released_) return;
+  StartWaiter(generation);
+  Reconcile();  // a waiter that cannot start failed the session: closed and opened again
 }
 
 void GpuInventoryModule::OnWaiterFailed(uint64_t generation, const std::string& function, const std::string& message) {
@@ -477,6 +530,7 @@ void GpuInventoryModule::OnRefreshed(uint64_t generation, ReadResult read, std::
       PublishAvailable(read);
       SetOkHealth();
       ScheduleRefresh();
+      CheckWaiterRegistrations(read);
     } else {
       session_failed_ = true;
       RecordFailure(read.error);

@@ -84,6 +84,12 @@ class GpuInventoryModule final : public Module {
   void OnMigChanged(std::string uuid);
   void OnWaiterFailed(uint64_t generation, const std::string& function, const std::string& message);
   void StartWaiter(uint64_t generation);
+  // A read found GPUs whose MIG mode or event types differ from what the waiter registered by:
+  // it is killed and, once reaped, started again (RestartWaiter), and what it may have missed
+  // meanwhile is read again once the new one is armed.
+  void CheckWaiterRegistrations(const ReadResult& read);
+  void RestartWaiter(const std::vector<std::string>& gpus);
+  void OnOldWaiterReaped(uint64_t generation);
   void StartClose();
   void OnClosed(NvmlSession::Closed closed);
   void ScheduleRetry();
@@ -139,6 +145,8 @@ class GpuInventoryModule final : public Module {
   // for its GPUs' events.
   std::shared_ptr<NvmlSession> session_;
   std::shared_ptr<EventWaiterProcess> waiter_;
+  // What waiter_ registered by, per GPU (its `registered` lines): compared with every read.
+  std::map<std::string, GpuEventBasis> waiter_basis_;
   uint64_t generation_ = 0;       // of the newest open attempt; stale waiter reports are dropped
   bool task_in_flight_ = false;   // a pool task (open, refresh, close) runs: at most one
   bool session_failed_ = false;   // session_ failed: close it, then retry
@@ -190,6 +198,7 @@ class GpuInventoryModule final : public Module {
   MetricsRegistry::Series* inventory_reads_;
   MetricsRegistry::Series* health_reads_;
   MetricsRegistry::Series* health_hangs_;
+  MetricsRegistry::Series* waiter_restarts_;
   Subscription release_sub_;
 };
 

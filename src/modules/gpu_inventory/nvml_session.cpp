@@ -140,7 +140,16 @@ class Reader {
       gpu.numa_node = NumaNode(device, gpu);
       remotes[i] = NvLinkRemotes(device, gpu.uuid);
       if (auto fabric = Fabric(device, gpu.uuid, fabric_errors)) gpu.fabric = std::move(*fabric);
-      if (!ReadMig(device, gpu)) return false;
+      GpuEventBasis& basis = raw.result.event_basis[gpu.uuid];
+      if (!ReadMig(device, gpu, basis)) return false;
+      // Not warned about: the event waiter, which registers by it, reports its failure.
+      unsigned long long supported = 0;
+      rc = api_.nvmlDeviceGetSupportedEventTypes(device, &supported);
+      if (rc == nvml::kSuccess) {
+        basis.supported_events = supported;
+      } else {
+        Count("nvmlDeviceGetSupportedEventTypes", rc);
+      }
 
       inventory.gpus.push_back(std::move(gpu));
       raw.handles.push_back(device);
@@ -274,7 +283,8 @@ class Reader {
   // MIG mode and, when enabled, every MIG device in slot order. A driver or GPU without MIG
   // answers NOT_SUPPORTED (or lacks the symbols): MIG disabled. A MIG device that cannot be read
   // fails the whole read (advertising a partial set would hand out the wrong capacity).
-  bool ReadMig(nvml::Device device, GpuInfo& gpu) {
+  // The mode (current and pending) goes into `basis` too.
+  bool ReadMig(nvml::Device device, GpuInfo& gpu, GpuEventBasis& basis) {
     if (api_.nvmlDeviceGetMigMode == nullptr) return true;
     unsigned int current = nvml::kDeviceMigDisable, pending = nvml::kDeviceMigDisable;
     nvml::Return rc = api_.nvmlDeviceGetMigMode(device, &current, &pending);
@@ -283,6 +293,8 @@ class Reader {
       Warn("nvmlDeviceGetMigMode", rc, gpu.uuid);
       return true;
     }
+    basis.mig_current = current;
+    basis.mig_pending = pending;
     if (current != nvml::kDeviceMigEnable) return true;
     gpu.mig_enabled = true;
     if (api_.nvmlDeviceGetMaxMigDeviceCount == nullptr || api_.nvmlDeviceGetMigDeviceHandleByIndex == nullptr ||

@@ -735,7 +735,7 @@ TEST_F(FakeNvmlTest, ReloadConfigPlaysAMigReconfigurationAndQueuesItsEvent) {
   ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(mig_gpu, &supported), nvml::kSuccess);
   EXPECT_NE(supported & nvml::kEventMigConfigChange, 0u) << "MIG-enabled GPUs report MIG reconfigurations by default";
   ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(plain_gpu, &supported), nvml::kSuccess);
-  EXPECT_EQ(supported & nvml::kEventMigConfigChange, 0u);
+  EXPECT_NE(supported & nvml::kEventMigConfigChange, 0u) << "and whole GPUs that could be (compute capability 9.0)";
   nvml::EventSet set = nullptr;
   ASSERT_EQ(api_.nvmlEventSetCreate(&set), nvml::kSuccess);
   ASSERT_EQ(api_.nvmlDeviceRegisterEvents(mig_gpu, nvml::kEventTypeXidCriticalError | nvml::kEventMigConfigChange, set),
@@ -799,6 +799,47 @@ TEST_F(FakeNvmlTest, ReloadConfigPlaysAMigReconfigurationAndQueuesItsEvent) {
   EXPECT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kErrorTimeout);
   EXPECT_EQ(api_.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 6, &new_mig), nvml::kSuccess);
   EXPECT_EQ(Uuid(new_mig), "MIG-re000000-0000-0000-0000-000000000106");
+  EXPECT_EQ(api_.nvmlEventSetFree(set), nvml::kSuccess);
+}
+
+// Which GPUs report MIG reconfigurations by default: compute capability 8.0 (Ampere) or newer,
+// MIG mode on or off, as current drivers; an older GPU only with MIG mode on. A whole GPU's way
+// into MIG mode reaches an event set registered on it.
+TEST_F(FakeNvmlTest, WholeMigCapableGpusReportGoingIntoMigMode) {
+  const auto reload = reinterpret_cast<fakeNvmlReloadConfig_t>(dlsym(library_, "fakeNvmlReloadConfig"));
+  ASSERT_NE(reload, nullptr);
+  const auto gpus = [](const std::string& ampere_mig) {
+    return R"({"gpus":[{"uuid":"GPU-ca000000-0000-0000-0000-000000000001","pciBusId":"00000000:18:00.0","minor":0,
+                       "memoryTotalBytes":85520809984,"computeCapability":"8.0")" +
+           ampere_mig + R"(},
+                      {"uuid":"GPU-ca000000-0000-0000-0000-000000000002","pciBusId":"00000000:2A:00.0","minor":1,
+                       "memoryTotalBytes":34359738368,"computeCapability":"7.0"}]})";
+  };
+  const std::string config = WriteFile("capable.json", gpus(""));
+  setenv("FAKE_NVML_CONFIG", config.c_str(), 1);
+  Session session(api_);
+  unsigned long long supported = 0;
+  ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(Handle(0), &supported), nvml::kSuccess);
+  EXPECT_NE(supported & nvml::kEventMigConfigChange, 0u) << "Ampere, MIG mode off";
+  ASSERT_EQ(api_.nvmlDeviceGetSupportedEventTypes(Handle(1), &supported), nvml::kSuccess);
+  EXPECT_EQ(supported & nvml::kEventMigConfigChange, 0u) << "Volta";
+  nvml::EventSet set = nullptr;
+  ASSERT_EQ(api_.nvmlEventSetCreate(&set), nvml::kSuccess);
+  ASSERT_EQ(api_.nvmlDeviceRegisterEvents(Handle(0), nvml::kEventMigConfigChange, set), nvml::kSuccess);
+  EXPECT_EQ(api_.nvmlDeviceRegisterEvents(Handle(1), nvml::kEventMigConfigChange, set), nvml::kErrorNotSupported);
+
+  WriteFile("capable.json", gpus(R"(,"migEnabled":true,"migDevices":[{"uuid":"MIG-ca000000-0000-0000-0000-00000000000a",
+                                    "gpuInstanceId":0,"gpuInstanceSliceCount":7,"memorySizeMB":80384}])"));
+  unsigned int changed = 0;
+  ASSERT_EQ(reload(&changed), nvml::kSuccess);
+  EXPECT_EQ(changed, 1u);
+  nvml::EventData data{};
+  ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kSuccess);
+  EXPECT_EQ(data.device, Handle(0));
+  EXPECT_EQ(data.eventType, nvml::kEventMigConfigChange);
+  WriteFile("capable.json", gpus(""));
+  ASSERT_EQ(reload(&changed), nvml::kSuccess);
+  ASSERT_EQ(api_.nvmlEventSetWait_v2(set, &data, 0), nvml::kSuccess) << "and the way back";
   EXPECT_EQ(api_.nvmlEventSetFree(set), nvml::kSuccess);
 }
 

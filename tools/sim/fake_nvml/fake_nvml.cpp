@@ -550,8 +550,13 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
     }
   }
   ParseMig(j, gpu, where);
-  // MIG-enabled GPUs also report MIG reconfigurations (nvmlEventMigConfigChange) by default.
-  gpu.supported_events = j.value("supportedEventTypes", kDefaultSupportedEvents | (gpu.mig_enabled ? nvml::kEventMigConfigChange : 0));
+  // MIG reconfigurations (nvmlEventMigConfigChange) are reported by default on every GPU of
+  // compute capability 8.0 (Ampere) or newer, MIG mode on or off, as current drivers do (DCGM
+  // registers it on those GPUs "regardless MIG state", and NOT_SUPPORTED only from older
+  // drivers), and on any GPU with MIG mode on. "supportedEventTypes" models another driver.
+  const bool mig_capable = gpu.cc_major >= 8 || gpu.mig_enabled;
+  gpu.supported_events =
+      j.value("supportedEventTypes", kDefaultSupportedEvents | (mig_capable ? nvml::kEventMigConfigChange : 0));
   if (j.contains("fabric")) {
     const Json& f = j.at("fabric");
     CheckKeys(f, {"clusterUuid", "cliqueId", "state", "status", "healthMask", "healthSummary"}, where + ".fabric");

@@ -20,6 +20,16 @@
 
 namespace gns::gpu_inventory {
 
+// What the event waiter's registrations on a GPU follow: the event types the GPU supports and its
+// MIG mode. Read with the inventory and by the waiter as it registers; where the two differ, the
+// waiter's registrations are out of date (GpusWithNewEventBasis, event_waiter.hpp).
+struct GpuEventBasis {
+  std::optional<uint64_t> supported_events;  // nvmlDeviceGetSupportedEventTypes; nullopt: the call failed
+  std::optional<uint32_t> mig_current;       // nvmlDeviceGetMigMode; nullopt: no MIG here, or it failed
+  std::optional<uint32_t> mig_pending;
+  bool operator==(const GpuEventBasis&) const = default;
+};
+
 // One read of every GPU, as plain values.
 struct ReadResult {
   bool ok = false;
@@ -28,6 +38,7 @@ struct ReadResult {
   NodeClique clique;
   std::vector<std::string> warnings;          // non-fatal problems, for the log
   std::vector<std::string> failed_functions;  // NVML calls that failed, for nvml_errors_total
+  std::map<std::string, GpuEventBasis> event_basis;  // UUID → what its event registrations follow
 };
 
 // GPUs released for their reset: NVML index (as last read) → UUID. Not touched at all at that

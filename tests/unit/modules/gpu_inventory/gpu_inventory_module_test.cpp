@@ -161,6 +161,36 @@ class GpuInventoryModuleTest : public ::testing::Test {
     setenv("FAKE_NVML_CONFIG", path.c_str(), 1);
   }
 
+  // gpus-mig.json, to edit and play a MIG reconfiguration with (as demo.py and mig-parted do):
+  // WriteConfig puts it where FAKE_NVML_CONFIG points, Reload has the fake re-read it.
+  static nlohmann::json MigConfig() {
+    std::ifstream in(GNS_FAKE_NVML_GPUS_MIG);
+    return nlohmann::json::parse(in);
+  }
+  void WriteConfig(const nlohmann::json& config) {
+    const std::string path = temp_dir_ + "/gpus-mig.json";
+    std::ofstream(path, std::ios::trunc) << config.dump(2);
+    setenv("FAKE_NVML_CONFIG", path.c_str(), 1);
+  }
+  // fakeNvmlReloadConfig: the number of GPUs whose MIG layout changed, or -1 when it failed.
+  int Reload() {
+    const auto reload = reinterpret_cast<fakeNvmlReloadConfig_t>(dlsym(library_, "fakeNvmlReloadConfig"));
+    EXPECT_NE(reload, nullptr);
+    unsigned int changed = 0;
+    if (reload == nullptr || reload(&changed) != 0) return -1;
+    return static_cast<int>(changed);
+  }
+  // fakeNvmlRegisteredEvents: what every process of the simulated driver registered on `uuid`.
+  unsigned long long RegisteredEvents(const std::string& uuid) {
+    const auto registered = reinterpret_cast<fakeNvmlRegisteredEvents_t>(dlsym(library_, "fakeNvmlRegisteredEvents"));
+    EXPECT_NE(registered, nullptr);
+    unsigned long long types = 0;
+    if (registered != nullptr) {
+      EXPECT_EQ(registered(uuid.c_str(), &types), 0);
+    }
+    return types;
+  }
+
   static inline void* library_ = nullptr;
   static inline fakeNvmlInjectXid_t inject_xid_ = nullptr;
   static inline fakeNvmlSetFailure_t set_failure_ = nullptr;
@@ -323,14 +353,8 @@ TEST_F(GpuInventoryModuleTest, MigDevicesAreEnumeratedPerGpuWithTheirProfiles) {
 // nvmlEventMigConfigChange, as the driver does) is read and published at once: the refresh
 // interval is an hour, so only the event can bring the new layout.
 TEST_F(GpuInventoryModuleTest, AMigReconfigurationIsPublishedWhenNvmlReportsIt) {
-  const auto reload = reinterpret_cast<fakeNvmlReloadConfig_t>(dlsym(library_, "fakeNvmlReloadConfig"));
-  ASSERT_NE(reload, nullptr);
-  std::ifstream in(GNS_FAKE_NVML_GPUS_MIG);
-  nlohmann::json config = nlohmann::json::parse(in);
-  const std::string path = temp_dir_ + "/gpus-mig.json";
-  auto write = [&] { std::ofstream(path, std::ios::trunc) << config.dump(2); };
-  write();
-  setenv("FAKE_NVML_CONFIG", path.c_str(), 1);
+  nlohmann::json config = MigConfig();
+  WriteConfig(config);
   StartModule();  // refreshInterval: 1h
   ASSERT_TRUE(WaitAvailable()) << health_detail_;
   const std::string gpu2 = Inventory()->gpus[2].uuid;
@@ -346,10 +370,8 @@ TEST_F(GpuInventoryModuleTest, AMigReconfigurationIsPublishedWhenNvmlReportsIt) 
                        {"gpuInstanceSliceCount", 3},
                        {"memorySizeMB", 40192}});
   }
-  write();
-  unsigned int changed = 0;
-  ASSERT_EQ(reload(&changed), 0);
-  ASSERT_EQ(changed, 1u);
+  WriteConfig(config);
+  ASSERT_EQ(Reload(), 1);
   auto profiles = [&](int gpu) {
     std::vector<std::string> out;
     if (Inventory() == nullptr || !Inventory()->available) return out;
@@ -365,14 +387,151 @@ TEST_F(GpuInventoryModuleTest, AMigReconfigurationIsPublishedWhenNvmlReportsIt) 
   // Two reconfigurations back to back (GPU 0 loses an instance, then GPU 1 does): whichever
   // event finds a refresh running, a refresh follows it, so the last layout is what is published.
   config["gpus"][0]["migDevices"].erase(3);
-  write();
-  ASSERT_EQ(reload(&changed), 0);
+  WriteConfig(config);
+  ASSERT_GE(Reload(), 0);
   config["gpus"][1]["migDevices"].erase(6);
-  write();
-  ASSERT_EQ(reload(&changed), 0);
+  WriteConfig(config);
+  ASSERT_GE(Reload(), 0);
   ASSERT_TRUE(h_.RunUntil([&] { return profiles(0).size() == 3 && profiles(1).size() == 6; }));
   EXPECT_EQ(profiles(0), (std::vector<std::string>{"3g.40gb", "2g.20gb", "1g.10gb"}));
   EXPECT_EQ(profiles(2).size(), 2u);
+}
+
+// How long a change reported by NVML may take to reach the inventory (well under the hour of
+// refreshInterval the tests run with), and how long a restart of the waiter child may take (an
+// ASan build of the whole binary starting: about 2.5 s here).
+constexpr auto kSoon = std::chrono::seconds(5);
+constexpr auto kWaiterRestart = std::chrono::seconds(15);
+
+// A whole GPU switched into MIG mode and back (issue #28: mig-parted, `nvidia-smi -mig`): both
+// ways are seen at once with the refresh an hour away, because the waiter listens for
+// nvmlEventMigConfigChange on every GPU that supports it, MIG mode on or off (current drivers,
+// as DCGM registers it: tools/sim/fake_nvml/README.md).
+TEST_F(GpuInventoryModuleTest, AWholeGpuSwitchedIntoMigModeAndBackIsSeenAtOnceBothWays) {
+  nlohmann::json config = MigConfig();
+  const nlohmann::json whole = config["gpus"][3];  // MIG off
+  WriteConfig(config);
+  StartModule();  // refreshInterval: 1h
+  ASSERT_TRUE(WaitAvailable()) << health_detail_;
+  const std::string gpu3 = Inventory()->gpus[3].uuid;
+  ASSERT_FALSE(Inventory()->gpus[3].mig_enabled);
+  unsigned long long types = RegisteredEvents(gpu3);
+  EXPECT_NE(types & 0x100ULL, 0u) << "migConfigChange on a GPU with MIG mode off: " << types;
+
+  auto mig_devices = [&]() -> std::optional<std::size_t> {
+    if (Inventory() == nullptr || !Inventory()->available || !Inventory()->gpus[3].mig_enabled) return std::nullopt;
+    return Inventory()->gpus[3].mig_devices.size();
+  };
+  config["gpus"][3]["migEnabled"] = true;
+  config["gpus"][3]["migDevices"] = nlohmann::json::array({{{"uuid", "MIG-5eed0003-0000-5003-8000-000000000000"},
+                                                             {"gpuInstanceId", 0},
+                                                             {"gpuInstanceSliceCount", 7},
+                                                             {"memorySizeMB", 80384}}});
+  WriteConfig(config);
+  ASSERT_EQ(Reload(), 1);
+  ASSERT_TRUE(h_.RunUntil([&] { return mig_devices() == 1u; }, kSoon)) << "into MIG mode";
+  EXPECT_EQ(Inventory()->gpus[3].mig_devices[0].profile, "7g.80gb");
+  // A MIG mode change starts the waiter again (a GPU's registrations may not outlive the reset
+  // that comes with it): it registers migConfigChange on GPU 3 again.
+  const auto registered_again = [&] {
+    return h_.RunUntil([&] { return (types = RegisteredEvents(gpu3)) == 0x11bULL; }, kWaiterRestart);
+  };
+  ASSERT_TRUE(registered_again()) << types;
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_event_waiter_restarts_total"), 1);
+
+  config["gpus"][3] = whole;
+  WriteConfig(config);
+  ASSERT_EQ(Reload(), 1);
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory() != nullptr && Inventory()->available && !Inventory()->gpus[3].mig_enabled; },
+                          kSoon))
+      << "back to a whole GPU";
+  EXPECT_TRUE(Inventory()->gpus[3].mig_devices.empty());
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_mig_config_changes_total", {{"gpu", gpu3}}), 2) << "both ways by the event";
+  ASSERT_TRUE(registered_again()) << types;
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_event_waiter_restarts_total"), 2);
+  EXPECT_EQ(health_, ModuleHealth::kOk);
+}
+
+// An older driver reports nvmlEventMigConfigChange only for a GPU whose MIG mode is on (DCGM
+// takes NOT_SUPPORTED for it from such drivers): the waiter registered what each GPU supported when
+// it started, so a read that finds a GPU's MIG mode or supported event types changed restarts
+// it. GPU 3 goes into MIG mode in the same reconfiguration as GPU 2 (whose event brings the
+// read); the restarted waiter then hears GPU 3's way back to a whole GPU at once, and the
+// inventory stays available throughout.
+TEST_F(GpuInventoryModuleTest, AGpuChangingMigModeRestartsTheWaiterWithItsNewEventTypes) {
+  constexpr unsigned long long kWithoutMig = 0x1f;  // SBE, DBE, PState, XID, clock
+  constexpr unsigned long long kWithMig = kWithoutMig | 0x100;
+  nlohmann::json config = MigConfig();
+  for (auto& gpu : config["gpus"]) gpu["supportedEventTypes"] = gpu.value("migEnabled", false) ? kWithMig : kWithoutMig;
+  const nlohmann::json whole = config["gpus"][3];
+  WriteConfig(config);
+  StartModule();  // refreshInterval: 1h
+  ASSERT_TRUE(WaitAvailable()) << health_detail_;
+  const std::string gpu3 = Inventory()->gpus[3].uuid;
+  unsigned long long types = RegisteredEvents(gpu3);
+  EXPECT_EQ(types, kWithoutMig & ~0x4ULL) << "no MIG event on this driver with MIG mode off";
+  const std::size_t published = inventories_.size();
+
+  config["gpus"][3]["migEnabled"] = true;
+  config["gpus"][3]["supportedEventTypes"] = kWithMig;
+  config["gpus"][3]["migDevices"] = nlohmann::json::array({{{"uuid", "MIG-5eed0003-0000-5003-8000-000000000000"},
+                                                             {"gpuInstanceId", 0},
+                                                             {"gpuInstanceSliceCount", 7},
+                                                             {"memorySizeMB", 80384}}});
+  config["gpus"][2]["migDevices"][0]["uuid"] = "MIG-5eed0002-0000-5002-8000-0000000000ff";
+  WriteConfig(config);
+  ASSERT_EQ(Reload(), 2);
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory()->available && Inventory()->gpus[3].mig_enabled; }, kSoon));
+  // The waiter is started again with GPU 3's new event types.
+  ASSERT_TRUE(h_.RunUntil([&] { return (types = RegisteredEvents(gpu3)) == 0x11bULL; }, kWaiterRestart))
+      << types;
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_event_waiter_restarts_total"), 1);
+
+  config["gpus"][3] = whole;
+  WriteConfig(config);
+  ASSERT_EQ(Reload(), 1);
+  ASSERT_TRUE(h_.RunUntil([&] { return Inventory()->available && !Inventory()->gpus[3].mig_enabled; }, kSoon))
+      << "back to a whole GPU, reported by the restarted waiter";
+  ASSERT_TRUE(h_.RunUntil([&] { return (types = RegisteredEvents(gpu3)) == 0x1bULL; }, kWaiterRestart))
+      << types;
+  EXPECT_EQ(Metric("gpu_node_supervisor_nvml_event_waiter_restarts_total"), 2);
+  h_.Drain();
+  for (std::size_t i = published; i < inventories_.size(); ++i) EXPECT_TRUE(inventories_[i].available) << i;
+  EXPECT_EQ(health_, ModuleHealth::kOk);
+
+  // The restarted waiter still reports XIDs, each once.
+  ASSERT_EQ(inject_xid_(gpu3.c_str(), 79), 0);
+  ASSERT_TRUE(h_.RunUntil([&] { return !xids_.empty(); }, kSoon));
+  h_.RunUntil([] { return false; }, milliseconds(200));
+  h_.Drain();
+  ASSERT_EQ(xids_.size(), 1u);
+  EXPECT_EQ(xids_[0].uuid, gpu3);
+}
+
+// Kill's contract that a restart relies on: a session closed while the killed child is still
+// being reaped (RestartWaiter waits for that reap too) hears of the reap as well, each caller
+// once, and a Kill after the reap is told at once.
+TEST_F(GpuInventoryModuleTest, EveryKillOfTheWaiterIsToldOnceItIsReaped) {
+  EventWaiterOptions options;
+  options.library = kLibraryPath;
+  options.wait_ms = 100;
+  bool armed = false;
+  EventWaiterProcess::Callbacks callbacks;
+  callbacks.armed = [&] { armed = true; };
+  auto waiter = EventWaiterProcess::Start(h_.loop.Io(), kSupervisor, options, std::move(callbacks));
+  ASSERT_TRUE(h_.RunUntil([&] { return armed; }));
+  int restart = 0, close = 0, late = 0;
+  waiter->Kill([&] { ++restart; });
+  waiter->Kill([&] { ++close; });
+  EXPECT_EQ(restart + close, 0) << "never inside Kill";
+  ASSERT_TRUE(h_.RunUntil([&] { return restart == 1 && close == 1; }));
+  waiter->Kill([&] { ++late; });
+  EXPECT_EQ(late, 0) << "never inside Kill";
+  ASSERT_TRUE(h_.RunUntil([&] { return late == 1; }));
+  h_.RunUntil([] { return false; }, milliseconds(100));
+  EXPECT_EQ(restart, 1);
+  EXPECT_EQ(close, 1);
+  EXPECT_EQ(late, 1);
 }
 
 TEST(MigProfileName, FollowsNvidiasRoundingToEighthsOfTheGpu) {

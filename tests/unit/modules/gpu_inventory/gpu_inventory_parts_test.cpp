@@ -1,7 +1,9 @@
 // The pure parts of gpu-inventory: PCI address forms, the clique rules of WIRE-FACTS §8.5,
-// the /debug/state JSON, and the module's config section.
+// the /debug/state JSON, the module's config section, and when the NVML event waiter has to
+// register again.
 #include "loop/config.hpp"
 #include "modules/gpu_inventory/clique.hpp"
+#include "modules/gpu_inventory/event_waiter.hpp"
 #include "modules/gpu_inventory/gpu_inventory_module.hpp"
 #include "modules/gpu_inventory/messages.hpp"
 
@@ -108,6 +110,36 @@ TEST(Clique, UnreadableFabricInfoMakesTheCliqueUnknown) {
   const auto clique = ComputeClique({Gpu("GPU-a", Attached("c1", 7))}, {"GPU-b (nvmlDeviceGetGpuFabricInfoV: x)"});
   EXPECT_EQ(clique.clique_id, "");
   EXPECT_THAT(clique.reason, HasSubstr("fabric info unreadable: GPU-b"));
+}
+
+// What the waiter registered by (its `registered` lines) against a later read: a MIG mode
+// (current or pending) or a waited-for event type that changed means registering again; what
+// the waiter does not wait for, what one side does not know and a GPU one side lacks do not.
+TEST(EventWaiterBasis, AChangedMigModeOrWaitedEventTypeMeansRegisteringAgain) {
+  constexpr uint64_t kWithoutMig = 0x1f;  // SBE, DBE, PState, XID, clock
+  const GpuEventBasis whole{kWithoutMig, 0u, 0u};
+  const std::map<std::string, GpuEventBasis> registered{{"GPU-a", whole}, {"GPU-b", whole}, {"GPU-c", GpuEventBasis{}}};
+  EXPECT_TRUE(GpusWithNewEventBasis(registered, registered).empty());
+
+  auto read = registered;
+  read["GPU-a"].mig_current = 1;
+  read["GPU-a"].mig_pending = 1;
+  read["GPU-b"].mig_pending = 1;  // enabling, pending a reset
+  EXPECT_EQ(GpusWithNewEventBasis(registered, read), (std::vector<std::string>{"GPU-a", "GPU-b"}));
+
+  read = registered;
+  read["GPU-b"].supported_events = kWithoutMig | nvml::kEventMigConfigChange;
+  EXPECT_EQ(GpusWithNewEventBasis(registered, read), std::vector<std::string>{"GPU-b"});
+  read["GPU-b"].supported_events = kWithoutMig & ~nvml::kEventTypePState;  // not waited for
+  EXPECT_TRUE(GpusWithNewEventBasis(registered, read).empty());
+
+  // Unknown on one side (a call failed, no MIG), or a GPU only one side has: no restart on
+  // every read for a call that keeps failing.
+  read = registered;
+  read["GPU-a"] = GpuEventBasis{};
+  read["GPU-c"] = GpuEventBasis{kWithoutMig | nvml::kEventMigConfigChange, 1u, 1u};
+  read["GPU-new"] = GpuEventBasis{kWithoutMig, 1u, 1u};
+  EXPECT_TRUE(GpusWithNewEventBasis(registered, read).empty());
 }
 
 TEST(Messages, JsonForDebugState) {
