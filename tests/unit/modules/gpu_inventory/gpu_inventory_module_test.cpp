@@ -428,6 +428,7 @@ TEST_F(GpuInventoryModuleTest, AWholeGpuSwitchedIntoMigModeAndBackIsSeenAtOnceBo
                                                              {"gpuInstanceSliceCount", 7},
                                                              {"memorySizeMB", 80384}}});
   WriteConfig(config);
+  const double reads = Metric("gpu_node_supervisor_nvml_inventory_reads_total");
   ASSERT_EQ(Reload(), 1);
   ASSERT_TRUE(h_.RunUntil([&] { return mig_devices() == 1u; }, kSoon)) << "into MIG mode";
   EXPECT_EQ(Inventory()->gpus[3].mig_devices[0].profile, "7g.80gb");
@@ -438,6 +439,11 @@ TEST_F(GpuInventoryModuleTest, AWholeGpuSwitchedIntoMigModeAndBackIsSeenAtOnceBo
   };
   ASSERT_TRUE(registered_again()) << types;
   EXPECT_EQ(Metric("gpu_node_supervisor_nvml_event_waiter_restarts_total"), 1);
+  // And once armed, the module reads the GPUs again (what changed while none listened): two reads
+  // since the reload, the event's and that one. Only then is the way back the event's to report
+  // (a change that came before that read is the read's, and restarts the waiter once more).
+  ASSERT_TRUE(h_.RunUntil([&] { return Metric("gpu_node_supervisor_nvml_inventory_reads_total") >= reads + 2; },
+                          kWaiterRestart));
 
   config["gpus"][3] = whole;
   WriteConfig(config);
