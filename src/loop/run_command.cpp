@@ -16,6 +16,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #ifndef P_PIDFD
 #define P_PIDFD 3
@@ -48,6 +49,7 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
     // Only reached once the child was reaped, or when the io_context goes away first (process
     // exit): then make sure it does not outlive us running.
     if (pid_ > 0 && !reaped_) ::kill(-pid_, SIGKILL);
+    CloseRawOutput();
   }
 
   void Start() {
@@ -142,21 +144,21 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
       return FailToStart(std::string("pidfd_open: ") + std::strerror(e));
     }
     result_.started = true;
-    out_.assign(out_pipe[0]);
-    err_.assign(err_pipe[0]);
     exit_.assign(pidfd);
-    out_.non_blocking(true);
-    err_.non_blocking(true);
     // The output is read once, when the child has exited (OnExit), not as each chunk arrives:
-    // a tool that flushes every line would otherwise wake the loop once per line. A pipe holds
+    // a tool that flushes every line would otherwise wake the loop once per line. So the pipes
+    // are not given to the reactor yet (Asio registers a descriptor with epoll when it is
+    // assigned, and its readiness would wake the loop though nothing waits on it). A pipe holds
     // 64 KiB; a child still running after kReadAfter may be blocked on a full one, so from then
     // on its output is read as it comes.
+    out_fd_ = out_pipe[0];
+    err_fd_ = err_pipe[0];
+    for (const int fd : {out_fd_, err_fd_}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     out_open_ = err_open_ = true;
     read_after_.expires_after(std::min<Steady::duration>(kReadAfter, spec_.timeout));
     read_after_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (ec || self->finished_) return;
-      self->WaitReadable(self->out_, self->result_.out, self->out_open_);
-      self->WaitReadable(self->err_, self->result_.err, self->err_open_);
+      self->ReadAsItComes();
     });
     exit_.async_wait(asio::posix::stream_descriptor::wait_read,
                      [self = shared_from_this()](const boost::system::error_code& ec) { self->OnExit(ec); });
@@ -191,11 +193,30 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
     asio::post(io_, [self = shared_from_this()] { self->Finish(); });
   }
 
+  // From kReadAfter on: the pipes go to the reactor and are read as data comes.
+  void ReadAsItComes() {
+    if (out_fd_ >= 0) out_.assign(std::exchange(out_fd_, -1));
+    if (err_fd_ >= 0) err_.assign(std::exchange(err_fd_, -1));
+    WaitReadable(out_, result_.out, out_open_);
+    WaitReadable(err_, result_.err, err_open_);
+  }
+
+  // A pipe's descriptor: the reactor's once handed over, ours before.
+  int OutFd() { return out_.is_open() ? out_.native_handle() : out_fd_; }
+  int ErrFd() { return err_.is_open() ? err_.native_handle() : err_fd_; }
+
+  void CloseRawOutput() {
+    for (int* fd : {&out_fd_, &err_fd_}) {
+      if (*fd >= 0) ::close(std::exchange(*fd, -1));
+    }
+  }
+
   // Reads what is there now, without blocking; false at end of file or on an error.
-  bool Drain(asio::posix::stream_descriptor& d, std::string& into) {
+  bool Drain(int fd, std::string& into) {
+    if (fd < 0) return false;
     std::array<char, 4096> buf;
     for (;;) {
-      const ssize_t n = ::read(d.native_handle(), buf.data(), buf.size());
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
       if (n > 0) {
         const std::size_t room = spec_.max_output > into.size() ? spec_.max_output - into.size() : 0;
         const std::size_t take = std::min<std::size_t>(room, static_cast<std::size_t>(n));
@@ -213,7 +234,7 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
     d.async_wait(asio::posix::stream_descriptor::wait_read,
                  [self = shared_from_this(), &d, &into, &open](const boost::system::error_code& ec) {
                    if (ec || !d.is_open()) return;
-                   if (self->Drain(d, into)) {
+                   if (self->Drain(d.native_handle(), into)) {
                      self->WaitReadable(d, into, open);
                      return;
                    }
@@ -245,8 +266,8 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
       result_.term_signal = info.si_status;
     }
     // Whatever it wrote is in the pipes now; a grandchild keeping them open does not hold us.
-    if (out_open_) Drain(out_, result_.out);
-    if (err_open_) Drain(err_, result_.err);
+    if (out_open_) Drain(OutFd(), result_.out);
+    if (err_open_) Drain(ErrFd(), result_.err);
     Finish();
   }
 
@@ -254,8 +275,8 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
     if (finished_) return;
     ::kill(-pid_, SIGKILL);
     result_.timed_out = true;
-    if (out_open_) Drain(out_, result_.out);
-    if (err_open_) Drain(err_, result_.err);
+    if (out_open_) Drain(OutFd(), result_.out);
+    if (err_open_) Drain(ErrFd(), result_.err);
     Finish();
   }
 
@@ -263,6 +284,7 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
     boost::system::error_code ignored;  // closing pipes we only read
     out_.close(ignored);
     err_.close(ignored);
+    CloseRawOutput();
     out_open_ = err_open_ = false;
   }
 
@@ -289,6 +311,8 @@ class Run final : public RunningCommand, public std::enable_shared_from_this<Run
   CommandResult result_;
   Steady::time_point start_;
   pid_t pid_ = -1;
+  int out_fd_ = -1;  // the pipes' read ends until ReadAsItComes hands them to out_ and err_
+  int err_fd_ = -1;
   bool out_open_ = false;
   bool err_open_ = false;
   bool reaped_ = false;

@@ -5,9 +5,11 @@
 #include "modules/device_plugin/api/mps.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <set>
+#include <string_view>
 
 namespace gns::dra_gpu {
 
@@ -54,6 +56,15 @@ std::string Architecture(int major, int minor) {
     case 12: return "Blackwell";
     default: return {};
   }
+}
+
+// nvmlDeviceGetBrand's nvmlBrandType_t (nvml.h) as upstream names it (go-nvlib's
+// GetBrandAsString); empty for a value it does not name.
+std::string BrandName(uint32_t brand) {
+  static constexpr std::array<std::string_view, 17> kNames = {
+      "Unknown",   "Quadro",    "Tesla",     "NVS",     "Grid",      "GeForce",   "Titan",    "NvidiaVApps", "NvidiaVPC",
+      "NvidiaVCS", "NvidiaVWS", "NvidiaCloudGaming", "QuadroRTX", "NvidiaRTX", "Nvidia", "GeForceRTX", "TitanRTX"};
+  return brand < kNames.size() ? std::string(kNames[brand]) : std::string();
 }
 
 // "00000000:3B:00.0" → "0000:3b:00.0" (the form of resource.kubernetes.io/pciBusID).
@@ -151,6 +162,9 @@ json GpuSliceDevices(const gpu_inventory::GpuInventory& inventory, const std::ve
                     {"minor", {{"int", gpu.minor}}}};
     if (const auto arch = Architecture(gpu.cc_major, gpu.cc_minor); !arch.empty()) {
       attributes["architecture"] = {{"string", arch}};
+    }
+    if (gpu.brand) {
+      if (const auto brand = BrandName(*gpu.brand); !brand.empty()) attributes["brand"] = {{"string", brand}};
     }
     if (gpu.cc_major > 0) {
       attributes["cudaComputeCapability"] = {

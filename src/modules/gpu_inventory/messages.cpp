@@ -82,6 +82,7 @@ void to_json(nlohmann::json& j, const GpuInfo& g) {
   if (g.released) j["released"] = g.release_reason.empty() ? "released" : g.release_reason;
   if (g.mig_enabled) j["migDevices"] = g.mig_devices;
   if (g.cc_major > 0) j["computeCapability"] = std::to_string(g.cc_major) + "." + std::to_string(g.cc_minor);
+  if (g.brand) j["brand"] = *g.brand;  // nvmlBrandType_t
 }
 
 void to_json(nlohmann::json& j, const GpuInventory& inv) {

@@ -107,6 +107,8 @@ struct GpuInfo {
   // order. A MIG-enabled GPU with no MIG devices has nothing to hand out.
   bool mig_enabled = false;
   std::vector<MigDeviceInfo> mig_devices = {};
+  // nvmlDeviceGetBrand's nvmlBrandType_t (14 NVIDIA, 2 Tesla, …); nullopt when NVML could not say.
+  std::optional<uint32_t> brand = {};
   bool operator==(const GpuInfo&) const = default;
 };
 

@@ -137,6 +137,16 @@ class Reader {
         }
       }
 
+      if (api_.nvmlDeviceGetBrand) {
+        unsigned int brand = 0;
+        rc = api_.nvmlDeviceGetBrand(device, &brand);
+        if (rc == nvml::kSuccess) {
+          gpu.brand = brand;
+        } else if (rc != nvml::kErrorNotSupported) {
+          Warn("nvmlDeviceGetBrand", rc, gpu.uuid);
+        }
+      }
+
       gpu.numa_node = NumaNode(device, gpu);
       remotes[i] = NvLinkRemotes(device, gpu.uuid);
       if (auto fabric = Fabric(device, gpu.uuid, fabric_errors)) gpu.fabric = std::move(*fabric);

@@ -168,6 +168,7 @@ struct Gpu {
   int numa_node = -1;
   int cc_major = 9;  // H200-like unless configured
   int cc_minor = 0;
+  unsigned int brand = 14;  // nvmlBrandType_t: NVML_BRAND_NVIDIA, as an H200 reports ("brand")
   std::vector<std::string> nvlink_peer_names;  // as configured, resolved into nvlink_remote
   std::vector<nvml::PciInfo> nvlink_remote;    // one entry per active link, in link order
   unsigned int nvlink_count = 0;               // links the GPU has (default: one per peer)
@@ -504,7 +505,7 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
   CheckKeys(j,
             {"uuid", "name", "pciBusId", "minor", "memoryTotalBytes", "memoryReservedBytes",
              "memoryUsedBytes", "numaNode", "nvlinkPeers", "fabric", "pciDeviceId",
-             "pciSubSystemId", "supportedEventTypes", "computeCapability", "migEnabled", "migDevices",
+             "pciSubSystemId", "supportedEventTypes", "computeCapability", "brand", "migEnabled", "migDevices",
              "nvlinkCount", "nvswitchLinks", "health"},
             where);
   Gpu gpu;
@@ -534,6 +535,7 @@ Gpu ParseGpu(const Json& j, std::size_t index) {
     gpu.cc_major = std::stoi(cc.substr(0, dot));
     gpu.cc_minor = std::stoi(cc.substr(dot + 1));
   }
+  gpu.brand = j.value("brand", gpu.brand);
   gpu.nvlink_peer_names = j.value("nvlinkPeers", std::vector<std::string>{});
   if (gpu.nvlink_peer_names.size() > nvml::kNvLinkMaxLinks) {
     throw ConfigError(nvml::kErrorUnknown, where + ".nvlinkPeers has more than 18 links");
@@ -1675,6 +1677,14 @@ FAKE_NVML_EXPORT Return nvmlDeviceGetCudaComputeCapability(nvml::Device device, 
     if (major == nullptr || minor == nullptr) return nvml::kErrorInvalidArgument;
     *major = g.cc_major;
     *minor = g.cc_minor;
+    return nvml::kSuccess;
+  });
+}
+
+FAKE_NVML_EXPORT Return nvmlDeviceGetBrand(nvml::Device device, unsigned int* type) {
+  return fake::Fake().WithGpu(__func__, device, [&](const fake::Gpu& g, std::size_t) {
+    if (type == nullptr) return nvml::kErrorInvalidArgument;
+    *type = g.brand;
     return nvml::kSuccess;
   });
 }

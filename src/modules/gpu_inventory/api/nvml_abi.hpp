@@ -385,6 +385,8 @@ using ErrorStringFn = const char* (*)(Return);    // nvmlErrorString
 using SystemGetDriverVersionFn = Return (*)(char* version, unsigned int length);
 using SystemGetCudaDriverVersionFn = Return (*)(int* cuda_driver_version);  // e.g. 12040
 using DeviceGetCudaComputeCapabilityFn = Return (*)(Device device, int* major, int* minor);
+// nvmlBrandType_t: 2 Tesla, 14 NVIDIA (datacenter GPUs of Hopper and later), … (nvml.h).
+using DeviceGetBrandFn = Return (*)(Device device, unsigned int* type);
 using DeviceGetCountFn = Return (*)(unsigned int* device_count);
 using DeviceGetHandleByIndexFn = Return (*)(unsigned int index, Device* device);
 using DeviceGetHandleByUuidFn = Return (*)(const char* uuid, Device* device);
@@ -473,6 +475,7 @@ namespace gns::nvml {
   X(nvmlDeviceGetPciInfo_v3, DeviceGetPciInfoFn, true)                          \
   X(nvmlDeviceGetMinorNumber, DeviceGetMinorNumberFn, true)                     \
   X(nvmlDeviceGetCudaComputeCapability, DeviceGetCudaComputeCapabilityFn, false) \
+  X(nvmlDeviceGetBrand, DeviceGetBrandFn, false)                                \
   X(nvmlDeviceGetMemoryInfo, DeviceGetMemoryInfoFn, true)                       \
   X(nvmlDeviceGetMemoryInfo_v2, DeviceGetMemoryInfoV2Fn, false)                 \
   X(nvmlDeviceGetMemoryAffinity, DeviceGetMemoryAffinityFn, false)              \

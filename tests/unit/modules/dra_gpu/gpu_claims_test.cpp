@@ -29,6 +29,7 @@ gpu_inventory::GpuInventory TwoGpus() {
     gpu.memory_total_bytes = uint64_t{143771} << 20;  // 143771 MiB
     gpu.cc_major = 9;
     gpu.cc_minor = 0;
+    gpu.brand = 14;  // NVML_BRAND_NVIDIA
     inventory.gpus.push_back(gpu);
   }
   return inventory;
@@ -112,7 +113,9 @@ TEST(GpuSliceTest, TwoGpusWithUpstreamsNamesAttributesAndCapacity) {
   EXPECT_EQ(a["type"], (json{{"string", "gpu"}}));
   EXPECT_EQ(a["uuid"], (json{{"string", inventory.gpus[0].uuid}}));
   EXPECT_EQ(a["productName"], (json{{"string", "NVIDIA H200"}}));
+  EXPECT_EQ(a["brand"], (json{{"string", "Nvidia"}}));
   EXPECT_EQ(a["architecture"], (json{{"string", "Hopper"}}));
+  EXPECT_EQ(a["brand"], (json{{"string", "Nvidia"}}));
   EXPECT_EQ(a["cudaComputeCapability"], (json{{"version", "9.0.0"}}));
   EXPECT_EQ(a["driverVersion"], (json{{"version", "550.54.15"}}));
   EXPECT_EQ(a["cudaDriverVersion"], (json{{"version", "12.4.0"}}));
@@ -124,6 +127,16 @@ TEST(GpuSliceTest, TwoGpusWithUpstreamsNamesAttributesAndCapacity) {
   // v1beta1 wraps the same fields in `basic`.
   const json beta = GpuSliceDevices(inventory, served, dra::ResourceApiVersion::kV1beta1);
   EXPECT_EQ(beta[1]["basic"]["attributes"]["minor"], (json{{"int", 5}}));
+  // A brand NVML did not give, or one upstream has no name for: left out, not published wrong.
+  auto unbranded = inventory;
+  unbranded.gpus[0].brand.reset();
+  unbranded.gpus[1].brand = 99;
+  const auto slice = [](const gpu_inventory::GpuInventory& inv) {
+    return GpuSliceDevices(inv, ServedGpus(inv, GpuSelection{true, {}}), dra::ResourceApiVersion::kV1);
+  };
+  for (const json& d : slice(unbranded)) EXPECT_FALSE(d["attributes"].contains("brand")) << d.dump();
+  unbranded.gpus[1].brand = 2;
+  EXPECT_EQ(slice(unbranded)[1]["attributes"]["brand"], (json{{"string", "Tesla"}}));
 }
 
 TEST(GpuSliceTest, TheSelectionAndMigDecideWhatIsServed) {

@@ -273,6 +273,7 @@ TEST_F(GpuInventoryModuleTest, PublishesTheFullInventoryOfEightGpus) {
     EXPECT_EQ(gpu.index, static_cast<uint32_t>(i));
     EXPECT_EQ(gpu.uuid, Uuid(i));
     EXPECT_EQ(gpu.name, "NVIDIA H200");
+    EXPECT_EQ(gpu.brand, std::optional<uint32_t>(14));  // NVML_BRAND_NVIDIA, the fake's default
     EXPECT_EQ(gpu.pci_bus_id, bus_ids[i]);
     EXPECT_EQ(gpu.pci, *PciAddress::Parse(bus_ids[i]));
     EXPECT_EQ(gpu.minor, static_cast<uint32_t>(i));
