@@ -109,6 +109,7 @@ def main():
             g["uuid"] = buf.value.decode()
         if call(r, "nvmlDeviceGetName", dev, buf, 96) == 0:
             g["name"] = buf.value.decode()
+        val("nvmlDeviceGetBrand", C.c_uint)  # dra-gpu's `brand` attribute (nvmlBrandType_t)
         cur, pend = C.c_int(), C.c_int()
         if call(r, "nvmlDeviceGetEccMode", dev, C.byref(cur), C.byref(pend)) == 0:
             r["nvmlDeviceGetEccMode"]["value"] = [cur.value, pend.value]
