@@ -1,20 +1,82 @@
 #pragma once
-// Small pieces the whole-module benchmarks share: milliseconds from a duration, one printed
-// line of percentiles, a loop turned by a thread of its own, and running a function on it.
+// Small pieces the whole-module benchmarks share: their integer options, quiet logging, a short
+// scratch directory and a node's site in it, milliseconds from a duration, one printed line of
+// percentiles, a loop turned by a thread of its own, and running a function on it.
 
 #include "loop/blocking_pool.hpp"
+#include "loop/logging.hpp"
 #include "loop/loop.hpp"
+#include "loop/site.hpp"
 
 #include <boost/asio/executor_work_guard.hpp>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
+#include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gns::bench {
+
+// "--name N" options, each setting its int; false (after printing `usage`) for anything else.
+inline bool ParseIntOptions(int argc, char** argv, const char* usage,
+                            const std::vector<std::pair<std::string, int*>>& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    bool known = false;
+    for (const auto& [name, value] : options) {
+      if (a == name && i + 1 < argc) {
+        *value = std::atoi(argv[++i]);
+        known = true;
+        break;
+      }
+    }
+    if (!known) {
+      std::fprintf(stderr, "usage: %s\n", usage);
+      return false;
+    }
+  }
+  return true;
+}
+
+// The module's logs at error only (the figures, not a line per call), and a logger that drops
+// everything for the parts the bench builds itself.
+inline std::shared_ptr<spdlog::logger> QuietLogging() {
+  LoggingConfig logging;
+  logging.level = spdlog::level::err;
+  SetupLogging(logging);
+  return std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
+}
+
+// A fresh directory with a short path (unix socket paths must stay short).
+inline std::string ScratchDir() {
+  char tmpl[] = "/tmp/gnsbench-XXXXXX";
+  const char* made = ::mkdtemp(tmpl);
+  return made != nullptr ? std::string(made) : std::string();
+}
+
+// A node's site under `dir`: kubelet, CDI, state and host-root folders, the feature gates as
+// given, resolved.
+inline SiteConfig BenchSite(const std::string& node, const std::string& dir, FeatureGates gates = {}) {
+  SiteConfig site;
+  site.node_name = node;
+  site.paths.kubelet_dir = dir + "/kubelet";
+  site.paths.cdi_dir = dir + "/cdi";
+  site.paths.state_dir = dir + "/state";
+  site.paths.host_root = dir + "/host";
+  site.gates = std::move(gates);
+  site.gates.Resolve();
+  return site;
+}
 
 inline double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 

@@ -130,38 +130,20 @@ json GpuClaim(const std::string& name, const std::string& device) {
 
 int main(int argc, char** argv) {
   int rounds = 300;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: dra_gpu_prepare_bench [--rounds N]\n");
-      return 2;
-    }
-  }
+  if (!gns::bench::ParseIntOptions(argc, argv, "dra_gpu_prepare_bench [--rounds N]", {{"--rounds", &rounds}})) return 2;
   if (rounds < 1) {
     std::fprintf(stderr, "--rounds must be at least 1\n");
     return 2;
   }
-  gns::LoggingConfig logging;
-  logging.level = spdlog::level::err;  // the figures, not a thousand prepare lines
-  gns::SetupLogging(logging);
-  auto quiet = std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
-  char tmpl[] = "/tmp/gnsbench-XXXXXX";  // unix socket paths must stay short
-  const std::string dir = ::mkdtemp(tmpl);
+  auto quiet = gns::bench::QuietLogging();
+  const std::string dir = gns::bench::ScratchDir();
 
   gns::Loop loop;
   gns::SystemClock clock;
   gns::Bus bus(loop);
   gns::MetricsRegistry metrics;
   gns::Services services;
-  gns::SiteConfig site;
-  site.node_name = kNode;
-  site.paths.kubelet_dir = dir + "/kubelet";
-  site.paths.cdi_dir = dir + "/cdi";
-  site.paths.state_dir = dir + "/state";
-  site.paths.host_root = dir + "/host";
-  site.gates.Resolve();
+  const gns::SiteConfig site = gns::bench::BenchSite(kNode, dir);
   fs::create_directories(site.paths.kubelet_dir);
   // GPU 7's MIG devices' capability minors, as the driver lists them.
   fs::create_directories(site.paths.host_root + "/proc/driver/nvidia-caps");
@@ -190,9 +172,7 @@ int main(int argc, char** argv) {
 
   // The kube services, as the kube module provides them; the client's rate limit out of the way
   // (production: qps 20, burst 40): this measures the plugin, not the limiter.
-  std::shared_ptr<gns::kube::KubeClient> client;
-  std::shared_ptr<gns::kube::InformerRegistry> informers;
-  std::shared_ptr<gns::kube::EventRecorder> events;
+  std::unique_ptr<gns::test::KubeServices> kube;
   const gns::RuntimeParts parts{loop, bus, pool, clock, site, metrics, services};
   std::unique_ptr<gns::ModuleContext> context;
   std::unique_ptr<gns::dra_gpu::DraGpuModule> module;
@@ -201,19 +181,9 @@ int main(int argc, char** argv) {
   gns::dra_gpu::DraGpuState state;
   gns::Subscription state_sub;
   OnLoop(loop, [&] {
-    gns::kube::ClientConfig config;
-    config.server = api.BaseUrl();
-    config.ca_pem = api.CaPem();
-    config.token_file = dir + "/api/token";
-    config.qps = 100000;
-    config.burst = 100000;
-    client = std::make_shared<gns::kube::KubeClient>(gns::kube::KubeClient::Deps{loop, clock, metrics, quiet}, config);
-    informers = std::make_shared<gns::kube::InformerRegistry>(client, bus, loop.Io(), metrics, quiet);
-    events = std::make_shared<gns::kube::EventRecorder>(client, clock, metrics, quiet,
-                                                         gns::kube::EventRecorderConfig{});
-    services.Provide<gns::kube::KubeClient>(client);
-    services.Provide<gns::kube::InformerRegistry>(informers);
-    services.Provide<gns::kube::EventRecorder>(events);
+    gns::kube::ClientConfig config = api.ClientConfig();
+    config.qps = config.burst = 100000;
+    kube = std::make_unique<gns::test::KubeServices>(loop, clock, bus, metrics, services, config, quiet, true);
     bus.Publish(EightGpusOneInMigMode());
     bus.Publish(gns::gpu_health::GpuHealthState{});  // gpu-health runs
     state_sub = bus.Subscribe<gns::dra_gpu::DraGpuState>([&](const gns::dra_gpu::DraGpuState& s) {
@@ -361,14 +331,8 @@ int main(int argc, char** argv) {
     module.reset();
     context.reset();
     state_sub.Reset();
-    informers->StopAll();
-    client->Shutdown();
-    services.Withdraw<gns::kube::EventRecorder>();
-    services.Withdraw<gns::kube::InformerRegistry>();
-    services.Withdraw<gns::kube::KubeClient>();
-    events.reset();
-    informers.reset();
-    client.reset();
+    kube->Shutdown();
+    kube.reset();
   });
   OnLoop(loop, [] {});  // what the shutdown posted runs before this
   loop_thread.Stop();

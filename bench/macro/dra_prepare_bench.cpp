@@ -86,39 +86,25 @@ json ChannelClaim(const std::string& name, const std::string& domain_uid) {
 
 int main(int argc, char** argv) {
   int rounds = 300, cycles = 1000;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-    else if (a == "--cycles" && i + 1 < argc) cycles = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: dra_prepare_bench [--rounds N] [--cycles N]\n");
-      return 2;
-    }
+  if (!gns::bench::ParseIntOptions(argc, argv, "dra_prepare_bench [--rounds N] [--cycles N]",
+                                   {{"--rounds", &rounds}, {"--cycles", &cycles}})) {
+    return 2;
   }
   if (rounds < 1 || cycles < 1) {
     std::fprintf(stderr, "--rounds and --cycles must be at least 1\n");
     return 2;
   }
-  gns::LoggingConfig logging;
-  logging.level = spdlog::level::err;  // the figures, not a thousand prepare lines
-  gns::SetupLogging(logging);
-  auto quiet = std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
-  char tmpl[] = "/tmp/gnsbench-XXXXXX";  // unix socket paths must stay short
-  const std::string dir = ::mkdtemp(tmpl);
+  auto quiet = gns::bench::QuietLogging();
+  const std::string dir = gns::bench::ScratchDir();
 
   gns::Loop loop;
   gns::SystemClock clock;
   gns::Bus bus(loop);
   gns::MetricsRegistry metrics;
   gns::Services services;
-  gns::SiteConfig site;
-  site.node_name = kNode;
-  site.paths.kubelet_dir = dir + "/kubelet";
-  site.paths.cdi_dir = dir + "/cdi";
-  site.paths.state_dir = dir + "/state";
-  site.paths.host_root = dir + "/host";
-  site.gates.Set(gns::gates::kHostManagedIMEX, true);
-  site.gates.Resolve();
+  gns::FeatureGates gates;
+  gates.Set(gns::gates::kHostManagedIMEX, true);
+  const gns::SiteConfig site = gns::bench::BenchSite(kNode, dir, gates);
   const gns::dra::DriverPaths paths = gns::dra::MakeDriverPaths(site.paths);
   WriteFile(paths.proc_devices, "Character devices:\n  1 mem\n195 nvidia\n509 nvidia-caps-imex-channels\n");
   fs::create_directories(site.paths.kubelet_dir);
@@ -144,9 +130,7 @@ int main(int argc, char** argv) {
 
   // The kube services, as the kube module provides them. The client's rate limit is set out of
   // the way (production: qps 20, burst 40): this measures the plugin, not the limiter.
-  std::shared_ptr<gns::kube::KubeClient> client;
-  std::shared_ptr<gns::kube::InformerRegistry> informers;
-  std::shared_ptr<gns::kube::EventRecorder> events;
+  std::unique_ptr<gns::test::KubeServices> kube;
   const gns::RuntimeParts parts{loop, bus, pool, clock, site, metrics, services};
   std::unique_ptr<gns::ModuleContext> context;
   std::unique_ptr<gns::dra::DraComputeDomainModule> module;
@@ -155,19 +139,9 @@ int main(int argc, char** argv) {
   bool registered = false;
   gns::Subscription state_sub;
   OnLoop(loop, [&] {
-    gns::kube::ClientConfig config;
-    config.server = api.BaseUrl();
-    config.ca_pem = api.CaPem();
-    config.token_file = dir + "/api/token";
-    config.qps = 100000;
-    config.burst = 100000;
-    client = std::make_shared<gns::kube::KubeClient>(gns::kube::KubeClient::Deps{loop, clock, metrics, quiet}, config);
-    informers = std::make_shared<gns::kube::InformerRegistry>(client, bus, loop.Io(), metrics, quiet);
-    events = std::make_shared<gns::kube::EventRecorder>(client, clock, metrics, quiet,
-                                                         gns::kube::EventRecorderConfig{});
-    services.Provide<gns::kube::KubeClient>(client);
-    services.Provide<gns::kube::InformerRegistry>(informers);
-    services.Provide<gns::kube::EventRecorder>(events);
+    gns::kube::ClientConfig config = api.ClientConfig();
+    config.qps = config.burst = 100000;
+    kube = std::make_unique<gns::test::KubeServices>(loop, clock, bus, metrics, services, config, quiet, true);
     bus.Publish(gns::gpu_inventory::NodeClique{kClique, "", true});
     state_sub = bus.Subscribe<gns::dra::DraComputeDomainState>([&](const gns::dra::DraComputeDomainState& s) {
       if (!s.registered) return;
@@ -284,8 +258,8 @@ int main(int argc, char** argv) {
         }
         if (--left == 0) done.set_value();
       };
-      client->Get(kClaims + "/" + claim.name, one);
-      client->List(kDomains, gns::kube::ListOptions{}, one);
+      kube->client->Get(kClaims + "/" + claim.name, one);
+      kube->client->List(kDomains, gns::kube::ListOptions{}, one);
     });
     done.get_future().wait();
     return Ms(Clock::now() - start);
@@ -383,14 +357,8 @@ int main(int argc, char** argv) {
     module.reset();
     context.reset();
     state_sub.Reset();
-    informers->StopAll();
-    client->Shutdown();
-    services.Withdraw<gns::kube::EventRecorder>();
-    services.Withdraw<gns::kube::InformerRegistry>();
-    services.Withdraw<gns::kube::KubeClient>();
-    events.reset();
-    informers.reset();
-    client.reset();
+    kube->Shutdown();
+    kube.reset();
   });
   OnLoop(loop, [] {});  // what the shutdown posted runs before this
   loop_thread.Stop();

@@ -58,34 +58,23 @@ constexpr const char* kNs = "bench";
 
 int main(int argc, char** argv) {
   int rounds = 200, steady_ms = 3000;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-    else if (a == "--steady-ms" && i + 1 < argc) steady_ms = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: pod_resources_bench [--rounds N] [--steady-ms N]\n");
-      return 2;
-    }
+  if (!gns::bench::ParseIntOptions(argc, argv, "pod_resources_bench [--rounds N] [--steady-ms N]",
+                                   {{"--rounds", &rounds}, {"--steady-ms", &steady_ms}})) {
+    return 2;
   }
   if (rounds < 1 || steady_ms < 0) {
     std::fprintf(stderr, "--rounds must be at least 1, --steady-ms at least 0\n");
     return 2;
   }
-  gns::LoggingConfig logging;
-  logging.level = spdlog::level::err;
-  gns::SetupLogging(logging);
-  auto quiet = std::make_shared<spdlog::logger>("bench", std::make_shared<spdlog::sinks::null_sink_mt>());
-  char tmpl[] = "/tmp/gnsbench-XXXXXX";  // unix socket paths must stay short
-  const std::string dir = ::mkdtemp(tmpl);
+  auto quiet = gns::bench::QuietLogging();
+  const std::string dir = gns::bench::ScratchDir();
 
   gns::Loop loop;
   gns::SystemClock clock;
   gns::Bus bus(loop);
   gns::MetricsRegistry metrics;
   gns::Services services;
-  gns::SiteConfig site;
-  site.node_name = kNode;
-  site.paths.kubelet_dir = dir + "/kubelet";
+  const gns::SiteConfig site = gns::bench::BenchSite(kNode, dir);
 
   gns::test::ApiSim api(dir + "/api");
 
@@ -97,8 +86,7 @@ int main(int argc, char** argv) {
   gns::BlockingPool pool(loop, 2);
   gns::bench::LoopThread loop_thread(loop, pool);
 
-  std::shared_ptr<gns::kube::KubeClient> client;
-  std::shared_ptr<gns::kube::InformerRegistry> informers;
+  std::unique_ptr<gns::test::KubeServices> kube;
   const gns::RuntimeParts parts{loop, bus, pool, clock, site, metrics, services};
   std::unique_ptr<gns::ModuleContext> context;
   std::unique_ptr<gns::pod_resources::PodResourcesModule> module;
@@ -112,14 +100,11 @@ int main(int argc, char** argv) {
   const gns::kube::InformerSpec spec{gns::kube::ResourcePath::Core("pods").Collection(), "",
                                      std::string("spec.nodeName=") + kNode};
   OnLoop(loop, [&] {
-    gns::kube::ClientConfig config;
-    config.server = api.BaseUrl();
-    config.ca_pem = api.CaPem();
-    config.token_file = dir + "/api/token";
-    client = std::make_shared<gns::kube::KubeClient>(gns::kube::KubeClient::Deps{loop, clock, metrics, quiet}, config);
-    informers = std::make_shared<gns::kube::InformerRegistry>(client, bus, loop.Io(), metrics, quiet);
-    services.Provide<gns::kube::KubeClient>(client);
-    services.Provide<gns::kube::InformerRegistry>(informers);
+    // The production rate limit: the annotation patches are paced as on a node.
+    gns::kube::ClientConfig config = api.ClientConfig();
+    config.qps = gns::kube::ClientConfig{}.qps;
+    config.burst = gns::kube::ClientConfig{}.burst;
+    kube = std::make_unique<gns::test::KubeServices>(loop, clock, bus, metrics, services, config, quiet, false);
     events_sub = bus.Subscribe<gns::kube::ResourceEvent>([&](const gns::kube::ResourceEvent& event) {
       if (event.informer_key != spec.Key() || !event.object) return;
       const json::json_pointer ptr("/metadata/annotations/dgxc.nvidia.com~1devices");
@@ -186,8 +171,8 @@ int main(int argc, char** argv) {
     module->Stop([] {});
     module.reset();
     events_sub = {};
-    informers->StopAll();
-    client->Shutdown();
+    kube->Shutdown();
+    kube.reset();
   });
   loop_thread.Stop();
   kubelet.Stop();

@@ -26,6 +26,30 @@ kube::ClientConfig ApiSim::ClientConfig() const {
   return config;
 }
 
+KubeServices::KubeServices(Loop& loop, const Clock& clock, Bus& bus, MetricsRegistry& metrics, Services& services,
+                           kube::ClientConfig config, std::shared_ptr<spdlog::logger> log, bool with_events)
+    : services(services) {
+  client = std::make_shared<kube::KubeClient>(kube::KubeClient::Deps{loop, clock, metrics, log}, std::move(config));
+  informers = std::make_shared<kube::InformerRegistry>(client, bus, loop.Io(), metrics, log);
+  services.Provide<kube::KubeClient>(client);
+  services.Provide<kube::InformerRegistry>(informers);
+  if (with_events) {
+    events = std::make_shared<kube::EventRecorder>(client, clock, metrics, log, kube::EventRecorderConfig{});
+    services.Provide<kube::EventRecorder>(events);
+  }
+}
+
+void KubeServices::Shutdown() {
+  informers->StopAll();
+  client->Shutdown();
+  if (events) services.Withdraw<kube::EventRecorder>();
+  services.Withdraw<kube::InformerRegistry>();
+  services.Withdraw<kube::KubeClient>();
+  events.reset();
+  informers.reset();
+  client.reset();
+}
+
 SimNode::SimNode(Loop& loop, BlockingPool& pool, const Clock& clock, const ApiSim& api, std::string node_name,
                  std::string module_name, std::shared_ptr<spdlog::logger> log)
     : bus(loop) {

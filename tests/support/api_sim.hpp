@@ -15,6 +15,7 @@
 #include "loop/services.hpp"
 #include "loop/site.hpp"
 #include "modules/kube/api/client.hpp"
+#include "modules/kube/api/events.hpp"
 #include "modules/kube/api/informer.hpp"
 
 #include <spdlog/spdlog.h>
@@ -41,6 +42,22 @@ class ApiSim : public sim::ApiServer {
 
  private:
   std::filesystem::path state_dir_;
+};
+
+// The kube services as the kube module provides them (a KubeClient to `config`'s server, the
+// informers and, when asked, an EventRecorder), provided in `services`, for a module under a
+// whole-module benchmark. Made and shut down on the loop thread.
+struct KubeServices {
+  KubeServices(Loop& loop, const Clock& clock, Bus& bus, MetricsRegistry& metrics, Services& services,
+               kube::ClientConfig config, std::shared_ptr<spdlog::logger> log, bool with_events);
+  // Once the module that used them is gone: the informers stopped, the client shut down, all
+  // three withdrawn from `services` and released.
+  void Shutdown();
+
+  Services& services;
+  std::shared_ptr<kube::KubeClient> client;
+  std::shared_ptr<kube::InformerRegistry> informers;
+  std::shared_ptr<kube::EventRecorder> events;  // null unless `with_events`
 };
 
 // One simulated node on a shared loop and pool: its own bus, metrics, services and site, a
